@@ -1,0 +1,141 @@
+"""What a step sees while it plans or runs: the host, the transport, the files, the event bus."""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deployer.command import Masker, shell_line
+from deployer.config import Host, Playbook
+from deployer.errors import Interrupted, StepFailed
+from deployer.transport.base import DEFAULT_TIMEOUT_S, ExecResult, Transport, tail
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Change:
+    """One file the run changes on the target, with the bytes it had before the run."""
+
+    dest: str  # relative to the repo
+    path: str  # absolute on the target
+    new: bytes
+    old: bytes | None  # None: the file does not exist before the run
+    tracked: bool = False
+    new_dirs: list[str] = field(default_factory=list)  # directories the upload will create
+
+
+@dataclass
+class LoadedPlaybook:
+    path: Path
+    raw: bytes
+    model: Playbook
+    sources: dict[str, bytes]  # dest -> new bytes (files mode)
+    patch: bytes | None
+
+
+class CancelToken:
+    """Set by a signal handler; steps look at it at their safe points."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = "interrupted"
+
+    def cancel(self, reason: str = "interrupted") -> None:
+        self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise Interrupted(f"{self.reason}: stopped at a safe point")
+
+    def wait(self, seconds: float) -> None:
+        """Sleep that a cancel cuts short (and then raises)."""
+        if self._event.wait(seconds):
+            self.check()
+
+
+class EventBus:
+    """Masks every event once, then hands it to each listener (run log, screen)."""
+
+    def __init__(self, masker: Masker, host: str) -> None:
+        self.masker = masker
+        self.host = host
+        self.listeners: list[Listener] = []
+        self.step: str | None = None
+
+    def emit(self, kind: str, /, **data: Any) -> None:
+        event = {"type": kind, "host": self.host, "step": self.step, **data}
+        masked = self.masker.obj(event)
+        assert isinstance(masked, dict)
+        for listener in self.listeners:
+            listener(masked)
+
+
+@dataclass
+class Context:
+    run_id: str
+    host_name: str
+    host: Host
+    transport: Transport
+    playbook: LoadedPlaybook
+    bus: EventBus
+    cancel: CancelToken
+    changes: list[Change] = field(default_factory=list)
+    git_before: str | None = None
+    git_after: str | None = None
+    git_dir: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def repo(self) -> str:
+        return self.host.repo
+
+    @property
+    def dests(self) -> list[str]:
+        return [c.dest for c in self.changes]
+
+    def in_repo(self, dest: str) -> str:
+        return posixpath.join(self.host.repo, dest)
+
+    def state_dir(self) -> str:
+        """Deployer's own files on the target live in .git, out of the work tree."""
+        assert self.git_dir is not None, "preflight sets git_dir"
+        return posixpath.join(self.git_dir, "deployer")
+
+    def emit(self, kind: str, /, **data: Any) -> None:
+        self.bus.emit(kind, **data)
+
+    def run(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
+            quiet: bool = False) -> ExecResult:
+        """Run on the target (in the repo unless told otherwise) and log the command."""
+        workdir = self.repo if cwd is None else cwd
+        result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin)
+        self.emit("command", command=shell_line(argv, cwd=workdir, env=env),
+                  exit_code=result.exit_code, timed_out=result.timed_out,
+                  duration_s=round(result.duration_s, 3),
+                  stdout_tail="" if quiet else tail(result.stdout, 1000),
+                  stderr_tail=tail(result.stderr, 1000))
+        return result
+
+    def check(self, argv: Sequence[str], what: str, **kwargs: Any) -> ExecResult:
+        """Run and raise StepFailed (naming command, exit code and stderr tail) unless it succeeded."""
+        result = self.run(argv, **kwargs)
+        if not result.ok:
+            raise self.failure(what, result)
+        return result
+
+    def failure(self, what: str, result: ExecResult) -> StepFailed:
+        detail = result.err if result.err.strip() else result.out
+        return StepFailed(self.bus.step or "?", self.bus.masker(what),
+                          command=self.bus.masker(shell_line(result.argv)), exit_code=result.exit_code,
+                          stderr_tail=self.bus.masker(tail(detail, 1500)), timed_out=result.timed_out)

@@ -1,0 +1,1 @@
+"""The serving runtime of the demo stack."""

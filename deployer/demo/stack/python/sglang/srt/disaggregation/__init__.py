@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation: KV-transfer state and the queues around it."""

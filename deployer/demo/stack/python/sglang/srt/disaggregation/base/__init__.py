@@ -1,0 +1,1 @@
+"""Interfaces shared by every KV-transfer backend."""

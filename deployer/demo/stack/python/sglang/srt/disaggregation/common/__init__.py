@@ -1,0 +1,1 @@
+"""Bookkeeping shared by every KV-transfer backend."""

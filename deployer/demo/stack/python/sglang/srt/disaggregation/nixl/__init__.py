@@ -1,0 +1,1 @@
+"""The NIXL-style KV-transfer backend (simulated: chunks are sleeps)."""

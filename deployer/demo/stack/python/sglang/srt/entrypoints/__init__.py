@@ -1,0 +1,1 @@
+"""HTTP entry points of the demo servers."""

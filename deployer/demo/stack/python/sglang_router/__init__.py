@@ -1,0 +1,1 @@
+"""A tiny imitation of the SGLang PD router (``python -m sglang_router.launch_router``)."""

@@ -1,0 +1,101 @@
+"""Diffs computed here, before anything changes: unified text, and numstat exactly as git counts it."""
+
+from __future__ import annotations
+
+import difflib
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployer.errors import DeployerError
+
+# Both sides (here and on the target) count with one named algorithm, so a projected
+# stat equals what the commit shows whatever diff.algorithm either side configures.
+DIFF_ALGORITHM = "--diff-algorithm=myers"
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    insertions: int
+    deletions: int
+    binary: bool = False
+
+
+@dataclass(frozen=True)
+class DiffStat:
+    files: tuple[FileStat, ...]
+
+    @property
+    def insertions(self) -> int:
+        return sum(f.insertions for f in self.files)
+
+    @property
+    def deletions(self) -> int:
+        return sum(f.deletions for f in self.files)
+
+    def summary(self) -> str:
+        """The closing line of `git diff --stat`, word for word."""
+        n = len(self.files)
+        parts = [f"{n} file{'s' if n != 1 else ''} changed"]
+        if self.insertions or not self.deletions:
+            parts.append(f"{self.insertions} insertion{'s' if self.insertions != 1 else ''}(+)")
+        if self.deletions or not self.insertions:
+            parts.append(f"{self.deletions} deletion{'s' if self.deletions != 1 else ''}(-)")
+        return ", ".join(parts)
+
+    def lines(self) -> list[str]:
+        width = max((len(f.path) for f in self.files), default=0)
+        rows = []
+        for f in self.files:
+            if f.binary:
+                rows.append(f" {f.path.ljust(width)} | Bin")
+            else:
+                total = f.insertions + f.deletions
+                rows.append(f" {f.path.ljust(width)} | {total:>4} {'+' * min(f.insertions, 40)}"
+                            f"{'-' * min(f.deletions, 40)}")
+        return [*rows, " " + self.summary()]
+
+
+def parse_numstat(text: str, names: Iterable[str] | None = None) -> list[FileStat]:
+    """Parse `git diff --numstat` lines; names replaces the printed paths (for --no-index temp paths)."""
+    stats = []
+    rows = [line for line in text.splitlines() if line.strip()]
+    given = list(names) if names is not None else None
+    for i, line in enumerate(rows):
+        ins, dels, path = line.split("\t", 2)
+        name = given[i] if given is not None else path
+        if ins == "-":
+            stats.append(FileStat(name, 0, 0, binary=True))
+        else:
+            stats.append(FileStat(name, int(ins), int(dels)))
+    return stats
+
+
+def numstat(path: str, old: bytes | None, new: bytes) -> FileStat:
+    """git's count of insertions and deletions from old to new (old None: a new file)."""
+    with tempfile.TemporaryDirectory(prefix="deployer-diff-") as tmp:
+        a, b = Path(tmp, "a"), Path(tmp, "b")
+        a.write_bytes(old or b"")
+        b.write_bytes(new)
+        left = "/dev/null" if old is None else str(a)
+        proc = subprocess.run(["git", "diff", "--no-index", "--numstat", DIFF_ALGORITHM, "--", left, str(b)],
+                              capture_output=True, timeout=60, check=False)
+    if proc.returncode not in (0, 1):
+        raise DeployerError(f"git diff --no-index failed here: {proc.stderr.decode(errors='replace')}")
+    found = parse_numstat(proc.stdout.decode(errors="replace"), [path])
+    return found[0] if found else FileStat(path, 0, 0)
+
+
+def unified(path: str, old: bytes | None, new: bytes) -> str:
+    """A unified diff for people to read (target's current file -> the new file)."""
+    try:
+        old_lines = (old or b"").decode("utf-8").splitlines(keepends=True)
+        new_lines = new.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return f"Binary file {path} differs\n"
+    fromfile = "/dev/null" if old is None else f"a/{path}"
+    text = "".join(difflib.unified_diff(old_lines, new_lines, fromfile, f"b/{path}"))
+    return text if text.endswith("\n") or not text else text + "\n\\ No newline at end of file\n"

@@ -1,0 +1,252 @@
+"""Plans and runs a playbook on one host: preflight, the fail-fast chain, and undo on failure."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import hashlib
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import deployer
+from deployer import diffs
+from deployer.command import Masker
+from deployer.config import Host
+from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
+from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
+from deployer.lock import DeployLock, LockState, read_state
+from deployer.preflight import preflight
+from deployer.runlog import RunLogWriter, new_run_id
+from deployer.steps.base import Action, Step
+from deployer.steps.git import DiffBounds, revert_files, trailers
+from deployer.transport.base import Transport
+
+Connector = Callable[[EventBus], Transport]
+
+
+def operator_id() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def as_failure(exc: BaseException) -> DeployerError:
+    """Every way a run can stop, as a typed failure; a bug in deployer still restores the target."""
+    if isinstance(exc, DeployerError):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return Interrupted("interrupted")
+    return DeployerError(f"internal error: {type(exc).__name__}: {exc} (please report this)")
+
+
+@dataclass
+class FilePlan:
+    dest: str
+    diff: str
+    stat: diffs.FileStat
+    exists: bool
+
+
+@dataclass
+class PlanReport:
+    host_name: str
+    repo: str
+    head: str
+    files: list[FilePlan]
+    stat: diffs.DiffStat
+    bounds: list[str] | None  # None: the playbook bounds nothing; [] within bounds
+    steps: list[tuple[str, list[Action]]]
+    lock: LockState | None
+    dirty: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: str  # successful | failed | canceled
+    exit_code: int
+    error: str | None
+    git_before: str | None
+    git_after: str | None
+    facts: dict[str, Any]
+
+
+@dataclass
+class Engine:
+    host_name: str
+    host: Host
+    connect: Connector
+    playbook: LoadedPlaybook
+    steps: list[Step]
+    runs_dir: Path
+    listeners: list[Listener] = field(default_factory=list)
+    cancel: CancelToken = field(default_factory=CancelToken)
+    allow_dirty: bool = False
+    operator: str = field(default_factory=operator_id)
+
+    def _masker(self) -> Masker:
+        return Masker(self.host.secrets())
+
+    def _context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
+        ctx = Context(run_id=run_id, host_name=self.host_name, host=self.host, transport=transport,
+                      playbook=self.playbook, bus=bus, cancel=self.cancel)
+        ctx.facts["operator"] = self.operator
+        return ctx
+
+    # -- dry run ---------------------------------------------------------------------------------------
+
+    def plan(self) -> PlanReport:
+        """Only reads on the target: what apply would change, count and run."""
+        bus = EventBus(self._masker(), self.host_name)
+        bus.listeners.extend(self.listeners)
+        with self.connect(bus) as transport:
+            ctx = self._context("<dry-run>", bus, transport)
+            bus.step = "preflight"
+            preflight(ctx, allow_dirty=True)
+            files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, c.old, c.new)),
+                              diffs.numstat(c.dest, c.old, c.new), c.old is not None) for c in ctx.changes]
+            stat = diffs.DiffStat(tuple(f.stat for f in files))
+            bounds = next((s.judge(stat) for s in self.steps if isinstance(s, DiffBounds)), None)
+            assert ctx.git_dir is not None and ctx.git_before is not None
+            lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
+            return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, bounds,
+                              [(s.name, s.plan(ctx)) for s in self.steps], lock, list(ctx.facts.get("dirty", [])))
+
+    # -- the run ---------------------------------------------------------------------------------------
+
+    def apply(self) -> RunResult:
+        run_id = new_run_id()
+        log = RunLogWriter(self.runs_dir, run_id)
+        bus = EventBus(self._masker(), self.host_name)
+        bus.listeners.extend([log.write, *self.listeners])
+        bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
+                 playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
+                 playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
+                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure)
+        log.attach("playbook.yaml", self.playbook.raw)
+        ctx: Context | None = None
+        lock: DeployLock | None = None
+        status, exit_code, error = "successful", 0, None
+        try:
+            transport = self.connect(bus)
+            try:
+                bus.emit("connected", transport=vars(transport.info))
+                ctx = self._context(run_id, bus, transport)
+                bus.step = "preflight"
+                lock = self._lock(ctx)
+                preflight(ctx, allow_dirty=self.allow_dirty)
+                log.attach("shipped.diff", bus.masker("".join(
+                    diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
+                bus.step = None
+                bus.emit("status", status="running")
+                self._run_steps(ctx)
+            finally:
+                if lock is not None:
+                    lock.release()
+                    bus.emit("lock_released", path=lock.path)
+                transport.close()
+        except (Exception, KeyboardInterrupt) as exc:
+            failure = as_failure(exc)
+            status = "canceled" if isinstance(failure, Interrupted) else "failed"
+            exit_code, error = failure.exit_code, bus.masker(str(failure))
+        finally:
+            bus.step = None
+            git = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
+            facts = dict(ctx.facts) if ctx else {}
+            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git,
+                     files=ctx.dests if ctx else [], facts=facts)
+            log.close()
+        return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts)
+
+    def _lock(self, ctx: Context) -> DeployLock:
+        git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
+                            f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
+        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
+                                                   "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
+        lock.acquire()
+        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s)
+        return lock
+
+    def _run_steps(self, ctx: Context) -> None:
+        touched = committed = False
+        for step in self.steps:
+            started = time.monotonic()
+            try:
+                self.cancel.check()
+                ctx.bus.step = step.name
+                ctx.emit("step_start", kind=step.kind)
+                touched = touched or step.changes_files or step.kind == "commit"
+                summary = step.run(ctx)
+            except (Exception, KeyboardInterrupt) as exc:
+                failure = as_failure(exc)
+                ctx.emit("step_end", status="canceled" if isinstance(failure, Interrupted) else "failed",
+                         duration_s=round(time.monotonic() - started, 3), error=ctx.bus.masker(str(failure)))
+                ctx.bus.step = None
+                if not committed:
+                    if touched:
+                        self._restore(ctx)
+                    raise failure from None
+                raise self._after_commit_failure(ctx, step, failure) from None
+            ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
+            committed = committed or step.kind == "commit"
+
+    def _restore(self, ctx: Context) -> None:
+        """Give every target file its pre-run bytes (remove new ones), undo a half-made commit."""
+        ctx.bus.step = "restore"
+        try:
+            head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip()
+            if ctx.git_before and head != ctx.git_before:
+                ctx.check(("git", "reset", "-q", ctx.git_before), "cannot undo the run's commit", timeout=60)
+            ctx.run(("git", "reset", "-q", "--", *ctx.dests), timeout=60)
+            restored, removed = [], []
+            for change in ctx.changes:
+                if change.old is None:
+                    ctx.run(("rm", "-f", "--", change.path), timeout=30)
+                    for directory in change.new_dirs:
+                        ctx.run(("rmdir", "--", directory), timeout=30)
+                    removed.append(change.dest)
+                elif ctx.transport.get(change.path) != change.old:
+                    ctx.transport.put(change.old, change.path)
+                    restored.append(change.dest)
+            wrong = [c.dest for c in ctx.changes if ctx.transport.get(c.path) != c.old]
+        except DeployerError as exc:
+            raise RollbackFailed(f"restoring the target failed: {exc}. The files "
+                                 f"{', '.join(ctx.dests)} may hold the new bytes; HEAD should be "
+                                 f"{ctx.git_before}") from None
+        if wrong:
+            raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes")
+        ctx.emit("restore", restored=restored, removed=removed, head=ctx.git_before)
+        ctx.facts["restored"] = restored + removed
+
+    def _after_commit_failure(self, ctx: Context, step: Step, failure: DeployerError) -> DeployerError:
+        if self.playbook.model.on_failure != "rollback":
+            return VerificationFailed(f"{failure}\nThe commit {ctx.git_after} stays on the target "
+                                      f"(on_failure: restore only undoes failures before the commit). "
+                                      f"To undo it: deployer rollback {ctx.run_id}")
+        try:
+            revert = self.revert(ctx, rollback_of=ctx.run_id)
+        except DeployerError as exc:
+            return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}")
+        if isinstance(failure, Interrupted):
+            return failure
+        return VerificationFailed(f"{failure}\nRolled back: commit {revert[:12]} restores "
+                                  f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}; services restarted")
+
+    def revert(self, ctx: Context, *, rollback_of: str) -> str:
+        """Revert the run's files to git.before, restart the services, wait for health."""
+        assert ctx.git_before is not None
+        ctx.bus.step = "rollback"
+        message = (f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n"
+                   f"{trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of)}\n")
+        revert = revert_files(ctx, ctx.git_before, ctx.dests, message)
+        ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=ctx.git_before, files=ctx.dests)
+        ctx.facts["rollback_commit"] = revert
+        for restart in (s for s in self.steps if s.kind == "co_restart"):
+            ctx.bus.step = f"rollback:{restart.name}"
+            restart.run(ctx)
+        ctx.bus.step = None
+        return revert
+

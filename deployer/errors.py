@@ -1,0 +1,80 @@
+"""The typed failures of deployer; each carries the exit code the CLI returns."""
+
+from __future__ import annotations
+
+
+class DeployerError(Exception):
+    """Root of every failure a person is expected to read and act on."""
+
+    exit_code = 1
+
+
+class ConfigError(DeployerError):
+    """A playbook, inventory or command line that cannot be used as written."""
+
+    exit_code = 2
+
+
+class StepFailed(DeployerError):
+    """A step of the chain failed; the target was restored (or the message says what was left)."""
+
+    exit_code = 1
+
+    def __init__(self, step: str, message: str, *, command: str | None = None,
+                 exit_code: int | None = None, stderr_tail: str = "", timed_out: bool = False) -> None:
+        self.step = step
+        self.command = command
+        self.command_exit = exit_code
+        self.stderr_tail = stderr_tail
+        self.timed_out = timed_out
+        parts = [f"step '{step}' failed: {message}"]
+        if command is not None:
+            how = "timed out" if timed_out else f"exited {exit_code}"
+            parts.append(f"  command: {command}\n  {how}")
+        if stderr_tail.strip():
+            parts.append("  stderr (tail):\n" + _indent(stderr_tail.rstrip(), "    "))
+        super().__init__("\n".join(parts))
+
+
+class LockHeld(DeployerError):
+    """Another run holds the deploy lock on the target."""
+
+    exit_code = 3
+
+
+class ConnectError(DeployerError):
+    """The target could not be reached or authenticated."""
+
+    exit_code = 4
+
+
+class HostKeyError(ConnectError):
+    """The target's host key is unknown or changed; nothing ran."""
+
+
+class VerificationFailed(DeployerError):
+    """A check after the commit failed (restart, drain); the run was rolled back."""
+
+    exit_code = 5
+
+
+class RollbackFailed(DeployerError):
+    """Undoing a run did not complete; the message says what state the target is in."""
+
+    exit_code = 6
+
+
+class Interrupted(DeployerError):
+    """The operator interrupted the run (SIGINT/SIGTERM)."""
+
+    exit_code = 130
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+class TransportError(DeployerError):
+    """Bytes or commands did not reach the target as intended (mismatched upload, lost channel)."""
+
+    exit_code = 1

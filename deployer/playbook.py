@@ -1,0 +1,60 @@
+"""Load a playbook file into typed steps and the bytes it ships, with errors that point into the file."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from deployer import yamlsrc
+from deployer.config import Playbook, validate
+from deployer.context import LoadedPlaybook
+from deployer.errors import ConfigError
+from deployer.steps import KINDS
+from deployer.steps.base import Step
+
+
+def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:
+    doc = yamlsrc.load(path)
+    if not isinstance(doc.data, dict):
+        raise ConfigError(f"{path}:1:1: a playbook is a mapping (name, files or patch, steps)")
+    model = validate(Playbook, doc.data, doc)
+    steps = build_steps(model.steps, doc)
+    base = path.parent
+    sources: dict[str, bytes] = {}
+    for i, spec in enumerate(model.files):
+        sources[spec.dest] = _read(base / spec.src, doc.mark(("files", i, "src")), "files[%d].src" % i)
+    patch = _read(base / model.patch, doc.mark(("patch",)), "patch") if model.patch else None
+    return LoadedPlaybook(path=path, raw=path.read_bytes(), model=model, sources=sources, patch=patch), steps
+
+
+def _read(path: Path, mark: yamlsrc.Mark, field: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{mark}: {field}: cannot read {path}: {exc.strerror}") from None
+
+
+def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:
+    steps: list[Step] = []
+    seen: Counter[str] = Counter()
+    for i, item in enumerate(items):
+        loc: yamlsrc.Loc = ("steps", i)
+        if isinstance(item, str):
+            kind, params = item, {}
+        elif isinstance(item, dict) and len(item) == 1:
+            kind, params = next(iter(item.items()))
+            params = {} if params is None else params
+            loc = (*loc, kind)
+        else:
+            raise ConfigError(f"{doc.mark(loc)}: steps.{i}: a step is a kind name or {{kind: {{params}}}}")
+        cls = KINDS.get(kind)
+        if cls is None:
+            raise ConfigError(f"{doc.mark(loc)}: steps.{i}: unknown step kind {kind!r} "
+                              f"(known: {', '.join(sorted(KINDS))})")
+        if not isinstance(params, dict):
+            raise ConfigError(f"{doc.mark(loc)}: steps.{i}.{kind}: parameters must be a mapping")
+        seen[kind] += 1
+        name = kind if seen[kind] == 1 else f"{kind}#{seen[kind]}"
+        steps.append(cls(validate(cls.Params, params, doc, loc), name))
+    return steps

@@ -1,0 +1,171 @@
+"""The run's artifacts: an append-only, hash-chained JSONL event log, and its reader.
+
+Every line carries the sha256 of the line before it, so an edited, removed or reordered
+line breaks the chain; a run that ends writes `run_end`, so a truncated log is detectable.
+Files are 0600 in a 0700 directory: the log holds commands and output from production hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from deployer.errors import ConfigError
+
+GENESIS = "0" * 64
+EVENTS = "events.jsonl"
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def runs_dir_from(explicit: str | None) -> Path:
+    return Path(explicit or os.environ.get("DEPLOYER_RUNS_DIR") or ".deployer/runs")
+
+
+def _line_hash(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()
+
+
+class RunLogWriter:
+    """Appends events; each write is one os.write of a whole line, flushed to disk."""
+
+    def __init__(self, runs_dir: Path, run_id: str) -> None:
+        self.run_id = run_id
+        self.dir = runs_dir / run_id
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700)
+        os.chmod(self.dir, 0o700)  # the umask may have narrowed or widened mkdir's mode
+        self._fd = os.open(self.dir / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self._seq = 0
+        self._prev = GENESIS
+
+    def write(self, event: dict[str, Any]) -> None:
+        record = {"seq": self._seq, "time": utc_now(), "run": self.run_id, **event, "prev": self._prev}
+        line = json.dumps(record, sort_keys=False, default=str).encode()
+        os.write(self._fd, line + b"\n")
+        os.fsync(self._fd)
+        self._prev = _line_hash(line)
+        self._seq += 1
+
+    def attach(self, name: str, data: bytes) -> None:
+        """Store an artifact (playbook copy, diff) beside the log; its hash goes into the chain."""
+        path = self.dir / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        self.write({"type": "artifact", "name": name, "sha256": hashlib.sha256(data).hexdigest(),
+                    "size": len(data)})
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+@dataclass
+class Run:
+    """A run as its log tells it."""
+
+    run_id: str
+    dir: Path
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def first(self, kind: str) -> dict[str, Any] | None:
+        return next((e for e in self.events if e.get("type") == kind), None)
+
+    def all(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("type") == kind]
+
+    @property
+    def start(self) -> dict[str, Any]:
+        return self.first("run_start") or {}
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        return self.first("run_end")
+
+    @property
+    def status(self) -> str:
+        end = self.end
+        return str(end["status"]) if end else "incomplete"
+
+    @property
+    def git(self) -> dict[str, Any]:
+        end = self.end
+        return dict(end.get("git") or {}) if end else {}
+
+
+def read_run(runs_dir: Path, run_id: str) -> Run:
+    path = runs_dir / run_id / EVENTS
+    if not path.is_file():
+        raise ConfigError(f"no run {run_id!r} in {runs_dir} (see 'deployer runs list')")
+    run = Run(run_id, path.parent)
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            run.events.append(json.loads(raw))
+        except json.JSONDecodeError:
+            # A torn last line (the process was killed mid-write) must not hide the rest.
+            run.events.append({"type": "unparseable", "line": number})
+    return run
+
+
+def list_runs(runs_dir: Path) -> list[Run]:
+    if not runs_dir.is_dir():
+        return []
+    return [read_run(runs_dir, p.name) for p in sorted(runs_dir.iterdir()) if (p / EVENTS).is_file()]
+
+
+def verify(runs_dir: Path, run_id: str) -> list[str]:
+    """Every problem with the run's log and artifacts; an empty list means it verifies."""
+    path = runs_dir / run_id / EVENTS
+    if not path.is_file():
+        raise ConfigError(f"no run {run_id!r} in {runs_dir}")
+    data = path.read_bytes()
+    problems: list[str] = []
+    if data and not data.endswith(b"\n"):
+        problems.append("the last line is cut short (truncated)")
+    prev = GENESIS
+    saw_end = False
+    for index, line in enumerate(data.splitlines()):
+        number = index + 1
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            problems.append(f"line {number}: not valid JSON")
+            prev = _line_hash(line)
+            continue
+        if event.get("seq") != index:
+            problems.append(f"line {number}: sequence number {event.get('seq')} where {index} was expected "
+                            "(a line was removed or inserted)")
+        if event.get("prev") != prev:
+            problems.append(f"line {number}: does not chain to the line before it (edited or removed line)")
+        if event.get("run") != run_id:
+            problems.append(f"line {number}: belongs to run {event.get('run')!r}")
+        if event.get("type") == "artifact":
+            problems.extend(_check_artifact(path.parent, event))
+        saw_end = saw_end or event.get("type") == "run_end"
+        prev = _line_hash(line)
+    if not saw_end:
+        problems.append("no run_end event: the log was truncated, or the run was killed before it ended")
+    return problems
+
+
+def _check_artifact(directory: Path, event: dict[str, Any]) -> list[str]:
+    name = str(event.get("name"))
+    artifact = directory / name
+    if not artifact.is_file():
+        return [f"artifact {name} is missing"]
+    if hashlib.sha256(artifact.read_bytes()).hexdigest() != event.get("sha256"):
+        return [f"artifact {name} was changed after the run recorded it"]
+    return []

@@ -1,0 +1,61 @@
+"""Compile the shipped Python here before anything moves, then there under the target's venv."""
+
+from __future__ import annotations
+
+import sys
+
+from deployer.config import Strict
+from deployer.context import Context
+from deployer.errors import StepFailed
+from deployer.steps.base import Action, Step
+
+# compile() is what py_compile does, without writing a .pyc into the target's tree.
+REMOTE_SCRIPT = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
+
+
+def python_dests(ctx: Context) -> list[str]:
+    return [c.dest for c in ctx.changes if c.dest.endswith(".py")]
+
+
+class LocalCompile(Step):
+    kind = "local_compile"
+
+    def plan(self, ctx: Context) -> list[Action]:
+        version = ".".join(map(str, sys.version_info[:2]))
+        return [Action(f"compile {dest} here (Python {version})") for dest in python_dests(ctx)]
+
+    def run(self, ctx: Context) -> str:
+        by_dest = {c.dest: c for c in ctx.changes}
+        dests = python_dests(ctx)
+        for dest in dests:
+            try:
+                compile(by_dest[dest].new, dest, "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                raise StepFailed(self.name, f"{dest}:{exc.lineno}:{exc.offset}: {exc.msg} "
+                                 "(nothing was sent to the target)") from None
+        return f"{len(dests)} file(s) compile here"
+
+
+class RemoteCompileParams(Strict):
+    timeout_s: float = 120.0
+
+
+class RemoteCompile(Step):
+    kind = "remote_compile"
+    Params = RemoteCompileParams
+
+    def argv(self, ctx: Context) -> tuple[str, ...]:
+        return (ctx.host.python, "-c", REMOTE_SCRIPT, *python_dests(ctx))
+
+    def plan(self, ctx: Context) -> list[Action]:
+        if not python_dests(ctx):
+            return [Action("no Python files to compile")]
+        return [Action("compile on the target", self.argv(ctx), ctx.repo)]
+
+    def run(self, ctx: Context) -> str:
+        dests = python_dests(ctx)
+        if not dests:
+            return "no Python files"
+        ctx.check(self.argv(ctx), f"the target's {ctx.host.python} cannot compile the shipped files",
+                  timeout=self.timeout_s)
+        return f"{len(dests)} file(s) compile under {ctx.host.python}"

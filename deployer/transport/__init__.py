@@ -1,0 +1,1 @@
+"""Transports: how deployer runs commands and moves bytes on a target."""

@@ -1,0 +1,26 @@
+"""Open the transport an inventory host asks for."""
+
+from __future__ import annotations
+
+from deployer.config import Host
+from deployer.context import EventBus
+from deployer.errors import ConfigError
+from deployer.transport.base import Transport
+from deployer.transport.local import LocalTransport
+
+
+def open_transport(name: str, host: Host, bus: EventBus, *, accept_new_host_key: bool = False) -> Transport:
+    if host.transport == "local":
+        return LocalTransport(name)
+    from deployer.transport.ssh import SSHTransport  # paramiko is slow to import; local runs skip it
+
+    def pinned(entry: str, key_type: str, fingerprint: str) -> None:
+        bus.emit("host_key_pinned", entry=entry, key_type=key_type, fingerprint=fingerprint)
+
+    address = host.address or name
+    if not address:
+        raise ConfigError(f"host {name!r} has no address")
+    return SSHTransport(name=name, address=address, port=host.port, user=host.user,
+                        identity_file=host.identity_file, known_hosts=host.known_hosts,
+                        host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
+                        become=host.become, on_host_key_pinned=pinned)

@@ -1,0 +1,178 @@
+"""Everything a person sees: the live step view, the plan, run reports. The only rich importer."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from deployer.engine import PlanReport, RunResult
+from deployer.runlog import Run
+
+STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
+
+
+class StepView:
+    """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
+
+    def __init__(self, console: Console, *, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.rows: dict[str, list[Any]] = {}
+        self.live: Live | None = None
+        if console.is_terminal and not quiet:
+            self.live = Live(self._table(), console=console, refresh_per_second=8, transient=False)
+
+    def __enter__(self) -> StepView:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+        for name in ("step", "status", "time", "detail"):
+            table.add_column(name)
+        for step, (status, started, duration, detail) in self.rows.items():
+            shown = duration if duration is not None else time.monotonic() - started
+            table.add_row(step, Text(status, style=STATUS_STYLE.get(status, "")), f"{shown:5.1f}s",
+                          Text(detail, overflow="fold"))
+        return table
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        kind, step = event.get("type"), event.get("step")
+        if kind == "step_start" and step:
+            self.rows[step] = ["running", time.monotonic(), None, ""]
+            self._line(f"[{step}] started")
+        elif kind == "step_end" and step and step in self.rows:
+            row = self.rows[step]
+            row[0], row[2] = event["status"], event.get("duration_s", 0.0)
+            row[3] = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            self._line(f"[{step}] {event['status']} {row[2]:.2f}s {row[3]}")
+        elif kind == "sample" and step and step in self.rows:
+            self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
+            self._line(f"[{step}] sample {event.get('metric')} = {event.get('value')}")
+        elif kind in ("restore", "rollback", "host_key_pinned", "lock_acquired"):
+            detail = {k: v for k, v in event.items() if k not in ("type", "seq", "time", "run", "prev", "host")}
+            self._line(f"[{kind}] {json.dumps(detail, default=str)}")
+        if self.live is not None:
+            self.live.update(self._table())
+
+    def _line(self, text: str) -> None:
+        if self.live is None:
+            self.console.print(text, markup=False, highlight=False)
+
+
+def make_console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def show_plan(console: Console, report: PlanReport) -> None:
+    console.print(f"[bold]plan[/bold] for host {report.host_name}: {report.repo} at {report.head[:12]}")
+    if report.lock is not None:
+        console.print(f"[yellow]deploy lock[/yellow] {report.lock.describe()}", markup=True)
+    if report.dirty:
+        console.print(f"[red]uncommitted changes on the target:[/red] {', '.join(report.dirty)} "
+                      "(apply refuses unless --allow-dirty)")
+    for plan in report.files:
+        console.rule(f"{plan.dest}{'' if plan.exists else ' (new file)'}")
+        if console.is_terminal:
+            console.print(Syntax(plan.diff, "diff", theme="ansi_dark", background_color="default"))
+        else:
+            console.print(plan.diff, markup=False, highlight=False, end="")
+    console.rule("projected git diff --stat")
+    for line in report.stat.lines():
+        console.print(line, markup=False, highlight=False)
+    if report.bounds is None:
+        console.print("bounds: none set (the playbook has no diff_bounds step)")
+    elif report.bounds:
+        console.print(f"[red]bounds: FAIL[/red] — {'; '.join(report.bounds)}")
+    else:
+        console.print("[green]bounds: ok[/green]")
+    console.rule("steps")
+    for number, (name, actions) in enumerate(report.steps, 1):
+        console.print(f"{number}. [bold]{name}[/bold]")
+        for action in actions:
+            console.print(f"     {action.render()}", markup=False, highlight=False)
+    console.print("dry run: nothing was changed on the target")
+
+
+def plan_json(report: PlanReport) -> dict[str, Any]:
+    return {"host": report.host_name, "repo": report.repo, "head": report.head,
+            "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
+                       "new": not f.exists, "diff": f.diff} for f in report.files],
+            "stat": report.stat.summary(), "bounds": report.bounds, "dirty": report.dirty,
+            "lock": report.lock.info if report.lock else None,
+            "steps": [{"name": n, "actions": [a.render() for a in acts]} for n, acts in report.steps]}
+
+
+def result_json(result: RunResult) -> dict[str, Any]:
+    return {"run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
+            "error": result.error, "git": {"before": result.git_before, "after": result.git_after},
+            "run_dir": str(result.run_dir), "facts": result.facts}
+
+
+def show_result(console: Console, result: RunResult) -> None:
+    style = "green" if result.status == "successful" else "red"
+    console.print(f"run {result.run_id}: [{style}]{result.status}[/{style}] (exit {result.exit_code})")
+    if result.git_after:
+        console.print(f"commit {result.git_after} (was {result.git_before})")
+    for key, value in result.facts.items():
+        if key not in ("operator", "dirty"):
+            console.print(f"  {key}: {value}", markup=False, highlight=False)
+    console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
+
+
+def show_error(message: str) -> None:
+    make_console(stderr=True).print(f"error: {message}", markup=False, highlight=False, style="red")
+
+
+def show_runs(console: Console, runs: list[Run]) -> None:
+    table = Table(box=None, pad_edge=False)
+    for name in ("run", "status", "host", "playbook", "commit", "kind"):
+        table.add_column(name)
+    for run in runs:
+        start = run.start
+        after = run.git.get("after") or ""
+        kind = "rollback of " + str(start["rollback_of"]) if start.get("rollback_of") else "apply"
+        table.add_row(run.run_id, run.status, str(start.get("host", "")), str(start.get("playbook_name", "")),
+                      str(after)[:12], kind)
+    console.print(table)
+
+
+def show_run(console: Console, run: Run) -> None:
+    start, end = run.start, run.end or {}
+    console.print(f"[bold]run {run.run_id}[/bold]  status {run.status}  host {start.get('host')}  "
+                  f"operator {start.get('operator')}  deployer {start.get('version')}")
+    console.print(f"playbook {start.get('playbook')} (sha256 {start.get('playbook_sha256', '')[:16]})",
+                  markup=False)
+    if start.get("rollback_of"):
+        console.print(f"rollback of run {start['rollback_of']}")
+    for link in run.all("rolled_back_by"):
+        console.print(f"rolled back by run {link.get('by')}")
+    git = run.git
+    console.print(f"git: before {git.get('before')}  after {git.get('after')}")
+    for event in run.events:
+        if event.get("type") == "step_end":
+            detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            console.print(f"  {event.get('step'):<16} {event.get('status'):<9} {event.get('duration_s', 0):>7.2f}s "
+                          f"{detail}", markup=False, highlight=False)
+    if end.get("error"):
+        console.print(end["error"], markup=False, highlight=False, style="red")
+
+
+def is_tty() -> bool:
+    return sys.stdout.isatty()
