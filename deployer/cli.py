@@ -43,12 +43,12 @@ def failures_to_exit_codes(func: F) -> F:
 
 
 def inventory_option(func: F) -> F:
-    return click.option("-i", "--inventory", envvar="DEPLOYER_INVENTORY",
+    return click.option("-i", "--inventory",
                         help="Inventory file (default $DEPLOYER_INVENTORY, then ./hosts.yaml).")(func)
 
 
 def runs_dir_option(func: F) -> F:
-    return click.option("--runs-dir", envvar="DEPLOYER_RUNS_DIR",
+    return click.option("--runs-dir",
                         help="Run log directory (default $DEPLOYER_RUNS_DIR, then .deployer/runs).")(func)
 
 

@@ -177,6 +177,8 @@ def format_errors(exc: ValidationError, doc: yamlsrc.Document, base: yamlsrc.Loc
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+        elif error["type"] == "value_error":
+            message = str(error.get("ctx", {}).get("error", message))
         elif error["type"] == "missing":
             message = "required field is missing"
         lines.append(f"{doc.mark(tuple(kept))}: {field}: {message}")

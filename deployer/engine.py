@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import getpass
-import os
 import hashlib
+import os
 import socket
 import time
 from collections.abc import Callable

@@ -7,6 +7,7 @@ skewed operator clock cannot make a live lock look stale.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import threading
@@ -92,10 +93,9 @@ class DeployLock:
 
     def _loop(self) -> None:
         while not self._stop.wait(max(self.ttl_s / 4, 0.5)):
-            try:
+            # A missed beat only makes the lock look older; the next one may get through.
+            with contextlib.suppress(DeployerError):
                 self._beat()
-            except DeployerError:
-                pass  # a missed beat only makes the lock look older; the next one may get through
 
     def release(self) -> None:
         self._stop.set()

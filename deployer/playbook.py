@@ -23,7 +23,7 @@ def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:
     base = path.parent
     sources: dict[str, bytes] = {}
     for i, spec in enumerate(model.files):
-        sources[spec.dest] = _read(base / spec.src, doc.mark(("files", i, "src")), "files[%d].src" % i)
+        sources[spec.dest] = _read(base / spec.src, doc.mark(("files", i, "src")), f"files[{i}].src")
     patch = _read(base / model.patch, doc.mark(("patch",)), "patch") if model.patch else None
     return LoadedPlaybook(path=path, raw=path.read_bytes(), model=model, sources=sources, patch=patch), steps
 
@@ -40,6 +40,7 @@ def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:
     seen: Counter[str] = Counter()
     for i, item in enumerate(items):
         loc: yamlsrc.Loc = ("steps", i)
+        params: Any
         if isinstance(item, str):
             kind, params = item, {}
         elif isinstance(item, dict) and len(item) == 1:

@@ -24,8 +24,9 @@ def preflight(ctx: Context, *, allow_dirty: bool) -> None:
     _refuse_escapes(ctx, dests)
     tracked = set(filter(None, ctx.check(("git", "ls-files", "-z", "--", *dests), "git ls-files failed",
                                          timeout=30).out.split("\0")))
-    status = ctx.check(("git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *dests),
-                       "git status failed", timeout=30).out
+    # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
+    status = ctx.check(("git", "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                        "--", *dests), "git status failed", timeout=30).out
     dirty = sorted({entry[3:] for entry in status.split("\0") if len(entry) > 3})
     ctx.facts["dirty"] = dirty
     if dirty and not allow_dirty:
@@ -55,7 +56,7 @@ def _refuse_escapes(ctx: Context, dests: list[str]) -> None:
     out = ctx.check(("realpath", "-m", "--", *paths), "cannot resolve the target paths", timeout=30).out
     resolved = out.splitlines()
     root = resolved[0].rstrip("/") + "/"
-    for dest, real in zip(dests, resolved[1:]):
+    for dest, real in zip(dests, resolved[1:], strict=False):
         if not real.startswith(root):
             raise StepFailed(STEP, f"{dest} resolves to {real} on the target, outside the repo "
                              "(a symlink); refusing to write through it")

@@ -39,6 +39,17 @@ def _line_hash(line: bytes) -> str:
     return hashlib.sha256(line).hexdigest()
 
 
+def seal(record: dict[str, Any]) -> bytes:
+    """The line for record, ending in the sha256 of everything before it: the last line is covered too."""
+    body = json.dumps(record).encode()
+    return body[:-1] + b', "line_sha256": "' + _line_hash(body).encode() + b'"}'
+
+
+def _seal_intact(line: bytes, event: dict[str, Any]) -> bool:
+    unsealed = {k: v for k, v in event.items() if k != "line_sha256"}
+    return "line_sha256" in event and seal(unsealed) == line
+
+
 class RunLogWriter:
     """Appends events; each write is one os.write of a whole line, flushed to disk."""
 
@@ -54,7 +65,7 @@ class RunLogWriter:
 
     def write(self, event: dict[str, Any]) -> None:
         record = {"seq": self._seq, "time": utc_now(), "run": self.run_id, **event, "prev": self._prev}
-        line = json.dumps(record, sort_keys=False, default=str).encode()
+        line = seal(json.loads(json.dumps(record, default=str)))
         os.write(self._fd, line + b"\n")
         os.fsync(self._fd)
         self._prev = _line_hash(line)
@@ -148,6 +159,8 @@ def verify(runs_dir: Path, run_id: str) -> list[str]:
         if event.get("seq") != index:
             problems.append(f"line {number}: sequence number {event.get('seq')} where {index} was expected "
                             "(a line was removed or inserted)")
+        if not _seal_intact(line, event):
+            problems.append(f"line {number}: its content does not match its own hash (edited line)")
         if event.get("prev") != prev:
             problems.append(f"line {number}: does not chain to the line before it (edited or removed line)")
         if event.get("run") != run_id:

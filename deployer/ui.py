@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.syntax import Syntax
 from rich.table import Table

@@ -1,1 +1,1 @@
-pytest_plugins = ["fixtures_ssh"]
+pytest_plugins = ["fixtures_ssh", "fixtures_repo"]

@@ -1,0 +1,127 @@
+"""A throwaway target: a real git repo, an inventory naming it, fix files and a playbook writer.
+
+The `target` fixture is parametrized over transports: the same tests run against a `local`
+host and against the real sshd from fixtures_ssh (the repo is on this machine either way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ORIGINAL_A = "def answer():\n    return 41\n"
+FIXED_A = "def answer():\n    return 42\n\n\ndef extra():\n    return 'new'\n"
+ORIGINAL_B = "VALUE = 1\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def init_repo(repo: Path, files: dict[str, str]) -> None:
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "target@example.invalid")
+    git(repo, "config", "user.name", "target")
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "initial")
+
+
+def tree_snapshot(root: Path) -> dict[str, str]:
+    """sha256 and mode of every file under root, .git included, for byte-identical comparisons."""
+    snap = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() or path.is_symlink():
+            data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+            snap[str(path.relative_to(root))] = f"{hashlib.sha256(data).hexdigest()} {path.lstat().st_mode:o}"
+    return snap
+
+
+@dataclass
+class Project:
+    root: Path
+    repo: Path
+    host: dict[str, Any]
+    host_name: str = "box"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "hosts.yaml"
+
+    def write_inventory(self, **host_overrides: Any) -> Path:
+        host = {**self.host, **host_overrides}
+        self.inventory.write_text(yaml.safe_dump({"hosts": {self.host_name: host}}, sort_keys=False))
+        return self.inventory
+
+    def write(self, rel: str, text: str) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def playbook(self, *, files: list[dict[str, str]] | None = None, steps: list[Any] | None = None,
+                 name: str = "fix.yaml", **extra: Any) -> Path:
+        body: dict[str, Any] = {"name": "answer fix"}
+        if "patch" not in extra:
+            body["files"] = files if files is not None else [{"src": "fix/a.py", "dest": "pkg/a.py"}]
+        body["steps"] = steps if steps is not None else [
+            "local_compile", "upload", "remote_compile",
+            {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},
+            {"commit": {"message": "pkg: answer is 42"}}]
+        body.update(extra)
+        return self.write(name, yaml.safe_dump(body, sort_keys=False))
+
+    def deployer(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "DEPLOYER_INVENTORY": str(self.inventory),
+               "DEPLOYER_RUNS_DIR": str(self.runs), "NO_COLOR": "1", **self.extra_env}
+        return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=self.root, env=env,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "DEPLOYER_INVENTORY": str(self.inventory),
+               "DEPLOYER_RUNS_DIR": str(self.runs), "NO_COLOR": "1", **self.extra_env}
+        return subprocess.Popen([sys.executable, "-m", "deployer", *args], cwd=self.root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL)
+
+    def head(self) -> str:
+        return git(self.repo, "rev-parse", "HEAD").strip()
+
+    def file(self, rel: str) -> str:
+        return (self.repo / rel).read_text()
+
+
+@pytest.fixture(params=["local", "ssh"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
+    repo = tmp_path / "target" / "repo"
+    init_repo(repo, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B,
+                     "README": "target repo\n"})
+    host: dict[str, Any] = {"repo": str(repo), "python": sys.executable}
+    if request.param == "local":
+        host["transport"] = "local"
+    else:
+        sshd = request.getfixturevalue("sshd")
+        host.update({"transport": "ssh", "address": sshd.host, "port": sshd.port, "user": sshd.user,
+                     "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts)})
+    project = Project(root=tmp_path, repo=repo, host=host)
+    project.write_inventory()
+    project.write("fix/a.py", FIXED_A)
+    yield project

@@ -1,0 +1,247 @@
+"""The patch chain end to end, over every transport: what lands, what fails, what is restored."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
+
+
+def run_dirs(project: Project) -> list[Path]:
+    return sorted(p for p in project.runs.iterdir()) if project.runs.exists() else []
+
+
+def last_run_end(project: Project) -> dict[str, object]:
+    events = [json.loads(line) for line in (run_dirs(project)[-1] / "events.jsonl").read_text().splitlines()]
+    return next(e for e in events if e["type"] == "run_end")
+
+
+def test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files(target: Project) -> None:
+    target.write("fix/new_mod.py", "NEW = True\n")
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
+                           {"src": "fix/new_mod.py", "dest": "pkg/sub/new_mod.py"}],
+                    steps=["local_compile", "upload", "remote_compile",
+                           {"diff_bounds": {"files": 2, "insertions": [2, 12], "deletions": [0, 2]}},
+                           {"commit": {"message": "pkg: answer is 42"}}])
+    before = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert target.file("pkg/a.py") == FIXED_A
+    assert target.file("pkg/sub/new_mod.py") == "NEW = True\n"
+    assert git(target.repo, "rev-parse", "HEAD~1").strip() == before
+    changed = git(target.repo, "diff", "--name-only", "HEAD~1", "HEAD").split()
+    assert sorted(changed) == ["pkg/a.py", "pkg/sub/new_mod.py"]
+    message = git(target.repo, "log", "-1", "--format=%B")
+    run_id = run_dirs(target)[-1].name
+    assert message.startswith("pkg: answer is 42")
+    assert f"Deployer-Run: {run_id}" in message
+    assert git(target.repo, "status", "--porcelain") == ""
+    end = last_run_end(target)
+    assert end["status"] == "successful"
+    assert end["git"] == {"before": before, "after": target.head()}
+
+
+def test_local_syntax_error_touches_nothing_on_the_target(target: Project) -> None:
+    target.write("fix/a.py", "def answer(:\n    return 42\n")
+    target.playbook()
+    snapshot = tree_snapshot(target.repo)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert "local_compile" in result.stderr and "pkg/a.py:1" in result.stderr
+    assert tree_snapshot(target.repo) == snapshot
+
+
+def strict_python(project: Project) -> str:
+    """The target's venv python, configured stricter than ours: warnings are errors there."""
+    wrapper = project.write("venv/bin/python", f"#!/bin/sh\nexec {sys.executable} -W error \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_remote_compile_error_restores_the_files_and_commits_nothing(target: Project) -> None:
+    # Valid here, but an invalid escape sequence is an error under the target's -W error.
+    target.write("fix/a.py", 'PATTERN = "\\d+"\n')
+    target.write_inventory(python=strict_python(target))
+    target.playbook()
+    head = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stdout
+    assert "remote_compile" in result.stderr
+    assert "exited 1" in result.stderr
+    assert "invalid escape sequence" in result.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A
+    assert target.head() == head
+    assert git(target.repo, "status", "--porcelain") == ""
+
+
+def test_bounds_too_high_restores_and_commits_nothing(target: Project) -> None:
+    target.playbook(steps=["upload", {"diff_bounds": {"insertions": [0, 2]}}, {"commit": {"message": "m"}}])
+    head = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert "insertions 5 outside [0, 2]" in result.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A
+    assert target.head() == head
+    assert git(target.repo, "status", "--porcelain") == ""
+
+
+def test_zero_changes_means_the_upload_did_not_land(target: Project) -> None:
+    target.write("fix/a.py", ORIGINAL_A)
+    target.playbook(steps=["upload", {"diff_bounds": {"files": [0, 5]}}, {"commit": {"message": "m"}}])
+    head = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert "upload did not land" in result.stderr
+    assert target.head() == head
+
+
+def test_new_file_is_removed_with_its_new_directories_on_failure(target: Project) -> None:
+    target.write("fix/new_mod.py", "NEW = 1\n")
+    target.playbook(files=[{"src": "fix/new_mod.py", "dest": "pkg/deep/er/new_mod.py"}],
+                    steps=["upload", {"diff_bounds": {"files": 5}}])
+    snapshot = tree_snapshot(target.repo)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert not (target.repo / "pkg/deep").exists()
+    assert tree_snapshot(target.repo) == snapshot
+
+
+def test_dirty_target_file_is_refused_before_any_change(target: Project) -> None:
+    (target.repo / "pkg/a.py").write_text(ORIGINAL_A + "# hand edit on the box\n")
+    target.playbook()
+    snapshot = tree_snapshot(target.repo)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert "uncommitted changes in pkg/a.py" in result.stderr
+    assert "--allow-dirty" in result.stderr
+    assert tree_snapshot(target.repo) == snapshot
+
+
+def test_plan_changes_nothing_and_its_stat_equals_what_apply_commits(target: Project) -> None:
+    target.write("fix/new_mod.py", "A = 1\nB = 2\n")
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
+                           {"src": "fix/new_mod.py", "dest": "pkg/new_mod.py"}],
+                    steps=["local_compile", "upload", "remote_compile",
+                           {"diff_bounds": {"files": 2, "insertions": [1, 20]}},
+                           {"commit": {"message": "m"}}])
+    snapshot = tree_snapshot(target.repo)
+    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert plan.returncode == 0, plan.stderr
+    assert tree_snapshot(target.repo) == snapshot
+    assert "-    return 41" in plan.stdout and "+    return 42" in plan.stdout
+    assert "bounds: ok" in plan.stdout
+    assert "git diff --numstat --diff-algorithm=myers HEAD -- pkg/a.py" in plan.stdout
+    projected = re.search(r"^ (\d+ files? changed.*)$", plan.stdout, re.M)
+    assert projected is not None
+
+    dry = target.deployer("apply", "--dry-run", "fix.yaml", "--host", "box", "--json")
+    assert json.loads(dry.stdout)["stat"] == projected.group(1)
+    assert tree_snapshot(target.repo) == snapshot
+
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stderr
+    committed = git(target.repo, "show", "--stat", "--format=", "HEAD").strip().splitlines()[-1].strip()
+    assert committed == projected.group(1)
+
+
+def test_plan_shows_a_failing_bounds_verdict(target: Project) -> None:
+    target.playbook(steps=["upload", {"diff_bounds": {"files": 3}}])
+    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert plan.returncode == 0
+    assert "bounds: FAIL" in plan.stdout and "files 1 outside 3" in plan.stdout
+
+
+def test_patch_mode_applies_with_git_apply(target: Project) -> None:
+    patch = ("--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1 +1,2 @@\n-VALUE = 1\n+VALUE = 2\n+OTHER = 3\n")
+    target.write("fix/b.diff", patch)
+    target.playbook(patch="fix/b.diff", steps=["local_compile", "upload", "remote_compile",
+                                               {"diff_bounds": {"files": 1, "insertions": 2, "deletions": 1}},
+                                               {"commit": {"message": "patch b"}}])
+    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert plan.returncode == 0, plan.stderr
+    assert "+OTHER = 3" in plan.stdout and "git apply --check -" in plan.stdout
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    assert target.file("pkg/b.py") == "VALUE = 2\nOTHER = 3\n"
+    assert git(target.repo, "diff", "--name-only", "HEAD~1", "HEAD").split() == ["pkg/b.py"]
+
+
+def test_patch_that_does_not_apply_is_refused_before_any_change(target: Project) -> None:
+    target.write("fix/b.diff", "--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1 +1 @@\n-VALUE = 9\n+VALUE = 2\n")
+    target.playbook(patch="fix/b.diff", steps=["upload"])
+    snapshot = tree_snapshot(target.repo)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert "does not apply" in result.stderr
+    assert tree_snapshot(target.repo) == snapshot
+
+
+def test_run_log_chain_verifies_and_detects_edits_removals_and_truncation(target: Project) -> None:
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    run = run_dirs(target)[-1]
+    assert oct(run.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in run.iterdir())
+    ok = target.deployer("runs", "verify", run.name, "--runs-dir", str(target.runs))
+    assert ok.returncode == 0, ok.stderr
+    events = run / "events.jsonl"
+    original = events.read_text()
+    lines = original.splitlines(keepends=True)
+
+    events.write_text(original.replace('"status": "successful"', '"status": "failed"'))
+    assert target.deployer("runs", "verify", run.name).returncode == 5
+    events.write_text("".join(lines[:3] + lines[4:]))
+    removed = target.deployer("runs", "verify", run.name)
+    assert removed.returncode == 5 and "line 4" in removed.stderr
+    events.write_text("".join(lines[:-1]))
+    assert target.deployer("runs", "verify", run.name).returncode == 5
+    events.write_text(original[:-20])
+    assert target.deployer("runs", "verify", run.name).returncode == 5
+    events.write_text(original)
+    (run / "playbook.yaml").write_text("name: forged\n")
+    forged = target.deployer("runs", "verify", run.name)
+    assert forged.returncode == 5 and "playbook.yaml" in forged.stderr
+
+
+def test_runs_list_and_show(target: Project) -> None:
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    run_id = run_dirs(target)[-1].name
+    listed = target.deployer("runs", "list")
+    assert run_id in listed.stdout and "successful" in listed.stdout
+    shown = target.deployer("runs", "show", run_id)
+    assert "commit" in shown.stdout and target.head() in shown.stdout
+
+
+def test_json_summary(target: Project) -> None:
+    target.playbook()
+    result = target.deployer("apply", "fix.yaml", "--host", "box", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "successful" and summary["git"]["after"] == target.head()
+
+
+def test_sigint_after_upload_restores_the_target_and_exits_130(target: Project) -> None:
+    slow = target.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    target.write_inventory(python=str(slow))
+    target.playbook()
+    head = target.head()
+    proc = target.popen("apply", "fix.yaml", "--host", "box")
+    deadline = time.monotonic() + 30
+    while target.file("pkg/a.py") != FIXED_A:
+        assert time.monotonic() < deadline, "the upload never landed"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert target.file("pkg/a.py") == ORIGINAL_A
+    assert target.head() == head
+    assert not (target.repo / ".git" / "deployer.lock").exists()
+    assert last_run_end(target)["status"] == "canceled"

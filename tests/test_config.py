@@ -1,0 +1,128 @@
+"""Bad playbooks and inventories: exit 2, file:line:column and the field, before any connection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fixtures_repo import ORIGINAL_A, Project, tree_snapshot
+
+from deployer.config import load_inventory
+from deployer.errors import ConfigError
+from deployer.playbook import load_playbook
+
+
+def write(tmp_path: Path, text: str, name: str = "fix.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_playbook(path)
+    return str(caught.value)
+
+
+def test_unknown_key_names_file_line_column_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles:\n  - src: a.py\n    dest: a.py\n    mode: 644\nsteps: [upload]\n")
+    assert error_of(path) == f"{path}:5:11: files.0.mode: unknown key"
+
+
+def test_bad_type_names_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps:\n"
+                           "  - diff_bounds: {files: many}\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}:4:26: steps.0.diff_bounds.files:")
+
+
+@pytest.mark.parametrize("dest, why", [("/etc/passwd", "not absolute"), ("../outside.py", "'..'"),
+                                       ("pkg/../../x.py", "'..'"), (".git/hooks/post-commit", ".git")])
+def test_dest_escaping_the_repo_is_refused(tmp_path: Path, dest: str, why: str) -> None:
+    path = write(tmp_path, f"name: x\nfiles:\n  - src: a.py\n    dest: {dest}\nsteps: [upload]\n")
+    message = error_of(path)
+    assert f"{path}:4:11: files.0.dest:" in message and why in message
+
+
+def test_object_constructing_tags_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: !!python/object/apply:os.system ['touch pwned']\nsteps: [upload]\n")
+    assert "tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed" in error_of(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_duplicate_keys_are_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nname: y\nsteps: [upload]\n")
+    assert error_of(path) == f"{path}:2:1: duplicate key 'name'"
+
+
+def test_yaml_syntax_error_has_a_position(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nsteps: [upload\n")
+    assert error_of(path).startswith(f"{path}:3:1: invalid YAML")
+
+
+def test_unknown_step_kind(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps:\n  - upload\n  - deploy_it\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}:5:5: steps.1: unknown step kind 'deploy_it'") and "known:" in message
+
+
+def test_files_and_patch_are_exclusive(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\npatch: p.diff\nsteps: [upload]\n")
+    assert "exactly one of 'files' or 'patch'" in error_of(path)
+
+
+def test_missing_source_file_points_at_src(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles:\n  - src: nope.py\n    dest: a.py\nsteps: [upload]\n")
+    assert error_of(path).startswith(f"{path}:3:10: files[0].src: cannot read")
+
+
+def test_inventory_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  h:\n    repo: relative/path\n    host_key_policy: trust-all\n",
+                 "hosts.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(path)
+    lines = sorted(str(caught.value).splitlines())
+    assert lines[0].startswith(f"{path}:3:11: hosts.h.repo: must be an absolute path")
+    assert lines[1].startswith(f"{path}:4:22: hosts.h.host_key_policy: Input should be 'reject' or 'accept-new'")
+
+
+def test_service_needs_exactly_one_manager(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  h:\n    repo: /r\n    services:\n      prefill: {health: http://x}\n",
+                 "hosts.yaml")
+    with pytest.raises(ConfigError, match=r"hosts.yaml:5:16: hosts.h.services.prefill: .*exactly one of 'start'"):
+        load_inventory(path)
+
+
+def test_cli_config_errors_exit_2_before_connecting(target: Project) -> None:
+    target.write("fix.yaml", "name: x\nfiles:\n  - {src: fix/a.py, dest: ../escape.py}\nsteps: [upload]\n")
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 2
+    assert "fix.yaml:3:27: files.0.dest:" in result.stderr
+    assert not target.runs.exists()  # refused before a run (and a connection) started
+    missing = target.deployer("apply", "fix.yaml", "--host", "nope")
+    assert missing.returncode == 2
+
+
+def test_inventory_lookup_order(target: Project, tmp_path: Path) -> None:
+    target.playbook()
+    target.extra_env["DEPLOYER_INVENTORY"] = str(tmp_path / "absent.yaml")
+    result = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert result.returncode == 2 and "$DEPLOYER_INVENTORY" in result.stderr
+    explicit = target.deployer("plan", "fix.yaml", "--host", "box", "-i", str(target.inventory))
+    assert explicit.returncode == 0, explicit.stderr
+
+
+def test_symlink_escaping_the_repo_is_refused_on_the_target(target: Project, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, target.repo / "pkg" / "link")
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/link/a.py"}], steps=["upload"])
+    snapshot = tree_snapshot(target.repo)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1
+    assert "outside the repo" in result.stderr
+    assert list(outside.iterdir()) == []
+    assert tree_snapshot(target.repo) == snapshot
+    assert target.file("pkg/a.py") == ORIGINAL_A
