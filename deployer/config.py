@@ -85,6 +85,7 @@ class Host(Strict):
     repo: str
     python: str = "python3"
     metrics: str | None = None
+    endpoint: str | None = None  # the serving entry point (e.g. the router) that a storm hits
     services: dict[str, Service] = Field(default_factory=dict)
     env: dict[str, EnvValue] = Field(default_factory=dict)
     become: bool = False

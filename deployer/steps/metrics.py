@@ -1,0 +1,188 @@
+"""Read the serving metrics: a baseline before the fix, and a drain that must hold after it.
+
+An idle SGLang server republishes gauges only every ~30 s, so one reading proves nothing:
+a condition must hold over several consecutive polls. A metric that is absent or cannot
+be parsed is *inconclusive*, and inconclusive is never a pass.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import Field
+
+from deployer.config import Strict
+from deployer.context import Context
+from deployer.errors import StepFailed
+from deployer.steps.base import Action, Step
+from deployer.steps.load import StormParams, storm
+
+COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
+
+
+class MetricParams(Strict):
+    metric: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    aggregate: Literal["sum", "max"] = "sum"
+    url: str | None = None  # default: the host's `metrics` URL
+    interval_s: float = Field(default=1.0, gt=0)
+    stable_polls: int = Field(default=3, ge=1)
+
+
+@dataclass(frozen=True)
+class Reading:
+    value: float | None
+    problem: str | None = None  # why there is no value: the reading is inconclusive
+
+
+def parse(text: str, params: MetricParams) -> Reading:
+    try:
+        values = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                  if sample.name == params.metric
+                  and all(sample.labels.get(k) == v for k, v in params.labels.items())]
+    except (ValueError, TypeError, IndexError) as exc:
+        return Reading(None, f"unparseable metrics: {exc}")
+    if not values:
+        wanted = params.metric + (f"{params.labels}" if params.labels else "")
+        return Reading(None, f"metric {wanted} absent")
+    return Reading(sum(values) if params.aggregate == "sum" else max(values))
+
+
+def scrape(url: str, params: MetricParams, timeout: float = 5.0) -> Reading:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return Reading(None, f"{url} answered HTTP {exc.code}")
+    except (urllib.error.URLError, OSError) as exc:
+        return Reading(None, f"cannot reach {url}: {exc}")
+    return parse(text, params)
+
+
+def metrics_url(ctx: Context, params: MetricParams, step: str) -> str:
+    url = params.url or ctx.host.metrics
+    if url is None:
+        raise StepFailed(step, f"no metrics URL: set `metrics` on host {ctx.host_name} or `url` on the step")
+    return url
+
+
+def describe(params: MetricParams) -> str:
+    labels = ",".join(f'{k}="{v}"' for k, v in params.labels.items())
+    return f"{params.aggregate}({params.metric}{{{labels}}})"
+
+
+@dataclass(frozen=True)
+class Polled:
+    held: bool  # the condition held for stable_polls consecutive readings
+    samples: list[Reading]
+
+    @property
+    def last(self) -> Reading:
+        return self.samples[-1]
+
+
+def poll(ctx: Context, step: str, params: MetricParams, until: Callable[[float], bool],
+         within_s: float) -> Polled:
+    """Poll until `until` holds for stable_polls consecutive readings, or within_s runs out."""
+    target = metrics_url(ctx, params, step)
+    url = ctx.transport.reach(target)
+    deadline = time.monotonic() + within_s
+    samples: list[Reading] = []
+    streak = 0
+    while True:
+        reading = scrape(url, params)
+        samples.append(reading)
+        ctx.emit("sample", metric=params.metric, labels=params.labels, aggregate=params.aggregate,
+                 url=target, value=reading.value, problem=reading.problem)
+        streak = streak + 1 if reading.value is not None and until(reading.value) else 0
+        if streak >= params.stable_polls or time.monotonic() + params.interval_s > deadline:
+            return Polled(streak >= params.stable_polls, samples)
+        ctx.cancel.wait(params.interval_s)
+
+
+def show(samples: list[Reading], last: int = 8) -> str:
+    return ", ".join("absent" if r.value is None else f"{r.value:g}" for r in samples[-last:])
+
+
+class BaselineParams(MetricParams):
+    storm: bool | StormParams = False
+    within_s: float = Field(default=20.0, gt=0)
+
+
+class Baseline(Step):
+    """Record the metric before the fix (after a storm, to show the symptom); it gates nothing."""
+
+    kind = "baseline"
+    Params = BaselineParams
+    params: BaselineParams
+
+    def storm_params(self) -> StormParams | None:
+        chosen = self.params.storm
+        return StormParams() if chosen is True else (chosen or None)
+
+    def plan(self, ctx: Context) -> list[Action]:
+        actions = []
+        if (storm_params := self.storm_params()) is not None:
+            actions.append(Action(f"storm first: {storm_params.requests} requests, {storm_params.concurrency} at a "
+                                  f"time, clients give up after {storm_params.client_timeout_s:g}s"))
+        actions.append(Action(f"read {describe(self.params)} from {metrics_url(ctx, self.params, self.name)} until "
+                              f"{self.params.stable_polls} polls agree (at most {self.params.within_s:g}s)"))
+        return actions
+
+    def run(self, ctx: Context) -> str:
+        if (storm_params := self.storm_params()) is not None:
+            storm(ctx, storm_params)
+        previous: list[float] = []
+
+        def steady(value: float) -> bool:
+            previous.append(value)
+            return len(previous) < 2 or previous[-2] == value
+
+        polled = poll(ctx, self.name, self.params, steady, self.params.within_s)
+        reading, samples = polled.last, polled.samples
+        if reading.value is None:
+            raise StepFailed(self.name, f"inconclusive: {reading.problem}")
+        ctx.facts.setdefault("baseline", {})[self.params.metric] = reading.value
+        return f"{describe(self.params)} = {reading.value:g} (samples: {show(samples)})"
+
+
+class DrainParams(MetricParams):
+    to: float
+    op: Literal["<=", ">=", "=="] = "<="
+    within_s: float = Field(default=60.0, gt=0)
+
+
+class Drain(Step):
+    """The symptom must be gone: the metric meets the bound over consecutive polls in time."""
+
+    kind = "drain"
+    Params = DrainParams
+    params: DrainParams
+
+    def plan(self, ctx: Context) -> list[Action]:
+        return [Action(f"poll {describe(self.params)} at {metrics_url(ctx, self.params, self.name)} every "
+                       f"{self.params.interval_s:g}s until {self.params.op} {self.params.to:g} for "
+                       f"{self.params.stable_polls} polls (at most {self.params.within_s:g}s)")]
+
+    def run(self, ctx: Context) -> str:
+        compare = COMPARE[self.params.op]
+        polled = poll(ctx, self.name, self.params, lambda v: compare(v, self.params.to), self.params.within_s)
+        reading, samples = polled.last, polled.samples
+        final = next((r.value for r in reversed(samples) if r.value is not None), None)
+        before = ctx.facts.get("baseline", {}).get(self.params.metric)
+        ctx.facts["drain"] = {self.params.metric: {"baseline": before, "final": final}}
+        if reading.value is None:
+            raise StepFailed(self.name, f"inconclusive: {reading.problem} (last samples: {show(samples)})")
+        if not polled.held:
+            raise StepFailed(self.name, f"{describe(self.params)} did not reach {self.params.op} "
+                             f"{self.params.to:g} for {self.params.stable_polls} polls within "
+                             f"{self.params.within_s:g}s (last samples: {show(samples)})")
+        shown = "?" if before is None else f"{before:g}"
+        return f"{describe(self.params)}: {shown} -> {reading.value:g} (samples: {show(samples)})"

@@ -1,0 +1,235 @@
+"""Restart coupled services together onto the new commit, and prove each restart happened.
+
+Prefill and decode cache each other's connection state, so they go down together (reverse
+order) and come up in order, each healthy before the next starts. A restart whose PID did
+not change did not happen.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+
+from deployer.config import Service, Strict, resolve_env
+from deployer.context import Context
+from deployer.errors import StepFailed
+from deployer.steps.base import Action, Step
+from deployer.transport.base import ExecResult
+
+# Detached start: own session (so a stop can signal the whole group), output to the log,
+# stdin closed, and the PID written before the shell returns.
+LAUNCH = 'log=$1; pidfile=$2; shift 2; nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; echo $!'
+POLL_S = 0.1
+
+
+class Manager(ABC):
+    """How one service is stopped, started and observed on the target."""
+
+    def __init__(self, ctx: Context, name: str, service: Service, step: str) -> None:
+        self.ctx, self.name, self.service, self.step = ctx, name, service, step
+
+    @abstractmethod
+    def pid(self) -> int | None: ...
+
+    @abstractmethod
+    def stop_actions(self) -> list[Action]: ...
+
+    @abstractmethod
+    def start_actions(self) -> list[Action]: ...
+
+    @abstractmethod
+    def stop(self) -> str: ...
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def log_tail(self) -> str: ...
+
+    def alive(self, pid: int) -> bool:
+        return self.ctx.run(("kill", "-0", str(pid)), timeout=30).ok
+
+    def fail(self, message: str) -> StepFailed:
+        return StepFailed(self.step, f"service {self.name}: {message}",
+                          stderr_tail=self.ctx.bus.masker(self.log_tail()))
+
+
+class CommandManager(Manager):
+    @property
+    def pidfile(self) -> str:
+        return posixpath.join(self.ctx.state_dir(), f"{self.name}.pid")
+
+    @property
+    def logfile(self) -> str:
+        return posixpath.join(self.ctx.state_dir(), f"{self.name}.log")
+
+    @property
+    def cwd(self) -> str:
+        return posixpath.join(self.ctx.repo, self.service.cwd or "")
+
+    def launch_argv(self) -> tuple[str, ...]:
+        assert self.service.start is not None
+        return ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, *self.service.start)
+
+    def pid(self) -> int | None:
+        raw = self.ctx.transport.get(self.pidfile)
+        text = raw.decode(errors="replace").strip() if raw else ""
+        return int(text) if text.isdigit() and self.alive(int(text)) else None
+
+    def stop_actions(self) -> list[Action]:
+        if self.service.stop:
+            return [Action(f"stop {self.name}", tuple(self.service.stop), self.cwd)]
+        return [Action(f"stop {self.name}: TERM its process group (pid from {self.pidfile}), "
+                       f"KILL after {self.service.stop_grace_s:g}s")]
+
+    def start_actions(self) -> list[Action]:
+        return [Action(f"start {self.name} (log {self.logfile})", self.launch_argv(), self.cwd)]
+
+    def stop(self) -> str:
+        pid = self.pid()
+        if self.service.stop:
+            result = self.ctx.run(self.service.stop, cwd=self.cwd, timeout=60)
+            if not result.ok:
+                raise self.ctx.failure(f"the stop command of {self.name} failed", result)
+        elif pid is not None:
+            self._signal("TERM", pid)
+        if pid is None:
+            return "not running"
+        deadline = time.monotonic() + self.service.stop_grace_s
+        while self.alive(pid):
+            if time.monotonic() >= deadline:
+                self._signal("KILL", pid)
+                self._wait_gone(pid, 10.0)
+                return f"killed after {self.service.stop_grace_s:g}s grace"
+            self.ctx.cancel.wait(POLL_S)
+        return "stopped"
+
+    def _signal(self, sig: str, pid: int) -> ExecResult:
+        # The service leads its own process group (setsid): signal the group, so workers die too.
+        result = self.ctx.run(("kill", f"-{sig}", "--", f"-{pid}"), timeout=30)
+        return result if result.ok else self.ctx.run(("kill", f"-{sig}", str(pid)), timeout=30)
+
+    def _wait_gone(self, pid: int, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.alive(pid):
+            if time.monotonic() >= deadline:
+                raise self.fail(f"pid {pid} survived SIGKILL")
+            time.sleep(POLL_S)
+
+    def start(self) -> None:
+        self.ctx.check(("mkdir", "-p", "--", self.ctx.state_dir()), "cannot create deployer's state dir")
+        env = resolve_env({**self.ctx.host.env, **self.service.env})
+        self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=env, timeout=60)
+
+    def log_tail(self) -> str:
+        return self.ctx.run(("tail", "-c", "3000", "--", self.logfile), timeout=30).out
+
+
+class SystemdManager(Manager):
+    @property
+    def unit(self) -> str:
+        assert self.service.systemd is not None
+        return self.service.systemd
+
+    def pid(self) -> int | None:
+        out = self.ctx.run(("systemctl", "show", "-p", "MainPID", "--value", self.unit), timeout=30).out.strip()
+        return int(out) if out.isdigit() and int(out) > 0 else None
+
+    def stop_actions(self) -> list[Action]:
+        return [Action(f"stop {self.name}", ("systemctl", "stop", self.unit))]
+
+    def start_actions(self) -> list[Action]:
+        return [Action(f"start {self.name}", ("systemctl", "start", self.unit))]
+
+    def stop(self) -> str:
+        self.ctx.check(("systemctl", "stop", self.unit), f"systemctl stop {self.unit} failed", timeout=120)
+        return "stopped"
+
+    def start(self) -> None:
+        self.ctx.check(("systemctl", "start", self.unit), f"systemctl start {self.unit} failed", timeout=120)
+
+    def alive(self, pid: int) -> bool:
+        return self.ctx.run(("systemctl", "is-active", "--quiet", self.unit), timeout=30).ok
+
+    def log_tail(self) -> str:
+        return self.ctx.run(("journalctl", "-u", self.unit, "-n", "40", "--no-pager"), timeout=30).out
+
+
+def manager(ctx: Context, name: str, step: str) -> Manager:
+    service = ctx.host.services[name]
+    cls = SystemdManager if service.systemd else CommandManager
+    return cls(ctx, name, service, step)
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+class CoRestartParams(Strict):
+    services: list[str] | None = None  # default: every service of the host, in inventory order
+    timeout_s: float = 60.0
+
+
+class CoRestart(Step):
+    kind = "co_restart"
+    Params = CoRestartParams
+    params: CoRestartParams
+
+    def names(self, ctx: Context) -> list[str]:
+        names = self.params.services if self.params.services is not None else list(ctx.host.services)
+        unknown = [n for n in names if n not in ctx.host.services]
+        if unknown or not names:
+            raise StepFailed(self.name, f"host {ctx.host_name} defines no service {', '.join(unknown) or '(none)'} "
+                             f"(it has: {', '.join(ctx.host.services) or 'none'})")
+        return names
+
+    def plan(self, ctx: Context) -> list[Action]:
+        managers = [manager(ctx, n, self.name) for n in self.names(ctx)]
+        actions = [a for m in reversed(managers) for a in m.stop_actions()]
+        for m in managers:
+            actions += m.start_actions()
+            if m.service.health:
+                actions.append(Action(f"wait up to {m.service.health_timeout_s:g}s for {m.service.health} "
+                                      "to answer 200"))
+        return actions
+
+    def run(self, ctx: Context) -> str:
+        managers = [manager(ctx, n, self.name) for n in self.names(ctx)]
+        old = {m.name: m.pid() for m in managers}
+        for m in reversed(managers):
+            how = m.stop()
+            ctx.emit("service_stopped", service=m.name, pid=old[m.name], how=how)
+        new: dict[str, int | None] = {}
+        for m in managers:
+            ctx.cancel.check()
+            m.start()
+            new[m.name] = self._wait_healthy(ctx, m)
+            ctx.emit("service_started", service=m.name, pid=new[m.name])
+        ctx.emit("restart", pids={n: {"old": old[n], "new": new[n]} for n in old})
+        ctx.facts["pids"] = {n: f"{old[n]} -> {new[n]}" for n in old}
+        for m in managers:
+            if new[m.name] is None or new[m.name] == old[m.name]:
+                raise m.fail(f"PID did not change ({old[m.name]} -> {new[m.name]}): the restart did not happen")
+        return ", ".join(f"{n} {old[n]}->{new[n]}" for n in old)
+
+    def _wait_healthy(self, ctx: Context, m: Manager) -> int | None:
+        deadline = time.monotonic() + m.service.health_timeout_s
+        url = ctx.transport.reach(m.service.health) if m.service.health else None
+        while True:
+            pid = m.pid()
+            if pid is None:
+                raise m.fail("exited during start-up")
+            if url is None or http_status(url) == 200:
+                return pid
+            if time.monotonic() >= deadline:
+                raise m.fail(f"{m.service.health} did not answer 200 within {m.service.health_timeout_s:g}s")
+            ctx.cancel.wait(0.2)
