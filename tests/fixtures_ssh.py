@@ -10,6 +10,7 @@ because a CI run that silently skipped every SSH test would prove nothing.
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import hashlib
 import os
@@ -40,7 +41,7 @@ SFTP_SERVER_CANDIDATES = (
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FAKE_SUDO = """#!/bin/sh
 # Test stand-in for sudo: records the call, insists on the flags deployer uses, then runs argv.
-printf '%s\\n' "$*" >> "$(dirname "$0")/sudo.log"
+printf '%s %s %s\\n' "$1" "$2" "$3" >> "$(dirname "$0")/sudo.log"
 [ "$1" = "-n" ] && [ "$2" = "--" ] || { echo "fake sudo: expected -n --" >&2; exit 1; }
 shift 2
 exec "$@"
@@ -91,7 +92,9 @@ class SSHD:
     log_path: str  # sshd's own stderr
     sftp_server: str
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _children: list[int] = field(default_factory=list, repr=False)
+    # (pid, start time) of every process sshd spawned: connection handlers and the commands
+    # they ran. They live in sessions of their own, so killing sshd's group misses them.
+    _spawned: set[tuple[int, int]] = field(default_factory=set, repr=False)
 
     @property
     def host_key_entry(self) -> str:
@@ -133,12 +136,12 @@ class SSHD:
         self._wait_ready()
 
     def stop(self) -> None:
+        """Stop the listener only: open sessions may outlive a host key rotation, as they
+        would on a real server. They are remembered and killed at teardown."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        # Only the listener: sessions already open (their own processes) may outlive a
-        # host key rotation, as they would on a real server. Their groups die at teardown.
-        self._children.append(proc.pid)
+        self._spawned.update(_descendants(proc.pid))
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -147,12 +150,15 @@ class SSHD:
             proc.wait(timeout=10)
 
     def kill_all(self) -> None:
+        if self._proc is not None:
+            self._spawned.update(_descendants(self._proc.pid))
         self.stop()
-        for pgid in self._children:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for pid, started in self._spawned:
+            # The start time guards against a recycled pid belonging to someone else.
+            if _start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        self._spawned.clear()
 
     def _wait_ready(self) -> None:
         """Poll until the port answers with an SSH banner (not merely accepts), or give up."""
@@ -172,6 +178,37 @@ class SSHD:
             time.sleep(0.05)
         raise RuntimeError(f"sshd did not answer on {self.host}:{self.port} within "
                            f"{START_DEADLINE_S}s ({last_error}):\n{self.log()[-2000:]}")
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    # Fields after the parenthesised command name, which may itself contain spaces.
+    return text.rsplit(")", 1)[1].split()
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _descendants(root: int) -> set[tuple[int, int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _proc_stat(int(entry))):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[tuple[int, int]] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            started = _start_time(child)
+            if started is not None:
+                found.add((child, started))
+                stack.append(child)
+    return found
 
 
 def _sshd_config(*, port: int, host_key: Path, authorized_keys: Path, sftp_server: str,

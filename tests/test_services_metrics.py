@@ -7,6 +7,7 @@ gauge drain (or not). The scrape, the parse and the restarts are all real.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -69,10 +70,8 @@ class Stack:
 
     def kill_all(self) -> None:
         for pid in self.pids().values():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 @pytest.fixture
