@@ -13,13 +13,18 @@ from types import FrameType
 from typing import Any, TypeVar
 
 import click
+from rich.console import Console
 
+from deployer import lock as locks
+from deployer import rollback as rollbacks
 from deployer import runlog, ui
-from deployer.config import find_inventory, get_host, load_inventory
-from deployer.context import CancelToken
-from deployer.engine import Engine
-from deployer.errors import DeployerError
-from deployer.playbook import load_playbook
+from deployer.command import Masker
+from deployer.config import Host, find_inventory, get_host, load_inventory
+from deployer.context import CancelToken, EventBus, LoadedPlaybook
+from deployer.engine import Engine, PlanReport, RunResult, operator_id
+from deployer.errors import ConfigError, DeployerError
+from deployer.playbook import load_playbook, parse_playbook
+from deployer.transport.base import Transport
 from deployer.transport.factory import open_transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,7 +97,10 @@ def build_engine(playbook_path: str, host_name: str, inventory: str | None, runs
 
 
 def run_plan(engine: Engine, as_json: bool) -> None:
-    report = engine.plan()
+    show_plan(engine.plan(), as_json)
+
+
+def show_plan(report: PlanReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(ui.plan_json(report), indent=1))
     else:
@@ -105,6 +113,10 @@ def run_apply(engine: Engine, as_json: bool) -> None:
     engine.listeners.append(view)
     with cancel_on_signals(engine.cancel), view:
         result = engine.apply()
+    report(console, result, as_json)
+
+
+def report(console: Console, result: RunResult, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(ui.result_json(result), indent=1))
     else:
@@ -115,16 +127,24 @@ def run_apply(engine: Engine, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@click.argument("playbook", type=click.Path(dir_okay=False), required=False)
+@click.option("--host", "host_name", help="Inventory host name.")
+@click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead.")
 @inventory_option
 @runs_dir_option
 @accept_option
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable plan.")
 @failures_to_exit_codes
-def plan(playbook: str, host_name: str, inventory: str | None, runs_dir: str | None,
-         accept_new_host_key: bool, as_json: bool) -> None:
+def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, inventory: str | None,
+         runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Dry run: diffs, the projected diff --stat and the exact commands; changes nothing."""
+    if rollback_of:
+        run = runlog.read_run(runlog.runs_dir_from(runs_dir), rollback_of)
+        engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key)
+        show_plan(rollbacks.plan(engine, run), as_json)
+        return
+    if not playbook or not host_name:
+        raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
     run_plan(build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key), as_json)
 
 
@@ -187,3 +207,127 @@ def runs_verify(run_id: str, runs_dir: str | None) -> None:
             ui.show_error(problem)
         sys.exit(5)
     click.echo(f"run {run_id}: log verifies")
+
+
+def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | None, runs_dir: str | None,
+                   accept_new_host_key: bool) -> Engine:
+    """An engine on the run's host, with the run's own copy of its playbook."""
+    host_name = host_override or str(run.start.get("host") or "")
+    inventory_path = find_inventory(inventory)
+    host = get_host(load_inventory(inventory_path), host_name, inventory_path)
+    copy = run.dir / "playbook.yaml"
+    model, steps, _ = parse_playbook(copy)
+    loaded = LoadedPlaybook(path=copy, raw=copy.read_bytes(), model=model, sources={}, patch=None)
+    return Engine(host_name=host_name, host=host, playbook=loaded, steps=steps,
+                  runs_dir=runlog.runs_dir_from(runs_dir),
+                  connect=lambda bus: open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key))
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--host", "host_name", help="Host (default: the run's host; required with --list).")
+@click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
+@click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
+@inventory_option
+@runs_dir_option
+@accept_option
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@failures_to_exit_codes
+def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, inventory: str | None,
+             runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Revert RUN_ID's files to before the run by a new commit, restart, verify again."""
+    if list_only:
+        if not host_name:
+            raise ConfigError("--list needs --host")
+        list_host_deploys(host_name, inventory, accept_new_host_key, as_json)
+        return
+    if not run_id:
+        raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
+    run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
+    engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key)
+    console = ui.make_console()
+    view = ui.StepView(console, quiet=as_json)
+    engine.listeners.append(view)
+    with cancel_on_signals(engine.cancel), view:
+        result = rollbacks.rollback(engine, run, force=force)
+    report(console, result, as_json)
+
+
+def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) -> tuple[Host, Transport]:
+    """A connection to an inventory host outside any run (listing, lock inspection)."""
+    inventory_path = find_inventory(inventory)
+    host = get_host(load_inventory(inventory_path), host_name, inventory_path)
+    bus = EventBus(Masker(host.secrets()), host_name)
+    return host, open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key)
+
+
+def list_host_deploys(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    host, transport = open_host(host_name, inventory, accept_new_host_key)
+    with transport:
+        deploys = rollbacks.list_deploys(transport, host.repo)
+    if as_json:
+        click.echo(json.dumps([vars(d) for d in deploys], indent=1))
+    else:
+        ui.show_deploys(ui.make_console(), deploys)
+
+
+@main.group()
+def lock() -> None:
+    """Inspect or break the deploy lock on a host."""
+
+
+@lock.command("status")
+@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@inventory_option
+@accept_option
+@click.option("--json", "as_json", is_flag=True)
+@failures_to_exit_codes
+def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
+    host, transport = open_host(host_name, inventory, accept_new_host_key)
+    with transport:
+        state = locks.read_state(transport, git_dir_of(transport, host), host.lock_ttl_s)
+    if as_json:
+        click.echo(json.dumps(None if state is None else {**state.info, "stale": state.stale,
+                                                          "heartbeat_age_s": state.heartbeat_age_s}))
+    else:
+        click.echo(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
+    if state is not None:
+        sys.exit(3)
+
+
+@lock.command("release")
+@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@click.option("--force", is_flag=True, required=True, help="Required: you are breaking someone's lock.")
+@inventory_option
+@runs_dir_option
+@accept_option
+@failures_to_exit_codes
+def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: str | None,
+                 accept_new_host_key: bool) -> None:
+    """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
+    host, transport = open_host(host_name, inventory, accept_new_host_key)
+    with transport:
+        git_dir = git_dir_of(transport, host)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s)
+        if state is None:
+            click.echo(f"{host_name}: not locked")
+            return
+        locks.force_release(transport, git_dir)
+    run_id = runlog.new_run_id()
+    log = runlog.RunLogWriter(runlog.runs_dir_from(runs_dir), run_id)
+    try:
+        log.write({"type": "run_start", "host": host_name, "operator": operator_id(), "kind": "lock_release"})
+        log.write({"type": "lock_force_released", "host": host_name, "holder": state.info,
+                   "heartbeat_age_s": state.heartbeat_age_s, "stale": state.stale})
+        log.write({"type": "run_end", "host": host_name, "status": "successful", "exit_code": 0, "git": {}})
+    finally:
+        log.close()
+    click.echo(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
+
+
+def git_dir_of(transport: Transport, host: Host) -> str:
+    result = transport.run(("git", "rev-parse", "--absolute-git-dir"), cwd=host.repo, timeout=30)
+    if not result.ok:
+        raise ConfigError(f"{host.repo} is not a git checkout on the target: {result.err.strip()}")
+    return result.out.strip()

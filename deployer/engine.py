@@ -41,6 +41,11 @@ def as_failure(exc: BaseException) -> DeployerError:
     return DeployerError(f"internal error: {type(exc).__name__}: {exc} (please report this)")
 
 
+def mask_action(masker: Masker, action: Action) -> Action:
+    argv = None if action.argv is None else tuple(masker(part) for part in action.argv)
+    return Action(masker(action.what), argv, action.cwd)
+
+
 @dataclass
 class FilePlan:
     dest: str
@@ -87,8 +92,10 @@ class Engine:
     allow_dirty: bool = False
     operator: str = field(default_factory=operator_id)
 
-    def _masker(self) -> Masker:
-        return Masker(self.host.secrets())
+    def new_bus(self) -> EventBus:
+        bus = EventBus(Masker(self.host.secrets()), self.host_name)
+        bus.listeners.extend(self.listeners)
+        return bus
 
     def _context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
         ctx = Context(run_id=run_id, host_name=self.host_name, host=self.host, transport=transport,
@@ -100,8 +107,7 @@ class Engine:
 
     def plan(self) -> PlanReport:
         """Only reads on the target: what apply would change, count and run."""
-        bus = EventBus(self._masker(), self.host_name)
-        bus.listeners.extend(self.listeners)
+        bus = self.new_bus()
         with self.connect(bus) as transport:
             ctx = self._context("<dry-run>", bus, transport)
             bus.step = "preflight"
@@ -113,20 +119,32 @@ class Engine:
             assert ctx.git_dir is not None and ctx.git_before is not None
             lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
             return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, bounds,
-                              [(s.name, s.plan(ctx)) for s in self.steps], lock, list(ctx.facts.get("dirty", [])))
+                              [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps], lock, list(ctx.facts.get("dirty", [])))
 
     # -- the run ---------------------------------------------------------------------------------------
 
     def apply(self) -> RunResult:
+        def body(ctx: Context, log: RunLogWriter) -> None:
+            preflight(ctx, allow_dirty=self.allow_dirty)
+            log.attach("shipped.diff", ctx.bus.masker("".join(
+                diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
+            ctx.bus.step = None
+            ctx.emit("status", status="running")
+            self._run_steps(ctx)
+        return self.execute(body)
+
+    def execute(self, body: Callable[[Context, RunLogWriter], None], **start: Any) -> RunResult:
+        """One run: its log, one connection, the lock, the body, and a run_end whatever happens."""
         run_id = new_run_id()
         log = RunLogWriter(self.runs_dir, run_id)
-        bus = EventBus(self._masker(), self.host_name)
-        bus.listeners.extend([log.write, *self.listeners])
+        bus = self.new_bus()
+        bus.listeners.insert(0, log.write)
         bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
                  playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
                  playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
-                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure)
-        log.attach("playbook.yaml", self.playbook.raw)
+                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure, **start)
+        # The copy is masked like everything else written here; playbook_sha256 names the original.
+        log.attach("playbook.yaml", bus.masker(self.playbook.raw.decode("utf-8", "replace")).encode())
         ctx: Context | None = None
         lock: DeployLock | None = None
         status, exit_code, error = "successful", 0, None
@@ -137,12 +155,7 @@ class Engine:
                 ctx = self._context(run_id, bus, transport)
                 bus.step = "preflight"
                 lock = self._lock(ctx)
-                preflight(ctx, allow_dirty=self.allow_dirty)
-                log.attach("shipped.diff", bus.masker("".join(
-                    diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
-                bus.step = None
-                bus.emit("status", status="running")
-                self._run_steps(ctx)
+                body(ctx, log)
             finally:
                 if lock is not None:
                     lock.release()
@@ -157,13 +170,13 @@ class Engine:
             git = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
             facts = dict(ctx.facts) if ctx else {}
             bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git,
-                     files=ctx.dests if ctx else [], facts=facts)
+                     files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
             log.close()
         return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts)
 
     def _lock(self, ctx: Context) -> DeployLock:
-        git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
-                            f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
+        ctx.git_dir = git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
+                                          f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
         lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
                                                    "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
         lock.acquire()
@@ -227,7 +240,8 @@ class Engine:
                                       f"(on_failure: restore only undoes failures before the commit). "
                                       f"To undo it: deployer rollback {ctx.run_id}")
         try:
-            revert = self.revert(ctx, rollback_of=ctx.run_id)
+            assert ctx.git_before is not None
+            revert = self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id)
         except DeployerError as exc:
             return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}")
         if isinstance(failure, Interrupted):
@@ -235,18 +249,20 @@ class Engine:
         return VerificationFailed(f"{failure}\nRolled back: commit {revert[:12]} restores "
                                   f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}; services restarted")
 
-    def revert(self, ctx: Context, *, rollback_of: str) -> str:
-        """Revert the run's files to git.before, restart the services, wait for health."""
-        assert ctx.git_before is not None
+    def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
+               verify_kinds: tuple[str, ...] = ("co_restart",)) -> str:
+        """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
         ctx.bus.step = "rollback"
         message = (f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n"
                    f"{trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of)}\n")
-        revert = revert_files(ctx, ctx.git_before, ctx.dests, message)
-        ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=ctx.git_before, files=ctx.dests)
+        revert = revert_files(ctx, before, dests, message)
+        ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
         ctx.facts["rollback_commit"] = revert
-        for restart in (s for s in self.steps if s.kind == "co_restart"):
-            ctx.bus.step = f"rollback:{restart.name}"
-            restart.run(ctx)
+        for step in (s for s in self.steps if s.kind in verify_kinds):
+            ctx.bus.step = f"rollback:{step.name}"
+            ctx.emit("step_start", kind=step.kind)
+            started = time.monotonic()
+            summary = step.run(ctx)
+            ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
         ctx.bus.step = None
         return revert
-

@@ -14,12 +14,17 @@ from deployer.steps import KINDS
 from deployer.steps.base import Step
 
 
-def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:
+def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:
+    """The playbook's model and steps, without reading the files it ships."""
     doc = yamlsrc.load(path)
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{path}:1:1: a playbook is a mapping (name, files or patch, steps)")
     model = validate(Playbook, doc.data, doc)
-    steps = build_steps(model.steps, doc)
+    return model, build_steps(model.steps, doc), doc
+
+
+def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:
+    model, steps, doc = parse_playbook(path)
     base = path.parent
     sources: dict[str, bytes] = {}
     for i, spec in enumerate(model.files):

@@ -16,8 +16,9 @@ STEP = "preflight"
 
 def preflight(ctx: Context, *, allow_dirty: bool) -> None:
     """Fill ctx.git_before, ctx.git_dir and ctx.changes; refuse what would lose work."""
-    ctx.git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
-                            f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
+    if ctx.git_dir is None:
+        ctx.git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
+                                f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
     ctx.git_before = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
     new = _new_bytes(ctx)
     dests = sorted(new)

@@ -63,6 +63,16 @@ class RunLogWriter:
         self._seq = 0
         self._prev = GENESIS
 
+    @classmethod
+    def reopen(cls, runs_dir: Path, run_id: str) -> RunLogWriter:
+        """Continue an ended run's chain (to link it to a later run); the chain stays verifiable."""
+        writer = cls.__new__(cls)
+        writer.run_id, writer.dir = run_id, runs_dir / run_id
+        lines = (writer.dir / EVENTS).read_bytes().splitlines()
+        writer._fd = os.open(writer.dir / EVENTS, os.O_WRONLY | os.O_APPEND)
+        writer._seq, writer._prev = len(lines), _line_hash(lines[-1]) if lines else GENESIS
+        return writer
+
     def write(self, event: dict[str, Any]) -> None:
         record = {"seq": self._seq, "time": utc_now(), "run": self.run_id, **event, "prev": self._prev}
         line = seal(json.loads(json.dumps(record, default=str)))

@@ -35,7 +35,7 @@ from typing import Any
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-DEFAULT_MAX_NEW_TOKENS = 16
+DEFAULT_MAX_NEW_TOKENS = 8
 _ABORT_ALL_TIMEOUT_S = 5.0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Any
 
@@ -14,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer.engine import PlanReport, RunResult
+from deployer.rollback import Deploy
 from deployer.runlog import Run
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
@@ -174,5 +174,10 @@ def show_run(console: Console, run: Run) -> None:
         console.print(end["error"], markup=False, highlight=False, style="red")
 
 
-def is_tty() -> bool:
-    return sys.stdout.isatty()
+def show_deploys(console: Console, deploys: list[Deploy]) -> None:
+    table = Table(box=None, pad_edge=False)
+    for name in ("commit", "date", "run", "rollback of", "subject"):
+        table.add_column(name)
+    for d in deploys:
+        table.add_row(d.commit[:12], d.date, d.run_id, d.rollback_of or "-", d.subject)
+    console.print(table)

@@ -1,0 +1,40 @@
+"""``python -m sglang.launch_server``: start a demo prefill or decode server.
+
+Accepts the upstream command line; arguments that only matter on a GPU (``--base-gpu-id``,
+``--tp-size``, ...) are accepted and ignored so that real start commands work unchanged.
+Behaviour knobs come from the environment: see ``sglang.srt.demo_knobs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    parser.add_argument("--model-path", default="demo-model")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--disaggregation-mode", choices=("prefill", "decode", "null"), default="null"
+    )
+    parser.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    parser.add_argument("--disaggregation-transfer-backend", default="nixl")
+    parser.add_argument("--enable-metrics", action="store_true")
+    args, ignored = parser.parse_known_args(argv)
+    if args.disaggregation_mode == "null":
+        parser.error("the demo stack only runs with --disaggregation-mode prefill|decode")
+    args.ignored_args = ignored
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    return launch_server(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Real services for the tests: `python -m http.server` processes serving a directory the test controls.
+
+`/health` is a file, and `/metrics` is a Prometheus text file the test rewrites to make a gauge
+drain (or not). The scrape, the parse and the restarts are all real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_repo import Project
+
+GAUGE = "sglang:num_prefill_inflight_queue_reqs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def metrics_text(value: float, name: str = GAUGE) -> str:
+    return (f"# HELP {name} inflight\n# TYPE {name} gauge\n"
+            f'{name}{{engine_type="prefill",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"}} {value}\n'
+            f'{name}{{engine_type="prefill",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="1"}} 0.0\n')
+
+
+class Stack:
+    """Two http.server services (prefill, decode) described in the project's inventory."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+        self.www = project.root / "www"
+        self.www.mkdir()
+        (self.www / "health").write_text("ok\n")
+        self.set_gauge(3.0)
+        self.ports = {"prefill": free_port(), "decode": free_port()}
+
+    def set_gauge(self, value: float) -> None:
+        tmp = self.www / "metrics.tmp"
+        tmp.write_text(metrics_text(value))
+        os.replace(tmp, self.www / "metrics")
+
+    def service(self, name: str, **extra: Any) -> dict[str, Any]:
+        port = self.ports[name]
+        return {"start": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                          "--directory", str(self.www)],
+                "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 20, "stop_grace_s": 5, **extra}
+
+    def configure(self, **services: dict[str, Any]) -> None:
+        chosen = services or {"prefill": self.service("prefill"), "decode": self.service("decode")}
+        self.project.write_inventory(services=chosen,
+                                     metrics=f"http://127.0.0.1:{self.ports['prefill']}/metrics")
+
+    def pids(self) -> dict[str, int]:
+        state = self.project.repo / ".git" / "deployer"
+        return {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
+
+    def kill_all(self) -> None:
+        for pid in self.pids().values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def stack(target: Project) -> Iterator[Stack]:
+    stack = Stack(target)
+    stack.configure()
+    yield stack
+    stack.kill_all()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def wait_dead(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def events(project: Project) -> list[dict[str, Any]]:
+    run = sorted(project.runs.iterdir())[-1]
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+

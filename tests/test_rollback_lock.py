@@ -1,0 +1,195 @@
+"""Rollback by recorded commit, the deploy lock, secrets and signals, over every transport."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
+from fixtures_services import GAUGE, Stack, alive, events
+
+FULL_STEPS = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
+              {"commit": {"message": "pkg: answer is 42"}}, "co_restart",
+              {"drain": {"metric": GAUGE, "to": 5, "interval_s": 0.2, "within_s": 10}}]
+
+
+def newest_run(project: Project) -> str:
+    return sorted(project.runs.iterdir())[-1].name
+
+
+def slow_python(project: Project, seconds: float) -> str:
+    wrapper = project.write("venv/bin/python", f"#!/bin/sh\nsleep {seconds}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def wait_for(predicate: object, seconds: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stack) -> None:
+    project = stack.project
+    project.playbook(steps=FULL_STEPS)
+    pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
+    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    applied = newest_run(project)
+    deployed_pids = stack.pids()
+    assert project.file("pkg/a.py") == FIXED_A
+
+    preview_snapshot = tree_snapshot(project.repo)
+    preview = project.deployer("plan", "--rollback", applied)
+    assert preview.returncode == 0, preview.stderr
+    assert "-    return 42" in preview.stdout and "+    return 41" in preview.stdout
+    assert tree_snapshot(project.repo) == preview_snapshot
+
+    result = project.deployer("rollback", applied)
+    assert result.returncode == 0, result.stderr + result.stdout
+    rollback_id = newest_run(project)
+    assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == pre_tree
+    message = git(project.repo, "log", "-1", "--format=%B")
+    assert f"Deployer-Run: {rollback_id}" in message and f"Deployer-Rollback-Of: {applied}" in message
+    new_pids = stack.pids()
+    assert all(new_pids[n] != deployed_pids[n] and alive(new_pids[n]) for n in new_pids)
+    ran = [(e["step"], e["status"]) for e in events(project) if e["type"] == "step_end"]
+    assert ("rollback:co_restart", "ok") in ran and ("rollback:drain", "ok") in ran
+
+    assert f"rolled back by run {rollback_id}" in project.deployer("runs", "show", applied).stdout
+    assert f"rollback of run {applied}" in project.deployer("runs", "show", rollback_id).stdout
+    assert project.deployer("runs", "verify", applied).returncode == 0
+    assert project.deployer("runs", "verify", rollback_id).returncode == 0
+
+    listed = project.deployer("rollback", "--host", "box", "--list", "--json")
+    deploys = json.loads(listed.stdout)
+    assert [d["run_id"] for d in deploys] == [rollback_id, applied]
+    assert deploys[0]["rollback_of"] == applied
+
+
+def test_rollback_refuses_unknown_uncommitted_and_foreign_runs(target: Project) -> None:
+    assert target.deployer("rollback", "20990101T000000Z-abcdef").returncode == 2
+
+    target.playbook(steps=["upload", {"diff_bounds": {"files": 7}}, {"commit": {"message": "m"}}])
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1
+    failed = target.deployer("rollback", newest_run(target))
+    assert failed.returncode == 2 and "made no commit" in failed.stderr
+
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    applied = newest_run(target)
+    git(target.repo, "reset", "-q", "--hard", "HEAD~1")
+    head = target.head()
+    foreign = target.deployer("rollback", applied)
+    assert foreign.returncode == 1 and "is not in the history" in foreign.stderr
+    assert target.head() == head
+
+
+def test_rollback_refuses_files_changed_since_unless_forced(target: Project) -> None:
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    applied = newest_run(target)
+    (target.repo / "pkg/a.py").write_text(FIXED_A + "# later hotfix\n")
+    git(target.repo, "commit", "-q", "-am", "later hotfix by hand")
+    head = target.head()
+    refused = target.deployer("rollback", applied)
+    assert refused.returncode == 1 and "changed on the target since" in refused.stderr
+    assert target.head() == head
+    forced = target.deployer("rollback", applied, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+def test_a_second_apply_exits_3_naming_the_holder_and_the_lock_goes_away(target: Project) -> None:
+    target.write_inventory(python=slow_python(target, 3))
+    target.playbook()
+    first = target.popen("apply", "fix.yaml", "--host", "box")
+    lock = target.repo / ".git" / "deployer.lock" / "info.json"
+    wait_for(lambda: lock.exists() and lock.stat().st_size > 0, what="the first run's lock")
+    holder = json.loads(lock.read_text())["run_id"]
+    snapshot_before = target.file("pkg/a.py")
+    second = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 3
+    assert f"held by run {holder}" in second.stderr and "since" in second.stderr
+    [second_run] = [p for p in target.runs.iterdir() if p.name != holder]
+    second_events = [json.loads(x) for x in (second_run / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in second_events if e["type"] == "step_start"]
+    assert [e["status"] for e in second_events if e["type"] == "run_end"] == ["failed"]
+    status = target.deployer("lock", "status", "--host", "box")
+    assert status.returncode == 3 and holder in status.stdout
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, out + err
+    assert snapshot_before in (ORIGINAL_A, FIXED_A)
+    assert not lock.parent.exists()
+    assert target.deployer("lock", "status", "--host", "box").returncode == 0
+
+
+def test_a_failed_run_releases_the_lock(target: Project) -> None:
+    target.playbook(steps=["upload", {"diff_bounds": {"files": 9}}])
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1
+    assert not (target.repo / ".git" / "deployer.lock").exists()
+
+
+def test_sigkill_leaves_a_parseable_log_and_a_lock_that_turns_stale(target: Project) -> None:
+    target.write_inventory(python=slow_python(target, 30), lock_ttl_s=1)
+    target.playbook()
+    proc = target.popen("apply", "fix.yaml", "--host", "box")
+    wait_for(lambda: target.file("pkg/a.py") == FIXED_A, what="the upload")
+    run_id = newest_run(target)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    for line in (target.runs / run_id / "events.jsonl").read_text().splitlines():
+        json.loads(line)
+    deadline = time.monotonic() + 30
+    while True:
+        status = target.deployer("lock", "status", "--host", "box")
+        if "STALE" in status.stdout:
+            break
+        assert time.monotonic() < deadline, status.stdout
+        time.sleep(0.3)
+    assert run_id in status.stdout and status.returncode == 3
+    blocked = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
+    assert blocked.returncode == 3 and "STALE" in blocked.stderr
+    assert target.deployer("lock", "release", "--host", "box").returncode == 2  # --force is required
+    released = target.deployer("lock", "release", "--host", "box", "--force")
+    assert released.returncode == 0 and run_id in released.stdout
+    assert target.deployer("lock", "status", "--host", "box").returncode == 0
+    audit = sorted(target.runs.iterdir())[-1]
+    assert '"lock_force_released"' in (audit / "events.jsonl").read_text()
+    # SIGKILL allows no restore: the file holds the new bytes and the next apply says so.
+    refused = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert refused.returncode == 1 and "uncommitted changes in pkg/a.py" in refused.stderr
+
+
+SECRET = "hf_Zq8sEcReT_t0ken_value"
+
+
+def test_a_secret_never_appears_in_logs_output_or_errors(stack: Stack) -> None:
+    project = stack.project
+    leaky = {"start": [sys.executable, "-c", f"import sys; print('token is {SECRET}'); sys.exit(3)"],
+             "env": {"HF_TOKEN": {"secret": True, "value": SECRET}},
+             "health": "http://127.0.0.1:9/health"}
+    stack.configure(prefill=leaky)
+    project.write("fix/a.py", FIXED_A + f"# {SECRET}\n")
+    project.playbook(steps=["upload", {"diff_bounds": {"files": 1}}, {"commit": {"message": f"m {SECRET}"}},
+                            "co_restart"])
+    plan = project.deployer("plan", "fix.yaml", "--host", "box")
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 5
+    assert "***" in result.stderr and "service prefill" in result.stderr
+    for text in (plan.stdout, plan.stderr, result.stdout, result.stderr):
+        assert SECRET not in text
+    for path in Path(project.runs).rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_secret_from_the_environment(target: Project) -> None:
+    target.write_inventory(env={"API_KEY": {"value_from_env": "DEPLOYER_TEST_SECRET"}})
+    target.playbook()
+    missing = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert missing.returncode == 2 and "DEPLOYER_TEST_SECRET is not set" in missing.stderr
