@@ -118,8 +118,9 @@ class Engine:
             bounds = next((s.judge(stat) for s in self.steps if isinstance(s, DiffBounds)), None)
             assert ctx.git_dir is not None and ctx.git_before is not None
             lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
-            return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, bounds,
-                              [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps], lock, list(ctx.facts.get("dirty", [])))
+            steps = [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps]
+            return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, bounds, steps, lock,
+                              list(ctx.facts.get("dirty", [])))
 
     # -- the run ---------------------------------------------------------------------------------------
 

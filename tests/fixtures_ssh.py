@@ -150,14 +150,16 @@ class SSHD:
             proc.wait(timeout=10)
 
     def kill_all(self) -> None:
+        # Sessions first, while the listener is alive to reap its children.
         if self._proc is not None:
             self._spawned.update(_descendants(self._proc.pid))
-        self.stop()
         for pid, started in self._spawned:
             # The start time guards against a recycled pid belonging to someone else.
             if _start_time(pid) == started:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+        self._spawned.clear()
+        self.stop()
         self._spawned.clear()
 
     def _wait_ready(self) -> None:
