@@ -331,3 +331,29 @@ def git_dir_of(transport: Transport, host: Host) -> str:
     if not result.ok:
         raise ConfigError(f"{host.repo} is not a git checkout on the target: {result.err.strip()}")
     return result.out.strip()
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help="Where to create the scratch repo (default: a temp dir).")
+@click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@failures_to_exit_codes
+def demo(workdir: str | None, keep: bool, as_json: bool) -> None:
+    """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
+    from deployer.demo.run import run_demo  # the demo's imports are not needed by other commands
+
+    console = ui.make_console()
+    view = ui.StepView(console, quiet=as_json)
+    token = CancelToken()
+    if not as_json:
+        console.print("deployer demo: starting a buggy prefill/decode/router stack on 127.0.0.1 ...")
+    with cancel_on_signals(token), view:
+        outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token)
+    if as_json:
+        click.echo(json.dumps({**ui.result_json(outcome.result), "workdir": str(outcome.stack.workdir)}, indent=1))
+    else:
+        ui.show_demo(console, outcome)
+        if outcome.result.error:
+            ui.show_error(outcome.result.error)
+    sys.exit(outcome.result.exit_code)

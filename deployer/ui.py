@@ -12,6 +12,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from deployer.demo.run import GAUGE, DemoOutcome
 from deployer.engine import PlanReport, RunResult
 from deployer.rollback import Deploy
 from deployer.runlog import Run
@@ -181,3 +182,35 @@ def show_deploys(console: Console, deploys: list[Deploy]) -> None:
     for d in deploys:
         table.add_row(d.commit[:12], d.date, d.run_id, d.rollback_of or "-", d.subject)
     console.print(table)
+
+
+def show_demo(console: Console, outcome: DemoOutcome) -> None:
+    result, stack = outcome.result, outcome.stack
+    facts = result.facts
+    drain = facts.get("drain", {}).get(GAUGE, {})
+    before = facts.get("baseline", {}).get(GAUGE)
+    after = drain.get("final")
+    inventory, runs = stack.workdir / "hosts.yaml", stack.workdir / "runs"
+    console.rule("demo report")
+    rows = [
+        ("gauge", f"{GAUGE}: {_num(before)} before the fix -> {_num(after)} after"),
+        ("pids", ", ".join(f"{name} {pids}" for name, pids in facts.get("pids", {}).items()) or "-"),
+        ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"),
+        ("run", f"{result.run_id}: {result.status}"),
+        ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),
+        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}"),
+    ]
+    for key, value in rows:
+        console.print(f"  {key:<9} {value}", markup=False, highlight=False)
+    if outcome.kept:
+        console.print("  the stack is still running (--keep):", markup=False)
+        for name in ("router", "prefill", "decode"):
+            console.print(f"    {name:<8} {stack.url(name, '')}  (metrics {stack.url(name, '/metrics')})",
+                          markup=False, highlight=False)
+        console.print(f"  stop it with: kill -- -PID for each PID in {stack.state}/*.pid", markup=False)
+    else:
+        console.print("  every process the demo started has been stopped", markup=False)
+
+
+def _num(value: object) -> str:
+    return "?" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

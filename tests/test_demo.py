@@ -1,0 +1,87 @@
+"""`deployer demo` end to end: the bug shows, the fix lands, the gauge drains, nothing is left running."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fixtures_services import alive
+
+
+def demo_pids(workdir: Path) -> dict[str, int]:
+    state = workdir / "repo" / ".git" / "deployer"
+    return {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
+
+
+def all_gone(pids: list[int], seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def deployer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=240, stdin=subprocess.DEVNULL)
+
+
+def test_demo_shows_the_bug_fixes_it_and_cleans_up(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = deployer("demo", "--workdir", str(workdir), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = result.stdout[result.stdout.index("demo report"):]
+    gauge = next(line for line in report.splitlines() if line.strip().startswith("gauge"))
+    before, after = gauge.split(": ", 1)[1].split(" before the fix -> ")
+    assert float(before) >= 1 and after.strip() == "0 after"
+    assert "every process the demo started has been stopped" in report
+    pids = demo_pids(workdir)
+    assert set(pids) == {"prefill", "decode", "router"}
+    assert all_gone(list(pids.values()))
+    run_id = next(p.name for p in (workdir / "runs").iterdir())
+    assert f"deployer rollback {run_id}" in report
+    verify = deployer("runs", "verify", run_id, "--runs-dir", str(workdir / "runs"), cwd=tmp_path)
+    assert verify.returncode == 0
+    log = subprocess.run(["git", "-C", str(workdir / "repo"), "log", "-1", "--format=%B"], capture_output=True,
+                         text=True, check=True).stdout
+    assert f"Deployer-Run: {run_id}" in log
+
+
+def test_demo_json_and_keep_leave_the_stack_running_until_stopped(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = deployer("demo", "--workdir", str(workdir), "--keep", "--json", cwd=tmp_path)
+    pids = demo_pids(workdir)
+    try:
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["status"] == "successful"
+        assert summary["facts"]["drain"]["sglang:num_prefill_inflight_queue_reqs"]["final"] == 0
+        assert all(alive(pid) for pid in pids.values())
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    assert all_gone(list(pids.values()))
+
+
+def test_ctrl_c_during_the_demo_stops_everything_and_exits_130(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "deployer", "demo", "--workdir", str(workdir)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    events = workdir / "runs"
+    while not (events.exists() and any(events.iterdir())):
+        assert time.monotonic() < deadline and proc.poll() is None, "the demo never started its run"
+        time.sleep(0.05)
+    pids = demo_pids(workdir)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert all_gone(list(pids.values()) + list(demo_pids(workdir).values()))
