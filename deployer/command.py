@@ -18,7 +18,7 @@ def shell_line(argv: Sequence[str], *, cwd: str | None = None,
     """A full shell line: optional `cd`, optional environment, then the quoted argv."""
     parts: list[str] = []
     if cwd is not None:
-        parts.append(f"cd {shlex.quote(cwd)} &&")
+        parts.append(f"cd -- {shlex.quote(cwd)} &&")
     if env:
         parts.append("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
     parts.append(quote(argv))

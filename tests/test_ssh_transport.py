@@ -1,0 +1,523 @@
+"""SSHTransport against a real OpenSSH server (the `sshd` fixture on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import paramiko
+import pytest
+from fixtures_ssh import SSHD, connect, fingerprint_of
+
+from deployer.errors import ConnectError, HostKeyError, TransportError
+from deployer.transport.ssh import SSHTransport
+
+MiB = 1024 * 1024
+
+# Every shape of argument that a careless join would let the remote shell interpret.
+NASTY = [
+    "two words",
+    "it's",
+    'say "hi"',
+    "back\\slash",
+    "line one\nline two",
+    "-n",
+    "--help",
+    "*",
+    "$HOME",
+    "a;b|c&d",
+    "tab\there",
+    "",
+]
+
+
+def _injections(marker_dir: Path) -> list[str]:
+    return [f"$(touch {marker_dir}/X)", f"`touch {marker_dir}/Y`", f"';touch {marker_dir}/Z;'"]
+
+
+def _wait_until(predicate: object, deadline_s: float) -> bool:
+    assert callable(predicate)
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return bool(predicate())
+
+
+def _accepted_logins(sshd: SSHD) -> int:
+    return sshd.log().count("Accepted publickey")
+
+
+# -- run -------------------------------------------------------------------------------------
+
+def test_run_reports_exit_code_stdout_and_stderr(ssh_transport: SSHTransport) -> None:
+    result = ssh_transport.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=20)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
+    assert not result.ok and not result.timed_out
+    assert result.argv == ("sh", "-c", "echo out; echo err >&2; exit 3")
+    assert ssh_transport.run(["true"], timeout=20).ok
+
+
+def test_run_honours_cwd_and_env(ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    result = ssh_transport.run(["sh", "-c", 'pwd; printf "%s\\n" "$GREETING"'], cwd=str(tmp_path),
+                               env={"GREETING": "hello there"}, timeout=20)
+    assert result.ok, result.err
+    assert result.out == f"{tmp_path}\nhello there\n"
+
+
+def test_run_feeds_stdin_bytes_to_the_command(ssh_transport: SSHTransport) -> None:
+    payload = bytes(range(256)) * 1000
+    result = ssh_transport.run(["cat"], stdin=payload, timeout=20)
+    assert result.ok and result.stdout == payload
+
+
+def test_run_without_stdin_sends_eof_so_prompts_cannot_hang(ssh_transport: SSHTransport) -> None:
+    result = ssh_transport.run(["sh", "-c", "read answer; echo got:$answer"], timeout=10)
+    assert not result.timed_out
+    assert result.out == "got:\n"
+
+
+def test_run_reports_host_key_fingerprint_in_ssh_keygen_format(
+        ssh_transport: SSHTransport, sshd: SSHD) -> None:
+    listed = subprocess.run(["ssh-keygen", "-lf", sshd.host_key + ".pub"], check=True,
+                            capture_output=True, text=True).stdout.split()[1]
+    assert ssh_transport.info.kind == "ssh"
+    assert ssh_transport.info.host_key_fingerprint == f"ssh-ed25519 {listed}" == sshd.host_fingerprint
+
+
+def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Path) -> None:
+    with connect(sshd, become=True) as transport:
+        before = Path(sshd.fake_sudo_log).read_text() if os.path.exists(sshd.fake_sudo_log) else ""
+        assert transport.run(["id", "-u"], timeout=20).out == "0\n"
+        dest = tmp_path / "become" / "file.txt"
+        transport.put(b"as root", str(dest), mode=0o600)
+        assert transport.get(str(dest)) == b"as root"
+        assert transport.get(str(tmp_path / "absent")) is None
+        transport.put(b"again", str(dest))
+        assert stat.S_IMODE(dest.stat().st_mode) == 0o600 and dest.read_bytes() == b"again"
+        assert not [p for p in dest.parent.iterdir() if p.name != "file.txt"]
+    calls = Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines()
+    assert len(calls) >= 6 and all(call.startswith("-n -- ") for call in calls), calls
+
+
+# -- put / get -------------------------------------------------------------------------------
+
+def test_put_then_get_round_trips_bytes(ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    data = os.urandom(300_000) + bytes(range(256))
+    dest = tmp_path / "blob.bin"
+    result = ssh_transport.put(data, str(dest))
+    assert result.size == len(data) and result.dest == str(dest)
+    assert dest.read_bytes() == data
+    assert ssh_transport.get(str(dest)) == data
+
+
+def test_put_creates_missing_directories_and_new_files_are_0644(
+        ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    dest = tmp_path / "new" / "deeper" / "file.py"
+    ssh_transport.put(b"print('hi')\n", str(dest))
+    assert dest.read_bytes() == b"print('hi')\n"
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o644
+
+
+def test_put_replaces_by_rename_keeps_the_mode_and_leaves_no_temp(
+        ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    dest = tmp_path / "conf.py"
+    dest.write_bytes(b"old\n")
+    dest.chmod(0o750)
+    old_inode = dest.stat().st_ino
+    with open(dest, "rb") as reader:  # a process that had the old file open keeps the old bytes
+        ssh_transport.put(b"new\n", str(dest))
+        assert reader.read() == b"old\n"
+    assert dest.read_bytes() == b"new\n"
+    assert dest.stat().st_ino != old_inode
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o750
+    ssh_transport.put(b"newer\n", str(dest), mode=0o600)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf.py"]
+
+
+def test_failed_verification_leaves_old_file_and_removes_temp(
+        ssh_transport: SSHTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dest = tmp_path / "keep.txt"
+    dest.write_bytes(b"precious\n")
+    monkeypatch.setattr(ssh_transport, "_remote_sha256", lambda sftp, path: "0" * 64)
+    with pytest.raises(TransportError, match="did not verify"):
+        ssh_transport.put(b"corrupted in transit\n", str(dest))
+    assert dest.read_bytes() == b"precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_put_into_a_path_under_a_regular_file_fails_cleanly(
+        ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("not a directory")
+    with pytest.raises(TransportError):
+        ssh_transport.put(b"x", str(tmp_path / "plain" / "sub" / "f"))
+
+
+def test_get_of_a_missing_file_is_none(ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    assert ssh_transport.get(str(tmp_path / "nope")) is None
+
+
+# -- quoting ---------------------------------------------------------------------------------
+
+def test_arguments_env_values_and_paths_reach_the_target_literally(
+        ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    values = NASTY + _injections(markers)
+
+    printed = ssh_transport.run(["printf", "%s\\0", *values], timeout=20)
+    assert printed.ok, printed.err
+    assert printed.stdout.split(b"\0")[:-1] == [v.encode() for v in values]
+
+    env = {f"V{i}": v for i, v in enumerate(values)}
+    script = "printf '%s\\0' " + " ".join(f'"$V{i}"' for i in range(len(values)))
+    echoed = ssh_transport.run(["sh", "-c", script], env=env, timeout=20)
+    assert echoed.stdout.split(b"\0")[:-1] == [v.encode() for v in values]
+
+    for name in [v for v in values if v not in ("", "*")] + ["-rf", "--"]:
+        weird_dir = tmp_path / "dirs" / name.replace("/", "_")
+        dest = weird_dir / name.replace("/", "_")
+        ssh_transport.put(name.encode(), str(dest))
+        assert dest.read_bytes() == name.encode()
+        assert ssh_transport.get(str(dest)) == name.encode()
+        shown = ssh_transport.run(["sh", "-c", 'pwd && cat -- "$1"', "show", str(dest)],
+                                  cwd=str(weird_dir), timeout=20)
+        assert shown.stdout == f"{weird_dir}\n{name}".encode()
+
+    assert list(markers.iterdir()) == []
+
+
+# -- timeouts and output volume ----------------------------------------------------------------
+
+def test_timeout_kills_the_whole_remote_process_group(ssh_transport: SSHTransport) -> None:
+    marker = f"deployer-timeout-{uuid.uuid4().hex}"
+    # A child in the background and a foreground sleep, both tagged with the marker.
+    script = "sh -c 'sleep 600; :' child-$0 & sleep 600; :"
+    started = time.monotonic()
+    result = ssh_transport.run(["sh", "-c", script, marker], timeout=2)
+    elapsed = time.monotonic() - started
+    assert result.timed_out and result.exit_code is None and not result.ok
+    assert 1.5 < elapsed < 10
+
+    def gone() -> bool:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1
+
+    assert _wait_until(gone, 5.0), subprocess.run(["pgrep", "-af", marker], capture_output=True,
+                                                  text=True).stdout
+
+
+def test_timeout_kills_under_become_too(sshd: SSHD) -> None:
+    marker = f"deployer-timeout-{uuid.uuid4().hex}"
+    with connect(sshd, become=True) as transport:
+        result = transport.run(["sh", "-c", "sleep 600; :", marker], timeout=1)
+    assert result.timed_out
+
+    def gone() -> bool:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1
+
+    assert _wait_until(gone, 5.0)
+
+
+def test_ten_mebibytes_interleaved_on_stdout_and_stderr_do_not_deadlock(
+        ssh_transport: SSHTransport) -> None:
+    # 64 KiB at a time, alternating streams: a reader of only one stream would stall the other.
+    script = ("i=0; while [ $i -lt 160 ]; do head -c 65536 /dev/zero; "
+              "head -c 65536 /dev/zero >&2; i=$((i+1)); done")
+    result = ssh_transport.run(["sh", "-c", script], timeout=60)
+    assert result.ok, result.err[-200:]
+    assert (len(result.stdout), len(result.stderr)) == (10 * MiB, 10 * MiB)
+
+
+# -- connection and host keys ----------------------------------------------------------------
+
+def test_unknown_host_key_is_refused_before_login(sshd: SSHD, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    marker = tmp_path / "ran"
+    logins = _accepted_logins(sshd)
+    with pytest.raises(HostKeyError) as caught:
+        connect(sshd, known_hosts=str(empty)).run(["touch", str(marker)], timeout=10)
+    message = str(caught.value)
+    assert caught.value.exit_code == 4
+    assert sshd.host_fingerprint in message
+    assert "host_key_policy: accept-new" in message and "--accept-new-host-key" in message
+    assert not marker.exists()
+    assert empty.read_text() == ""
+    time.sleep(0.2)  # sshd logs asynchronously; a login would have been logged by now
+    assert _accepted_logins(sshd) == logins
+
+
+def test_accept_new_pins_the_key_then_reject_trusts_it(sshd: SSHD, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "fresh" / "known_hosts"
+    pinned: list[tuple[str, str, str]] = []
+    with connect(sshd, known_hosts=str(known_hosts), host_key_policy="accept-new",
+                 on_host_key_pinned=lambda *args: pinned.append(args)) as transport:
+        assert transport.run(["true"], timeout=20).ok
+    entry = f"[127.0.0.1]:{sshd.port}"
+    keytype, fp = sshd.host_fingerprint.split()
+    assert pinned == [(entry, keytype, fp)]
+    assert stat.S_IMODE(known_hosts.stat().st_mode) == 0o600
+    assert known_hosts.read_text() == f"{entry} {sshd.host_pubkey_line}\n"
+    with connect(sshd, known_hosts=str(known_hosts), host_key_policy="reject") as transport:
+        assert transport.run(["true"], timeout=20).ok
+    assert len(known_hosts.read_text().splitlines()) == 1
+
+
+def test_hashed_known_hosts_entries_are_honoured(sshd: SSHD, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    hashed = paramiko.HostKeys.hash_host(f"[127.0.0.1]:{sshd.port}")
+    known_hosts.write_text(f"{hashed} {sshd.host_pubkey_line}\n")
+    with connect(sshd, known_hosts=str(known_hosts)) as transport:
+        assert transport.run(["true"], timeout=20).ok
+
+
+def test_wrong_client_key_fails_with_connect_error_within_the_timeout(
+        sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # an agent could hold a valid key
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    started = time.monotonic()
+    with pytest.raises(ConnectError) as caught:
+        connect(sshd, identity_file=str(wrong), connect_timeout=3.0)
+    assert time.monotonic() - started < 3.0 + 2.0
+    assert not isinstance(caught.value, HostKeyError)
+    assert caught.value.exit_code == 4
+    assert "authentication" in str(caught.value) and f"127.0.0.1:{sshd.port}" in str(caught.value)
+
+
+def test_refused_port_is_a_connect_error_naming_host_and_port(sshd: SSHD) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        with pytest.raises(ConnectError, match=f"refused by 127.0.0.1:{port}"):
+            connect(sshd, port=port)
+
+
+def test_silent_server_fails_within_the_connect_timeout(sshd: SSHD) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)  # accepts (in the kernel) and never says a word
+        started = time.monotonic()
+        with pytest.raises(ConnectError, match="1s"):
+            connect(sshd, port=listener.getsockname()[1], connect_timeout=1.0)
+        assert time.monotonic() - started < 1.0 + 2.0
+
+
+def test_use_after_close_or_connection_loss_is_a_transport_error(sshd: SSHD) -> None:
+    transport = connect(sshd)
+    transport._transport.close()  # the connection drops under us
+    with pytest.raises(TransportError, match="lost"):
+        transport.run(["true"], timeout=10)
+    transport.close()
+    transport.close()  # idempotent
+    with pytest.raises(TransportError, match="closed"):
+        transport.run(["true"], timeout=10)
+
+
+# -- one connection, forwarding, ssh config --------------------------------------------------
+
+class CountingProxy:
+    """A TCP relay in front of sshd that counts the connections it accepts."""
+
+    def __init__(self, target_port: int) -> None:
+        self.accepted = 0
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._listener.close()
+        for sock in self._sockets:
+            sock.close()
+
+
+@pytest.fixture
+def http_server() -> Iterator[int]:
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"hello from {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def _fetch(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_forward_tunnels_a_local_port_to_the_target(ssh_transport: SSHTransport, http_server: int) -> None:
+    local = ssh_transport.forward(http_server)
+    assert local != http_server
+    assert _fetch(local, "/one") == "hello from /one"
+    assert ssh_transport.forward(http_server) == local
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(_fetch(local, f"/{i}")))
+               for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(results) == sorted(f"hello from /{i}" for i in range(8))
+    ssh_transport.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", local), timeout=2).close()
+
+
+def test_everything_shares_one_tcp_connection(sshd: SSHD, tmp_path: Path, http_server: int) -> None:
+    proxy = CountingProxy(sshd.port)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {sshd.host_pubkey_line}\n")
+    try:
+        with connect(sshd, port=proxy.port, known_hosts=str(known_hosts)) as transport:
+            for i in range(3):
+                assert transport.run(["echo", str(i)], timeout=20).out == f"{i}\n"
+                transport.put(f"data {i}".encode(), str(tmp_path / "d" / f"f{i}"))
+                assert transport.get(str(tmp_path / "d" / f"f{i}")) == f"data {i}".encode()
+            assert transport.get(str(tmp_path / "absent")) is None
+            local = transport.forward(http_server)
+            assert _fetch(local, "/a") == "hello from /a"
+            assert _fetch(local, "/b") == "hello from /b"
+            assert transport.run(["sleep", "5"], timeout=0.5).timed_out  # the kill is a channel too
+        assert proxy.accepted == 1
+    finally:
+        proxy.close()
+
+
+def _write_ssh_config(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_ssh_config_alias_supplies_hostname_port_user_and_key(sshd: SSHD, tmp_path: Path) -> None:
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host myalias
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    IdentitiesOnly yes
+""")
+    with SSHTransport(name="alias", address="myalias", known_hosts=sshd.known_hosts,
+                      ssh_config=config, connect_timeout=5) as transport:
+        assert transport.run(["id", "-un"], timeout=20).out == f"{sshd.user}\n"
+        assert transport.info.extra["hostname"] == sshd.host
+        assert transport.info.extra["port"] == str(sshd.port)
+
+
+def test_explicit_arguments_override_the_ssh_config(sshd: SSHD, tmp_path: Path) -> None:
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host myalias
+    HostName {sshd.host}
+    Port 1
+    IdentityFile {tmp_path}/does-not-exist
+""")
+    with SSHTransport(name="alias", address="myalias", port=sshd.port, user=sshd.user,
+                      identity_file=sshd.client_key, known_hosts=sshd.known_hosts,
+                      ssh_config=config, connect_timeout=5) as transport:
+        assert transport.run(["true"], timeout=20).ok
+
+
+def test_proxy_jump_through_a_bastion(sshd: SSHD, tmp_path: Path) -> None:
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host bastion
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+Host behind
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    ProxyJump bastion
+""")
+    with SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts,
+                      ssh_config=config, connect_timeout=5) as transport:
+        assert transport.run(["echo", "through"], timeout=20).out == "through\n"
+        assert transport.info.extra["proxy_jump"] == f"{sshd.user}@{sshd.host}:{sshd.port}"
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client for ssh -W")
+def test_proxy_command_from_the_ssh_config(sshd: SSHD, tmp_path: Path) -> None:
+    relay = (f"ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes "
+             f"-o UserKnownHostsFile={sshd.known_hosts} -i {sshd.client_key} -p {sshd.port} "
+             f"-W %h:%p {sshd.user}@{sshd.host}")
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host relayed
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    ProxyCommand {relay}
+""")
+    with SSHTransport(name="relayed", address="relayed", known_hosts=sshd.known_hosts,
+                      ssh_config=config, connect_timeout=5) as transport:
+        assert transport.run(["echo", "relayed"], timeout=20).out == "relayed\n"
+
+
+# -- last: rotates the server's host key ------------------------------------------------------
+
+def test_changed_host_key_is_refused_under_every_policy(sshd: SSHD, tmp_path: Path) -> None:
+    old_known_hosts = tmp_path / "known_hosts"
+    pinned_before = sshd.known_hosts_line
+    old_known_hosts.write_text(pinned_before)
+    old_fingerprint = sshd.host_fingerprint
+    sshd.regenerate_host_key()
+    for policy in ("reject", "accept-new"):
+        with pytest.raises(HostKeyError) as caught:
+            connect(sshd, known_hosts=str(old_known_hosts), host_key_policy=policy)
+        message = str(caught.value)
+        assert "HOST KEY CHANGED" in message
+        assert old_fingerprint in message and fingerprint_of(sshd.host_pubkey_line) in message
+        assert re.search(r"ssh-keygen -R .*127\.0\.0\.1\]:\d+", message)
+    assert old_known_hosts.read_text() == pinned_before  # accept-new did not overwrite it
+    with connect(sshd) as transport:  # the fixture's own known_hosts follows the rotation
+        assert transport.run(["true"], timeout=20).ok
