@@ -234,7 +234,9 @@ def _sshd_config(*, port: int, host_key: Path, authorized_keys: Path, sftp_serve
         "LoginGraceTime 30",
         "PrintMotd no",
         "LogLevel VERBOSE",
-        f"SetEnv PATH={fakebin}:{SESSION_PATH}",
+        # A HOME of its own: bash run by sshd reads ~/.bashrc even for `ssh host cmd`, and a
+        # developer's (pyenv init, conda...) costs ~0.2 s per command and varies by machine.
+        f"SetEnv PATH={fakebin}:{SESSION_PATH} HOME={fakebin.parent / 'home'}",
         f"Subsystem sftp {sftp_server}",
         "",
     ])
@@ -271,6 +273,7 @@ def sshd() -> Iterator[SSHD]:
         os.chmod(authorized_keys, 0o600)
         fakebin = workdir / "fakebin"
         fakebin.mkdir()
+        (workdir / "home").mkdir()
         (fakebin / "sudo").write_text(FAKE_SUDO)
         os.chmod(fakebin / "sudo", 0o755)
         sftp_server = _find_sftp_server()
