@@ -18,7 +18,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from fixtures_ssh import SSHD, connect, fingerprint_of
+from fixtures_ssh import SSHD, CountingProxy, connect, fingerprint_of
 
 from deployer.errors import ConnectError, HostKeyError, TransportError
 from deployer.transport.ssh import SSHTransport
@@ -328,44 +328,6 @@ def test_use_after_close_or_connection_loss_is_a_transport_error(sshd: SSHD) -> 
 
 
 # -- one connection, forwarding, ssh config --------------------------------------------------
-
-class CountingProxy:
-    """A TCP relay in front of sshd that counts the connections it accepts."""
-
-    def __init__(self, target_port: int) -> None:
-        self.accepted = 0
-        self._target = ("127.0.0.1", target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            upstream = socket.create_connection(self._target)
-            self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self._listener.close()
-        for sock in self._sockets:
-            sock.close()
-
 
 @pytest.fixture
 def http_server() -> Iterator[int]:

@@ -1,0 +1,66 @@
+"""What only the SSH transport has: one connection per run, host keys, through the whole CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project
+from fixtures_services import GAUGE, Stack, events
+from fixtures_ssh import SSHD, CountingProxy
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_one_apply_uses_exactly_one_tcp_connection(target: Project, sshd: SSHD, tmp_path: Path) -> None:
+    stack = Stack(target)
+    stack.configure()
+    proxy = CountingProxy(sshd.port)
+    known_hosts = tmp_path / "proxy_known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {sshd.host_pubkey_line}\n")
+    try:
+        target.write_inventory(port=proxy.port, known_hosts=str(known_hosts), services=target_services(stack),
+                               metrics=f"http://127.0.0.1:{stack.ports['prefill']}/metrics")
+        target.playbook(steps=["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
+                               {"commit": {"message": "m"}}, "co_restart",
+                               {"drain": {"metric": GAUGE, "to": 5, "interval_s": 0.2, "within_s": 10}}])
+        result = target.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode == 0, result.stderr
+        assert target.file("pkg/a.py") == FIXED_A
+        commands = [e for e in events(target) if e["type"] == "command"]
+        assert len(commands) > 10  # many commands, besides uploads, health checks and scrapes ...
+        assert proxy.accepted == 1  # ... over one SSH connection
+    finally:
+        proxy.close()
+        stack.kill_all()
+
+
+def target_services(stack: Stack) -> dict[str, object]:
+    return {"prefill": stack.service("prefill"), "decode": stack.service("decode")}
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_unknown_host_key_exits_4_with_the_fingerprint_and_runs_nothing(target: Project, sshd: SSHD,
+                                                                       tmp_path: Path) -> None:
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    target.write_inventory(known_hosts=str(empty))
+    target.playbook()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 4, result.stderr
+    assert sshd.host_fingerprint in result.stderr and "accept-new" in result.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A
+    assert not [e for e in events(target) if e["type"] == "command"]
+    assert empty.read_text() == ""
+
+    pinned = target.deployer("apply", "fix.yaml", "--host", "box", "--accept-new-host-key")
+    assert pinned.returncode == 0, pinned.stderr
+    assert f"[127.0.0.1]:{sshd.port}" in empty.read_text()
+    logged = [e for e in events(target) if e["type"] == "host_key_pinned"]
+    assert logged and logged[0]["fingerprint"] in sshd.host_fingerprint
+    connected = next(e for e in events(target) if e["type"] == "connected")
+    assert connected["transport"]["host_key_fingerprint"].endswith(sshd.host_fingerprint.split()[-1])
+
+    again = target.deployer("plan", "fix.yaml", "--host", "box", "--json")  # reject policy, key now known
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["head"] == target.head()
