@@ -23,8 +23,9 @@ EVENTS = "events.jsonl"
 
 
 def new_run_id(now: datetime | None = None) -> str:
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{secrets.token_hex(3)}"
+    # Milliseconds, so ids sort in start order (runs list, "newest run") even within one second.
+    moment = now or datetime.now(timezone.utc)
+    return f"{moment:%Y%m%dT%H%M%S}.{moment.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
 
 
 def utc_now() -> str:

@@ -191,8 +191,9 @@ def run_storm(
     """Fire up to ``requests`` streaming POSTs at ``url``, at most ``concurrency`` in flight.
 
     With ``abort_all_every=K``, ``{"abort_all": true}`` is POSTed to ``abort_url`` (default: the
-    same server's ``/abort_request``) after every K requests sent; ``abort_all_sent`` counts the
-    ones answered 2xx. ``payload`` entries override the default JSON body's top-level keys.
+    same server's ``/abort_request``) after every K-th request sent, except after the last one;
+    ``abort_all_sent`` counts the ones answered 2xx. ``payload`` entries override the default
+    JSON body's top-level keys.
     Raises ValueError for a non-loopback URL or a value outside the caps; never raises for what
     happens to individual requests (they are counted instead).
     """
@@ -244,7 +245,9 @@ def run_storm(
                 break
             pool.submit(task)
             sent += 1
-            due = abort_all_every is not None and sent % abort_all_every == 0
+            # Never after the last request: a trailing abort_all would also release whatever the
+            # storm left stuck, and the storm would then measure the abort_all, not the clients.
+            due = abort_all_every is not None and sent % abort_all_every == 0 and sent < requests
             if due and _post_abort_all(abort_target):
                 abort_all_sent += 1
     duration = time.monotonic() - start

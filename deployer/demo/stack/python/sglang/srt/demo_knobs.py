@@ -1,28 +1,37 @@
 """Environment knobs of the demo stack (read once, at server start).
 
-The bug only bites when an abort lands while a transfer worker is sending a *non-last* chunk of
-a room and the late ``Transferring`` write reaches the KV manager before the prefill scheduler
-next polls its inflight queue. These knobs set the widths of those windows, so tests can make
-the race near-certain and a demo can show it in a few seconds. The defaults reproduce the bug
-with a storm of ~100-200 streaming requests, concurrency 16-32 and a 0.2 s client timeout.
+The bug bites when an abort lands while a transfer worker is sending a *non-last* chunk of a
+room, and the worker's late ``Transferring`` write then reaches the KV manager after every abort
+of that room (the prefill side's own disconnect handling *and* the decode side's "fail this
+room") but before the prefill scheduler next polls its inflight queue. These knobs set the
+widths of those windows, so tests can make the race near-certain and a demo shows it in seconds.
+
+The defaults make one transfer (~0.4 s) outlast a 0.2 s client timeout, so nearly every room
+that reaches a transfer worker during a storm is aborted mid-chunk: a storm of 100-200 requests
+at concurrency 16-32 with a 0.2 s timeout leaves ~10-40 rooms stuck on the buggy build (measured
+on 2 cores), and none on the fixed one. Requests with a generous timeout still complete (~0.5 s).
 
 =============================== ======= ==============================================================
 variable                        default meaning
 =============================== ======= ==============================================================
 SGLANG_DEMO_KV_CHUNKS           4       chunks per KV transfer (>= 2, so there is a non-last chunk)
-SGLANG_DEMO_KV_CHUNK_S          0.02    seconds a transfer worker spends sending one chunk
+SGLANG_DEMO_KV_CHUNK_S          0.06    mean seconds to send one chunk (each chunk takes 0.5x-1.5x)
 SGLANG_DEMO_KV_WORKERS          4       transfer worker threads (>= 2); rooms are sharded over them
-SGLANG_DEMO_RACE_DELAY_S        0.01    race-widening pause between finishing a non-last chunk and
-                                        writing ``Transferring`` (completion-queue latency)
-SGLANG_DEMO_INFLIGHT_POLL_S     0.05    how often the prefill scheduler polls its inflight queue; a
-                                        resurrecting write that lands before the next poll hides the
-                                        abort from the scheduler for good
+SGLANG_DEMO_RACE_DELAY_S        0.06    race-widening pause between finishing a non-last chunk and
+                                        writing ``Transferring`` (completion-queue latency); the
+                                        longer it is, the likelier every abort lands before the write
+SGLANG_DEMO_INFLIGHT_POLL_S     0.3     how often the prefill scheduler polls its inflight queue
+                                        (stands in for the forward passes of a busy prefill GPU); a
+                                        poll between an abort and the stale write releases the room
 SGLANG_DEMO_FORWARD_S           0.01    simulated prefill forward time per batch
 SGLANG_DEMO_TOKEN_S             0.005   simulated decode time per output token
 SGLANG_DEMO_STARTUP_S           0.3     warm-up after binding, during which /health answers 503
 SGLANG_DEMO_BOOTSTRAP_TIMEOUT_S 30      a prefill room whose decode side never registers fails
                                         after this long
 =============================== ======= ==============================================================
+
+``/abort_request {"abort_all": true}`` re-fails every request the prefill scheduler still holds,
+stuck ones included (as upstream does), so it clears the symptom until the next storm.
 """
 
 from __future__ import annotations
@@ -48,10 +57,10 @@ def _read(name: str, default: float, *, minimum: float) -> float:
 @dataclass(frozen=True)
 class Knobs:
     kv_chunks: int = 4
-    kv_chunk_s: float = 0.02
+    kv_chunk_s: float = 0.06
     kv_workers: int = 4
-    race_delay_s: float = 0.01
-    inflight_poll_s: float = 0.05
+    race_delay_s: float = 0.06
+    inflight_poll_s: float = 0.3
     forward_s: float = 0.01
     token_s: float = 0.005
     startup_s: float = 0.3

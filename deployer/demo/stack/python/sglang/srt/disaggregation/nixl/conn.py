@@ -8,6 +8,7 @@ in order by one thread while different rooms proceed in parallel, as upstream do
 from __future__ import annotations
 
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -63,7 +64,10 @@ class NixlKVManager(CommonKVManager):
             q.put(TransferChunk(bootstrap_room, index, index == self.num_chunks - 1))
 
     def _send_chunk(self, info: TransferInfo, chunk: TransferChunk) -> None:
-        time.sleep(self.chunk_s)
+        # Real chunk times vary with size and link load. The jitter also keeps a storm's waves of
+        # same-age requests from phase-locking with the chunk boundaries, which would otherwise
+        # decide deterministically whether their aborts hit a chunk in flight.
+        time.sleep(self.chunk_s * random.uniform(0.5, 1.5))
 
     def _transfer_worker(self, q: queue.SimpleQueue[TransferChunk | None]) -> None:
         while True:
