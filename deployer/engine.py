@@ -203,7 +203,7 @@ class Engine:
                     if touched:
                         self._restore(ctx)
                     raise failure from None
-                raise self._after_commit_failure(ctx, step, failure) from None
+                raise self._after_commit_failure(ctx, failure) from None
             ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
             committed = committed or step.kind == "commit"
 
@@ -213,7 +213,7 @@ class Engine:
         try:
             head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip()
             if ctx.git_before and head != ctx.git_before:
-                ctx.check(("git", "reset", "-q", ctx.git_before), "cannot undo the run's commit", timeout=60)
+                self._undo_own_commit(ctx, head)
             ctx.run(("git", "reset", "-q", "--", *ctx.dests), timeout=60)
             restored, removed = [], []
             for change in ctx.changes:
@@ -235,20 +235,31 @@ class Engine:
         ctx.emit("restore", restored=restored, removed=removed, head=ctx.git_before)
         ctx.facts["restored"] = restored + removed
 
-    def _after_commit_failure(self, ctx: Context, step: Step, failure: DeployerError) -> DeployerError:
+    def _undo_own_commit(self, ctx: Context, head: str) -> None:
+        """The commit step failed after git commit succeeded: drop that commit, and only that one."""
+        parent = ctx.run(("git", "rev-parse", "HEAD~1"), timeout=30).out.strip()
+        message = ctx.run(("git", "log", "-1", "--format=%B", "HEAD"), timeout=30).out
+        if parent != ctx.git_before or f"Deployer-Run: {ctx.run_id}" not in message:
+            raise RollbackFailed(f"HEAD moved from {ctx.git_before} to {head} during the run, and not by this "
+                                 "run's commit; left as it is")
+        ctx.check(("git", "reset", "-q", "--soft", ctx.git_before), "cannot undo the run's commit", timeout=60)
+
+    def _after_commit_failure(self, ctx: Context, failure: DeployerError) -> DeployerError:
+        """Past the commit: roll back (on_failure: rollback) or say exactly what stays on the target."""
+        kind = Interrupted if isinstance(failure, Interrupted) else VerificationFailed
         if self.playbook.model.on_failure != "rollback":
-            return VerificationFailed(f"{failure}\nThe commit {ctx.git_after} stays on the target "
-                                      f"(on_failure: restore only undoes failures before the commit). "
-                                      f"To undo it: deployer rollback {ctx.run_id}")
+            return kind(f"{failure}\nThe commit {ctx.git_after} stays on the target "
+                        f"(on_failure: restore only undoes failures before the commit). "
+                        f"To undo it: deployer rollback {ctx.run_id}")
+        # The rollback must finish even when a signal caused it; a second signal still forces a stop.
+        ctx.cancel = CancelToken()
         try:
             assert ctx.git_before is not None
             revert = self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id)
         except DeployerError as exc:
             return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}")
-        if isinstance(failure, Interrupted):
-            return failure
-        return VerificationFailed(f"{failure}\nRolled back: commit {revert[:12]} restores "
-                                  f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}; services restarted")
+        return kind(f"{failure}\nRolled back: commit {revert[:12]} restores "
+                    f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}; services restarted")
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
                verify_kinds: tuple[str, ...] = ("co_restart",)) -> str:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
 
 
@@ -226,7 +227,8 @@ def test_json_summary(target: Project) -> None:
     assert summary["status"] == "successful" and summary["git"]["after"] == target.head()
 
 
-def test_sigint_after_upload_restores_the_target_and_exits_130(target: Project) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project, signum: int) -> None:
     slow = target.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     target.write_inventory(python=str(slow))
@@ -238,7 +240,7 @@ def test_sigint_after_upload_restores_the_target_and_exits_130(target: Project) 
         assert time.monotonic() < deadline, "the upload never landed"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
     assert target.file("pkg/a.py") == ORIGINAL_A

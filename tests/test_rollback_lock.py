@@ -193,3 +193,25 @@ def test_secret_from_the_environment(target: Project) -> None:
     target.playbook()
     missing = target.deployer("plan", "fix.yaml", "--host", "box")
     assert missing.returncode == 2 and "DEPLOYER_TEST_SECRET is not set" in missing.stderr
+
+
+def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
+    project = stack.project
+    pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
+    project.playbook(steps=["upload", {"commit": {"message": "m"}}, "co_restart",
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 60}}],
+                     on_failure="rollback")
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+
+    def draining() -> bool:
+        return project.runs.exists() and any(e["type"] == "sample" for e in events(project))
+
+    wait_for(draining, what="the drain step")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "Rolled back" in err
+    assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == pre_tree
+    assert not (project.repo / ".git" / "deployer.lock").exists()
+    end = next(e for e in events(project) if e["type"] == "run_end")
+    assert end["status"] == "canceled" and end["facts"]["rollback_commit"] == project.head()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
+import logging
 import os
 import posixpath
 import socket
@@ -37,6 +38,10 @@ from deployer.transport.base import (
     TransportInfo,
     sha256_hex,
 )
+
+# paramiko reports every refused tunnel connection (a service still starting) on stderr through
+# logging's last-resort handler; those outcomes reach callers as errors already.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 HostKeyPolicy = Literal["reject", "accept-new"]
 HostKeyPinned = Callable[[str, str, str], None]
