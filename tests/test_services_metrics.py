@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fixtures_repo import Project, git, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, events, free_port, wait_dead
 
@@ -150,3 +153,46 @@ def test_plan_of_the_verification_steps_changes_nothing(stack: Stack) -> None:
     assert "storm http://127.0.0.1:1/generate: 200 streaming requests" in plan.stdout
     assert tree_snapshot(project.repo) == snapshot
     assert stack.pids() == {}
+
+
+FAKE_SYSTEMCTL = r"""#!/bin/sh
+# Stand-in for systemd, which cannot run in this container: it really starts and stops the
+# unit's process (the command in $UNITS/<unit>.cmd), and logs every call.
+echo "$*" >> "$UNITS/calls.log"
+case "$1" in
+  show) unit=$5; pid=$(cat "$UNITS/$unit.pid" 2>/dev/null || echo 0)
+        kill -0 "$pid" 2>/dev/null && echo "$pid" || echo 0 ;;
+  stop) kill "$(cat "$UNITS/$2.pid")" 2>/dev/null; rm -f "$UNITS/$2.pid" ;;
+  start) setsid sh "$UNITS/$2.cmd" >/dev/null 2>&1 </dev/null & echo $! > "$UNITS/$2.pid" ;;
+  is-active) kill -0 "$(cat "$UNITS/$3.pid" 2>/dev/null || echo 0)" 2>/dev/null ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_systemd_services_restart_through_systemctl(stack: Stack, tmp_path: Path) -> None:
+    project = stack.project
+    units = tmp_path / "units"
+    units.mkdir()
+    fake = units / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_SYSTEMCTL)
+    fake.chmod(0o755)
+    decode = stack.service("decode")
+    (units / "sglang-decode.service.cmd").write_text("exec " + " ".join(decode["start"]) + "\n")
+    project.extra_env.update(PATH=f"{fake.parent}:{os.environ['PATH']}", UNITS=str(units))
+    stack.configure(prefill=stack.service("prefill"),
+                    decode={"systemd": "sglang-decode.service", "health": decode["health"]})
+    restart_only(project)
+    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    old = int((units / "sglang-decode.service.pid").read_text())
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    new = int((units / "sglang-decode.service.pid").read_text())
+    assert new != old and wait_dead(old)
+    calls = [c.split()[0] for c in (units / "calls.log").read_text().splitlines()
+             if c.split()[0] in ("stop", "start")]
+    assert calls[-2:] == ["stop", "start"]
+    restart = next(e for e in events(project) if e["type"] == "restart")
+    assert restart["pids"]["decode"] == {"old": old, "new": new}
+    os.kill(new, 9)

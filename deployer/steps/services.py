@@ -28,8 +28,9 @@ POLL_S = 0.1
 class Manager(ABC):
     """How one service is stopped, started and observed on the target."""
 
-    def __init__(self, ctx: Context, name: str, service: Service, step: str) -> None:
+    def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
+        self.timeout = timeout  # for the start and stop commands themselves
 
     @abstractmethod
     def pid(self) -> int | None: ...
@@ -91,7 +92,7 @@ class CommandManager(Manager):
     def stop(self) -> str:
         pid = self.pid()
         if self.service.stop:
-            result = self.ctx.run(self.service.stop, cwd=self.cwd, timeout=60)
+            result = self.ctx.run(self.service.stop, cwd=self.cwd, timeout=self.timeout)
             if not result.ok:
                 raise self.ctx.failure(f"the stop command of {self.name} failed", result)
         elif pid is not None:
@@ -122,7 +123,7 @@ class CommandManager(Manager):
     def start(self) -> None:
         self.ctx.check(("mkdir", "-p", "--", self.ctx.state_dir()), "cannot create deployer's state dir")
         env = resolve_env({**self.ctx.host.env, **self.service.env})
-        self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=env, timeout=60)
+        self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=env, timeout=self.timeout)
 
     def log_tail(self) -> str:
         return self.ctx.run(("tail", "-c", "3000", "--", self.logfile), timeout=30).out
@@ -145,11 +146,12 @@ class SystemdManager(Manager):
         return [Action(f"start {self.name}", ("systemctl", "start", self.unit))]
 
     def stop(self) -> str:
-        self.ctx.check(("systemctl", "stop", self.unit), f"systemctl stop {self.unit} failed", timeout=120)
+        self.ctx.check(("systemctl", "stop", self.unit), f"systemctl stop {self.unit} failed", timeout=self.timeout)
         return "stopped"
 
     def start(self) -> None:
-        self.ctx.check(("systemctl", "start", self.unit), f"systemctl start {self.unit} failed", timeout=120)
+        self.ctx.check(("systemctl", "start", self.unit), f"systemctl start {self.unit} failed",
+                       timeout=self.timeout)
 
     def alive(self, pid: int) -> bool:
         return self.ctx.run(("systemctl", "is-active", "--quiet", self.unit), timeout=30).ok
@@ -158,10 +160,10 @@ class SystemdManager(Manager):
         return self.ctx.run(("journalctl", "-u", self.unit, "-n", "40", "--no-pager"), timeout=30).out
 
 
-def manager(ctx: Context, name: str, step: str) -> Manager:
+def manager(ctx: Context, name: str, step: Step) -> Manager:
     service = ctx.host.services[name]
     cls = SystemdManager if service.systemd else CommandManager
-    return cls(ctx, name, service, step)
+    return cls(ctx, name, service, step.name, step.timeout_s)
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -193,7 +195,7 @@ class CoRestart(Step):
         return names
 
     def plan(self, ctx: Context) -> list[Action]:
-        managers = [manager(ctx, n, self.name) for n in self.names(ctx)]
+        managers = [manager(ctx, n, self) for n in self.names(ctx)]
         actions = [a for m in reversed(managers) for a in m.stop_actions()]
         for m in managers:
             actions += m.start_actions()
@@ -203,7 +205,7 @@ class CoRestart(Step):
         return actions
 
     def run(self, ctx: Context) -> str:
-        managers = [manager(ctx, n, self.name) for n in self.names(ctx)]
+        managers = [manager(ctx, n, self) for n in self.names(ctx)]
         old = {m.name: m.pid() for m in managers}
         for m in reversed(managers):
             how = m.stop()
