@@ -220,7 +220,11 @@ class PrefillApp(BaseApp):
             self.manager.add_transfer_info(TransferInfo(room, decode_id, time.time()))
             handler.send_json(200, {"ok": True})
         elif path == "/kv/poll":
-            timeout = min(max(float(body.get("timeout") or 0.5), 0.0), 5.0)
+            try:
+                timeout = min(max(float(body.get("timeout") or 0.5), 0.0), 5.0)
+            except (TypeError, ValueError):
+                handler.send_json(400, {"error": "timeout must be a number"})
+                return
             status = self.manager.wait_status(room, timeout)
             handler.send_json(200, {"status": status, "name": poll_name(status)})
         elif path == "/kv/abort":
@@ -262,7 +266,11 @@ class DecodeApp(BaseApp):
         if isinstance(port, bool) or not isinstance(port, int):
             raise BadRequest("bootstrap_port (int) is required in disaggregation mode")
         params = body.get("sampling_params") or {}
-        max_new = int(params.get("max_new_tokens") or 16) if isinstance(params, dict) else 16
+        max_new = params.get("max_new_tokens") if isinstance(params, dict) else None
+        if max_new is None:
+            max_new = 16
+        if isinstance(max_new, bool) or not isinstance(max_new, int):
+            raise BadRequest("sampling_params.max_new_tokens must be an int")
         max_new = min(max(max_new, 1), MAX_NEW_TOKENS_CAP)
         rid = str(body.get("rid") or uuid.uuid4().hex)
 
