@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from deployer.config import Host, Inventory
+from deployer.config import Host, Inventory, resolve_env
 from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult
 from deployer.errors import DeployerError
@@ -81,12 +81,13 @@ class DemoStack:
                        "stop_grace_s": 5},
         }
         return Host.model_validate({
-            "transport": "local", "repo": str(self.repo), "python": py,
+            "transport": "local", "repo": str(self.repo), "python": py, "env": {"PYTHONDONTWRITEBYTECODE": "1"},
             "metrics": self.url("prefill", "/metrics"), "endpoint": self.url("router", ""),
             "services": services, "lock_ttl_s": 60})
 
     def create(self) -> None:
         shutil.copytree(STACK, self.repo, ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache", "*.pyc"))
+        (self.repo / ".gitignore").write_text("__pycache__/\n")
         for args in (("init", "-q", "-b", "main"), ("add", "-A"),
                      ("-c", "user.name=demo", "-c", "user.email=demo@localhost", "commit", "-q", "-m",
                       "sglang demo stack (buggy: KVPoll terminal states are not sticky)")):
@@ -104,7 +105,8 @@ class DemoStack:
             assert service.start is not None
             with open(self.state / f"{name}.log", "ab") as log:
                 proc = subprocess.Popen(service.start, cwd=self.repo / "python", stdout=log, stderr=log,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env={**os.environ, **resolve_env(host.env)})
             (self.state / f"{name}.pid").write_text(f"{proc.pid}\n")
             assert service.health is not None
             wait_healthy(service.health, 30, cancel, self.state / f"{name}.log")
