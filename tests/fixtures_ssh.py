@@ -250,18 +250,22 @@ def _find_sftp_server() -> str:
     return "internal-sftp"  # built into every OpenSSH sshd
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Iterator[SSHD]:
-    """A running sshd on 127.0.0.1:<random port>, killed at the end of the session."""
+class SshdUnavailable(Exception):
+    """sshd cannot be started here; the reason says why."""
+
+
+@contextlib.contextmanager
+def running_sshd() -> Iterator[SSHD]:
+    """A running sshd on 127.0.0.1:<random port>, killed on exit (tests and bench/ use it)."""
     if shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK):
-        _unavailable("no sshd binary (install openssh-server)")
+        _raise_unavailable("no sshd binary (install openssh-server)")
     if shutil.which("ssh-keygen") is None:
-        _unavailable("no ssh-keygen binary (install openssh-client)")
+        _raise_unavailable("no ssh-keygen binary (install openssh-client)")
     try:
         # Privilege separation directory; sshd refuses to start without it.
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     except OSError as exc:
-        _unavailable(f"cannot create /run/sshd: {exc}")
+        _raise_unavailable(f"cannot create /run/sshd: {exc}")
 
     workdir = Path(tempfile.mkdtemp(prefix="deployer-sshd-"))
     try:
@@ -280,7 +284,7 @@ def sshd() -> Iterator[SSHD]:
         sftp_server = _find_sftp_server()
     except (OSError, subprocess.SubprocessError) as exc:
         shutil.rmtree(workdir, ignore_errors=True)
-        _unavailable(f"could not prepare keys: {exc}")
+        _raise_unavailable(f"could not prepare keys: {exc}")
 
     server: SSHD | None = None
     errors: list[str] = []
@@ -308,13 +312,28 @@ def sshd() -> Iterator[SSHD]:
         break
     if server is None:
         shutil.rmtree(workdir, ignore_errors=True)
-        _unavailable("sshd failed to start: " + "\n---\n".join(errors))
+        _raise_unavailable("sshd failed to start: " + "\n---\n".join(errors))
 
     try:
         yield server
     finally:
         server.kill_all()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SSHD]:
+    """The session's sshd; a skip where it cannot start, a failure on CI."""
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(running_sshd())
+        except SshdUnavailable as exc:
+            _unavailable(str(exc))
+        yield server
+
+
+def _raise_unavailable(reason: str) -> NoReturn:
+    raise SshdUnavailable(reason)
 
 
 def connect(sshd: SSHD, **overrides: object) -> SSHTransport:
