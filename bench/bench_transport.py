@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fixtures_ssh import connect, running_sshd  # noqa: E402
+from fixtures_ssh import connect, running_sshd
 
-from deployer.transport.local import LocalTransport  # noqa: E402
+from deployer.transport.local import LocalTransport
 
 COMMANDS = 30
 UPLOADS = 10
