@@ -107,12 +107,13 @@ def show_plan(report: PlanReport, as_json: bool) -> None:
         ui.show_plan(ui.make_console(), report)
 
 
-def run_apply(engine: Engine, as_json: bool) -> None:
+def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
+    """Run with the live step view and signal handling, then report and exit with the run's code."""
     console = ui.make_console()
     view = ui.StepView(console, quiet=as_json)
     engine.listeners.append(view)
     with cancel_on_signals(engine.cancel), view:
-        result = engine.apply()
+        result = run()
     report(console, result, as_json)
 
 
@@ -165,7 +166,7 @@ def apply(playbook: str, host_name: str, inventory: str | None, runs_dir: str | 
     if dry_run:
         run_plan(engine, as_json)
     else:
-        run_apply(engine, as_json)
+        run_with_view(engine, as_json, engine.apply)
 
 
 @main.group()
@@ -245,12 +246,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
     run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
     engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key)
-    console = ui.make_console()
-    view = ui.StepView(console, quiet=as_json)
-    engine.listeners.append(view)
-    with cancel_on_signals(engine.cancel), view:
-        result = rollbacks.rollback(engine, run, force=force)
-    report(console, result, as_json)
+    run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
 
 
 def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) -> tuple[Host, Transport]:

@@ -10,23 +10,18 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_repo import Project
 
+from deployer.demo.run import free_port
+from deployer.demo.run import process_alive as alive
+
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def metrics_text(value: float, name: str = GAUGE) -> str:
@@ -78,16 +73,6 @@ def stack(target: Project) -> Iterator[Stack]:
     stack.configure()
     yield stack
     stack.kill_all()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def wait_dead(pid: int, seconds: float = 10) -> bool:

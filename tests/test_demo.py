@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fixtures_services import alive
+from fixtures_services import alive, wait_dead
 
 
 def demo_pids(workdir: Path) -> dict[str, int]:
@@ -19,13 +19,8 @@ def demo_pids(workdir: Path) -> dict[str, int]:
     return {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
 
 
-def all_gone(pids: list[int], seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while any(alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+def all_gone(pids: list[int]) -> bool:
+    return all(wait_dead(pid) for pid in pids)
 
 
 def deployer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -120,13 +120,14 @@ class DemoStack:
                 os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + 5
         for pid in self.pids().values():
-            while _alive(pid) and time.monotonic() < deadline:
+            while process_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Alive and not a zombie (an orphan can linger unreaped for a while)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
