@@ -247,3 +247,25 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
     assert target.head() == head
     assert not (target.repo / ".git" / "deployer.lock").exists()
     assert last_run_end(target)["status"] == "canceled"
+
+
+def test_hostile_names_reach_the_target_literally(target: Project, tmp_path: Path) -> None:
+    # A repo path, a file name and a commit message full of shell syntax: nothing may run.
+    marker = "PWNED"
+    hostile = f"repo $(touch {marker}) `touch {marker}` 'q' \"d\" ; -x"
+    repo = target.repo.parent / hostile
+    target.repo.rename(repo)
+    target.repo = repo
+    target.write_inventory(repo=str(repo))
+    dest = f"pkg/-n $(touch {marker}) 'it''s'.py"
+    message = f"fix `touch {marker}` $(touch {marker}) \"quoted\"\nsecond line; rm -rf /"
+    target.write("fix/odd.py", "ODD = 1\n")
+    target.playbook(files=[{"src": "fix/odd.py", "dest": dest}],
+                    steps=["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
+                           {"commit": {"message": message}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    assert (repo / dest).read_text() == "ODD = 1\n"
+    assert git(repo, "log", "-1", "--format=%B").startswith(message)
+    assert git(repo, "diff", "--name-only", "HEAD~1", "HEAD").strip() == dest
+    assert not list(tmp_path.rglob(marker)) and not (Path.cwd() / marker).exists()
