@@ -29,7 +29,8 @@ class StepView:
         self.rows: dict[str, list[Any]] = {}
         self.live: Live | None = None
         if console.is_terminal and not quiet:
-            self.live = Live(self._table(), console=console, refresh_per_second=8, transient=False)
+            # get_renderable: each refresh rebuilds the table, so a running step's clock ticks.
+            self.live = Live(console=console, refresh_per_second=8, transient=False, get_renderable=self._table)
 
     def __enter__(self) -> StepView:
         if self.live is not None:
@@ -38,7 +39,7 @@ class StepView:
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
-            self.live.update(self._table())
+            self.live.refresh()
             self.live.__exit__(None, None, None)
 
     def _table(self) -> Table:
@@ -70,7 +71,7 @@ class StepView:
             detail = {k: v for k, v in event.items() if k not in ("type", "seq", "time", "run", "prev", "host")}
             self._line(f"[{kind}] {json.dumps(detail, default=str)}")
         if self.live is not None:
-            self.live.update(self._table())
+            self.live.refresh()
 
     def _line(self, text: str) -> None:
         if self.live is None:
