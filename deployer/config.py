@@ -81,6 +81,7 @@ class Host(Strict):
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str | None = None
+    ssh_config: str | None = None  # default ~/.ssh/config; the host name (or address) may be an alias there
     host_key_policy: Literal["reject", "accept-new"] = "reject"
     repo: str
     python: str = "python3"

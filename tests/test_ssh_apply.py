@@ -64,3 +64,18 @@ def test_unknown_host_key_exits_4_with_the_fingerprint_and_runs_nothing(target: 
     again = target.deployer("plan", "fix.yaml", "--host", "box", "--json")  # reject policy, key now known
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["head"] == target.head()
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_the_host_name_can_be_an_ssh_config_alias(target: Project, sshd: SSHD, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host gpu-alias\n  HostName {sshd.host}\n  Port {sshd.port}\n  User {sshd.user}\n"
+                      f"  IdentityFile {sshd.client_key}\n")
+    target.host_name = "gpu-alias"
+    target.write_inventory(address=None, port=None, user=None, identity_file=None, ssh_config=str(config))
+    target.playbook()
+    result = target.deployer("apply", "fix.yaml", "--host", "gpu-alias")
+    assert result.returncode == 0, result.stderr
+    assert target.file("pkg/a.py") == FIXED_A
+    connected = next(e for e in events(target) if e["type"] == "connected")
+    assert connected["transport"]["extra"]["port"] == str(sshd.port)

@@ -21,6 +21,6 @@ def open_transport(name: str, host: Host, bus: EventBus, *, accept_new_host_key:
     if not address:
         raise ConfigError(f"host {name!r} has no address")
     return SSHTransport(name=name, address=address, port=host.port, user=host.user,
-                        identity_file=host.identity_file, known_hosts=host.known_hosts,
+                        identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
                         host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
                         become=host.become, on_host_key_pinned=pinned)
