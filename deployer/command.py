@@ -34,8 +34,9 @@ class Masker:
             self.add(secret)
 
     def add(self, secret: str) -> None:
-        # A one- or two-character secret would mask half of every line; refuse to pretend.
-        if len(secret) >= 3:
+        # The inventory refuses secrets too short to mask (config.MIN_SECRET); an empty one
+        # would match everywhere.
+        if secret:
             self._secrets.add(secret)
             self._secrets.add(shlex.quote(secret))
 

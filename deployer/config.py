@@ -18,6 +18,9 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MIN_SECRET = 4
+
+
 class SecretValue(Strict):
     """An environment value that must never be shown: `{secret: true, value: ...}` or `value_from_env`."""
 
@@ -33,13 +36,18 @@ class SecretValue(Strict):
 
     def resolve(self) -> str:
         if self.value is not None:
-            return self.value
-        assert self.value_from_env is not None
-        found = os.environ.get(self.value_from_env)
-        if found is None:
-            raise ConfigError(f"environment variable {self.value_from_env} is not set "
-                              "(an inventory value reads it with value_from_env)")
-        return found
+            found: str | None = self.value
+        else:
+            assert self.value_from_env is not None
+            found = os.environ.get(self.value_from_env)
+            if found is None:
+                raise ConfigError(f"environment variable {self.value_from_env} is not set "
+                                  "(an inventory value reads it with value_from_env)")
+        if len(found or "") < MIN_SECRET:
+            # Masking a 1-3 character string would blank out half of every line and still leak it.
+            raise ConfigError(f"a secret value ({self.value_from_env or 'value'}) is shorter than "
+                              f"{MIN_SECRET} characters; it cannot be masked reliably")
+        return str(found)
 
 
 EnvValue = str | SecretValue
@@ -133,6 +141,8 @@ def check_repo_relative(dest: str) -> str:
         raise ValueError("must not point into .git")
     if dest.startswith("-"):
         raise ValueError("must not start with '-'")
+    if posixpath.normpath(dest) == "." or dest.endswith("/"):
+        raise ValueError("must name a file, not a directory")
     return posixpath.normpath(dest)
 
 

@@ -26,6 +26,7 @@ class Change:
     new: bytes
     old: bytes | None  # None: the file does not exist before the run
     tracked: bool = False
+    source: str = ""  # where the new bytes come from, for people: the playbook's src path
     new_dirs: list[str] = field(default_factory=list)  # directories the upload will create
 
 
@@ -35,6 +36,12 @@ class LoadedPlaybook:
     raw: bytes
     model: Playbook
     sources: dict[str, bytes]  # dest -> new bytes (files mode)
+
+    def source_of(self, dest: str) -> str:
+        for spec in self.model.files:
+            if spec.dest == dest:
+                return str(self.path.parent / spec.src)
+        return f"{dest} (after {self.model.patch})"
     patch: bytes | None
 
 
@@ -120,12 +127,17 @@ class Context:
         """Run on the target (in the repo unless told otherwise) and log the command."""
         workdir = self.repo if cwd is None else cwd
         result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin)
-        self.emit("command", command=shell_line(argv, cwd=workdir, env=env),
+        self.emit("command", command=self.shown(argv, cwd=workdir, env=env),
                   exit_code=result.exit_code, timed_out=result.timed_out,
                   duration_s=round(result.duration_s, 3),
                   stdout_tail="" if quiet else tail(result.stdout, 1000),
                   stderr_tail=tail(result.stderr, 1000))
         return result
+
+    def shown(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
+        """The command as people may see it: secrets masked before quoting, so quoting cannot hide them."""
+        mask = self.bus.masker
+        return shell_line([mask(a) for a in argv], cwd=cwd, env={k: mask(v) for k, v in (env or {}).items()})
 
     def check(self, argv: Sequence[str], what: str, **kwargs: Any) -> ExecResult:
         """Run and raise StepFailed (naming command, exit code and stderr tail) unless it succeeded."""
@@ -137,5 +149,5 @@ class Context:
     def failure(self, what: str, result: ExecResult) -> StepFailed:
         detail = result.err if result.err.strip() else result.out
         return StepFailed(self.bus.step or "?", self.bus.masker(what),
-                          command=self.bus.masker(shell_line(result.argv)), exit_code=result.exit_code,
+                          command=self.shown(result.argv), exit_code=result.exit_code,
                           stderr_tail=self.bus.masker(tail(detail, 1500)), timed_out=result.timed_out)

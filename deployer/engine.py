@@ -17,12 +17,13 @@ from deployer import diffs
 from deployer.command import Masker
 from deployer.config import Host
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
-from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
+from deployer.errors import ConfigError, DeployerError, Interrupted, RollbackFailed, VerificationFailed
 from deployer.lock import DeployLock, LockState, read_state
 from deployer.preflight import preflight
 from deployer.runlog import RunLogWriter, new_run_id
+from deployer.steps import services
 from deployer.steps.base import Action, Step
-from deployer.steps.git import DiffBounds, revert_files, trailers
+from deployer.steps.git import DiffBounds, revert_files, trailers, unchanged_dests
 from deployer.transport.base import Transport
 
 Connector = Callable[[EventBus], Transport]
@@ -30,6 +31,21 @@ Connector = Callable[[EventBus], Transport]
 
 def operator_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def target_state(ctx: Context) -> str:
+    """Where the target stands now, read from it, for a message that must say what was left."""
+    try:
+        head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
+        notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
+                 ctx.facts.get("rollback_commit"): "the revert commit"}
+        parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
+        for name in ctx.host.services:
+            pid = services.manager_for(ctx, name).pid()
+            parts.append(f"{name} {'pid ' + str(pid) if pid else 'not running'}")
+    except DeployerError as exc:
+        return f"The target's state could not be read: {exc}"
+    return ", ".join(parts) + "."
 
 
 def as_failure(exc: BaseException) -> DeployerError:
@@ -105,8 +121,16 @@ class Engine:
 
     # -- dry run ---------------------------------------------------------------------------------------
 
+    def check_host(self) -> None:
+        """Everything the steps need from the inventory host, before anything connects."""
+        problems = [f"{s.where}: {s.name}: {problem}" for s in self.steps
+                    if (problem := s.check_host(self.host_name, self.host))]
+        if problems:
+            raise ConfigError("\n".join(problems))
+
     def plan(self) -> PlanReport:
         """Only reads on the target: what apply would change, count and run."""
+        self.check_host()
         bus = self.new_bus()
         with self.connect(bus) as transport:
             ctx = self._context("<dry-run>", bus, transport)
@@ -114,8 +138,10 @@ class Engine:
             preflight(ctx, allow_dirty=True)
             files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, c.old, c.new)),
                               diffs.numstat(c.dest, c.old, c.new), c.old is not None) for c in ctx.changes]
-            stat = diffs.DiffStat(tuple(f.stat for f in files))
-            bounds = next((s.judge(stat) for s in self.steps if isinstance(s, DiffBounds)), None)
+            unchanged = unchanged_dests(ctx)
+            # git diff lists no file whose bytes are already there; neither does the projection.
+            stat = diffs.DiffStat(tuple(f.stat for f in files if f.dest not in unchanged))
+            bounds = next((s.judge(stat, unchanged) for s in self.steps if isinstance(s, DiffBounds)), None)
             assert ctx.git_dir is not None and ctx.git_before is not None
             lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
             steps = [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps]
@@ -125,6 +151,8 @@ class Engine:
     # -- the run ---------------------------------------------------------------------------------------
 
     def apply(self) -> RunResult:
+        self.check_host()
+
         def body(ctx: Context, log: RunLogWriter) -> None:
             preflight(ctx, allow_dirty=self.allow_dirty)
             log.attach("shipped.diff", ctx.bus.masker("".join(
@@ -158,10 +186,12 @@ class Engine:
                 lock = self._lock(ctx)
                 body(ctx, log)
             finally:
-                if lock is not None:
-                    lock.release()
-                    bus.emit("lock_released", path=lock.path)
-                transport.close()
+                try:
+                    if lock is not None:
+                        lock.release()
+                        bus.emit("lock_released", path=lock.path)
+                finally:
+                    transport.close()
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
             status = "canceled" if isinstance(failure, Interrupted) else "failed"
@@ -184,37 +214,47 @@ class Engine:
         ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s)
         return lock
 
+    def run_step(self, ctx: Context, step: Step, name: str) -> str:
+        """One step between step_start and step_end events; a failure comes out typed."""
+        ctx.bus.step = name
+        started = time.monotonic()
+        try:
+            ctx.emit("step_start", kind=step.kind)
+            ctx.cancel.check()
+            summary = step.run(ctx)
+        except (Exception, KeyboardInterrupt) as exc:
+            failure = as_failure(exc)
+            ctx.emit("step_end", status="canceled" if isinstance(failure, Interrupted) else "failed",
+                     duration_s=round(time.monotonic() - started, 3), error=ctx.bus.masker(str(failure)))
+            raise failure from None
+        ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
+        return summary
+
     def _run_steps(self, ctx: Context) -> None:
-        touched = committed = False
+        touched = staged = committed = False
         for step in self.steps:
-            started = time.monotonic()
+            touched = touched or step.changes_files
+            staged = staged or step.kind == "commit"
             try:
-                self.cancel.check()
-                ctx.bus.step = step.name
-                ctx.emit("step_start", kind=step.kind)
-                touched = touched or step.changes_files or step.kind == "commit"
-                summary = step.run(ctx)
-            except (Exception, KeyboardInterrupt) as exc:
-                failure = as_failure(exc)
-                ctx.emit("step_end", status="canceled" if isinstance(failure, Interrupted) else "failed",
-                         duration_s=round(time.monotonic() - started, 3), error=ctx.bus.masker(str(failure)))
+                self.run_step(ctx, step, step.name)
+            except DeployerError as failure:
                 ctx.bus.step = None
                 if not committed:
                     if touched:
-                        self._restore(ctx)
-                    raise failure from None
+                        self._restore(ctx, staged=staged)
+                    raise
                 raise self._after_commit_failure(ctx, failure) from None
-            ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
             committed = committed or step.kind == "commit"
 
-    def _restore(self, ctx: Context) -> None:
+    def _restore(self, ctx: Context, *, staged: bool) -> None:
         """Give every target file its pre-run bytes (remove new ones), undo a half-made commit."""
         ctx.bus.step = "restore"
         try:
             head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip()
             if ctx.git_before and head != ctx.git_before:
                 self._undo_own_commit(ctx, head)
-            ctx.run(("git", "reset", "-q", "--", *ctx.dests), timeout=60)
+            if staged:  # the commit step ran `git add`; before that the index was never touched
+                ctx.run(("git", "reset", "-q", "--", *ctx.dests), timeout=60)
             restored, removed = [], []
             for change in ctx.changes:
                 if change.old is None:
@@ -248,8 +288,8 @@ class Engine:
         """Past the commit: roll back (on_failure: rollback) or say exactly what stays on the target."""
         kind = Interrupted if isinstance(failure, Interrupted) else VerificationFailed
         if self.playbook.model.on_failure != "rollback":
-            return kind(f"{failure}\nThe commit {ctx.git_after} stays on the target "
-                        f"(on_failure: restore only undoes failures before the commit). "
+            return kind(f"{failure}\nThe commit {ctx.git_after} stays on the target (on_failure: restore only "
+                        f"undoes failures before the commit). {target_state(ctx)}\n"
                         f"To undo it: deployer rollback {ctx.run_id}")
         # The rollback must finish even when a signal caused it; a second signal still forces a stop.
         ctx.cancel = CancelToken()
@@ -257,9 +297,10 @@ class Engine:
             assert ctx.git_before is not None
             revert = self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id)
         except DeployerError as exc:
-            return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}")
+            return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}\n{target_state(ctx)}")
+        restarted = "; services restarted" if any(s.kind == "co_restart" for s in self.steps) else ""
         return kind(f"{failure}\nRolled back: commit {revert[:12]} restores "
-                    f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}; services restarted")
+                    f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}{restarted}")
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
                verify_kinds: tuple[str, ...] = ("co_restart",)) -> str:
@@ -271,10 +312,6 @@ class Engine:
         ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
         ctx.facts["rollback_commit"] = revert
         for step in (s for s in self.steps if s.kind in verify_kinds):
-            ctx.bus.step = f"rollback:{step.name}"
-            ctx.emit("step_start", kind=step.kind)
-            started = time.monotonic()
-            summary = step.run(ctx)
-            ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
+            self.run_step(ctx, step, f"rollback:{step.name}")
         ctx.bus.step = None
         return revert

@@ -78,13 +78,20 @@ class DeployLock:
     def acquire(self) -> None:
         made = self.transport.run(("mkdir", "--", self.path), timeout=30)
         if not made.ok:
+            if not self.transport.run(("test", "-e", self.path), timeout=30).ok:
+                # Not held: mkdir failed for another reason (permissions, a full disk).
+                raise DeployerError(f"cannot create the deploy lock {self.path}: {made.err.strip()}")
             state = read_state(self.transport, posixpath.dirname(self.path), self.ttl_s)
             if state is None:  # released between our mkdir and our read: say so rather than retry silently
                 raise LockHeld(f"the deploy lock {self.path} was busy a moment ago; try again")
             raise LockHeld(f"the deploy lock {self.path} is {state.describe()}")
-        self.transport.put(json.dumps(self.info, indent=1).encode(), posixpath.join(self.path, "info.json"),
-                           mode=0o600)
-        self._beat()
+        try:
+            self.transport.put(json.dumps(self.info, indent=1).encode(), posixpath.join(self.path, "info.json"),
+                               mode=0o600)
+            self._beat()
+        except BaseException:
+            self.transport.run(("rm", "-rf", "--", self.path), timeout=30)  # never leave a lock nobody holds
+            raise
         self._thread = threading.Thread(target=self._loop, name="deployer-heartbeat", daemon=True)
         self._thread.start()
 

@@ -62,5 +62,25 @@ def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:
             raise ConfigError(f"{doc.mark(loc)}: steps.{i}.{kind}: parameters must be a mapping")
         seen[kind] += 1
         name = kind if seen[kind] == 1 else f"{kind}#{seen[kind]}"
-        steps.append(cls(validate(cls.Params, params, doc, loc), name))
+        steps.append(cls(validate(cls.Params, params, doc, loc), name, str(doc.mark(("steps", i)))))
+    check_order(steps)
     return steps
+
+
+def check_order(steps: list[Step]) -> None:
+    """In a playbook that changes files, refuse orders that would make a failure unrecoverable.
+
+    A co_restart before the commit would leave services running code that a restore then
+    removes from disk; a local_compile after the upload would check what was already sent.
+    """
+    kinds = [s.kind for s in steps]
+    if "upload" not in kinds:
+        return
+    for index, step in enumerate(steps):
+        for earlier in step.after:
+            if earlier not in kinds[:index]:
+                raise ConfigError(f"{step.where}: {step.name} must come after {earlier} "
+                                  f"(a playbook that uploads files needs {earlier} before {step.kind})")
+        for later in step.before:
+            if later in kinds[:index]:
+                raise ConfigError(f"{step.where}: {step.name} must come before {later}")

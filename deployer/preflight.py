@@ -37,7 +37,8 @@ def preflight(ctx: Context, *, allow_dirty: bool) -> None:
     for dest in dests:
         path = ctx.in_repo(dest)
         old = ctx.transport.get(path)
-        change = Change(dest=dest, path=path, new=new[dest], old=old, tracked=dest in tracked)
+        change = Change(dest=dest, path=path, new=new[dest], old=old, tracked=dest in tracked,
+                        source=ctx.playbook.source_of(dest))
         if old is None:
             change.new_dirs = _missing_dirs(ctx, dest)
         ctx.changes.append(change)

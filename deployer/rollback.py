@@ -35,6 +35,10 @@ class Target:
         if run.status != "successful" and (end.get("facts") or {}).get("rollback_commit"):
             raise ConfigError(f"run {run.run_id} was already rolled back by its own on_failure "
                               f"(commit {end['facts']['rollback_commit'][:12]})")
+        done = [link for link in run.all("rolled_back_by") if link.get("status") == "successful"]
+        if done:
+            raise ConfigError(f"run {run.run_id} was already rolled back by run {done[-1].get('by')} "
+                              f"(commit {str(done[-1].get('commit'))[:12]})")
         return cls(str(git["before"]), str(git["after"]), [str(f) for f in end.get("files") or []])
 
 

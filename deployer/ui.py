@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +18,16 @@ from deployer.rollback import Deploy
 from deployer.runlog import Run
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
+
+
+NOTICES = {
+    "lock_acquired": lambda e: f"[lock] acquired {e['path']}",
+    "restore": lambda e: (f"[restore] restored {', '.join(e['restored']) or 'nothing'}; "
+                          f"removed {', '.join(e['removed']) or 'nothing'}; HEAD {str(e['head'])[:12]}"),
+    "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} their content "
+                           f"at {e['restores'][:12]}"),
+    "host_key_pinned": lambda e: f"[host key] pinned {e['entry']} {e['key_type']} {e['fingerprint']}",
+}
 
 
 class StepView:
@@ -67,9 +77,8 @@ class StepView:
         elif kind == "sample" and step and step in self.rows:
             self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
             self._line(f"[{step}] sample {event.get('metric')} = {event.get('value')}")
-        elif kind in ("restore", "rollback", "host_key_pinned", "lock_acquired"):
-            detail = {k: v for k, v in event.items() if k not in ("type", "seq", "time", "run", "prev", "host")}
-            self._line(f"[{kind}] {json.dumps(detail, default=str)}")
+        elif kind in NOTICES:
+            self._line(NOTICES[kind](event))
         if self.live is not None:
             self.live.refresh()
 
@@ -85,12 +94,12 @@ def make_console(stderr: bool = False) -> Console:
 def show_plan(console: Console, report: PlanReport) -> None:
     console.print(f"[bold]plan[/bold] for host {report.host_name}: {report.repo} at {report.head[:12]}")
     if report.lock is not None:
-        console.print(f"[yellow]deploy lock[/yellow] {report.lock.describe()}", markup=True)
+        console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
     if report.dirty:
-        console.print(f"[red]uncommitted changes on the target:[/red] {', '.join(report.dirty)} "
+        console.print(f"[red]uncommitted changes on the target:[/red] {escape(', '.join(report.dirty))} "
                       "(apply refuses unless --allow-dirty)")
     for plan in report.files:
-        console.rule(f"{plan.dest}{'' if plan.exists else ' (new file)'}")
+        console.rule(Text(f"{plan.dest}{'' if plan.exists else ' (new file)'}"))
         if console.is_terminal:
             console.print(Syntax(plan.diff, "diff", theme="ansi_dark", background_color="default"))
         else:
@@ -101,12 +110,12 @@ def show_plan(console: Console, report: PlanReport) -> None:
     if report.bounds is None:
         console.print("bounds: none set (the playbook has no diff_bounds step)")
     elif report.bounds:
-        console.print(f"[red]bounds: FAIL[/red] — {'; '.join(report.bounds)}")
+        console.print(f"[red]bounds: FAIL[/red] — {escape('; '.join(report.bounds))}")
     else:
         console.print("[green]bounds: ok[/green]")
     console.rule("steps")
     for number, (name, actions) in enumerate(report.steps, 1):
-        console.print(f"{number}. [bold]{name}[/bold]")
+        console.print(f"{number}. [bold]{escape(name)}[/bold]")
         for action in actions:
             console.print(f"     {action.render()}", markup=False, highlight=False)
     console.print("dry run: nothing was changed on the target")
@@ -132,10 +141,34 @@ def show_result(console: Console, result: RunResult) -> None:
     console.print(f"run {result.run_id}: [{style}]{result.status}[/{style}] (exit {result.exit_code})")
     if result.git_after:
         console.print(f"commit {result.git_after} (was {result.git_before})")
-    for key, value in result.facts.items():
-        if key not in ("operator", "dirty"):
-            console.print(f"  {key}: {value}", markup=False, highlight=False)
+    for line in fact_lines(result.facts):
+        console.print(f"  {line}", markup=False, highlight=False)
     console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
+
+
+def pid_text(facts: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {p['old']} -> {p['new']}" for name, p in facts.get("pids", {}).items())
+
+
+def fact_lines(facts: dict[str, Any]) -> list[str]:
+    """The run's facts as short lines for people (the JSON summary keeps them as data)."""
+    lines = []
+    if facts.get("diffstat"):
+        lines.append(f"diff: {facts['diffstat']}")
+    for metric, value in facts.get("baseline", {}).items():
+        lines.append(f"baseline: {metric} = {_num(value)}")
+    for metric, drain in facts.get("drain", {}).items():
+        lines.append(f"drain: {metric} {_num(drain.get('baseline'))} -> {_num(drain.get('final'))}")
+    for storm in facts.get("storms", []):
+        lines.append(f"storm: sent {storm['sent']}, completed {storm['completed']}, aborted {storm['aborted']}, "
+                     f"errors {storm['errors']}")
+    if facts.get("pids"):
+        lines.append(f"pids: {pid_text(facts)}")
+    if facts.get("restored"):
+        lines.append(f"restored to pre-run bytes: {', '.join(facts['restored'])}")
+    if facts.get("rollback_commit"):
+        lines.append(f"rollback commit: {facts['rollback_commit']}")
+    return lines
 
 
 def show_error(message: str) -> None:
@@ -145,28 +178,28 @@ def show_error(message: str) -> None:
 def show_runs(console: Console, runs: list[Run]) -> None:
     table = Table(box=None, pad_edge=False)
     for name in ("run", "status", "host", "playbook", "commit", "kind"):
-        table.add_column(name)
+        table.add_column(name, no_wrap=name == "run")
     for run in runs:
         start = run.start
         after = run.git.get("after") or ""
         kind = "rollback of " + str(start["rollback_of"]) if start.get("rollback_of") else "apply"
-        table.add_row(run.run_id, run.status, str(start.get("host", "")), str(start.get("playbook_name", "")),
-                      str(after)[:12], kind)
+        table.add_row(*map(Text, (run.run_id, run.status, str(start.get("host", "")),
+                                  str(start.get("playbook_name", "")), str(after)[:12], kind)))
     console.print(table)
 
 
 def show_run(console: Console, run: Run) -> None:
     start, end = run.start, run.end or {}
-    console.print(f"[bold]run {run.run_id}[/bold]  status {run.status}  host {start.get('host')}  "
-                  f"operator {start.get('operator')}  deployer {start.get('version')}")
+    console.print(Text(f"run {run.run_id}  status {run.status}  host {start.get('host')}  "
+                       f"operator {start.get('operator')}  deployer {start.get('version')}"))
     console.print(f"playbook {start.get('playbook')} (sha256 {start.get('playbook_sha256', '')[:16]})",
                   markup=False)
     if start.get("rollback_of"):
-        console.print(f"rollback of run {start['rollback_of']}")
+        console.print(f"rollback of run {start['rollback_of']}", markup=False)
     for link in run.all("rolled_back_by"):
-        console.print(f"rolled back by run {link.get('by')}")
+        console.print(f"rolled back by run {link.get('by')} ({link.get('status', '?')})", markup=False)
     git = run.git
-    console.print(f"git: before {git.get('before')}  after {git.get('after')}")
+    console.print(f"git: before {git.get('before')}  after {git.get('after')}", markup=False)
     for event in run.events:
         if event.get("type") == "step_end":
             detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
@@ -179,9 +212,9 @@ def show_run(console: Console, run: Run) -> None:
 def show_deploys(console: Console, deploys: list[Deploy]) -> None:
     table = Table(box=None, pad_edge=False)
     for name in ("commit", "date", "run", "rollback of", "subject"):
-        table.add_column(name)
+        table.add_column(name, no_wrap=name in ("run", "rollback of"))
     for d in deploys:
-        table.add_row(d.commit[:12], d.date, d.run_id, d.rollback_of or "-", d.subject)
+        table.add_row(*map(Text, (d.commit[:12], d.date, d.run_id, d.rollback_of or "-", d.subject)))
     console.print(table)
 
 
@@ -195,7 +228,7 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
     console.rule("demo report")
     rows = [
         ("gauge", f"{GAUGE}: {_num(before)} before the fix -> {_num(after)} after"),
-        ("pids", ", ".join(f"{name} {pids}" for name, pids in facts.get("pids", {}).items()) or "-"),
+        ("pids", pid_text(facts) or "-"),
         ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"),
         ("run", f"{result.run_id}: {result.status}"),
         ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, tree_snapshot
+
+from deployer.diffs import DiffStat, FileStat
+from deployer.steps.git import BoundsParams, DiffBounds
 
 
 def run_dirs(project: Project) -> list[Path]:
@@ -54,7 +57,8 @@ def test_local_syntax_error_touches_nothing_on_the_target(target: Project) -> No
     snapshot = tree_snapshot(target.repo)
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
-    assert "local_compile" in result.stderr and "pkg/a.py:1" in result.stderr
+    assert "local_compile" in result.stderr and "fix/a.py:1:" in result.stderr  # the file to fix
+    assert "shipped as pkg/a.py" in result.stderr
     assert tree_snapshot(target.repo) == snapshot
 
 
@@ -92,14 +96,35 @@ def test_bounds_too_high_restores_and_commits_nothing(target: Project) -> None:
     assert git(target.repo, "status", "--porcelain") == ""
 
 
-def test_zero_changes_means_the_upload_did_not_land(target: Project) -> None:
+def test_zero_changes_fail_the_bounds_and_commit_nothing(target: Project) -> None:
     target.write("fix/a.py", ORIGINAL_A)
     target.playbook(steps=["upload", {"diff_bounds": {"files": [0, 5]}}, {"commit": {"message": "m"}}])
     head = target.head()
+    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert "bounds: FAIL" in plan.stdout and "already has these bytes in pkg/a.py" in plan.stdout
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
-    assert "upload did not land" in result.stderr
+    assert "zero changes against HEAD: the target already has these bytes in pkg/a.py" in result.stderr
     assert target.head() == head
+    assert git(target.repo, "status", "--porcelain") == ""
+
+
+def test_zero_changes_without_an_explanation_mean_the_upload_did_not_land() -> None:
+    # A lost upload cannot be produced for real here (put verifies its sha256 on the target),
+    # so this checks the verdict itself.
+    bounds = DiffBounds(BoundsParams(), "diff_bounds")
+    assert bounds.judge(DiffStat(())) == ["zero changes against HEAD: the upload did not land"]
+    assert bounds.judge(DiffStat((FileStat("a.py", 1, 0),))) == []
+
+
+def test_an_unchanged_file_beside_a_changed_one_is_left_out_of_the_commit(target: Project) -> None:
+    target.write("fix/b.py", ORIGINAL_B)
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                    steps=["upload", {"diff_bounds": {"files": 1}}, {"commit": {"message": "m"}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    assert git(target.repo, "diff", "--name-only", "HEAD~1", "HEAD").split() == ["pkg/a.py"]
+    assert "pkg/b.py already up to date" in result.stdout
 
 
 def test_new_file_is_removed_with_its_new_directories_on_failure(target: Project) -> None:

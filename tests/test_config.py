@@ -126,3 +126,32 @@ def test_symlink_escaping_the_repo_is_refused_on_the_target(target: Project, tmp
     assert list(outside.iterdir()) == []
     assert tree_snapshot(target.repo) == snapshot
     assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@pytest.mark.parametrize("steps, where, message", [
+    ("[upload, co_restart, {commit: {message: m}}]", "2:17", "co_restart must come after commit"),
+    ("[upload, local_compile]", "2:17", "local_compile must come before upload"),
+    ("[remote_compile, upload]", "2:9", "remote_compile must come after upload"),
+])
+def test_step_orders_that_would_defeat_the_restore_are_refused(tmp_path: Path, steps: str, where: str,
+                                                                message: str) -> None:
+    path = write(tmp_path, f"name: x\nsteps: {steps}\nfiles: [{{src: a.py, dest: a.py}}]\n")
+    assert error_of(path).startswith(f"{path}:{where}: {message}")
+
+
+def test_restart_only_playbooks_have_no_order_constraint(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps: [co_restart]\n")
+    _, steps = load_playbook(path)
+    assert [s.kind for s in steps] == ["co_restart"]
+
+
+def test_steps_that_need_host_facts_fail_before_connecting(target: Project) -> None:
+    target.playbook(steps=[{"baseline": {"metric": "m"}}, {"storm": {"requests": 5}},
+                           {"co_restart": {"services": ["nosuch"]}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert "fix.yaml:6:3: baseline: no metrics URL" in lines[0]
+    assert "fix.yaml:8:3: storm: no storm URL" in lines[1]
+    assert "fix.yaml:10:3: co_restart: host box defines no service nosuch" in lines[2]
+    assert not target.runs.exists()

@@ -144,7 +144,8 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
 
 def test_plan_of_the_verification_steps_changes_nothing(stack: Stack) -> None:
     project = stack.project
-    project.playbook(steps=["upload", "co_restart", {"storm": {"url": "http://127.0.0.1:1/generate"}},
+    project.playbook(steps=["upload", {"commit": {"message": "m"}}, "co_restart",
+                            {"storm": {"url": "http://127.0.0.1:1/generate"}},
                             {"drain": {"metric": GAUGE, "to": 0}}])
     snapshot = tree_snapshot(project.repo)
     plan = project.deployer("plan", "fix.yaml", "--host", "box")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from deployer.command import shell_line
-from deployer.config import Strict
+from deployer.config import Host, Strict
 from deployer.context import Context
 
 
@@ -34,12 +34,20 @@ class Step(ABC):
     Params: ClassVar[type[Strict]] = NoParams
     # Steps that change the target's files: a failure before the commit restores them.
     changes_files: ClassVar[bool] = False
+    # In a playbook that uploads, these kinds must come earlier / later than this step.
+    after: ClassVar[tuple[str, ...]] = ()
+    before: ClassVar[tuple[str, ...]] = ()
     timeout_s: float
 
-    def __init__(self, params: Strict, name: str) -> None:
+    def __init__(self, params: Strict, name: str, where: str = "") -> None:
         self.params = params
         self.name = name
+        self.where = where  # file:line:column of the step in its playbook, for errors
         self.timeout_s = float(getattr(params, "timeout_s", 120.0))
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        """What this step needs from the inventory host and does not get (checked before connecting)."""
+        return None
 
     @abstractmethod
     def plan(self, ctx: Context) -> list[Action]:

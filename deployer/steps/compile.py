@@ -19,6 +19,7 @@ def python_dests(ctx: Context) -> list[str]:
 
 class LocalCompile(Step):
     kind = "local_compile"
+    before = ("upload",)
 
     def plan(self, ctx: Context) -> list[Action]:
         version = ".".join(map(str, sys.version_info[:2]))
@@ -31,8 +32,9 @@ class LocalCompile(Step):
             try:
                 compile(by_dest[dest].new, dest, "exec", dont_inherit=True)
             except SyntaxError as exc:
-                raise StepFailed(self.name, f"{dest}:{exc.lineno}:{exc.offset}: {exc.msg} "
-                                 "(nothing was sent to the target)") from None
+                change = by_dest[dest]
+                raise StepFailed(self.name, f"{change.source}:{exc.lineno}:{exc.offset}: {exc.msg} "
+                                 f"(shipped as {dest}; nothing was sent to the target)") from None
         return f"{len(dests)} file(s) compile here"
 
 
@@ -43,6 +45,7 @@ class RemoteCompileParams(Strict):
 class RemoteCompile(Step):
     kind = "remote_compile"
     Params = RemoteCompileParams
+    after = ("upload",)
 
     def argv(self, ctx: Context) -> tuple[str, ...]:
         return (ctx.host.python, "-c", REMOTE_SCRIPT, *python_dests(ctx))

@@ -46,12 +46,16 @@ def _show(bound: Bound) -> str:
 class DiffBounds(Step):
     kind = "diff_bounds"
     Params = BoundsParams
+    after = ("upload",)
     params: BoundsParams
 
-    def judge(self, stat: DiffStat) -> list[str]:
+    def judge(self, stat: DiffStat, unchanged: Sequence[str] = ()) -> list[str]:
         """Every bound the stat breaks; zero changes always breaks one."""
         if not stat.files or (stat.insertions == 0 and stat.deletions == 0
                               and not any(f.binary for f in stat.files)):
+            if unchanged:
+                return [f"zero changes against HEAD: the target already has these bytes in "
+                        f"{', '.join(unchanged)} (already applied?)"]
             return ["zero changes against HEAD: the upload did not land"]
         problems = []
         for label, value, bound in (("files", len(stat.files), self.params.files),
@@ -83,7 +87,7 @@ class DiffBounds(Step):
         ctx.emit("diffstat", files=[vars(f) for f in stat.files], insertions=stat.insertions,
                  deletions=stat.deletions)
         ctx.facts["diffstat"] = stat.summary()
-        problems = self.judge(stat)
+        problems = self.judge(stat, unchanged_dests(ctx))
         if problems:
             raise StepFailed(self.name, "; ".join(problems) + f" ({stat.summary()})")
         return stat.summary()
@@ -99,6 +103,10 @@ class CommitParams(Strict):
         if not message.strip():
             raise ValueError("must not be blank")
         return message
+
+
+def unchanged_dests(ctx: Context) -> list[str]:
+    return [c.dest for c in ctx.changes if c.tracked and c.old == c.new]
 
 
 def identity_args(ctx: Context) -> list[str]:
@@ -118,9 +126,10 @@ def commit_files(ctx: Context, dests: Sequence[str], message: str, timeout: floa
     head = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
     touched = ctx.check(("git", "diff-tree", "--no-commit-id", "--name-only", "-r", "-z", "HEAD"),
                         "cannot list the commit's files", timeout=timeout).out
-    if set(filter(None, touched.split("\0"))) != set(dests):
-        raise StepFailed(ctx.bus.step or "commit", f"commit {head[:12]} touched {sorted(touched.split())} "
-                         f"instead of exactly {sorted(dests)}")
+    files = sorted(filter(None, touched.split("\0")))
+    if set(files) != set(dests):
+        raise StepFailed(ctx.bus.step or "commit", f"commit {head[:12]} touched {', '.join(files)} "
+                         f"instead of exactly {', '.join(sorted(dests))}")
     return head
 
 
@@ -131,6 +140,7 @@ def trailers(**pairs: str) -> str:
 class Commit(Step):
     kind = "commit"
     Params = CommitParams
+    after = ("upload",)
     params: CommitParams
 
     def message(self, ctx: Context) -> str:
@@ -142,9 +152,17 @@ class Commit(Step):
                        ctx.repo)]
 
     def run(self, ctx: Context) -> str:
-        ctx.git_after = commit_files(ctx, ctx.dests, self.message(ctx), self.timeout_s)
-        ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=ctx.dests)
-        return f"commit {ctx.git_after[:12]}"
+        # A shipped file that already had these bytes is not in the diff, so not in the commit.
+        unchanged = unchanged_dests(ctx)
+        changed = [d for d in ctx.dests if d not in unchanged]
+        if not changed:
+            raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
+                             f"{', '.join(unchanged)}")
+        ctx.git_after = commit_files(ctx, changed, self.message(ctx), self.timeout_s)
+        ctx.facts["files"] = changed  # what a rollback of this run gives back
+        ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=changed, unchanged=unchanged)
+        note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
+        return f"commit {ctx.git_after[:12]}{note}"
 
 
 def revert_files(ctx: Context, before: str, dests: Sequence[str], message: str, timeout: float = 60.0) -> str:

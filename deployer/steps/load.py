@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 
-from deployer.config import Strict
+from deployer.config import Host, Strict
 from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
@@ -54,6 +54,11 @@ class Storm(Step):
     kind = "storm"
     Params = StormParams
     params: StormParams
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        if self.params.url is None and host.endpoint is None:
+            return f"no storm URL: set `endpoint` on host {host_name} or `url` on the step"
+        return None
 
     def plan(self, ctx: Context) -> list[Action]:
         url, abort_url = storm_urls(ctx, self.params)

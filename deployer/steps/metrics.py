@@ -18,7 +18,7 @@ from typing import Literal
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
-from deployer.config import Strict
+from deployer.config import Host, Strict
 from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
@@ -111,6 +111,12 @@ def show(samples: list[Reading], last: int = 8) -> str:
     return ", ".join("absent" if r.value is None else f"{r.value:g}" for r in samples[-last:])
 
 
+def check_metrics_host(params: MetricParams, host_name: str, host: Host) -> str | None:
+    if params.url is None and host.metrics is None:
+        return f"no metrics URL: set `metrics` on host {host_name} or `url` on the step"
+    return None
+
+
 class BaselineParams(MetricParams):
     storm: bool | StormParams = False
     within_s: float = Field(default=20.0, gt=0)
@@ -122,6 +128,12 @@ class Baseline(Step):
     kind = "baseline"
     Params = BaselineParams
     params: BaselineParams
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        storm_params = self.storm_params()
+        if storm_params is not None and storm_params.url is None and host.endpoint is None:
+            return f"no storm URL: set `endpoint` on host {host_name} or `storm: {{url: ...}}` on the step"
+        return check_metrics_host(self.params, host_name, host)
 
     def storm_params(self) -> StormParams | None:
         chosen = self.params.storm
@@ -165,6 +177,9 @@ class Drain(Step):
     kind = "drain"
     Params = DrainParams
     params: DrainParams
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        return check_metrics_host(self.params, host_name, host)
 
     def plan(self, ctx: Context) -> list[Action]:
         return [Action(f"poll {describe(self.params)} at {metrics_url(ctx, self.params, self.name)} every "

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 
-from deployer.config import Service, Strict, resolve_env
+from deployer.config import Host, Service, Strict, resolve_env
 from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
@@ -161,9 +161,13 @@ class SystemdManager(Manager):
 
 
 def manager(ctx: Context, name: str, step: Step) -> Manager:
+    return manager_for(ctx, name, step.name, step.timeout_s)
+
+
+def manager_for(ctx: Context, name: str, step: str = "status", timeout: float = 60.0) -> Manager:
     service = ctx.host.services[name]
     cls = SystemdManager if service.systemd else CommandManager
-    return cls(ctx, name, service, step.name, step.timeout_s)
+    return cls(ctx, name, service, step, timeout)
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -185,6 +189,15 @@ class CoRestart(Step):
     kind = "co_restart"
     Params = CoRestartParams
     params: CoRestartParams
+    after = ("commit",)
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        names = self.params.services if self.params.services is not None else list(host.services)
+        unknown = [n for n in names if n not in host.services]
+        if unknown or not names:
+            return (f"host {host_name} defines no service {', '.join(unknown) or '(none)'} "
+                    f"(it has: {', '.join(host.services) or 'none'})")
+        return None
 
     def names(self, ctx: Context) -> list[str]:
         names = self.params.services if self.params.services is not None else list(ctx.host.services)
@@ -210,6 +223,13 @@ class CoRestart(Step):
         for m in reversed(managers):
             how = m.stop()
             ctx.emit("service_stopped", service=m.name, pid=old[m.name], how=how)
+        for m in managers:
+            # Something deployer does not know about (started by hand, no pid file) still serving
+            # would answer the health check for the new process, which could not even bind.
+            if m.service.health and http_status(ctx.transport.reach(m.service.health)) == 200:
+                raise m.fail(f"{m.service.health} still answers after the stop, so another process serves it "
+                             f"(pid {old[m.name] or 'unknown: started outside deployer'}); stop it once by hand "
+                             "or give the service a `stop` command")
         new: dict[str, int | None] = {}
         for m in managers:
             ctx.cancel.check()
@@ -217,10 +237,12 @@ class CoRestart(Step):
             new[m.name] = self._wait_healthy(ctx, m)
             ctx.emit("service_started", service=m.name, pid=new[m.name])
         ctx.emit("restart", pids={n: {"old": old[n], "new": new[n]} for n in old})
-        ctx.facts["pids"] = {n: f"{old[n]} -> {new[n]}" for n in old}
+        ctx.facts["pids"] = {n: {"old": old[n], "new": new[n]} for n in old}
         for m in managers:
             if new[m.name] is None or new[m.name] == old[m.name]:
                 raise m.fail(f"PID did not change ({old[m.name]} -> {new[m.name]}): the restart did not happen")
+            if m.pid() != new[m.name]:
+                raise m.fail(f"pid {new[m.name]} exited right after its health check passed")
         return ", ".join(f"{n} {old[n]}->{new[n]}" for n in old)
 
     def _wait_healthy(self, ctx: Context, m: Manager) -> int | None:
