@@ -13,7 +13,6 @@ from types import FrameType
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 
 from deployer import lock as locks
 from deployer import rollback as rollbacks
@@ -117,7 +116,7 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
     report(console, result, as_json)
 
 
-def report(console: Console, result: RunResult, as_json: bool) -> None:
+def report(console: ui.Console, result: RunResult, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(ui.result_json(result), indent=1))
     else:
@@ -309,6 +308,8 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         if state is None:
             click.echo(f"{host_name}: not locked")
             return
+        if not state.stale:
+            ui.show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
         locks.force_release(transport, git_dir)
     run_id = runlog.new_run_id()
     log = runlog.RunLogWriter(runlog.runs_dir_from(runs_dir), run_id)

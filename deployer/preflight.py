@@ -78,7 +78,11 @@ def _missing_dirs(ctx: Context, dest: str) -> list[str]:
 def apply_patch_here(ctx: Context, patch: bytes) -> dict[str, bytes]:
     """Apply the patch to copies of the target's files here, to learn the exact new bytes."""
     with tempfile.TemporaryDirectory(prefix="deployer-patch-") as tmp:
-        listed = _git_apply(["--numstat", "-z", "-"], patch, tmp)
+        try:
+            listed = _git_apply(["--numstat", "-z", "-"], patch, tmp)
+        except StepFailed as exc:  # not a patch at all: the playbook's input is wrong, not the target
+            raise ConfigError(f"{ctx.playbook.model.patch}: not a patch git can read: "
+                              f"{exc.stderr_tail.strip()}") from None
         paths = [entry.split("\t", 2)[2] for entry in listed.split("\0") if entry.count("\t") == 2]
         if not paths:
             raise ConfigError(f"{ctx.playbook.model.patch}: the patch changes no files")
@@ -106,6 +110,7 @@ def _git_apply(args: list[str], patch: bytes, cwd: str, failure: str = "invalid 
     proc = subprocess.run(["git", "apply", *args], input=patch, cwd=cwd, capture_output=True,
                           timeout=60, check=False)
     if proc.returncode != 0:
-        raise StepFailed(STEP, failure, command="git apply " + " ".join(args), exit_code=proc.returncode,
+        raise StepFailed(STEP, failure, command="git apply " + " ".join(args) + "  (run here, on copies of the "
+                         "target's files)", exit_code=proc.returncode,
                          stderr_tail=proc.stderr.decode(errors="replace"))
     return proc.stdout.decode(errors="replace")

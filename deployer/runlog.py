@@ -125,7 +125,13 @@ class Run:
     @property
     def git(self) -> dict[str, Any]:
         end = self.end
-        return dict(end.get("git") or {}) if end else {}
+        if end:
+            return dict(end.get("git") or {})
+        # A killed run has no run_end; its preflight still says where HEAD was.
+        preflight = self.first("preflight")
+        commit = self.first("commit")
+        return {"before": preflight.get("head") if preflight else None,
+                "after": commit.get("commit") if commit else None}
 
 
 def read_run(runs_dir: Path, run_id: str) -> Run:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
 from rich.live import Live
 from rich.markup import escape
 from rich.syntax import Syntax

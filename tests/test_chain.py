@@ -294,3 +294,10 @@ def test_hostile_names_reach_the_target_literally(target: Project, tmp_path: Pat
     assert git(repo, "log", "-1", "--format=%B").startswith(message)
     assert git(repo, "diff", "--name-only", "HEAD~1", "HEAD").strip() == dest
     assert not list(tmp_path.rglob(marker)) and not (Path.cwd() / marker).exists()
+
+
+def test_a_file_that_is_not_a_patch_is_a_config_error(target: Project) -> None:
+    target.write("fix/b.diff", "this is not a diff\n")
+    target.playbook(patch="fix/b.diff", steps=["upload"])
+    result = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert result.returncode == 2 and "not a patch git can read" in result.stderr
