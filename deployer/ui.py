@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
@@ -175,17 +176,22 @@ def show_error(message: str) -> None:
     make_console(stderr=True).print(f"error: {message}", markup=False, highlight=False, style="red")
 
 
+def columns(console: Console, header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """Plain padded columns: ids stay whole and copyable, and grep and cut work on the output."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)] + [row[-1]]
+        console.print("  ".join(cells).rstrip(), markup=False, highlight=False, soft_wrap=True)
+
+
 def show_runs(console: Console, runs: list[Run]) -> None:
-    table = Table(box=None, pad_edge=False)
-    for name in ("run", "status", "host", "playbook", "commit", "kind"):
-        table.add_column(name, no_wrap=name == "run")
+    rows = []
     for run in runs:
         start = run.start
-        after = run.git.get("after") or ""
-        kind = "rollback of " + str(start["rollback_of"]) if start.get("rollback_of") else "apply"
-        table.add_row(*map(Text, (run.run_id, run.status, str(start.get("host", "")),
-                                  str(start.get("playbook_name", "")), str(after)[:12], kind)))
-    console.print(table)
+        kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
+        rows.append((run.run_id, run.status, str(start.get("host", "")), str(run.git.get("after") or "-")[:12],
+                     kind, str(start.get("playbook_name", ""))))
+    columns(console, ("run", "status", "host", "commit", "kind", "playbook"), rows)
 
 
 def show_run(console: Console, run: Run) -> None:
@@ -210,12 +216,9 @@ def show_run(console: Console, run: Run) -> None:
 
 
 def show_deploys(console: Console, deploys: list[Deploy]) -> None:
-    table = Table(box=None, pad_edge=False)
-    for name in ("commit", "date", "run", "rollback of", "subject"):
-        table.add_column(name, no_wrap=name in ("run", "rollback of"))
-    for d in deploys:
-        table.add_row(*map(Text, (d.commit[:12], d.date, d.run_id, d.rollback_of or "-", d.subject)))
-    console.print(table)
+    rows = [(d.commit[:12], d.date[:16].replace("T", " "), d.run_id, d.rollback_of or "-", d.subject)
+            for d in deploys]
+    columns(console, ("commit", "date", "run", "rollback of", "subject"), rows)
 
 
 def show_demo(console: Console, outcome: DemoOutcome) -> None:

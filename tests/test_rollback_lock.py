@@ -181,6 +181,7 @@ def test_a_secret_never_appears_in_logs_output_or_errors(stack: Stack) -> None:
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 5
     assert "***" in result.stderr and "service prefill" in result.stderr
+    assert "HF_TOKEN=***" in plan.stdout  # the plan shows the start command's environment, masked
     for text in (plan.stdout, plan.stderr, result.stdout, result.stderr):
         assert SECRET not in text
     for path in Path(project.runs).rglob("*"):

@@ -22,11 +22,12 @@ class Action:
     what: str
     argv: tuple[str, ...] | None = None
     cwd: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
     def render(self) -> str:
         if self.argv is None:
             return self.what
-        return f"{self.what}: {shell_line(self.argv, cwd=self.cwd)}"
+        return f"{self.what}: {shell_line(self.argv, cwd=self.cwd, env=dict(self.env))}"
 
 
 class Step(ABC):

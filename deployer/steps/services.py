@@ -87,7 +87,11 @@ class CommandManager(Manager):
                        f"KILL after {self.service.stop_grace_s:g}s")]
 
     def start_actions(self) -> list[Action]:
-        return [Action(f"start {self.name} (log {self.logfile})", self.launch_argv(), self.cwd)]
+        return [Action(f"start {self.name} (log {self.logfile})", self.launch_argv(), self.cwd,
+                       tuple(self.env().items()))]
+
+    def env(self) -> dict[str, str]:
+        return resolve_env({**self.ctx.host.env, **self.service.env})
 
     def stop(self) -> str:
         pid = self.pid()
@@ -122,8 +126,8 @@ class CommandManager(Manager):
 
     def start(self) -> None:
         self.ctx.check(("mkdir", "-p", "--", self.ctx.state_dir()), "cannot create deployer's state dir")
-        env = resolve_env({**self.ctx.host.env, **self.service.env})
-        self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=env, timeout=self.timeout)
+        self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=self.env(),
+                       timeout=self.timeout)
 
     def log_tail(self) -> str:
         return self.ctx.run(("tail", "-c", "3000", "--", self.logfile), timeout=30).out
