@@ -28,7 +28,7 @@ def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:
     base = path.parent
     sources: dict[str, bytes] = {}
     for i, spec in enumerate(model.files):
-        sources[spec.dest] = _read(base / spec.src, doc.mark(("files", i, "src")), f"files[{i}].src")
+        sources[spec.dest] = _read(base / spec.src, doc.mark(("files", i, "src")), f"files.{i}.src")
     patch = _read(base / model.patch, doc.mark(("patch",)), "patch") if model.patch else None
     return LoadedPlaybook(path=path, raw=path.read_bytes(), model=model, sources=sources, patch=patch), steps
 

@@ -75,7 +75,7 @@ def test_files_and_patch_are_exclusive(tmp_path: Path) -> None:
 
 def test_missing_source_file_points_at_src(tmp_path: Path) -> None:
     path = write(tmp_path, "name: x\nfiles:\n  - src: nope.py\n    dest: a.py\nsteps: [upload]\n")
-    assert error_of(path).startswith(f"{path}:3:10: files[0].src: cannot read")
+    assert error_of(path).startswith(f"{path}:3:10: files.0.src: cannot read")
 
 
 def test_inventory_errors(tmp_path: Path) -> None:
