@@ -82,14 +82,18 @@ def test_a_stop_that_ignores_term_is_killed_after_the_grace_period(stack: Stack)
     assert stopped["how"] == "killed after 1.5s grace"
 
 
+def start_services(project: Project) -> None:
+    restart_only(project)
+    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+
+
 def drain_playbook(project: Project, **drain: Any) -> None:
     project.playbook(steps=[{"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 10, **drain}}])
 
 
 def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
     project = stack.project
-    restart_only(project)
-    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    start_services(project)
     drain_playbook(project)
     timer = threading.Timer(1.0, stack.set_gauge, args=(0.0,))
     timer.start()
@@ -104,8 +108,7 @@ def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
 
 def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
     project = stack.project
-    restart_only(project)
-    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    start_services(project)
     drain_playbook(project, metric="sglang:no_such_gauge", within_s=1.5)
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
@@ -114,8 +117,7 @@ def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
 
 def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     project = stack.project
-    restart_only(project)
-    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    start_services(project)
     drain_playbook(project, within_s=1.5, labels={"tp_rank": "0"})
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
@@ -124,8 +126,7 @@ def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
 
 def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> None:
     project = stack.project
-    restart_only(project)
-    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    start_services(project)
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=["local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
                             "co_restart",

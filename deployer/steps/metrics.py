@@ -111,10 +111,13 @@ def show(samples: list[Reading], last: int = 8) -> str:
     return ", ".join("absent" if r.value is None else f"{r.value:g}" for r in samples[-last:])
 
 
-def check_metrics_host(params: MetricParams, host_name: str, host: Host) -> str | None:
-    if params.url is None and host.metrics is None:
-        return f"no metrics URL: set `metrics` on host {host_name} or `url` on the step"
-    return None
+class MetricStep(Step):
+    params: MetricParams
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        if self.params.url is None and host.metrics is None:
+            return f"no metrics URL: set `metrics` on host {host_name} or `url` on the step"
+        return None
 
 
 class BaselineParams(MetricParams):
@@ -122,7 +125,7 @@ class BaselineParams(MetricParams):
     within_s: float = Field(default=20.0, gt=0)
 
 
-class Baseline(Step):
+class Baseline(MetricStep):
     """Record the metric before the fix (after a storm, to show the symptom); it gates nothing."""
 
     kind = "baseline"
@@ -133,7 +136,7 @@ class Baseline(Step):
         storm_params = self.storm_params()
         if storm_params is not None and storm_params.url is None and host.endpoint is None:
             return f"no storm URL: set `endpoint` on host {host_name} or `storm: {{url: ...}}` on the step"
-        return check_metrics_host(self.params, host_name, host)
+        return super().check_host(host_name, host)
 
     def storm_params(self) -> StormParams | None:
         chosen = self.params.storm
@@ -171,15 +174,12 @@ class DrainParams(MetricParams):
     within_s: float = Field(default=60.0, gt=0)
 
 
-class Drain(Step):
+class Drain(MetricStep):
     """The symptom must be gone: the metric meets the bound over consecutive polls in time."""
 
     kind = "drain"
     Params = DrainParams
     params: DrainParams
-
-    def check_host(self, host_name: str, host: Host) -> str | None:
-        return check_metrics_host(self.params, host_name, host)
 
     def plan(self, ctx: Context) -> list[Action]:
         return [Action(f"poll {describe(self.params)} at {metrics_url(ctx, self.params, self.name)} every "
