@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -69,14 +70,16 @@ def main() -> None:
 
 @contextmanager
 def cancel_on_signals(token: CancelToken) -> Iterator[None]:
-    """First SIGINT/SIGTERM: stop at the next safe point. A second one: stop now."""
+    """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now."""
     def handler(signum: int, frame: FrameType | None) -> None:
         if token.cancelled:
             raise KeyboardInterrupt
         token.cancel(f"interrupted by {signal.Signals(signum).name}")
-        ui.show_error(f"{signal.Signals(signum).name}: stopping at the next safe point (again to force)")
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            ui.show_error(f"{signal.Signals(signum).name}: stopping at the next safe point (again to force)")
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: a closed terminal or a dropped ssh session must not skip the restore.
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

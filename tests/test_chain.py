@@ -252,7 +252,7 @@ def test_json_summary(target: Project) -> None:
     assert summary["status"] == "successful" and summary["git"]["after"] == target.head()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project, signum: int) -> None:
     slow = target.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
