@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -208,3 +209,22 @@ def systemd_restarts(project: Project, units: Path) -> None:
     assert calls[-2:] == ["stop", "start"]
     restart = next(e for e in events(project) if e["type"] == "restart")
     assert restart["pids"]["decode"] == {"old": old, "new": new}
+
+
+def test_a_recycled_pid_in_a_stale_pid_file_is_never_signalled(stack: Stack) -> None:
+    project = stack.project
+    start_services(project)
+    state = project.repo / ".git" / "deployer"
+    os.killpg(int((state / "prefill.pid").read_text()), signal.SIGKILL)
+    # The dead service's number now names an unrelated process (a recycled PID).
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (state / "prefill.pid").write_text(f"{bystander.pid}\n")
+        result = project.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode == 0, result.stderr
+        assert bystander.poll() is None, "deployer signalled a process that was not its service"
+        restart = next(e for e in events(project) if e["type"] == "restart")
+        assert restart["pids"]["prefill"]["old"] is None
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -75,10 +75,25 @@ class CommandManager(Manager):
         assert self.service.start is not None
         return ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, *self.service.start)
 
+    @property
+    def startfile(self) -> str:
+        return posixpath.join(self.ctx.state_dir(), f"{self.name}.started")
+
     def pid(self) -> int | None:
         raw = self.ctx.transport.get(self.pidfile)
         text = raw.decode(errors="replace").strip() if raw else ""
-        return int(text) if text.isdigit() and self.alive(int(text)) else None
+        if not text.isdigit() or not self.alive(int(text)):
+            return None
+        recorded = self.ctx.transport.get(self.startfile)
+        if recorded is not None and recorded.decode(errors="replace").strip() != self._started_at(int(text)):
+            return None  # the pid file outlived its process and the number now names another one
+        return int(text)
+
+    def _started_at(self, pid: int) -> str:
+        """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or ''."""
+        stat = self.ctx.run(("cat", f"/proc/{pid}/stat"), timeout=30, quiet=True)
+        fields = stat.out.rsplit(")", 1)[-1].split()  # the command name may hold spaces and parens
+        return fields[19] if stat.ok and len(fields) > 19 else ""
 
     def stop_actions(self) -> list[Action]:
         if self.service.stop:
@@ -126,8 +141,10 @@ class CommandManager(Manager):
 
     def start(self) -> None:
         self.ctx.check(("mkdir", "-p", "--", self.ctx.state_dir()), "cannot create deployer's state dir")
-        self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=self.env(),
-                       timeout=self.timeout)
+        launched = self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=self.env(),
+                                  timeout=self.timeout).out.strip()
+        if launched.isdigit():  # remembered so a recycled PID is never mistaken for the service
+            self.ctx.transport.put(self._started_at(int(launched)).encode(), self.startfile)
 
     def log_tail(self) -> str:
         return self.ctx.run(("tail", "-c", "3000", "--", self.logfile), timeout=30).out
