@@ -138,14 +138,7 @@ def read_run(runs_dir: Path, run_id: str) -> Run:
     path = runs_dir / run_id / EVENTS
     if not path.is_file():
         raise ConfigError(f"no run {run_id!r} in {runs_dir} (see 'deployer runs list')")
-    run = Run(run_id, path.parent)
-    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
-        try:
-            run.events.append(json.loads(raw))
-        except json.JSONDecodeError:
-            # A torn last line (the process was killed mid-write) must not hide the rest.
-            run.events.append({"type": "unparseable", "line": number})
-    return run
+    return Run(run_id, path.parent, _events(path.read_bytes()))
 
 
 def list_runs(runs_dir: Path) -> list[Run]:
@@ -188,7 +181,27 @@ def verify(runs_dir: Path, run_id: str) -> list[str]:
         prev = _line_hash(line)
     if not saw_end:
         problems.append("no run_end event: the log was truncated, or the run was killed before it ended")
-    return problems
+    return problems + _check_links(runs_dir, run_id, data)
+
+
+def _check_links(runs_dir: Path, run_id: str, data: bytes) -> list[str]:
+    """Lines after run_end (rollback links) have no later line to vouch for them; the rollback runs do."""
+    linked = {str(e.get("by")) for e in _events(data) if e.get("type") == "rolled_back_by"}
+    return [f"run {run.run_id} rolled this run back, but the rolled_back_by line for it is missing "
+            "(removed from the end of the log?)"
+            for run in list_runs(runs_dir)
+            if run.start.get("rollback_of") == run_id and run.end is not None and run.run_id not in linked]
+
+
+def _events(data: bytes) -> list[dict[str, Any]]:
+    events = []
+    for number, line in enumerate(data.splitlines(), 1):
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            # A torn last line (the process was killed mid-write) must not hide the rest.
+            events.append({"type": "unparseable", "line": number})
+    return events
 
 
 def _check_artifact(directory: Path, event: dict[str, Any]) -> list[str]:

@@ -64,6 +64,12 @@ def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stac
     assert f"rollback of run {applied}" in project.deployer("runs", "show", rollback_id).stdout
     assert project.deployer("runs", "verify", applied).returncode == 0
     assert project.deployer("runs", "verify", rollback_id).returncode == 0
+    original = project.runs / applied / "events.jsonl"
+    lines = original.read_text().splitlines(keepends=True)
+    original.write_text("".join(lines[:-1]))  # drop the rolled_back_by line at the very end
+    cut = project.deployer("runs", "verify", applied)
+    assert cut.returncode == 5 and "rolled_back_by line for it is missing" in cut.stderr
+    original.write_text("".join(lines))
 
     listed = project.deployer("rollback", "--host", "box", "--list", "--json")
     deploys = json.loads(listed.stdout)
