@@ -228,3 +228,29 @@ def test_a_recycled_pid_in_a_stale_pid_file_is_never_signalled(stack: Stack) -> 
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    members.append(int(entry.name))
+    return members
+
+
+def test_a_stop_reaches_the_services_child_processes(stack: Stack) -> None:
+    project = stack.project
+    prefill = stack.service("prefill")
+    # A worker child beside the server, like SGLang's scheduler processes.
+    prefill["start"] = ["sh", "-c", 'sleep 777 & exec "$@"', "sh", *prefill["start"]]
+    stack.configure(prefill=prefill)
+    start_services(project)
+    leader = stack.pids()["prefill"]
+    members = group_members(leader)
+    assert len(members) == 2, members  # the server and its sleeping child
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    assert all(wait_dead(pid) for pid in members)

@@ -50,8 +50,8 @@ class Manager(ABC):
     @abstractmethod
     def log_tail(self) -> str: ...
 
-    def alive(self, pid: int) -> bool:
-        return self.ctx.run(("kill", "-0", str(pid)), timeout=30).ok
+    @abstractmethod
+    def alive(self, pid: int) -> bool: ...
 
     def fail(self, message: str) -> StepFailed:
         return StepFailed(self.step, f"service {self.name}: {message}",
@@ -91,9 +91,8 @@ class CommandManager(Manager):
 
     def _started_at(self, pid: int) -> str:
         """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or ''."""
-        stat = self.ctx.run(("cat", f"/proc/{pid}/stat"), timeout=30, quiet=True)
-        fields = stat.out.rsplit(")", 1)[-1].split()  # the command name may hold spaces and parens
-        return fields[19] if stat.ok and len(fields) > 19 else ""
+        fields = self._proc_fields(pid) or []
+        return fields[19] if len(fields) > 19 else ""
 
     def stop_actions(self) -> list[Action]:
         if self.service.stop:
@@ -129,8 +128,21 @@ class CommandManager(Manager):
 
     def _signal(self, sig: str, pid: int) -> ExecResult:
         # The service leads its own process group (setsid): signal the group, so workers die too.
-        result = self.ctx.run(("kill", f"-{sig}", "--", f"-{pid}"), timeout=30)
-        return result if result.ok else self.ctx.run(("kill", f"-{sig}", str(pid)), timeout=30)
+        # `-s SIG --` is the one spelling every kill accepts (dash's builtin rejects `-TERM -- -PID`).
+        result = self.ctx.run(("kill", "-s", sig, "--", f"-{pid}"), timeout=30)
+        return result if result.ok else self.ctx.run(("kill", "-s", sig, "--", str(pid)), timeout=30)
+
+    def alive(self, pid: int) -> bool:
+        """Running and not a zombie: an unreaped orphan must not make a stop wait out its grace."""
+        fields = self._proc_fields(pid)
+        if fields is None:  # gone, or a target without /proc: ask kill
+            return self.ctx.run(("kill", "-0", str(pid)), timeout=30).ok
+        return bool(fields) and fields[0] != "Z"
+
+    def _proc_fields(self, pid: int) -> list[str] | None:
+        """/proc/PID/stat after the command name (which may hold spaces and parens), or None."""
+        stat = self.ctx.run(("cat", f"/proc/{pid}/stat"), timeout=30, quiet=True)
+        return stat.out.rsplit(")", 1)[-1].split() if stat.ok else None
 
     def _wait_gone(self, pid: int, seconds: float) -> None:
         deadline = time.monotonic() + seconds
