@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import os
@@ -31,6 +32,22 @@ Connector = Callable[[EventBus], Transport]
 
 def operator_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def release(lock: DeployLock | None, transport: Transport, bus: EventBus) -> str | None:
+    """Release the lock and close the connection; never raises, says what it had to leave."""
+    left = None
+    if lock is not None:
+        try:
+            lock.release()
+            bus.emit("lock_released", path=lock.path)
+        except DeployerError as exc:
+            bus.emit("lock_release_failed", path=lock.path, error=str(exc))
+            left = (f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
+                    f"remove it with: deployer lock release --host {bus.host} --force")
+    with contextlib.suppress(Exception):
+        transport.close()
+    return left
 
 
 def target_state(ctx: Context) -> str:
@@ -176,6 +193,7 @@ class Engine:
         log.attach("playbook.yaml", bus.masker(self.playbook.raw.decode("utf-8", "replace")).encode())
         ctx: Context | None = None
         lock: DeployLock | None = None
+        left: str | None = None
         status, exit_code, error = "successful", 0, None
         try:
             transport = self.connect(bus)
@@ -186,16 +204,16 @@ class Engine:
                 lock = self._lock(ctx)
                 body(ctx, log)
             finally:
-                try:
-                    if lock is not None:
-                        lock.release()
-                        bus.emit("lock_released", path=lock.path)
-                finally:
-                    transport.close()
+                # A lost connection fails the release too; that must not replace the body's failure.
+                left = release(lock, transport, bus)
+            if left:
+                raise DeployerError(left)
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
             status = "canceled" if isinstance(failure, Interrupted) else "failed"
             exit_code, error = failure.exit_code, bus.masker(str(failure))
+            if left and left not in error:
+                error += "\n" + left
         finally:
             bus.step = None
             git = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}

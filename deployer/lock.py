@@ -90,7 +90,8 @@ class DeployLock:
                                mode=0o600)
             self._beat()
         except BaseException:
-            self.transport.run(("rm", "-rf", "--", self.path), timeout=30)  # never leave a lock nobody holds
+            with contextlib.suppress(DeployerError):  # never leave a lock nobody holds, if we still can
+                self.transport.run(("rm", "-rf", "--", self.path), timeout=30)
             raise
         self._thread = threading.Thread(target=self._loop, name="deployer-heartbeat", daemon=True)
         self._thread.start()
@@ -110,7 +111,11 @@ class DeployLock:
             self._thread.join(timeout=35)
         # Only remove the lock if it is still ours (a forced release may have handed it on).
         current = self.transport.get(posixpath.join(self.path, "info.json"))
-        if current is not None and json.loads(current).get("run_id") == self.info.get("run_id"):
+        try:
+            holder = json.loads(current).get("run_id") if current is not None else None
+        except json.JSONDecodeError:
+            holder = None  # not ours to judge: leave it for `lock status` to show
+        if holder == self.info.get("run_id"):
             self.transport.run(("rm", "-rf", "--", self.path), timeout=30)
 
 

@@ -391,6 +391,9 @@ class CountingProxy:
             pass
 
     def close(self) -> None:
+        """Cut every relayed connection now, as a network failure would (shutdown wakes blocked reads)."""
         self._listener.close()
         for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,29 @@ def test_the_host_name_can_be_an_ssh_config_alias(target: Project, sshd: SSHD, t
     assert target.file("pkg/a.py") == FIXED_A
     connected = next(e for e in events(target) if e["type"] == "connected")
     assert connected["transport"]["extra"]["port"] == str(sshd.port)
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_cut_connection_says_exactly_what_it_left(target: Project, sshd: SSHD, tmp_path: Path) -> None:
+    proxy = CountingProxy(sshd.port)
+    known_hosts = tmp_path / "proxy_known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {sshd.host_pubkey_line}\n")
+    slow = target.write("venv/bin/python", f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    target.write_inventory(port=proxy.port, known_hosts=str(known_hosts), python=str(slow))
+    target.playbook()
+    proc = target.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        deadline = time.monotonic() + 30
+        while target.file("pkg/a.py") != FIXED_A:
+            assert time.monotonic() < deadline and proc.poll() is None, "the upload never landed"
+            time.sleep(0.02)
+        proxy.close()  # the network goes away mid-run: no restore is possible
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proxy.close()
+    assert proc.returncode == 6, out + err
+    assert "restoring the target failed" in err and "may hold the new bytes" in err
+    assert "deploy lock" in err and "was left on the target" in err
+    assert target.file("pkg/a.py") == FIXED_A  # what the message says it left, it left
+    assert (target.repo / ".git" / "deployer.lock").is_dir()
