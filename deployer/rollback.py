@@ -6,9 +6,9 @@ import posixpath
 from dataclasses import dataclass
 
 from deployer import diffs
-from deployer.context import Context
-from deployer.engine import Engine, FilePlan, PlanReport, RunResult
-from deployer.errors import ConfigError, RollbackFailed, StepFailed
+from deployer.context import CancelToken, Context
+from deployer.engine import Engine, FilePlan, PlanReport, RunResult, target_state
+from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed
 from deployer.lock import read_state
 from deployer.runlog import Run, RunLogWriter
 from deployer.steps.base import Action
@@ -49,10 +49,18 @@ def check(ctx: Context, target: Target, *, force: bool) -> None:
         raise StepFailed(STEP, f"commit {target.after[:12]} is not in the history of {ctx.repo} on "
                          f"{ctx.host_name}; it was never deployed there, or the history was rewritten")
     changed = ctx.run(("git", "diff", "--name-only", target.after, "--", *target.files), timeout=30).out.split()
+    if changed and already_reverted(ctx, target):
+        return  # an earlier rollback of this run got as far as its commit: finish its restart and checks
     if changed and not force:
         raise StepFailed(STEP, f"{', '.join(changed)} changed on the target since run's commit "
                          f"{target.after[:12]} (later commits or local edits); rolling back would discard "
                          "them. Check with git log there, or pass --force")
+
+
+def already_reverted(ctx: Context, target: Target) -> bool:
+    """The run's files already hold their content from before the run (work tree and HEAD)."""
+    return ctx.run(("git", "diff", "--quiet", target.before, "--", *target.files), timeout=30).ok and \
+        ctx.run(("git", "diff", "--quiet", target.before, "HEAD", "--", *target.files), timeout=30).ok
 
 
 def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
@@ -62,12 +70,14 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         ctx.git_before = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
         check(ctx, target, force=force)
         ctx.facts["files"] = target.files
+        # From here the rollback must finish: the first signal no longer stops it (a second forces).
+        ctx.cancel = CancelToken()
         try:
             ctx.git_after = engine.revert(ctx, before=target.before, dests=target.files,
                                           rollback_of=run.run_id, verify_kinds=VERIFY_KINDS)
-        except StepFailed as exc:
-            raise RollbackFailed(f"{exc}\nThe target's HEAD is now "
-                                 f"{ctx.run(('git', 'rev-parse', 'HEAD'), timeout=30).out.strip()}") from None
+        except DeployerError as exc:
+            raise RollbackFailed(f"{exc}\n{target_state(ctx)}\nRun the rollback again to finish it: "
+                                 f"deployer rollback {run.run_id}") from None
 
     result = engine.execute(body, rollback_of=run.run_id)
     link = RunLogWriter.reopen(run.dir.parent, run.run_id)

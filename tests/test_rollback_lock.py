@@ -222,3 +222,20 @@ def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
     assert not (project.repo / ".git" / "deployer.lock").exists()
     end = next(e for e in events(project) if e["type"] == "run_end")
     assert end["status"] == "canceled" and end["facts"]["rollback_commit"] == project.head()
+
+
+def test_a_rollback_that_was_cut_off_after_its_commit_can_be_finished(stack: Stack) -> None:
+    project = stack.project
+    project.playbook(steps=FULL_STEPS)
+    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    applied = newest_run(project)
+    # What a rollback killed between its revert commit and its restart leaves behind.
+    before = json.loads((project.runs / applied / "events.jsonl").read_text().splitlines()[-1])["git"]["before"]
+    git(project.repo, "checkout", before, "--", "pkg/a.py")
+    git(project.repo, "commit", "-q", "-m", "half-done rollback", "--", "pkg/a.py")
+    head, pids = project.head(), stack.pids()
+    finished = project.deployer("rollback", applied)
+    assert finished.returncode == 0, finished.stderr
+    assert project.head() == head  # nothing left to commit ...
+    assert all(stack.pids()[n] != pids[n] for n in pids)  # ... but the restart and checks ran
+    assert project.file("pkg/a.py") == ORIGINAL_A

@@ -166,7 +166,11 @@ class Commit(Step):
 
 
 def revert_files(ctx: Context, before: str, dests: Sequence[str], message: str, timeout: float = 60.0) -> str:
-    """A new commit that gives dests their content at `before` (removing those absent there)."""
+    """A new commit that gives dests their content at `before` (removing those absent there).
+
+    When HEAD already has that content (an interrupted rollback got that far), HEAD is returned."""
+    if ctx.run(("git", "diff", "--quiet", before, "HEAD", "--", *dests), timeout=timeout).ok:
+        return ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
     existed = [d for d in dests
                if ctx.run(("git", "cat-file", "-e", f"{before}:{d}"), timeout=timeout).ok]
     absent = [d for d in dests if d not in existed]
