@@ -107,3 +107,14 @@ def test_a_cut_connection_says_exactly_what_it_left(target: Project, sshd: SSHD,
     assert "deploy lock" in err and "was left on the target" in err
     assert target.file("pkg/a.py") == FIXED_A  # what the message says it left, it left
     assert (target.repo / ".git" / "deployer.lock").is_dir()
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_corrupt_known_hosts_line_is_a_config_error(target: Project, sshd: SSHD, tmp_path: Path) -> None:
+    broken = tmp_path / "broken_known_hosts"
+    broken.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 AAAA!!!notbase64\n")
+    target.write_inventory(known_hosts=str(broken))
+    target.playbook()
+    result = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert result.returncode == 2, result.stderr
+    assert "cannot read known_hosts" in result.stderr and "Traceback" not in result.stderr

@@ -184,8 +184,9 @@ class SSHTransport(Transport):
         try:
             if os.path.exists(self._known_hosts):
                 keys.load(self._known_hosts)
-        except (OSError, paramiko.SSHException) as exc:
-            raise ConfigError(f"{self.name}: cannot read known_hosts {self._known_hosts}: {exc}") from exc
+        except (OSError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as exc:
+            raise ConfigError(f"{self.name}: cannot read known_hosts {self._known_hosts}: "
+                              f"{type(exc).__name__}: {exc}; fix or remove the bad line") from exc
         client.set_missing_host_key_policy(
             _HostKeyGate(lambda entry, key: self._missing_host_key(ep, entry, key)))
 
@@ -919,16 +920,17 @@ def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     user: str | None = None
     if "@" in spec:
         user, spec = spec.rsplit("@", 1)
-    port: int | None = None
+    port_text = ""
     if spec.startswith("["):
         host, _, rest = spec[1:].partition("]")
-        if rest.startswith(":"):
-            port = int(rest[1:])
+        port_text = rest[1:] if rest.startswith(":") else ""
     elif spec.count(":") == 1:
         host, port_text = spec.split(":")
-        port = int(port_text)
     else:
         host = spec
+    if port_text and not port_text.isdigit():
+        raise ConfigError(f"cannot parse the ProxyJump port in {spec!r}")
+    port = int(port_text) if port_text else None
     if not host:
         raise ConfigError(f"cannot parse ProxyJump host {spec!r}")
     return user, host, port
