@@ -87,12 +87,18 @@ def cancel_on_signals(token: CancelToken) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def pin_notice(event: dict[str, Any]) -> None:
+    """Pinning a host key is an explicit choice: say so on every command, not only in run logs."""
+    if event.get("type") == "host_key_pinned":
+        ui.show_error(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
+
+
 def build_engine(playbook_path: str, host_name: str, inventory: str | None, runs_dir: str | None,
                  accept_new_host_key: bool, allow_dirty: bool = False) -> Engine:
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     playbook, steps = load_playbook(Path(playbook_path))
-    return Engine(host_name=host_name, host=host, playbook=playbook, steps=steps,
+    return Engine(host_name=host_name, host=host, playbook=playbook, steps=steps, listeners=[pin_notice],
                   runs_dir=runlog.runs_dir_from(runs_dir), allow_dirty=allow_dirty,
                   connect=lambda bus: open_transport(host_name, host, bus,
                                                      accept_new_host_key=accept_new_host_key))
@@ -221,7 +227,7 @@ def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | 
     copy = run.dir / "playbook.yaml"
     model, steps, _ = parse_playbook(copy)
     loaded = LoadedPlaybook(path=copy, raw=copy.read_bytes(), model=model, sources={}, patch=None)
-    return Engine(host_name=host_name, host=host, playbook=loaded, steps=steps,
+    return Engine(host_name=host_name, host=host, playbook=loaded, steps=steps, listeners=[pin_notice],
                   runs_dir=runlog.runs_dir_from(runs_dir),
                   connect=lambda bus: open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key))
 
@@ -256,6 +262,7 @@ def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) 
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     bus = EventBus(Masker(host.secrets()), host_name)
+    bus.listeners.append(pin_notice)
     return host, open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key)
 
 

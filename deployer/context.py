@@ -148,6 +148,8 @@ class Context:
 
     def failure(self, what: str, result: ExecResult) -> StepFailed:
         detail = result.err if result.err.strip() else result.out
+        if result.timed_out:
+            what = f"{what}: did not finish within {result.duration_s:.0f}s, killed"
         return StepFailed(self.bus.step or "?", self.bus.masker(what),
                           command=self.shown(result.argv), exit_code=result.exit_code,
                           stderr_tail=self.bus.masker(tail(detail, 1500)), timed_out=result.timed_out)

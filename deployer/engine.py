@@ -329,7 +329,14 @@ class Engine:
         revert = revert_files(ctx, before, dests, message)
         ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
         ctx.facts["rollback_commit"] = revert
-        for step in (s for s in self.steps if s.kind in verify_kinds):
-            self.run_step(ctx, step, f"rollback:{step.name}")
+        forward_pids = ctx.facts.pop("pids", None)
+        try:
+            for step in (s for s in self.steps if s.kind in verify_kinds):
+                self.run_step(ctx, step, f"rollback:{step.name}")
+        finally:  # both restarts stay in the record: the run's own, and the rollback's
+            if "pids" in ctx.facts:
+                ctx.facts["rollback_pids"] = ctx.facts.pop("pids")
+            if forward_pids is not None:
+                ctx.facts["pids"] = forward_pids
         ctx.bus.step = None
         return revert

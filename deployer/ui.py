@@ -27,7 +27,6 @@ NOTICES = {
                           f"removed {', '.join(e['removed']) or 'nothing'}; HEAD {str(e['head'])[:12]}"),
     "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} their content "
                            f"at {e['restores'][:12]}"),
-    "host_key_pinned": lambda e: f"[host key] pinned {e['entry']} {e['key_type']} {e['fingerprint']}",
 }
 
 
@@ -147,8 +146,8 @@ def show_result(console: Console, result: RunResult) -> None:
     console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
 
 
-def pid_text(facts: dict[str, Any]) -> str:
-    return ", ".join(f"{name} {p['old']} -> {p['new']}" for name, p in facts.get("pids", {}).items())
+def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
+    return ", ".join(f"{name} {p['old']} -> {p['new']}" for name, p in facts.get(key, {}).items())
 
 
 def fact_lines(facts: dict[str, Any]) -> list[str]:
@@ -169,6 +168,8 @@ def fact_lines(facts: dict[str, Any]) -> list[str]:
         lines.append(f"restored to pre-run bytes: {', '.join(facts['restored'])}")
     if facts.get("rollback_commit"):
         lines.append(f"rollback commit: {facts['rollback_commit']}")
+    if facts.get("rollback_pids"):
+        lines.append(f"pids after the rollback: {pid_text(facts, 'rollback_pids')}")
     return lines
 
 

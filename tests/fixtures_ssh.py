@@ -363,6 +363,7 @@ class CountingProxy:
 
     def __init__(self, target_port: int) -> None:
         self.accepted = 0
+        self.frozen = threading.Event()
         self._target = ("127.0.0.1", target_port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
@@ -381,10 +382,15 @@ class CountingProxy:
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def freeze(self) -> None:
+        """A partition: connections stay open but nothing more gets through (no FIN, no RST)."""
+        self.frozen.set()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if self.frozen.is_set():
+                    continue  # swallowed, as a dead link would
                 dst.sendall(data)
             dst.shutdown(socket.SHUT_WR)
         except OSError:

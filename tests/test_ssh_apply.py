@@ -58,6 +58,7 @@ def test_unknown_host_key_exits_4_with_the_fingerprint_and_runs_nothing(target: 
     pinned = target.deployer("apply", "fix.yaml", "--host", "box", "--accept-new-host-key")
     assert pinned.returncode == 0, pinned.stderr
     assert f"[127.0.0.1]:{sshd.port}" in empty.read_text()
+    assert pinned.stderr.count("pinned a new host key") == 1
     logged = [e for e in events(target) if e["type"] == "host_key_pinned"]
     assert logged and logged[0]["fingerprint"] in sshd.host_fingerprint
     connected = next(e for e in events(target) if e["type"] == "connected")

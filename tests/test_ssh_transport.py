@@ -483,3 +483,19 @@ def test_changed_host_key_is_refused_under_every_policy(sshd: SSHD, tmp_path: Pa
     assert old_known_hosts.read_text() == pinned_before  # accept-new did not overwrite it
     with connect(sshd) as transport:  # the fixture's own known_hosts follows the rotation
         assert transport.run(["true"], timeout=20).ok
+
+
+def test_a_partitioned_target_fails_the_call_within_its_bounds(sshd: SSHD, tmp_path: Path) -> None:
+    proxy = CountingProxy(sshd.port)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {sshd.host_pubkey_line}\n")
+    try:
+        with connect(sshd, port=proxy.port, known_hosts=str(known_hosts), connect_timeout=2.0) as transport:
+            assert transport.run(["true"], timeout=10).ok
+            proxy.freeze()
+            started = time.monotonic()
+            with pytest.raises(TransportError):
+                transport.run(["sleep", "30"], timeout=1)
+            assert time.monotonic() - started < 10  # bounded by the timeouts, not by TCP giving up
+    finally:
+        proxy.close()

@@ -331,7 +331,7 @@ class SSHTransport(Transport):
         inner = quote(["sh", "-c", _REPORT_PGID, "deployer", self._command_line(argv_t, cwd, env)])
         chan = self._open_channel()
         try:
-            chan.exec_command(quote(["sh", "-c", _OUTER.format(inner=inner)]))
+            self._exec_bounded(chan, quote(["sh", "-c", _OUTER.format(inner=inner)]))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             _close_quietly(chan)
             raise TransportError(f"{self.name}: could not start {quote(argv_t)}: {_describe(exc)}") from None
@@ -379,7 +379,7 @@ class SSHTransport(Transport):
         """Run a helper line without the process-group wrapper (kill must not need killing)."""
         chan = self._open_channel()
         try:
-            chan.exec_command(line)
+            self._exec_bounded(chan, line)
             job = _Job(chan, None, header=False)
             if not job.wait(time.monotonic() + timeout):
                 return None, job.stdout(), job.stderr()
@@ -388,6 +388,20 @@ class SSHTransport(Transport):
             raise TransportError(f"{self.name}: helper command failed: {_describe(exc)}") from None
         finally:
             _close_quietly(chan)
+
+    def _exec_bounded(self, chan: paramiko.Channel, line: str) -> None:
+        """exec_command waits for the server's reply without a timeout; a target that stopped
+        answering (a partition, a frozen sshd) would hang the run. Past connect_timeout the
+        connection is closed: it is unusable anyway, and every waiter then fails at once."""
+        timer = threading.Timer(self._connect_timeout, self._transport.close)
+        timer.daemon = True
+        timer.start()
+        try:
+            chan.exec_command(line)
+        finally:
+            timer.cancel()
+        if not self._transport.is_active():
+            raise paramiko.SSHException(f"no answer from the target within {self._connect_timeout:g}s")
 
     def _open_channel(self) -> paramiko.Channel:
         if self._closed:
