@@ -791,6 +791,7 @@ class _Forward:
             except TimeoutError:
                 continue
             except OSError:
+                self.stopped = True  # a dead listener must not be handed out again by forward()
                 break
             threading.Thread(target=self._serve, args=(client, peer), daemon=True).start()
 
