@@ -6,9 +6,17 @@ import os
 import posixpath
 import shlex
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from deployer import yamlsrc
 from deployer.errors import ConfigError
@@ -51,6 +59,7 @@ class SecretValue(Strict):
 
 
 EnvValue = str | SecretValue
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # what a POSIX shell can export
 
 
 def _argv(value: str | list[str] | None) -> list[str] | None:
@@ -69,7 +78,7 @@ class Service(Strict):
     health_timeout_s: float = Field(default=60.0, gt=0)
     stop_grace_s: float = Field(default=10.0, ge=0)
     cwd: str | None = None
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
 
     _split = field_validator("start", "stop", mode="before")(_argv)
 
@@ -96,7 +105,7 @@ class Host(Strict):
     metrics: str | None = None
     endpoint: str | None = None  # the serving entry point (e.g. the router) that a storm hits
     services: dict[str, Service] = Field(default_factory=dict)
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
     become: bool = False
     lock_ttl_s: float = Field(default=120.0, gt=0)
 

@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -499,3 +500,24 @@ def test_a_partitioned_target_fails_the_call_within_its_bounds(sshd: SSHD, tmp_p
             assert time.monotonic() - started < 10  # bounded by the timeouts, not by TCP giving up
     finally:
         proxy.close()
+
+
+SCAN_CMDLINES = """
+import os
+value = os.environ["DEPLOYER_TEST_SECRET"].encode()
+seen = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        seen += value in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        pass
+print(os.environ["DEPLOYER_TEST_SECRET"], seen)
+"""
+
+
+def test_env_values_never_appear_in_a_command_line_on_the_target(ssh_transport: SSHTransport) -> None:
+    secret = "zz-not-in-ps-$(touch X)"  # quoted whole on a command line, so a scan would find it
+    result = ssh_transport.run([sys.executable, "-c", SCAN_CMDLINES], env={"DEPLOYER_TEST_SECRET": secret},
+                               timeout=30)
+    assert result.ok, result.err
+    assert result.out == f"{secret} 0\n"  # the value arrived literally, and no process shows it

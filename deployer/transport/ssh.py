@@ -17,6 +17,7 @@ import getpass
 import logging
 import os
 import posixpath
+import shlex
 import socket
 import stat
 import threading
@@ -68,6 +69,8 @@ _OUTER = "if command -v setsid >/dev/null 2>&1; then setsid {inner}; exit $?; fi
 # Without setsid the reported PID may not lead a group; then at least the command dies.
 # `-s KILL --` is the spelling every kill builtin accepts (dash rejects `-KILL --`).
 _KILL = 'kill -s KILL -- "-$1" 2>/dev/null || kill -s KILL -- "$1"'
+# Reads `K='v'` / `export K` lines from stdin, then becomes argv with stdin at its end.
+_ENV_FROM_STDIN = '. /dev/stdin; exec "$@"'
 # `sync FILE` flushes just that file on coreutils >= 8.24; older ones ignore the operand.
 # Hashing stdin keeps the file name out of the output (sha256sum escapes odd names).
 _SYNC_AND_HASH = 'sync -- "$1" 2>/dev/null || sync; exec sha256sum < "$1"'
@@ -328,7 +331,12 @@ class SSHTransport(Transport):
         argv_t = tuple(argv)
         started = time.monotonic()
         deadline = started + timeout
-        inner = quote(["sh", "-c", _REPORT_PGID, "deployer", self._command_line(argv_t, cwd, env)])
+        remote: tuple[str, ...] = argv_t
+        if env and stdin is None:
+            # Values travel on stdin, not in a command line that `ps` shows every user of the target.
+            stdin = "".join(f"{k}={shlex.quote(v)}\nexport {k}\n" for k, v in env.items()).encode()
+            remote, env = ("sh", "-c", _ENV_FROM_STDIN, "deployer-env", *argv_t), None
+        inner = quote(["sh", "-c", _REPORT_PGID, "deployer", self._command_line(remote, cwd, env)])
         chan = self._open_channel()
         try:
             self._exec_bounded(chan, quote(["sh", "-c", _OUTER.format(inner=inner)]))
