@@ -521,3 +521,23 @@ def test_env_values_never_appear_in_a_command_line_on_the_target(ssh_transport: 
                                timeout=30)
     assert result.ok, result.err
     assert result.out == f"{secret} 0\n"  # the value arrived literally, and no process shows it
+
+
+def test_a_key_held_by_ssh_agent_authenticates(sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline and agent.poll() is None, "ssh-agent did not start"
+            time.sleep(0.02)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", sshd.client_key], env=env, check=True, capture_output=True, timeout=10)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/id_* to fall back on: the agent or nothing
+        with connect(sshd, identity_file=None) as transport:
+            assert transport.run(["echo", "via agent"], timeout=20).out == "via agent\n"
+    finally:
+        agent.kill()
+        agent.wait()
