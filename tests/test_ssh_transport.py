@@ -541,3 +541,15 @@ def test_a_key_held_by_ssh_agent_authenticates(sshd: SSHD, tmp_path: Path, monke
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_a_dead_sftp_channel_is_replaced_on_the_next_call(ssh_transport: SSHTransport, tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    target.write_bytes(b"one")
+    assert ssh_transport.get(str(target)) == b"one"
+    # The SFTP channel dying under a live connection cannot be provoked from outside without
+    # killing the connection too, so the test closes that one channel itself.
+    ssh_transport._sftp.get_channel().close()  # type: ignore[union-attr]
+    with pytest.raises(TransportError):
+        ssh_transport.get(str(target))
+    assert ssh_transport.get(str(target)) == b"one"

@@ -588,7 +588,9 @@ class SSHTransport(Transport):
 
         After a timeout, a broken channel or an interrupt the stream may be mid-reply, and
         the next request would read the wrong answer; a fresh channel is the safe state."""
-        server_said_no = isinstance(exc, (OSError, TransportError)) and not isinstance(exc, TimeoutError)
+        channel = self._sftp.get_channel() if self._sftp is not None else None
+        alive = channel is not None and not channel.closed  # "Socket is closed" is an OSError too
+        server_said_no = alive and isinstance(exc, (OSError, TransportError)) and not isinstance(exc, TimeoutError)
         if not server_said_no:
             self._drop_sftp()
         return not server_said_no
