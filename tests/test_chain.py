@@ -301,3 +301,16 @@ def test_a_file_that_is_not_a_patch_is_a_config_error(target: Project) -> None:
     target.playbook(patch="fix/b.diff", steps=["upload"])
     result = target.deployer("plan", "fix.yaml", "--host", "box")
     assert result.returncode == 2 and "not a patch git can read" in result.stderr
+
+
+def test_markup_in_user_text_is_printed_literally(target: Project) -> None:
+    target.playbook(name="fix.yaml")
+    body = (target.root / "fix.yaml").read_text().replace("name: answer fix", "name: '[bold]fix[/] [/]'")
+    body = body.replace("message: 'pkg: answer is 42'", "message: '[disagg] x [/]'")
+    assert "[disagg]" in body
+    (target.root / "fix.yaml").write_text(body)
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    listed = target.deployer("runs", "list")
+    assert listed.returncode == 0 and "[bold]fix[/] [/]" in listed.stdout
+    deploys = target.deployer("rollback", "--host", "box", "--list")
+    assert deploys.returncode == 0 and "[disagg] x [/]" in deploys.stdout
