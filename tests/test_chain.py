@@ -272,6 +272,10 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
     assert target.head() == head
     assert not (target.repo / ".git" / "deployer.lock").exists()
     assert last_run_end(target)["status"] == "canceled"
+    events = [json.loads(x) for x in (run_dirs(target)[-1] / "events.jsonl").read_text().splitlines()]
+    canceled = [e for e in events if e["type"] == "step_end" and e["status"] == "canceled"]
+    started = [e["step"] for e in events if e["type"] == "step_start"]
+    assert [e["step"] for e in canceled] == started[-1:]  # logged under the step it stopped, once
 
 
 def test_hostile_names_reach_the_target_literally(target: Project, tmp_path: Path) -> None:
