@@ -78,8 +78,8 @@ class DeployLock:
     def acquire(self) -> None:
         made = self.transport.run(("mkdir", "--", self.path), timeout=30)
         if not made.ok:
-            if not self.transport.run(("test", "-e", self.path), timeout=30).ok:
-                # Not held: mkdir failed for another reason (permissions, a full disk).
+            if not self.transport.run(("test", "-d", self.path), timeout=30).ok:
+                # Not held: mkdir failed for another reason (a file in the way, permissions, a full disk).
                 raise DeployerError(f"cannot create the deploy lock {self.path}: {made.err.strip()}")
             state = read_state(self.transport, posixpath.dirname(self.path), self.ttl_s)
             if state is None:  # released between our mkdir and our read: say so rather than retry silently

@@ -239,3 +239,12 @@ def test_a_rollback_that_was_cut_off_after_its_commit_can_be_finished(stack: Sta
     assert project.head() == head  # nothing left to commit ...
     assert all(stack.pids()[n] != pids[n] for n in pids)  # ... but the restart and checks ran
     assert project.file("pkg/a.py") == ORIGINAL_A
+
+
+def test_a_lock_path_that_cannot_be_created_is_not_reported_as_held(target: Project) -> None:
+    (target.repo / ".git" / "deployer.lock").write_text("not a lock directory\n")
+    target.playbook()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "cannot create the deploy lock" in result.stderr and "held by" not in result.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A

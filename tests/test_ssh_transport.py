@@ -21,8 +21,8 @@ import paramiko
 import pytest
 from fixtures_ssh import SSHD, CountingProxy, connect, fingerprint_of
 
-from deployer.errors import ConnectError, HostKeyError, TransportError
-from deployer.transport.ssh import SSHTransport
+from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
+from deployer.transport.ssh import SSHTransport, _parse_jump
 
 MiB = 1024 * 1024
 
@@ -553,3 +553,11 @@ def test_a_dead_sftp_channel_is_replaced_on_the_next_call(ssh_transport: SSHTran
     with pytest.raises(TransportError):
         ssh_transport.get(str(target))
     assert ssh_transport.get(str(target)) == b"one"
+
+
+def test_proxy_jump_specs_parse_or_fail_as_config_errors() -> None:
+    assert _parse_jump("root@bastion:2222") == ("root", "bastion", 2222)
+    assert _parse_jump("ssh://[::1]:22") == (None, "::1", 22)
+    assert _parse_jump("bastion") == (None, "bastion", None)
+    with pytest.raises(ConfigError, match="ProxyJump port"):
+        _parse_jump("root@bastion:ssh")
