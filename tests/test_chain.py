@@ -318,3 +318,14 @@ def test_markup_in_user_text_is_printed_literally(target: Project) -> None:
     assert listed.returncode == 0 and "[bold]fix[/] [/]" in listed.stdout
     deploys = target.deployer("rollback", "--host", "box", "--list")
     assert deploys.returncode == 0 and "[disagg] x [/]" in deploys.stdout
+
+
+def test_allow_dirty_restores_the_bytes_and_keeps_the_users_staging(target: Project) -> None:
+    (target.repo / "pkg/a.py").write_text(ORIGINAL_A + "# staged by hand\n")
+    git(target.repo, "add", "pkg/a.py")
+    staged = git(target.repo, "diff", "--cached")
+    target.playbook(steps=["upload", {"diff_bounds": {"files": 7}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
+    assert result.returncode == 1
+    assert target.file("pkg/a.py") == ORIGINAL_A + "# staged by hand\n"
+    assert git(target.repo, "diff", "--cached") == staged
