@@ -158,8 +158,7 @@ class DemoOutcome:
     kept: bool
 
 
-def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken,
-             on_ready: Any = None) -> DemoOutcome:
+def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken) -> DemoOutcome:
     stack = DemoStack(Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="deployer-demo-")))
     stack.workdir.mkdir(parents=True, exist_ok=True)
     if stack.repo.exists():
@@ -168,8 +167,6 @@ def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], can
     try:
         stack.create()
         stack.start(cancel)
-        if on_ready is not None:
-            on_ready(stack)
         playbook, steps = load_playbook(PLAYBOOK)
         host = stack.host()
         engine = Engine(host_name=HOST, host=host, playbook=playbook, steps=steps,
