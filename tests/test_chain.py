@@ -329,3 +329,21 @@ def test_allow_dirty_restores_the_bytes_and_keeps_the_users_staging(target: Proj
     assert result.returncode == 1
     assert target.file("pkg/a.py") == ORIGINAL_A + "# staged by hand\n"
     assert git(target.repo, "diff", "--cached") == staged
+
+
+def test_shipped_and_restored_files_keep_their_owner(target: Project) -> None:
+    # As root (CI and this machine), a file owned by a service user must not become root's.
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a file to another owner to set this up")
+    os.chown(target.repo / "pkg/a.py", 4321, 4321)
+    os.chown(target.repo / "pkg/b.py", 4321, 4321)
+    target.write("fix/b.py", "VALUE = 2\n")
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                    steps=["upload", {"diff_bounds": {"files": 2}}, {"commit": {"message": "m"}}])
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    assert (target.repo / "pkg/a.py").stat().st_uid == 4321
+    target.write("fix/b.py", "VALUE = 3\n")
+    target.playbook(files=[{"src": "fix/b.py", "dest": "pkg/b.py"}], steps=["upload", {"diff_bounds": {"files": 9}}])
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1  # restored
+    assert target.file("pkg/b.py") == "VALUE = 2\n"
+    assert (target.repo / "pkg/b.py").stat().st_uid == 4321

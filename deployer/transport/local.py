@@ -53,8 +53,9 @@ class LocalTransport(Transport):
     def put(self, data: bytes, dest: str, *, mode: int | None = None) -> PutResult:
         directory = os.path.dirname(dest) or "."
         os.makedirs(directory, exist_ok=True)
+        current = os.stat(dest) if os.path.exists(dest) else None
         if mode is None:
-            mode = os.stat(dest).st_mode & 0o7777 if os.path.exists(dest) else 0o644
+            mode = current.st_mode & 0o7777 if current is not None else 0o644
         fd, tmp = tempfile.mkstemp(prefix=".deployer-", suffix=".tmp", dir=directory)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -62,6 +63,10 @@ class LocalTransport(Transport):
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, mode)
+            if current is not None:
+                # Keep the file's owner; only root may give a file away, so a refusal changes nothing.
+                with contextlib.suppress(PermissionError):
+                    os.chown(tmp, current.st_uid, current.st_gid)
             with open(tmp, "rb") as handle:
                 written = sha256_hex(handle.read())
             expected = sha256_hex(data)

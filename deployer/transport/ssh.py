@@ -442,11 +442,12 @@ class SSHTransport(Transport):
             sftp = self._sftp_client()
             try:
                 self._makedirs(sftp, directory)
+                try:
+                    current = sftp.stat(dest)
+                except FileNotFoundError:
+                    current = None
                 if mode is None:
-                    try:
-                        mode = stat.S_IMODE(sftp.stat(dest).st_mode or 0o644)
-                    except FileNotFoundError:
-                        mode = 0o644
+                    mode = stat.S_IMODE(current.st_mode or 0o644) if current is not None else 0o644
             except (OSError, paramiko.SSHException, EOFError) as exc:
                 self._after_sftp_error(exc)
                 raise TransportError(f"{self.name}: cannot prepare upload of {dest}: {_describe(exc)}") from None
@@ -457,6 +458,11 @@ class SSHTransport(Transport):
                     handle.set_pipelined(True)
                     handle.write(data)
                 sftp.chmod(tmp, mode)
+                if current is not None and current.st_uid is not None and current.st_gid is not None:
+                    # Keep the file's owner (a service user's file must not become root's);
+                    # only root may give a file away, so a refusal leaves it ours as before.
+                    with contextlib.suppress(OSError):
+                        sftp.chown(tmp, current.st_uid, current.st_gid)
                 written = self._remote_sha256(sftp, tmp)
                 if written != expected:
                     raise TransportError(f"{self.name}: upload of {dest} did not verify: "
