@@ -106,8 +106,10 @@ def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Pat
         transport.put(b"as root", str(dest), mode=0o600)
         assert transport.get(str(dest)) == b"as root"
         assert transport.get(str(tmp_path / "absent")) is None
+        os.chown(dest, 4321, 4321)  # a service user's file: sudo must not make it root's
         transport.put(b"again", str(dest))
         assert stat.S_IMODE(dest.stat().st_mode) == 0o600 and dest.read_bytes() == b"again"
+        assert (dest.stat().st_uid, dest.stat().st_gid) == (4321, 4321)
         assert not [p for p in dest.parent.iterdir() if p.name != "file.txt"]
     calls = Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines()
     assert len(calls) >= 6 and all(call.startswith("-n -- ") for call in calls), calls

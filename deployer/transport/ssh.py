@@ -78,7 +78,8 @@ _BECOME_WRITE = (
     'set -e; dir=$1; dest=$2; tmp=$3; mode=$4; mkdir -p -- "$dir"; '
     'if [ -z "$mode" ]; then if [ -e "$dest" ]; then mode=$(stat -c %a -- "$dest"); else mode=644; fi; fi; '
     '(set -C; umask 077; cat > "$tmp"); '  # noclobber: the temp name is ours alone
-    'chmod "$mode" -- "$tmp"; sync -- "$tmp" 2>/dev/null || sync; exec sha256sum < "$tmp"'
+    'chmod "$mode" -- "$tmp"; if [ -e "$dest" ]; then chown --reference="$dest" -- "$tmp" 2>/dev/null || :; fi; '
+    'sync -- "$tmp" 2>/dev/null || sync; exec sha256sum < "$tmp"'
 )
 _BECOME_GET = f'[ -e "$1" ] || exit {ABSENT_EXIT}; exec cat -- "$1"'
 
