@@ -28,6 +28,7 @@ from typing import NoReturn
 
 import pytest
 
+from deployer.demo.run import free_port
 from deployer.transport.ssh import SSHTransport
 
 START_DEADLINE_S = 10.0
@@ -53,12 +54,6 @@ def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"sshd fixture unavailable on CI (never skipped there): {reason}", pytrace=False)
     pytest.skip(f"sshd fixture unavailable: {reason}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _keygen(path: Path, comment: str) -> str:
@@ -290,7 +285,7 @@ def running_sshd() -> Iterator[SSHD]:
     errors: list[str] = []
     # The free port is only probably free by the time sshd binds it: retry a few times.
     for _attempt in range(3):
-        port = _free_port()
+        port = free_port()
         config_path = workdir / "sshd_config"
         config_path.write_text(_sshd_config(port=port, host_key=host_key,
                                             authorized_keys=authorized_keys,

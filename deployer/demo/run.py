@@ -17,8 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult
 from deployer.errors import DeployerError
 from deployer.playbook import load_playbook
+from deployer.steps.services import http_status
 from deployer.transport.local import LocalTransport
 
 STACK = Path(__file__).parent / "stack"
@@ -138,13 +137,7 @@ def process_alive(pid: int) -> bool:
 
 def wait_healthy(url: str, seconds: float, cancel: CancelToken, log: Path) -> None:
     deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+    while http_status(url) != 200:
         if time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise DeployerError(f"demo stack: {url} did not become healthy in {seconds:g}s\n{tail}")
