@@ -1,0 +1,116 @@
+"""Give the target's files their pre-run bytes, owner and mode again: the one undo before a commit.
+
+The engine calls it when a step fails before the commit; `deployer recover` calls it for a run that was cut.
+It reads what it needs from the run's record (or the target's intent record), never from process memory,
+and it is idempotent: a file that already holds its pre-run bytes is left alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass, field
+
+from deployer.context import Context
+from deployer.errors import DeployerError, RollbackFailed
+from deployer.run.state import FileRecord, RunRecord
+
+# Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`).
+TEMP_GLOB = ".*deployer-*.tmp"
+
+
+@dataclass
+class Restored:
+    restored: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    temps: list[str] = field(default_factory=list)
+    undid_commit: str | None = None
+
+
+def sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def run_commit(ctx: Context, before: str, trailer: str) -> str | None:
+    """The commit after `before` that carries the run's trailer, if the target has one."""
+    found = ctx.run(("git", "log", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"), timeout=30)
+    hashes = found.out.split() if found.ok else []
+    return hashes[0] if hashes else None
+
+
+def pre_run_bytes(ctx: Context, record: RunRecord | None, before: str, rec: FileRecord) -> bytes:
+    """From the run dir when this machine has it, else from git's objects (checked against the intent)."""
+    kept = record.before_bytes(rec) if record is not None else None
+    if kept is not None:
+        return kept
+    if rec.tracked:
+        blob = ctx.run(("git", "cat-file", "blob", f"{before}:{rec.dest}"), timeout=60, quiet=True)
+        if blob.ok and sha256(blob.stdout) == rec.sha256:
+            return blob.stdout
+    raise RollbackFailed(f"the pre-run bytes of {rec.dest} (sha256 {str(rec.sha256)[:12]}) are neither in the "
+                         f"run dir nor in git's objects at {before[:12]}; the file was left as it is")
+
+
+def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: str,
+                  record: RunRecord | None) -> Restored:
+    """Back to `before`: drop the run's own commit, unstage, rewrite or remove each file, clear temps."""
+    done = Restored()
+    try:
+        head = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+        if head != before:
+            done.undid_commit = _undo_own_commit(ctx, head, before, trailer)
+        dests = [f.dest for f in files]
+        if dests and not ctx.run(("git", "diff", "--cached", "--quiet", "HEAD", "--", *dests), timeout=60).ok:
+            ctx.check(("git", "reset", "-q", "--", *dests), "cannot unstage the run's files", timeout=60)
+        for rec in files:
+            current = ctx.transport.get(rec.path)
+            if not rec.existed:
+                if current is not None:
+                    ctx.check(("rm", "-f", "--", rec.path), f"cannot remove {rec.dest}", timeout=30)
+                    done.removed.append(rec.dest)
+                for directory in rec.new_dirs:
+                    ctx.run(("rmdir", "--ignore-fail-on-non-empty", "--", directory), timeout=30)
+            elif sha256(current) != rec.sha256:
+                ctx.transport.put(pre_run_bytes(ctx, record, before, rec), rec.path, mode=rec.mode)
+                if rec.uid is not None:
+                    _keep_owner(ctx, rec)
+                done.restored.append(rec.dest)
+        done.temps = remove_temps(ctx, files)
+        wrong = [f.dest for f in files if sha256(ctx.transport.get(f.path)) != f.sha256]
+    except DeployerError as exc:
+        if isinstance(exc, RollbackFailed):
+            raise
+        raise RollbackFailed(f"restoring the target failed: {exc}. The files {', '.join(f.dest for f in files)} "
+                             f"may hold the new bytes; HEAD should be {before}. Finish it with: "
+                             f"deployer recover {ctx.run_id}") from None
+    if wrong:
+        raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes")
+    return done
+
+
+def _undo_own_commit(ctx: Context, head: str, before: str, trailer: str) -> str:
+    """HEAD moved during the run: drop the commit only if it is the run's own, on top of `before`."""
+    parent = ctx.run(("git", "rev-parse", "HEAD~1"), timeout=30).out.strip()
+    message = ctx.run(("git", "log", "-1", "--format=%B", "HEAD"), timeout=30).out
+    if parent != before or trailer not in message.splitlines():
+        raise RollbackFailed(f"HEAD moved from {before} to {head} during the run, and not by this run's commit; "
+                             "left as it is")
+    ctx.check(("git", "reset", "-q", "--soft", before), "cannot undo the run's commit", timeout=60)
+    return head
+
+
+def _keep_owner(ctx: Context, rec: FileRecord) -> None:
+    """Owner and mode as before the run, whichever path wrote the file (put, git apply, git checkout)."""
+    assert rec.mode is not None
+    ctx.run(("chown", f"{rec.uid}:{rec.gid}", "--", rec.path), timeout=30)
+    ctx.check(("chmod", f"{rec.mode:o}", "--", rec.path), f"cannot restore the mode of {rec.dest}", timeout=30)
+
+
+def remove_temps(ctx: Context, files: list[FileRecord]) -> list[str]:
+    """Temp files an upload left beside the dests (a cut upload); only ever called under the lock."""
+    dirs = sorted({posixpath.dirname(f.path) for f in files})
+    found = ctx.run(("find", *dirs, "-maxdepth", "1", "-type", "f", "-name", TEMP_GLOB, "-print0"), timeout=30)
+    temps = sorted(filter(None, found.out.split("\0")))
+    if temps:
+        ctx.check(("rm", "-f", "--", *temps), "cannot remove the upload's temp files", timeout=30)
+    return temps

@@ -1,0 +1,97 @@
+"""The run's state machine and its write-ahead record, on their own (no target needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from deployer.run.state import (
+    FORWARD,
+    TERMINAL,
+    FileRecord,
+    Phase,
+    RunRecord,
+    RunRecordError,
+    RunState,
+    allowed,
+    ensure_headroom,
+)
+
+
+def new_record(tmp_path: Path) -> RunRecord:
+    return RunRecord(tmp_path, RunState(run_id="r1", host="h", operator="me@here", repo="/srv/repo"))
+
+
+def test_the_forward_chain_is_allowed_step_by_step_and_never_backwards() -> None:
+    for old, new in itertools.pairwise(FORWARD):
+        assert allowed(old, new)
+        assert not allowed(new, old) or {old, new} in ({Phase.changing, Phase.changed},
+                                                       {Phase.restarting, Phase.verifying})
+    assert not allowed(Phase.committed, Phase.changing)
+
+
+def test_a_terminal_state_has_no_way_out() -> None:
+    for end in TERMINAL:
+        assert not any(allowed(end, other) for other in Phase)
+
+
+def test_a_failure_before_the_commit_restores_and_after_it_keeps_or_rolls_back() -> None:
+    assert allowed(Phase.changing, Phase.failed_restored)
+    assert allowed(Phase.committing, Phase.failed_restored)  # the commit step undoes its own commit
+    assert not allowed(Phase.committed, Phase.failed_restored)
+    assert allowed(Phase.verifying, Phase.failed_committed)
+    assert not allowed(Phase.changed, Phase.failed_committed)
+    assert allowed(Phase.verifying, Phase.rolling_back) and allowed(Phase.rolling_back, Phase.rolled_back)
+    assert not allowed(Phase.changed, Phase.rolled_back)
+    assert all(allowed(p, Phase.interrupted) for p in Phase if p not in TERMINAL)
+
+
+def test_advance_writes_the_state_before_returning_and_records_history(tmp_path: Path) -> None:
+    record = new_record(tmp_path)
+    record.advance(Phase.locked, "t1", git_dir="/srv/repo/.git")
+    on_disk = json.loads((tmp_path / "state.json").read_text())
+    assert on_disk["phase"] == "locked" and on_disk["git_dir"] == "/srv/repo/.git"
+    assert [h["phase"] for h in on_disk["history"]] == ["locked"]
+    assert RunRecord.load(tmp_path) is not None and RunRecord.load(tmp_path).state.phase == Phase.locked  # type: ignore[union-attr]
+    assert oct((tmp_path / "state.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_advance_refuses_a_transition_the_machine_does_not_have_and_keeps_the_old_record(tmp_path: Path) -> None:
+    record = new_record(tmp_path)
+    record.advance(Phase.locked, "t1")
+    with pytest.raises(ValueError, match="locked -> rolled_back"):
+        record.advance(Phase.rolled_back, "t2")
+    assert json.loads((tmp_path / "state.json").read_text())["phase"] == "locked"
+
+
+def test_kept_pre_run_bytes_come_back_only_while_their_hash_matches(tmp_path: Path) -> None:
+    record = new_record(tmp_path)
+    name = record.keep_before(0, b"old bytes\n")
+    rec = FileRecord(dest="a.py", path="/srv/repo/a.py", existed=True, tracked=True,
+                     sha256=hashlib.sha256(b"old bytes\n").hexdigest(), new_sha256="x", before=name)
+    assert record.before_bytes(rec) == b"old bytes\n"
+    (tmp_path / name).write_bytes(b"tampered\n")
+    assert record.before_bytes(rec) is None
+
+
+def test_a_full_run_dir_is_a_typed_error_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    # /dev/full answers every write with ENOSPC: a real full disk, without mounting one.
+    record = RunRecord(tmp_path, RunState(run_id="r1", host="h", operator="o", repo="/r"))
+    (tmp_path / ".state.json.tmp").symlink_to("/dev/full")
+    with pytest.raises(RunRecordError, match="No space left"):
+        record.advance(Phase.locked, "t1")
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_headroom_is_checked_before_a_run_starts(tmp_path: Path) -> None:
+    ensure_headroom(tmp_path / "runs", 1024)
+    with pytest.raises(RunRecordError, match="KiB free"):
+        ensure_headroom(tmp_path / "runs", 1 << 60)
+    blocked = tmp_path / "file"
+    blocked.write_text("not a dir")
+    with pytest.raises(RunRecordError, match="not writable"):
+        ensure_headroom(blocked / "runs", 1)
