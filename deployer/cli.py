@@ -19,7 +19,7 @@ from deployer import lock as locks
 from deployer import rollback as rollbacks
 from deployer import runlog, ui
 from deployer.command import Masker
-from deployer.config import Host, find_inventory, get_host, load_inventory
+from deployer.config import Host, Playbook, find_inventory, get_host, load_inventory
 from deployer.context import CancelToken, EventBus, LoadedPlaybook
 from deployer.engine import Engine, PlanReport, RunResult, operator_id
 from deployer.errors import ConfigError, DeployerError
@@ -364,3 +364,64 @@ def demo(workdir: str | None, keep: bool, as_json: bool) -> None:
         if outcome.result.error:
             ui.show_error(outcome.result.error)
     sys.exit(outcome.result.exit_code)
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--host", "host_name", help="Host (default: the run's host); alone, recovers the run its intent "
+                                           "record names.")
+@click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, verify.")
+@inventory_option
+@runs_dir_option
+@accept_option
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@failures_to_exit_codes
+def recover(run_id: str | None, host_name: str | None, roll_back: bool, inventory: str | None,
+            runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice."""
+    from deployer.run import recover as recovery
+
+    if not run_id and not host_name:
+        raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
+    runs_path = runlog.runs_dir_from(runs_dir)
+    if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
+        engine = engine_for_run(runlog.read_run(runs_path, run_id), host_name, inventory, runs_dir,
+                                accept_new_host_key)
+    elif host_name:
+        engine = bare_engine(host_name, inventory, runs_dir, accept_new_host_key)
+        run_id = run_id or pending_run(engine)
+    else:
+        raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
+                          "intent record")
+    console = ui.make_console()
+    view = ui.StepView(console, quiet=as_json)
+    engine.listeners.append(view)
+    with cancel_on_signals(engine.cancel), view:
+        result, found = recovery.recover(engine, run_id, rollback=roll_back)
+    if not as_json and result.exit_code == 0:
+        click.echo(found.summary())
+    report(console, result, as_json)
+
+
+def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Engine:
+    """An engine with no playbook: for recovering a run whose run dir is on another machine."""
+    inventory_path = find_inventory(inventory)
+    host = get_host(load_inventory(inventory_path), host_name, inventory_path)
+    model = Playbook.model_construct(name="recover", description="", files=[], patch=None, steps=[],
+                                     on_failure="restore")
+    loaded = LoadedPlaybook(path=Path("(intent record on the target)"), raw=b"", model=model, sources={},
+                            patch=None)
+    return Engine(host_name=host_name, host=host, playbook=loaded, steps=[], listeners=[pin_notice],
+                  runs_dir=runlog.runs_dir_from(runs_dir),
+                  connect=lambda bus: open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key))
+
+
+def pending_run(engine: Engine) -> str:
+    """The run the host's intent record names."""
+    from deployer.run import intent
+
+    with engine.connect(engine.new_bus()) as transport:
+        pending = intent.read(transport, git_dir_of(transport, engine.host))
+    if pending is None:
+        raise ConfigError(f"{engine.host_name} has no interrupted run (no intent record); nothing to recover")
+    return pending.run_id

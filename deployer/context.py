@@ -11,7 +11,8 @@ from typing import Any
 
 from deployer.command import Masker, shell_line
 from deployer.config import Host, Playbook
-from deployer.errors import Interrupted, StepFailed
+from deployer.errors import DeployerError, Interrupted, StepFailed
+from deployer.run.state import RunRecord
 from deployer.transport.base import DEFAULT_TIMEOUT_S, ExecResult, Transport, tail
 
 Listener = Callable[[dict[str, Any]], None]
@@ -46,14 +47,16 @@ class LoadedPlaybook:
 
 
 class CancelToken:
-    """Set by a signal handler; steps look at it at their safe points."""
+    """Set by a signal handler (or a failing run log); steps look at it at their safe points."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = "interrupted"
+        self.failure: DeployerError | None = None  # why, when it is a failure rather than the operator
 
-    def cancel(self, reason: str = "interrupted") -> None:
+    def cancel(self, reason: str = "interrupted", failure: DeployerError | None = None) -> None:
         self.reason = reason
+        self.failure = self.failure or failure
         self._event.set()
 
     @property
@@ -61,6 +64,8 @@ class CancelToken:
         return self._event.is_set()
 
     def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
         if self._event.is_set():
             raise Interrupted(f"{self.reason}: stopped at a safe point")
 
@@ -101,6 +106,7 @@ class Context:
     git_after: str | None = None
     git_dir: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    record: RunRecord | None = None  # the run's write-ahead state; None in a dry run
 
     @property
     def repo(self) -> str:

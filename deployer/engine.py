@@ -18,14 +18,17 @@ from deployer import diffs
 from deployer.command import Masker
 from deployer.config import Host
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
-from deployer.errors import ConfigError, DeployerError, Interrupted, RollbackFailed, VerificationFailed
-from deployer.lock import DeployLock, LockState, read_state
+from deployer.errors import ConfigError, DeployerError, Interrupted, LockHeld, RollbackFailed, VerificationFailed
+from deployer.lock import DeployLock, LockState, force_release, read_state
 from deployer.preflight import preflight
-from deployer.runlog import RunLogWriter, new_run_id
+from deployer.run import intent
+from deployer.run.restore import restore_files
+from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunState, ensure_headroom, git_blob_id
+from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
-from deployer.steps.base import Action, Step
+from deployer.steps.base import Action, Effect, Step
 from deployer.steps.git import DiffBounds, revert_files, trailers, unchanged_dests
-from deployer.transport.base import Transport
+from deployer.transport.base import Transport, sha256_hex
 
 Connector = Callable[[EventBus], Transport]
 
@@ -34,11 +37,25 @@ def operator_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def release(lock: DeployLock | None, transport: Transport, bus: EventBus) -> str | None:
-    """Release the lock and close the connection; never raises, says what it had to leave."""
+def pid_alive(pid: int) -> bool:
+    """On this machine: is pid a running process (not a zombie)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settled: Context | None) -> str | None:
+    """Clear the intent record (once the run is settled), release the lock and close the connection.
+
+    Never raises; says what it had to leave. An interrupted run keeps its intent record on the target:
+    it stops every later apply until `deployer recover` has ended it."""
     left = None
     if lock is not None:
         try:
+            if settled is not None and settled.git_dir is not None:
+                intent.remove(transport, settled.git_dir)
             lock.release()
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
@@ -100,6 +117,39 @@ class PlanReport:
     dirty: list[str] = field(default_factory=list)
 
 
+# The phase a step's effect moves the run into before the step runs, and the one it leaves it in after.
+ENTER = {Effect.changes_files: Phase.changing, Effect.commits: Phase.committing, Effect.restarts: Phase.restarting,
+         Effect.verifies: Phase.verifying, Effect.loads: Phase.verifying}
+LEAVE = {Effect.changes_files: Phase.changed, Effect.commits: Phase.committed}
+_MODES = 'for p; do if [ -e "$p" ]; then stat -c "%a %u %g" -- "$p"; else echo -; fi; done'
+
+
+def run_trailer(run_id: str) -> str:
+    return trailers(Deployer_Run=run_id)
+
+
+class LogSink:
+    """The run log as a listener: a failed write (a full disk) stops the run at its next safe point.
+
+    Raising from inside a step would skip the restore; so the failure is handed to the cancel token,
+    the run stops, restores the target, and says why. Later events are dropped, not half-written."""
+
+    def __init__(self, log: RunLogWriter, cancel: CancelToken) -> None:
+        self.log, self.cancel = log, cancel
+        self.broken: OSError | None = None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self.log.write(event)
+        except OSError as exc:
+            self.broken = exc
+            self.cancel.cancel("the run log could not be written", DeployerError(
+                f"the run log {self.log.dir} could not be written ({exc.strerror or exc}); the run stopped at "
+                "the next safe point"))
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -110,6 +160,7 @@ class RunResult:
     git_before: str | None
     git_after: str | None
     facts: dict[str, Any]
+    phase: str = Phase.preparing.value
 
 
 @dataclass
@@ -124,6 +175,7 @@ class Engine:
     cancel: CancelToken = field(default_factory=CancelToken)
     allow_dirty: bool = False
     operator: str = field(default_factory=operator_id)
+    adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -172,6 +224,8 @@ class Engine:
 
         def body(ctx: Context, log: RunLogWriter) -> None:
             preflight(ctx, allow_dirty=self.allow_dirty)
+            ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
+            self._keep_before(ctx)
             log.attach("shipped.diff", ctx.bus.masker("".join(
                 diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
             ctx.bus.step = None
@@ -179,12 +233,38 @@ class Engine:
             self._run_steps(ctx)
         return self.execute(body)
 
+    def _keep_before(self, ctx: Context) -> None:
+        """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""
+        record = ctx.record
+        assert record is not None
+        modes = ctx.check(("sh", "-c", _MODES, "sh", *(c.path for c in ctx.changes)),
+                          "cannot read the files' owner and mode", timeout=30).out.splitlines()
+        files = []
+        for index, (change, mode) in enumerate(zip(ctx.changes, modes, strict=True)):
+            octal, uid, gid = mode.split() if mode != "-" else (None, None, None)
+            files.append(FileRecord(
+                dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
+                sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),
+                new_blob=git_blob_id(change.new),
+                mode=None if octal is None else int(octal, 8), uid=None if uid is None else int(uid),
+                gid=None if gid is None else int(gid), new_dirs=change.new_dirs,
+                before=None if change.old is None else record.keep_before(index, change.old)))
+        record.update(files=files, git_before=ctx.git_before, git_dir=ctx.git_dir)
+
     def execute(self, body: Callable[[Context, RunLogWriter], None], **start: Any) -> RunResult:
         """One run: its log, one connection, the lock, the body, and a run_end whatever happens."""
         run_id = new_run_id()
+        ensure_headroom(self.runs_dir, 0)
         log = RunLogWriter(self.runs_dir, run_id)
+        record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
+                                             kind="rollback" if start.get("rollback_of") else
+                                             "recover" if start.get("recover_of") else "apply",
+                                             repo=self.host.repo, trailer=run_trailer(run_id),
+                                             rollback_of=start.get("rollback_of")))
+        record.advance(Phase.preparing, utc_now())
         bus = self.new_bus()
-        bus.listeners.insert(0, log.write)
+        sink = LogSink(log, self.cancel)
+        bus.listeners.insert(0, sink)
         bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
                  playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
                  playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
@@ -200,12 +280,18 @@ class Engine:
             try:
                 bus.emit("connected", transport=vars(transport.info))
                 ctx = self._context(run_id, bus, transport)
+                ctx.record = record
                 bus.step = "preflight"
                 lock = self._lock(ctx)
                 body(ctx, log)
+                record.advance(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded,
+                               utc_now())
+            except (Exception, KeyboardInterrupt) as exc:
+                self._settle(record, as_failure(exc))
+                raise
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
-                left = release(lock, transport, bus)
+                left = release(lock, transport, bus, ctx if record.state.terminal else None)
             if left:
                 raise DeployerError(left)
         except (Exception, KeyboardInterrupt) as exc:
@@ -214,23 +300,89 @@ class Engine:
             exit_code, error = failure.exit_code, bus.masker(str(failure))
             if left and left not in error:
                 error += "\n" + left
+            if sink.broken is not None and "run log" not in error:
+                error += f"\nThe run log could not be written: {sink.broken.strerror or sink.broken}"
         finally:
             bus.step = None
             git = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
             facts = dict(ctx.facts) if ctx else {}
-            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git,
+            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git, phase=record.state.phase,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
             log.close()
-        return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts)
+        return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts,
+                         record.state.phase.value)
+
+    @staticmethod
+    def _settle(record: RunRecord, failure: DeployerError) -> None:
+        """A run that stops leaves a phase that says what the target holds; never a forward phase."""
+        if record.state.terminal or record.state.phase == Phase.interrupted:
+            return
+        if record.state.phase in (Phase.preparing, Phase.locked):  # nothing was changed
+            record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+        else:  # the step's own handling did not get to say: the target may be in between
+            record.advance(Phase.interrupted, utc_now(), error=str(failure))
 
     def _lock(self, ctx: Context) -> DeployLock:
         ctx.git_dir = git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
                                           f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
         lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
                                                    "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
-        lock.acquire()
+        assert ctx.record is not None
+        ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
+        try:
+            lock.acquire()
+        except LockHeld as held:
+            if not self._adopt(ctx, git_dir):
+                raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
+            lock.acquire()
         ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s)
+        try:
+            pending = intent.read(ctx.transport, git_dir)
+        except DeployerError as exc:
+            lock.release()
+            raise LockHeld(str(exc)) from None
+        if pending is not None and pending.run_id not in (ctx.run_id, self.adopt_lock_of):
+            lock.release()
+            raise LockHeld(f"run {pending.run_id} of {pending.operator} was interrupted on {self.host_name} "
+                           f"(started {pending.started}); nothing was changed. End it first with: "
+                           f"deployer recover {pending.run_id} --host {self.host_name}")
         return lock
+
+    def _adopt(self, ctx: Context, git_dir: str) -> bool:
+        """Recover takes over the lock of the run it recovers, once that run is surely gone."""
+        state = read_state(ctx.transport, git_dir, self.host.lock_ttl_s)
+        if state is None or self.adopt_lock_of is None or state.info.get("run_id") != self.adopt_lock_of:
+            return False
+        pid = state.info.get("pid")
+        here_and_dead = state.info.get("operator") == self.operator and isinstance(pid, int) and not pid_alive(pid)
+        if not (state.stale or here_and_dead):
+            raise LockHeld(f"run {self.adopt_lock_of} still holds the lock and looks alive ({state.describe()}); "
+                           "recover it once it has stopped (its heartbeat goes stale after "
+                           f"{state.ttl_s:.0f}s)")
+        force_release(ctx.transport, git_dir)
+        ctx.emit("lock_adopted", of_run=self.adopt_lock_of, holder=state.info)
+        return True
+
+    def _interrupted_hint(self, ctx: Context, git_dir: str) -> str:
+        """Recover is the way out of a held lock whose run is gone (it refuses to take a live one)."""
+        holder = None
+        with contextlib.suppress(DeployerError):
+            pending = intent.read(ctx.transport, git_dir)
+            state = read_state(ctx.transport, git_dir, self.host.lock_ttl_s)
+            holder = pending.run_id if pending is not None else state.info.get("run_id") if state else None
+        if not holder:
+            return ""
+        return (f"\nIf run {holder} is gone (killed, disconnected), end it with: "
+                f"deployer recover {holder} --host {self.host_name}")
+
+    def _write_intent(self, ctx: Context) -> None:
+        record = ctx.record
+        assert record is not None and ctx.git_dir is not None and ctx.git_before is not None
+        ctx.transport.run(("mkdir", "-p", "--", ctx.state_dir()), timeout=30)
+        intent.write(ctx.transport, ctx.git_dir, intent.Intent(
+            run_id=ctx.run_id, operator=self.operator, host=self.host_name, started=record.state.history[0].time,
+            head_before=ctx.git_before, trailer=run_trailer(ctx.run_id), files=record.state.files))
+        ctx.emit("intent_recorded", path=intent.path_in(ctx.git_dir))
 
     def run_step(self, ctx: Context, step: Step, name: str) -> str:
         """One step between step_start and step_end events; a failure comes out typed."""
@@ -249,79 +401,82 @@ class Engine:
         return summary
 
     def _run_steps(self, ctx: Context) -> None:
-        touched = staged = committed = False
+        """The chain: each step's declared effect moves the run's phase, written before the step acts."""
+        record = ctx.record
+        assert record is not None
         for step in self.steps:
-            touched = touched or step.changes_files
-            staged = staged or step.kind == "commit"
+            self._enter(ctx, step.effect)
             try:
                 self.run_step(ctx, step, step.name)
             except DeployerError as failure:
                 ctx.bus.step = None
-                if not committed:
-                    if touched:
-                        self._restore(ctx, staged=staged)
-                    raise
-                raise self._after_commit_failure(ctx, failure) from None
-            committed = committed or step.kind == "commit"
+                if record.state.git_after is not None:  # the run's commit is on the target
+                    raise self._after_commit_failure(ctx, failure) from None
+                self._restore(ctx)
+                raise
+            if step.effect in LEAVE:
+                record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
 
-    def _restore(self, ctx: Context, *, staged: bool) -> None:
-        """Give every target file its pre-run bytes (remove new ones), undo a half-made commit."""
+    def _enter(self, ctx: Context, effect: Effect) -> None:
+        record = ctx.record
+        assert record is not None
+        phase = ENTER.get(effect)
+        # A check before the commit (a storm to show the symptom) moves nothing: only a commit's is verifying.
+        if phase is None or (phase == Phase.verifying and record.state.phase not in PAST_COMMIT):
+            return
+        first_change = record.state.phase in (Phase.preparing, Phase.locked)
+        record.advance(phase, utc_now())
+        if first_change:
+            self._write_intent(ctx)
+
+    def _restore(self, ctx: Context) -> None:
+        """Before the commit: every dest back to its pre-run bytes, owner and mode (from the run dir)."""
+        record = ctx.record
+        assert record is not None
+        if record.state.phase in (Phase.preparing, Phase.locked):
+            record.advance(Phase.failed_restored, utc_now())
+            return
         ctx.bus.step = "restore"
+        # The restore must finish even when a signal caused it; a second signal still forces a stop.
+        ctx.cancel = CancelToken()
+        assert ctx.git_before is not None
         try:
-            head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip()
-            if ctx.git_before and head != ctx.git_before:
-                self._undo_own_commit(ctx, head)
-            if staged:  # the commit step ran `git add`; before that the index was never touched
-                ctx.run(("git", "reset", "-q", "--", *ctx.dests), timeout=60)
-            restored, removed = [], []
-            for change in ctx.changes:
-                if change.old is None:
-                    ctx.run(("rm", "-f", "--", change.path), timeout=30)
-                    for directory in change.new_dirs:
-                        ctx.run(("rmdir", "--", directory), timeout=30)
-                    removed.append(change.dest)
-                elif ctx.transport.get(change.path) != change.old:
-                    ctx.transport.put(change.old, change.path)
-                    restored.append(change.dest)
-            wrong = [c.dest for c in ctx.changes if ctx.transport.get(c.path) != c.old]
+            done = restore_files(ctx, record.state.files, ctx.git_before, run_trailer(ctx.run_id), record)
         except DeployerError as exc:
-            raise RollbackFailed(f"restoring the target failed: {exc}. The files "
-                                 f"{', '.join(ctx.dests)} may hold the new bytes; HEAD should be "
-                                 f"{ctx.git_before}") from None
-        if wrong:
-            raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes")
-        ctx.emit("restore", restored=restored, removed=removed, head=ctx.git_before)
-        ctx.facts["restored"] = restored + removed
-
-    def _undo_own_commit(self, ctx: Context, head: str) -> None:
-        """The commit step failed after git commit succeeded: drop that commit, and only that one."""
-        parent = ctx.run(("git", "rev-parse", "HEAD~1"), timeout=30).out.strip()
-        message = ctx.run(("git", "log", "-1", "--format=%B", "HEAD"), timeout=30).out
-        if parent != ctx.git_before or f"Deployer-Run: {ctx.run_id}" not in message:
-            raise RollbackFailed(f"HEAD moved from {ctx.git_before} to {head} during the run, and not by this "
-                                 "run's commit; left as it is")
-        ctx.check(("git", "reset", "-q", "--soft", ctx.git_before), "cannot undo the run's commit", timeout=60)
+            record.advance(Phase.interrupted, utc_now(), error=str(exc))
+            raise
+        ctx.emit("restore", restored=done.restored, removed=done.removed, temps=done.temps,
+                 undid_commit=done.undid_commit, head=ctx.git_before)
+        ctx.facts["restored"] = done.restored + done.removed
+        record.advance(Phase.failed_restored, utc_now())
 
     def _after_commit_failure(self, ctx: Context, failure: DeployerError) -> DeployerError:
         """Past the commit: roll back (on_failure: rollback) or say exactly what stays on the target."""
         kind = Interrupted if isinstance(failure, Interrupted) else VerificationFailed
+        record = ctx.record
+        assert record is not None
         if self.playbook.model.on_failure != "rollback":
+            record.advance(Phase.failed_committed, utc_now(), error=str(failure))
             return kind(f"{failure}\nThe commit {ctx.git_after} stays on the target (on_failure: restore only "
                         f"undoes failures before the commit). {target_state(ctx)}\n"
                         f"To undo it: deployer rollback {ctx.run_id}")
         # The rollback must finish even when a signal caused it; a second signal still forces a stop.
         ctx.cancel = CancelToken()
+        record.advance(Phase.rolling_back, utc_now(), error=str(failure))
         try:
             assert ctx.git_before is not None
             revert = self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id)
         except DeployerError as exc:
-            return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}\n{target_state(ctx)}")
-        restarted = "; services restarted" if any(s.kind == "co_restart" for s in self.steps) else ""
+            record.advance(Phase.interrupted, utc_now())
+            return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}\n{target_state(ctx)}\n"
+                                  f"Finish it with: deployer recover {ctx.run_id} --rollback")
+        record.advance(Phase.rolled_back, utc_now(), rollback_commit=revert)
+        restarted = "; services restarted" if any(s.effect == Effect.restarts for s in self.steps) else ""
         return kind(f"{failure}\nRolled back: commit {revert[:12]} restores "
                     f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}{restarted}")
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
-               verify_kinds: tuple[str, ...] = ("co_restart",)) -> str:
+               verify: tuple[Effect, ...] = (Effect.restarts,)) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
         ctx.bus.step = "rollback"
         message = (f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n"
@@ -331,7 +486,7 @@ class Engine:
         ctx.facts["rollback_commit"] = revert
         forward_pids = ctx.facts.pop("pids", None)
         try:
-            for step in (s for s in self.steps if s.kind in verify_kinds):
+            for step in (s for s in self.steps if s.effect in verify):
                 self.run_step(ctx, step, f"rollback:{step.name}")
         finally:  # both restarts stay in the record: the run's own, and the rollback's
             if "pids" in ctx.facts:

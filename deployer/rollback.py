@@ -10,11 +10,13 @@ from deployer.context import CancelToken, Context
 from deployer.engine import Engine, FilePlan, PlanReport, RunResult, target_state
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed
 from deployer.lock import read_state
-from deployer.runlog import Run, RunLogWriter
-from deployer.steps.base import Action
+from deployer.run.state import Phase
+from deployer.runlog import Run, RunLogWriter, utc_now
+from deployer.steps.base import Action, Effect
 from deployer.transport.base import Transport
 
-VERIFY_KINDS = ("co_restart", "drain")
+# The old build must not face the storm that proved the fix: restarts and metric checks only.
+VERIFY = (Effect.restarts, Effect.verifies)
 STEP = "rollback-check"
 
 
@@ -29,6 +31,9 @@ class Target:
     @classmethod
     def of(cls, run: Run) -> Target:
         git, end = run.git, run.end or {}
+        recovered = [link for link in run.all("recovered_by") if link.get("commit")]
+        if recovered and not git.get("after"):  # cut while committing; recover found the commit
+            git = {**git, "after": recovered[-1]["commit"]}
         if not git.get("after") or not git.get("before"):
             raise ConfigError(f"run {run.run_id} made no commit (status {run.status}); there is nothing to roll "
                               "back. A run that failed before its commit restored the target itself.")
@@ -72,9 +77,11 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         ctx.facts["files"] = target.files
         # From here the rollback must finish: the first signal no longer stops it (a second forces).
         ctx.cancel = CancelToken()
+        assert ctx.record is not None
+        ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
         try:
             ctx.git_after = engine.revert(ctx, before=target.before, dests=target.files,
-                                          rollback_of=run.run_id, verify_kinds=VERIFY_KINDS)
+                                          rollback_of=run.run_id, verify=VERIFY)
         except DeployerError as exc:
             raise RollbackFailed(f"{exc}\n{target_state(ctx)}\nRun the rollback again to finish it: "
                                  f"deployer rollback {run.run_id}") from None
@@ -101,7 +108,7 @@ def plan(engine: Engine, run: Run) -> PlanReport:
     stat = diffs.DiffStat(tuple(f.stat for f in files))
     steps = [("rollback", [Action(f"commit {', '.join(target.files)} as of {target.before[:12]} with trailers "
                                   f"Deployer-Run and Deployer-Rollback-Of: {run.run_id}")])]
-    steps += [(s.name, [Action(f"again after the revert: {s.kind}")]) for s in engine.steps if s.kind in VERIFY_KINDS]
+    steps += [(s.name, [Action(f"again after the revert: {s.kind}")]) for s in engine.steps if s.effect in VERIFY]
     return PlanReport(engine.host_name, engine.host.repo, head, files, stat, None, steps, lock)
 
 

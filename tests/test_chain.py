@@ -213,7 +213,9 @@ def test_run_log_chain_verifies_and_detects_edits_removals_and_truncation(target
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     run = run_dirs(target)[-1]
     assert oct(run.stat().st_mode & 0o777) == "0o700"
-    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in run.iterdir())
+    # Files 0600, directories (the pre-run copies in before/) 0700: they hold production source.
+    assert all(oct(p.stat().st_mode & 0o777) == ("0o700" if p.is_dir() else "0o600") for p in run.rglob("*"))
+    assert any(p.is_file() for p in (run / "before").iterdir())
     ok = target.deployer("runs", "verify", run.name, "--runs-dir", str(target.runs))
     assert ok.returncode == 0, ok.stderr
     events = run / "events.jsonl"

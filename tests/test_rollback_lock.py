@@ -166,9 +166,14 @@ def test_sigkill_leaves_a_parseable_log_and_a_lock_that_turns_stale(target: Proj
     assert target.deployer("lock", "status", "--host", "box").returncode == 0
     audit = sorted(target.runs.iterdir())[-1]
     assert '"lock_force_released"' in (audit / "events.jsonl").read_text()
-    # SIGKILL allows no restore: the file holds the new bytes and the next apply says so.
+    # SIGKILL allows no restore: the file holds the new bytes, and the intent record on the target stops
+    # the next apply with the exact command that ends the cut run.
+    assert target.file("pkg/a.py") == FIXED_A
     refused = target.deployer("apply", "fix.yaml", "--host", "box")
-    assert refused.returncode == 1 and "uncommitted changes in pkg/a.py" in refused.stderr
+    assert refused.returncode == 3 and f"deployer recover {run_id} --host box" in refused.stderr
+    recovered = target.deployer("recover", run_id)
+    assert recovered.returncode == 0, recovered.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A
 
 
 SECRET = "hf_Zq8sEcReT_t0ken_value"

@@ -42,7 +42,8 @@ def test_a_terminal_state_has_no_way_out() -> None:
 def test_a_failure_before_the_commit_restores_and_after_it_keeps_or_rolls_back() -> None:
     assert allowed(Phase.changing, Phase.failed_restored)
     assert allowed(Phase.committing, Phase.failed_restored)  # the commit step undoes its own commit
-    assert not allowed(Phase.committed, Phase.failed_restored)
+    assert allowed(Phase.restarting, Phase.failed_restored)  # a restart-only playbook commits nothing
+    assert not allowed(Phase.rolling_back, Phase.failed_restored)
     assert allowed(Phase.verifying, Phase.failed_committed)
     assert not allowed(Phase.changed, Phase.failed_committed)
     assert allowed(Phase.verifying, Phase.rolling_back) and allowed(Phase.rolling_back, Phase.rolled_back)

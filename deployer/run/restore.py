@@ -59,9 +59,9 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
         head = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
         if head != before:
             done.undid_commit = _undo_own_commit(ctx, head, before, trailer)
-        dests = [f.dest for f in files]
-        if dests and not ctx.run(("git", "diff", "--cached", "--quiet", "HEAD", "--", *dests), timeout=60).ok:
-            ctx.check(("git", "reset", "-q", "--", *dests), "cannot unstage the run's files", timeout=60)
+        staged = _staged_by_run(ctx, files)
+        if staged:
+            ctx.check(("git", "reset", "-q", "--", *staged), "cannot unstage the run's files", timeout=60)
         for rec in files:
             current = ctx.transport.get(rec.path)
             if not rec.existed:
@@ -86,6 +86,16 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
     if wrong:
         raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes")
     return done
+
+
+def _staged_by_run(ctx: Context, files: list[FileRecord]) -> list[str]:
+    """Dests whose index entry holds the run's new bytes: the run's `git add`, not the operator's staging."""
+    listed = ctx.run(("git", "ls-files", "-s", "-z", "--", *(f.dest for f in files)), timeout=60)
+    blobs = {}
+    for entry in filter(None, listed.out.split("\0")):
+        meta, _, path = entry.partition("\t")
+        blobs[path] = meta.split()[1]
+    return [f.dest for f in files if f.new_blob is not None and blobs.get(f.dest) == f.new_blob]
 
 
 def _undo_own_commit(ctx: Context, head: str, before: str, trailer: str) -> str:

@@ -46,9 +46,13 @@ FORWARD = (Phase.preparing, Phase.locked, Phase.changing, Phase.changed, Phase.c
 TERMINAL = frozenset({Phase.succeeded, Phase.failed_restored, Phase.failed_committed, Phase.rolled_back})
 # Phases in which the target may hold the run's commit: a failure there is no longer undone by a restore.
 PAST_COMMIT = frozenset({Phase.committed, Phase.restarting, Phase.verifying, Phase.rolling_back})
-_BEFORE_COMMIT = frozenset({Phase.preparing, Phase.locked, Phase.changing, Phase.changed, Phase.committing})
 # Pairs that may alternate: a playbook may upload twice, or verify and restart again.
 _LOOPS = (frozenset({Phase.changing, Phase.changed}), frozenset({Phase.restarting, Phase.verifying}))
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives these bytes as a blob (SHA-1 object format)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
 def allowed(old: Phase, new: Phase) -> bool:
@@ -59,10 +63,12 @@ def allowed(old: Phase, new: Phase) -> bool:
             return False
         return FORWARD.index(new) > FORWARD.index(old) or any({old, new} <= loop for loop in _LOOPS)
     return {
-        Phase.failed_restored: old in _BEFORE_COMMIT or old == Phase.interrupted,
+        # Any phase of a run that made no commit (a restart-only playbook restarts without one).
+        Phase.failed_restored: old != Phase.rolling_back,
         Phase.failed_committed: old in PAST_COMMIT - {Phase.rolling_back} or old in (Phase.interrupted,
                                                                                    Phase.committing),
-        Phase.rolling_back: old in PAST_COMMIT or old in (Phase.interrupted, Phase.committing),
+        # A rollback run of its own goes straight from locked to rolling_back.
+        Phase.rolling_back: old in PAST_COMMIT or old in (Phase.interrupted, Phase.committing, Phase.locked),
         Phase.rolled_back: old == Phase.rolling_back,
         Phase.interrupted: True,
     }[new]
@@ -83,6 +89,7 @@ class FileRecord(BaseModel):
     tracked: bool
     sha256: str | None  # of the pre-run bytes; None when the file did not exist
     new_sha256: str
+    new_blob: str | None = None  # git's object id of the new bytes: an index entry with it was staged by the run
     mode: int | None = None
     uid: int | None = None
     gid: int | None = None

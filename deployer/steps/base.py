@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, ClassVar
 
 from deployer.command import shell_line
@@ -30,11 +31,21 @@ class Action:
         return f"{self.what}: {shell_line(self.argv, cwd=self.cwd, env=dict(self.env))}"
 
 
+class Effect(str, Enum):
+    """What a step does to the target: the run's state machine follows these, never step kinds."""
+
+    observes = "observes"  # reads the target, or works here: no new phase
+    changes_files = "changes_files"  # a failure before the commit restores the files
+    commits = "commits"  # leaves the run's commit (found again by its trailer)
+    restarts = "restarts"  # services go down and come back on the new code
+    verifies = "verifies"  # checks the running services; after the commit its failure is on_failure's
+    loads = "loads"  # sends load that provokes the bug: proof for a fix, never repeated on a rolled-back build
+
+
 class Step(ABC):
     kind: ClassVar[str]
     Params: ClassVar[type[Strict]] = NoParams
-    # Steps that change the target's files: a failure before the commit restores them.
-    changes_files: ClassVar[bool] = False
+    effect: ClassVar[Effect] = Effect.observes
     # In a playbook that uploads, these kinds must come earlier / later than this step.
     after: ClassVar[tuple[str, ...]] = ()
     before: ClassVar[tuple[str, ...]] = ()

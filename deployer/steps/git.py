@@ -10,7 +10,7 @@ from deployer.config import Strict
 from deployer.context import Context
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Step
+from deployer.steps.base import Action, Effect, Step
 
 Bound = int | tuple[int, int]
 
@@ -139,6 +139,7 @@ def trailers(**pairs: str) -> str:
 
 class Commit(Step):
     kind = "commit"
+    effect = Effect.commits
     Params = CommitParams
     after = ("upload",)
     params: CommitParams

@@ -10,7 +10,7 @@ from pydantic import Field
 from deployer.config import Host, Strict
 from deployer.context import Context
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Step
+from deployer.steps.base import Action, Effect, Step
 from deployer.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
 
@@ -52,6 +52,7 @@ def storm(ctx: Context, params: StormParams) -> str:
 
 class Storm(Step):
     kind = "storm"
+    effect = Effect.loads
     Params = StormParams
     params: StormParams
 

@@ -21,7 +21,7 @@ from pydantic import Field
 from deployer.config import Host, Strict
 from deployer.context import Context
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Step
+from deployer.steps.base import Action, Effect, Step
 from deployer.steps.load import StormParams, storm
 
 COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
@@ -178,6 +178,7 @@ class Drain(MetricStep):
     """The symptom must be gone: the metric meets the bound over consecutive polls in time."""
 
     kind = "drain"
+    effect = Effect.verifies
     Params = DrainParams
     params: DrainParams
 

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from deployer.config import Host, Service, Strict, resolve_env
 from deployer.context import Context
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Step
+from deployer.steps.base import Action, Effect, Step
 from deployer.transport.base import ExecResult
 
 # Detached start: own session (so a stop can signal the whole group), output to the log,
@@ -220,6 +220,7 @@ class CoRestartParams(Strict):
 
 class CoRestart(Step):
     kind = "co_restart"
+    effect = Effect.restarts
     Params = CoRestartParams
     params: CoRestartParams
     after = ("commit",)

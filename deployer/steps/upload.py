@@ -5,7 +5,7 @@ from __future__ import annotations
 from deployer.config import Strict
 from deployer.context import Change, Context
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Step
+from deployer.steps.base import Action, Effect, Step
 from deployer.transport.base import sha256_hex
 
 
@@ -16,7 +16,7 @@ class UploadParams(Strict):
 class Upload(Step):
     kind = "upload"
     Params = UploadParams
-    changes_files = True
+    effect = Effect.changes_files
 
     def plan(self, ctx: Context) -> list[Action]:
         if ctx.playbook.patch is not None:

@@ -1,0 +1,143 @@
+"""`deployer recover`: end a run that was cut (killed, disconnected, out of disk) in a consistent state.
+
+It reads the run's record here (`state.json`, `before/`) and/or the intent record on the target, then the
+target itself (HEAD and the run's trailer, the dests' bytes, temp files, the lock), and ends in one of:
+- the run's commit exists: it is recorded as the run's `git.after` and kept (or, with --rollback, reverted
+  by a new commit and the services restarted and verified again);
+- no commit: every dest gets its pre-run bytes, owner and mode back, new files are removed.
+Temp files are removed, the intent record and the lock released, and what it did is appended to the run's
+log. Run twice, the second finds nothing to do and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deployer.context import Context
+from deployer.engine import Engine, RunResult
+from deployer.errors import ConfigError, DeployerError
+from deployer.run import intent
+from deployer.run.restore import remove_temps, restore_files, run_commit
+from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
+from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
+from deployer.steps.base import Effect
+
+# What a rollback runs again after its revert (never the storm that proved the fix).
+VERIFY = (Effect.restarts, Effect.verifies)
+
+
+@dataclass
+class Recovered:
+    """What recover found and did, for the run's log and the person."""
+
+    run_id: str
+    outcome: Phase | None = None  # None: nothing was left to recover
+    commit: str | None = None
+    restored: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    temps: list[str] = field(default_factory=list)
+    rollback_commit: str | None = None
+    dests: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.outcome is None:
+            return f"run {self.run_id}: nothing to recover (no intent record on the target, record settled)"
+        parts = [f"run {self.run_id} -> {self.outcome.value}"]
+        if self.commit:
+            parts.append(f"its commit {self.commit[:12]} is on the target")
+        if self.rollback_commit:
+            parts.append(f"rolled back by {self.rollback_commit[:12]}")
+        if self.restored or self.removed:
+            parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")
+        if self.temps:
+            parts.append(f"removed temp files {', '.join(self.temps)}")
+        return "; ".join(parts)
+
+
+def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, Recovered]:
+    """Recover run_id on the engine's host, as a run of its own (own log, own lock) that adopts the cut one's."""
+    record = RunRecord.load(engine.runs_dir / run_id)
+    found = Recovered(run_id)
+
+    def body(ctx: Context, log: RunLogWriter) -> None:
+        assert ctx.git_dir is not None
+        pending = intent.read(ctx.transport, ctx.git_dir)
+        if pending is not None and pending.run_id != run_id:
+            raise ConfigError(f"the target's intent record names run {pending.run_id}, not {run_id}: "
+                              f"recover that one (deployer recover {pending.run_id} --host {engine.host_name})")
+        if pending is None and (record is None or record.state.terminal):
+            ctx.emit("recovered", of_run=run_id, outcome=None)  # a second recover: nothing left to do
+            return
+        files, before, trailer = _what_to_undo(record, pending)
+        found.dests = [f.dest for f in files]
+        ctx.git_before = before
+        commit = run_commit(ctx, before, trailer)
+        if commit is not None:
+            found.commit = ctx.git_after = commit
+            found.temps = remove_temps(ctx, files) if files else []
+            found.outcome = Phase.failed_committed
+            if rollback:
+                _settle_original(record, Phase.rolling_back)
+                dests = _committed(ctx, commit)
+                found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
+                                                      verify=VERIFY)
+                found.outcome = Phase.rolled_back
+        else:
+            done = restore_files(ctx, files, before, trailer, record)
+            found.restored, found.removed, found.temps = done.restored, done.removed, done.temps
+            found.outcome = Phase.failed_restored
+        _settle_original(record, found.outcome)
+        ctx.emit("recovered", of_run=run_id, outcome=found.outcome.value, commit=found.commit,
+                 restored=found.restored, removed=found.removed, temps=found.temps,
+                 rollback_commit=found.rollback_commit)
+
+    engine.adopt_lock_of = run_id
+    result = engine.execute(body, recover_of=run_id)
+    if result.exit_code == 0 and found.outcome is not None:
+        _link(engine.runs_dir, run_id, result, found)
+    return result, found
+
+
+def _what_to_undo(record: RunRecord | None, pending: intent.Intent | None) -> tuple[list[FileRecord], str, str]:
+    """Files, HEAD before and trailer: from the run dir when this machine has it, else from the target."""
+    if record is not None and record.state.git_before is not None and record.state.trailer is not None:
+        return record.state.files, record.state.git_before, record.state.trailer
+    if pending is not None:
+        return pending.files, pending.head_before, pending.trailer
+    raise DeployerError("the run's record has no HEAD before the run and the target has no intent record: "
+                        "it never got as far as changing anything")
+
+
+def _committed(ctx: Context, commit: str) -> list[str]:
+    listed = ctx.check(("git", "diff-tree", "--no-commit-id", "--name-only", "-r", "-z", commit),
+                       "cannot list the run's commit", timeout=30).out
+    return sorted(filter(None, listed.split("\0")))
+
+
+def _settle_original(record: RunRecord | None, outcome: Phase) -> None:
+    if record is None or record.state.phase == outcome:
+        return
+    if record.state.terminal:
+        return  # settled by its own run already; the link line says what recover added
+    if outcome == Phase.failed_committed and record.state.phase not in PAST_COMMIT:
+        record.advance(Phase.interrupted, utc_now())  # cut while committing: the commit exists after all
+    record.advance(outcome, utc_now())
+
+
+def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> None:
+    """Append to the cut run's own log: its end (if it never wrote one) and the link to this recover."""
+    if not (runs_dir / run_id / EVENTS).is_file():
+        return
+    run = read_run(runs_dir, run_id)
+    writer = RunLogWriter.reopen(runs_dir, run_id)
+    try:
+        if run.end is None:
+            writer.write({"type": "run_end", "status": "failed", "exit_code": None, "phase": found.outcome,
+                          "error": "the run was cut; it was ended by deployer recover", "ended_by": result.run_id,
+                          "git": {"before": result.git_before, "after": found.commit},
+                          "files": found.dests, "facts": {}})
+        writer.write({"type": "recovered_by", "by": result.run_id, "status": result.status,
+                      "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit})
+    finally:
+        writer.close()

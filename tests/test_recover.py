@@ -1,0 +1,232 @@
+"""A run can be cut anywhere: SIGKILL at six moments of an apply, then `deployer recover` ends it.
+
+Each moment is made deterministic by something real that blocks there (a git hook, a service that never
+gets healthy, a metric that never settles) and writes its pid to a marker file when it is reached; the test
+waits for the marker (with a deadline) and kills the deployer process then. After recover: the target is
+byte for byte as before, or holds exactly the run's commit and the log says so; no temp files, no lock, no
+intent record; `runs verify` passes; a second recover changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
+from fixtures_services import GAUGE, Stack
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
+
+GATE_SCRIPT = """#!/bin/sh
+# Blocks here for good: the test kills the deployer (and then this) once the marker names our pid.
+echo $$ > "{marker}"
+while :; do sleep 0.05; done
+"""
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def gate(project: Project, name: str) -> tuple[Path, Path]:
+    marker = project.root / f"{name}.reached"
+    script = project.root / f"{name}.sh"
+    script.write_text(GATE_SCRIPT.format(marker=marker))
+    script.chmod(0o755)
+    return script, marker
+
+
+def kill_marker(marker: Path) -> None:
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+        os.kill(int(marker.read_text().strip()), signal.SIGKILL)
+
+
+def run_dir(project: Project) -> Path:
+    return sorted(p for p in project.runs.iterdir() if (p / "state.json").is_file())[0]
+
+
+def state_of(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "state.json").read_text()))
+
+
+def start_and_kill(project: Project, reached: Callable[[], bool], what: str, *extra: str) -> Path:
+    proc = project.popen("apply", "fix.yaml", "--host", "box", *extra)
+    try:
+        wait_for(lambda: reached() or proc.poll() is not None, what)
+        assert proc.poll() is None, f"the apply ended before {what}: {proc.communicate()}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return run_dir(project)
+
+
+def assert_settled(project: Project, run: Path) -> None:
+    git_dir = project.repo / ".git"
+    assert not (git_dir / "deployer.lock").exists(), "the lock is still there"
+    assert not (git_dir / "deployer" / "inflight.json").exists(), "the intent record is still there"
+    temps = [p.name for p in project.repo.rglob("*.tmp") if "deployer" in p.name]
+    assert temps == []
+    verified = project.deployer("runs", "verify", run.name)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def recover_twice(project: Project, run: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    first = project.deployer("recover", run.name, *extra)
+    assert first.returncode == 0, first.stdout + first.stderr
+    snapshot = tree_snapshot(project.repo)
+    head = project.head()
+    again = project.deployer("recover", run.name)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "nothing to recover" in again.stdout
+    assert tree_snapshot(project.repo) == snapshot and project.head() == head
+    return first
+
+
+def hook(project: Project, name: str, script: Path) -> None:
+    path = project.repo / ".git" / "hooks" / name
+    path.write_text(f"#!/bin/sh\nexec {script}\n")
+    path.chmod(0o755)
+
+
+def commit_with_hooks() -> list[Any]:
+    return ["local_compile", "upload", "remote_compile",
+            {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},
+            {"commit": {"message": "pkg: answer is 42", "hooks": True}}]
+
+
+@pytest.mark.parametrize("moment", ["pre-commit", "uploading"])
+def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(target: Project,
+                                                                                 moment: str) -> None:
+    os.chown(target.repo / "pkg/a.py", 12345, 12346)
+    (target.repo / "pkg/a.py").chmod(0o640)
+    before_tree, head = tree_snapshot(target.repo), target.head()
+    if moment == "pre-commit":
+        script, marker = gate(target, "pre-commit")
+        hook(target, "pre-commit", script)
+        target.playbook(steps=commit_with_hooks())
+        reached: Callable[[], bool] = marker.exists
+    else:
+        # A big second file keeps the upload busy; the kill lands while the state says `changing`.
+        big = "x = 1\n" * 4_000_000
+        target.write("fix/big.py", big)
+        target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
+                               {"src": "fix/big.py", "dest": "pkg/big.py", "create": True}],
+                        steps=["upload", {"commit": {"message": "m"}}])
+        marker = target.root / "none"
+        reached = lambda: any(state_of(p).get("phase") == "changing"  # noqa: E731
+                              for p in target.runs.glob("*") if (p / "state.json").is_file())
+    run = start_and_kill(target, reached, f"the {moment} moment")
+    kill_marker(marker)
+    assert state_of(run)["phase"] in ("changing", "changed", "committing")
+    blocked = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert blocked.returncode == 3, blocked.stdout + blocked.stderr
+    assert f"deployer recover {run.name}" in blocked.stderr
+    recover_twice(target, run)
+    assert target.head() == head
+    assert tree_snapshot(target.repo) == before_tree
+    st = (target.repo / "pkg/a.py").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12346, 0o640)
+    assert git(target.repo, "status", "--porcelain") == ""
+    assert state_of(run)["phase"] == "failed_restored"
+    assert_settled(target, run)
+
+
+def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_says_so(target: Project) -> None:
+    before = target.head()
+    script, marker = gate(target, "post-commit")
+    hook(target, "post-commit", script)
+    target.playbook(steps=commit_with_hooks())
+    run = start_and_kill(target, marker.exists, "the post-commit hook")
+    kill_marker(marker)
+    assert state_of(run)["phase"] == "committing"
+    first = recover_twice(target, run)
+    head = target.head()
+    assert head != before and git(target.repo, "rev-parse", "HEAD~1").strip() == before
+    assert f"Deployer-Run: {run.name}" in git(target.repo, "log", "-1", "--format=%B")
+    assert target.file("pkg/a.py") == FIXED_A and git(target.repo, "status", "--porcelain") == ""
+    assert "failed_committed" in first.stdout and head[:12] in first.stdout
+    state = state_of(run)
+    assert state["phase"] == "failed_committed"
+    lines = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    end = next(e for e in lines if e["type"] == "run_end")
+    assert end["git"]["after"] == head
+    assert_settled(target, run)
+    # And the kept commit can be rolled back like any other.
+    rolled = target.deployer("rollback", run.name)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@pytest.mark.parametrize("moment", ["baseline", "restarting", "draining"])
+def test_killed_while_observing_or_restarting_recover_ends_the_run_consistently(
+        target: Project, stack: Stack, moment: str) -> None:
+    head = target.head()
+    steps: list[Any] = ["local_compile", "upload", "remote_compile",
+                        {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},
+                        {"commit": {"message": "pkg: answer is 42"}}]
+    marker = target.root / "never"
+    if moment == "baseline":
+        # A metric that is absent keeps the baseline polling (inconclusive until within_s).
+        steps.insert(0, {"baseline": {"metric": "absent_metric", "within_s": 120, "interval_s": 0.1}})
+    elif moment == "restarting":
+        script, marker = gate(target, "start")
+        stack.configure(prefill={"start": [str(script)], "health": "http://127.0.0.1:9/health",
+                                 "health_timeout_s": 120})
+        steps.append({"co_restart": {"services": ["prefill"]}})
+    else:
+        stack.set_gauge(3.0)
+        steps += [{"co_restart": {}}, {"drain": {"metric": GAUGE, "to": 0, "within_s": 120, "interval_s": 0.1}}]
+    target.playbook(steps=steps)
+
+    def reached() -> bool:
+        if moment == "restarting":
+            return marker.exists()
+        runs = [p for p in target.runs.glob("*") if (p / "events.jsonl").is_file()]
+        wanted = "baseline" if moment == "baseline" else "drain"
+        return any(f'"step": "{wanted}"' in (p / "events.jsonl").read_text() and
+                   '"type": "sample"' in (p / "events.jsonl").read_text() for p in runs)
+
+    run = start_and_kill(target, reached, f"the {moment} moment")
+    kill_marker(marker)
+    stack.kill_all()
+    recover_twice(target, run)
+    state = state_of(run)
+    if moment == "baseline":
+        assert target.head() == head and target.file("pkg/a.py") == ORIGINAL_A
+        assert state["phase"] == "failed_restored"
+    else:
+        assert git(target.repo, "rev-parse", "HEAD~1").strip() == head
+        assert target.file("pkg/a.py") == FIXED_A
+        assert state["phase"] == "failed_committed"
+    assert_settled(target, run)
+
+
+def test_recover_from_another_machine_uses_the_intent_record_and_gits_objects(target: Project) -> None:
+    before_tree, head = tree_snapshot(target.repo), target.head()
+    script, marker = gate(target, "pre-commit")
+    hook(target, "pre-commit", script)
+    target.playbook(steps=commit_with_hooks())
+    run = start_and_kill(target, marker.exists, "the pre-commit hook")
+    kill_marker(marker)
+    # The other operator has no run dir: recover by host, from the target's own records.
+    elsewhere = target.runs.parent / "other-runs"
+    done = target.deployer("recover", "--host", "box", "--runs-dir", str(elsewhere))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert run.name in done.stdout and "failed_restored" in done.stdout
+    assert tree_snapshot(target.repo) == before_tree and target.head() == head
+    assert not (target.repo / ".git" / "deployer" / "inflight.json").exists()
+    assert any((p / "events.jsonl").is_file() for p in elsewhere.iterdir())
