@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,6 +23,7 @@ from pydantic import (
 
 from deployer import yamlsrc
 from deployer.errors import ConfigError
+from deployer.storm import LOOPBACK_HOSTS
 
 
 class Strict(BaseModel):
@@ -62,6 +66,36 @@ EnvValue = str | SecretValue
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # what a POSIX shell can export
 
 
+def check_url(url: str) -> str:
+    """An absolute http(s) URL as the target sees it: a relative one has nothing to connect to."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} must be an absolute http:// URL, such as http://127.0.0.1:30000/metrics")
+    try:
+        bad_port = parts.port == 0
+    except ValueError:  # not a number, or above 65535
+        bad_port = True
+    if bad_port:
+        raise ValueError(f"{url!r} has a bad port")
+    return url
+
+
+def check_loopback_url(url: str) -> str:
+    """Where a storm may be sent: the target's own loopback, over plain http (deployer.storm's rule)."""
+    check_url(url)
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        raise ValueError(f"{url!r}: a storm speaks plain http:// only")
+    if parts.hostname not in LOOPBACK_HOSTS:
+        raise ValueError(f"{url!r}: host {parts.hostname!r} is not loopback (127.0.0.1, localhost, ::1); "
+                         "a storm only hits the target's own loopback")
+    return url
+
+
+Url = Annotated[str, AfterValidator(check_url)]
+LoopbackUrl = Annotated[str, AfterValidator(check_loopback_url)]
+
+
 def _argv(value: str | list[str] | None) -> list[str] | None:
     if value is None or isinstance(value, list):
         return value
@@ -74,7 +108,7 @@ class Service(Strict):
     start: list[str] | None = None
     stop: list[str] | None = None
     systemd: str | None = None
-    health: str | None = None
+    health: Url | None = None
     health_timeout_s: float = Field(default=60.0, gt=0)
     stop_grace_s: float = Field(default=10.0, ge=0)
     cwd: str | None = None
@@ -102,8 +136,8 @@ class Host(Strict):
     host_key_policy: Literal["reject", "accept-new"] = "reject"
     repo: str
     python: str = "python3"
-    metrics: str | None = None
-    endpoint: str | None = None  # the serving entry point (e.g. the router) that a storm hits
+    metrics: Url | None = None
+    endpoint: LoopbackUrl | None = None  # the serving entry point (e.g. the router) that a storm hits
     services: dict[str, Service] = Field(default_factory=dict)
     env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
     become: bool = False
@@ -129,8 +163,24 @@ class Inventory(Strict):
     hosts: dict[str, Host]
 
 
+# Control characters split line-based answers and reach sshd as invalid packets; line and paragraph
+# separators split lines too (str.splitlines); format characters (RIGHT-TO-LEFT OVERRIDE...) make a
+# name read as another one.
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
+
+
+def check_plain_name(path: str) -> str:
+    """A path that reads the same to every tool: no control characters, not an option (leading '-')."""
+    for index, char in enumerate(path):
+        if unicodedata.category(char) in _UNSAFE_CATEGORIES:
+            raise ValueError(f"must not contain control characters (U+{ord(char):04X} at index {index})")
+    if posixpath.normpath(path).startswith("-"):
+        raise ValueError("must not start with '-' (it would read as an option)")
+    return path
+
+
 class FileSpec(Strict):
-    src: str
+    src: Annotated[str, AfterValidator(check_plain_name)]
     dest: str
     create: bool = False  # the dest may be a file git does not track yet
 
@@ -142,6 +192,7 @@ class FileSpec(Strict):
 
 def check_repo_relative(dest: str) -> str:
     """A path relative to the repo that cannot leave it or touch git's own files."""
+    check_plain_name(dest)
     if not dest or posixpath.isabs(dest):
         raise ValueError("must be a path relative to the host's repo, not absolute")
     parts = dest.split("/")
@@ -149,8 +200,6 @@ def check_repo_relative(dest: str) -> str:
         raise ValueError("must not contain '..' (it would escape the repo)")
     if ".git" in parts:
         raise ValueError("must not point into .git")
-    if dest.startswith("-"):
-        raise ValueError("must not start with '-'")
     if posixpath.normpath(dest) == "." or dest.endswith("/"):
         raise ValueError("must name a file, not a directory")
     return posixpath.normpath(dest)
@@ -160,7 +209,7 @@ class Playbook(Strict):
     name: str = Field(min_length=1)
     description: str = ""
     files: list[FileSpec] = Field(default_factory=list)
-    patch: str | None = None
+    patch: Annotated[str, AfterValidator(check_plain_name)] | None = None
     steps: list[Any] = Field(min_length=1)
     on_failure: Literal["restore", "rollback"] = "restore"
 

@@ -55,8 +55,8 @@ def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:
         else:
             raise ConfigError(f"{doc.mark(loc)}: steps.{i}: a step is a kind name or {{kind: {{params}}}}")
         cls = KINDS.get(kind)
-        if cls is None:
-            raise ConfigError(f"{doc.mark(loc)}: steps.{i}: unknown step kind {kind!r} "
+        if cls is None:  # point at the kind itself, not at its (possibly flow-style) parameters
+            raise ConfigError(f"{doc.key_mark(loc)}: steps.{i}: unknown step kind {kind!r} "
                               f"(known: {', '.join(sorted(KINDS))})")
         if not isinstance(params, dict):
             raise ConfigError(f"{doc.mark(loc)}: steps.{i}.{kind}: parameters must be a mapping")

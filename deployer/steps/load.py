@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 
-from deployer.config import Host, Strict
+from deployer.config import Host, LoopbackUrl, Strict
 from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
@@ -15,12 +15,12 @@ from deployer.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
 
 class StormParams(Strict):
-    url: str | None = None  # default: the host's `endpoint` + /generate
+    url: LoopbackUrl | None = None  # default: the host's `endpoint` + /generate
     requests: int = Field(default=200, ge=1, le=MAX_REQUESTS)
     concurrency: int = Field(default=32, ge=1, le=MAX_CONCURRENCY)
     client_timeout_s: float = Field(default=0.2, gt=0, le=60)
     abort_all_every: int | None = Field(default=None, ge=1)
-    abort_url: str | None = None  # default: the storm URL's /abort_request
+    abort_url: LoopbackUrl | None = None  # default: the storm URL's /abort_request
     max_duration_s: float = Field(default=60.0, gt=0, le=600)
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from deployer.config import Host, Strict
+from deployer.config import Host, Strict, Url
 from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
@@ -31,7 +31,7 @@ class MetricParams(Strict):
     metric: str
     labels: dict[str, str] = Field(default_factory=dict)
     aggregate: Literal["sum", "max"] = "sum"
-    url: str | None = None  # default: the host's `metrics` URL
+    url: Url | None = None  # default: the host's `metrics` URL
     interval_s: float = Field(default=1.0, gt=0)
     stable_polls: int = Field(default=3, ge=1)
 
@@ -121,8 +121,16 @@ class MetricStep(Step):
 
 
 class BaselineParams(MetricParams):
-    storm: bool | StormParams = False
+    storm: StormParams | None = None  # `storm: true` is a storm with the defaults
     within_s: float = Field(default=20.0, gt=0)
+
+    @field_validator("storm", mode="before")
+    @classmethod
+    def _storm_flag(cls, value: object) -> object:
+        # A bool|StormParams union would report both branches for one mistake in the mapping.
+        if isinstance(value, bool):
+            return {} if value else None
+        return value
 
 
 class Baseline(MetricStep):
@@ -133,18 +141,14 @@ class Baseline(MetricStep):
     params: BaselineParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        storm_params = self.storm_params()
+        storm_params = self.params.storm
         if storm_params is not None and storm_params.url is None and host.endpoint is None:
             return f"no storm URL: set `endpoint` on host {host_name} or `storm: {{url: ...}}` on the step"
         return super().check_host(host_name, host)
 
-    def storm_params(self) -> StormParams | None:
-        chosen = self.params.storm
-        return StormParams() if chosen is True else (chosen or None)
-
     def plan(self, ctx: Context) -> list[Action]:
         actions = []
-        if (storm_params := self.storm_params()) is not None:
+        if (storm_params := self.params.storm) is not None:
             actions.append(Action(f"storm first: {storm_params.requests} requests, {storm_params.concurrency} at a "
                                   f"time, clients give up after {storm_params.client_timeout_s:g}s"))
         actions.append(Action(f"read {describe(self.params)} from {metrics_url(ctx, self.params, self.name)} until "
@@ -152,7 +156,7 @@ class Baseline(MetricStep):
         return actions
 
     def run(self, ctx: Context) -> str:
-        if (storm_params := self.storm_params()) is not None:
+        if (storm_params := self.params.storm) is not None:
             storm(ctx, storm_params)
         previous: list[float] = []
 
