@@ -32,7 +32,7 @@ from deployer.steps.services import http_status
 from deployer.transport.local import LocalTransport
 
 STACK = Path(__file__).parent / "stack"
-PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "kvpoll-fix.yaml"
+PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too
 HOST = "demo"
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
