@@ -29,7 +29,9 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     made = run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     py = venv / "bin" / "python"
-    installed = run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel, cwd=tmp_path)
+    # --ignore-installed: the editable install of the dev tree is visible through the system site-packages.
+    installed = run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel,
+                    cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr
     # Nothing of this source tree may leak in: no PYTHONPATH, and a working directory outside it.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"NO_COLOR": "1"}
