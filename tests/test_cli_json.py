@@ -118,3 +118,64 @@ def test_help_does_not_import_the_core(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
     assert time.monotonic() - started < 10
+
+
+# -- schema and completion --------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def schema(kind: str) -> dict[str, object]:
+    result = deployer(REPO, "schema", kind)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_the_schemas_validate_the_example_playbooks_and_inventory() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    playbook, inventory = schema("playbook"), schema("inventory")
+    for path in sorted((REPO / "playbooks").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(path.read_text()), playbook)
+    jsonschema.validate(yaml.safe_load((REPO / "hosts.yaml").read_text()), inventory)
+
+
+def test_the_playbook_schema_rejects_an_unknown_step_and_an_unknown_key() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    playbook = schema("playbook")
+    good = {"name": "x", "patch": "fix.diff", "steps": ["upload", {"diff_bounds": {"files": 1}}, {"commit": None}]}
+    jsonschema.validate(good, playbook)
+    for bad in ({**good, "steps": ["uplaod"]},
+                {**good, "steps": [{"diff_bounds": {"file": 1}}]},
+                {**good, "on_failure": "pray"},
+                {"name": "x", "steps": ["upload"]}):  # neither files nor patch
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, playbook)
+
+
+def complete(cwd: Path, words: str, env: dict[str, str] | None = None) -> list[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")} | (env or {}) | {
+        "_DEPLOYER_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1)}
+    result = subprocess.run([sys.executable, "-m", "deployer"], cwd=cwd, env=full, capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    return [line.split(",", 1)[1] for line in result.stdout.splitlines()]
+
+
+def test_completion_offers_commands_host_names_and_run_ids(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  gpu-a: {repo: /r}\n  gpu-b: {repo: /r}\n  cpu: {repo: /r}\n")
+    (tmp_path / "other.yaml").write_text("hosts:\n  elsewhere: {repo: /r}\n")
+    for run_id in ("20260101T000000.000Z-aaaaaa", "20260102T000000.000Z-bbbbbb"):
+        (tmp_path / "runs" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / run_id / "events.jsonl").write_text("")
+    assert complete(tmp_path, "deployer r") == ["rollback", "runs"]
+    assert complete(tmp_path, "deployer plan --host gpu") == ["gpu-a", "gpu-b"]
+    assert complete(tmp_path, "deployer check -i other.yaml --host ") == ["elsewhere"]
+    assert complete(tmp_path, "deployer apply fix.yaml --host ", {"DEPLOYER_INVENTORY": "other.yaml"}) == [
+        "elsewhere"]
+    assert complete(tmp_path, "deployer runs show --runs-dir runs 202601") == [
+        "20260101T000000.000Z-aaaaaa", "20260102T000000.000Z-bbbbbb"]
+    assert complete(tmp_path, "deployer apply --al") == ["--allow-dirty"]
