@@ -322,7 +322,7 @@ def metric_series(events: list[dict[str, Any]]) -> list[Series]:
 
 
 def sparkline(values: list[float | None], top: float) -> str:
-    return "".join("?" if v is None else BARS[0 if top <= 0 else min(len(BARS) - 1, round(v / top * 7))]
+    return "".join("?" if v is None else BARS[0 if top <= 0 else max(0, min(len(BARS) - 1, round(v / top * 7)))]
                    for v in values)
 
 
@@ -334,6 +334,7 @@ def show_chart(console: Console, events: list[dict[str, Any]]) -> None:
     top = max((v for s in series for v in s.values if v is not None), default=0.0)
     console.print(f"  samples (one bar per poll, full bar = {_num(top)}):", markup=False, highlight=False)
     width = max(len(s.step) for s in series)
+    bars = max(min(len(s.values), CHART_WIDTH) for s in series)
     for s in series:
         values = s.values[-CHART_WIDTH:]
         label = f"    {s.step:<{width}}  "
@@ -341,6 +342,7 @@ def show_chart(console: Console, events: list[dict[str, Any]]) -> None:
         for value in values:
             style = "" if s.op is None else "green" if s.met(value) else "red"
             line.append(sparkline([value], top), style=style if console.is_terminal else "")
+        line.append(" " * (bars - len(values)))
         shown = " ".join("?" if v is None else _num(v) for v in values[-8:])
         line.append(f"  {s.metric}: {'... ' if len(values) > 8 else ''}{shown}")
         console.print(line, highlight=False)

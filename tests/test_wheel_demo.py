@@ -7,10 +7,17 @@ is downloaded but the build backend) and runs the installed `deployer demo` from
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from fixtures_services import wait_dead
+
+from deployer.demo.run import process_alive
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +44,36 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"NO_COLOR": "1"}
     where = run(py, "-c", "import deployer; print(deployer.__file__)", cwd=tmp_path, env=env)
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
-    demo = run(venv / "bin" / "deployer", "demo", "--workdir", tmp_path / "demo", "--json", cwd=tmp_path, env=env)
-    assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert '"status": "successful"' in demo.stdout
+    deployer = venv / "bin" / "deployer"
+    workdir = tmp_path / "demo"
+    demo = run(deployer, "demo", "--workdir", workdir, "--keep", cwd=tmp_path, env=env)
+    state = workdir / "repo" / ".git" / "deployer"
+    pids = {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
+    try:
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        report = demo.stdout[demo.stdout.index("demo report"):]
+        assert_chart(report)
+        assert f"stop it with: deployer demo --stop --workdir {workdir}" in report
+        assert set(pids) == {"prefill", "decode", "router"} and all(process_alive(p) for p in pids.values())
+        run_id = next((workdir / "runs").iterdir()).name
+        shown = run(deployer, "runs", "show", run_id, "--runs-dir", workdir / "runs", cwd=tmp_path, env=env)
+        assert_chart(shown.stdout)
+        stopped = run(deployer, "demo", "--stop", "--workdir", workdir, "--json", cwd=tmp_path, env=env)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert json.loads(stopped.stdout)["stopped"] == {str(workdir): pids}
+        assert all(wait_dead(pid) for pid in pids.values())
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def assert_chart(text: str) -> None:
+    """The baseline and drain samples drawn as bars, plain text (no terminal here), the bound marked."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("samples (one bar per poll"))
+    baseline, drain, marks = lines[start + 1], lines[start + 2], lines[start + 3]
+    assert baseline.split()[0] == "baseline" and drain.split()[0] == "drain"
+    assert set(baseline.split()[1]) <= set("▁▂▃▄▅▆▇█") and set(drain.split()[1]) <= set("▁▂▃▄▅▆▇█")
+    assert marks.strip().endswith("✓ = <= 0") and marks.split()[0].endswith("✓✓✓")
+    assert "\x1b[" not in text
