@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import pytest
 from fixtures_repo import Project
+from fixtures_services import GAUGE, Stack
 from fixtures_ssh import SSHD
 
 from deployer.cli import main
@@ -179,3 +180,19 @@ def test_completion_offers_commands_host_names_and_run_ids(tmp_path: Path) -> No
     assert complete(tmp_path, "deployer runs show --runs-dir runs 202601") == [
         "20260101T000000.000Z-aaaaaa", "20260102T000000.000Z-bbbbbb"]
     assert complete(tmp_path, "deployer apply --al") == ["--allow-dirty"]
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_apply_ends_with_a_plain_chart_of_the_samples_with_the_bound_marked(stack: Stack) -> None:
+    project = stack.project
+    project.playbook(steps=[{"co_restart": {}}, {"baseline": {"metric": GAUGE, "interval_s": 0.1}},
+                            {"drain": {"metric": GAUGE, "to": 5, "interval_s": 0.1, "within_s": 10}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("  samples (one bar per poll, full bar = 3):")
+    baseline, drain, marks = lines[start + 1].split(), lines[start + 2].split(), lines[start + 3].split()
+    assert baseline == ["baseline", "███", f"{GAUGE}:", "3", "3", "3"]
+    assert drain == ["drain", "███", f"{GAUGE}:", "3", "3", "3"]
+    assert marks == ["✓✓✓", "✓", "=", "<=", "5"]
+    assert "\x1b[" not in result.stdout  # not a terminal: no colours
