@@ -211,7 +211,8 @@ def write_playbook(source: Path, *, base: str, output: Path, as_patch: bool, mes
               f" HEAD {head[:12]}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n"
               f"#   deployer plan {output.name} --host HOST\n")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(header + yaml.safe_dump(body, sort_keys=False, width=1000, allow_unicode=True))
+    output.write_text(header + yaml.safe_dump(body, sort_keys=False, width=1000, allow_unicode=True,
+                                                    default_flow_style=None))
     made.written.insert(0, output)
     return made
 
