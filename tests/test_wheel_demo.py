@@ -45,8 +45,11 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     where = run(py, "-c", "import deployer; print(deployer.__file__)", cwd=tmp_path, env=env)
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
     deployer = venv / "bin" / "deployer"
-    workdir = tmp_path / "demo"
-    demo = run(deployer, "demo", "--workdir", workdir, "--keep", cwd=tmp_path, env=env)
+    # No --workdir: the demo makes its own temp dir, and `demo --stop` must find it there alone.
+    (tmp_path / "tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    demo = run(deployer, "demo", "--keep", cwd=tmp_path, env=env)
+    workdir = next((tmp_path / "tmp").glob("deployer-demo-*"))
     state = workdir / "repo" / ".git" / "deployer"
     pids = {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
     try:
@@ -58,10 +61,12 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
         run_id = next((workdir / "runs").iterdir()).name
         shown = run(deployer, "runs", "show", run_id, "--runs-dir", workdir / "runs", cwd=tmp_path, env=env)
         assert_chart(shown.stdout)
-        stopped = run(deployer, "demo", "--stop", "--workdir", workdir, "--json", cwd=tmp_path, env=env)
+        stopped = run(deployer, "demo", "--stop", "--json", cwd=tmp_path, env=env)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert json.loads(stopped.stdout)["stopped"] == {str(workdir): pids}
         assert all(wait_dead(pid) for pid in pids.values())
+        again = run(deployer, "demo", "--stop", "--workdir", workdir, "--json", cwd=tmp_path, env=env)
+        assert json.loads(again.stdout)["stopped"] == {str(workdir): {}}
     finally:
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
