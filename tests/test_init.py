@@ -111,8 +111,9 @@ def test_init_with_a_host_adds_co_restart_and_with_a_metric_baseline_and_drain(t
     assert {"co_restart": {"services": ["web", "worker"]}} in steps  # type: ignore[operator]
     assert steps[-1] == {"drain": {"metric": "queue_depth", "to": 0, "within_s": 60}}  # type: ignore[index]
     assert body["on_failure"] == "rollback"
-    check = target.deployer("schema", "playbook")  # and the playbook loads: plan's config checks pass
-    assert check.returncode == 0
+    plan = target.deployer("plan", "svc.yaml", "--host", "box")  # it loads, and fits the host and the change
+    assert plan.returncode == 0 and "bounds: ok" in plan.stdout, plan.stdout + plan.stderr
+    assert "start web" in plan.stdout and "queue_depth" in plan.stdout
 
 
 @pytest.mark.parametrize("target", ["local"], indirect=True)
