@@ -107,8 +107,6 @@ class DemoStack:
                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                         env={**os.environ, **resolve_env(host.env)})
             (self.state / f"{name}.pid").write_text(f"{proc.pid}\n")
-            # The same record co_restart keeps: `demo --stop` must never signal a recycled PID.
-            (self.state / f"{name}.started").write_text(started_at(proc.pid))
             assert service.health is not None
             wait_healthy(service.health, 30, cancel, self.state / f"{name}.log")
 
@@ -116,11 +114,15 @@ class DemoStack:
         return {p.stem: int(p.read_text()) for p in self.state.glob("*.pid")} if self.state.exists() else {}
 
     def live_pids(self) -> dict[str, int]:
-        """The stack's processes still running: alive, and started when their record says."""
+        """The stack's processes still running. A pid file can outlive its process and the number be
+        reused, so a pid counts only while its process runs in this stack's repo."""
         live = {}
         for name, pid in self.pids().items():
-            record = self.state / f"{name}.started"
-            if process_alive(pid) and record.exists() and record.read_text().strip() == started_at(pid):
+            try:
+                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+            except OSError:
+                continue
+            if process_alive(pid) and cwd.is_relative_to(self.repo.resolve()):
                 live[name] = pid
         return live
 
@@ -145,15 +147,6 @@ def process_alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().split()[2] != "Z"
-
-
-def started_at(pid: int) -> str:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or ''."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
-    except OSError:
-        return ""
-    return fields[19] if len(fields) > 19 else ""
 
 
 def kept_workdirs() -> list[Path]:
