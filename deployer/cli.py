@@ -7,25 +7,24 @@ import functools
 import json
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+from click.shell_completion import CompletionItem
 
-from deployer import lock as locks
-from deployer import rollback as rollbacks
-from deployer import runlog, ui
-from deployer.command import Masker
-from deployer.config import Host, Playbook, find_inventory, get_host, load_inventory
-from deployer.context import CancelToken, EventBus, LoadedPlaybook
-from deployer.engine import Engine, PlanReport, RunResult, operator_id
-from deployer.errors import ConfigError, DeployerError
-from deployer.playbook import load_playbook, parse_playbook
-from deployer.transport.base import Transport
-from deployer.transport.factory import open_transport
+# Only click is imported up front, so `deployer --help` and shell completion stay fast; each
+# command imports the core (pydantic, paramiko, rich) when it runs.
+if TYPE_CHECKING:
+    from deployer import runlog
+    from deployer.config import Host
+    from deployer.context import CancelToken
+    from deployer.engine import Engine, PlanReport, RunResult
+    from deployer.transport.base import Transport
+    from deployer.ui import Console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,27 +32,95 @@ EXIT_CODES = """Exit codes: 0 ok, 1 a step failed (target restored), 2 usage/con
 4 connection or host-key error, 5 verification failed, 6 rollback failed, 130 interrupted."""
 
 
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=1))
+
+
+def fail_json(exit_code: int, error: str, **extra: Any) -> None:
+    """With --json, a failure is still exactly one JSON object on stdout."""
+    emit_json({**extra, "exit_code": exit_code, "error": error})
+
+
 def failures_to_exit_codes(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from deployer.errors import DeployerError
+
+        as_json = bool(kwargs.get("as_json"))
         try:
             return func(*args, **kwargs)
         except DeployerError as exc:
-            ui.show_error(str(exc))
-            sys.exit(exc.exit_code)
+            stop(exc.exit_code, str(exc), as_json)
         except KeyboardInterrupt:
-            ui.show_error("interrupted")
-            sys.exit(130)
+            stop(130, "interrupted", as_json)
     return wrapper  # type: ignore[return-value]
 
 
+def stop(exit_code: int, error: str, as_json: bool) -> NoReturn:
+    from deployer import ui
+
+    if as_json:
+        fail_json(exit_code, error)
+    ui.show_error(error)
+    sys.exit(exit_code)
+
+
+class DeployerGroup(click.Group):
+    """Click's own usage errors (exit 2) also answer --json with one JSON object on stdout."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            # prog_name fixed: `python -m deployer` completes through the same _DEPLOYER_COMPLETE.
+            code = super().main(argv, prog_name or "deployer", standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            if "--json" in argv:
+                fail_json(exc.exit_code, exc.format_message())
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            if "--json" in argv:
+                fail_json(130, "interrupted")
+            click.echo("Aborted!", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+# -- completion: names read from the inventory and the runs dir, never from a target ----------------
+
+def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    from deployer.config import find_inventory, load_inventory
+    from deployer.errors import DeployerError
+
+    try:
+        inventory = load_inventory(find_inventory(ctx.params.get("inventory")))
+    except DeployerError:
+        return []
+    return [CompletionItem(name) for name in inventory.hosts if name.startswith(incomplete)]
+
+
+def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    from deployer import runlog
+
+    root = runlog.runs_dir_from(ctx.params.get("runs_dir"))
+    if not root.is_dir():
+        return []
+    return [CompletionItem(p.name) for p in sorted(root.iterdir())
+            if p.name.startswith(incomplete) and (p / runlog.EVENTS).is_file()]
+
+
+def host_option(required: bool = False, help: str = "Inventory host name.") -> Callable[[F], F]:
+    return click.option("--host", "host_name", required=required, help=help, shell_complete=complete_hosts)
+
+
 def inventory_option(func: F) -> F:
-    return click.option("-i", "--inventory",
+    return click.option("-i", "--inventory", type=click.Path(dir_okay=False), is_eager=True,
                         help="Inventory file (default $DEPLOYER_INVENTORY, then ./hosts.yaml).")(func)
 
 
 def runs_dir_option(func: F) -> F:
-    return click.option("--runs-dir",
+    return click.option("--runs-dir", type=click.Path(file_okay=False), is_eager=True,
                         help="Run log directory (default $DEPLOYER_RUNS_DIR, then .deployer/runs).")(func)
 
 
@@ -62,7 +129,11 @@ def accept_option(func: F) -> F:
                         help="Pin an unknown SSH host key into known_hosts (a changed key is always refused).")(func)
 
 
-@click.group(epilog=EXIT_CODES)
+def json_option(help: str = "Print one machine-readable JSON object (also on failure).") -> Callable[[F], F]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+@click.group(cls=DeployerGroup, epilog=EXIT_CODES)
 @click.version_option(package_name="deployer")
 def main() -> None:
     """Ship a source patch to a serving host and prove it."""
@@ -71,6 +142,8 @@ def main() -> None:
 @contextmanager
 def cancel_on_signals(token: CancelToken) -> Iterator[None]:
     """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now."""
+    from deployer import ui
+
     def handler(signum: int, frame: FrameType | None) -> None:
         if token.cancelled:
             raise KeyboardInterrupt
@@ -88,13 +161,21 @@ def cancel_on_signals(token: CancelToken) -> Iterator[None]:
 
 
 def pin_notice(event: dict[str, Any]) -> None:
-    """Pinning a host key is an explicit choice: say so on every command, not only in run logs."""
+    """Pinning a host key is an explicit choice: say so on every command, as a notice (it is no error)."""
+    from deployer import ui
+
     if event.get("type") == "host_key_pinned":
-        ui.show_error(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
+        ui.show_notice(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
 
 
 def build_engine(playbook_path: str, host_name: str, inventory: str | None, runs_dir: str | None,
                  accept_new_host_key: bool, allow_dirty: bool = False) -> Engine:
+    from deployer import runlog
+    from deployer.config import find_inventory, get_host, load_inventory
+    from deployer.engine import Engine
+    from deployer.playbook import load_playbook
+    from deployer.transport.factory import open_transport
+
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     playbook, steps = load_playbook(Path(playbook_path))
@@ -104,19 +185,23 @@ def build_engine(playbook_path: str, host_name: str, inventory: str | None, runs
                                                      accept_new_host_key=accept_new_host_key))
 
 
-def run_plan(engine: Engine, as_json: bool) -> None:
-    show_plan(engine.plan(), as_json)
-
-
 def show_plan(report: PlanReport, as_json: bool) -> None:
+    """The plan; exit 1 when the projected change breaks the playbook's bounds, so a CI job can gate on it."""
+    from deployer import ui
+
+    failed = f"bounds: FAIL — {'; '.join(report.bounds)}" if report.bounds else None
     if as_json:
-        click.echo(json.dumps(ui.plan_json(report), indent=1))
+        emit_json({**ui.plan_json(report), "exit_code": 1 if failed else 0, "error": failed})
     else:
         ui.show_plan(ui.make_console(), report)
+    if failed:
+        sys.exit(1)
 
 
 def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
     """Run with the live step view and signal handling, then report and exit with the run's code."""
+    from deployer import ui
+
     console = ui.make_console()
     view = ui.StepView(console, quiet=as_json)
     engine.listeners.append(view)
@@ -125,9 +210,11 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
     report(console, result, as_json)
 
 
-def report(console: ui.Console, result: RunResult, as_json: bool) -> None:
+def report(console: Console, result: RunResult, as_json: bool) -> None:
+    from deployer import ui
+
     if as_json:
-        click.echo(json.dumps(ui.result_json(result), indent=1))
+        emit_json(ui.result_json(result))
     else:
         ui.show_result(console, result)
         if result.error:
@@ -137,16 +224,23 @@ def report(console: ui.Console, result: RunResult, as_json: bool) -> None:
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False), required=False)
-@click.option("--host", "host_name", help="Inventory host name.")
-@click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead.")
+@host_option()
+@click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead.",
+              shell_complete=complete_runs)
 @inventory_option
 @runs_dir_option
 @accept_option
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable plan.")
+@json_option()
 @failures_to_exit_codes
 def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, inventory: str | None,
          runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """Dry run: diffs, the projected diff --stat and the exact commands; changes nothing."""
+    """Dry run: diffs, the projected diff --stat and the exact commands; changes nothing.
+
+    Exits 1 when the projected change breaks the playbook's diff_bounds."""
+    from deployer import rollback as rollbacks
+    from deployer import runlog
+    from deployer.errors import ConfigError
+
     if rollback_of:
         run = runlog.read_run(runlog.runs_dir_from(runs_dir), rollback_of)
         engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key)
@@ -154,25 +248,25 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         return
     if not playbook or not host_name:
         raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
-    run_plan(build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key), as_json)
+    show_plan(build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key).plan(), as_json)
 
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@host_option(required=True)
 @inventory_option
 @runs_dir_option
 @accept_option
 @click.option("--allow-dirty", is_flag=True, help="Ship even over uncommitted changes in the target files.")
 @click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, inventory: str | None, runs_dir: str | None,
           accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
     engine = build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key, allow_dirty)
     if dry_run:
-        run_plan(engine, as_json)
+        show_plan(engine.plan(), as_json)
     else:
         run_with_view(engine, as_json, engine.apply)
 
@@ -184,43 +278,69 @@ def runs() -> None:
 
 @runs.command("list")
 @runs_dir_option
+@json_option()
 @failures_to_exit_codes
-def runs_list(runs_dir: str | None) -> None:
+def runs_list(runs_dir: str | None, as_json: bool) -> None:
     """List recorded runs, oldest first."""
-    ui.show_runs(ui.make_console(), runlog.list_runs(runlog.runs_dir_from(runs_dir)))
+    from deployer import runlog, ui
+
+    found = runlog.list_runs(runlog.runs_dir_from(runs_dir))
+    if as_json:
+        emit_json({"runs": [{"run_id": r.run_id, "status": r.status, "host": r.start.get("host"),
+                             "kind": r.start.get("kind", "apply"), "playbook": r.start.get("playbook_name"),
+                             "git": r.git} for r in found]})
+    else:
+        ui.show_runs(ui.make_console(), found)
 
 
 @runs.command("show")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_runs)
 @runs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the raw events.")
+@json_option("Print the raw events.")
 @failures_to_exit_codes
 def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
-    """Show one run: steps, outcome, commits, links."""
+    """Show one run: steps, outcome, commits, links, and its metric samples as a chart."""
+    from deployer import runlog, ui
+
     run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
     if as_json:
-        click.echo(json.dumps(run.events, indent=1))
+        emit_json(run.events)
     else:
         ui.show_run(ui.make_console(), run)
 
 
 @runs.command("verify")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_runs)
 @runs_dir_option
+@json_option()
 @failures_to_exit_codes
-def runs_verify(run_id: str, runs_dir: str | None) -> None:
+def runs_verify(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     """Check the run log's hash chain and its artifacts; exit 5 when anything was altered."""
+    from deployer import runlog, ui
+
     problems = runlog.verify(runlog.runs_dir_from(runs_dir), run_id)
+    if as_json:
+        emit_json({"run_id": run_id, "problems": problems, "exit_code": 5 if problems else 0,
+                   "error": "; ".join(problems) or None})
     if problems:
-        for problem in problems:
-            ui.show_error(problem)
+        if not as_json:
+            for problem in problems:
+                ui.show_error(problem)
         sys.exit(5)
-    click.echo(f"run {run_id}: log verifies")
+    if not as_json:
+        click.echo(f"run {run_id}: log verifies")
 
 
 def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | None, runs_dir: str | None,
                    accept_new_host_key: bool) -> Engine:
     """An engine on the run's host, with the run's own copy of its playbook."""
+    from deployer import runlog
+    from deployer.config import find_inventory, get_host, load_inventory
+    from deployer.context import LoadedPlaybook
+    from deployer.engine import Engine
+    from deployer.playbook import parse_playbook
+    from deployer.transport.factory import open_transport
+
     host_name = host_override or str(run.start.get("host") or "")
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
@@ -233,18 +353,22 @@ def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | 
 
 
 @main.command()
-@click.argument("run_id", required=False)
-@click.option("--host", "host_name", help="Host (default: the run's host; required with --list).")
+@click.argument("run_id", required=False, shell_complete=complete_runs)
+@host_option(help="Host (default: the run's host; required with --list).")
 @click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
 @click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
 @inventory_option
 @runs_dir_option
 @accept_option
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@json_option()
 @failures_to_exit_codes
 def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, inventory: str | None,
              runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Revert RUN_ID's files to before the run by a new commit, restart, verify again."""
+    from deployer import rollback as rollbacks
+    from deployer import runlog
+    from deployer.errors import ConfigError
+
     if list_only:
         if not host_name:
             raise ConfigError("--list needs --host")
@@ -259,6 +383,11 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
 
 def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) -> tuple[Host, Transport]:
     """A connection to an inventory host outside any run (listing, lock inspection)."""
+    from deployer.command import Masker
+    from deployer.config import find_inventory, get_host, load_inventory
+    from deployer.context import EventBus
+    from deployer.transport.factory import open_transport
+
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     bus = EventBus(Masker(host.secrets()), host_name)
@@ -267,11 +396,14 @@ def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) 
 
 
 def list_host_deploys(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    from deployer import rollback as rollbacks
+    from deployer import ui
+
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         deploys = rollbacks.list_deploys(transport, host.repo)
     if as_json:
-        click.echo(json.dumps([vars(d) for d in deploys], indent=1))
+        emit_json([vars(d) for d in deploys])
     else:
         ui.show_deploys(ui.make_console(), deploys)
 
@@ -282,19 +414,22 @@ def lock() -> None:
 
 
 @lock.command("status")
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@host_option(required=True)
 @inventory_option
 @accept_option
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @failures_to_exit_codes
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
+    from deployer import lock as locks
+
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         state = locks.read_state(transport, git_dir_of(transport, host), host.lock_ttl_s)
     if as_json:
-        click.echo(json.dumps(None if state is None else {**state.info, "stale": state.stale,
-                                                          "heartbeat_age_s": state.heartbeat_age_s}))
+        emit_json({"host": host_name, "locked": state is not None, "exit_code": 0 if state is None else 3,
+                   "holder": None if state is None else {**state.info, "stale": state.stale,
+                                                         "heartbeat_age_s": state.heartbeat_age_s}})
     else:
         click.echo(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
     if state is not None:
@@ -302,21 +437,26 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
 
 
 @lock.command("release")
-@click.option("--host", "host_name", required=True, help="Inventory host name.")
+@host_option(required=True)
 @click.option("--force", is_flag=True, required=True, help="Required: you are breaking someone's lock.")
 @inventory_option
 @runs_dir_option
 @accept_option
+@json_option()
 @failures_to_exit_codes
 def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: str | None,
-                 accept_new_host_key: bool) -> None:
+                 accept_new_host_key: bool, as_json: bool) -> None:
     """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
+    from deployer import lock as locks
+    from deployer import runlog, ui
+    from deployer.engine import operator_id
+
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         git_dir = git_dir_of(transport, host)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s)
         if state is None:
-            click.echo(f"{host_name}: not locked")
+            emit_json({"host": host_name, "released": None}) if as_json else click.echo(f"{host_name}: not locked")
             return
         if not state.stale:
             ui.show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
@@ -330,10 +470,15 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         log.write({"type": "run_end", "host": host_name, "status": "successful", "exit_code": 0, "git": {}})
     finally:
         log.close()
-    click.echo(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
+    if as_json:
+        emit_json({"host": host_name, "released": state.info, "run_id": run_id})
+    else:
+        click.echo(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
 
 
 def git_dir_of(transport: Transport, host: Host) -> str:
+    from deployer.errors import ConfigError
+
     result = transport.run(("git", "rev-parse", "--absolute-git-dir"), cwd=host.repo, timeout=30)
     if not result.ok:
         raise ConfigError(f"{host.repo} is not a git checkout on the target: {result.err.strip()}")
@@ -342,14 +487,24 @@ def git_dir_of(transport: Transport, host: Host) -> str:
 
 @main.command()
 @click.option("--workdir", type=click.Path(file_okay=False),
-              help="Where to create the scratch repo (default: a temp dir).")
+              help="Where to create the scratch repo (default: a temp dir); with --stop, the demo to stop.")
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@click.option("--stop", "stop_kept", is_flag=True, help="Stop the stack a `deployer demo --keep` left running.")
+@json_option()
 @failures_to_exit_codes
-def demo(workdir: str | None, keep: bool, as_json: bool) -> None:
+def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
-    from deployer.demo.run import run_demo  # the demo's imports are not needed by other commands
+    from deployer import ui
+    from deployer.context import CancelToken
+    from deployer.demo.run import run_demo, stop_kept_stacks
 
+    if stop_kept:
+        stopped = stop_kept_stacks(Path(workdir) if workdir else None)
+        if as_json:
+            emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
+        else:
+            ui.show_stopped(ui.make_console(), stopped)
+        return
     console = ui.make_console()
     view = ui.StepView(console, quiet=as_json)
     token = CancelToken()
@@ -358,7 +513,7 @@ def demo(workdir: str | None, keep: bool, as_json: bool) -> None:
     with cancel_on_signals(token), view:
         outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token)
     if as_json:
-        click.echo(json.dumps({**ui.result_json(outcome.result), "workdir": str(outcome.stack.workdir)}, indent=1))
+        emit_json({**ui.result_json(outcome.result), "workdir": str(outcome.stack.workdir)})
     else:
         ui.show_demo(console, outcome)
         if outcome.result.error:
@@ -367,18 +522,101 @@ def demo(workdir: str | None, keep: bool, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("run_id", required=False)
-@click.option("--host", "host_name", help="Host (default: the run's host); alone, recovers the run its intent "
-                                           "record names.")
+@click.option("--from", "source", required=True, type=click.Path(file_okay=False),
+              help="The local git checkout holding the fix.")
+@click.option("--base", default="HEAD", show_default=True,
+              help="Ship the changes against this ref (HEAD: the uncommitted work), or a range A..B.")
+@host_option(help="Add the steps this inventory host supports (co_restart of its services; drain with --metric).")
+@click.option("--metric", help="The gauge that shows the symptom: adds baseline and drain steps (to 0).")
+@click.option("--patch", "as_patch", is_flag=True, help="Write one patch file instead of copies of the files.")
+@click.option("-o", "--output", default="fix.yaml", show_default=True, type=click.Path(dir_okay=False),
+              help="The playbook to write (its files go beside it).")
+@click.option("--message", help="The commit message (default: the local commit's subject).")
+@inventory_option
+@json_option()
+@failures_to_exit_codes
+def init(source: str, base: str, host_name: str | None, metric: str | None, as_patch: bool, output: str,
+         message: str | None, inventory: str | None, as_json: bool) -> None:
+    """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
+    from deployer.config import find_inventory, get_host, load_inventory
+    from deployer.scaffold import write_playbook
+
+    host = None
+    if host_name:
+        inventory_path = find_inventory(inventory)
+        host = get_host(load_inventory(inventory_path), host_name, inventory_path)
+    made = write_playbook(Path(source), base=base, output=Path(output), as_patch=as_patch, message=message,
+                          host=host, metric=metric)
+    if as_json:
+        emit_json({"playbook": str(made.playbook), "written": [str(p) for p in made.written],
+                   "files": [vars(f) for f in made.files], "message": made.message, "exit_code": 0, "error": None})
+        return
+    click.echo(f"wrote {made.playbook}: {len(made.files)} file(s), "
+               f"+{sum(f.insertions for f in made.files)} -{sum(f.deletions for f in made.files)}")
+    for f in made.files:
+        click.echo(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
+    for note in made.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"next: deployer plan {made.playbook} --host HOST")
+
+
+@main.command()
+@click.argument("playbook", type=click.Path(dir_okay=False), required=False)
+@host_option(required=True)
+@inventory_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def check(playbook: str | None, host_name: str, inventory: str | None, accept_new_host_key: bool,
+          as_json: bool) -> None:
+    """Can I deploy here now? Read-only: host key, auth, python, repo, lock, services, metrics.
+
+    Exits 0 when all is well, otherwise with the exit code of the first problem."""
+    from deployer import ui
+    from deployer.check import check_host
+    from deployer.config import find_inventory, get_host, load_inventory
+    from deployer.playbook import load_playbook
+    from deployer.transport.factory import open_transport
+
+    inventory_path = find_inventory(inventory)
+    host = get_host(load_inventory(inventory_path), host_name, inventory_path)
+    loaded = load_playbook(Path(playbook)) if playbook else None
+    result = check_host(host_name, host, loaded,
+                        connect=lambda bus: open_transport(host_name, host, bus,
+                                                           accept_new_host_key=accept_new_host_key),
+                        listeners=[pin_notice])
+    if as_json:
+        emit_json(result.as_json())
+    else:
+        ui.show_check(ui.make_console(), result)
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("kind", type=click.Choice(["playbook", "inventory"]))
+@json_option("Accepted for symmetry: the schema is JSON already.")
+@failures_to_exit_codes
+def schema(kind: str, as_json: bool) -> None:
+    """Print the JSON Schema of a playbook or an inventory (for editors: see the README)."""
+    from deployer.schema import schema_for
+
+    emit_json(schema_for(kind))
+
+
+@main.command()
+@click.argument("run_id", required=False, shell_complete=complete_runs)
+@host_option(help="Host (default: the run's host); alone, recovers the run its intent record names.")
 @click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, verify.")
 @inventory_option
 @runs_dir_option
 @accept_option
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@json_option()
 @failures_to_exit_codes
 def recover(run_id: str | None, host_name: str | None, roll_back: bool, inventory: str | None,
             runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice."""
+    from deployer import runlog, ui
+    from deployer.errors import ConfigError
     from deployer.run import recover as recovery
 
     if not run_id and not host_name:
@@ -405,6 +643,12 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, inventor
 
 def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Engine:
     """An engine with no playbook: for recovering a run whose run dir is on another machine."""
+    from deployer import runlog
+    from deployer.config import Playbook, find_inventory, get_host, load_inventory
+    from deployer.context import LoadedPlaybook
+    from deployer.engine import Engine
+    from deployer.transport.factory import open_transport
+
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     model = Playbook.model_construct(name="recover", description="", files=[], patch=None, steps=[],
@@ -418,6 +662,7 @@ def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, acc
 
 def pending_run(engine: Engine) -> str:
     """The run the host's intent record names."""
+    from deployer.errors import ConfigError
     from deployer.run import intent
 
     with engine.connect(engine.new_bus()) as transport:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
 from rich.live import Live
@@ -13,10 +15,15 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from deployer import runlog
 from deployer.demo.run import GAUGE, DemoOutcome
 from deployer.engine import PlanReport, RunResult
+from deployer.errors import DeployerError
 from deployer.rollback import Deploy
 from deployer.runlog import Run
+
+if TYPE_CHECKING:
+    from deployer.check import CheckReport
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
 
@@ -143,7 +150,16 @@ def show_result(console: Console, result: RunResult) -> None:
         console.print(f"commit {result.git_after} (was {result.git_before})")
     for line in fact_lines(result.facts):
         console.print(f"  {line}", markup=False, highlight=False)
+    show_chart(console, events_of(result))
     console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
+
+
+def events_of(result: RunResult) -> list[dict[str, Any]]:
+    """The run's events as its log holds them (the samples for the chart are there)."""
+    try:
+        return runlog.read_run(result.run_dir.parent, result.run_id).events
+    except DeployerError:
+        return []
 
 
 def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
@@ -175,6 +191,11 @@ def fact_lines(facts: dict[str, Any]) -> list[str]:
 
 def show_error(message: str) -> None:
     make_console(stderr=True).print(f"error: {message}", markup=False, highlight=False, style="red")
+
+
+def show_notice(message: str) -> None:
+    """Something the operator should know that is not a failure (on stderr, so --json stays clean)."""
+    make_console(stderr=True).print(f"notice: {message}", markup=False, highlight=False, style="yellow")
 
 
 def columns(console: Console, header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
@@ -212,6 +233,7 @@ def show_run(console: Console, run: Run) -> None:
             detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
             console.print(f"  {event.get('step'):<16} {event.get('status'):<9} {event.get('duration_s', 0):>7.2f}s "
                           f"{detail}", markup=False, highlight=False)
+    show_chart(console, run.events)
     if end.get("error"):
         console.print(end["error"], markup=False, highlight=False, style="red")
 
@@ -240,15 +262,102 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
     ]
     for key, value in rows:
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
+    show_chart(console, events_of(result))
     if outcome.kept:
         console.print("  the stack is still running (--keep):", markup=False)
         for name in ("router", "prefill", "decode"):
             console.print(f"    {name:<8} {stack.url(name, '')}  (metrics {stack.url(name, '/metrics')})",
                           markup=False, highlight=False)
-        console.print(f"  stop it with: kill -- -PID for each PID in {stack.state}/*.pid", markup=False)
+        console.print(f"  stop it with: deployer demo --stop --workdir {stack.workdir}", markup=False,
+                      highlight=False)
     else:
         console.print("  every process the demo started has been stopped", markup=False)
 
 
 def _num(value: object) -> str:
     return "?" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def show_stopped(console: Console, stopped: dict[Path, dict[str, int]]) -> None:
+    if not stopped:
+        console.print("no kept demo is running", markup=False)
+    for workdir, pids in stopped.items():
+        shown = ", ".join(f"{name} {pid}" for name, pid in pids.items()) or "nothing was running"
+        console.print(f"{workdir}: stopped {shown}", markup=False, highlight=False)
+
+
+# -- the metric chart: one bar per poll, the threshold marked ----------------------------------------
+
+BARS = "▁▂▃▄▅▆▇█"
+CHART_WIDTH = 60  # polls shown per series; a longer drain shows its last polls
+
+
+@dataclass(frozen=True)
+class Series:
+    step: str
+    metric: str
+    values: list[float | None]
+    op: str | None = None  # the drain's condition, e.g. "<=" ...
+    to: float | None = None  # ... this bound
+
+    def met(self, value: float | None) -> bool:
+        if value is None or self.op is None or self.to is None:
+            return False
+        return {"<=": value <= self.to, ">=": value >= self.to, "==": value == self.to}[self.op]
+
+
+def metric_series(events: list[dict[str, Any]]) -> list[Series]:
+    """The baseline and drain samples of a run, in poll order, with each drain's bound."""
+    start = next((e for e in events if e.get("type") == "run_start"), {})
+    bounds = {s.get("name"): s.get("params", {}) for s in start.get("steps", []) if s.get("kind") == "drain"}
+    found: dict[tuple[str, str], list[float | None]] = {}
+    for event in events:
+        if event.get("type") == "sample" and event.get("step"):
+            found.setdefault((str(event["step"]), str(event.get("metric"))), []).append(event.get("value"))
+    series = []
+    for (step, metric), values in found.items():
+        params = bounds.get(step.removeprefix("rollback:"), {})
+        series.append(Series(step, metric, values, params.get("op", "<=") if params else None, params.get("to")))
+    return series
+
+
+def sparkline(values: list[float | None], top: float) -> str:
+    return "".join("?" if v is None else BARS[0 if top <= 0 else max(0, min(len(BARS) - 1, round(v / top * 7)))]
+                   for v in values)
+
+
+def show_chart(console: Console, events: list[dict[str, Any]]) -> None:
+    """Each series as bars scaled to the largest sample; under a drain, ✓ marks the polls within its bound."""
+    series = metric_series(events)
+    if not series:
+        return
+    top = max((v for s in series for v in s.values if v is not None), default=0.0)
+    console.print(f"  samples (one bar per poll, full bar = {_num(top)}):", markup=False, highlight=False)
+    width = max(len(s.step) for s in series)
+    bars = max(min(len(s.values), CHART_WIDTH) for s in series)
+    for s in series:
+        values = s.values[-CHART_WIDTH:]
+        label = f"    {s.step:<{width}}  "
+        line = Text(label)
+        for value in values:
+            style = "" if s.op is None else "green" if s.met(value) else "red"
+            line.append(sparkline([value], top), style=style if console.is_terminal else "")
+        line.append(" " * (bars - len(values)))
+        shown = " ".join("?" if v is None else _num(v) for v in values[-8:])
+        line.append(f"  {s.metric}: {'... ' if len(values) > 8 else ''}{shown}")
+        console.print(line, highlight=False)
+        if s.op is not None and s.to is not None:
+            marks = "".join("✓" if s.met(v) else "·" for v in values)
+            console.print(f"{' ' * len(label)}{marks}  ✓ = {s.op} {_num(s.to)}", markup=False, highlight=False)
+
+
+def show_check(console: Console, report: CheckReport) -> None:
+    marks = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
+    rows = [(report.host, c.name, marks[c.status], c.detail) for c in report.checks]
+    columns(console, ("host", "check", "status", "detail"), rows)
+    first = report.first_problem
+    if first is None:
+        console.print(f"{report.host}: ready to deploy", markup=False, highlight=False)
+    else:
+        console.print(f"{report.host}: not ready: {first.name}: {first.detail} (exit {first.exit_code})",
+                      markup=False, highlight=False)

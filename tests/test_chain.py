@@ -179,7 +179,7 @@ def test_plan_changes_nothing_and_its_stat_equals_what_apply_commits(target: Pro
 def test_plan_shows_a_failing_bounds_verdict(target: Project) -> None:
     target.playbook(steps=["upload", {"diff_bounds": {"files": 3}}])
     plan = target.deployer("plan", "fix.yaml", "--host", "box")
-    assert plan.returncode == 0
+    assert plan.returncode == 1  # a plan that breaks its bounds fails, so it can gate CI (issue 8.12)
     assert "bounds: FAIL" in plan.stdout and "files 1 outside 3" in plan.stdout
 
 

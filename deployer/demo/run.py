@@ -26,13 +26,13 @@ import yaml
 from deployer.config import Host, Inventory, resolve_env
 from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult
-from deployer.errors import DeployerError
+from deployer.errors import ConfigError, DeployerError
 from deployer.playbook import load_playbook
 from deployer.steps.services import http_status
 from deployer.transport.local import LocalTransport
 
 STACK = Path(__file__).parent / "stack"
-PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "kvpoll-fix.yaml"
+PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too
 HOST = "demo"
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
@@ -113,12 +113,26 @@ class DemoStack:
     def pids(self) -> dict[str, int]:
         return {p.stem: int(p.read_text()) for p in self.state.glob("*.pid")} if self.state.exists() else {}
 
+    def live_pids(self) -> dict[str, int]:
+        """The stack's processes still running. A pid file can outlive its process and the number be
+        reused, so a pid counts only while its process runs in this stack's repo."""
+        live = {}
+        for name, pid in self.pids().items():
+            try:
+                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+            except OSError:
+                continue
+            if process_alive(pid) and cwd.is_relative_to(self.repo.resolve()):
+                live[name] = pid
+        return live
+
     def stop(self) -> None:
-        for pid in self.pids().values():
+        live = self.live_pids()
+        for pid in live.values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + 5
-        for pid in self.pids().values():
+        for pid in live.values():
             while process_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -133,6 +147,33 @@ def process_alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().split()[2] != "Z"
+
+
+def kept_workdirs() -> list[Path]:
+    """Demos left running with --keep in the default place (a temp dir named deployer-demo-*)."""
+    return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*")) if DemoStack(d).live_pids()]
+
+
+def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
+    """Stop what `deployer demo --keep` left running: in workdir, or in the one kept demo in the temp dir."""
+    if workdir is not None:
+        if not (workdir / "repo" / ".git").is_dir():
+            raise ConfigError(f"{workdir} holds no demo (no repo/.git there)")
+        chosen = [workdir]
+    else:
+        chosen = kept_workdirs()
+        if len(chosen) > 1:
+            raise ConfigError("several kept demos are running; pick one with --workdir: "
+                              + ", ".join(map(str, chosen)))
+    stopped = {}
+    for directory in chosen:
+        stack = DemoStack(directory)
+        stopped[directory] = stack.live_pids()
+        stack.stop()
+        still = stack.live_pids()
+        if still:
+            raise DeployerError(f"{directory}: still running after SIGKILL: {still}")
+    return stopped
 
 
 def wait_healthy(url: str, seconds: float, cancel: CancelToken, log: Path) -> None:

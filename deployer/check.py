@@ -1,0 +1,204 @@
+"""`deployer check`: can I deploy here now? Every answer read from the host, nothing changed on it.
+
+Each check has a status and, when it fails, the exit code the operation it predicts would end
+with (a host key that is not pinned: 4, a held lock: 3, a dest git does not track: 2, ...), so
+the command's exit code is that of the first problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from deployer import lock as locks
+from deployer.command import Masker
+from deployer.config import Host, Playbook
+from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
+from deployer.errors import ConnectError, DeployerError, HostKeyError
+from deployer.steps.base import Step
+from deployer.steps.metrics import MetricStep, scrape
+from deployer.steps.services import http_status, manager_for
+from deployer.transport.base import Transport
+
+Status = Literal["ok", "warn", "fail", "skip"]
+Connector = Callable[[EventBus], Transport]
+VERSION = "import sys; print(sys.version.split()[0])"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    exit_code: int = 0  # when it fails: the exit code the predicted failure has
+
+
+@dataclass
+class CheckReport:
+    host: str
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, status: Status, detail: str, exit_code: int = 0) -> None:
+        self.checks.append(Check(name, status, detail, exit_code if status == "fail" else 0))
+
+    @property
+    def first_problem(self) -> Check | None:
+        return next((c for c in self.checks if c.status == "fail"), None)
+
+    @property
+    def exit_code(self) -> int:
+        first = self.first_problem
+        return 0 if first is None else first.exit_code
+
+    def as_json(self) -> dict[str, Any]:
+        first = self.first_problem
+        return {"host": self.host, "checks": [vars(c) for c in self.checks], "exit_code": self.exit_code,
+                "error": None if first is None else f"{first.name}: {first.detail}"}
+
+
+def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[Step]] | None, *,
+               connect: Connector, listeners: list[Listener] | None = None) -> CheckReport:
+    report = CheckReport(host_name)
+    if playbook is not None:
+        problems = [f"{s.where}: {s.name}: {p}" for s in playbook[1] if (p := s.check_host(host_name, host))]
+        report.add("playbook", "fail" if problems else "ok", "; ".join(problems) or str(playbook[0].path), 2)
+    bus = EventBus(Masker(host.secrets()), host_name)
+    bus.listeners.extend(listeners or [])
+    try:
+        transport = connect(bus)
+    except HostKeyError as exc:
+        report.add("host key", "fail", str(exc).splitlines()[0], exc.exit_code)
+        report.add("auth", "skip", "not tried: the host key is not trusted")
+        return report
+    except ConnectError as exc:
+        report.add("host key", "skip", "not reached")
+        report.add("auth", "fail", str(exc).splitlines()[0], exc.exit_code)
+        return report
+    with transport:
+        info = transport.info
+        if info.kind == "local":
+            report.add("host key", "ok", "local host: no SSH")
+            report.add("auth", "ok", "local host: no SSH")
+        else:
+            report.add("host key", "ok", f"pinned: {info.host_key_fingerprint}")
+            report.add("auth", "ok", f"logged in to {info.target}")
+        ctx = _context(host_name, host, transport, bus, playbook)
+        _check_target(report, ctx, playbook)
+    return report
+
+
+def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,
+             playbook: tuple[LoadedPlaybook, list[Step]] | None) -> Context:
+    # Service managers read the target through a Context; without a playbook it carries an empty one.
+    loaded = playbook[0] if playbook else LoadedPlaybook(
+        path=Path("(no playbook)"), raw=b"", model=Playbook.model_construct(name="check", steps=[]), sources={},
+        patch=None)
+    return Context(run_id="<check>", host_name=host_name, host=host, transport=transport, playbook=loaded,
+                   bus=bus, cancel=CancelToken())
+
+
+def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None) -> None:
+    host = ctx.host
+    version = ctx.transport.run((host.python, "-c", VERSION), timeout=30)
+    report.add("python", "ok" if version.ok else "fail",
+               f"{host.python}: Python {version.out.strip()}" if version.ok
+               else f"{host.python} does not run: {(version.err or version.out).strip()[-200:]}", 1)
+    git_dir = ctx.run(("git", "rev-parse", "--absolute-git-dir"), timeout=30)
+    if not git_dir.ok:
+        report.add("repo", "fail", f"{host.repo} is not a git checkout: {git_dir.err.strip()[-200:]}", 2)
+        return
+    ctx.git_dir = git_dir.out.strip()
+    report.add("repo", "ok", host.repo)
+    head = ctx.run(("git", "log", "-1", "--format=%H %s"), timeout=30)
+    report.add("HEAD", "ok" if head.ok else "fail", head.out.strip() or head.err.strip(), 1)
+    dests = _dests(playbook)
+    _check_dirt(report, ctx, dests)
+    _check_lock(report, ctx)
+    _check_services(report, ctx)
+    _check_metrics(report, ctx, playbook)
+    if playbook is not None:
+        _check_dests(report, ctx, playbook[0])
+
+
+def _dests(playbook: tuple[LoadedPlaybook, list[Step]] | None) -> list[str]:
+    return [f.dest for f in playbook[0].model.files] if playbook else []
+
+
+def _check_dirt(report: CheckReport, ctx: Context, dests: list[str]) -> None:
+    status = ctx.run(("git", "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no"),
+                     timeout=30)
+    dirty = sorted({entry[3:] for entry in status.out.split("\0") if len(entry) > 3})
+    blocking = [d for d in dirty if d in dests]
+    if blocking:
+        report.add("dirty files", "fail", f"uncommitted changes in the playbook's files: {', '.join(blocking)} "
+                   "(apply refuses; --allow-dirty ships over them)", 1)
+    elif dirty:
+        report.add("dirty files", "warn", f"{len(dirty)} modified: {', '.join(dirty[:5])}"
+                   f"{' ...' if len(dirty) > 5 else ''} (not in the playbook's files)")
+    else:
+        report.add("dirty files", "ok", "none")
+
+
+def _check_lock(report: CheckReport, ctx: Context) -> None:
+    assert ctx.git_dir is not None
+    state = locks.read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s)
+    if state is None:
+        report.add("lock", "ok", "free")
+    else:
+        report.add("lock", "fail", state.describe(), 3)
+
+
+def _check_services(report: CheckReport, ctx: Context) -> None:
+    if not ctx.host.services:
+        report.add("services", "skip", "the inventory defines none")
+    for name, service in ctx.host.services.items():
+        try:
+            pid = manager_for(ctx, name).pid()
+        except DeployerError as exc:
+            report.add(f"service {name}", "fail", f"cannot read its state: {exc}", 1)
+            continue
+        answer = http_status(ctx.transport.reach(service.health)) if service.health else None
+        running = f"pid {pid} alive" if pid else "not running"
+        health = "no health URL" if not service.health else (
+            f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
+        well = pid is not None and (not service.health or answer == 200)
+        report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
+
+
+def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None) -> None:
+    url = ctx.host.metrics
+    if url is None:
+        report.add("metrics", "skip", "no metrics URL in the inventory")
+    else:
+        answer = http_status(ctx.transport.reach(url))
+        report.add("metrics", "ok" if answer == 200 else "fail",
+                   f"{url} answers {answer}" if answer else f"{url} does not answer", 1)
+    for step in playbook[1] if playbook else []:
+        if not isinstance(step, MetricStep):
+            continue
+        target = step.params.url or url
+        if target is None:
+            continue  # the playbook check above already names the missing URL
+        reading = scrape(ctx.transport.reach(target), step.params)
+        report.add(f"metric ({step.name})", "ok" if reading.value is not None else "fail",
+                   f"{step.params.metric} = {reading.value:g}" if reading.value is not None
+                   else f"inconclusive: {reading.problem}", 1)
+
+
+def _check_dests(report: CheckReport, ctx: Context, loaded: LoadedPlaybook) -> None:
+    specs = loaded.model.files
+    if not specs:
+        report.add("dests", "skip", f"a patch ({loaded.model.patch}): `deployer plan` checks that it applies")
+        return
+    listed = ctx.run(("git", "ls-files", "-z", "--", *(s.dest for s in specs)), timeout=30)
+    tracked = set(filter(None, listed.out.split("\0")))
+    missing = [s.dest for s in specs if s.dest not in tracked and not getattr(s, "create", False)]
+    if missing:
+        report.add("dests", "fail", f"not tracked by git on the target: {', '.join(missing)} "
+                   "(a typo? a new file needs `create: true`)", 2)
+    else:
+        report.add("dests", "ok", f"{len(specs)} tracked" + (
+            f", {len(specs) - len(tracked & {s.dest for s in specs})} new (create: true)"
+            if len(tracked) < len(specs) else ""))
