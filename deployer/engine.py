@@ -296,6 +296,7 @@ class Engine:
                 raise DeployerError(left)
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
+            self._settle(record, failure)  # a failure to connect never reached the inner handler
             status = "canceled" if isinstance(failure, Interrupted) else "failed"
             exit_code, error = failure.exit_code, bus.masker(str(failure))
             if left and left not in error:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from deployer.context import Context
 from deployer.engine import Engine, RunResult
-from deployer.errors import ConfigError, DeployerError
+from deployer.errors import ConfigError
 from deployer.run import intent
 from deployer.run.restore import remove_temps, restore_files, run_commit
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
@@ -66,8 +66,10 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         if pending is not None and pending.run_id != run_id:
             raise ConfigError(f"the target's intent record names run {pending.run_id}, not {run_id}: "
                               f"recover that one (deployer recover {pending.run_id} --host {engine.host_name})")
-        if pending is None and (record is None or record.state.terminal):
-            ctx.emit("recovered", of_run=run_id, outcome=None)  # a second recover: nothing left to do
+        if pending is None and (record is None or record.state.terminal or not record.state.files):
+            # A second recover, or a run cut before it recorded anything to change: only its lock was left.
+            _settle_original(record, Phase.failed_restored)
+            ctx.emit("recovered", of_run=run_id, outcome=None)
             return
         files, before, trailer = _what_to_undo(record, pending)
         found.dests = [f.dest for f in files]
@@ -103,10 +105,8 @@ def _what_to_undo(record: RunRecord | None, pending: intent.Intent | None) -> tu
     """Files, HEAD before and trailer: from the run dir when this machine has it, else from the target."""
     if record is not None and record.state.git_before is not None and record.state.trailer is not None:
         return record.state.files, record.state.git_before, record.state.trailer
-    if pending is not None:
-        return pending.files, pending.head_before, pending.trailer
-    raise DeployerError("the run's record has no HEAD before the run and the target has no intent record: "
-                        "it never got as far as changing anything")
+    assert pending is not None  # the caller returns early when neither says what the run changed
+    return pending.files, pending.head_before, pending.trailer
 
 
 def _committed(ctx: Context, commit: str) -> list[str]:
