@@ -462,10 +462,13 @@ class Agent:
         path = _abs_path(req)
         limit = int(_positive(req, "max_bytes", DEFAULT_GET_MAX))
         try:
-            with open(path, "rb") as handle:
-                info = os.fstat(handle.fileno())
-                if not stat_mod.S_ISREG(info.st_mode):
-                    raise OpError("not_a_file", f"{path} is a {_kind(info.st_mode)}, not a regular file")
+            # O_NONBLOCK: opening a FIFO must not hang the agent; the type is checked next.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            info = os.fstat(fd)
+            if not stat_mod.S_ISREG(info.st_mode):
+                os.close(fd)
+                raise OpError("not_a_file", f"{path} is a {_kind(info.st_mode)}, not a regular file")
+            with os.fdopen(fd, "rb") as handle:
                 data = handle.read(limit + 1)
         except FileNotFoundError:
             return {"path": path, "exists": False}
