@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import json
 import os
+import select
 import shutil
 import socket
 import struct
@@ -65,16 +66,27 @@ class RawAgent:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin = self.proc.stdin
         self.stdout = self.proc.stdout
+        self._buf = bytearray()
 
     def send(self, data: bytes) -> None:
         self.stdin.write(data)
         self.stdin.flush()
 
+    def _take(self, size: int) -> bytes:
+        deadline = time.monotonic() + DEADLINE_S
+        while len(self._buf) < size:
+            ready, _, _ = select.select([self.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no reply within {DEADLINE_S}s"
+            chunk = os.read(self.stdout.fileno(), 1 << 20)
+            assert chunk, "the agent closed its output"
+            self._buf += chunk
+        data = bytes(self._buf[:size])
+        del self._buf[:size]
+        return data
+
     def reply(self) -> dict[str, Any]:
-        header = self.stdout.read(HEADER.size)
-        assert len(header) == HEADER.size, f"agent died: {self.proc.stderr.read().decode() if self.proc.stderr else ''}"
-        (length,) = HEADER.unpack(header)
-        reply: dict[str, Any] = json.loads(self.stdout.read(length))
+        (length,) = HEADER.unpack(self._take(HEADER.size))
+        reply: dict[str, Any] = json.loads(self._take(length))
         return reply
 
     def close(self) -> None:
@@ -155,7 +167,7 @@ def test_a_source_cut_short_is_never_executed() -> None:
     agent.send(source[:source.index(b"import base64")])
     agent.stdin.close()
     assert agent.proc.wait(DEADLINE_S) != 0
-    assert agent.stdout.read() == b""
+    assert os.read(agent.stdout.fileno(), 100) == b""
     assert agent.proc.stderr is not None and b"source cut short" in agent.proc.stderr.read()
     agent.stdout.close()
     agent.proc.stderr.close()
