@@ -31,6 +31,7 @@ import hashlib
 import http.client
 import ipaddress
 import json
+import math
 import os
 import queue
 import selectors
@@ -120,10 +121,11 @@ def _b64(req: dict[str, Any], name: str) -> bytes | None:
 
 
 def _positive(req: dict[str, Any], name: str, default: float) -> float:
-    value = _field(req, name, (int, float), default)
-    if value <= 0:
-        raise OpError("bad_request", f"field '{name}' must be > 0")
-    return float(value)
+    value = float(_field(req, name, (int, float), default))
+    # JSON admits NaN and Infinity; a NaN deadline would never pass.
+    if not (value > 0 and math.isfinite(value)):
+        raise OpError("bad_request", f"field '{name}' must be a finite number > 0")
+    return value
 
 
 def _enc(data: bytes) -> str:
@@ -380,6 +382,8 @@ class Agent:
         if hashlib.sha256(data).hexdigest() != expected:
             raise OpError("corrupt", f"the received bytes of {path} do not match sha256 {expected}")
         mode = _field(req, "mode", int)
+        if mode is not None and not 0 <= mode <= 0o7777:
+            raise OpError("bad_request", f"field 'mode' must be within 0..0o7777, not {mode:#o}")
         keep_owner = _field(req, "keep_owner", bool, True)
         directory = os.path.dirname(path)
         created = self._make_parents(directory, _field(req, "mkdirs", bool, False))
@@ -649,7 +653,7 @@ def main(source: bytes) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     agent = Agent(source, proto_in, proto_out)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda num, _frame: agent.shutdown(128 + num))
     agent.serve()
 

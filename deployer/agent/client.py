@@ -15,8 +15,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import io
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from deployer.command import quote
 from deployer.errors import TransportError
@@ -104,14 +104,16 @@ class ProcessPipe:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self.proc = proc
         self._stdin = proc.stdin
-        self._stdout_fd = proc.stdout.fileno()
+        # read1 on the buffered objects, not os.read on their fds: closing a buffered object
+        # waits for a read in progress, so a closed fd number is never read after reuse.
+        self._stdout = cast(io.BufferedReader, proc.stdout)  # what Popen makes with the default bufsize
         self._stderr = _TailBuffer()
-        stderr_fd = proc.stderr.fileno()
-        threading.Thread(target=_drain, args=(lambda: os.read(stderr_fd, CHUNK), self._stderr),
+        stderr = cast(io.BufferedReader, proc.stderr)
+        threading.Thread(target=_drain, args=(lambda: stderr.read1(CHUNK), self._stderr),
                          name="agent-stderr", daemon=True).start()
 
     def read(self, size: int) -> bytes:
-        return os.read(self._stdout_fd, size)
+        return self._stdout.read1(size)
 
     def write(self, data: bytes) -> None:
         self._stdin.write(data)
