@@ -7,6 +7,8 @@ scratch repo (bench/scratch_target.py), shipped three ways:
   deployer   `python -m deployer apply` of that playbook (this tree, via PYTHONPATH)
   by hand    py_compile here && scp both files && ssh '... py_compile && git diff --numstat && git commit'
   floor      py_compile here, then ONE connection and ONE exec: the files as a tar on stdin
+  agent      bench/agent_sketch.py: one paramiko connection, the agent on one exec, 4 batches
+             (preflight, upload+compile+numstat, commit, release): what the agent alone costs
 
 Each cell is the median wall time of --runs runs and the round trips the relay counted in
 them. Every run is checked: the fix must be committed on top of the first commit.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import subprocess
 import sys
@@ -100,10 +103,17 @@ def floor(sshd: SSHD, target: ScratchTarget, port: int) -> None:
         input=buf.getvalue())
 
 
+def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> None:
+    run([sys.executable, str(ROOT / "bench" / "agent_sketch.py"), str(port), sshd.user, sshd.client_key,
+         str(target.known_hosts), str(target.repo), str(target.fix_dir), MESSAGE, *FIXED],
+        "agent sketch", env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 WAYS: dict[str, Callable[[SSHD, ScratchTarget, int], None]] = {
     "deployer apply": by_deployer,
     "by hand: py_compile && scp && ssh": by_hand,
     "floor: 1 connection, 1 exec, tar": floor,
+    "agent sketch: 1 exec, 4 batches": agent_sketch,
 }
 
 
@@ -145,9 +155,10 @@ def render(cells: dict[tuple[str, int], Cell], rtts_ms: list[int], runs: int) ->
     for name in WAYS:
         row = "".join(f"{f'{cells[name, rtt].median:.2f} s / {cells[name, rtt].trips} rt':>20}" for rtt in rtts_ms)
         lines.append(f"{name:<{width}}{row}")
-    deployer, hand, low = WAYS
-    for label, other in (("deployer / hand", hand), ("deployer / floor", low)):
-        row = "".join(f"{cells[deployer, rtt].median / cells[other, rtt].median:>19.2f}x" for rtt in rtts_ms)
+    deployer, hand, low, sketch = WAYS
+    for label, mine, other in (("deployer / hand", deployer, hand), ("deployer / floor", deployer, low),
+                               ("agent sketch / hand", sketch, hand), ("agent sketch / floor", sketch, low)):
+        row = "".join(f"{cells[mine, rtt].median / cells[other, rtt].median:>19.2f}x" for rtt in rtts_ms)
         lines.append(f"{label:<{width}}{row}")
     return "\n".join(lines)
 
