@@ -1,19 +1,22 @@
 """The deployer agent: a stdlib-only program that runs on the target, one per run.
 
 It is started over ONE exec channel by the host's own python with a tiny bootstrap
-(`client.bootstrap_code`) that reads exactly this file's bytes from stdin and executes them;
+(`client.bootstrap_argv`) that reads exactly this file's bytes from stdin and executes them;
 the rest of stdin is the framed protocol. Nothing is installed, nothing is left behind.
 
 Protocol (both ways): a frame is a 4-byte big-endian length, then that many bytes of UTF-8
 JSON. A request is {"id": any, "op": str, ...fields}; its reply is {"id": same, "ok": true,
 "result": {...}} or {"id": same, "ok": false, "error": {"type": str, "message": str}}. Binary
 payloads travel as base64. Requests are executed one at a time in arrival order, so a client
-may pipeline them and replies come back in the same order. Requests are data: no op evaluates
+may pipeline them and replies come back in the same order. Bytes that are no request (not
+JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, and the agent
+goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
 
 Ops: hello, run, put, get, stat, http, batch (see each `op_*` below). The agent never listens
-on a socket. It exits when its stdin closes or its stdout breaks, killing the process group of
-any command still running; services started by a finished `run` are left alone.
+on a socket. It exits when its stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT),
+killing the process group of any command still running and dropping requests not yet started:
+a closed stdin means the client is gone. Services started by a finished `run` are left alone.
 
 One file on purpose (the design sketch split ops into ops.py): the blob sent on stdin is this
 file verbatim, so the sha256 that `hello` reports is the sha256 of a file in our tree.
@@ -277,18 +280,18 @@ class Agent:
         env.update(env_add)
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
-                                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            # Under the lock: a shutdown racing this start still finds the new group to kill.
+            with self._groups_lock:
+                proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
+                                        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                self._groups.add(proc.pid)
         except OSError as exc:
             # What a shell would say: the command is not there (127) or not runnable (126).
             code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
-            message = "cannot run {}{}: {}\n".format(argv[0], f" in {cwd}" if cwd else "", exc.strerror)
+            message = ("cannot run " + argv[0] + (f" in {cwd}" if cwd else "") + f": {exc.strerror}\n").encode()
             return {"exit_code": code, "timed_out": False, "duration_s": time.monotonic() - started,
-                    "stdout": "", "stderr": _enc(message.encode()), "stdout_bytes": 0,
-                    "stderr_bytes": len(message.encode())}
-        with self._groups_lock:
-            self._groups.add(proc.pid)
+                    "stdout": "", "stderr": _enc(message), "stdout_bytes": 0, "stderr_bytes": len(message)}
         try:
             out, err, timed_out = self._drive(proc, stdin, started + timeout, tail)
         finally:
