@@ -229,7 +229,7 @@ class Engine:
         lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
                                                    "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
         lock.acquire()
-        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s)
+        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         return lock
 
     def run_step(self, ctx: Context, step: Step, name: str) -> str:
