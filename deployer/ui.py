@@ -17,6 +17,7 @@ from deployer.demo.run import GAUGE, DemoOutcome
 from deployer.engine import PlanReport, RunResult
 from deployer.rollback import Deploy
 from deployer.runlog import Run
+from deployer.steps.services import pid_text as one_pid
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
 
@@ -147,7 +148,7 @@ def show_result(console: Console, result: RunResult) -> None:
 
 
 def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
-    return ", ".join(f"{name} {p['old']} -> {p['new']}" for name, p in facts.get(key, {}).items())
+    return ", ".join(f"{name} {one_pid(p['old'])} -> {one_pid(p['new'])}" for name, p in facts.get(key, {}).items())
 
 
 def fact_lines(facts: dict[str, Any]) -> list[str]:

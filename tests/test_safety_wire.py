@@ -6,12 +6,20 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project
+from fixtures_services import Stack
+
+from deployer.errors import OutputTruncated
+from deployer.steps.services import http_status
+from deployer.transport.base import CAPTURE_BYTES, Captured, Transport
+from deployer.transport.local import LocalTransport
 
 TTL_S = 5
 
@@ -124,3 +132,186 @@ def test_a_run_killed_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_
     run_id = sorted(target.runs.iterdir())[-1].name
     [acquired] = [e for e in run_events(target, run_id) if e["type"] == "lock_acquired"]
     assert acquired["removed_strays"] == [str(stray)]
+
+
+# -- output: bounded while it streams, whole when a caller needs it --------------------------------------
+
+MiB = 1 << 20
+# Run in a fresh interpreter so the peak RSS measured is this command's alone.
+RSS_PROBE = """
+import json, resource, sys
+spec = json.loads(sys.argv[1])
+if spec["kind"] == "local":
+    from deployer.transport.local import LocalTransport
+    transport = LocalTransport()
+else:
+    from deployer.transport.ssh import SSHTransport
+    transport = SSHTransport(**spec["ssh"])
+transport.run(["true"], timeout=30)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = transport.run(["sh", "-c", spec["script"]], timeout=300)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"grew_kib": after - before, "ok": result.ok,
+                  "totals": [result.out_stream.total, result.err_stream.total],
+                  "kept": [len(result.out_stream.kept), len(result.err_stream.kept)]}))
+"""
+
+
+def transport_spec(kind: str, request: pytest.FixtureRequest) -> dict[str, object]:
+    if kind == "local":
+        return {"kind": "local"}
+    sshd = request.getfixturevalue("sshd")
+    return {"kind": "ssh", "ssh": {"name": "probe", "address": sshd.host, "port": sshd.port, "user": sshd.user,
+                                   "identity_file": sshd.client_key, "known_hosts": sshd.known_hosts,
+                                   "ssh_config": os.devnull}}
+
+
+@pytest.fixture(params=["local", "ssh"])
+def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
+    if request.param == "local":
+        yield LocalTransport()
+        return
+    from fixtures_ssh import connect
+    with connect(request.getfixturevalue("sshd")) as ssh:
+        yield ssh
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_memory_stays_bounded_whatever_a_command_prints(kind: str, request: pytest.FixtureRequest) -> None:
+    # 200 MB: 160 MB on stdout and 40 MB on stderr at once, both drained.
+    script = "head -c 41943040 /dev/zero >&2 & head -c 167772160 /dev/zero; wait"
+    probe = subprocess.run([sys.executable, "-c", RSS_PROBE, json.dumps({**transport_spec(kind, request),
+                                                                          "script": script})],
+                           capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    seen = json.loads(probe.stdout)
+    assert seen["ok"] and seen["totals"] == [160 * MiB, 40 * MiB]
+    assert seen["kept"] == [CAPTURE_BYTES, CAPTURE_BYTES]
+    assert seen["grew_kib"] < 100 * 1024, f"peak RSS grew by {seen['grew_kib'] // 1024} MiB"
+
+
+def test_whole_output_beyond_the_capture_limit_is_an_error_or_asked_for(transport: Transport) -> None:
+    script = f"head -c {CAPTURE_BYTES + 10} /dev/zero; printf end"
+    cut = transport.run(["sh", "-c", script], timeout=60)
+    assert cut.ok and cut.out_stream.total == CAPTURE_BYTES + 13
+    assert cut.out_stream.kept.endswith(b"end") and len(cut.out_stream.kept) == CAPTURE_BYTES
+    with pytest.raises(OutputTruncated, match=f"printed {CAPTURE_BYTES + 13} bytes on stdout"):
+        _ = cut.stdout
+    with pytest.raises(OutputTruncated):
+        _ = cut.out
+    whole = transport.run(["sh", "-c", script], timeout=60, capture=None)
+    assert whole.stdout == b"\0" * (CAPTURE_BYTES + 10) + b"end"
+    small = transport.run(["sh", "-c", "printf 0123456789; printf abcdef >&2"], timeout=30, capture=4)
+    assert small.out_stream == Captured(b"6789", 10) and small.err == "[first 2 bytes not kept] cdef"
+
+
+# -- secrets: masked before any cut ----------------------------------------------------------------------
+
+SECRET = "sk_live_4f9Q2mZx7LpR8vWc3T"
+assert len(SECRET) == 26
+
+
+def fragments(secret: str, size: int = 6) -> set[str]:
+    return {secret[i:i + size] for i in range(len(secret) - size + 1)}
+
+
+def assert_no_fragment(texts: list[str], runs: Path) -> None:
+    seen = list(texts) + [p.read_text(errors="replace") for p in runs.rglob("*") if p.is_file()]
+    leaks = sorted({f for f in fragments(SECRET) for text in seen if f in text})
+    assert not leaks, f"fragments of the secret leaked: {leaks}"
+
+
+def straddling(*cuts: int) -> str:
+    """Text whose last `cut` characters begin halfway through a copy of SECRET, for each cut."""
+    text = ""
+    for cut in sorted(cuts):
+        filler = cut - len(SECRET) // 2 - len(text)
+        text = SECRET + "y" * filler + text
+    return "lead " + text
+
+
+def test_output_tails_cut_inside_a_secret_leak_no_fragment_of_it(target: Project) -> None:
+    # 1000: the stdout and stderr tails of a command's run-log event; 1500: a failed step's stderr tail.
+    printed = straddling(1000, 1500)
+    assert printed[-1000 - 13:-1000 + 13] == SECRET and printed[-1500 - 13:-1500 + 13] == SECRET
+    leaky = target.write("leaky-python", f"#!/bin/sh\nprintf %s '{printed}'\nprintf %s '{printed}' >&2\nexit 1\n")
+    leaky.chmod(0o755)
+    target.write_inventory(python=str(leaky), env={"API_KEY": {"secret": True, "value": SECRET}})
+    target.playbook(steps=["upload", "remote_compile"])
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1 and "remote_compile" in result.stderr and "***" in result.stderr
+    assert_no_fragment([result.stdout, result.stderr], target.runs)
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+def test_a_service_log_tail_cut_inside_a_secret_leaks_no_fragment_of_it(stack: Stack) -> None:
+    project = stack.project
+    # The log tail is the last 3000 bytes of the log: print the secret across that edge, then die.
+    leaky = {"start": [sys.executable, "-c", f"import sys; sys.stdout.write({straddling(3000)!r}); sys.exit(3)"],
+             "env": {"HF_TOKEN": {"secret": True, "value": SECRET}}, "health": "http://127.0.0.1:9/health"}
+    stack.configure(prefill=leaky)
+    project.playbook(steps=["co_restart"])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode != 0 and "service prefill" in result.stderr and "lead" not in result.stderr
+    assert "yyy" in result.stderr  # the log tail is shown ...
+    assert_no_fragment([result.stdout, result.stderr], project.runs)  # ... without any of the secret
+
+
+def test_a_service_log_is_private_to_its_owner(stack: Stack) -> None:
+    project = stack.project
+    logs = project.repo / ".git" / "deployer"
+    logs.mkdir()
+    (logs / "decode.log").write_text("from an older deployer\n")
+    (logs / "decode.log").chmod(0o644)
+    project.playbook(steps=["co_restart"])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    for name in ("prefill", "decode"):
+        assert (logs / f"{name}.log").stat().st_mode & 0o777 == 0o600, name
+    # Only the log was narrowed: the service itself keeps the umask it was started with.
+    ours = os.umask(0o022)
+    os.umask(ours)
+    status = Path(f"/proc/{stack.pids()['prefill']}/status").read_text()
+    assert f"Umask:\t{ours:04o}" in status
+
+
+# -- co_restart reports what it saw ----------------------------------------------------------------------
+
+def stopped_events(project: Project) -> dict[str, dict[str, object]]:
+    run_id = sorted(project.runs.iterdir())[-1].name
+    return {str(e["service"]): e for e in run_events(project, run_id) if e["type"] == "service_stopped"}
+
+
+def test_co_restart_reports_the_observed_state_and_a_missing_pid_as_none(stack: Stack) -> None:
+    project = stack.project
+    project.playbook(steps=["co_restart"])
+    first = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert first.returncode == 0, first.stderr
+    assert "None" not in first.stdout and "(none) -> " in first.stdout
+    seen = stopped_events(project)
+    assert seen["prefill"]["pid_alive"] is False and seen["prefill"]["health_answering"] is False
+    assert seen["prefill"]["seen"] == "no live pid, health not answering"
+    pids = stack.pids()
+    second = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 0, second.stderr
+    seen = stopped_events(project)
+    assert seen["decode"]["seen"] == f"pid {pids['decode']} alive, health answering"
+    assert seen["decode"]["pid_alive"] is True and seen["decode"]["health_answering"] is True
+    assert f"was pid {pids['decode']} alive, health answering" in second.stdout
+
+
+def test_a_service_answering_without_a_pid_deployer_knows_is_reported_as_answering(stack: Stack) -> None:
+    project = stack.project
+    outsider = subprocess.Popen(stack.service("prefill")["start"], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: http_status(stack.service("prefill")["health"]) == 200, what="the outside server")
+        project.playbook(steps=["co_restart"])
+        result = project.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode != 0 and "still answers after the stop" in result.stderr
+        seen = stopped_events(project)["prefill"]
+        assert seen["seen"] == "no live pid, health answering" and seen["health_answering"] is True
+        assert seen["how"] == "no live pid to signal"
+    finally:
+        outsider.kill()
+        outsider.wait()
