@@ -95,7 +95,7 @@ def read_state(transport: Transport, git_dir: str, ttl_s: float) -> LockState | 
     out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.split()
     if len(out) != 3 or out[2] == "-":
         return None  # nothing at the lock's name (a dangling link still has its own mtime)
-    raw = transport.get(posixpath.join(path, "info.json"))
+    raw = transport.get(posixpath.join(path, "info.json"), timeout=TIMEOUT_S)
     try:
         info = json.loads(raw) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project
 from fixtures_services import Stack
+from fixtures_ssh import SSHD, CountingProxy, connect
 
-from deployer.errors import OutputTruncated
+from deployer.errors import OutputTruncated, TransportError
 from deployer.steps.services import http_status
 from deployer.transport.base import CAPTURE_BYTES, Captured, Transport
 from deployer.transport.local import LocalTransport
@@ -171,7 +173,6 @@ def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
     if request.param == "local":
         yield LocalTransport()
         return
-    from fixtures_ssh import connect
     with connect(request.getfixturevalue("sshd")) as ssh:
         yield ssh
 
@@ -315,3 +316,96 @@ def test_a_service_answering_without_a_pid_deployer_knows_is_reported_as_answeri
     finally:
         outsider.kill()
         outsider.wait()
+
+
+# -- every transport call takes its step's timeout -------------------------------------------------------
+
+class FreezingRelay(CountingProxy):
+    """A relay to sshd whose link freezes (no FIN, no RST: bytes are swallowed) once `after` bytes passed."""
+
+    def __init__(self, target_port: int, after: int) -> None:
+        self.after = after
+        self.passed = 0
+        super().__init__(target_port)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self.passed += len(data)
+                if self.passed > self.after:
+                    self.freeze()
+                if not self.frozen.is_set():
+                    dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def relayed(sshd: SSHD, tmp_path: Path, after: int) -> Iterator[FreezingRelay]:
+    relay = FreezingRelay(sshd.port, after)
+    (tmp_path / "relay_known_hosts").write_text(f"[127.0.0.1]:{relay.port} {sshd.host_pubkey_line}\n")
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+def test_ssh_put_and_get_on_a_frozen_link_fail_at_their_timeout(sshd: SSHD, tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"before\n")
+    for call in ("put", "get"):
+        with relayed(sshd, tmp_path, after=1 << 40) as relay, \
+                connect(sshd, port=relay.port, known_hosts=str(tmp_path / "relay_known_hosts"),
+                        connect_timeout=2.0) as ssh:
+            assert ssh.get(str(tmp_path / "f")) == b"before\n"  # the SFTP session is open
+            relay.freeze()
+            started = time.monotonic()
+            with pytest.raises(TransportError, match=r"did not finish within 1\.5s"):
+                if call == "put":
+                    ssh.put(b"after\n", str(tmp_path / "f"), timeout=1.5)
+                else:
+                    ssh.get(str(tmp_path / "f"), timeout=1.5)
+            # The call's own timeout, plus at most one connect_timeout spent trying to remove its temp file.
+            assert time.monotonic() - started < 1.5 + 2.0 + 1.5, call
+    assert (tmp_path / "f").read_bytes() == b"before\n"
+
+
+def test_a_local_get_of_a_file_that_never_answers_fails_at_its_timeout(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading waits for a writer that never comes
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=r"did not finish within 0\.5s"):
+        LocalTransport().get(str(fifo), timeout=0.5)
+    assert time.monotonic() - started < 3
+    with open(fifo, "wb"):  # release the abandoned reader
+        pass
+
+
+def test_an_upload_on_a_frozen_link_fails_within_its_step_timeout(target: Project, tmp_path: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    if target.host["transport"] != "ssh":
+        pytest.skip("a frozen link needs the relay in front of sshd")
+    sshd = request.getfixturevalue("sshd")
+    big = "# padding\n" * (2 << 20)  # 20 MiB: only the upload moves this much, so the freeze lands inside it
+    target.write("fix/b.py", big)
+    target.playbook(files=[{"src": "fix/b.py", "dest": "pkg/b.py"}], steps=[{"upload": {"timeout_s": 3}}])
+    with relayed(sshd, tmp_path, after=5 << 20) as relay:
+        target.write_inventory(port=relay.port, known_hosts=str(tmp_path / "relay_known_hosts"))
+        proc = target.popen("apply", "fix.yaml", "--host", "box")
+        try:
+            def upload_ended() -> dict[str, object] | None:
+                runs = sorted(target.runs.iterdir()) if target.runs.exists() else []
+                ends = [e for e in run_events(target, runs[-1].name)
+                        if e["type"] == "step_end" and e["step"] == "upload"] if runs else []
+                return ends[0] if ends else None
+            wait_for(upload_ended, seconds=40, what="the upload step to end")
+        finally:
+            proc.kill()  # what follows (restoring over the frozen link) is not this test's subject
+            proc.communicate(timeout=30)
+        assert relay.frozen.is_set()
+    ended = upload_ended()
+    assert ended is not None and ended["status"] == "failed"
+    assert "did not finish within 3s" in str(ended["error"])
+    duration = float(str(ended["duration_s"]))
+    # The step's 3 s, plus at most the transport's 10 s connect_timeout spent trying to remove its temp file.
+    assert duration < 3 + 10 + 2, duration

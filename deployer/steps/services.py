@@ -107,11 +107,11 @@ class CommandManager(Manager):
         return posixpath.join(self.ctx.state_dir(), f"{self.name}.started")
 
     def pid(self) -> int | None:
-        raw = self.ctx.transport.get(self.pidfile)
+        raw = self.ctx.transport.get(self.pidfile, timeout=self.timeout)
         text = raw.decode(errors="replace").strip() if raw else ""
         if not text.isdigit() or not self.alive(int(text)):
             return None
-        recorded = self.ctx.transport.get(self.startfile)
+        recorded = self.ctx.transport.get(self.startfile, timeout=self.timeout)
         if recorded is not None and recorded.decode(errors="replace").strip() != self._started_at(int(text)):
             return None  # the pid file outlived its process and the number now names another one
         return int(text)
@@ -183,7 +183,7 @@ class CommandManager(Manager):
         launched = self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=self.env(),
                                   timeout=self.timeout).out.strip()
         if launched.isdigit():  # remembered so a recycled PID is never mistaken for the service
-            self.ctx.transport.put(self._started_at(int(launched)).encode(), self.startfile)
+            self.ctx.transport.put(self._started_at(int(launched)).encode(), self.startfile, timeout=self.timeout)
 
     def log_tail(self) -> str:
         return self.ctx.run(("tail", "-c", str(LOG_TAIL), "--", self.logfile), timeout=30).out

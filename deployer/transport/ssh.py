@@ -413,13 +413,13 @@ class SSHTransport(Transport):
         if not self._transport.is_active():
             raise paramiko.SSHException(f"no answer from the target within {self._connect_timeout:g}s")
 
-    def _open_channel(self) -> paramiko.Channel:
+    def _open_channel(self, timeout: float | None = None) -> paramiko.Channel:
         if self._closed:
             raise TransportError(f"{self.name}: transport is closed")
         if not self._transport.is_active():
             raise TransportError(f"{self.name}: SSH connection to {self.target.where} was lost")
         try:
-            return self._transport.open_session(timeout=self._connect_timeout)
+            return self._transport.open_session(timeout=min(self._connect_timeout, timeout or self._connect_timeout))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
                                  f"{_describe(exc)}") from None
@@ -442,7 +442,7 @@ class SSHTransport(Transport):
     def _put_sftp(self, data: bytes, dest: str, directory: str, tmp: str, mode: int | None,
                   expected: str, timeout: float) -> None:
         with self._sftp_lock:
-            sftp = self._sftp_client()
+            sftp = self._sftp_client(timeout)
             deadline = _SftpDeadline(sftp, timeout)
             try:
                 try:
@@ -569,7 +569,7 @@ class SSHTransport(Transport):
                                      f"{result.err.strip()}")
             return result.stdout
         with self._sftp_lock:
-            sftp = self._sftp_client()
+            sftp = self._sftp_client(timeout)
             deadline = _SftpDeadline(sftp, timeout)
             try:
                 with sftp.open(path, "rb") as handle:
@@ -585,12 +585,12 @@ class SSHTransport(Transport):
             finally:
                 deadline.cancel()
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        """The one SFTP session, opened on first use on the shared connection."""
+    def _sftp_client(self, timeout: float) -> paramiko.SFTPClient:
+        """The one SFTP session, opened on first use on the shared connection (within timeout)."""
         if self._sftp is None:
-            chan = self._open_channel()
+            chan = self._open_channel(timeout)
             try:
-                chan.settimeout(self._connect_timeout)
+                chan.settimeout(min(self._connect_timeout, timeout))
                 chan.invoke_subsystem("sftp")
                 sftp = paramiko.SFTPClient(chan)
             except (paramiko.SSHException, OSError, EOFError) as exc:
