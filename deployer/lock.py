@@ -28,13 +28,15 @@ from deployer.transport.base import Transport
 
 LOCK_NAME = "deployer.lock"
 TIMEOUT_S = 30.0
-# Exit codes of _TAKE beyond 0 (taken) and 1 (could not even prepare the directory).
+# Exit codes of _TAKE beyond 0 (taken) and 1 (failed; its stderr says why).
 HELD, VANISHED = 3, 4
 # $1 lock path, $2 the run's lock directory, $3 its name relative to the lock's parent; info on stdin.
 _TAKE = (
     'lock=$1; dir=$2; name=$3; umask 077; '
     'mkdir -- "$dir" && cat > "$dir/info.json" && : > "$dir/heartbeat" || { rm -rf -- "$dir"; exit 1; }; '
-    f'ln -s -T -- "$name" "$lock" 2>/dev/null || {{ rm -rf -- "$dir"; exit {HELD}; }}; '
+    # -T: an existing directory at $lock is in the way, never a place to put the link into.
+    'ln -s -T -- "$name" "$lock" || { rm -rf -- "$dir"; '
+    f'{{ [ -e "$lock" ] || [ -L "$lock" ]; }} && exit {HELD}; exit 1; }}; '
     # Our directory was removed as another run's leftover before the link went up: take it down again.
     f'[ -f "$lock/info.json" ] || {{ rm -f -- "$lock"; exit {VANISHED}; }}'
 )
@@ -136,10 +138,9 @@ class DeployLock:
             taken = self.transport.run(("sh", "-c", _TAKE, "deployer-lock", self.path, self.dir, self.name),
                                        stdin=json.dumps(self.info, indent=1).encode(), timeout=TIMEOUT_S)
         except DeployerError as exc:
-            raise DeployerError(
-                f"{exc}; cut while taking the deploy lock: the target holds either no lock or this run's "
-                f"complete lock {self.path}, plus at most the directory {self.dir}. `deployer lock status` says "
-                "which; the next run that takes the lock removes that directory") from exc
+            raise self._cut(str(exc)) from exc
+        if taken.timed_out:
+            raise self._cut(f"taking the deploy lock did not finish within {TIMEOUT_S:g}s, killed")
         if taken.exit_code == HELD:
             state = read_state(self.transport, self.git_dir, self.ttl_s)
             if state is None:
@@ -163,6 +164,12 @@ class DeployLock:
             raise
         self._thread = threading.Thread(target=self._loop, name="deployer-heartbeat", daemon=True)
         self._thread.start()
+
+    def _cut(self, why: str) -> DeployerError:
+        return DeployerError(
+            f"{why}; cut while taking the deploy lock: the target holds either no lock or this run's complete "
+            f"lock {self.path} (-> {self.name}), plus at most the directory {self.dir}. `deployer lock status` "
+            "says which; the next run that takes the lock removes that directory")
 
     def _beat(self) -> None:
         self.transport.run(("touch", "--", posixpath.join(self.dir, "heartbeat")), timeout=TIMEOUT_S)

@@ -107,20 +107,33 @@ def test_staleness_counts_from_the_locks_own_mtime_plus_its_ttl(target: Project)
     assert "being taken" in abandoned.stdout and "STALE" in abandoned.stdout
 
 
-def test_a_run_killed_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run_removes(
-        target: Project, request: pytest.FixtureRequest) -> None:
+def test_a_run_cut_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run_removes(
+        target: Project, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Cut between writing the lock and publishing it: locally a SIGKILL of deployer, over SSH the
+    TCP link itself (a relay that cuts); the target side dies with it in both cases."""
     target.playbook()
     git_dir = target.repo / ".git"
-    with gate(target, request, "ln", "deployer.lock.") as gatedir:
+    with contextlib.ExitStack() as stack, gate(target, request, "ln", "deployer.lock.") as gatedir:
+        relay = None
+        if target.host["transport"] == "ssh":
+            relay = stack.enter_context(relayed(request.getfixturevalue("sshd"), tmp_path, after=1 << 40))
+            target.write_inventory(port=relay.port, known_hosts=str(tmp_path / "relay_known_hosts"))
         first = target.popen("apply", "fix.yaml", "--host", "box")
         try:
             wait_for(lambda: (gatedir / "pid").exists(), what="the run to reach the link that publishes its lock")
         finally:
-            first.kill()  # SIGKILL: the deployer dies between writing its lock and publishing it
-            first.communicate(timeout=30)
+            if relay is None:
+                first.kill()  # SIGKILL: the deployer dies between writing its lock and publishing it
+            else:
+                relay.close()  # the connection is cut at that moment
+            _, err = first.communicate(timeout=60)
+        if relay is not None:
+            assert first.returncode == 1 and "cut while taking the deploy lock" in err, err
+            assert "the target holds either no lock or this run's complete lock" in err
         # And the target side with it: the lock script parked at its last command, not just that command.
         os.killpg(os.getpgid(int((gatedir / "pid").read_text())), signal.SIGKILL)
         (gatedir / "armed").unlink()
+    target.write_inventory()
     assert not os.path.lexists(git_dir / "deployer.lock")
     [stray] = [p for p in git_dir.iterdir() if p.name.startswith("deployer.lock.")]
     assert json.loads((stray / "info.json").read_text())["run_id"] == stray.name.removeprefix("deployer.lock.")
