@@ -189,7 +189,12 @@ class _Abandonable:
 
         worker = threading.Thread(target=body, daemon=True, name="deployer-local-io")
         worker.start()
-        worker.join(timeout)
+        try:
+            worker.join(timeout)
+        except BaseException:  # interrupted while waiting: nothing may land after we stopped caring
+            with self._lock:
+                self._abandoned = True
+            raise
         with self._lock:
             if worker.is_alive():
                 self._abandoned = True
