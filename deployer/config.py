@@ -132,6 +132,7 @@ class Inventory(Strict):
 class FileSpec(Strict):
     src: str
     dest: str
+    create: bool = False  # the dest may be a file git does not track yet
 
     @field_validator("dest")
     @classmethod
