@@ -207,10 +207,16 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 @runs.command("verify")
 @click.argument("run_id")
 @runs_dir_option
+@click.option("--target", "on_target", is_flag=True,
+              help="Also compare the log with the run's commits on its host (Deployer-Log trailers).")
+@inventory_option
 @failures_to_exit_codes
-def runs_verify(run_id: str, runs_dir: str | None) -> None:
+def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None) -> None:
     """Check the run log's hash chain and its artifacts; exit 5 when anything was altered."""
     problems = runlog.verify(runlog.runs_dir_from(runs_dir), run_id)
+    if on_target:
+        run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
+        problems += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
     if problems:
         for problem in problems:
             ui.show_error(problem)

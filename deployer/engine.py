@@ -24,7 +24,7 @@ from deployer.preflight import preflight
 from deployer.runlog import RunLogWriter, new_run_id
 from deployer.steps import services
 from deployer.steps.base import Action, Step
-from deployer.steps.git import DiffBounds, revert_files, trailers, unchanged_dests
+from deployer.steps.git import LOG_SHA256, DiffBounds, git, log_anchor, revert_files, trailers, unchanged_dests
 from deployer.transport.base import Transport
 
 Connector = Callable[[EventBus], Transport]
@@ -53,7 +53,7 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus) -> str
 def target_state(ctx: Context) -> str:
     """Where the target stands now, read from it, for a message that must say what was left."""
     try:
-        head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
+        head = ctx.run(git("rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
         notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
                  ctx.facts.get("rollback_commit"): "the revert commit"}
         parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
@@ -124,13 +124,14 @@ class Engine:
     cancel: CancelToken = field(default_factory=CancelToken)
     allow_dirty: bool = False
     operator: str = field(default_factory=operator_id)
+    _log: RunLogWriter | None = field(default=None, init=False, repr=False)  # the run's log while it runs
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
         bus.listeners.extend(self.listeners)
         return bus
 
-    def _context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
+    def context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
         ctx = Context(run_id=run_id, host_name=self.host_name, host=self.host, transport=transport,
                       playbook=self.playbook, bus=bus, cancel=self.cancel)
         ctx.facts["operator"] = self.operator
@@ -150,11 +151,12 @@ class Engine:
         self.check_host()
         bus = self.new_bus()
         with self.connect(bus) as transport:
-            ctx = self._context("<dry-run>", bus, transport)
+            ctx = self.context("<dry-run>", bus, transport)
             bus.step = "preflight"
-            preflight(ctx, allow_dirty=True)
-            files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, c.old, c.new)),
-                              diffs.numstat(c.dest, c.old, c.new), c.old is not None) for c in ctx.changes]
+            head = preflight(ctx, allow_dirty=True)
+            # Counted against HEAD, as diff_bounds and the commit count (under --allow-dirty the work tree differs).
+            files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)),
+                              diffs.numstat(c.dest, head[c.dest], c.new), c.old is not None) for c in ctx.changes]
             unchanged = unchanged_dests(ctx)
             # git diff lists no file whose bytes are already there; neither does the projection.
             stat = diffs.DiffStat(tuple(f.stat for f in files if f.dest not in unchanged))
@@ -182,7 +184,7 @@ class Engine:
     def execute(self, body: Callable[[Context, RunLogWriter], None], **start: Any) -> RunResult:
         """One run: its log, one connection, the lock, the body, and a run_end whatever happens."""
         run_id = new_run_id()
-        log = RunLogWriter(self.runs_dir, run_id)
+        log = self._log = RunLogWriter(self.runs_dir, run_id)
         bus = self.new_bus()
         bus.listeners.insert(0, log.write)
         bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
@@ -199,7 +201,7 @@ class Engine:
             transport = self.connect(bus)
             try:
                 bus.emit("connected", transport=vars(transport.info))
-                ctx = self._context(run_id, bus, transport)
+                ctx = self.context(run_id, bus, transport)
                 bus.step = "preflight"
                 lock = self._lock(ctx)
                 body(ctx, log)
@@ -221,10 +223,11 @@ class Engine:
             bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
             log.close()
+            self._log = None
         return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts)
 
     def _lock(self, ctx: Context) -> DeployLock:
-        ctx.git_dir = git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
+        ctx.git_dir = git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
                                           f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
         lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
                                                    "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
@@ -233,20 +236,30 @@ class Engine:
         return lock
 
     def run_step(self, ctx: Context, step: Step, name: str) -> str:
-        """One step between step_start and step_end events; a failure comes out typed."""
+        """One step between step_start and step_end events; a failure comes out typed, naming the step's line."""
         ctx.bus.step = name
         started = time.monotonic()
+        self._note_log_sha256(ctx)  # a commit made by this step anchors the log up to its step_start
         try:
             ctx.emit("step_start", kind=step.kind)
             ctx.cancel.check()
             summary = step.run(ctx)
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
+            if step.where and not isinstance(failure, Interrupted):
+                # The playbook line to look at; the typed error and its exit code stay as they are.
+                failure.args = (f"{step.where}: {failure}",)
             ctx.emit("step_end", status="canceled" if isinstance(failure, Interrupted) else "failed",
                      duration_s=round(time.monotonic() - started, 3), error=ctx.bus.masker(str(failure)))
             raise failure from None
+        finally:
+            ctx.facts.pop(LOG_SHA256, None)
         ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
         return summary
+
+    def _note_log_sha256(self, ctx: Context) -> None:
+        if self._log is not None:
+            ctx.facts[LOG_SHA256] = self._log.sha256()
 
     def _run_steps(self, ctx: Context) -> None:
         touched = staged = committed = False
@@ -268,11 +281,11 @@ class Engine:
         """Give every target file its pre-run bytes (remove new ones), undo a half-made commit."""
         ctx.bus.step = "restore"
         try:
-            head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip()
+            head = ctx.run(git("rev-parse", "HEAD"), timeout=30).out.strip()
             if ctx.git_before and head != ctx.git_before:
                 self._undo_own_commit(ctx, head)
             if staged:  # the commit step ran `git add`; before that the index was never touched
-                ctx.run(("git", "reset", "-q", "--", *ctx.dests), timeout=60)
+                ctx.run(git("reset", "-q", "--", *ctx.dests), timeout=60)
             restored, removed = [], []
             for change in ctx.changes:
                 if change.old is None:
@@ -295,12 +308,12 @@ class Engine:
 
     def _undo_own_commit(self, ctx: Context, head: str) -> None:
         """The commit step failed after git commit succeeded: drop that commit, and only that one."""
-        parent = ctx.run(("git", "rev-parse", "HEAD~1"), timeout=30).out.strip()
-        message = ctx.run(("git", "log", "-1", "--format=%B", "HEAD"), timeout=30).out
+        parent = ctx.run(git("rev-parse", "HEAD~1"), timeout=30).out.strip()
+        message = ctx.run(git("log", "-1", "--format=%B", "HEAD"), timeout=30).out
         if parent != ctx.git_before or f"Deployer-Run: {ctx.run_id}" not in message:
             raise RollbackFailed(f"HEAD moved from {ctx.git_before} to {head} during the run, and not by this "
                                  "run's commit; left as it is")
-        ctx.check(("git", "reset", "-q", "--soft", ctx.git_before), "cannot undo the run's commit", timeout=60)
+        ctx.check(git("reset", "-q", "--soft", ctx.git_before), "cannot undo the run's commit", timeout=60)
 
     def _after_commit_failure(self, ctx: Context, failure: DeployerError) -> DeployerError:
         """Past the commit: roll back (on_failure: rollback) or say exactly what stays on the target."""
@@ -324,8 +337,10 @@ class Engine:
                verify_kinds: tuple[str, ...] = ("co_restart",)) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
         ctx.bus.step = "rollback"
-        message = (f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n"
-                   f"{trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of)}\n")
+        self._note_log_sha256(ctx)
+        anchors = trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of, Deployer_Log=log_anchor(ctx))
+        ctx.facts.pop(LOG_SHA256, None)
+        message = f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n{anchors}\n"
         revert = revert_files(ctx, before, dests, message)
         ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
         ctx.facts["rollback_commit"] = revert
