@@ -218,13 +218,13 @@ class Engine:
                 error += "\n" + left
         finally:
             bus.step = None
-            git = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
+            commits = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
             facts = dict(ctx.facts) if ctx else {}
-            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git,
+            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
             log.close()
             self._log = None
-        return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts)
+        return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts)
 
     def _lock(self, ctx: Context) -> DeployLock:
         ctx.git_dir = git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
