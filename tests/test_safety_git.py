@@ -20,7 +20,8 @@ from deployer.command import Masker
 from deployer.config import FileSpec, Host, Playbook
 from deployer.context import CancelToken, Context, EventBus, LoadedPlaybook
 from deployer.errors import StepFailed
-from deployer.runlog import GENESIS, seal
+from deployer.preflight import refuse_unsafe_dests
+from deployer.runlog import GENESIS, RunLogWriter, seal
 from deployer.transport.factory import open_transport
 
 FIXED_B = "VALUE = 2\n"
@@ -90,7 +91,6 @@ def test_resolved_dests_are_read_nul_delimited_so_a_newline_cannot_shift_the_ans
     # The loader refuses a newline in a dest; the check on the target must not depend on that.
     crafted = [f"a\n{target.repo}/zzz", "out/victim.txt"]
     with pytest.raises(StepFailed) as refused:
-        from deployer.preflight import refuse_unsafe_dests
         refuse_unsafe_dests(context, crafted)
     assert "out/victim.txt" in str(refused.value) and "outside the repo" in str(refused.value)
 
@@ -137,6 +137,21 @@ def test_a_dest_inside_the_git_dir_through_a_tracked_symlink_is_refused(target: 
     assert "gitdir_link/config" in result.stderr and "git dir" in result.stderr
     assert (target.repo / ".git" / "config").read_text() == config_before
     assert not marker.exists()
+
+
+def test_a_dest_inside_the_common_git_dir_of_a_linked_worktree_is_refused(target: Project) -> None:
+    worktree = target.repo / "wt"
+    git(target.repo, "worktree", "add", "-q", "-b", "wt", str(worktree))
+    target.repo = worktree
+    target.write_inventory(repo=str(worktree))
+    commit_symlink(target, "common_link", "../.git")  # the main checkout's .git: this worktree's common dir
+    target.write("fix/config", "[core]\n\tbare = true\n")
+    target.playbook(files=[{"src": "fix/config", "dest": "common_link/config", "create": True}], steps=["upload"])
+    config_before = (worktree.parent / ".git" / "config").read_text()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "common_link/config" in result.stderr and "inside the git dir" in result.stderr
+    assert (worktree.parent / ".git" / "config").read_text() == config_before
 
 
 def test_deployers_git_commands_run_no_fsmonitor_program_the_repo_configures(
@@ -259,8 +274,6 @@ def test_a_rechained_run_end_that_disagrees_with_the_target_is_refused(target: P
 
 
 def test_a_forged_rolled_back_by_line_does_not_stop_a_rollback(target: Project) -> None:
-    from deployer.runlog import RunLogWriter
-
     run_id = apply_fix(target)
     link = RunLogWriter.reopen(target.runs, run_id)
     link.write({"type": "rolled_back_by", "by": "20990101T000000.000Z-forged", "status": "successful",
