@@ -273,6 +273,23 @@ def test_a_rechained_run_end_that_disagrees_with_the_target_is_refused(target: P
     assert target.deployer("runs", "verify", run_id, "--target").returncode == 5
 
 
+def test_an_on_failure_revert_is_anchored_too_and_counts_as_the_runs_rollback(target: Project) -> None:
+    # diff_bounds after the commit sees zero changes against HEAD: a failure past the commit.
+    target.playbook(steps=["upload", {"commit": {"message": "m"}}, {"diff_bounds": {"files": 1}}],
+                    on_failure="rollback")
+    failed = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert failed.returncode == 5, failed.stderr
+    run_id = newest_run(target)
+    assert git(target.repo, "log", "-1", "--format=%(trailers:key=Deployer-Rollback-Of,valueonly)").strip() == run_id
+    assert "Deployer-Log: sha256:" in git(target.repo, "log", "-1", "--format=%B")
+    verified = target.deployer("runs", "verify", run_id, "--target")
+    assert verified.returncode == 0, verified.stderr
+    head = target.head()
+    again = target.deployer("rollback", run_id)
+    assert again.returncode == 2 and "already rolled back by its own on_failure" in again.stderr
+    assert target.head() == head
+
+
 def test_a_forged_rolled_back_by_line_does_not_stop_a_rollback(target: Project) -> None:
     run_id = apply_fix(target)
     link = RunLogWriter.reopen(target.runs, run_id)
