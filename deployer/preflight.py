@@ -64,9 +64,10 @@ def _new_bytes(ctx: Context) -> dict[str, bytes]:
     return apply_patch_here(ctx, ctx.playbook.patch)
 
 
-def _head_bytes(ctx: Context, dest: str) -> bytes:
-    return ctx.check(git("cat-file", "blob", f"HEAD:{dest}"), f"cannot read {dest} at HEAD", timeout=30,
-                     quiet=True).stdout
+def _head_bytes(ctx: Context, dest: str) -> bytes | None:
+    """dest's bytes at HEAD; None when HEAD has no such file (staged as new, say)."""
+    shown = ctx.run(git("cat-file", "blob", f"HEAD:{dest}"), timeout=30, quiet=True)
+    return shown.stdout if shown.ok else None
 
 
 def refuse_unsafe_dests(ctx: Context, dests: list[str]) -> None:
