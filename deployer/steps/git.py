@@ -132,6 +132,11 @@ def unchanged_dests(ctx: Context) -> list[str]:
     return list(ctx.facts.get(UNCHANGED, []))
 
 
+def changed_dests(ctx: Context) -> list[str]:
+    """The shipped files the commit holds."""
+    return [d for d in ctx.dests if d not in unchanged_dests(ctx)]
+
+
 def identity_args(ctx: Context) -> list[str]:
     """Use the target's git identity; only where it has none, commit as the operator."""
     has = ctx.run(git("config", "user.email"), timeout=30)
@@ -189,15 +194,16 @@ class Commit(Step):
         return f"{self.params.message.rstrip()}\n\n{trailers(Deployer_Run=ctx.run_id, Deployer_Log=log_anchor(ctx))}\n"
 
     def plan(self, ctx: Context) -> list[Action]:
-        changed = [d for d in ctx.dests if d not in unchanged_dests(ctx)]
+        changed = changed_dests(ctx)
+        if not changed:
+            return [Action("nothing to commit: the target already has these bytes (the step fails)")]
         return [Action("stage the shipped files", git("add", "-A", "--", *changed), ctx.repo),
                 Action("commit exactly them", commit_argv(self.message(ctx), changed, hooks=self.params.hooks),
                        ctx.repo)]
 
     def run(self, ctx: Context) -> str:
         # A shipped file that already had these bytes is not in the diff, so not in the commit.
-        unchanged = unchanged_dests(ctx)
-        changed = [d for d in ctx.dests if d not in unchanged]
+        unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)
         if not changed:
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
