@@ -312,13 +312,21 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 @runs.command("verify")
 @click.argument("run_id", shell_complete=complete_runs)
 @runs_dir_option
+@click.option("--target", "on_target", is_flag=True,
+              help="Also compare the log with the run's commits on its host (Deployer-Log trailers).")
+@inventory_option
 @json_option()
 @failures_to_exit_codes
-def runs_verify(run_id: str, runs_dir: str | None, as_json: bool) -> None:
+def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
     """Check the run log's hash chain and its artifacts; exit 5 when anything was altered."""
     from deployer import runlog, ui
 
     problems = runlog.verify(runlog.runs_dir_from(runs_dir), run_id)
+    if on_target:
+        from deployer import rollback as rollbacks
+
+        run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
+        problems += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
     if as_json:
         emit_json({"run_id": run_id, "problems": problems, "exit_code": 5 if problems else 0,
                    "error": "; ".join(problems) or None})

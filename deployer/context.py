@@ -13,7 +13,7 @@ from deployer.command import Masker, shell_line
 from deployer.config import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed
 from deployer.run.state import RunRecord
-from deployer.transport.base import DEFAULT_TIMEOUT_S, ExecResult, Transport
+from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, ExecResult, Transport
 
 Listener = Callable[[dict[str, Any]], None]
 # Characters of a command's output kept in its run-log event, and in a failure message.
@@ -132,10 +132,10 @@ class Context:
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
             timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
-            quiet: bool = False) -> ExecResult:
+            quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> ExecResult:
         """Run on the target (in the repo unless told otherwise) and log the command."""
         workdir = self.repo if cwd is None else cwd
-        result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin)
+        result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin, capture=capture)
         self.emit("command", command=self.shown(argv, cwd=workdir, env=env),
                   exit_code=result.exit_code, timed_out=result.timed_out,
                   duration_s=round(result.duration_s, 3),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, tree_snapshot
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, work_tree
 from fixtures_services import Stack
 from fixtures_ssh import SSHD
 
@@ -135,11 +135,6 @@ def cut_target(tmp_path: Path, sshd: SSHD, relay: CuttingRelay) -> Iterator[tupl
         stack.kill_all()
 
 
-def work_tree(project: Project) -> dict[str, str]:
-    """The work tree's files (not .git, whose reflogs and objects the resets between cuts change)."""
-    return {k: v for k, v in tree_snapshot(project.repo).items() if not k.startswith(".git/")}
-
-
 def reset(project: Project, stack: Stack, base: str) -> None:
     """Back to the base commit with no service running, for the next cut point."""
     stack.kill_all()
@@ -167,7 +162,7 @@ def assert_consistent(project: Project, run: Path, base: str, before: dict[str, 
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12346, 0o640)
     assert project.deployer("runs", "verify", run.name).returncode == 0
     if project.head() == base:
-        assert work_tree(project) == before
+        assert work_tree(project.repo) == before
         return "restored"
     assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
     assert f"Deployer-Run: {run.name}" in git(project.repo, "log", "-1", "--format=%B")
@@ -204,7 +199,7 @@ def cut_and_recover(project: Project, relay: CuttingRelay, *, budget: int | None
 def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_target(
         cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
     project, stack = cut_target
-    base, before = project.head(), work_tree(project)
+    base, before = project.head(), work_tree(project.repo)
     relay.arm(None, rst=False)
     whole = project.deployer("apply", "fix.yaml", "--host", "box")
     assert whole.returncode == 0, whole.stderr

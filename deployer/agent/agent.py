@@ -13,7 +13,7 @@ JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, an
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
 
-Ops: hello, run, put, get, stat, http, batch (see each `op_*` below). The agent never listens
+Ops: hello, run, put, get, stat, http, batch, beat (see each `op_*` below). The agent never listens
 on a socket. It exits when its stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT),
 killing the process group of any command still running and dropping requests not yet started:
 a closed stdin means the client is gone. Services started by a finished `run` are left alone.
@@ -164,9 +164,10 @@ class Agent:
         self._out_lock = threading.Lock()
         self._groups_lock = threading.Lock()
         self._groups: set[int] = set()  # process groups of commands running now
+        self._beats: dict[str, threading.Event] = {}  # heartbeat files touched by a thread, by path
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
-            "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch,
+            "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
         }
 
     # -- the loop ------------------------------------------------------------------------
@@ -262,6 +263,33 @@ class Agent:
         return {"version": VERSION, "sha256": hashlib.sha256(self.source).hexdigest(),
                 "python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
                 "pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "euid": os.geteuid()}
+
+    def op_beat(self, req: dict[str, Any]) -> dict[str, Any]:
+        """path, interval_s: touch path every interval_s seconds for as long as this agent lives (0 stops).
+
+        A lock's heartbeat that costs no round trip, is never queued behind a long command, and stops
+        by itself when the client is gone (the agent exits on EOF), so a dead run's lock turns stale.
+        A file that disappears (the lock was released) is not created again."""
+        path = _abs_path(req)
+        interval = _field(req, "interval_s", (int, float), 0)
+        if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
+            raise OpError("bad_request", "field 'interval_s' must be a finite number >= 0")
+        previous = self._beats.pop(path, None)
+        if previous is not None:
+            previous.set()
+        touched = False
+        if interval > 0:
+            touched = _touch(path)
+            stop = threading.Event()
+            self._beats[path] = stop
+            threading.Thread(target=self._beat, args=(path, float(interval), stop), daemon=True,
+                             name="agent-beat").start()
+        return {"path": path, "interval_s": interval, "touched": touched}
+
+    @staticmethod
+    def _beat(path: str, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval) and _touch(path):
+            pass
 
     def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
         """argv (no shell), cwd, env (merged over ours), stdin (b64), timeout (s), tail (bytes
@@ -641,6 +669,15 @@ def _fsync_dir(directory: str) -> None:
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _touch(path: str) -> bool:
+    """Set path's mtime to now; False once it is gone."""
+    try:
+        os.utime(path, None)
+    except OSError:
+        return False
+    return True
 
 
 def _kill_group(pgid: int) -> None:

@@ -340,6 +340,21 @@ class Http(Request[HttpResult]):
 
 
 @dataclass(frozen=True)
+class Beat(Request[bool]):
+    """Touch path every interval_s seconds while the agent lives (0 stops); True when it was touched now."""
+
+    op: ClassVar[str] = "beat"
+    path: str
+    interval_s: float
+
+    def fields(self) -> dict[str, Any]:
+        return {"path": self.path, "interval_s": self.interval_s}
+
+    def parse(self, result: dict[str, Any]) -> bool:
+        return bool(result["touched"])
+
+
+@dataclass(frozen=True)
 class Hello:
     version: str
     sha256: str

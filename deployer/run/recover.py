@@ -22,6 +22,7 @@ from deployer.run.restore import remove_temps, restore_files, run_commit
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.steps.base import Effect
+from deployer.steps.git import git
 
 # What a rollback runs again after its revert (never the storm that proved the fix).
 VERIFY = (Effect.restarts, Effect.verifies)
@@ -77,7 +78,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         commit = run_commit(ctx, before, trailer)
         if commit is not None:
             found.commit = ctx.git_after = commit
-            found.temps = remove_temps(ctx, files) if files else []
+            found.temps = remove_temps(ctx, files)
             found.outcome = Phase.failed_committed
             if rollback:
                 _settle_original(record, Phase.rolling_back)
@@ -110,7 +111,7 @@ def _what_to_undo(record: RunRecord | None, pending: intent.Intent | None) -> tu
 
 
 def _committed(ctx: Context, commit: str) -> list[str]:
-    listed = ctx.check(("git", "diff-tree", "--no-commit-id", "--name-only", "-r", "-z", commit),
+    listed = ctx.check(git("diff-tree", "--no-commit-id", "--name-only", "-r", "-z", commit),
                        "cannot list the run's commit", timeout=30).out
     return sorted(filter(None, listed.split("\0")))
 
