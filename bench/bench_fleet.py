@@ -262,8 +262,10 @@ class Bench:
                 "NO_COLOR": "1", "PYTHONPATH": str(self.tree)}
 
     def fleet_supported(self) -> bool:
+        # cwd: `python -m` puts it first on sys.path, so a deployer/ there would shadow the tree's.
         done = subprocess.run([sys.executable, "-m", "deployer", "apply", "--help"], capture_output=True,
-                              timeout=60, env=self.env(self.fleet.single_inventory, self.work / "help-runs"))
+                              timeout=60, cwd=self.fleet.root,
+                              env=self.env(self.fleet.single_inventory, self.work / "help-runs"))
         return done.returncode == 0 and b"--parallel" in done.stdout
 
     def floor(self, count: int) -> Sample:
