@@ -346,11 +346,11 @@ def measure(bench: Bench, counts: list[int], runs: int, with_fleet: bool) -> dic
 
 
 def render(cells: dict[tuple[str, int], Cell], counts: list[int]) -> str:
-    head = (f"{'hosts':>5}  {'way':<32}{'wall s':>8}{'x floor':>9}{'host p50':>10}{'host p99':>10}"
+    head = (f"{'hosts':>5}  {'way':<32}{'wall s':>8}{'x floor':>9}{'x (b)':>8}{'host p50':>10}{'host p99':>10}"
             f"{'RSS MB max':>12}{'RSS MB sum':>12}")
     lines = [head]
     for count in counts:
-        floor = cells[FLOOR, count].median("wall_s")
+        floor, procs = cells[FLOOR, count].median("wall_s"), cells[PROCS, count].median("wall_s")
         for way in WAYS:
             cell = cells[way, count]
             if not cell.samples:
@@ -358,12 +358,31 @@ def render(cells: dict[tuple[str, int], Cell], counts: list[int]) -> str:
                 continue
             per_host = [s for sample in cell.samples for s in sample.per_host_s]
             wall = cell.median("wall_s")
-            lines.append(f"{count:>5}  {way:<32}{wall:>8.2f}{wall / floor:>8.2f}x"
+            lines.append(f"{count:>5}  {way:<32}{wall:>8.2f}{wall / floor:>8.2f}x{wall / procs:>7.2f}x"
                          f"{percentile(per_host, 50):>10.2f}{percentile(per_host, 99):>10.2f}"
                          f"{cell.median('maxrss_kb') / 1024:>12.0f}{cell.median('sum_rss_kb') / 1024:>12.0f}")
     details = dict.fromkeys(f"{way}: {cells[way, count].detail}" for count in counts for way in WAYS
                             if cells[way, count].detail)
     return "\n".join([*lines, *details])
+
+
+def targets(cells: dict[tuple[str, int], Cell], counts: list[int]) -> list[str]:
+    """Issue 11's targets for the fleet column (stated for 50 ms): <= 1.5x the floor at 16 and 64 hosts,
+    <= 0.5x the N processes at 64, peak RSS <= 500 MB."""
+    found = []
+    for count in counts:
+        fleet = cells[FLEET, count]
+        if not fleet.samples or count not in (16, 64):
+            continue
+        wall = fleet.median("wall_s")
+        checks = [("x floor", wall / cells[FLOOR, count].median("wall_s"), 1.5),
+                  ("MB peak RSS", fleet.median("maxrss_kb") / 1024, 500)]
+        if count == 64:
+            checks.insert(1, ("x (b)", wall / cells[PROCS, count].median("wall_s"), 0.5))
+        found.append(f"target at {count} hosts: " + ", ".join(
+            f"{value:.2f} {what} (<= {limit}: {'met' if value <= limit else 'MISSED'})"
+            for what, value, limit in checks))
+    return found
 
 
 def parse_counts(text: str) -> list[int]:
@@ -405,6 +424,8 @@ def main() -> None:
           f"RTT; median wall of {args.runs} run(s); deployer from {tree}; fleet --parallel "
           f"{args.parallel or 'N'}")
     print(render(cells, counts))
+    if args.rtt_ms == 50:  # the RTT issue 11 states its targets at
+        print("\n".join(targets(cells, counts)))
     print(f"\nhost p50/p99: (a) each ssh process, (b)/(c) run_start..run_end in the host's run log. "
           f"RSS: peak (VmHWM) of the largest process; sum = over the way's processes. Measured in {took:.0f} s; "
           f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores shared).")
