@@ -307,7 +307,7 @@ class Bench:
                      cwd=self.fleet.root, env=self.env(self.fleet.fleet_inventory, runs))
         reap([proc])
         if proc.popen.returncode == 2:
-            return NOT_AVAILABLE, proc.tail().strip().splitlines()[-1]  # click: "No such option ..."
+            return NOT_AVAILABLE, (proc.tail().strip().splitlines() or ["exit 2"])[-1]  # "No such option ..."
         if problem := failures([proc]):
             return "failed", problem
         return finished([proc], started, self.host_logs(runs, count, "fleet apply"))
