@@ -425,13 +425,18 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
 
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
-        state = locks.read_state(transport, git_dir_of(transport, host), host.lock_ttl_s)
+        git_dir = git_dir_of(transport, host)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s)
+        strays = locks.strays(transport, git_dir)
     if as_json:
         emit_json({"host": host_name, "locked": state is not None, "exit_code": 0 if state is None else 3,
                    "holder": None if state is None else {**state.info, "stale": state.stale,
                                                          "heartbeat_age_s": state.heartbeat_age_s}})
     else:
         click.echo(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
+        for stray in strays:
+            click.echo(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
+                       "the next run that takes the lock removes it")
     if state is not None:
         sys.exit(3)
 

@@ -336,7 +336,7 @@ class Engine:
             if not self._adopt(ctx, git_dir):
                 raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
             lock.acquire()
-        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s)
+        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         try:
             pending = intent.read(ctx.transport, git_dir)
         except DeployerError as exc:

@@ -114,7 +114,7 @@ def plan(engine: Engine, run: Run) -> PlanReport:
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:
     current = transport.get(posixpath.join(repo, dest))
-    shown = transport.run(("git", "show", f"{target.before}:{dest}"), cwd=repo, timeout=30)
+    shown = transport.run(("git", "show", f"{target.before}:{dest}"), cwd=repo, timeout=30, capture=None)
     wanted = shown.stdout if shown.ok else None
     if wanted is None:
         return FilePlan(dest, f"--- a/{dest}\n+++ /dev/null\n(removed: absent before the run)\n",

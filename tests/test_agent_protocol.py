@@ -209,7 +209,7 @@ MEMORY_PROBE = textwrap.dedent("""
         before = (hwm_kb("self"), hwm_kb(agent.hello.pid))
         result = agent.run(["head", "-c", "50000000", "/dev/zero"], tail=65536, timeout=60)
         after = (hwm_kb("self"), hwm_kb(agent.hello.pid))
-    print(json.dumps({"bytes": result.stdout_bytes, "kept": len(result.stdout), "exit": result.exit_code,
+    print(json.dumps({"bytes": result.out_stream.total, "kept": len(result.out_stream.kept), "exit": result.exit_code,
                       "client_growth_kb": after[0] - before[0], "agent_growth_kb": after[1] - before[1]}))
 """)
 

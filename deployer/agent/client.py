@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from deployer.command import quote
 from deployer.errors import TransportError
-from deployer.transport.base import DEFAULT_TIMEOUT_S, ExecResult, PutResult, sha256_hex
+from deployer.transport.base import DEFAULT_TIMEOUT_S, Captured, ExecResult, PutResult, sha256_hex
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
 HEADER = struct.Struct(">I")
@@ -195,19 +195,7 @@ class Request(ABC, Generic[T]):
 
 
 @dataclass(frozen=True)
-class RunResult(ExecResult):
-    """ExecResult whose stdout/stderr are bounded tails; the *_bytes counts are the totals."""
-
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-
-    @property
-    def truncated(self) -> bool:
-        return self.stdout_bytes > len(self.stdout) or self.stderr_bytes > len(self.stderr)
-
-
-@dataclass(frozen=True)
-class Run(Request[RunResult]):
+class Run(Request[ExecResult]):
     """argv without a shell, in a session of its own; check=False keeps a batch going past a
     non-zero exit."""
 
@@ -225,11 +213,12 @@ class Run(Request[RunResult]):
                 "stdin": None if self.stdin is None else _b64(self.stdin),
                 "timeout": self.timeout, "tail": self.tail, "check": self.check}
 
-    def parse(self, result: dict[str, Any]) -> RunResult:
-        return RunResult(tuple(self.argv), None if result["timed_out"] else result["exit_code"],
-                         _unb64(result["stdout"]), _unb64(result["stderr"]), result["duration_s"],
-                         timed_out=result["timed_out"], stdout_bytes=result["stdout_bytes"],
-                         stderr_bytes=result["stderr_bytes"])
+    def parse(self, result: dict[str, Any]) -> ExecResult:
+        # The agent kept the tail of each stream and counted every byte: reading a cut stream whole raises.
+        return ExecResult(tuple(self.argv), None if result["timed_out"] else result["exit_code"],
+                          Captured(_unb64(result["stdout"]), result["stdout_bytes"]),
+                          Captured(_unb64(result["stderr"]), result["stderr_bytes"]), result["duration_s"],
+                          timed_out=result["timed_out"])
 
     def reply_timeout(self) -> float:
         return self.timeout + REPLY_MARGIN_S
@@ -519,7 +508,7 @@ class AgentClient:
         return self.submit(request).result(timeout)
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
-            stdin: bytes | None = None, timeout: float = DEFAULT_TIMEOUT_S, tail: int = 1 << 20) -> RunResult:
+            stdin: bytes | None = None, timeout: float = DEFAULT_TIMEOUT_S, tail: int = 1 << 20) -> ExecResult:
         return self.call(Run(argv, cwd=cwd, env=env, stdin=stdin, timeout=timeout, tail=tail))
 
     def put(self, path: str, data: bytes, *, mode: int | None = None, keep_owner: bool = True,

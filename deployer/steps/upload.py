@@ -35,12 +35,12 @@ class Upload(Step):
         else:
             for change in ctx.changes:
                 ctx.cancel.check()
-                result = ctx.transport.put(change.new, change.path)
+                result = ctx.transport.put(change.new, change.path, timeout=self.timeout_s)
                 ctx.emit("uploaded", dest=change.dest, sha256=result.sha256, size=result.size)
         return f"{len(ctx.changes)} file(s) on the target"
 
     def _verify(self, ctx: Context, change: Change) -> None:
-        landed = ctx.transport.get(change.path)
+        landed = ctx.transport.get(change.path, timeout=self.timeout_s)
         if landed != change.new:
             raise StepFailed(self.name, f"after git apply, {change.dest} differs from the file the plan showed")
         ctx.emit("uploaded", dest=change.dest, sha256=sha256_hex(landed), size=len(landed))
