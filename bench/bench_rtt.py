@@ -19,12 +19,10 @@ them. Every run is checked: the fix must be committed on top of the first commit
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,7 +34,16 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
 from fixtures_ssh import SSHD, running_sshd  # noqa: E402
 from rtt_relay import LatencyRelay  # noqa: E402
-from scratch_target import FIXED, MESSAGE, ScratchTarget, make_scratch  # noqa: E402
+from scratch_target import (  # noqa: E402
+    FIXED,
+    MESSAGE,
+    ScratchTarget,
+    fix_tar,
+    floor_line,
+    make_scratch,
+    remote_chain,
+)
+from scratch_target import ssh_options as scratch_ssh_options  # noqa: E402
 
 TIMEOUT_S = 300
 HELP_RUNS = 7
@@ -57,9 +64,7 @@ class Cell:
 
 
 def ssh_options(sshd: SSHD, target: ScratchTarget) -> list[str]:
-    # -F /dev/null: never the developer's ~/.ssh/config (a ControlMaster there would hide the cost).
-    return ["-F", "/dev/null", "-i", sshd.client_key, "-o", f"UserKnownHostsFile={target.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+    return scratch_ssh_options(sshd.client_key, target.known_hosts)
 
 
 def check(done: subprocess.CompletedProcess[bytes], what: str) -> None:
@@ -72,12 +77,6 @@ def run(argv: list[str], what: str, **kwargs: object) -> None:
     check(subprocess.run(argv, capture_output=True, timeout=TIMEOUT_S, **kwargs), what)  # type: ignore[call-overload]
 
 
-def remote_chain(target: ScratchTarget) -> str:
-    files = " ".join(FIXED)
-    return (f"cd {target.repo} && {sys.executable} -m py_compile {files} && git diff --numstat && "
-            f"git commit -q -m '{MESSAGE}' -- {files}")
-
-
 def by_deployer(sshd: SSHD, target: ScratchTarget, port: int) -> None:
     run([sys.executable, "-m", "deployer", "apply", str(target.playbook), "--host", target.host_name],
         "deployer apply", cwd=target.root, env=target.deployer_env(str(ROOT)), stdin=subprocess.DEVNULL)
@@ -88,19 +87,14 @@ def by_hand(sshd: SSHD, target: ScratchTarget, port: int) -> None:
     local = [str(target.fix_dir / Path(rel).name) for rel in FIXED]
     run([sys.executable, "-m", "py_compile", *local], "py_compile here")
     run(["scp", "-q", "-P", str(port), *ssh_options(sshd, target), *local, f"{where}:{target.repo}/pkg/"], "scp")
-    run(["ssh", "-p", str(port), *ssh_options(sshd, target), where, remote_chain(target)], "ssh chain")
+    run(["ssh", "-p", str(port), *ssh_options(sshd, target), where, remote_chain(target.repo)], "ssh chain")
 
 
 def floor(sshd: SSHD, target: ScratchTarget, port: int) -> None:
-    local = [target.fix_dir / Path(rel).name for rel in FIXED]
-    run([sys.executable, "-m", "py_compile", *map(str, local)], "py_compile here")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel, path in zip(FIXED, local, strict=True):
-            tar.add(path, arcname=rel)
-    line = f"tar -x -C {target.repo} -f - && " + remote_chain(target)
-    run(["ssh", "-p", str(port), *ssh_options(sshd, target), f"{sshd.user}@127.0.0.1", line], "floor",
-        input=buf.getvalue())
+    local = [str(target.fix_dir / Path(rel).name) for rel in FIXED]
+    run([sys.executable, "-m", "py_compile", *local], "py_compile here")
+    run(["ssh", "-p", str(port), *ssh_options(sshd, target), f"{sshd.user}@127.0.0.1", floor_line(target.repo)],
+        "floor", input=fix_tar(target.fix_dir))
 
 
 def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> None:
