@@ -19,7 +19,7 @@ from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPla
 from deployer.errors import ConnectError, DeployerError, HostKeyError
 from deployer.steps.base import Step
 from deployer.steps.metrics import MetricStep, scrape
-from deployer.steps.services import http_status, manager_for
+from deployer.steps.services import manager_for
 from deployer.transport.base import Transport
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -159,7 +159,7 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
         except DeployerError as exc:
             report.add(f"service {name}", "fail", f"cannot read its state: {exc}", 1)
             continue
-        answer = http_status(ctx.transport.reach(service.health)) if service.health else None
+        answer = ctx.transport.http(service.health, timeout=2.0).status if service.health else None
         running = f"pid {pid} alive" if pid else "not running"
         health = "no health URL" if not service.health else (
             f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
@@ -172,7 +172,7 @@ def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlay
     if url is None:
         report.add("metrics", "skip", "no metrics URL in the inventory")
     else:
-        answer = http_status(ctx.transport.reach(url))
+        answer = ctx.transport.http(url, timeout=2.0).status
         report.add("metrics", "ok" if answer == 200 else "fail",
                    f"{url} answers {answer}" if answer else f"{url} does not answer", 1)
     for step in playbook[1] if playbook else []:
@@ -181,7 +181,7 @@ def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlay
         target = step.params.url or url
         if target is None:
             continue  # the playbook check above already names the missing URL
-        reading = scrape(ctx.transport.reach(target), step.params)
+        reading = scrape(ctx.transport, target, step.params)
         report.add(f"metric ({step.name})", "ok" if reading.value is not None else "fail",
                    f"{step.params.metric} = {reading.value:g}" if reading.value is not None
                    else f"inconclusive: {reading.problem}", 1)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -118,7 +117,10 @@ def strays(transport: Transport, git_dir: str) -> list[str]:
 
 
 class DeployLock:
-    """Held for one run; refreshes its heartbeat from a thread until released."""
+    """Held for one run; the agent on the target touches its heartbeat until released.
+
+    The beat runs in the agent, not here: it is never queued behind a long command, costs no round
+    trip, and stops by itself when the run's connection is gone, so a dead run's lock turns stale."""
 
     def __init__(self, transport: Transport, git_dir: str, info: dict[str, object], ttl_s: float) -> None:
         self.transport = transport
@@ -130,8 +132,7 @@ class DeployLock:
         self.dir = posixpath.join(git_dir, self.name)
         self.ttl_s = ttl_s
         self.removed: list[str] = []  # strays cleared after taking the lock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.heartbeat = posixpath.join(self.dir, "heartbeat")
 
     def acquire(self) -> None:
         try:
@@ -155,6 +156,7 @@ class DeployLock:
         if not taken.ok:
             raise DeployerError(f"cannot create the deploy lock {self.path}: {taken.err.strip()}")
         try:
+            self.transport.beat(self.heartbeat, max(self.ttl_s / 4, 0.5))
             for stray in strays(self.transport, self.git_dir):
                 self.transport.run(("rm", "-rf", "--", stray), timeout=TIMEOUT_S)
                 self.removed.append(stray)
@@ -162,8 +164,6 @@ class DeployLock:
             with contextlib.suppress(DeployerError):  # never leave a lock nobody holds, if we still can
                 self._remove()
             raise
-        self._thread = threading.Thread(target=self._loop, name="deployer-heartbeat", daemon=True)
-        self._thread.start()
 
     def _cut(self, why: str) -> DeployerError:
         return DeployerError(
@@ -171,22 +171,11 @@ class DeployLock:
             f"lock {self.path} (-> {self.name}), plus at most the directory {self.dir}. `deployer lock status` "
             "says which; the next run that takes the lock removes that directory")
 
-    def _beat(self) -> None:
-        self.transport.run(("touch", "--", posixpath.join(self.dir, "heartbeat")), timeout=TIMEOUT_S)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(max(self.ttl_s / 4, 0.5)):
-            # A missed beat only makes the lock look older; the next one may get through.
-            with contextlib.suppress(DeployerError):
-                self._beat()
-
     def _remove(self) -> None:
         self.transport.run(("sh", "-c", _REMOVE, "deployer-unlock", self.path), timeout=TIMEOUT_S)
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=35)
+        self.transport.beat(self.heartbeat, 0)
         # Only remove the lock if it is still ours (a forced release may have handed it on).
         current = self.transport.run(("readlink", "--", self.path), timeout=TIMEOUT_S)
         if current.ok and current.out.strip() == self.name:

@@ -18,8 +18,8 @@ from fixtures_repo import FIXED_A, ORIGINAL_A, Project
 from fixtures_services import Stack
 from fixtures_ssh import SSHD, CountingProxy, connect
 
+from deployer.demo.run import http_status
 from deployer.errors import OutputTruncated, TransportError
-from deployer.steps.services import http_status
 from deployer.transport.base import CAPTURE_BYTES, Captured, Transport
 from deployer.transport.local import LocalTransport
 

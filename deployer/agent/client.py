@@ -135,6 +135,17 @@ class ProcessPipe:
         return self._stderr.text()
 
 
+def local_pipe(argv: Sequence[str], name: str) -> ProcessPipe:
+    """argv as a local process in a session of its own (a ^C meant for us must not kill the agent
+    mid-op; it exits when we close its stdin)."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise TransportError(f"{name}: cannot start the agent with {argv[0]}: {exc}") from None
+    return ProcessPipe(proc)
+
+
 class ChannelPipe:
     """A paramiko exec channel (or anything with recv/sendall/shutdown_write/close, such as a
     socket) whose remote end already runs `bootstrap_command`."""
@@ -483,14 +494,8 @@ class AgentClient:
     @classmethod
     def spawn_local(cls, python: str = sys.executable, *, name: str = "local",
                     timeout: float = IO_TIMEOUT_S) -> AgentClient:
-        """The agent as a local subprocess, in a session of its own (a ^C meant for us must not
-        kill it mid-op; it exits when we close its stdin)."""
-        try:
-            proc = subprocess.Popen(bootstrap_argv(python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            raise TransportError(f"{name}: cannot start the agent with {python}: {exc}") from None
-        return cls(ProcessPipe(proc), name=name).start(timeout)
+        """The agent as a local subprocess."""
+        return cls(local_pipe(bootstrap_argv(python), name), name=name).start(timeout)
 
     @classmethod
     def over_channel(cls, channel: Any, *, name: str, timeout: float = IO_TIMEOUT_S) -> AgentClient:

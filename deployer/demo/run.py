@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,6 @@ from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult
 from deployer.errors import ConfigError, DeployerError
 from deployer.playbook import load_playbook
-from deployer.steps.services import http_status
 from deployer.transport.local import LocalTransport
 
 STACK = Path(__file__).parent / "stack"
@@ -36,6 +37,17 @@ PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package dat
 HOST = "demo"
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The status of a GET from this machine (the demo's own stack), None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
 
 def free_port() -> int:
     with socket.socket() as sock:

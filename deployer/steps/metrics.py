@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import operator
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -23,6 +21,7 @@ from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.load import StormParams, storm
+from deployer.transport.base import Transport
 
 COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
 
@@ -55,15 +54,14 @@ def parse(text: str, params: MetricParams) -> Reading:
     return Reading(sum(values) if params.aggregate == "sum" else max(values))
 
 
-def scrape(url: str, params: MetricParams, timeout: float = 5.0) -> Reading:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            text = response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return Reading(None, f"{url} answered HTTP {exc.code}")
-    except (urllib.error.URLError, OSError) as exc:
-        return Reading(None, f"cannot reach {url}: {exc}")
-    return parse(text, params)
+def scrape(transport: Transport, url: str, params: MetricParams, timeout: float = 5.0) -> Reading:
+    """One reading of url, fetched by the agent on the target's own loopback."""
+    answer = transport.http(url, timeout=timeout)
+    if answer.status is None:
+        return Reading(None, f"cannot reach {url}: {answer.error}")
+    if answer.status >= 400:
+        return Reading(None, f"{url} answered HTTP {answer.status}")
+    return parse(answer.text, params)
 
 
 def metrics_url(ctx: Context, params: MetricParams, step: str) -> str:
@@ -92,12 +90,11 @@ def poll(ctx: Context, step: str, params: MetricParams, until: Callable[[float],
          within_s: float) -> Polled:
     """Poll until `until` holds for stable_polls consecutive readings, or within_s runs out."""
     target = metrics_url(ctx, params, step)
-    url = ctx.transport.reach(target)
     deadline = time.monotonic() + within_s
     samples: list[Reading] = []
     streak = 0
     while True:
-        reading = scrape(url, params)
+        reading = scrape(ctx.transport, target, params)
         samples.append(reading)
         ctx.emit("sample", metric=params.metric, labels=params.labels, aggregate=params.aggregate,
                  url=target, value=reading.value, problem=reading.problem)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import posixpath
 import time
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -18,7 +16,7 @@ from deployer.config import Host, Service, Strict, resolve_env
 from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
-from deployer.transport.base import ExecResult
+from deployer.transport.base import ExecResult, Transport
 
 # Detached start: own session (so a stop can signal the whole group), output to the log,
 # stdin closed, and the PID written before the shell returns. The log holds whatever the service
@@ -78,7 +76,7 @@ class Manager(ABC):
 
     def observe(self) -> Observed:
         health = self.service.health
-        return Observed(self.pid(), None if health is None else http_status(self.ctx.transport.reach(health)) == 200)
+        return Observed(self.pid(), None if health is None else answers(self.ctx.transport, health))
 
     def fail(self, message: str) -> StepFailed:
         return StepFailed(self.step, f"service {self.name}: {message}",
@@ -230,14 +228,9 @@ def manager_for(ctx: Context, name: str, step: str = "status", timeout: float = 
     return cls(ctx, name, service, step, timeout)
 
 
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
+def answers(transport: Transport, url: str) -> bool:
+    """Does url answer 200 on the target's own loopback? Asked by the agent there: no tunnel."""
+    return transport.http(url, timeout=2.0).status == 200
 
 
 class CoRestartParams(Strict):
@@ -289,7 +282,7 @@ class CoRestart(Step):
         for m in managers:
             # Something deployer does not know about (started by hand, no pid file) still serving
             # would answer the health check for the new process, which could not even bind.
-            if m.service.health and http_status(ctx.transport.reach(m.service.health)) == 200:
+            if m.service.health and answers(ctx.transport, m.service.health):
                 raise m.fail(f"{m.service.health} still answers after the stop, so another process serves it "
                              f"(pid {old[m.name] or 'unknown: started outside deployer'}); stop it once by hand "
                              "or give the service a `stop` command")
@@ -311,12 +304,12 @@ class CoRestart(Step):
 
     def _wait_healthy(self, ctx: Context, m: Manager) -> int | None:
         deadline = time.monotonic() + m.service.health_timeout_s
-        url = ctx.transport.reach(m.service.health) if m.service.health else None
+        url = m.service.health
         while True:
             pid = m.pid()
             if pid is None:
                 raise m.fail("exited during start-up")
-            if url is None or http_status(url) == 200:
+            if url is None or answers(ctx.transport, url):
                 return pid
             if time.monotonic() >= deadline:
                 raise m.fail(f"{m.service.health} did not answer 200 within {m.service.health_timeout_s:g}s")

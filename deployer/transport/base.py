@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from deployer.command import quote
 from deployer.errors import OutputTruncated
 
+if TYPE_CHECKING:
+    from deployer.agent.client import AgentClient, Hello, HttpResult, Pending, Pipe, Request, StatEntry
+
+T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 120.0
 # What each output stream of a command may hold before only its tail is kept (memory stays bounded
 # whatever a command prints); a caller that needs more says so with run(capture=...).
 CAPTURE_BYTES = 8 << 20
+# capture=None: everything, up to what one agent reply carries.
+WHOLE_OUTPUT_BYTES = 32 << 20
 
 
 def sha256_hex(data: bytes) -> str:
@@ -133,35 +141,101 @@ class TransportInfo:
 
 
 class Transport(ABC):
-    """Runs argv lists and moves bytes on one target. Paths are absolute paths on the target."""
+    """One target, driven through the agent (deployer/agent/agent.py) that the transport starts there.
+
+    A transport only provides a byte pipe to a Python on the target (`_pipe`) and port forwards; every
+    command, upload, read, stat and HTTP check is a request to that one agent, the same code on every
+    target. The agent starts on first use, over one channel, and exits when that channel closes.
+    Paths are absolute paths on the target."""
 
     info: TransportInfo
 
-    @abstractmethod
-    def run(self, argv: Sequence[str], *, cwd: str | None = None,
-            env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-            stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES) -> ExecResult:
-        """Run argv; a timed-out command is killed (its whole process group) and reported.
-
-        Keeps the last `capture` bytes of stdout and of stderr (None: all of them), and counts
-        every byte."""
-
-    @abstractmethod
-    def put(self, data: bytes, dest: str, *, mode: int | None = None,
-            timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
-        """Atomically replace dest: temp file beside it, fsync, verify sha256 there, rename.
-
-        mode=None keeps the mode of an existing dest (0644 for a new file).
-        Raises TransportError when the bytes on the target do not match, or when the upload
-        has not finished within timeout seconds."""
+    def __init__(self, *, python: str, become: bool = False) -> None:
+        self.python = python
+        self.become = become
+        self._agent: AgentClient | None = None
+        self._agent_lock = threading.Lock()
+        # Told when the agent starts (the run log records which agent ran, by its sha256).
+        self.on_agent: Callable[[Hello], None] | None = None
 
     @abstractmethod
-    def get(self, path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
-        """The bytes of path, or None when it does not exist; TransportError past timeout."""
+    def _pipe(self, argv: Sequence[str]) -> Pipe:
+        """Start argv on the target with its stdin and stdout as a byte pipe."""
 
     @abstractmethod
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         """A local port that reaches remote_host:remote_port as seen from the target."""
+
+    @abstractmethod
+    def _close_link(self) -> None:
+        """Release the connection and any forwards."""
+
+    def agent(self) -> AgentClient:
+        """The target's agent, started on first use (sudo -n when the host says become)."""
+        from deployer.agent.client import AgentClient, bootstrap_argv
+
+        with self._agent_lock:
+            # Started once: a dead agent (a lost link) fails every later call, never a silent second start.
+            if self._agent is None:
+                argv = bootstrap_argv(self.python)
+                if self.become:
+                    argv = ["sudo", "-n", "--", *argv]
+                self._agent = AgentClient(self._pipe(argv), name=self.info.target).start()
+                if self.on_agent is not None and self._agent.hello is not None:
+                    self.on_agent(self._agent.hello)
+            return self._agent
+
+    def call(self, request: Request[T], timeout: float | None = None) -> T:
+        return self.agent().call(request, timeout)
+
+    def submit(self, request: Request[T]) -> Pending[T]:
+        """Send without waiting for the reply (pipelining): a phase's requests cost one round trip."""
+        return self.agent().submit(request)
+
+    def run(self, argv: Sequence[str], *, cwd: str | None = None,
+            env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+            stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES) -> ExecResult:
+        """Run argv (no shell) in its own process group; on timeout the whole group is killed.
+
+        Keeps the last `capture` bytes of stdout and of stderr (None: all of them, up to the agent's
+        frame limit) and counts every byte."""
+        from deployer.agent.client import Run
+
+        return self.call(Run(tuple(argv), cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                             tail=capture or WHOLE_OUTPUT_BYTES))
+
+    def put(self, data: bytes, dest: str, *, mode: int | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
+        """Atomically replace dest: temp file beside it, fsync, sha256 checked there, owner and mode
+        kept (mode=None: the replaced file's, 0644 for a new one), rename; missing directories made."""
+        from deployer.agent.client import Put
+
+        return self.call(Put(dest, data, mode=mode, keep_owner=True, mkdirs=True), timeout)
+
+    def get(self, path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
+        """The bytes of path, or None when it does not exist."""
+        from deployer.agent.client import Get
+
+        return self.call(Get(path), timeout)
+
+    def stat(self, paths: Sequence[str], *, sha256: bool = False,
+             timeout: float = DEFAULT_TIMEOUT_S) -> list[StatEntry]:
+        """Type, size, owner, mode, real path (and sha256) of many paths in one request."""
+        from deployer.agent.client import Stat
+
+        return self.call(Stat(tuple(paths), sha256=sha256), timeout)
+
+    def http(self, url: str, *, timeout: float = 5.0) -> HttpResult:
+        """GET on the target's own loopback (health, /metrics): no tunnel, one round trip."""
+        from deployer.agent.client import Http
+
+        return self.call(Http(url, timeout=timeout, check=False))
+
+    def beat(self, path: str, interval_s: float) -> bool:
+        """Keep touching path every interval_s on the target while this connection lives (0 stops)."""
+        from deployer.agent.client import Beat
+
+        return self.call(Beat(path, interval_s))
 
     def reach(self, url: str) -> str:
         """The URL under which this machine reaches `url` as the target sees it (a tunnel when remote)."""
@@ -172,9 +246,13 @@ class Transport(ABC):
         local_port = self.forward(port, parts.hostname)
         return urlunsplit((parts.scheme, f"127.0.0.1:{local_port}", parts.path, parts.query, ""))
 
-    @abstractmethod
     def close(self) -> None:
-        """Release the connection and any forwards."""
+        """Stop the agent (its stdin closes), then release the connection and any forwards."""
+        with self._agent_lock:
+            agent, self._agent = self._agent, None
+        if agent is not None:
+            agent.close()
+        self._close_link()
 
     def __enter__(self) -> Transport:
         return self

@@ -11,7 +11,7 @@ from deployer.transport.local import LocalTransport
 
 def open_transport(name: str, host: Host, bus: EventBus, *, accept_new_host_key: bool = False) -> Transport:
     if host.transport == "local":
-        return LocalTransport(name)
+        return LocalTransport(name, python=host.python, become=host.become)
     from deployer.transport.ssh import SSHTransport  # paramiko is slow to import; local runs skip it
 
     def pinned(entry: str, key_type: str, fingerprint: str) -> None:
@@ -23,4 +23,4 @@ def open_transport(name: str, host: Host, bus: EventBus, *, accept_new_host_key:
     return SSHTransport(name=name, address=address, port=host.port, user=host.user,
                         identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
                         host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
-                        become=host.become, on_host_key_pinned=pinned)
+                        become=host.become, on_host_key_pinned=pinned, python=host.python)

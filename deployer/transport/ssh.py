@@ -1,12 +1,13 @@
-"""A target reached over SSH: one authenticated paramiko connection, shared by every channel.
+"""A target reached over SSH: one authenticated paramiko connection, one exec channel for the agent.
 
-The constructor connects eagerly, so an unreachable host, a refused host key or a failed
-login surfaces at preflight, before any step has run. After that, every run/put/get/forward
-is a new channel on that one connection: there are no reconnects, and a lost connection is
-a TransportError rather than a silent second handshake.
+The constructor connects eagerly, so an unreachable host, a refused host key or a failed login
+surfaces at preflight, before any step has run. The agent (deployer/agent) then runs on one exec
+channel of that connection and carries every command, upload and check; port forwards (for a
+storm) are further channels. There are no reconnects: a lost connection is a TransportError
+rather than a silent second handshake, and the agent exits when its channel closes.
 
 paramiko is used directly rather than through fabric's Connection: fabric auto-adds unknown
-host keys, and its runner cannot kill a remote process group on timeout.
+host keys, puts environment values on the command line and writes files in place.
 """
 
 from __future__ import annotations
@@ -16,31 +17,18 @@ import dataclasses
 import getpass
 import logging
 import os
-import posixpath
-import shlex
 import socket
-import stat
 import threading
-import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 import paramiko
 
-from deployer.command import quote, shell_line
+from deployer.agent.client import ChannelPipe, Pipe
+from deployer.command import quote
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
-from deployer.transport.base import (
-    CAPTURE_BYTES,
-    DEFAULT_TIMEOUT_S,
-    ExecResult,
-    PutResult,
-    Stream,
-    Transport,
-    TransportInfo,
-    sha256_hex,
-)
+from deployer.transport.base import Transport, TransportInfo
 
 # paramiko reports every refused tunnel connection (a service still starting) on stderr through
 # logging's last-resort handler; those outcomes reach callers as errors already.
@@ -51,39 +39,8 @@ HostKeyPinned = Callable[[str, str, str], None]
 _Sock: TypeAlias = "socket.socket | paramiko.Channel | paramiko.ProxyCommand"
 
 SSH_PORT = 22
-# SFTP calls and helper commands have no caller-supplied timeout; this bounds how long one may
-# sit without progress (SFTP) or in total (helper commands) before it counts as a lost target.
-IO_TIMEOUT_S = 60.0
 KEEPALIVE_S = 30
 CHUNK = 65536
-# After a kill, how long to wait for the channel to report the death and flush its output.
-KILL_GRACE_S = 3.0
-# Exit code of the become-mode `get` script when the file is absent (EX_NOINPUT).
-ABSENT_EXIT = 66
-
-# Prints its own PID, which is its process group id because it runs under `setsid`, then
-# becomes the real command line ($1). The PID is the first line of stdout; run() strips it.
-_REPORT_PGID = 'printf "%s\\n" "$$"; exec sh -c "$1"'
-# setsid runs as a child of this shell, so it is not a group leader and need not fork: it
-# becomes the new group in place, and the shell's wait keeps the exit status (128+n when
-# signalled). `exit $?` stops sh from exec'ing setsid, which would make it fork after all.
-_OUTER = "if command -v setsid >/dev/null 2>&1; then setsid {inner}; exit $?; fi; exec {inner}"
-# Without setsid the reported PID may not lead a group; then at least the command dies.
-# `-s KILL --` is the spelling every kill builtin accepts (dash rejects `-KILL --`).
-_KILL = 'kill -s KILL -- "-$1" 2>/dev/null || kill -s KILL -- "$1"'
-# Reads `K='v'` / `export K` lines from stdin, then becomes argv with stdin at its end.
-_ENV_FROM_STDIN = '. /dev/stdin; exec "$@"'
-# `sync FILE` flushes just that file on coreutils >= 8.24; older ones ignore the operand.
-# Hashing stdin keeps the file name out of the output (sha256sum escapes odd names).
-_SYNC_AND_HASH = 'sync -- "$1" 2>/dev/null || sync; exec sha256sum < "$1"'
-_BECOME_WRITE = (
-    'set -e; dir=$1; dest=$2; tmp=$3; mode=$4; mkdir -p -- "$dir"; '
-    'if [ -z "$mode" ]; then if [ -e "$dest" ]; then mode=$(stat -c %a -- "$dest"); else mode=644; fi; fi; '
-    '(set -C; umask 077; cat > "$tmp"); '  # noclobber: the temp name is ours alone
-    'chmod "$mode" -- "$tmp"; if [ -e "$dest" ]; then chown --reference="$dest" -- "$tmp" 2>/dev/null || :; fi; '
-    'sync -- "$tmp" 2>/dev/null || sync; exec sha256sum < "$tmp"'
-)
-_BECOME_GET = f'[ -e "$1" ] || exit {ABSENT_EXIT}; exec cat -- "$1"'
 
 _known_hosts_lock = threading.Lock()
 
@@ -122,24 +79,23 @@ class _Endpoint:
 
 
 class SSHTransport(Transport):
-    """Runs commands and moves files on one host through a single SSH connection."""
+    """One host through a single SSH connection: the agent's exec channel, and port forwards."""
 
     def __init__(self, *, name: str, address: str, port: int | None = None,
                  user: str | None = None, identity_file: str | None = None,
                  known_hosts: str | None = None, host_key_policy: HostKeyPolicy = "reject",
                  ssh_config: str | None = None, connect_timeout: float = 10.0,
-                 become: bool = False, on_host_key_pinned: HostKeyPinned | None = None) -> None:
+                 become: bool = False, on_host_key_pinned: HostKeyPinned | None = None,
+                 python: str = "python3") -> None:
+        super().__init__(python=python, become=become)
         if host_key_policy not in ("reject", "accept-new"):
             raise ConfigError(f"{name}: host_key_policy must be 'reject' or 'accept-new', "
                               f"not {host_key_policy!r}")
         self.name = name
-        self._become = become
         self._connect_timeout = connect_timeout
         self._policy: HostKeyPolicy = host_key_policy
         self._on_pinned = on_host_key_pinned
         self._lock = threading.Lock()
-        self._sftp_lock = threading.RLock()
-        self._sftp: paramiko.SFTPClient | None = None
         self._forwards: dict[tuple[str, int], _Forward] = {}
         self._clients: list[paramiko.SSHClient] = []  # jump hosts first, the target last
         self._closed = False
@@ -328,76 +284,26 @@ class SSHTransport(Transport):
 
     # -- running commands -------------------------------------------------------------------
 
-    def run(self, argv: Sequence[str], *, cwd: str | None = None,
-            env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-            stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES) -> ExecResult:
-        argv_t = tuple(argv)
-        started = time.monotonic()
-        deadline = started + timeout
-        remote: tuple[str, ...] = argv_t
-        if env and stdin is None:
-            # Values travel on stdin, not in a command line that `ps` shows every user of the target.
-            stdin = "".join(f"{k}={shlex.quote(v)}\nexport {k}\n" for k, v in env.items()).encode()
-            remote, env = ("sh", "-c", _ENV_FROM_STDIN, "deployer-env", *argv_t), None
-        inner = quote(["sh", "-c", _REPORT_PGID, "deployer", self._command_line(remote, cwd, env)])
+    def _pipe(self, argv: Sequence[str]) -> Pipe:
+        """One exec channel on the shared connection, running argv: the agent's pipe."""
         chan = self._open_channel()
         try:
-            self._exec_bounded(chan, quote(["sh", "-c", _OUTER.format(inner=inner)]))
+            self._exec_bounded(chan, quote(argv))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             _close_quietly(chan)
-            raise TransportError(f"{self.name}: could not start {quote(argv_t)}: {_describe(exc)}") from None
-        job = _Job(chan, stdin, capture=capture)
+            raise TransportError(f"{self.name}: could not start the agent: {_describe(exc)}") from None
+        return ChannelPipe(chan)
+
+    def _open_channel(self, timeout: float | None = None) -> paramiko.Channel:
+        if self._closed:
+            raise TransportError(f"{self.name}: transport is closed")
+        if not self._transport.is_active():
+            raise TransportError(f"{self.name}: SSH connection to {self.target.where} was lost")
         try:
-            finished = job.wait(deadline)
-        except BaseException:
-            # Interrupted (^C): do not leave the command running on the target.
-            self._kill(job)
-            _close_quietly(chan)
-            raise
-        if not finished:
-            self._kill(job)
-            job.wait(time.monotonic() + KILL_GRACE_S)
-            _close_quietly(chan)
-            return ExecResult(argv_t, None, job.out.captured(), job.err.captured(),
-                              time.monotonic() - started, timed_out=True)
-        _close_quietly(chan)
-        if job.lost:
-            raise TransportError(f"{self.name}: connection lost while running {quote(argv_t)}")
-        return ExecResult(argv_t, job.exit_code, job.out.captured(), job.err.captured(),
-                          time.monotonic() - started)
-
-    def _command_line(self, argv: Sequence[str], cwd: str | None,
-                      env: Mapping[str, str] | None) -> str:
-        line = shell_line(argv, cwd=cwd, env=env)
-        if self._become:
-            # cd and env inside sudo: the directory may be root-only, and sudo resets the env.
-            return quote(["sudo", "-n", "--", "sh", "-c", line])
-        return line
-
-    def _kill(self, job: _Job) -> None:
-        """SIGKILL the command's whole process group on the target, over a fresh channel."""
-        pgid = job.pgid(wait=1.0)
-        if pgid is None:
-            return  # never started; closing the channel is all that is left to do
-        argv = ["sh", "-c", _KILL, "deployer-kill", str(pgid)]
-        if self._become:
-            argv = ["sudo", "-n", "--", *argv]
-        # On failure the caller still reports the timeout, and closes the channel.
-        with contextlib.suppress(TransportError):
-            self._exec_plain(quote(argv), self._connect_timeout)
-
-    def _exec_plain(self, line: str, timeout: float) -> tuple[int | None, bytes, bytes]:
-        """Run a helper line without the process-group wrapper (kill must not need killing)."""
-        chan = self._open_channel()
-        try:
-            self._exec_bounded(chan, line)
-            job = _Job(chan, None, header=False, capture=CAPTURE_BYTES)
-            done = job.wait(time.monotonic() + timeout)
-            return job.exit_code if done else None, job.out.captured().kept, job.err.captured().kept
+            return self._transport.open_session(timeout=min(self._connect_timeout, timeout or self._connect_timeout))
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise TransportError(f"{self.name}: helper command failed: {_describe(exc)}") from None
-        finally:
-            _close_quietly(chan)
+            raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
+                                 f"{_describe(exc)}") from None
 
     def _exec_bounded(self, chan: paramiko.Channel, line: str) -> None:
         """exec_command waits for the server's reply without a timeout; a target that stopped
@@ -413,214 +319,6 @@ class SSHTransport(Transport):
         if not self._transport.is_active():
             raise paramiko.SSHException(f"no answer from the target within {self._connect_timeout:g}s")
 
-    def _open_channel(self, timeout: float | None = None) -> paramiko.Channel:
-        if self._closed:
-            raise TransportError(f"{self.name}: transport is closed")
-        if not self._transport.is_active():
-            raise TransportError(f"{self.name}: SSH connection to {self.target.where} was lost")
-        try:
-            return self._transport.open_session(timeout=min(self._connect_timeout, timeout or self._connect_timeout))
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
-                                 f"{_describe(exc)}") from None
-
-    # -- files ------------------------------------------------------------------------------
-
-    def put(self, data: bytes, dest: str, *, mode: int | None = None,
-            timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
-        expected = sha256_hex(data)
-        directory = posixpath.dirname(dest) or "."
-        # Named after dest for whoever finds a leftover, but short enough for NAME_MAX (255).
-        stem = posixpath.basename(dest)[:100]
-        tmp = posixpath.join(directory, f".{stem}.deployer-{uuid.uuid4().hex[:12]}.tmp")
-        if self._become:
-            self._put_become(data, dest, directory, tmp, mode, expected, timeout)
-        else:
-            self._put_sftp(data, dest, directory, tmp, mode, expected, timeout)
-        return PutResult(dest=dest, sha256=expected, size=len(data))
-
-    def _put_sftp(self, data: bytes, dest: str, directory: str, tmp: str, mode: int | None,
-                  expected: str, timeout: float) -> None:
-        with self._sftp_lock:
-            sftp = self._sftp_client(timeout)
-            deadline = _SftpDeadline(sftp, timeout)
-            try:
-                try:
-                    self._makedirs(sftp, directory)
-                    try:
-                        current = sftp.stat(dest)
-                    except FileNotFoundError:
-                        current = None
-                    if mode is None:
-                        mode = stat.S_IMODE(current.st_mode or 0o644) if current is not None else 0o644
-                except (OSError, paramiko.SSHException, EOFError) as exc:
-                    self._after_sftp_error(exc)
-                    raise TransportError(f"{self.name}: cannot prepare upload of {dest}: "
-                                         f"{deadline.describe(exc)}") from None
-                try:
-                    # 'x' is O_EXCL; 0600 until the bytes are verified, whatever the final mode.
-                    with sftp.open(tmp, "wbx") as handle:
-                        handle.chmod(0o600)
-                        handle.set_pipelined(True)
-                        handle.write(data)
-                    sftp.chmod(tmp, mode)
-                    if current is not None and current.st_uid is not None and current.st_gid is not None:
-                        # Keep the file's owner (a service user's file must not become root's);
-                        # only root may give a file away, so a refusal leaves it ours as before.
-                        with contextlib.suppress(OSError):
-                            sftp.chown(tmp, current.st_uid, current.st_gid)
-                    written = self._remote_sha256(sftp, tmp, deadline.left())
-                    if written != expected:
-                        raise TransportError(f"{self.name}: upload of {dest} did not verify: "
-                                             f"sha256 {written} on the target != {expected}")
-                    self._rename(sftp, tmp, dest, deadline.left())
-                except BaseException as exc:
-                    self._discard(sftp if not self._after_sftp_error(exc) else None, tmp)
-                    if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
-                        raise TransportError(f"{self.name}: upload of {dest} failed, old file left "
-                                             f"untouched: {deadline.describe(exc)}") from None
-                    raise
-            finally:
-                deadline.cancel()
-
-    def _remote_sha256(self, sftp: paramiko.SFTPClient, path: str, timeout: float) -> str:
-        code, out, _ = self._exec_plain(
-            quote(["sh", "-c", _SYNC_AND_HASH, "deployer-put", path]), timeout)
-        digest = out.split(b" ", 1)[0].decode("ascii", "replace")
-        if code == 0 and len(digest) == 64:
-            return digest
-        # No sha256sum on the target: hash what SFTP reads back instead.
-        with sftp.open(path, "rb") as handle:
-            handle.prefetch()
-            return sha256_hex(bytes(handle.read()))
-
-    def _rename(self, sftp: paramiko.SFTPClient, tmp: str, dest: str, timeout: float) -> None:
-        try:
-            sftp.posix_rename(tmp, dest)
-        except OSError as exc:
-            if "extension" not in str(exc).lower() and "unsupported" not in str(exc).lower():
-                raise
-            # A server without posix-rename@openssh.com: rename(2) via mv, still atomic.
-            code, _, err = self._exec_plain(quote(["mv", "-f", "-T", "--", tmp, dest]), timeout)
-            if code != 0:
-                raise OSError(f"mv {tmp} {dest} failed: {err.decode(errors='replace').strip()}") from exc
-
-    def _discard(self, sftp: paramiko.SFTPClient | None, tmp: str) -> None:
-        """Remove the temp file: over SFTP if that session is healthy, else with rm."""
-        if sftp is not None:
-            try:
-                sftp.remove(tmp)
-                return
-            except (OSError, paramiko.SSHException, EOFError):
-                pass
-        with contextlib.suppress(TransportError):
-            self._exec_plain(quote(["rm", "-f", "--", tmp]), self._connect_timeout)
-
-    def _makedirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
-        missing: list[str] = []
-        path = directory
-        while path not in ("", "/", "."):
-            try:
-                if not stat.S_ISDIR(sftp.stat(path).st_mode or 0):
-                    raise NotADirectoryError(f"{path} exists and is not a directory")
-                break
-            except FileNotFoundError:
-                missing.append(path)
-                path = posixpath.dirname(path)
-        for path in reversed(missing):
-            try:
-                sftp.mkdir(path, 0o755)
-            except OSError:
-                # Created concurrently is fine; anything else shows up at the upload.
-                if not stat.S_ISDIR(sftp.stat(path).st_mode or 0):
-                    raise
-
-    def _put_become(self, data: bytes, dest: str, directory: str, tmp: str, mode: int | None,
-                    expected: str, timeout: float) -> None:
-        mode_arg = "" if mode is None else format(mode, "o")
-        end = time.monotonic() + timeout
-        result = self.run(["sh", "-c", _BECOME_WRITE, "deployer-put", directory, dest, tmp, mode_arg],
-                          stdin=data, timeout=timeout)
-        try:
-            written = result.out.split(" ", 1)[0]
-            if not result.ok:
-                raise TransportError(f"{self.name}: upload of {dest} failed "
-                                     f"({result.describe_exit()}): {result.err.strip()}")
-            if written != expected:
-                raise TransportError(f"{self.name}: upload of {dest} did not verify: "
-                                     f"sha256 {written} on the target != {expected}")
-            moved = self.run(["mv", "-f", "-T", "--", tmp, dest], timeout=max(end - time.monotonic(), 1.0))
-            if not moved.ok:
-                raise TransportError(f"{self.name}: could not move the upload into {dest}: "
-                                     f"{moved.err.strip()}")
-        except BaseException:
-            # Cleanup must not mask the failure being reported.
-            with contextlib.suppress(TransportError):
-                self.run(["rm", "-f", "--", tmp], timeout=IO_TIMEOUT_S)
-            raise
-
-    def get(self, path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
-        if self._become:
-            result = self.run(["sh", "-c", _BECOME_GET, "deployer-get", path], timeout=timeout, capture=None)
-            if result.exit_code == ABSENT_EXIT:
-                return None
-            if not result.ok:
-                raise TransportError(f"{self.name}: cannot read {path} ({result.describe_exit()}): "
-                                     f"{result.err.strip()}")
-            return result.stdout
-        with self._sftp_lock:
-            sftp = self._sftp_client(timeout)
-            deadline = _SftpDeadline(sftp, timeout)
-            try:
-                with sftp.open(path, "rb") as handle:
-                    handle.prefetch()
-                    return bytes(handle.read())
-            except FileNotFoundError:
-                return None
-            except BaseException as exc:
-                self._after_sftp_error(exc)
-                if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
-                    raise TransportError(f"{self.name}: cannot read {path}: {deadline.describe(exc)}") from None
-                raise
-            finally:
-                deadline.cancel()
-
-    def _sftp_client(self, timeout: float) -> paramiko.SFTPClient:
-        """The one SFTP session, opened on first use on the shared connection (within timeout)."""
-        if self._sftp is None:
-            chan = self._open_channel(timeout)
-            try:
-                chan.settimeout(min(self._connect_timeout, timeout))
-                chan.invoke_subsystem("sftp")
-                sftp = paramiko.SFTPClient(chan)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                _close_quietly(chan)
-                raise TransportError(f"{self.name}: SFTP is not available on {self.target.where}: "
-                                     f"{_describe(exc)}") from None
-            chan.settimeout(IO_TIMEOUT_S)
-            self._sftp = sftp
-        return self._sftp
-
-    def _after_sftp_error(self, exc: BaseException) -> bool:
-        """Drop the SFTP session unless exc was a plain status reply from the server.
-
-        After a timeout, a broken channel or an interrupt the stream may be mid-reply, and
-        the next request would read the wrong answer; a fresh channel is the safe state."""
-        channel = self._sftp.get_channel() if self._sftp is not None else None
-        alive = channel is not None and not channel.closed  # "Socket is closed" is an OSError too
-        server_said_no = alive and isinstance(exc, (OSError, TransportError)) and not isinstance(exc, TimeoutError)
-        if not server_said_no:
-            self._drop_sftp()
-        return not server_said_no
-
-    def _drop_sftp(self) -> None:
-        sftp, self._sftp = self._sftp, None
-        if sftp is not None:
-            with contextlib.suppress(Exception):
-                sftp.close()
-
-    # -- forwarding and lifetime ------------------------------------------------------------
-
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         key = (remote_host, remote_port)
         with self._lock:
@@ -633,7 +331,7 @@ class SSHTransport(Transport):
                 self._forwards[key] = existing
             return existing.local_port
 
-    def close(self) -> None:
+    def _close_link(self) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -642,8 +340,6 @@ class SSHTransport(Transport):
             self._forwards.clear()
         for fwd in forwards:
             fwd.close()
-        with self._sftp_lock:
-            self._drop_sftp()
         self._close_clients()
 
     def _close_clients(self) -> None:
@@ -693,122 +389,6 @@ class _Watchdog:
         with self._lock:
             self._done = True
         self._timer.cancel()
-
-
-class _SftpDeadline:
-    """Bounds one SFTP operation as a whole: at the caller's timeout it closes the SFTP channel,
-    which fails every call blocked on it (a write waiting for window space on a frozen link, a
-    read waiting for a reply) at once; the session is then dropped and reopened on next use."""
-
-    def __init__(self, sftp: paramiko.SFTPClient, timeout: float) -> None:
-        self.timeout = timeout
-        self.end = time.monotonic() + timeout
-        chan = sftp.get_channel()
-        assert chan is not None, "an open SFTP client has its channel"
-        self._watchdog = _Watchdog(timeout, chan)
-
-    def left(self) -> float:
-        return max(self.end - time.monotonic(), 0.1)
-
-    def describe(self, exc: BaseException) -> str:
-        if self._watchdog.fired:
-            return f"did not finish within {self.timeout:g}s"
-        return _describe(exc)
-
-    def cancel(self) -> None:
-        self._watchdog.cancel()
-
-
-class _Job:
-    """One exec channel: stdin fed, stdout and stderr drained concurrently by threads.
-
-    Concurrent draining matters: a command that fills its stderr pipe while we only read
-    stdout would block forever (and so would we)."""
-
-    def __init__(self, chan: paramiko.Channel, stdin: bytes | None, *, header: bool = True,
-                 capture: int | None) -> None:
-        self._chan = chan
-        self.out = Stream(capture)
-        self.err = Stream(capture)
-        self._header = bytearray() if header else None
-        self._pgid: int | None = None
-        self._pgid_seen = threading.Event()
-        if not header:
-            self._pgid_seen.set()
-        self._readers = [
-            threading.Thread(target=self._drain_stdout, daemon=True),
-            threading.Thread(target=self._drain, args=(chan.recv_stderr, self.err), daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-        if stdin:
-            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
-        else:
-            # EOF now, so a command that prompts gets end-of-input instead of hanging.
-            chan.shutdown_write()
-
-    def _feed(self, data: bytes) -> None:
-        try:
-            self._chan.sendall(data)
-            self._chan.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass  # the command exited without reading it all; its exit status tells the story
-
-    def _drain(self, recv: Callable[[int], bytes], sink: Stream) -> None:
-        try:
-            while data := recv(CHUNK):
-                sink.feed(data)
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-
-    def _drain_stdout(self) -> None:
-        try:
-            while data := self._chan.recv(CHUNK):
-                if self._header is None:
-                    self.out.feed(data)
-                    continue
-                self._header += data
-                newline = self._header.find(b"\n")
-                if newline < 0 and len(self._header) < 32:
-                    continue
-                first, rest = bytes(self._header[:newline]), bytes(self._header[newline + 1:])
-                if newline >= 0 and first.isdigit():
-                    self._pgid = int(first)
-                    self.out.feed(rest)
-                else:
-                    # The wrapper did not run (no `sh`?): everything is the command's output.
-                    self.out.feed(bytes(self._header))
-                self._header = None
-                self._pgid_seen.set()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-        finally:
-            if self._header:
-                self.out.feed(bytes(self._header))
-            self._header = None
-            self._pgid_seen.set()
-
-    def wait(self, deadline: float) -> bool:
-        """True when the command finished (output drained, exit status in) before deadline."""
-        for reader in self._readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-            if reader.is_alive():
-                return False
-        return self._chan.status_event.wait(max(0.0, deadline - time.monotonic()))
-
-    def pgid(self, wait: float) -> int | None:
-        self._pgid_seen.wait(wait)
-        return self._pgid
-
-    @property
-    def lost(self) -> bool:
-        """The channel ended without an exit status: the connection dropped mid-command."""
-        transport = self._chan.get_transport()
-        return self._chan.exit_status == -1 and (transport is None or not transport.is_active())
-
-    @property
-    def exit_code(self) -> int:
-        return self._chan.exit_status
 
 
 class _Forward:
