@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import Project, git, tree_snapshot
+from fixtures_repo import FIXED_A, Project, git, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, events, free_port, wait_dead
 
 
@@ -168,6 +168,29 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
     after_pids = stack.pids()
     assert all(after_pids[n] != before_pids[n] and alive(after_pids[n]) for n in after_pids)
     assert git(project.repo, "status", "--porcelain") == ""
+
+
+def test_a_failed_check_after_the_commit_without_rollback_keeps_the_commit_and_says_so(stack: Stack) -> None:
+    project = stack.project
+    start_services(project)
+    before = project.head()
+    project.playbook(steps=["upload", {"commit": {"message": "fix"}}, "co_restart",
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 5, result.stderr
+    run_id = sorted(project.runs.iterdir())[-1].name
+    head = project.head()
+    # The state left behind: the run's commit is HEAD, the new bytes are on disk, nothing is staged.
+    assert head != before and git(project.repo, "rev-parse", "HEAD~1").strip() == before
+    assert f"Deployer-Run: {run_id}" in git(project.repo, "log", "-1", "--format=%B")
+    assert project.file("pkg/a.py") == FIXED_A and git(project.repo, "status", "--porcelain") == ""
+    message = " ".join(result.stderr.split())
+    assert f"The commit {head} stays on the target (on_failure: restore only undoes failures before the " \
+           "commit)" in message
+    assert f"To undo it: deployer rollback {run_id}" in message
+    assert "Rolled back" not in result.stderr
+    end = next(e for e in events(project) if e["type"] == "run_end")
+    assert end["git"] == {"before": before, "after": head} and "restored" not in end["facts"]
 
 
 def test_plan_of_the_verification_steps_changes_nothing(stack: Stack) -> None:
