@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +150,48 @@ def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     assert f"did not reach <= 0 for 3 polls within 1.5s (last samples: {shown})" in result.stderr
 
 
+# A service that loads the target's code at start and says what it loaded: /health answers with
+# pkg.a.answer(), so a process that was not restarted after a revert still answers 42.
+ANSWER_SERVER = """
+import http.server, sys
+sys.path.insert(0, sys.argv[2])
+from pkg.a import answer
+www = sys.argv[3]
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = str(answer()).encode() if self.path == "/health" else open(www + "/metrics", "rb").read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def code_serving(stack: Stack) -> None:
+    server = stack.project.write("answer_server.py", ANSWER_SERVER)
+    stack.configure(**{name: {**stack.service(name), "start": [sys.executable, str(server), str(port),
+                                                               str(stack.project.repo), str(stack.www)],
+                              # no __pycache__ in the target's work tree
+                              "env": {"PYTHONDONTWRITEBYTECODE": "1"}}
+                       for name, port in stack.ports.items()})
+
+
+def answers(stack: Stack) -> dict[str, str]:
+    return {name: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read().decode()
+            for name, port in stack.ports.items()}
+
+
 def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> None:
     project = stack.project
+    code_serving(stack)
     start_services(project)
+    assert answers(stack) == {"prefill": "41", "decode": "41"}
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=["local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
                             "co_restart",
@@ -165,9 +205,17 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
     log = git(project.repo, "log", "--format=%B", "-1")
     run_id = sorted(project.runs.iterdir())[-1].name
     assert f"Deployer-Rollback-Of: {run_id}" in log
-    after_pids = stack.pids()
-    assert all(after_pids[n] != before_pids[n] and alive(after_pids[n]) for n in after_pids)
     assert git(project.repo, "status", "--porcelain") == ""
+    # The rollback's own restart: the forward co_restart's new PIDs are the rollback's old ones,
+    # and they were replaced again by processes that loaded the reverted code.
+    facts = next(e for e in events(project) if e["type"] == "run_end")["facts"]
+    forward, back = facts["pids"], facts["rollback_pids"]
+    after_pids = stack.pids()
+    for name in ("prefill", "decode"):
+        assert forward[name]["old"] == before_pids[name]
+        assert back[name]["old"] == forward[name]["new"] != back[name]["new"] == after_pids[name]
+        assert alive(after_pids[name]) and wait_dead(forward[name]["new"])
+    assert answers(stack) == {"prefill": "41", "decode": "41"}
 
 
 def test_a_failed_check_after_the_commit_without_rollback_keeps_the_commit_and_says_so(stack: Stack) -> None:
