@@ -463,6 +463,58 @@ Host behind
         assert transport.info.extra["proxy_jump"] == f"{sshd.user}@{sshd.host}:{sshd.port}"
 
 
+def _aliased_jump_config(sshd: SSHD, path: Path) -> str:
+    """A bastion and a target on the same sshd, pinned under different names (HostKeyAlias)."""
+    return _write_ssh_config(path, f"""
+Host bastion
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    HostKeyAlias bastion-key
+Host behind
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    HostKeyAlias behind-key
+    ProxyJump bastion
+""")
+
+
+@pytest.mark.parametrize("bastion_pin", ["unknown", "changed"])
+def test_a_bastion_with_an_unknown_or_changed_key_is_refused_and_nothing_runs(
+        sshd: SSHD, tmp_path: Path, bastion_pin: str) -> None:
+    config = _aliased_jump_config(sshd, tmp_path / "config")
+    target_line = f"[behind-key]:{sshd.port} {sshd.host_pubkey_line}\n"
+    pins = target_line
+    if bastion_pin == "changed":
+        other = tmp_path / "other_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        other_line = " ".join(other.with_name("other_key.pub").read_text().split()[:2])
+        pins += f"[bastion-key]:{sshd.port} {other_line}\n"
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pins)
+    # The control: with the bastion pinned correctly, the same config connects.
+    good = tmp_path / "good_known_hosts"
+    good.write_text(target_line + f"[bastion-key]:{sshd.port} {sshd.host_pubkey_line}\n")
+    with SSHTransport(name="behind", address="behind", known_hosts=str(good), ssh_config=config,
+                      connect_timeout=5) as transport:
+        assert transport.run(["true"], timeout=20).ok
+
+    logins, preauth_closes = _accepted_logins(sshd), _closed_before_auth(sshd)
+    for policy in ("reject", "accept-new") if bastion_pin == "changed" else ("reject",):
+        with pytest.raises(HostKeyError) as caught:
+            SSHTransport(name="behind", address="behind", known_hosts=str(known_hosts), ssh_config=config,
+                         connect_timeout=5, host_key_policy=policy)  # type: ignore[arg-type]
+        message = str(caught.value)
+        assert caught.value.exit_code == 4
+        assert f"[bastion-key]:{sshd.port}" in message and sshd.host_fingerprint in message
+        assert ("HOST KEY CHANGED" in message) == (bastion_pin == "changed")
+    assert known_hosts.read_text() == pins
+    _assert_refused_before_login(sshd, logins, preauth_closes)
+
+
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client for ssh -W")
 def test_proxy_command_from_the_ssh_config(sshd: SSHD, tmp_path: Path) -> None:
     relay = (f"ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes "
