@@ -164,17 +164,6 @@ def test_put_replaces_by_rename_keeps_the_mode_and_leaves_no_temp(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf.py"]
 
 
-def test_failed_verification_leaves_old_file_and_removes_temp(
-        ssh_transport: SSHTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    dest = tmp_path / "keep.txt"
-    dest.write_bytes(b"precious\n")
-    monkeypatch.setattr(ssh_transport, "_remote_sha256", lambda sftp, path: "0" * 64)
-    with pytest.raises(TransportError, match="did not verify"):
-        ssh_transport.put(b"corrupted in transit\n", str(dest))
-    assert dest.read_bytes() == b"precious\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
-
-
 def test_put_into_a_path_under_a_regular_file_fails_cleanly(
         ssh_transport: SSHTransport, tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("not a directory")
