@@ -1,0 +1,122 @@
+"""`runs verify` against each kind of tampering on its own, each aimed at the one check that must catch it.
+
+A careless edit breaks everything at once; these tampers are careful: where a forger could
+recompute a line's own hash or re-chain the lines after it, they do, so that a single check
+(the line's seal, the chain to the line before, the sequence number, the end of the file)
+is left to notice. Each case asserts the line and the kind that `runs verify` names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deployer.runlog import GENESIS, RunLogWriter, seal
+
+RUN_ID = "20260101T000000.000Z-abc123"
+
+
+def write_log(runs: Path) -> list[bytes]:
+    """A small real run log (the engine's writer), returned as its lines."""
+    writer = RunLogWriter(runs, RUN_ID)
+    writer.write({"type": "run_start", "host": "box", "kind": "apply"})
+    for step in ("upload", "diff_bounds", "commit"):
+        writer.write({"type": "step_start", "step": step})
+        writer.write({"type": "step_end", "step": step, "status": "ok"})
+    writer.write({"type": "run_end", "status": "successful", "git": {"before": "a", "after": "b"}})
+    writer.close()
+    return (runs / RUN_ID / "events.jsonl").read_bytes().splitlines()
+
+
+def resealed(line: bytes, **changes: object) -> bytes:
+    """line with fields changed and its own hash recomputed, as a forger who read runlog.py would."""
+    event = {k: v for k, v in json.loads(line).items() if k != "line_sha256"}
+    event.update(changes)
+    return seal(event)
+
+
+def rechain(lines: list[bytes]) -> list[bytes]:
+    """Every line's `prev` recomputed (and resealed), leaving sequence numbers as they are."""
+    out: list[bytes] = []
+    prev = GENESIS
+    for line in lines:
+        out.append(resealed(line, prev=prev))
+        prev = hashlib.sha256(out[-1]).hexdigest()
+    return out
+
+
+def edited(lines: list[bytes]) -> bytes:
+    lines[3] = lines[3].replace(b'"diff_bounds"', b'"diff_bound5"')  # own hash left stale
+    return b"\n".join(lines) + b"\n"
+
+
+def edited_and_resealed(lines: list[bytes]) -> bytes:
+    lines[3] = resealed(lines[3], status="forged")  # its seal fits; line 5's link to it does not
+    return b"\n".join(lines) + b"\n"
+
+
+def removed(lines: list[bytes]) -> bytes:
+    return b"\n".join(rechain(lines[:3] + lines[4:])) + b"\n"
+
+
+def inserted(lines: list[bytes]) -> bytes:
+    extra = resealed(lines[3], step="injected")
+    return b"\n".join(rechain([*lines[:4], extra, *lines[4:]])) + b"\n"
+
+
+def reordered(lines: list[bytes]) -> bytes:
+    return b"\n".join(rechain([*lines[:3], lines[4], lines[3], *lines[5:]])) + b"\n"
+
+
+def truncated_line(lines: list[bytes]) -> bytes:
+    return b"\n".join(lines)[:-25]  # the run_end line cut mid-write, no final newline
+
+
+def truncated_end(lines: list[bytes]) -> bytes:
+    return b"\n".join(lines[:-1]) + b"\n"  # whole lines, run_end gone
+
+
+CASES: dict[str, tuple[Callable[[list[bytes]], bytes], list[str]]] = {
+    "edited": (edited, ["line 4: its content does not match its own hash (edited line)",
+                        "line 5: does not chain to the line before it (edited or removed line)"]),
+    "edited and resealed": (edited_and_resealed,
+                            ["line 5: does not chain to the line before it (edited or removed line)"]),
+    "removed": (removed, ["line 4: sequence number 4 where 3 was expected (a line was removed or inserted)"]),
+    "inserted": (inserted, ["line 5: sequence number 3 where 4 was expected (a line was removed or inserted)"]),
+    "reordered": (reordered, ["line 4: sequence number 4 where 3 was expected (a line was removed or inserted)",
+                              "line 5: sequence number 3 where 4 was expected (a line was removed or inserted)"]),
+    "truncated line": (truncated_line, ["the last line is cut short (truncated)", "line 8: not valid JSON",
+                                        "no run_end event"]),
+    "truncated at a line end": (truncated_end, ["no run_end event: the log was truncated"]),
+}
+
+
+def verify(runs: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "deployer", "runs", "verify", RUN_ID, "--runs-dir", str(runs)],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_an_untouched_log_verifies(tmp_path: Path) -> None:
+    write_log(tmp_path)
+    result = verify(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_each_kind_of_tampering_is_named_with_its_line(tmp_path: Path, kind: str) -> None:
+    tamper, expected = CASES[kind]
+    events = tmp_path / RUN_ID / "events.jsonl"
+    events.write_bytes(tamper(write_log(tmp_path)))
+    result = verify(tmp_path)
+    assert result.returncode == 5, result.stdout + result.stderr
+    said = " ".join(result.stderr.split())
+    for problem in expected:
+        assert problem in said, said
