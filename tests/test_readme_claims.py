@@ -206,7 +206,10 @@ TWO_WORKERS = (f"# TYPE {GAUGE} gauge\n"
     ({"aggregate": "sum", "op": "<=", "to": 3}, False),
     ({"aggregate": "sum", "op": ">=", "to": 5}, True),
     ({"aggregate": "max", "op": ">=", "to": 4}, False),
-], ids=["max==3", "sum==3", "sum==5", "max<=3", "sum<=3", "sum>=5", "max>=4"])
+    ({"aggregate": "sum", "op": "==", "to": 6}, False),
+    ({"aggregate": "sum", "op": ">=", "to": 4}, True),
+], ids=["max==3", "sum==3", "sum==5", "max<=3", "sum<=3", "sum>=5", "max>=4", "sum==6", "sum>=4"])
+@pytest.mark.parametrize("target", ["local"], indirect=True)  # arithmetic: one transport is enough
 def test_drain_aggregates_and_compares_as_asked(target: Project, drain: dict[str, Any], passes: bool) -> None:
     with metrics_server(TWO_WORKERS) as url:
         target.playbook(steps=[{"drain": {"metric": GAUGE, "url": url, "interval_s": 0.1, "within_s": 1,
