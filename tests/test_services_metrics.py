@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, Project, git, tree_snapshot
+import yaml
+from fixtures_repo import ALL_TRANSPORTS, FIXED_A, Project, git, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, events, free_port, wait_dead
 
 
@@ -21,6 +22,7 @@ def restart_only(project: Project, **extra: Any) -> None:
     project.playbook(steps=[{"co_restart": extra}])
 
 
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_co_restart_changes_every_pid_and_restarts_in_order(stack: Stack) -> None:
     project = stack.project
     restart_only(project)
@@ -110,6 +112,7 @@ def wait_for_sample(project: Project, proc: subprocess.Popen[str], seconds: floa
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
     project = stack.project
     start_services(project)
@@ -137,6 +140,7 @@ def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
     assert "inconclusive" in result.stderr and "sglang:no_such_gauge" in result.stderr
 
 
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     project = stack.project
     start_services(project)
@@ -166,10 +170,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self):  # a storm request: counted, answered with one finished stream event
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(www + "/posts", "a") as posts:
+            posts.write(self.path + "\\n")
+        body = b'data: {"meta_info": {"finish_reason": {"type": "stop"}}}\\n\\ndata: [DONE]\\n\\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, *args):
         pass
 
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
 
 
@@ -183,10 +197,10 @@ def code_serving(stack: Stack) -> None:
 
 
 def answers(stack: Stack) -> dict[str, str]:
-    return {name: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read().decode()
-            for name, port in stack.ports.items()}
+    return {name: stack.fetch(f"http://127.0.0.1:{port}/health") for name, port in stack.ports.items()}
 
 
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> None:
     project = stack.project
     code_serving(stack)
@@ -216,6 +230,28 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
         assert back[name]["old"] == forward[name]["new"] != back[name]["new"] == after_pids[name]
         assert alive(after_pids[name]) and wait_dead(forward[name]["new"])
     assert answers(stack) == {"prefill": "41", "decode": "41"}
+
+
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+def test_a_storm_and_a_baseline_reach_the_targets_loopback_through_the_connection(stack: Stack) -> None:
+    project = stack.project
+    code_serving(stack)
+    start_services(project)
+    port = stack.ports["prefill"]
+    project.write_inventory(**{**yaml.safe_load(project.inventory.read_text())["hosts"]["box"],
+                               "endpoint": f"http://127.0.0.1:{port}"})
+    if project.netns is not None:  # the control: from here, the target's loopback is out of reach
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    project.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10,
+                                          "storm": {"requests": 20, "concurrency": 4, "client_timeout_s": 5}}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    storm = next(e for e in events(project) if e["type"] == "storm")
+    assert (storm["sent"], storm["completed"], storm["errors"]) == (20, 20, 0), storm
+    assert (stack.www / "posts").read_text().splitlines() == ["/generate"] * 20
+    baseline = next(e for e in events(project) if e["type"] == "run_end")["facts"]["baseline"]
+    assert baseline == {GAUGE: 3.0}
 
 
 def test_a_failed_check_after_the_commit_without_rollback_keeps_the_commit_and_says_so(stack: Stack) -> None:
