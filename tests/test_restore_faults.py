@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import ORIGINAL_A, Project, git
+from fixtures_services import Stack
 
 # Holds HEAD's update back: git commit fails with the new commit object made and no ref moved.
 ABORT_REF_UPDATE = """#!/bin/sh
@@ -134,3 +135,18 @@ def test_a_step_past_its_timeout_is_killed_and_the_target_restored(target: Proje
     failed = [e for e in last_run(target) if e["type"] == "step_end" and e["status"] == "failed"]
     assert [e["step"] for e in failed] == [kind]
     assert_restored(target, head)
+
+
+def test_a_co_restart_whose_stop_command_hangs_is_killed_at_its_timeout(stack: Stack) -> None:
+    project = stack.project
+    stack.configure(prefill=stack.service("prefill", stop=["sleep", "60"]), decode=stack.service("decode"))
+    head = project.head()
+    project.playbook(steps=["upload", {"diff_bounds": {"files": 1}}, {"commit": {"message": "m"}},
+                            {"co_restart": {"timeout_s": 1}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box", timeout=60)
+    said = " ".join(result.stderr.split())
+    # Past the commit: nothing is restored, and the message says so.
+    assert result.returncode == 5, result.stderr
+    assert "the stop command of prefill failed: did not finish within 1s, killed" in said
+    assert "command: sleep 60" in said
+    assert git(project.repo, "rev-parse", "HEAD~1").strip() == head and "stays on the target" in said
