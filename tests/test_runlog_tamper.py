@@ -83,18 +83,30 @@ def truncated_end(lines: list[bytes]) -> bytes:
     return b"\n".join(lines[:-1]) + b"\n"  # whole lines, run_end gone
 
 
+def garbled(lines: list[bytes]) -> bytes:
+    lines[3] = b"not json at all"  # and the lines after it must still be checked
+    return b"\n".join(lines) + b"\n"
+
+
+def renumbered(first: int, last: int, shift: int) -> list[str]:
+    return [f"line {n}: sequence number {n - 1 - shift} where {n - 1} was expected (a line was removed or inserted)"
+            for n in range(first, last + 1)]
+
+
+NO_END = "no run_end event: the log was truncated, or the run was killed before it ended"
+NO_CHAIN_5 = "line 5: does not chain to the line before it (edited or removed line)"
+
+# The complete list of problems `runs verify` must print, in order, one per line.
 CASES: dict[str, tuple[Callable[[list[bytes]], bytes], list[str]]] = {
-    "edited": (edited, ["line 4: its content does not match its own hash (edited line)",
-                        "line 5: does not chain to the line before it (edited or removed line)"]),
-    "edited and resealed": (edited_and_resealed,
-                            ["line 5: does not chain to the line before it (edited or removed line)"]),
-    "removed": (removed, ["line 4: sequence number 4 where 3 was expected (a line was removed or inserted)"]),
-    "inserted": (inserted, ["line 5: sequence number 3 where 4 was expected (a line was removed or inserted)"]),
+    "edited": (edited, ["line 4: its content does not match its own hash (edited line)", NO_CHAIN_5]),
+    "edited and resealed": (edited_and_resealed, [NO_CHAIN_5]),
+    "removed": (removed, renumbered(4, 7, shift=-1)),
+    "inserted": (inserted, renumbered(5, 9, shift=1)),
     "reordered": (reordered, ["line 4: sequence number 4 where 3 was expected (a line was removed or inserted)",
                               "line 5: sequence number 3 where 4 was expected (a line was removed or inserted)"]),
-    "truncated line": (truncated_line, ["the last line is cut short (truncated)", "line 8: not valid JSON",
-                                        "no run_end event"]),
-    "truncated at a line end": (truncated_end, ["no run_end event: the log was truncated"]),
+    "garbled": (garbled, ["line 4: not valid JSON", NO_CHAIN_5]),
+    "truncated line": (truncated_line, ["the last line is cut short (truncated)", "line 8: not valid JSON", NO_END]),
+    "truncated at a line end": (truncated_end, [NO_END]),
 }
 
 
@@ -117,6 +129,13 @@ def test_each_kind_of_tampering_is_named_with_its_line(tmp_path: Path, kind: str
     events.write_bytes(tamper(write_log(tmp_path)))
     result = verify(tmp_path)
     assert result.returncode == 5, result.stdout + result.stderr
-    said = " ".join(result.stderr.split())
-    for problem in expected:
-        assert problem in said, said
+    assert [line.removeprefix("error: ") for line in result.stderr.splitlines()] == expected
+
+
+def test_verifying_a_run_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    write_log(tmp_path)
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    result = subprocess.run([sys.executable, "-m", "deployer", "runs", "verify", "nosuch", "--runs-dir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"error: no run 'nosuch' in {tmp_path}"]
