@@ -27,6 +27,7 @@ def write_log(runs: Path) -> list[bytes]:
     """A small real run log (the engine's writer), returned as its lines."""
     writer = RunLogWriter(runs, RUN_ID)
     writer.write({"type": "run_start", "host": "box", "kind": "apply"})
+    writer.attach("playbook.yaml", b"name: fix\n")
     for step in ("upload", "diff_bounds", "commit"):
         writer.write({"type": "step_start", "step": step})
         writer.write({"type": "step_end", "step": step, "status": "ok"})
@@ -53,7 +54,7 @@ def rechain(lines: list[bytes]) -> list[bytes]:
 
 
 def edited(lines: list[bytes]) -> bytes:
-    lines[3] = lines[3].replace(b'"diff_bounds"', b'"diff_bound5"')  # own hash left stale
+    lines[3] = lines[3].replace(b'"upload"', b'"uploa5"')  # own hash left stale
     return b"\n".join(lines) + b"\n"
 
 
@@ -83,6 +84,11 @@ def truncated_end(lines: list[bytes]) -> bytes:
     return b"\n".join(lines[:-1]) + b"\n"  # whole lines, run_end gone
 
 
+def foreign(lines: list[bytes]) -> bytes:
+    lines[3] = resealed(lines[3], run="20260101T000000.000Z-other0")  # a line copied from another run
+    return b"\n".join(rechain(lines)) + b"\n"
+
+
 def garbled(lines: list[bytes]) -> bytes:
     lines[3] = b"not json at all"  # and the lines after it must still be checked
     return b"\n".join(lines) + b"\n"
@@ -100,12 +106,13 @@ NO_CHAIN_5 = "line 5: does not chain to the line before it (edited or removed li
 CASES: dict[str, tuple[Callable[[list[bytes]], bytes], list[str]]] = {
     "edited": (edited, ["line 4: its content does not match its own hash (edited line)", NO_CHAIN_5]),
     "edited and resealed": (edited_and_resealed, [NO_CHAIN_5]),
-    "removed": (removed, renumbered(4, 7, shift=-1)),
-    "inserted": (inserted, renumbered(5, 9, shift=1)),
+    "removed": (removed, renumbered(4, 8, shift=-1)),
+    "inserted": (inserted, renumbered(5, 10, shift=1)),
     "reordered": (reordered, ["line 4: sequence number 4 where 3 was expected (a line was removed or inserted)",
                               "line 5: sequence number 3 where 4 was expected (a line was removed or inserted)"]),
+    "foreign": (foreign, ["line 4: belongs to run '20260101T000000.000Z-other0'"]),
     "garbled": (garbled, ["line 4: not valid JSON", NO_CHAIN_5]),
-    "truncated line": (truncated_line, ["the last line is cut short (truncated)", "line 8: not valid JSON", NO_END]),
+    "truncated line": (truncated_line, ["the last line is cut short (truncated)", "line 9: not valid JSON", NO_END]),
     "truncated at a line end": (truncated_end, [NO_END]),
 }
 
@@ -139,3 +146,44 @@ def test_verifying_a_run_that_does_not_exist_is_a_usage_error(tmp_path: Path) ->
                              str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"error: no run 'nosuch' in {tmp_path}"]
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ("edit", "artifact playbook.yaml was changed after the run recorded it"),
+    ("remove", "artifact playbook.yaml is missing"),
+])
+def test_a_changed_or_missing_artifact_is_named(tmp_path: Path, change: str, problem: str) -> None:
+    write_log(tmp_path)
+    artifact = tmp_path / RUN_ID / "playbook.yaml"
+    if change == "edit":
+        artifact.write_bytes(b"name: forged\n")
+    else:
+        artifact.unlink()
+    result = verify(tmp_path)
+    assert result.returncode == 5
+    assert [line.removeprefix("error: ") for line in result.stderr.splitlines()] == [problem]
+
+
+def rollback_run(runs: Path, run_id: str, *, ended: bool) -> None:
+    writer = RunLogWriter(runs, run_id)
+    writer.write({"type": "run_start", "host": "box", "kind": "rollback", "rollback_of": RUN_ID})
+    if ended:
+        writer.write({"type": "run_end", "status": "successful"})
+    writer.close()
+
+
+def test_a_rollback_link_removed_from_the_end_is_named_and_a_present_one_verifies(tmp_path: Path) -> None:
+    write_log(tmp_path)
+    by = "20260102T000000.000Z-def456"
+    rollback_run(tmp_path, by, ended=True)
+    rollback_run(tmp_path, "20260103T000000.000Z-aaa111", ended=False)  # still going: nothing to link yet
+    missing = verify(tmp_path)
+    assert missing.returncode == 5
+    assert [line.removeprefix("error: ") for line in missing.stderr.splitlines()] == [
+        f"run {by} rolled this run back, but the rolled_back_by line for it is missing "
+        "(removed from the end of the log?)"]
+    writer = RunLogWriter.reopen(tmp_path, RUN_ID)
+    writer.write({"type": "rolled_back_by", "by": by, "status": "successful"})
+    writer.close()
+    linked = verify(tmp_path)
+    assert linked.returncode == 0, linked.stderr
