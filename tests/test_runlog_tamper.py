@@ -94,6 +94,16 @@ def garbled(lines: list[bytes]) -> bytes:
     return b"\n".join(lines) + b"\n"
 
 
+def garbled_and_rechained(lines: list[bytes]) -> bytes:
+    """A garbled line the following lines chain to: only the garbling is reported, not a broken chain."""
+    lines[3] = b"not json at all"
+    prev = hashlib.sha256(lines[3]).hexdigest()
+    for index in range(4, len(lines)):
+        lines[index] = resealed(lines[index], prev=prev)
+        prev = hashlib.sha256(lines[index]).hexdigest()
+    return b"\n".join(lines) + b"\n"
+
+
 def renumbered(first: int, last: int, shift: int) -> list[str]:
     return [f"line {n}: sequence number {n - 1 - shift} where {n - 1} was expected (a line was removed or inserted)"
             for n in range(first, last + 1)]
@@ -112,6 +122,7 @@ CASES: dict[str, tuple[Callable[[list[bytes]], bytes], list[str]]] = {
                               "line 5: sequence number 3 where 4 was expected (a line was removed or inserted)"]),
     "foreign": (foreign, ["line 4: belongs to run '20260101T000000.000Z-other0'"]),
     "garbled": (garbled, ["line 4: not valid JSON", NO_CHAIN_5]),
+    "garbled and rechained": (garbled_and_rechained, ["line 4: not valid JSON"]),
     "truncated line": (truncated_line, ["the last line is cut short (truncated)", "line 9: not valid JSON", NO_END]),
     "truncated at a line end": (truncated_end, [NO_END]),
 }
