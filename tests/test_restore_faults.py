@@ -7,6 +7,7 @@ The faults are real git and real processes: a reference-transaction hook (runs e
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -150,3 +151,33 @@ def test_a_co_restart_whose_stop_command_hangs_is_killed_at_its_timeout(stack: S
     assert "the stop command of prefill failed: did not finish within 1s, killed" in said
     assert "command: sleep 60" in said
     assert git(project.repo, "rev-parse", "HEAD~1").strip() == head and "stays on the target" in said
+
+
+STALL_ON_OLD_BYTES = STALL_ON_NEW_BYTES.replace("return 42", "return 41")
+PATCH_A = """--- a/pkg/a.py
++++ b/pkg/a.py
+@@ -1,2 +1,2 @@
+ def answer():
+-    return 41
++    return 42
+"""
+
+
+def test_an_upload_by_patch_past_its_timeout_is_killed_and_changes_nothing(target: Project) -> None:
+    # Stat info settled before the filter exists, so only reading pkg/a.py's bytes (git apply) runs it.
+    past = os.stat(target.repo / "pkg/a.py").st_mtime - 60
+    for path in target.repo.rglob("*.py"):
+        os.utime(path, (past, past))
+    git(target.repo, "update-index", "--really-refresh")
+    script = target.write("stall-filter", STALL_ON_OLD_BYTES)
+    script.chmod(0o755)
+    git(target.repo, "config", "filter.stall.clean", str(script))
+    (target.repo / ".git" / "info").mkdir(exist_ok=True)
+    (target.repo / ".git" / "info" / "attributes").write_text("*.py filter=stall\n")
+    target.write("fix/a.diff", PATCH_A)
+    head = target.head()
+    target.playbook(patch="fix/a.diff", steps=[{"upload": {"timeout_s": 1}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box", timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "did not finish within 1s, killed" in result.stderr and "git apply" in result.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
