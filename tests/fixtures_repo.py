@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures_netns import Netns
 
 ORIGINAL_A = "def answer():\n    return 41\n"
 FIXED_A = "def answer():\n    return 42\n\n\ndef extra():\n    return 'new'\n"
@@ -62,6 +63,8 @@ class Project:
     host: dict[str, Any]
     host_name: str = "box"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Set when the target is an sshd in its own network namespace: its 127.0.0.1 is not ours.
+    netns: Netns | None = None
 
     @property
     def runs(self) -> Path:
@@ -114,19 +117,29 @@ class Project:
         return (self.repo / rel).read_text()
 
 
+# Opt in per test with @pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True): the tests
+# that reach URLs on the target's loopback, which only a namespace tells apart from ours.
+ALL_TRANSPORTS = ["local", "ssh", "ssh-netns"]
+
+
 @pytest.fixture(params=["local", "ssh"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
     repo = tmp_path / "target" / "repo"
     init_repo(repo, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B,
                      "README": "target repo\n"})
     host: dict[str, Any] = {"repo": str(repo), "python": sys.executable}
+    netns = None
     if request.param == "local":
         host["transport"] = "local"
     else:
-        sshd = request.getfixturevalue("sshd")
+        if request.param == "ssh-netns":
+            isolated = request.getfixturevalue("netns_sshd")
+            sshd, netns = isolated.sshd, isolated.netns
+        else:
+            sshd = request.getfixturevalue("sshd")
         host.update({"transport": "ssh", "address": sshd.host, "port": sshd.port, "user": sshd.user,
                      "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts)})
-    project = Project(root=tmp_path, repo=repo, host=host)
+    project = Project(root=tmp_path, repo=repo, host=host, netns=netns)
     project.write_inventory()
     project.write("fix/a.py", FIXED_A)
     yield project

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +52,13 @@ class Stack:
         return {"start": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                           "--directory", str(self.www)],
                 "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 20, "stop_grace_s": 5, **extra}
+
+    def fetch(self, url: str) -> str:
+        """GET a URL on the target's loopback, from where the target sees it."""
+        if self.project.netns is not None:
+            return self.project.netns.fetch(url)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
 
     def configure(self, **services: dict[str, Any]) -> None:
         chosen = services or {"prefill": self.service("prefill"), "decode": self.service("decode")}

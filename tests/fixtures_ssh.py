@@ -87,6 +87,8 @@ class SSHD:
     fake_sudo_log: str  # every call of the test sudo on the target, one line each
     log_path: str  # sshd's own stderr
     sftp_server: str
+    # A command prefix for sshd (`ip netns exec NAME`): everything sshd runs lives in that namespace.
+    wrap: tuple[str, ...] = ()
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     # (pid, start time) of every process sshd spawned: connection handlers and the commands
     # they ran. They live in sessions of their own, so killing sshd's group misses them.
@@ -127,7 +129,7 @@ class SSHD:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", self.config_path],
+                [*self.wrap, shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", self.config_path],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self._wait_ready()
 
@@ -210,10 +212,10 @@ def _descendants(root: int) -> set[tuple[int, int]]:
 
 
 def _sshd_config(*, port: int, host_key: Path, authorized_keys: Path, sftp_server: str,
-                 fakebin: Path) -> str:
+                 fakebin: Path, address: str) -> str:
     return "\n".join([
         f"Port {port}",
-        "ListenAddress 127.0.0.1",
+        f"ListenAddress {address}",
         "AddressFamily inet",
         f"HostKey {host_key}",
         "PidFile none",
@@ -250,8 +252,10 @@ class SshdUnavailable(Exception):
 
 
 @contextlib.contextmanager
-def running_sshd() -> Iterator[SSHD]:
-    """A running sshd on 127.0.0.1:<random port>, killed on exit (tests and bench/ use it)."""
+def running_sshd(address: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> Iterator[SSHD]:
+    """A running sshd on address:<random port>, killed on exit (tests and bench/ use it).
+
+    wrap prefixes sshd's command line: `ip netns exec NAME` puts it (and all it runs) in a namespace."""
     if shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK):
         _raise_unavailable("no sshd binary (install openssh-server)")
     if shutil.which("ssh-keygen") is None:
@@ -289,8 +293,8 @@ def running_sshd() -> Iterator[SSHD]:
         config_path = workdir / "sshd_config"
         config_path.write_text(_sshd_config(port=port, host_key=host_key,
                                             authorized_keys=authorized_keys,
-                                            sftp_server=sftp_server, fakebin=fakebin))
-        candidate = SSHD(host="127.0.0.1", port=port, user=getpass.getuser(),
+                                            sftp_server=sftp_server, fakebin=fakebin, address=address))
+        candidate = SSHD(host=address, port=port, wrap=wrap, user=getpass.getuser(),
                          client_key=str(client_key), host_key=str(host_key),
                          host_pubkey_line=host_pub, known_hosts=str(workdir / "known_hosts"),
                          workdir=str(workdir), config_path=str(config_path),

@@ -19,6 +19,10 @@ def demo_pids(workdir: Path) -> dict[str, int]:
     return {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
 
 
+def git_out(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
 def all_gone(pids: list[int]) -> bool:
     return all(wait_dead(pid) for pid in pids)
 
@@ -75,8 +79,23 @@ def test_ctrl_c_during_the_demo_stops_everything_and_exits_130(tmp_path: Path) -
     while not (events.exists() and any(events.iterdir())):
         assert time.monotonic() < deadline and proc.poll() is None, "the demo never started its run"
         time.sleep(0.05)
+    repo = workdir / "repo"
+    initial = git_out(repo, "rev-list", "--max-parents=0", "HEAD").strip()
+    shipped = repo / "python/sglang/srt/disaggregation/common/conn.py"
+    original = shipped.read_bytes()
+    # Interrupt once the fix is on the target's disk: there is something to restore.
+    while shipped.read_bytes() == original:
+        assert time.monotonic() < deadline and proc.poll() is None, "the fix never landed"
+        time.sleep(0.02)
     pids = demo_pids(workdir)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     assert all_gone(list(pids.values()) + list(demo_pids(workdir).values()))
+    # Restored (before the commit) or rolled back (after it): either way the tree is the buggy one
+    # again, nothing is left uncommitted, and a commit the run made is undone by a rollback commit.
+    assert shipped.read_bytes() == original
+    assert git_out(repo, "rev-parse", "HEAD^{tree}") == git_out(repo, "rev-parse", f"{initial}^{{tree}}")
+    assert git_out(repo, "status", "--porcelain", "--untracked-files=no") == ""
+    if git_out(repo, "rev-parse", "HEAD").strip() != initial:
+        assert "Deployer-Rollback-Of:" in git_out(repo, "log", "-1", "--format=%B")

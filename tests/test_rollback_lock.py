@@ -27,6 +27,22 @@ def slow_python(project: Project, seconds: float) -> str:
     return str(wrapper)
 
 
+def gated_python(project: Project) -> tuple[str, Path, Path]:
+    """A python for the target that announces it was called, then waits (bounded) for a gate file.
+
+    The test decides when the paused run may go on: no window to race. Returns the wrapper's path,
+    the file it creates on entry and the gate the test creates to let it continue."""
+    entered, gate = project.root / "python-entered", project.root / "python-gate"
+    wrapper = project.write("venv/bin/python", f"""#!/bin/sh
+touch '{entered}'
+i=0
+while [ ! -e '{gate}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    return str(wrapper), entered, gate
+
+
 def wait_for(predicate: object, seconds: float = 30, what: str = "condition") -> None:
     deadline = time.monotonic() + seconds
     while not predicate():  # type: ignore[operator]
@@ -111,25 +127,33 @@ def test_rollback_refuses_files_changed_since_unless_forced(target: Project) -> 
 
 
 def test_a_second_apply_exits_3_naming_the_holder_and_the_lock_goes_away(target: Project) -> None:
-    target.write_inventory(python=slow_python(target, 3))
+    python, entered, gate = gated_python(target)
+    target.write_inventory(python=python)
     target.playbook()
-    first = target.popen("apply", "fix.yaml", "--host", "box")
     lock = target.repo / ".git" / "deployer.lock" / "info.json"
-    wait_for(lambda: lock.exists() and lock.stat().st_size > 0, what="the first run's lock")
-    holder = json.loads(lock.read_text())["run_id"]
-    snapshot_before = target.file("pkg/a.py")
-    second = target.deployer("apply", "fix.yaml", "--host", "box")
-    assert second.returncode == 3
-    assert f"held by run {holder}" in second.stderr and "since" in second.stderr
-    [second_run] = [p for p in target.runs.iterdir() if p.name != holder]
-    second_events = [json.loads(x) for x in (second_run / "events.jsonl").read_text().splitlines()]
-    assert not [e for e in second_events if e["type"] == "step_start"]
-    assert [e["status"] for e in second_events if e["type"] == "run_end"] == ["failed"]
-    status = target.deployer("lock", "status", "--host", "box")
-    assert status.returncode == 3 and holder in status.stdout
-    out, err = first.communicate(timeout=60)
+    first = target.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        # remote_compile runs after the upload, under the lock: the first run is parked there.
+        wait_for(entered.exists, what="the first run's remote_compile")
+        holder = json.loads(lock.read_text())["run_id"]
+        assert target.file("pkg/a.py") == FIXED_A
+        head, status_before = target.head(), git(target.repo, "status", "--porcelain")
+        second = target.deployer("apply", "fix.yaml", "--host", "box")
+        assert second.returncode == 3
+        assert f"held by run {holder}" in second.stderr and "since" in second.stderr
+        # The refused run touched nothing: the first run's upload is exactly as it left it.
+        assert target.file("pkg/a.py") == FIXED_A and target.head() == head
+        assert git(target.repo, "status", "--porcelain") == status_before
+        [second_run] = [p for p in target.runs.iterdir() if p.name != holder]
+        second_events = [json.loads(x) for x in (second_run / "events.jsonl").read_text().splitlines()]
+        assert not [e for e in second_events if e["type"] == "step_start"]
+        assert [e["status"] for e in second_events if e["type"] == "run_end"] == ["failed"]
+        status = target.deployer("lock", "status", "--host", "box")
+        assert status.returncode == 3 and holder in status.stdout
+    finally:
+        gate.touch()
+    out, err = first.communicate(timeout=120)
     assert first.returncode == 0, out + err
-    assert snapshot_before in (ORIGINAL_A, FIXED_A)
     assert not lock.parent.exists()
     assert target.deployer("lock", "status", "--host", "box").returncode == 0
 

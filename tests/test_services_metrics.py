@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import Project, git, tree_snapshot
+import yaml
+from fixtures_repo import ALL_TRANSPORTS, FIXED_A, Project, git, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, events, free_port, wait_dead
 
 
@@ -21,6 +22,7 @@ def restart_only(project: Project, **extra: Any) -> None:
     project.playbook(steps=[{"co_restart": extra}])
 
 
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_co_restart_changes_every_pid_and_restarts_in_order(stack: Stack) -> None:
     project = stack.project
     restart_only(project)
@@ -92,17 +94,39 @@ def drain_playbook(project: Project, **drain: Any) -> None:
     project.playbook(steps=[{"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 10, **drain}}])
 
 
+def logged_samples(project: Project) -> int:
+    """Metric samples in the newest run's log so far; a line still being written is not counted."""
+    runs = sorted(project.runs.iterdir()) if project.runs.exists() else []
+    if not runs or not (runs[-1] / "events.jsonl").exists():
+        return 0
+    return sum('"type": "sample"' in line or '"type":"sample"' in line
+               for line in (runs[-1] / "events.jsonl").read_text().splitlines())
+
+
+def wait_for_sample(project: Project, proc: subprocess.Popen[str], seconds: float = 60) -> None:
+    """Block until the running apply has logged its first metric sample (a condition, not a delay)."""
+    deadline = time.monotonic() + seconds
+    while logged_samples(project) == 0:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the drain never took its first sample"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
     project = stack.project
     start_services(project)
-    drain_playbook(project)
-    timer = threading.Timer(1.0, stack.set_gauge, args=(0.0,))
-    timer.start()
+    drain_playbook(project, within_s=120)
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
     try:
-        result = project.deployer("apply", "fix.yaml", "--host", "box")
+        wait_for_sample(project, proc)  # the gauge reads 3 until the drain has seen it do so
+        stack.set_gauge(0.0)
+        out, err = proc.communicate(timeout=120)
     finally:
-        timer.cancel()
-    assert result.returncode == 0, result.stderr
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
     values = [e["value"] for e in events(project) if e["type"] == "sample"]
     assert values[0] == 3.0 and values[-3:] == [0.0, 0.0, 0.0]
 
@@ -116,18 +140,72 @@ def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
     assert "inconclusive" in result.stderr and "sglang:no_such_gauge" in result.stderr
 
 
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     project = stack.project
     start_services(project)
     drain_playbook(project, within_s=1.5, labels={"tp_rank": "0"})
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
-    assert "did not reach <= 0" in result.stderr and "last samples: 3, 3" in result.stderr
+    # However many polls a busy machine fits in 1.5 s, the message lists the ones logged.
+    values = [e["value"] for e in events(project) if e["type"] == "sample"]
+    assert values and set(values) == {3.0}
+    shown = ", ".join("3" for _ in values[-8:])
+    assert f"did not reach <= 0 for 3 polls within 1.5s (last samples: {shown})" in result.stderr
 
 
+# A service that loads the target's code at start and says what it loaded: /health answers with
+# pkg.a.answer(), so a process that was not restarted after a revert still answers 42.
+ANSWER_SERVER = """
+import http.server, sys
+sys.path.insert(0, sys.argv[2])
+from pkg.a import answer
+www = sys.argv[3]
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = str(answer()).encode() if self.path == "/health" else open(www + "/metrics", "rb").read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # a storm request: counted, answered with one finished stream event
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(www + "/posts", "a") as posts:
+            posts.write(self.path + "\\n")
+        body = b'data: {"meta_info": {"finish_reason": {"type": "stop"}}}\\n\\ndata: [DONE]\\n\\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def code_serving(stack: Stack) -> None:
+    server = stack.project.write("answer_server.py", ANSWER_SERVER)
+    stack.configure(**{name: {**stack.service(name), "start": [sys.executable, str(server), str(port),
+                                                               str(stack.project.repo), str(stack.www)],
+                              # no __pycache__ in the target's work tree
+                              "env": {"PYTHONDONTWRITEBYTECODE": "1"}}
+                       for name, port in stack.ports.items()})
+
+
+def answers(stack: Stack) -> dict[str, str]:
+    return {name: stack.fetch(f"http://127.0.0.1:{port}/health") for name, port in stack.ports.items()}
+
+
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> None:
     project = stack.project
+    code_serving(stack)
     start_services(project)
+    assert answers(stack) == {"prefill": "41", "decode": "41"}
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=["local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
                             "co_restart",
@@ -141,9 +219,62 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
     log = git(project.repo, "log", "--format=%B", "-1")
     run_id = sorted(project.runs.iterdir())[-1].name
     assert f"Deployer-Rollback-Of: {run_id}" in log
-    after_pids = stack.pids()
-    assert all(after_pids[n] != before_pids[n] and alive(after_pids[n]) for n in after_pids)
     assert git(project.repo, "status", "--porcelain") == ""
+    # The rollback's own restart: the forward co_restart's new PIDs are the rollback's old ones,
+    # and they were replaced again by processes that loaded the reverted code.
+    facts = next(e for e in events(project) if e["type"] == "run_end")["facts"]
+    forward, back = facts["pids"], facts["rollback_pids"]
+    after_pids = stack.pids()
+    for name in ("prefill", "decode"):
+        assert forward[name]["old"] == before_pids[name]
+        assert back[name]["old"] == forward[name]["new"] != back[name]["new"] == after_pids[name]
+        assert alive(after_pids[name]) and wait_dead(forward[name]["new"])
+    assert answers(stack) == {"prefill": "41", "decode": "41"}
+
+
+@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+def test_a_storm_and_a_baseline_reach_the_targets_loopback_through_the_connection(stack: Stack) -> None:
+    project = stack.project
+    code_serving(stack)
+    start_services(project)
+    port = stack.ports["prefill"]
+    project.write_inventory(**{**yaml.safe_load(project.inventory.read_text())["hosts"]["box"],
+                               "endpoint": f"http://127.0.0.1:{port}"})
+    if project.netns is not None:  # the control: from here, the target's loopback is out of reach
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    project.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10,
+                                          "storm": {"requests": 20, "concurrency": 4, "client_timeout_s": 5}}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    storm = next(e for e in events(project) if e["type"] == "storm")
+    assert (storm["sent"], storm["completed"], storm["errors"]) == (20, 20, 0), storm
+    assert (stack.www / "posts").read_text().splitlines() == ["/generate"] * 20
+    baseline = next(e for e in events(project) if e["type"] == "run_end")["facts"]["baseline"]
+    assert baseline == {GAUGE: 3.0}
+
+
+def test_a_failed_check_after_the_commit_without_rollback_keeps_the_commit_and_says_so(stack: Stack) -> None:
+    project = stack.project
+    start_services(project)
+    before = project.head()
+    project.playbook(steps=["upload", {"commit": {"message": "fix"}}, "co_restart",
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 5, result.stderr
+    run_id = sorted(project.runs.iterdir())[-1].name
+    head = project.head()
+    # The state left behind: the run's commit is HEAD, the new bytes are on disk, nothing is staged.
+    assert head != before and git(project.repo, "rev-parse", "HEAD~1").strip() == before
+    assert f"Deployer-Run: {run_id}" in git(project.repo, "log", "-1", "--format=%B")
+    assert project.file("pkg/a.py") == FIXED_A and git(project.repo, "status", "--porcelain") == ""
+    message = " ".join(result.stderr.split())
+    assert f"The commit {head} stays on the target (on_failure: restore only undoes failures before the " \
+           "commit)" in message
+    assert f"To undo it: deployer rollback {run_id}" in message
+    assert "Rolled back" not in result.stderr
+    end = next(e for e in events(project) if e["type"] == "run_end")
+    assert end["git"] == {"before": before, "after": head} and "restored" not in end["facts"]
 
 
 def test_plan_of_the_verification_steps_changes_nothing(stack: Stack) -> None:
