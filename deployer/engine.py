@@ -176,6 +176,7 @@ class Engine:
     allow_dirty: bool = False
     operator: str = field(default_factory=operator_id)
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
+    run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -268,7 +269,8 @@ class Engine:
         bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
                  playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
                  playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
-                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure, **start)
+                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure,
+                 **self.run_tags, **start)
         # The copy is masked like everything else written here; playbook_sha256 names the original.
         log.attach("playbook.yaml", bus.masker(self.playbook.raw.decode("utf-8", "replace")).encode())
         ctx: Context | None = None

@@ -1,0 +1,176 @@
+"""Fleet runs over real sshd: four hosts on two sshd instances, each host its own repo."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo
+from fixtures_ssh import SSHD, SshdUnavailable, _unavailable, running_sshd
+
+HOSTS = ("h1", "h2", "h3", "h4")
+BOUNDED = ["local_compile", "upload", "remote_compile",
+           {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},
+           {"commit": {"message": "pkg: answer is 42"}}]
+
+
+@pytest.fixture(scope="session")
+def second_sshd() -> Iterator[SSHD]:
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(running_sshd())
+        except SshdUnavailable as exc:
+            _unavailable(str(exc))
+        yield server
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Project:
+    """h1, h2 behind one sshd, h3, h4 behind the other; groups `all` and `gpu`."""
+    hosts: dict[str, Any] = {}
+    for index, name in enumerate(HOSTS):
+        server = sshd if index < 2 else second_sshd
+        repo = tmp_path / name / "repo"
+        init_repo(repo, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B})
+        hosts[name] = {"transport": "ssh", "address": server.host, "port": server.port, "user": server.user,
+                       "identity_file": server.client_key, "known_hosts": server.known_hosts,
+                       "ssh_config": "/dev/null", "repo": str(repo), "python": sys.executable}
+    project = Project(root=tmp_path, repo=tmp_path / "h1" / "repo", host=hosts["h1"], host_name="h1")
+    project.inventory.write_text(yaml.safe_dump({"hosts": hosts, "groups": {"all": list(HOSTS)}}, sort_keys=False))
+    project.write("fix/a.py", FIXED_A)
+    return project
+
+
+def repo(project: Project, host: str) -> Path:
+    return project.root / host / "repo"
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    try:
+        data = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"not one JSON object (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+    assert isinstance(data, dict)
+    return data
+
+
+def test_a_fleet_run_applies_every_host_with_its_own_sub_run_and_verifies(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED)
+    heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h*", "--parallel", "4", "--json")
+    report = as_json(result)
+    assert result.returncode == 0 and report["status"] == "successful", report
+    assert list(report["hosts"]) == list(HOSTS) and report["untouched"] == []
+    for host in HOSTS:
+        sub = report["hosts"][host]
+        assert sub["status"] == "successful" and sub["git_before"] == heads[host]
+        message = git(repo(fleet, host), "log", "-1", "--format=%B")
+        assert f"Deployer-Run: {sub['run_id']}" in message  # each host its own run, its own trailer
+        assert (repo(fleet, host) / "pkg/a.py").read_text() == FIXED_A
+        start = json.loads((fleet.runs / sub["run_id"] / "events.jsonl").read_text().splitlines()[0])
+        assert start["host"] == host and start["fleet"] == report["fleet_id"]
+    fleet_id = report["fleet_id"]
+    listed = as_json(fleet.deployer("runs", "list", "--json"))
+    [shown] = [f for f in listed["fleets"] if f["fleet_id"] == fleet_id]
+    assert {h: r["status"] for h, r in shown["hosts"].items()} == dict.fromkeys(HOSTS, "successful")
+    assert fleet_id in fleet.deployer("runs", "list").stdout
+    assert fleet.deployer("runs", "verify", fleet_id).returncode == 0
+    events = fleet.runs / report["hosts"]["h3"]["run_id"] / "events.jsonl"
+    events.write_text(events.read_text().replace('"h3"', '"hX"', 1))
+    tampered = fleet.deployer("runs", "verify", fleet_id)
+    assert tampered.returncode == 5 and "h3: run " in tampered.stderr
+
+
+def test_fleet_rollback_reverts_the_chosen_hosts_then_the_rest(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED)
+    trees = {h: git(repo(fleet, h), "rev-parse", "HEAD^{tree}").strip() for h in HOSTS}
+    applied = as_json(fleet.deployer("apply", "fix.yaml", "--host", "all", "--json"))
+    fleet_id = applied["fleet_id"]
+
+    some = fleet.deployer("rollback", fleet_id, "--host", "h1,h3", "--json")
+    partial = as_json(some)
+    assert some.returncode == 0 and set(partial["hosts"]) == {"h1", "h3"} and partial["of_fleet"] == fleet_id
+    for host in HOSTS:
+        reverted = git(repo(fleet, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
+        assert reverted == (host in ("h1", "h3")), host
+    message = git(repo(fleet, "h3"), "log", "-1", "--format=%B")
+    assert f"Deployer-Rollback-Of: {applied['hosts']['h3']['run_id']}" in message
+
+    rest = as_json(fleet.deployer("rollback", fleet_id, "--json"))
+    assert set(rest["hosts"]) == {"h2", "h4"} and rest["status"] == "successful"
+    assert all(git(repo(fleet, h), "rev-parse", "HEAD^{tree}").strip() == trees[h] for h in HOSTS)
+    again = fleet.deployer("rollback", fleet_id)
+    assert again.returncode == 2 and "left no commit to roll back" in again.stderr
+    original = as_json(fleet.deployer("runs", "list", "--json"))
+    [record] = [f for f in original["fleets"] if f["fleet_id"] == fleet_id]
+    assert record["rolled_back_by"] == [partial["fleet_id"], rest["fleet_id"]]
+
+
+def test_a_canary_rollout_stops_at_a_failed_batch_and_rollback_fleet_restores_earlier_hosts(fleet: Project) -> None:
+    # h2's file is long: replacing it deletes more lines than the bounds allow.
+    long_a = "".join(f"# line {i}\n" for i in range(20)) + ORIGINAL_A
+    (repo(fleet, "h2") / "pkg/a.py").write_text(long_a)
+    git(repo(fleet, "h2"), "commit", "-qam", "longer a.py")
+    fleet.playbook(steps=BOUNDED, rollout={"batches": [1, "25%", "100%"], "max_failures": 0},
+                   on_failure="rollback_fleet")
+    heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
+    trees = {h: git(repo(fleet, h), "rev-parse", "HEAD^{tree}").strip() for h in HOSTS}
+
+    result = fleet.deployer("apply", "fix.yaml", "--host", "all", "--json")
+    report = as_json(result)
+    assert result.returncode == 1, report
+    assert report["batches"] == [["h1"], ["h2"], ["h3", "h4"]]
+    hosts = report["hosts"]
+    assert hosts["h1"]["status"] == "successful" and hosts["h1"]["git_after"]
+    assert hosts["h2"]["status"] == "failed" and "diff_bounds" in hosts["h2"]["error"]
+    assert report["untouched"] == ["h3", "h4"] and hosts["h3"]["run_id"] is None
+    assert hosts["h1"]["rollback_status"] == "successful"
+    # h1 is back on its old tree by a revert commit; h2 was restored by its own run; h3, h4 never changed.
+    assert git(repo(fleet, "h1"), "rev-parse", "HEAD^{tree}").strip() == trees["h1"]
+    assert (repo(fleet, "h1") / "pkg/a.py").read_text() == ORIGINAL_A
+    assert git(repo(fleet, "h2"), "rev-parse", "HEAD").strip() == heads["h2"]
+    for host in ("h3", "h4"):
+        assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
+    plain = fleet.deployer("apply", "fix.yaml", "--host", "all")
+    assert plain.returncode == 1
+    assert "never touched: h3, h4" in plain.stdout
+
+
+def test_two_overlapping_fleet_runs_one_proceeds_the_other_exits_3_naming_the_holder(fleet: Project) -> None:
+    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = str(slow)
+    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    fleet.playbook(steps=BOUNDED, rollout={"batches": [1, "100%"]})
+    first = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
+    second = fleet.popen("apply", "fix.yaml", "--host", "h1,h2,h3,h4", "--json")
+    outcomes = []
+    for proc in (first, second):
+        out, err = proc.communicate(timeout=120)
+        outcomes.append((proc.returncode, json.loads(out), err))
+    assert sorted(code for code, _, _ in outcomes) == [0, 3], outcomes
+    (_, winner, _), (_, loser, _) = sorted(outcomes, key=lambda o: o[0])
+    assert all(run["status"] == "successful" for run in winner["hosts"].values())
+    holder = winner["hosts"]["h1"]["run_id"]
+    assert f"held by run {holder}" in loser["error"]
+    assert loser["untouched"] == ["h2", "h3", "h4"]
+    for host in HOSTS:  # exactly one deploy commit on each host
+        assert git(repo(fleet, host), "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip() == "1"
+
+
+def test_a_single_host_keeps_the_plain_run_and_bad_selections_exit_2(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED)
+    single = fleet.deployer("apply", "fix.yaml", "--host", "all", "--limit", "h4", "--json")
+    report = as_json(single)
+    assert single.returncode == 0 and "fleet_id" not in report and report["status"] == "successful"
+    unknown = fleet.deployer("apply", "fix.yaml", "--host", "h1,nope")
+    assert unknown.returncode == 2 and "'nope' is not a host, group or unit" in unknown.stderr
