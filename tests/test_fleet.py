@@ -56,7 +56,8 @@ def as_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     try:
         data = json.loads(result.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"not one JSON object (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(f"not one JSON object (exit {result.returncode}):\n"
+                             f"{result.stdout}\n{result.stderr}") from None
     assert isinstance(data, dict)
     return data
 
