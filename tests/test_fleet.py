@@ -175,3 +175,17 @@ def test_a_single_host_keeps_the_plain_run_and_bad_selections_exit_2(fleet: Proj
     assert single.returncode == 0 and "fleet_id" not in report and report["status"] == "successful"
     unknown = fleet.deployer("apply", "fix.yaml", "--host", "h1,nope")
     assert unknown.returncode == 2 and "'nope' is not a host, group or unit" in unknown.stderr
+
+
+def test_hosts_of_one_fleet_start_their_runs_concurrently_in_one_runs_dir(tmp_path: Path) -> None:
+    # A fleet's sub-runs share a process: the runs dir's writability probe must not be shared between threads.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deployer.run.state import ensure_headroom
+
+    def probe(_: int) -> None:
+        for _ in range(200):
+            ensure_headroom(tmp_path / "runs", 0)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(probe, range(8)))
