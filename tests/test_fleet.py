@@ -189,3 +189,34 @@ def test_hosts_of_one_fleet_start_their_runs_concurrently_in_one_runs_dir(tmp_pa
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(probe, range(8)))
+
+
+def test_the_live_view_of_64_hosts_is_a_summary_line_and_only_the_running_and_failed_hosts() -> None:
+    import io
+
+    from deployer.ui import FleetView, make_console
+
+    hosts = [f"gpu-{i:02d}" for i in range(64)]
+    console = make_console()
+    console.file, console.width = io.StringIO(), 120
+    view = FleetView(console, hosts)
+    assert view.live is None  # not a terminal: plain lines
+    for host in hosts[:40]:
+        view({"type": "host_status", "host": host, "status": "running"})
+        view({"type": "host_status", "host": host, "status": "successful", "elapsed_s": 1.0, "run_id": "r"})
+    for host in hosts[40:45]:
+        view({"type": "host_status", "host": host, "status": "running"})
+        view({"type": "step_start", "host": host, "step": "upload"})
+    view({"type": "step_end", "host": "gpu-44", "step": "upload", "status": "failed", "error": "boom\nmore"})
+    view({"type": "host_status", "host": "gpu-44", "status": "failed", "error": "step 'upload' failed: boom"})
+    plain = console.file.getvalue().splitlines()
+    assert "[gpu-44] upload failed 0.00s boom" in plain and "[gpu-00] successful run r" in plain
+
+    terminal = make_console()
+    terminal.file, terminal.width = io.StringIO(), 120
+    terminal.print(view._render())
+    shown = terminal.file.getvalue().splitlines()
+    assert shown[0] == "fleet: 64 hosts: 1 failed, 4 running, 40 successful, 19 waiting"
+    rows = [line.split()[0] for line in shown[2:]]
+    assert rows == ["gpu-40", "gpu-41", "gpu-42", "gpu-43", "gpu-44"]
+    assert "upload" in shown[2] and "failed" in shown[-1] and "boom" in shown[-1]
