@@ -307,11 +307,12 @@ def parallel_option(func: F) -> F:
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
-    from deployer import runlog
+    from deployer import runlog, targets
     from deployer.fleet import FleetApply
     from deployer.playbook import parse_playbook
 
     loaded, hosts = select_hosts(host_name, limit, inventory)
+    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
     if len(hosts) == 1:  # one host: a plain run, as before fleets existed
         engine = build_engine(playbook, hosts[0], inventory, runs_dir, accept_new_host_key, allow_dirty)
         if dry_run:
@@ -324,7 +325,8 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         show_plans([engine.plan() for engine in engines.values()], as_json)
         return
     model = parse_playbook(Path(playbook))[0]
-    fleet = FleetApply(engines, runlog.runs_dir_from(runs_dir), model.rollout, model.on_failure, parallel)
+    fleet = FleetApply(engines, runlog.runs_dir_from(runs_dir), model.rollout, model.on_failure, parallel,
+                       units=units)
     run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
 
 

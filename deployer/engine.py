@@ -224,15 +224,19 @@ class Engine:
         self.check_host()
 
         def body(ctx: Context, log: RunLogWriter) -> None:
-            preflight(ctx, allow_dirty=self.allow_dirty)
-            ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
-            self._keep_before(ctx)
-            log.attach("shipped.diff", ctx.bus.masker("".join(
-                diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
-            ctx.bus.step = None
-            ctx.emit("status", status="running")
+            self.prepare(ctx, log)
             self._run_steps(ctx)
         return self.execute(body)
+
+    def prepare(self, ctx: Context, log: RunLogWriter) -> None:
+        """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
+        preflight(ctx, allow_dirty=self.allow_dirty)
+        ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
+        self._keep_before(ctx)
+        log.attach("shipped.diff", ctx.bus.masker("".join(
+            diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
+        ctx.bus.step = None
+        ctx.emit("status", status="running")
 
     def _keep_before(self, ctx: Context) -> None:
         """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""
@@ -402,11 +406,12 @@ class Engine:
         ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
         return summary
 
-    def _run_steps(self, ctx: Context) -> None:
-        """The chain: each step's declared effect moves the run's phase, written before the step acts."""
+    def _run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
+        """The chain (or a part of it: a unit runs its hosts' chains in phases); each step's declared effect
+        moves the run's phase, written before the step acts."""
         record = ctx.record
         assert record is not None
-        for step in self.steps:
+        for step in self.steps if steps is None else steps:
             self._enter(ctx, step.effect)
             try:
                 self.run_step(ctx, step, step.name)

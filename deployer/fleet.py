@@ -11,6 +11,7 @@ single-host run puts it, so `runs verify`, `rollback` and `recover` work per hos
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -22,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from deployer import rollback as rollbacks
-from deployer.config import Rollout
+from deployer.config import Rollout, Unit
 from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult, as_failure
 from deployer.errors import ConfigError, DeployerError, Interrupted
 from deployer.run import recover as recovery
 from deployer.run.state import Phase, RunRecord
 from deployer.runlog import EVENTS, new_run_id, read_run, utc_now
+from deployer.steps.base import Effect
+from deployer.unit import UnitRun, steps_for
 
 FLEET = "fleet.json"
 DEFAULT_PARALLEL = 16
@@ -151,6 +154,8 @@ def list_fleets(runs_dir: Path) -> list[FleetState]:
 
 
 HostTask = Callable[[str, str], RunResult]  # (host, fleet id) -> the host's sub-run
+# (unit, fleet id, report) -> None: runs every host of the unit, reporting each host's sub-run as it ends.
+UnitTask = Callable[[str, str, Callable[[str, RunResult], None]], None]
 
 
 @dataclass
@@ -169,7 +174,8 @@ class FleetRunner:
         for listener in self.listeners:
             listener(event)
 
-    def run(self, task: HostTask) -> None:
+    def run(self, task: HostTask, unit_task: UnitTask | None = None) -> None:
+        """Batch after batch; in a batch, each unit is one piece of work (unit_task) and each other host one."""
         state = self.record.state
         with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="deployer-host") as pool:
             for number, batch in enumerate(state.batches):
@@ -182,25 +188,55 @@ class FleetRunner:
                     self.emit("fleet_stopped", batch=number, failed=failed, untouched=state.untouched())
                     break
                 self.emit("batch_start", batch=number, hosts=batch)
-                list(pool.map(lambda host: self._one(task, host), batch))
+                in_units = {h for hosts in state.units.values() for h in hosts}
+                work: list[Callable[[], None]] = [
+                    functools.partial(self._unit, unit_task, unit) for unit, hosts in state.units.items()
+                    if unit_task is not None and hosts[0] in batch]
+                work += [functools.partial(self._one, task, host) for host in batch if host not in in_units]
+                list(pool.map(lambda item: item(), work))
         self.record.save()
 
-    def _one(self, task: HostTask, host: str) -> None:
-        run = self.record.state.hosts[host]
-        run.status = "running"
+    def _start(self, host: str) -> None:
+        self.record.state.hosts[host].status = "running"
         self.record.save()
         self.emit("host_status", host=host, status="running")
+
+    def _one(self, task: HostTask, host: str) -> None:
+        self._start(host)
         started = time.monotonic()
         try:
-            result = task(host, self.record.state.fleet_id)
+            result: RunResult | DeployerError = task(host, self.record.state.fleet_id)
         except (Exception, KeyboardInterrupt) as exc:  # a task that could not even start its run
-            failure = as_failure(exc)
-            run.status, run.exit_code, run.error = "failed", failure.exit_code, str(failure)
+            result = as_failure(exc)
+        self._ended(host, result, time.monotonic() - started)
+
+    def _unit(self, unit_task: UnitTask | None, unit: str) -> None:
+        assert unit_task is not None
+        hosts = self.record.state.units[unit]
+        for host in hosts:
+            self._start(host)
+        started = time.monotonic()
+        try:
+            unit_task(unit, self.record.state.fleet_id,
+                      lambda host, result: self._ended(host, result, time.monotonic() - started))
+        except (Exception, KeyboardInterrupt) as exc:
+            for host in hosts:
+                self._ended(host, as_failure(exc), time.monotonic() - started)
+        for host in hosts:  # a host after the one whose lock was refused: its lock was never even tried
+            if self.record.state.hosts[host].status == "running" and self.record.state.hosts[host].run_id is None:
+                self.record.state.hosts[host].status = UNTOUCHED
+                self.emit("host_status", host=host, status=UNTOUCHED)
+        self.record.save()
+
+    def _ended(self, host: str, result: RunResult | DeployerError, elapsed: float) -> None:
+        run = self.record.state.hosts[host]
+        if isinstance(result, DeployerError):
+            run.status, run.exit_code, run.error = "failed", result.exit_code, str(result)
         else:
             run.run_id, run.status, run.exit_code, run.error = (result.run_id, result.status, result.exit_code,
                                                                  result.error)
             run.phase, run.git_before, run.git_after = result.phase, result.git_before, result.git_after
-        run.elapsed_s = round(time.monotonic() - started, 3)
+        run.elapsed_s = round(elapsed, 3)
         self.record.save()
         self.emit("host_status", host=host, status=run.status, run_id=run.run_id, exit_code=run.exit_code,
                   error=run.error, elapsed_s=run.elapsed_s)
@@ -243,15 +279,24 @@ class FleetApply:
     parallel: int = DEFAULT_PARALLEL
     cancel: FleetCancel = field(default_factory=FleetCancel)
     listeners: list[Listener] = field(default_factory=list)
-    units: dict[str, list[str]] = field(default_factory=dict)
+    units: dict[str, Unit] = field(default_factory=dict)  # every unit a host of the run belongs to (whole)
 
     def run(self) -> FleetState:
+        members = {name: sorted(unit.hosts()) for name, unit in self.units.items()}
+        for name, unit in self.units.items():
+            metrics_host = unit.metrics or unit.hosts()[0]
+            for host in unit.hosts():
+                engine = self.engines[host]
+                if not any(s.effect == Effect.commits for s in engine.steps):
+                    raise ConfigError(f"unit {name}: the playbook has no commit step; a unit restarts after its "
+                                      "hosts' commits")
+                engine.steps = steps_for(engine.steps, host, metrics_host)
         for engine in self.engines.values():  # every host's config is sound before any host connects
             engine.check_host()
         hosts = list(self.engines)
         first = next(iter(self.engines.values()))
         state = new_state("apply", first.playbook.model.name, first.operator, hosts,
-                          self.rollout.split(hosts), self.parallel, units=self.units)
+                          unit_batches(self.rollout.split(hosts), members), self.parallel, units=members)
         record = FleetRecord.create(self.runs_dir, state)
         for engine in self.engines.values():
             engine.cancel = self.cancel.child()
@@ -259,13 +304,31 @@ class FleetApply:
         runner = FleetRunner(record, self.parallel, self.rollout.max_failures, self.rollout.pause_s, self.cancel,
                              self.listeners)
         runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind="apply")
-        runner.run(lambda host, _: self.engines[host].apply())
+        runner.run(lambda host, _: self.engines[host].apply(), self._unit)
         if self.on_failure == "rollback_fleet" and any(r.status != "successful" for r in state.hosts.values()
                                                        if r.status != UNTOUCHED):
             roll_back_hosts(record, runner, self.engines, force=False)
         finish(record, self.cancel)
         runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)
         return state
+
+
+    def _unit(self, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
+        unit = self.units[name]
+        UnitRun(name, unit, {h: self.engines[h] for h in unit.hosts()}, self.on_failure).run(report)
+
+
+def unit_batches(batches: list[list[str]], units: dict[str, list[str]]) -> list[list[str]]:
+    """The rollout's batches with each unit's hosts together, in the batch of its earliest host."""
+    where = {host: number for number, batch in enumerate(batches) for host in batch}
+    moved = [list(batch) for batch in batches]
+    for hosts in units.values():
+        target = min(where[h] for h in hosts)
+        for host in hosts:
+            if where[host] != target:
+                moved[where[host]].remove(host)
+                moved[target].append(host)
+    return [batch for batch in moved if batch]
 
 
 def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine], *, force: bool) -> None:

@@ -55,3 +55,14 @@ def units_of(inventory: Inventory, hosts: list[str]) -> dict[str, list[str]]:
     """Every unit that a selected host belongs to, with all of its hosts: a unit restarts whole or not at all."""
     chosen = set(hosts)
     return {name: unit.hosts() for name, unit in inventory.units.items() if chosen & set(unit.hosts())}
+
+
+def whole_units(inventory: Inventory, hosts: list[str]) -> dict[str, list[str]]:
+    """units_of, refusing a selection that takes part of a unit (its services restart together)."""
+    units = units_of(inventory, hosts)
+    for name, members in units.items():
+        missing = [host for host in members if host not in hosts]
+        if missing:
+            raise ConfigError(f"the selection takes part of unit {name!r} ({', '.join(members)}) but not "
+                              f"{', '.join(missing)}: a unit is deployed and restarted whole; select {name!r}")
+    return units

@@ -155,3 +155,9 @@ def test_bad_batches_are_refused_with_their_position(tmp_path: Path, batches: st
     with pytest.raises(ConfigError) as caught:
         parse_playbook(path)
     assert str(caught.value).startswith(f"{path}:4:") and problem in str(caught.value)
+
+
+def test_a_selection_taking_part_of_a_unit_is_refused(good: Inventory) -> None:
+    assert targets.whole_units(good, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]) == {"pd-1": ["gpu-a", "gpu-b", "gpu-c"]}
+    with pytest.raises(ConfigError, match=r"takes part of unit 'pd-1' .* but not gpu-c: a unit is deployed"):
+        targets.whole_units(good, ["gpu-a", "gpu-b"])
