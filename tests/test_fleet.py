@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -220,3 +222,101 @@ def test_the_live_view_of_64_hosts_is_a_summary_line_and_only_the_running_and_fa
     rows = [line.split()[0] for line in shown[2:]]
     assert rows == ["gpu-40", "gpu-41", "gpu-42", "gpu-43", "gpu-44"]
     assert "upload" in shown[2] and "failed" in shown[-1] and "boom" in shown[-1]
+
+
+@pytest.fixture
+def pd_unit(fleet: Project) -> Iterator[Project]:
+    """Unit pd-1: prefill on h1 (one sshd), decode on h3 (the other sshd); h1 serves the unit's metrics."""
+    from fixtures_services import metrics_text
+
+    from deployer.demo.run import free_port
+
+    www = fleet.root / "www"
+    www.mkdir()
+    (www / "health").write_text("ok\n")
+    (www / "metrics").write_text(metrics_text(0.0))
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    for host, name in (("h1", "prefill"), ("h3", "decode")):
+        port = free_port()
+        inventory["hosts"][host]["services"] = {name: {
+            "start": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(www)],
+            "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 20, "stop_grace_s": 5}}
+        if name == "prefill":
+            inventory["hosts"][host]["metrics"] = f"http://127.0.0.1:{port}/metrics"
+    inventory["units"] = {"pd-1": {"services": ["h1:prefill", "h3:decode"], "metrics": "h1"}}
+    fleet.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    yield fleet
+    for host in HOSTS:
+        for pidfile in (repo(fleet, host) / ".git" / "deployer").glob("*.pid"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def run_events(project: Project, run_id: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (project.runs / run_id / "events.jsonl").read_text().splitlines()]
+
+
+GAUGE = "sglang:num_prefill_inflight_queue_reqs"
+UNIT_STEPS = [*BOUNDED, "co_restart", {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 2}}]
+
+
+def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_host(pd_unit: Project) -> None:
+    pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
+    result = pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json")
+    report = as_json(result)
+    assert result.returncode == 0, report
+    assert report["units"] == {"pd-1": ["h1", "h3"]} and list(report["hosts"]) == ["h1", "h3"]
+    prefill, decode = (run_events(pd_unit, report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+
+    def at(events: list[dict[str, Any]], kind: str) -> str:
+        return str(next(e["time"] for e in events if e["type"] == kind))
+    # decode stops before prefill; prefill is started and healthy before decode starts
+    assert at(decode, "service_stopped") <= at(prefill, "service_stopped") <= at(prefill, "service_started") \
+        <= at(decode, "service_started")
+    for events, service in ((prefill, "prefill"), (decode, "decode")):
+        pids = next(e for e in events if e["type"] == "restart")["pids"]
+        assert list(pids) == [service] and pids[service]["new"] != pids[service]["old"]
+        assert (repo(pd_unit, "h1" if service == "prefill" else "h3") / "pkg/a.py").read_text() == FIXED_A
+    drained = [e["step"] for e in prefill if e["type"] == "step_end" and e["step"] == "drain"]
+    assert drained == ["drain"] and not [e for e in decode if e.get("step") == "drain"]
+
+
+def test_a_unit_that_fails_its_drain_rolls_back_and_restarts_every_host_of_the_unit(pd_unit: Project) -> None:
+    from fixtures_services import metrics_text
+
+    (pd_unit.root / "www" / "metrics").write_text(metrics_text(7.0))  # never drains
+    pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
+    trees = {h: git(repo(pd_unit, h), "rev-parse", "HEAD^{tree}").strip() for h in ("h1", "h3")}
+    result = pd_unit.deployer("apply", "fix.yaml", "--host", "h1,h3", "--json")
+    report = as_json(result)
+    assert result.returncode == 5, report
+    for host in ("h1", "h3"):
+        sub = report["hosts"][host]
+        assert sub["phase"] == "rolled_back" and "Rolled back every host of the unit (h1, h3)" in sub["error"]
+        assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
+        events = run_events(pd_unit, sub["run_id"])
+        assert [e["status"] for e in events if e["type"] == "step_end" and e["step"] == "rollback:co_restart"] \
+            == ["ok"]
+
+
+def test_part_of_a_unit_cannot_be_deployed_alone(pd_unit: Project) -> None:
+    pd_unit.playbook(steps=UNIT_STEPS)
+    refused = pd_unit.deployer("apply", "fix.yaml", "--host", "h3")
+    assert refused.returncode == 2 and "takes part of unit 'pd-1'" in refused.stderr
+
+
+def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_nothing(pd_unit: Project) -> None:
+    long_a = "".join(f"# line {i}\n" for i in range(20)) + ORIGINAL_A
+    (repo(pd_unit, "h3") / "pkg/a.py").write_text(long_a)
+    git(repo(pd_unit, "h3"), "commit", "-qam", "longer a.py")
+    pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
+    heads = {h: git(repo(pd_unit, h), "rev-parse", "HEAD").strip() for h in ("h1", "h3")}
+    report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json"))
+    assert report["exit_code"] == 1 and "diff_bounds" in report["hosts"]["h3"]["error"]
+    assert report["hosts"]["h1"]["phase"] == "failed_restored"
+    assert "another host of the unit failed" in report["hosts"]["h1"]["error"]
+    for host in ("h1", "h3"):
+        assert git(repo(pd_unit, host), "rev-parse", "HEAD").strip() == heads[host]
+        assert git(repo(pd_unit, host), "status", "--porcelain").strip() == ""
+        events = run_events(pd_unit, report["hosts"][host]["run_id"])
+        assert not [e for e in events if e["type"] == "service_started"]
