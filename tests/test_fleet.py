@@ -257,7 +257,7 @@ def run_events(project: Project, run_id: str) -> list[dict[str, Any]]:
 
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
-UNIT_STEPS = [*BOUNDED, "co_restart", {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 2}}]
+UNIT_STEPS = [*BOUNDED, "co_restart", {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 1}}]
 
 
 def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_host(pd_unit: Project) -> None:
