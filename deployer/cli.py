@@ -477,7 +477,8 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
 
     RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
     from deployer import rollback as rollbacks
-    from deployer import runlog
+    from deployer import runlog, targets
+    from deployer.config import find_inventory, load_inventory
     from deployer.errors import ConfigError
     from deployer.fleet import FleetCancel, FleetRecord, is_fleet, rollback_fleet
 
@@ -491,13 +492,14 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     root = runlog.runs_dir_from(runs_dir)
     if is_fleet(root, run_id):
         fleet_id = run_id
-        chosen = select_hosts(host_name, None, inventory)[1] if host_name else None
+        loaded = load_inventory(find_inventory(inventory))
+        chosen = targets.resolve(loaded, host_name) if host_name else None
         hosts = chosen or list(FleetRecord.load(root, fleet_id).state.hosts)
         cancel = FleetCancel()
         listeners: list[Listener] = [pin_notice]
         run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
             root, fleet_id, sub_run_engine(root, inventory, runs_dir, accept_new_host_key), hosts=chosen,
-            force=force, parallel=parallel, listeners=listeners, cancel=cancel))
+            force=force, parallel=parallel, listeners=listeners, cancel=cancel, units=dict(loaded.units)))
         return
     run = runlog.read_run(root, run_id)
     engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key)

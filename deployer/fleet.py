@@ -307,7 +307,7 @@ class FleetApply:
         runner.run(lambda host, _: self.engines[host].apply(), self._unit)
         if self.on_failure == "rollback_fleet" and any(r.status != "successful" for r in state.hosts.values()
                                                        if r.status != UNTOUCHED):
-            roll_back_hosts(record, runner, self.engines, force=False)
+            roll_back_hosts(record, runner, self.engines, self.units, force=False)
         finish(record, self.cancel)
         runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)
         return state
@@ -331,43 +331,68 @@ def unit_batches(batches: list[list[str]], units: dict[str, list[str]]) -> list[
     return [batch for batch in moved if batch]
 
 
-def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine], *, force: bool) -> None:
-    """Every host of the fleet run that holds its run's commit: a revert commit, restart, checks again."""
-    committed = [run for run in record.state.hosts.values() if run.committed and run.host in engines]
-    runner.emit("fleet_rollback", hosts=[run.host for run in committed])
+def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine],
+                    units: dict[str, Unit], *, force: bool) -> None:
+    """Every host of the fleet run that holds its run's commit: a revert commit, restart, checks again;
+    the hosts of a unit reverted together and the unit restarted as one."""
+    committed = {run.host: run for run in record.state.hosts.values() if run.committed and run.host in engines}
+    runner.emit("fleet_rollback", hosts=list(committed))
 
-    def one(run: HostRun) -> None:
-        assert run.run_id is not None
-        engine = engines[run.host]
-        engine.cancel = CancelToken()  # the rollback must finish even when a signal stopped the fleet
-        runner.emit("host_status", host=run.host, status="rolling back")
-        try:
-            result = rollbacks.rollback(engine, read_run(engine.runs_dir, run.run_id), force=force)
-        except DeployerError as exc:
-            run.rollback_status, run.rollback_error = "failed", str(exc)
+    def report(host: str, result: RunResult | DeployerError) -> None:
+        run = committed[host]
+        if isinstance(result, DeployerError):
+            run.rollback_status, run.rollback_error = "failed", str(result)
         else:
             run.rollback_run_id, run.rollback_status, run.rollback_error = (result.run_id, result.status,
                                                                             result.error)
         record.save()
-        runner.emit("host_status", host=run.host, status=f"rollback {run.rollback_status}",
-                    run_id=run.rollback_run_id, error=run.rollback_error)
+        runner.emit("host_status", host=host, status=f"rollback {run.rollback_status}", run_id=run.rollback_run_id,
+                    error=run.rollback_error)
 
+    def one(host: str) -> None:
+        engine = engines[host]
+        engine.cancel = CancelToken()  # the rollback must finish even when a signal stopped the fleet
+        runner.emit("host_status", host=host, status="rolling back")
+        try:
+            result: RunResult | DeployerError = rollbacks.rollback(
+                engine, read_run(engine.runs_dir, str(committed[host].run_id)), force=force)
+        except DeployerError as exc:
+            result = exc
+        report(host, result)
+
+    def unit(name: str, hosts: list[str]) -> None:
+        for host in hosts:
+            engines[host].cancel = CancelToken()
+            runner.emit("host_status", host=host, status="rolling back")
+        runs = {h: read_run(engines[h].runs_dir, str(committed[h].run_id)) for h in hosts}
+        UnitRun(name, units[name], {h: engines[h] for h in hosts}, "restore").rollback(runs, force=force,
+                                                                                       on_result=report)
+
+    work: list[Callable[[], None]] = []
+    in_units: set[str] = set()
+    for name, members in record.state.units.items():
+        hosts = [h for h in members if h in committed]
+        in_units.update(hosts)
+        if hosts:
+            work.append(functools.partial(unit, name, hosts))
+    work += [functools.partial(one, host) for host in committed if host not in in_units]
     with ThreadPoolExecutor(max_workers=max(1, runner.parallel), thread_name_prefix="deployer-rollback") as pool:
-        list(pool.map(one, committed))
+        list(pool.map(lambda item: item(), work))
 
 
 def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str], task: HostTask, *,
-              parallel: int, listeners: list[Listener], cancel: FleetCancel) -> FleetRecord:
+              parallel: int, listeners: list[Listener], cancel: FleetCancel,
+              units: dict[str, list[str]] | None = None, unit_task: UnitTask | None = None) -> FleetRecord:
     """A fleet run of its own (rollback, recover) over some hosts of an earlier one; both name each other."""
     state = new_state(kind, original.state.playbook, original.state.operator, hosts, [hosts], parallel,
-                      of_fleet=original.state.fleet_id)
+                      of_fleet=original.state.fleet_id, units=units or {})
     record = FleetRecord.create(runs_dir, state)
     if kind == "rollback":
         original.state.rolled_back_by.append(state.fleet_id)
         original.save()
     runner = FleetRunner(record, parallel, len(hosts), 0.0, cancel, listeners)
     runner.emit("fleet_start", hosts=hosts, batches=[hosts], kind=kind)
-    runner.run(task)
+    runner.run(task, unit_task)
     finish(record, cancel)
     runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)
     return record
@@ -375,7 +400,7 @@ def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str]
 
 def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *,
                    hosts: list[str] | None, force: bool, parallel: int, listeners: list[Listener],
-                   cancel: FleetCancel) -> FleetState:
+                   cancel: FleetCancel, units: dict[str, Unit]) -> FleetState:
     """`deployer rollback FLEET_ID`: roll back each host (or each of `hosts`) whose sub-run committed."""
     original = FleetRecord.load(runs_dir, fleet_id)
     if hosts is not None and (unknown := sorted(set(hosts) - set(original.state.hosts))):
@@ -393,8 +418,20 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
         engine = tagged(engine_for(host, run_id), fleet_id, listeners)
         return rollbacks.rollback(engine, read_run(runs_dir, run_id), force=force)
 
+    def unit_task(name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
+        members = [h for h in original.state.units[name] if h in runs]
+        engines = {h: tagged(engine_for(h, str(runs[h])), fleet_id, listeners) for h in members}
+        UnitRun(name, units[name], engines, "restore").rollback(
+            {h: read_run(runs_dir, str(runs[h])) for h in members}, force=force, on_result=report)
+
+    chosen_units = {name: [h for h in members if h in runs] for name, members in original.state.units.items()
+                    if any(h in runs for h in members)}
+    missing = sorted(set(chosen_units) - set(units))
+    if missing:
+        raise ConfigError(f"unit {', '.join(missing)} of fleet run {fleet_id} is no longer in the inventory; "
+                          "roll its hosts back one by one with: deployer rollback RUN_ID")
     done = follow_up("rollback", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
-                     cancel=cancel)
+                     cancel=cancel, units=chosen_units, unit_task=unit_task)
     for name, run in done.state.hosts.items():  # the original says which of its hosts were rolled back, by what
         if run.status == "successful":
             original.state.hosts[name].rollback_run_id = run.run_id

@@ -25,12 +25,14 @@ from deployer.config import Unit
 from deployer.context import CancelToken, Context
 from deployer.engine import Engine, RunResult, target_state
 from deployer.errors import DeployerError, RollbackFailed, VerificationFailed
+from deployer.rollback import VERIFY, Target, check
 from deployer.run.state import PAST_COMMIT, Phase
-from deployer.runlog import RunLogWriter, utc_now
+from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps import services
 from deployer.steps.base import Effect, Step
 from deployer.steps.services import CoRestart
 
+Body = Callable[[Context, RunLogWriter], None]
 # Steps that observe the unit as a whole: they read its metrics host (and its endpoint), once.
 UNIT_CHECKS = ("baseline", "storm", "drain")
 
@@ -62,7 +64,29 @@ class UnitRun:
         return self.unit.metrics or self.unit.hosts()[0]
 
     def run(self, on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
-        """Every host's run; a host whose lock was never tried has no result (it was never touched)."""
+        """Apply on every host of the unit; a host whose lock was never tried has no result (never touched)."""
+        return self._drive(self._body, {}, on_result)
+
+    def rollback(self, runs: dict[str, Run], *, force: bool,
+                 on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
+        """Roll back the unit's sub-runs of one fleet run: every host reverted, then one unit restart and
+        the unit's checks again; each original run gets its rolled_back_by link, as a single rollback does."""
+        results = self._drive(lambda host, barrier, locked: self._rollback_body(host, runs[host], barrier, locked,
+                                                                                force),
+                              {host: {"rollback_of": run.run_id} for host, run in runs.items()}, on_result)
+        for host, result in results.items():
+            link = RunLogWriter.reopen(runs[host].dir.parent, runs[host].run_id)
+            try:
+                link.write({"type": "rolled_back_by", "by": result.run_id, "status": result.status,
+                            "commit": result.git_after})
+            finally:
+                link.close()
+        return results
+
+    def _drive(self, make_body: Callable[[str, threading.Barrier, threading.Event], Body],
+               start: dict[str, dict[str, str]],
+               on_result: Callable[[str, RunResult], None] | None) -> dict[str, RunResult]:
+        """One thread per host, started in sorted order, each once the one before holds its lock."""
         barrier = threading.Barrier(len(self.hosts))
         results: dict[str, RunResult] = {}
         threads = []
@@ -71,7 +95,8 @@ class UnitRun:
 
             def work(host: str = host, locked: threading.Event = locked) -> None:
                 try:
-                    results[host] = self.engines[host].execute(self._body(host, barrier, locked))
+                    results[host] = self.engines[host].execute(make_body(host, barrier, locked),
+                                                               **start.get(host, {}))
                 finally:
                     if not locked.is_set():  # refused before its body ran (lock held, no connection)
                         barrier.abort()
@@ -89,8 +114,45 @@ class UnitRun:
             thread.join()
         return results
 
-    def _body(self, host: str, barrier: threading.Barrier,
-              locked: threading.Event) -> Callable[[Context, RunLogWriter], None]:
+    def _rollback_body(self, host: str, run: Run, barrier: threading.Barrier, locked: threading.Event,
+                       force: bool) -> Body:
+        target = Target.of(run)
+
+        def body(ctx: Context, log: RunLogWriter) -> None:
+            self.ctxs[host] = ctx
+            locked.set()
+            try:
+                ctx.git_before = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+                check(ctx, target, force=force)
+                ctx.facts["files"] = target.files
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit was checked")
+            assert ctx.record is not None
+            ctx.cancel = CancelToken()  # from here the rollback must finish (a second signal still forces)
+            ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
+            try:
+                ctx.git_after = self.engines[host].revert(ctx, before=target.before, dests=target.files,
+                                                          rollback_of=run.run_id, verify=())
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit reverted", reverted=True)
+            if host == self.hosts[0]:
+                try:
+                    for step in self._post_steps():
+                        if step.effect in VERIFY:
+                            self._run_unit_step(step, prefix="rollback:")
+                except DeployerError as exc:
+                    self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert failed: {exc}\n"
+                                                  f"Run the rollback again to finish it")
+            barrier.wait()
+            if self.failure is not None:
+                raise self.failure
+        return body
+
+    def _body(self, host: str, barrier: threading.Barrier, locked: threading.Event) -> Body:
         engine = self.engines[host]
         commit_at = next(i for i, s in enumerate(engine.steps) if s.effect == Effect.commits)
         before, commit = engine.steps[:commit_at], engine.steps[commit_at:commit_at + 1]
@@ -119,12 +181,15 @@ class UnitRun:
                 raise self.failure
         return body
 
-    def _meet(self, barrier: threading.Barrier, ctx: Context, what: str) -> None:
+    def _meet(self, barrier: threading.Barrier, ctx: Context, what: str, *, reverted: bool = False) -> None:
         """Wait for the other hosts; when one of them failed, undo this host as its own failure would."""
         try:
             barrier.wait()
         except threading.BrokenBarrierError:
             failure = UnitAborted(f"unit {self.name}: stopped before {what}: another host of the unit failed")
+            if reverted:  # a rollback: this host's revert stays; the unit was not restarted onto it
+                raise RollbackFailed(f"{failure}\nThis host's files were reverted, but the unit was not restarted; "
+                                     "run the rollback again to finish it") from None
             engine, record = self.engines[ctx.host_name], ctx.record
             assert record is not None
             if record.state.git_after is None:
@@ -153,17 +218,18 @@ class UnitRun:
         commit_at = next(i for i, s in enumerate(steps) if s.effect == Effect.commits)
         return steps[commit_at + 1:]
 
-    def _run_unit_step(self, step: Step) -> None:
-        for host in self.hosts:
-            self.engines[host]._enter(self.ctxs[host], step.effect)
+    def _run_unit_step(self, step: Step, prefix: str = "") -> None:
+        if not prefix:  # a rollback stays in rolling_back through its restart and checks
+            for host in self.hosts:
+                self.engines[host]._enter(self.ctxs[host], step.effect)
         if isinstance(step, CoRestart):
-            self.restart(step, step.name)
+            self.restart(step, prefix + step.name)
         elif step.kind in UNIT_CHECKS:
             host = self.metrics_host
-            self.engines[host].run_step(self.ctxs[host], step, step.name)
+            self.engines[host].run_step(self.ctxs[host], step, prefix + step.name)
         else:
             for host in self.hosts:
-                self.engines[host].run_step(self.ctxs[host], step, step.name)
+                self.engines[host].run_step(self.ctxs[host], step, prefix + step.name)
 
     def members(self, step: CoRestart) -> list[tuple[Context, str]]:
         chosen = step.params.services

@@ -280,6 +280,19 @@ def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_ho
     drained = [e["step"] for e in prefill if e["type"] == "step_end" and e["step"] == "drain"]
     assert drained == ["drain"] and not [e for e in decode if e.get("step") == "drain"]
 
+    undone = pd_unit.deployer("rollback", report["fleet_id"], "--json")
+    rolled = as_json(undone)
+    assert undone.returncode == 0 and rolled["units"] == {"pd-1": ["h1", "h3"]}, rolled
+    prefill, decode = (run_events(pd_unit, rolled["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+    assert at(decode, "service_stopped") <= at(prefill, "service_stopped") <= at(prefill, "service_started") \
+        <= at(decode, "service_started")
+    assert [e["step"] for e in prefill if e["type"] == "step_end" and e["status"] == "ok"][-2:] == \
+        ["rollback:co_restart", "rollback:drain"]
+    for host in ("h1", "h3"):
+        assert (repo(pd_unit, host) / "pkg/a.py").read_text() == ORIGINAL_A
+        original = run_events(pd_unit, report["hosts"][host]["run_id"])
+        assert original[-1]["type"] == "rolled_back_by" and original[-1]["by"] == rolled["hosts"][host]["run_id"]
+
 
 def test_a_unit_that_fails_its_drain_rolls_back_and_restarts_every_host_of_the_unit(pd_unit: Project) -> None:
     from fixtures_services import metrics_text
