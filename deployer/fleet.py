@@ -29,7 +29,7 @@ from deployer.engine import Engine, RunResult, as_failure
 from deployer.errors import ConfigError, DeployerError, Interrupted
 from deployer.run import recover as recovery
 from deployer.run.state import Phase, RunRecord
-from deployer.runlog import EVENTS, new_run_id, read_run, utc_now
+from deployer.runlog import EVENTS, list_runs, new_run_id, read_run, utc_now
 from deployer.steps.base import Effect
 from deployer.unit import UnitRun, steps_for
 
@@ -440,6 +440,17 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
     return done.state
 
 
+def sub_runs(runs_dir: Path, fleet_id: str) -> dict[str, str]:
+    """Host -> its apply sub-run of the fleet, from the run logs themselves: a fleet killed mid-run never
+    wrote the ids of the runs it had started into fleet.json."""
+    found = {}
+    for run in list_runs(runs_dir):
+        start = run.start
+        if start.get("fleet") == fleet_id and not start.get("rollback_of") and not start.get("recover_of"):
+            found[str(start.get("host"))] = run.run_id
+    return found
+
+
 def needs_recovery(runs_dir: Path, run_id: str) -> bool:
     """The sub-run was cut: its record stops short of a settled phase."""
     if not (runs_dir / run_id / EVENTS).is_file():
@@ -452,8 +463,8 @@ def recover_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str]
                   parallel: int, listeners: list[Listener], cancel: FleetCancel) -> FleetState:
     """`deployer recover FLEET_ID`: recover each sub-run that was cut (its record is not settled)."""
     original = FleetRecord.load(runs_dir, fleet_id)
-    runs = {run.host: run.run_id for run in original.state.hosts.values()
-            if run.run_id is not None and needs_recovery(runs_dir, run.run_id)}
+    cut = sub_runs(runs_dir, fleet_id)
+    runs = {host: run_id for host, run_id in cut.items() if needs_recovery(runs_dir, run_id)}
     if not runs:
         raise ConfigError(f"fleet run {fleet_id}: no sub-run needs recovering (every host's record is settled)")
 
@@ -463,8 +474,23 @@ def recover_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str]
         engine = tagged(engine_for(host, run_id), follow_id, listeners)
         return recovery.recover(engine, run_id, rollback=rollback)[0]
 
-    return follow_up("recover", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
+    done = follow_up("recover", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
                      cancel=cancel).state
+    # The cut fleet's record learns what its hosts' runs were and where recover left them.
+    for host, run_id in cut.items():
+        entry = original.state.hosts[host]
+        record = RunRecord.load(runs_dir / run_id)
+        entry.run_id = run_id
+        if entry.status == "running":
+            entry.status = "failed"
+            entry.error = f"the fleet run was cut; recovered by fleet run {done.fleet_id}"
+        if record is not None:
+            entry.phase = record.state.phase.value
+    if original.state.status == "running":
+        original.state.status, original.state.exit_code, original.state.ended = "failed", 1, utc_now()
+        original.state.error = f"the fleet run was cut; recovered by fleet run {done.fleet_id}"
+    original.save()
+    return done
 
 
 def tagged(engine: Engine, fleet_id: str, listeners: list[Listener]) -> Engine:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -333,3 +334,39 @@ def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_
         assert git(repo(pd_unit, host), "status", "--porcelain").strip() == ""
         events = run_events(pd_unit, report["hosts"][host]["run_id"])
         assert not [e for e in events if e["type"] == "service_started"]
+
+
+def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -> None:
+    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 30\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = str(slow)
+    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    fleet.playbook(steps=BOUNDED)
+    heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in ("h1", "h3")}
+    proc = fleet.popen("apply", "fix.yaml", "--host", "h1,h3")
+    try:
+        deadline = time.monotonic() + 30
+        while not all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h3")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the uploads never landed"
+            time.sleep(0.05)
+    finally:
+        proc.kill()  # cut in the middle: both hosts hold the new bytes, a lock and an intent record
+        proc.communicate(timeout=30)
+    [fleet_id] = [p.name for p in fleet.runs.iterdir() if (p / "fleet.json").is_file()]
+    recovered = fleet.deployer("recover", fleet_id, "--json")
+    report = as_json(recovered)
+    assert recovered.returncode == 0 and report["kind"] == "recover" and report["of_fleet"] == fleet_id, report
+    assert set(report["hosts"]) == {"h1", "h3"}
+    for host in ("h1", "h3"):
+        assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
+        assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
+        assert not (repo(fleet, host) / ".git" / "deployer.lock").exists()
+    again = fleet.deployer("recover", fleet_id)
+    assert again.returncode == 2 and "no sub-run needs recovering" in again.stderr
+    listed = as_json(fleet.deployer("runs", "list", "--json"))
+    [cut] = [f for f in listed["fleets"] if f["fleet_id"] == fleet_id]
+    assert cut["status"] == "failed" and {h: r["phase"] for h, r in cut["hosts"].items()} == \
+        dict.fromkeys(("h1", "h3"), "failed_restored")
+    assert fleet.deployer("runs", "verify", fleet_id).returncode == 0
