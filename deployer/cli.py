@@ -400,10 +400,16 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
 @json_option("Print the raw events.")
 @failures_to_exit_codes
 def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
-    """Show one run: steps, outcome, commits, links, and its metric samples as a chart."""
+    """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts)."""
     from deployer import runlog, ui
+    from deployer.fleet import FleetRecord, is_fleet
 
-    run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
+    root = runlog.runs_dir_from(runs_dir)
+    if is_fleet(root, run_id):
+        state = FleetRecord.load(root, run_id).state
+        emit_json(ui.fleet_json(state)) if as_json else ui.show_fleet(ui.make_console(), state)
+        return
+    run = runlog.read_run(root, run_id)
     if as_json:
         emit_json(run.events)
     else:

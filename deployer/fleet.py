@@ -31,7 +31,7 @@ from deployer.run import recover as recovery
 from deployer.run.state import Phase, RunRecord
 from deployer.runlog import EVENTS, list_runs, new_run_id, read_run, utc_now
 from deployer.steps.base import Effect
-from deployer.unit import UnitRun, steps_for
+from deployer.unit import ABORTED, UnitRun, steps_for
 
 FLEET = "fleet.json"
 DEFAULT_PARALLEL = 16
@@ -258,7 +258,8 @@ def finish(record: FleetRecord, cancel: CancelToken) -> None:
         state.status, state.exit_code = "failed", 6
         state.error = "; ".join(f"{r.host}: the rollback failed: {r.rollback_error}" for r in rollback_failed)
     elif failed:
-        first = min(failed, key=lambda r: (r.batch, list(state.hosts).index(r.host)))
+        # A host that only stopped because another host of its unit failed is not the cause.
+        first = min(failed, key=lambda r: (r.batch, ABORTED in (r.error or ""), list(state.hosts).index(r.host)))
         state.status = "canceled" if cancel.cancelled and first.status == "canceled" else "failed"
         state.exit_code = first.exit_code or 1
         state.error = f"{len(failed)} of {len(state.hosts)} host(s) failed; first: {first.host}: {first.error}"

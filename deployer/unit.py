@@ -37,6 +37,9 @@ Body = Callable[[Context, RunLogWriter], None]
 UNIT_CHECKS = ("baseline", "storm", "drain")
 
 
+ABORTED = "another host of the unit failed"  # how a host stopped by another host's failure says so
+
+
 class UnitAborted(DeployerError):
     """Another host of the unit failed: this host stops too (restored, or rolled back with the unit)."""
 
@@ -54,6 +57,7 @@ class UnitRun:
     on_failure: str
     ctxs: dict[str, Context] = field(default_factory=dict)
     failure: DeployerError | None = None  # the post-commit outcome, set by the leader for every host
+    through: set[str] = field(default_factory=set)  # hosts past the last meeting
 
     @property
     def hosts(self) -> list[str]:
@@ -98,7 +102,9 @@ class UnitRun:
                     results[host] = self.engines[host].execute(make_body(host, barrier, locked),
                                                                **start.get(host, {}))
                 finally:
-                    if not locked.is_set():  # refused before its body ran (lock held, no connection)
+                    # A host that ends before the last meeting (refused its lock, failed, a bug) wakes every
+                    # host waiting for it. After it, an abort could break a host not yet woken from it.
+                    if host not in self.through:
                         barrier.abort()
                     locked.set()
                 if on_result is not None:
@@ -148,6 +154,7 @@ class UnitRun:
                     self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert failed: {exc}\n"
                                                   f"Run the rollback again to finish it")
             barrier.wait()
+            self.through.add(host)
             if self.failure is not None:
                 raise self.failure
         return body
@@ -177,6 +184,7 @@ class UnitRun:
             if host == self.hosts[0]:
                 self._after_commits()
             barrier.wait()  # the leader has restarted, checked (and maybe rolled back) the whole unit
+            self.through.add(host)
             if self.failure is not None:
                 raise self.failure
         return body
@@ -186,7 +194,7 @@ class UnitRun:
         try:
             barrier.wait()
         except threading.BrokenBarrierError:
-            failure = UnitAborted(f"unit {self.name}: stopped before {what}: another host of the unit failed")
+            failure = UnitAborted(f"unit {self.name}: stopped before {what}: {ABORTED}")
             if reverted:  # a rollback: this host's revert stays; the unit was not restarted onto it
                 raise RollbackFailed(f"{failure}\nThis host's files were reverted, but the unit was not restarted; "
                                      "run the rollback again to finish it") from None

@@ -85,6 +85,8 @@ def test_a_fleet_run_applies_every_host_with_its_own_sub_run_and_verifies(fleet:
     [shown] = [f for f in listed["fleets"] if f["fleet_id"] == fleet_id]
     assert {h: r["status"] for h, r in shown["hosts"].items()} == dict.fromkeys(HOSTS, "successful")
     assert fleet_id in fleet.deployer("runs", "list").stdout
+    shown_text = fleet.deployer("runs", "show", fleet_id).stdout
+    assert all(f"{h}  " in shown_text for h in HOSTS) and f"fleet run {fleet_id} (apply): successful" in shown_text
     assert fleet.deployer("runs", "verify", fleet_id).returncode == 0
     events = fleet.runs / report["hosts"]["h3"]["run_id"] / "events.jsonl"
     events.write_text(events.read_text().replace('"h3"', '"hX"', 1))
@@ -327,6 +329,7 @@ def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_
     heads = {h: git(repo(pd_unit, h), "rev-parse", "HEAD").strip() for h in ("h1", "h3")}
     report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json"))
     assert report["exit_code"] == 1 and "diff_bounds" in report["hosts"]["h3"]["error"]
+    assert report["error"].startswith("2 of 2 host(s) failed; first: h3: step 'diff_bounds' failed")
     assert report["hosts"]["h1"]["phase"] == "failed_restored"
     assert "another host of the unit failed" in report["hosts"]["h1"]["error"]
     for host in ("h1", "h3"):
@@ -370,3 +373,25 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
     assert cut["status"] == "failed" and {h: r["phase"] for h, r in cut["hosts"].items()} == \
         dict.fromkeys(("h1", "h3"), "failed_restored")
     assert fleet.deployer("runs", "verify", fleet_id).returncode == 0
+
+
+def test_two_overlapping_unit_runs_never_deadlock_one_proceeds_the_other_exits_3(pd_unit: Project) -> None:
+    slow = pd_unit.write("venv/bin/python", f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    inventory = yaml.safe_load(pd_unit.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = str(slow)
+    pd_unit.inventory.write_text(yaml.safe_dump(inventory))
+    pd_unit.playbook(steps=UNIT_STEPS)
+    # One names the unit, the other its hosts in the other order: locks are still taken h1 first.
+    procs = [pd_unit.popen("apply", "fix.yaml", "--host", spec, "--json") for spec in ("pd-1", "h3,h1")]
+    outcomes = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        outcomes.append((proc.returncode, json.loads(out), err))
+    assert sorted(code for code, _, _ in outcomes) == [0, 3], outcomes
+    (_, winner, _), (_, loser, _) = sorted(outcomes, key=lambda o: o[0])
+    assert f"held by run {winner['hosts']['h1']['run_id']}" in loser["hosts"]["h1"]["error"]
+    assert loser["untouched"] == ["h3"]  # its second lock was never even tried
+    for host in ("h1", "h3"):
+        assert git(repo(pd_unit, host), "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip() == "1"
