@@ -229,7 +229,8 @@ def test_the_live_view_of_64_hosts_is_a_summary_line_and_only_the_running_and_fa
 
 @pytest.fixture
 def pd_unit(fleet: Project) -> Iterator[Project]:
-    """Unit pd-1: prefill on h1 (one sshd), decode on h3 (the other sshd); h1 serves the unit's metrics."""
+    """Unit pd-1: prefill on h1 (one sshd), decode on h3 (the other sshd); h1 serves the unit's metrics.
+    h2 and h4 are plain hosts with a server of their own."""
     from fixtures_services import metrics_text
 
     from deployer.demo.run import free_port
@@ -239,12 +240,15 @@ def pd_unit(fleet: Project) -> Iterator[Project]:
     (www / "health").write_text("ok\n")
     (www / "metrics").write_text(metrics_text(0.0))
     inventory = yaml.safe_load(fleet.inventory.read_text())
-    for host, name in (("h1", "prefill"), ("h3", "decode")):
+    for host, name in (("h1", "prefill"), ("h2", "server"), ("h3", "decode"), ("h4", "server")):
         port = free_port()
+        # prefill comes up slowly, so a decode started before prefill is healthy shows in the event times
+        delay = "sleep 0.5; " if name == "prefill" else ""
+        serve = f"{delay}exec {sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {www}"
         inventory["hosts"][host]["services"] = {name: {
-            "start": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(www)],
+            "start": ["sh", "-c", serve],
             "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 20, "stop_grace_s": 5}}
-        if name == "prefill":
+        if name != "decode":
             inventory["hosts"][host]["metrics"] = f"http://127.0.0.1:{port}/metrics"
     inventory["units"] = {"pd-1": {"services": ["h1:prefill", "h3:decode"], "metrics": "h1"}}
     fleet.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
@@ -395,3 +399,24 @@ def test_two_overlapping_unit_runs_never_deadlock_one_proceeds_the_other_exits_3
     assert loser["untouched"] == ["h3"]  # its second lock was never even tried
     for host in ("h1", "h3"):
         assert git(repo(pd_unit, host), "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip() == "1"
+
+
+def test_a_unit_in_a_rollout_is_one_batch_entry_and_rollback_fleet_restarts_it_as_one(pd_unit: Project) -> None:
+    long_a = "".join(f"# line {i}\n" for i in range(20)) + ORIGINAL_A
+    (repo(pd_unit, "h2") / "pkg/a.py").write_text(long_a)
+    git(repo(pd_unit, "h2"), "commit", "-qam", "longer a.py")
+    pd_unit.playbook(steps=UNIT_STEPS, rollout={"batches": [1, 1, "100%"]}, on_failure="rollback_fleet")
+    trees = {h: git(repo(pd_unit, h), "rev-parse", "HEAD^{tree}").strip() for h in HOSTS}
+    report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "all", "--json"))
+    assert report["batches"] == [["h1", "h3"], ["h2"], ["h4"]] and report["untouched"] == ["h4"], report
+    assert report["exit_code"] == 1 and "diff_bounds" in report["hosts"]["h2"]["error"]
+    prefill, decode = ([e for e in run_events(pd_unit, report["hosts"][h]["rollback_run_id"])
+                        if e.get("step") == "rollback:co_restart"] for h in ("h1", "h3"))
+
+    def at(events: list[dict[str, Any]], kind: str) -> str:
+        return str(next(e["time"] for e in events if e["type"] == kind))
+    assert at(decode, "service_stopped") <= at(prefill, "service_stopped") <= at(prefill, "service_started") \
+        <= at(decode, "service_started")
+    assert {e.get("unit") for e in prefill + decode if e["type"].startswith("service_")} == {"pd-1"}
+    for host in HOSTS:
+        assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host], host
