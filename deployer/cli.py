@@ -264,12 +264,13 @@ def report(console: Console, result: RunResult, as_json: bool) -> None:
 @failures_to_exit_codes
 def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, inventory: str | None,
          runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """Dry run: diffs, the projected diff --stat and the exact commands; changes nothing.
+    """Dry run: diffs, the projected diff --stat and the exact commands (every host of a group); changes nothing.
 
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import rollback as rollbacks
-    from deployer import runlog
+    from deployer import runlog, targets
     from deployer.errors import ConfigError
+    from deployer.fleet import for_units
 
     if rollback_of:
         run = runlog.read_run(runlog.runs_dir_from(runs_dir), rollback_of)
@@ -278,7 +279,13 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         return
     if not playbook or not host_name:
         raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
-    show_plan(build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key).plan(), as_json)
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    if len(hosts) == 1:
+        show_plan(build_engine(playbook, hosts[0], inventory, runs_dir, accept_new_host_key).plan(), as_json)
+        return
+    engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty=False)
+    for_units(engines, {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)})
+    show_plans([engine.plan() for engine in engines.values()], as_json)
 
 
 def limit_option(func: F) -> F:
@@ -308,7 +315,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
     from deployer import runlog, targets
-    from deployer.fleet import FleetApply
+    from deployer.fleet import FleetApply, for_units
     from deployer.playbook import parse_playbook
 
     loaded, hosts = select_hosts(host_name, limit, inventory)
@@ -322,6 +329,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         return
     engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty)
     if dry_run:
+        for_units(engines, units)
         show_plans([engine.plan() for engine in engines.values()], as_json)
         return
     model = parse_playbook(Path(playbook))[0]

@@ -284,14 +284,7 @@ class FleetApply:
 
     def run(self) -> FleetState:
         members = {name: sorted(unit.hosts()) for name, unit in self.units.items()}
-        for name, unit in self.units.items():
-            metrics_host = unit.metrics or unit.hosts()[0]
-            for host in unit.hosts():
-                engine = self.engines[host]
-                if not any(s.effect == Effect.commits for s in engine.steps):
-                    raise ConfigError(f"unit {name}: the playbook has no commit step; a unit restarts after its "
-                                      "hosts' commits")
-                engine.steps = steps_for(engine.steps, host, metrics_host)
+        for_units(self.engines, self.units)
         for engine in self.engines.values():  # every host's config is sound before any host connects
             engine.check_host()
         hosts = list(self.engines)
@@ -317,6 +310,18 @@ class FleetApply:
     def _unit(self, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
         unit = self.units[name]
         UnitRun(name, unit, {h: self.engines[h] for h in unit.hosts()}, self.on_failure).run(report)
+
+
+def for_units(engines: dict[str, Engine], units: dict[str, Unit]) -> None:
+    """Each unit host's engine keeps the steps it runs itself: the unit's checks only on its metrics host."""
+    for name, unit in units.items():
+        metrics_host = unit.metrics or unit.hosts()[0]
+        for host in unit.hosts():
+            engine = engines[host]
+            if not any(s.effect == Effect.commits for s in engine.steps):
+                raise ConfigError(f"unit {name}: the playbook has no commit step; a unit restarts after its "
+                                  "hosts' commits")
+            engine.steps = steps_for(engine.steps, host, metrics_host)
 
 
 def unit_batches(batches: list[list[str]], units: dict[str, list[str]]) -> list[list[str]]:

@@ -319,8 +319,13 @@ def test_a_unit_that_fails_its_drain_rolls_back_and_restarts_every_host_of_the_u
             == ["ok"]
 
 
-def test_part_of_a_unit_cannot_be_deployed_alone(pd_unit: Project) -> None:
+def test_part_of_a_unit_cannot_be_deployed_alone_and_a_unit_plans_per_host(pd_unit: Project) -> None:
     pd_unit.playbook(steps=UNIT_STEPS)
+    planned = pd_unit.deployer("plan", "fix.yaml", "--host", "pd-1", "--json")
+    plans = as_json(planned)
+    assert planned.returncode == 0 and [p["host"] for p in plans["hosts"]] == ["h1", "h3"]
+    assert [[s["name"] for s in p["steps"]][-2:] for p in plans["hosts"]] == [["co_restart", "drain"],
+                                                                              ["commit", "co_restart"]]
     refused = pd_unit.deployer("apply", "fix.yaml", "--host", "h3")
     assert refused.returncode == 2 and "takes part of unit 'pd-1'" in refused.stderr
 
