@@ -315,13 +315,12 @@ class FleetApply:
 def for_units(engines: dict[str, Engine], units: dict[str, Unit]) -> None:
     """Each unit host's engine keeps the steps it runs itself: the unit's checks only on its metrics host."""
     for name, unit in units.items():
-        metrics_host = unit.metrics or unit.hosts()[0]
         for host in unit.hosts():
             engine = engines[host]
             if not any(s.effect == Effect.commits for s in engine.steps):
                 raise ConfigError(f"unit {name}: the playbook has no commit step; a unit restarts after its "
                                   "hosts' commits")
-            engine.steps = steps_for(engine.steps, host, metrics_host)
+            engine.steps = steps_for(engine.steps, name, unit, host)
 
 
 def unit_batches(batches: list[list[str]], units: dict[str, list[str]]) -> list[list[str]]:

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deployer.config import Unit
+from deployer.config import Host, Unit
 from deployer.context import CancelToken, Context
 from deployer.engine import Engine, RunResult, target_state
-from deployer.errors import DeployerError, RollbackFailed, VerificationFailed
+from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
 from deployer.rollback import VERIFY, Target, check
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
@@ -44,9 +44,37 @@ class UnitAborted(DeployerError):
     """Another host of the unit failed: this host stops too (restored, or rolled back with the unit)."""
 
 
-def steps_for(steps: list[Step], host: str, metrics_host: str) -> list[Step]:
-    """The steps a host of a unit runs in its own run: the unit's checks only on its metrics host."""
-    return [s for s in steps if s.kind not in UNIT_CHECKS or host == metrics_host]
+class UnitRestart(CoRestart):
+    """co_restart in a unit: the unit restarts its services across hosts as one (UnitRun.restart); on one
+    host the step names that host's part, which is what its plan shows and its run log describes."""
+
+    def __init__(self, step: CoRestart, here: list[str]) -> None:
+        super().__init__(step.params, step.name, step.where)
+        self.here = here
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        return None  # checked against the unit's services when the unit is formed
+
+    def names(self, ctx: Context) -> list[str]:
+        return self.here
+
+
+def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]:
+    """The steps a host of a unit runs in its own run: the unit's checks only on its metrics host, and
+    co_restart as its part of the unit's restart."""
+    kept: list[Step] = []
+    for step in steps:
+        if isinstance(step, CoRestart):
+            chosen = step.params.services
+            unknown = [n for n in chosen or [] if n not in {service for _, service in unit.members()}]
+            if unknown:
+                raise ConfigError(f"{step.where}: {step.name}: unit {name} has no service {', '.join(unknown)} "
+                                  f"(it has: {', '.join(unit.services)})")
+            kept.append(UnitRestart(step, [s for h, s in unit.members() if h == host and (chosen is None
+                                                                                          or s in chosen)]))
+        elif step.kind not in UNIT_CHECKS or host == (unit.metrics or unit.hosts()[0]):
+            kept.append(step)
+    return kept
 
 
 @dataclass

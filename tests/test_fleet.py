@@ -144,9 +144,9 @@ def test_a_canary_rollout_stops_at_a_failed_batch_and_rollback_fleet_restores_ea
     assert git(repo(fleet, "h2"), "rev-parse", "HEAD").strip() == heads["h2"]
     for host in ("h3", "h4"):
         assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
-    plain = fleet.deployer("apply", "fix.yaml", "--host", "all")
-    assert plain.returncode == 1
-    assert "never touched: h3, h4" in plain.stdout
+    shown = fleet.deployer("runs", "show", report["fleet_id"]).stdout
+    [h1_row] = [line for line in shown.splitlines() if line.startswith("h1 ")]
+    assert "never touched: h3, h4" in shown and h1_row.count("successful") == 2  # applied, then rolled back
 
 
 def test_two_overlapping_fleet_runs_one_proceeds_the_other_exits_3_naming_the_holder(fleet: Project) -> None:
@@ -425,3 +425,72 @@ def test_a_unit_in_a_rollout_is_one_batch_entry_and_rollback_fleet_restarts_it_a
     assert {e.get("unit") for e in prefill + decode if e["type"].startswith("service_")} == {"pd-1"}
     for host in HOSTS:
         assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host], host
+
+
+@pytest.fixture
+def demo_unit(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Iterator[tuple[Project, dict[str, Any]]]:
+    """The demo's buggy stack split over two hosts: prefill and router on h1 (one sshd), decode on h3 (the
+    other sshd), each host its own copy of the repo; unit pd-1 with h1 as its metrics host."""
+    from deployer.context import CancelToken
+    from deployer.demo.run import DemoStack, wait_healthy
+
+    stacks = {host: DemoStack(tmp_path / host) for host in ("h1", "h3")}
+    for stack in stacks.values():
+        stack.create()
+    stacks["h3"].ports = stacks["h1"].ports  # one stack: both sides know the same ports
+    placed = {"prefill": "h1", "decode": "h3", "router": "h1"}
+    hosts: dict[str, Any] = {}
+    for host, server in (("h1", sshd), ("h3", second_sshd)):
+        model = stacks[host].host().model_dump(exclude_defaults=True)
+        model["services"] = {n: s for n, s in model["services"].items() if placed[n] == host}
+        if host != "h1":
+            del model["metrics"], model["endpoint"]
+        hosts[host] = {**model, "transport": "ssh", "address": server.host, "port": server.port,
+                       "user": server.user, "identity_file": server.client_key, "known_hosts": server.known_hosts,
+                       "ssh_config": "/dev/null"}
+    project = Project(root=tmp_path, repo=stacks["h1"].repo, host=hosts["h1"], host_name="h1")
+    project.inventory.write_text(yaml.safe_dump({"hosts": hosts, "units": {"pd-1": {
+        "services": ["h1:prefill", "h3:decode", "h1:router"], "metrics": "h1"}}}, sort_keys=False))
+    for name, host in placed.items():  # the "production" stack, up before the hotfix
+        stack = stacks[host]
+        service = stack.host().services[name]
+        assert service.start is not None and service.health is not None
+        stack.state.mkdir(parents=True, exist_ok=True)
+        with open(stack.state / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(service.start, cwd=stack.repo / "python", stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        (stack.state / f"{name}.pid").write_text(f"{proc.pid}\n")
+        wait_healthy(service.health, 30, CancelToken(), stack.state / f"{name}.log")
+    try:
+        yield project, {host: stack.pids for host, stack in stacks.items()}
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+
+
+def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_as_one_and_drains(
+        demo_unit: tuple[Project, dict[str, Any]]) -> None:
+    from deployer.demo.run import GAUGE, PLAYBOOK
+
+    project, pids_of = demo_unit
+    before = {host: pids() for host, pids in pids_of.items()}
+    result = project.deployer("apply", str(PLAYBOOK), "--host", "pd-1", "--json", timeout=180)
+    report = as_json(result)
+    assert result.returncode == 0, report
+    h1, h3 = (run_events(project, report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+    end = next(e for e in h1 if e["type"] == "run_end")
+    assert end["facts"]["baseline"][GAUGE] >= 1  # the bug showed under the storm, before the fix
+    assert end["facts"]["drain"][GAUGE]["final"] == 0  # the same storm drains on the fixed unit
+    after = {host: pids() for host, pids in pids_of.items()}
+    assert after["h1"]["prefill"] != before["h1"]["prefill"] and after["h3"]["decode"] != before["h3"]["decode"]
+    assert after["h1"]["router"] == before["h1"]["router"]  # the playbook restarts prefill and decode only
+    assert next(e for e in h3 if e["type"] == "restart")["pids"]["decode"]["old"] == before["h3"]["decode"]
+
+    def at(events: list[dict[str, Any]], kind: str) -> str:
+        return str(next(e["time"] for e in events if e["type"] == kind))
+    assert at(h3, "service_stopped") <= at(h1, "service_stopped") <= at(h1, "service_started") \
+        <= at(h3, "service_started")
+    for host in ("h1", "h3"):
+        message = git(project.root / host / "repo", "log", "-1", "--format=%B")
+        assert f"Deployer-Run: {report['hosts'][host]['run_id']}" in message
