@@ -161,3 +161,26 @@ def test_a_selection_taking_part_of_a_unit_is_refused(good: Inventory) -> None:
     assert targets.whole_units(good, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]) == {"pd-1": ["gpu-a", "gpu-b", "gpu-c"]}
     with pytest.raises(ConfigError, match=r"takes part of unit 'pd-1' .* but not gpu-c: a unit is deployed"):
         targets.whole_units(good, ["gpu-a", "gpu-b"])
+
+
+def test_in_a_unit_co_restart_names_unit_services_and_each_host_gets_its_part(tmp_path: Path,
+                                                                              good: Inventory) -> None:
+    from deployer.unit import UnitRestart, steps_for
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    path = tmp_path / "fix.yaml"
+    path.write_text("name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps:\n  - upload\n  - commit: {message: m}\n"
+                    "  - co_restart: {services: [decode, prefill]}\n  - drain: {metric: g, to: 0}\n")
+    _, steps, _ = parse_playbook(path)
+    unit = good.units["pd-1"]
+    parts = {h: steps_for(steps, "pd-1", unit, h) for h in unit.hosts()}
+    assert [s.kind for s in parts["gpu-a"]] == ["upload", "commit", "co_restart", "drain"]
+    assert [s.kind for s in parts["gpu-b"]] == ["upload", "commit", "co_restart"]  # drain: the metrics host only
+    restarts = {h: next(s for s in p if isinstance(s, UnitRestart)).here for h, p in parts.items()}
+    assert restarts == {"gpu-a": ["prefill"], "gpu-b": ["decode"], "gpu-c": []}
+    path.write_text(path.read_text().replace("[decode, prefill]", "[decode, nope]"))
+    _, steps, _ = parse_playbook(path)
+    with pytest.raises(ConfigError) as caught:
+        steps_for(steps, "pd-1", unit, "gpu-a")
+    assert str(caught.value) == (f"{path}:6:5: co_restart: unit pd-1 has no service nope "
+                                 "(it has: gpu-a:prefill, gpu-b:decode, gpu-c:router)")
