@@ -427,19 +427,32 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 @runs.command("verify")
 @click.argument("run_id", shell_complete=complete_runs)
 @runs_dir_option
+@click.option("--target", "on_target", is_flag=True,
+              help="Also compare the log with the run's commits on its host (Deployer-Log trailers).")
+@inventory_option
 @json_option()
 @failures_to_exit_codes
-def runs_verify(run_id: str, runs_dir: str | None, as_json: bool) -> None:
+def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
     """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered."""
     from deployer import runlog, ui
     from deployer.fleet import is_fleet, verify_fleet
 
     root = runlog.runs_dir_from(runs_dir)
+
+    def verify_one(runs_path: Path, one: str) -> list[str]:
+        found = runlog.verify(runs_path, one)
+        if on_target:
+            from deployer import rollback as rollbacks
+
+            run = runlog.read_run(runs_path, one)
+            found += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
+        return found
+
     if is_fleet(root, run_id):
-        per_host = verify_fleet(root, run_id, runlog.verify)
+        per_host = verify_fleet(root, run_id, verify_one)
         problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]
     else:
-        problems = runlog.verify(root, run_id)
+        problems = verify_one(root, run_id)
     if as_json:
         emit_json({"run_id": run_id, "problems": problems, "exit_code": 5 if problems else 0,
                    "error": "; ".join(problems) or None})
@@ -574,13 +587,18 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
 
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
-        state = locks.read_state(transport, git_dir_of(transport, host), host.lock_ttl_s)
+        git_dir = git_dir_of(transport, host)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s)
+        strays = locks.strays(transport, git_dir)
     if as_json:
         emit_json({"host": host_name, "locked": state is not None, "exit_code": 0 if state is None else 3,
                    "holder": None if state is None else {**state.info, "stale": state.stale,
                                                          "heartbeat_age_s": state.heartbeat_age_s}})
     else:
         click.echo(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
+        for stray in strays:
+            click.echo(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
+                       "the next run that takes the lock removes it")
     if state is not None:
         sys.exit(3)
 

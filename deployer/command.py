@@ -6,6 +6,9 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 MASK = "***"
+# The shortest piece of a secret masked where text was cut: shorter ones are too likely to be
+# ordinary text, and tell too little about the secret.
+MIN_FRAGMENT = 3
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -46,6 +49,17 @@ class Masker:
             text = text.replace(secret, MASK)
         return text
 
+    def tail(self, text: str, limit: int) -> str:
+        """The last `limit` characters of text, masked before the cut so no cut can split a secret.
+
+        text may itself be the tail of longer output, cut inside a secret; it may also end inside
+        one (a command killed while printing it). A secret's end at the start, or its start at the
+        end, is masked too, from MIN_FRAGMENT characters on."""
+        masked = self(text)
+        for secret in self._secrets:
+            masked = _mask_edges(masked, secret)
+        return masked[-limit:]
+
     def obj(self, value: object) -> object:
         """Mask every string inside a JSON-like structure."""
         if isinstance(value, str):
@@ -55,3 +69,14 @@ class Masker:
         if isinstance(value, (list, tuple)):
             return [self.obj(v) for v in value]
         return value
+
+
+def _mask_edges(text: str, secret: str) -> str:
+    for size in range(min(len(secret), len(text)) - 1, MIN_FRAGMENT - 1, -1):
+        if text.startswith(secret[-size:]):
+            text = MASK + text[size:]
+            break
+    for size in range(min(len(secret), len(text)) - 1, MIN_FRAGMENT - 1, -1):
+        if text.endswith(secret[:size]):
+            return text[:-size] + MASK
+    return text

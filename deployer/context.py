@@ -13,9 +13,12 @@ from deployer.command import Masker, shell_line
 from deployer.config import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed
 from deployer.run.state import RunRecord
-from deployer.transport.base import DEFAULT_TIMEOUT_S, ExecResult, Transport, tail
+from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, ExecResult, Transport
 
 Listener = Callable[[dict[str, Any]], None]
+# Characters of a command's output kept in its run-log event, and in a failure message.
+EVENT_TAIL = 1000
+FAILURE_TAIL = 1500
 
 
 @dataclass
@@ -129,15 +132,15 @@ class Context:
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
             timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
-            quiet: bool = False) -> ExecResult:
+            quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> ExecResult:
         """Run on the target (in the repo unless told otherwise) and log the command."""
         workdir = self.repo if cwd is None else cwd
-        result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin)
+        result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin, capture=capture)
         self.emit("command", command=self.shown(argv, cwd=workdir, env=env),
                   exit_code=result.exit_code, timed_out=result.timed_out,
                   duration_s=round(result.duration_s, 3),
-                  stdout_tail="" if quiet else tail(result.stdout, 1000),
-                  stderr_tail=tail(result.stderr, 1000))
+                  stdout_tail="" if quiet else self.bus.masker.tail(result.out_stream.text, EVENT_TAIL),
+                  stderr_tail=self.bus.masker.tail(result.err_stream.text, EVENT_TAIL))
         return result
 
     def shown(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -153,9 +156,9 @@ class Context:
         return result
 
     def failure(self, what: str, result: ExecResult) -> StepFailed:
-        detail = result.err if result.err.strip() else result.out
+        detail = result.err_stream if result.err_stream.kept.strip() else result.out_stream
         if result.timed_out:
             what = f"{what}: did not finish within {result.duration_s:.0f}s, killed"
         return StepFailed(self.bus.step or "?", self.bus.masker(what),
                           command=self.shown(result.argv), exit_code=result.exit_code,
-                          stderr_tail=self.bus.masker(tail(detail, 1500)), timed_out=result.timed_out)
+                          stderr_tail=self.bus.masker.tail(detail.text, FAILURE_TAIL), timed_out=result.timed_out)

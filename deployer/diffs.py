@@ -60,13 +60,21 @@ class DiffStat:
 
 
 def parse_numstat(text: str, names: Iterable[str] | None = None) -> list[FileStat]:
-    """Parse `git diff --numstat` lines; names replaces the printed paths (for --no-index temp paths)."""
-    stats = []
-    rows = [line for line in text.splitlines() if line.strip()]
+    """Parse `git diff --numstat -z`; names replaces the printed paths (for --no-index temp paths).
+
+    NUL-delimited, so a path with a newline or a tab is one record, printed as it is, never quoted.
+    A pair of paths (a rename, or --no-index on two names) comes as an empty path and then both."""
+    stats: list[FileStat] = []
+    tokens = iter(text.split("\0"))
     given = list(names) if names is not None else None
-    for i, line in enumerate(rows):
-        ins, dels, path = line.split("\t", 2)
-        name = given[i] if given is not None else path
+    for record in tokens:
+        if not record.strip():
+            continue
+        ins, dels, path = record.split("\t", 2)
+        if not path:
+            next(tokens, "")
+            path = next(tokens, "")
+        name = given[len(stats)] if given is not None else path
         if ins == "-":
             stats.append(FileStat(name, 0, 0, binary=True))
         else:
@@ -81,7 +89,7 @@ def numstat(path: str, old: bytes | None, new: bytes) -> FileStat:
         a.write_bytes(old or b"")
         b.write_bytes(new)
         left = "/dev/null" if old is None else str(a)
-        proc = subprocess.run(["git", "diff", "--no-index", "--numstat", DIFF_ALGORITHM, "--", left, str(b)],
+        proc = subprocess.run(["git", "diff", "--no-index", "--numstat", "-z", DIFF_ALGORITHM, "--", left, str(b)],
                               capture_output=True, timeout=60, check=False)
     if proc.returncode not in (0, 1):
         raise DeployerError(f"git diff --no-index failed here: {proc.stderr.decode(errors='replace')}")

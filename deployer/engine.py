@@ -27,7 +27,7 @@ from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunSta
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
-from deployer.steps.git import DiffBounds, revert_files, trailers, unchanged_dests
+from deployer.steps.git import LOG_SHA256, DiffBounds, git, log_anchor, revert_files, trailers, unchanged_dests
 from deployer.transport.base import Transport, sha256_hex
 
 Connector = Callable[[EventBus], Transport]
@@ -70,7 +70,7 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
 def target_state(ctx: Context) -> str:
     """Where the target stands now, read from it, for a message that must say what was left."""
     try:
-        head = ctx.run(("git", "rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
+        head = ctx.run(git("rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
         notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
                  ctx.facts.get("rollback_commit"): "the revert commit"}
         parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
@@ -177,13 +177,14 @@ class Engine:
     operator: str = field(default_factory=operator_id)
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
     run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
+    _log: RunLogWriter | None = field(default=None, init=False, repr=False)  # the run's log while it runs
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
         bus.listeners.extend(self.listeners)
         return bus
 
-    def _context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
+    def context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
         ctx = Context(run_id=run_id, host_name=self.host_name, host=self.host, transport=transport,
                       playbook=self.playbook, bus=bus, cancel=self.cancel)
         ctx.facts["operator"] = self.operator
@@ -203,11 +204,12 @@ class Engine:
         self.check_host()
         bus = self.new_bus()
         with self.connect(bus) as transport:
-            ctx = self._context("<dry-run>", bus, transport)
+            ctx = self.context("<dry-run>", bus, transport)
             bus.step = "preflight"
-            preflight(ctx, allow_dirty=True)
-            files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, c.old, c.new)),
-                              diffs.numstat(c.dest, c.old, c.new), c.old is not None) for c in ctx.changes]
+            head = preflight(ctx, allow_dirty=True)
+            # Counted against HEAD, as diff_bounds and the commit count (under --allow-dirty the work tree differs).
+            files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)),
+                              diffs.numstat(c.dest, head[c.dest], c.new), c.old is not None) for c in ctx.changes]
             unchanged = unchanged_dests(ctx)
             # git diff lists no file whose bytes are already there; neither does the projection.
             stat = diffs.DiffStat(tuple(f.stat for f in files if f.dest not in unchanged))
@@ -260,7 +262,7 @@ class Engine:
         """One run: its log, one connection, the lock, the body, and a run_end whatever happens."""
         run_id = new_run_id()
         ensure_headroom(self.runs_dir, 0)
-        log = RunLogWriter(self.runs_dir, run_id)
+        log = self._log = RunLogWriter(self.runs_dir, run_id)
         record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
                                              kind="rollback" if start.get("rollback_of") else
                                              "recover" if start.get("recover_of") else "apply",
@@ -285,7 +287,7 @@ class Engine:
             transport = self.connect(bus)
             try:
                 bus.emit("connected", transport=vars(transport.info))
-                ctx = self._context(run_id, bus, transport)
+                ctx = self.context(run_id, bus, transport)
                 ctx.record = record
                 bus.step = "preflight"
                 lock = self._lock(ctx)
@@ -302,6 +304,7 @@ class Engine:
                 raise DeployerError(left)
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
+            self._settle(record, failure)  # a failure to connect never reached the inner handler
             status = "canceled" if isinstance(failure, Interrupted) else "failed"
             exit_code, error = failure.exit_code, bus.masker(str(failure))
             if left and left not in error:
@@ -310,12 +313,13 @@ class Engine:
                 error += f"\nThe run log could not be written: {sink.broken.strerror or sink.broken}"
         finally:
             bus.step = None
-            git = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
+            commits = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
             facts = dict(ctx.facts) if ctx else {}
-            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=git, phase=record.state.phase,
+            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=record.state.phase,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
             log.close()
-        return RunResult(run_id, log.dir, status, exit_code, error, git["before"], git["after"], facts,
+            self._log = None
+        return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts,
                          record.state.phase.value)
 
     @staticmethod
@@ -329,7 +333,7 @@ class Engine:
             record.advance(Phase.interrupted, utc_now(), error=str(failure))
 
     def _lock(self, ctx: Context) -> DeployLock:
-        ctx.git_dir = git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
+        ctx.git_dir = git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
                                           f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
         lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
                                                    "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
@@ -341,7 +345,7 @@ class Engine:
             if not self._adopt(ctx, git_dir):
                 raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
             lock.acquire()
-        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s)
+        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         try:
             pending = intent.read(ctx.transport, git_dir)
         except DeployerError as exc:
@@ -391,20 +395,30 @@ class Engine:
         ctx.emit("intent_recorded", path=intent.path_in(ctx.git_dir))
 
     def run_step(self, ctx: Context, step: Step, name: str) -> str:
-        """One step between step_start and step_end events; a failure comes out typed."""
+        """One step between step_start and step_end events; a failure comes out typed, naming the step's line."""
         ctx.bus.step = name
         started = time.monotonic()
+        self._note_log_sha256(ctx)  # a commit made by this step anchors the log up to its step_start
         try:
             ctx.emit("step_start", kind=step.kind)
             ctx.cancel.check()
             summary = step.run(ctx)
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
+            if step.where and not isinstance(failure, Interrupted):
+                # The playbook line to look at; the typed error and its exit code stay as they are.
+                failure.args = (f"{step.where}: {failure}",)
             ctx.emit("step_end", status="canceled" if isinstance(failure, Interrupted) else "failed",
                      duration_s=round(time.monotonic() - started, 3), error=ctx.bus.masker(str(failure)))
             raise failure from None
+        finally:
+            ctx.facts.pop(LOG_SHA256, None)
         ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
         return summary
+
+    def _note_log_sha256(self, ctx: Context) -> None:
+        if self._log is not None:
+            ctx.facts[LOG_SHA256] = self._log.sha256()
 
     def _run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
         """The chain (or a part of it: a unit runs its hosts' chains in phases); each step's declared effect
@@ -486,8 +500,10 @@ class Engine:
                verify: tuple[Effect, ...] = (Effect.restarts,)) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
         ctx.bus.step = "rollback"
-        message = (f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n"
-                   f"{trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of)}\n")
+        self._note_log_sha256(ctx)
+        anchors = trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of, Deployer_Log=log_anchor(ctx))
+        ctx.facts.pop(LOG_SHA256, None)
+        message = f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n{anchors}\n"
         revert = revert_files(ctx, before, dests, message)
         ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
         ctx.facts["rollback_commit"] = revert

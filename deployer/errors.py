@@ -78,3 +78,7 @@ class TransportError(DeployerError):
     """Bytes or commands did not reach the target as intended (mismatched upload, lost channel)."""
 
     exit_code = 1
+
+
+class OutputTruncated(TransportError):
+    """A command printed more than the caller kept, and the caller needed all of it."""

@@ -1,8 +1,17 @@
-"""The deploy lock on the target: an atomic mkdir inside the repo's .git directory.
+"""The deploy lock on the target, inside the repo's .git directory, never seen half-taken.
 
-The directory holds `info.json` (who, which run, since when) and `heartbeat`, whose
-mtime the running apply refreshes. Ages are measured with the target's own clock, so a
-skewed operator clock cannot make a live lock look stale.
+A run writes its whole lock (`info.json`: who, which run, since when; `heartbeat`, whose mtime
+the running apply refreshes) into a directory of its own, `deployer.lock.<run id>`, and only
+then publishes it by creating the symlink `deployer.lock -> deployer.lock.<run id>`. Creating a
+symlink is atomic and fails whatever already sits at that name (a live lock, an older
+deployer's lock directory, a stray file), where rename(2) would silently replace an empty
+directory. So the lock is either absent or complete. A run cut between the two leaves only a
+`deployer.lock.<run id>` directory that no link names; `lock status` shows it and the next run
+that takes the lock removes it.
+
+Ages are measured with the target's own clock, so a skewed operator clock cannot make a live
+lock look stale. A lock whose info cannot be read (an older deployer still writing it) is
+"being taken" until the lock's own mtime is a TTL old.
 """
 
 from __future__ import annotations
@@ -18,26 +27,61 @@ from deployer.errors import DeployerError, LockHeld
 from deployer.transport.base import Transport
 
 LOCK_NAME = "deployer.lock"
-_AGE_SCRIPT = 'date +%s; stat -c %Y -- "$1" 2>/dev/null || echo missing'
+TIMEOUT_S = 30.0
+# Exit codes of _TAKE beyond 0 (taken) and 1 (failed; its stderr says why).
+HELD, VANISHED = 3, 4
+# $1 lock path, $2 the run's lock directory, $3 its name relative to the lock's parent; info on stdin.
+_TAKE = (
+    'lock=$1; dir=$2; name=$3; umask 077; '
+    'mkdir -- "$dir" && cat > "$dir/info.json" && : > "$dir/heartbeat" || { rm -rf -- "$dir"; exit 1; }; '
+    # -T: an existing directory at $lock is in the way, never a place to put the link into.
+    'ln -s -T -- "$name" "$lock" || { rm -rf -- "$dir"; '
+    f'{{ [ -e "$lock" ] || [ -L "$lock" ]; }} && exit {HELD}; exit 1; }}; '
+    # Our directory was removed as another run's leftover before the link went up: take it down again.
+    f'[ -f "$lock/info.json" ] || {{ rm -f -- "$lock"; exit {VANISHED}; }}'
+)
+# Prints the target's clock, then the heartbeat's and the lock's own mtime (`-` when missing).
+# `stat` without -L: a link's own mtime is when the lock was taken. Only a link or a directory
+# (an older deployer's lock) is a lock; anything else there is in the way, not held.
+_AGE_SCRIPT = ('date +%s; stat -c %Y -- "$1/heartbeat" 2>/dev/null || echo -; '
+               '{ [ -L "$1" ] || [ -d "$1" ]; } && stat -c %Y -- "$1" || echo -')
+# Lock directories beside the lock that the lock does not name: cut-off attempts or releases.
+_STRAYS = ('cd -- "$1" || exit 1; target=$(readlink -- deployer.lock 2>/dev/null); '
+           'for d in deployer.lock.*; do [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != "$target" ] '
+           '&& printf "%s\\0" "$d"; done; exit 0')
+# Removes the lock ($1): the link first (atomic: from then on the lock is free), then what it named.
+_REMOVE = ('lock=$1; if [ -L "$lock" ]; then target=$(readlink -- "$lock"); rm -f -- "$lock" || exit 1; '
+           'case $target in deployer.lock.*) rm -rf -- "$(dirname -- "$lock")/$target";; esac; '
+           'else rm -rf -- "$lock"; fi')
 
 
 @dataclass(frozen=True)
 class LockState:
     path: str
     info: dict[str, object]
-    heartbeat_age_s: float | None
+    age_s: float | None  # since the last heartbeat, else since the lock was made
     ttl_s: float
+    taking: bool = False  # the lock exists but its info cannot be read (yet)
 
     @property
     def stale(self) -> bool:
-        return self.heartbeat_age_s is None or self.heartbeat_age_s > self.ttl_s
+        return self.age_s is not None and self.age_s > self.ttl_s
+
+    @property
+    def heartbeat_age_s(self) -> float | None:
+        return self.age_s
 
     def describe(self) -> str:
+        age = "unknown" if self.age_s is None else f"{self.age_s:.0f}s ago"
+        if self.taking:
+            text = f"being taken (its info is not readable yet; made {age})"
+            if self.stale:
+                text += (f" — STALE: abandoned while being taken, older than the {self.ttl_s:.0f}s TTL; remove it "
+                         "with: deployer lock release --host HOST --force")
+            return text
         info = self.info
-        since = info.get("started", "?")
-        age = "unknown" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.0f}s ago"
         text = (f"held by run {info.get('run_id', '?')} of {info.get('operator', '?')} (pid {info.get('pid', '?')}) "
-                f"since {since}; last heartbeat {age}")
+                f"since {info.get('started', '?')}; last heartbeat {age}")
         if self.stale:
             text += (f" — STALE (older than the {self.ttl_s:.0f}s TTL); if that run is really gone, "
                      "remove it with: deployer lock release --host HOST --force")
@@ -50,17 +94,27 @@ def lock_path(git_dir: str) -> str:
 
 def read_state(transport: Transport, git_dir: str, ttl_s: float) -> LockState | None:
     path = lock_path(git_dir)
-    raw = transport.get(posixpath.join(path, "info.json"))
-    exists = raw is not None or transport.run(("test", "-d", path), timeout=30).ok
-    if not exists:
-        return None
+    out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.split()
+    if len(out) != 3 or out[2] == "-":
+        return None  # nothing at the lock's name (a dangling link still has its own mtime)
+    raw = transport.get(posixpath.join(path, "info.json"), timeout=TIMEOUT_S)
     try:
-        info = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        info = {}
-    out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", posixpath.join(path, "heartbeat")), timeout=30).out.split()
-    age = float(out[0]) - float(out[1]) if len(out) == 2 and out[1].isdigit() else None
+        info = json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        info = None
+    since = out[1] if out[1] != "-" and info is not None else out[2]
+    age = float(out[0]) - float(since) if since.isdigit() and out[0].isdigit() else None
+    if not isinstance(info, dict):
+        return LockState(path, {}, age, ttl_s, taking=True)
     return LockState(path, info, age, float(str(info.get("ttl_s", ttl_s))))
+
+
+def strays(transport: Transport, git_dir: str) -> list[str]:
+    """Lock directories the lock does not name: left by a run cut while taking or releasing it."""
+    found = transport.run(("sh", "-c", _STRAYS, "sh", git_dir), timeout=TIMEOUT_S)
+    if not found.ok:
+        raise DeployerError(f"cannot list {git_dir}: {found.err.strip()}")
+    return [posixpath.join(git_dir, name) for name in found.out.split("\0") if name]
 
 
 class DeployLock:
@@ -68,36 +122,57 @@ class DeployLock:
 
     def __init__(self, transport: Transport, git_dir: str, info: dict[str, object], ttl_s: float) -> None:
         self.transport = transport
+        self.git_dir = git_dir
         self.path = lock_path(git_dir)
         self.info = {**info, "ttl_s": ttl_s,
                      "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        self.name = f"{LOCK_NAME}.{info['run_id']}"
+        self.dir = posixpath.join(git_dir, self.name)
         self.ttl_s = ttl_s
+        self.removed: list[str] = []  # strays cleared after taking the lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
-        made = self.transport.run(("mkdir", "--", self.path), timeout=30)
-        if not made.ok:
-            if not self.transport.run(("test", "-d", self.path), timeout=30).ok:
-                # Not held: mkdir failed for another reason (a file in the way, permissions, a full disk).
-                raise DeployerError(f"cannot create the deploy lock {self.path}: {made.err.strip()}")
-            state = read_state(self.transport, posixpath.dirname(self.path), self.ttl_s)
-            if state is None:  # released between our mkdir and our read: say so rather than retry silently
+        try:
+            taken = self.transport.run(("sh", "-c", _TAKE, "deployer-lock", self.path, self.dir, self.name),
+                                       stdin=json.dumps(self.info, indent=1).encode(), timeout=TIMEOUT_S)
+        except DeployerError as exc:
+            raise self._cut(str(exc)) from exc
+        if taken.timed_out:
+            raise self._cut(f"taking the deploy lock did not finish within {TIMEOUT_S:g}s, killed")
+        if taken.exit_code == HELD:
+            state = read_state(self.transport, self.git_dir, self.ttl_s)
+            if state is None:
+                if self.transport.run(("test", "-e", self.path), timeout=TIMEOUT_S).ok:
+                    raise DeployerError(f"cannot create the deploy lock {self.path}: something that is not a "
+                                        "lock is in the way; move it aside")
+                # Released between our attempt and our read: say so rather than retry silently.
                 raise LockHeld(f"the deploy lock {self.path} was busy a moment ago; try again")
             raise LockHeld(f"the deploy lock {self.path} is {state.describe()}")
+        if taken.exit_code == VANISHED:
+            raise LockHeld(f"the deploy lock {self.path} was contended while taking it; try again")
+        if not taken.ok:
+            raise DeployerError(f"cannot create the deploy lock {self.path}: {taken.err.strip()}")
         try:
-            self.transport.put(json.dumps(self.info, indent=1).encode(), posixpath.join(self.path, "info.json"),
-                               mode=0o600)
-            self._beat()
+            for stray in strays(self.transport, self.git_dir):
+                self.transport.run(("rm", "-rf", "--", stray), timeout=TIMEOUT_S)
+                self.removed.append(stray)
         except BaseException:
             with contextlib.suppress(DeployerError):  # never leave a lock nobody holds, if we still can
-                self.transport.run(("rm", "-rf", "--", self.path), timeout=30)
+                self._remove()
             raise
         self._thread = threading.Thread(target=self._loop, name="deployer-heartbeat", daemon=True)
         self._thread.start()
 
+    def _cut(self, why: str) -> DeployerError:
+        return DeployerError(
+            f"{why}; cut while taking the deploy lock: the target holds either no lock or this run's complete "
+            f"lock {self.path} (-> {self.name}), plus at most the directory {self.dir}. `deployer lock status` "
+            "says which; the next run that takes the lock removes that directory")
+
     def _beat(self) -> None:
-        self.transport.run(("touch", "--", posixpath.join(self.path, "heartbeat")), timeout=30)
+        self.transport.run(("touch", "--", posixpath.join(self.dir, "heartbeat")), timeout=TIMEOUT_S)
 
     def _loop(self) -> None:
         while not self._stop.wait(max(self.ttl_s / 4, 0.5)):
@@ -105,25 +180,24 @@ class DeployLock:
             with contextlib.suppress(DeployerError):
                 self._beat()
 
+    def _remove(self) -> None:
+        self.transport.run(("sh", "-c", _REMOVE, "deployer-unlock", self.path), timeout=TIMEOUT_S)
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=35)
         # Only remove the lock if it is still ours (a forced release may have handed it on).
-        current = self.transport.get(posixpath.join(self.path, "info.json"))
-        try:
-            holder = json.loads(current).get("run_id") if current is not None else None
-        except json.JSONDecodeError:
-            holder = None  # not ours to judge: leave it for `lock status` to show
-        if holder == self.info.get("run_id"):
-            self.transport.run(("rm", "-rf", "--", self.path), timeout=30)
+        current = self.transport.run(("readlink", "--", self.path), timeout=TIMEOUT_S)
+        if current.ok and current.out.strip() == self.name:
+            self._remove()
 
 
 def force_release(transport: Transport, git_dir: str) -> bool:
     path = lock_path(git_dir)
-    if not transport.run(("test", "-d", path), timeout=30).ok:
+    if read_state(transport, git_dir, 0) is None:
         return False
-    result = transport.run(("rm", "-rf", "--", path), timeout=30)
+    result = transport.run(("sh", "-c", _REMOVE, "deployer-unlock", path), timeout=TIMEOUT_S)
     if not result.ok:
         raise DeployerError(f"cannot remove {path}: {result.err.strip()}")
     return True

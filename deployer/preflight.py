@@ -1,34 +1,41 @@
-"""Read-only facts about the target gathered before anything changes: HEAD, the files' bytes, dirt."""
+"""Read-only facts about the target gathered before anything changes: HEAD, the files' bytes, dirt.
+
+Every list of paths read back from the target is NUL-delimited: one odd name must not shift the
+answers for the others."""
 
 from __future__ import annotations
 
+import difflib
 import posixpath
 import subprocess
 import tempfile
 from pathlib import Path
 
+from deployer import yamlsrc
 from deployer.config import check_repo_relative
 from deployer.context import Change, Context
 from deployer.errors import ConfigError, StepFailed
+from deployer.steps.git import UNCHANGED, git, names
 
 STEP = "preflight"
 
 
-def preflight(ctx: Context, *, allow_dirty: bool) -> None:
-    """Fill ctx.git_before, ctx.git_dir and ctx.changes; refuse what would lose work."""
+def preflight(ctx: Context, *, allow_dirty: bool) -> dict[str, bytes | None]:
+    """Fill ctx.git_before, ctx.git_dir and ctx.changes; refuse what would lose work.
+
+    Returns each dest's bytes at HEAD (None: not tracked), what diffs and bounds count against."""
     if ctx.git_dir is None:
-        ctx.git_dir = ctx.check(("git", "rev-parse", "--absolute-git-dir"),
+        ctx.git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
                                 f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
-    ctx.git_before = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+    ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
     new = _new_bytes(ctx)
     dests = sorted(new)
-    _refuse_escapes(ctx, dests)
-    tracked = set(filter(None, ctx.check(("git", "ls-files", "-z", "--", *dests), "git ls-files failed",
-                                         timeout=30).out.split("\0")))
+    refuse_unsafe_dests(ctx, dests)
+    tracked = set(names(ctx.check(git("ls-files", "-z", "--", *dests), "git ls-files failed", timeout=30).out))
     # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
-    status = ctx.check(("git", "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                        "--", *dests), "git status failed", timeout=30).out
-    dirty = sorted({entry[3:] for entry in status.split("\0") if len(entry) > 3})
+    status = ctx.check(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
+                           "--untracked-files=all", "--", *dests), "git status failed", timeout=30).out
+    dirty = sorted({entry[3:] for entry in names(status) if len(entry) > 3})
     ctx.facts["dirty"] = dirty
     if dirty and not allow_dirty:
         raise StepFailed(STEP, f"the target has uncommitted changes in {', '.join(dirty)}; nothing was "
@@ -42,8 +49,13 @@ def preflight(ctx: Context, *, allow_dirty: bool) -> None:
         if old is None:
             change.new_dirs = _missing_dirs(ctx, dest)
         ctx.changes.append(change)
+    _refuse_untracked(ctx)
+    head = {c.dest: _head_bytes(ctx, c.dest) if c.dest in dirty else c.old for c in ctx.changes if c.tracked}
+    # "Already applied" is HEAD's business: a work-tree file that has the bytes uncommitted still needs the commit.
+    ctx.facts[UNCHANGED] = [c.dest for c in ctx.changes if c.tracked and head[c.dest] == c.new]
     ctx.emit("preflight", head=ctx.git_before, git_dir=ctx.git_dir, dirty=dirty, files=[
         {"dest": c.dest, "exists": c.old is not None, "tracked": c.tracked} for c in ctx.changes])
+    return {c.dest: head.get(c.dest) for c in ctx.changes}
 
 
 def _new_bytes(ctx: Context) -> dict[str, bytes]:
@@ -52,16 +64,69 @@ def _new_bytes(ctx: Context) -> dict[str, bytes]:
     return apply_patch_here(ctx, ctx.playbook.patch)
 
 
-def _refuse_escapes(ctx: Context, dests: list[str]) -> None:
-    """A dest that resolves outside the repo through a symlink on the target is refused."""
-    paths = [ctx.repo, *(ctx.in_repo(d) for d in dests)]
-    out = ctx.check(("realpath", "-m", "--", *paths), "cannot resolve the target paths", timeout=30).out
-    resolved = out.splitlines()
-    root = resolved[0].rstrip("/") + "/"
-    for dest, real in zip(dests, resolved[1:], strict=False):
-        if not real.startswith(root):
+def _head_bytes(ctx: Context, dest: str) -> bytes | None:
+    """dest's bytes at HEAD; None when HEAD has no such file (staged as new, say)."""
+    shown = ctx.run(git("cat-file", "blob", f"HEAD:{dest}"), timeout=30, quiet=True)
+    return shown.stdout if shown.ok else None
+
+
+def refuse_unsafe_dests(ctx: Context, dests: list[str]) -> None:
+    """Each dest must be its own real path in the repo's work tree: not in the git dir, not through a symlink."""
+    common = ctx.check(git("rev-parse", "--git-common-dir"), "cannot find the git dir", timeout=30).out
+    git_dirs = [ctx.git_dir or ".git", posixpath.join(ctx.repo, common.removesuffix("\n"))]
+    paths = [ctx.repo, *git_dirs, *(ctx.in_repo(d) for d in dests)]
+    resolved = names(ctx.check(("realpath", "-m", "-z", "--", *paths), "cannot resolve the target paths",
+                               timeout=30, quiet=True).out)
+    if len(resolved) != len(paths):
+        raise StepFailed(STEP, f"realpath on the target answered {len(resolved)} paths for {len(paths)}")
+    root, reals = resolved[0], resolved[3:]
+    for dest, real in zip(dests, reals, strict=True):
+        inside = next((g for g in resolved[1:3] if real == g or real.startswith(g.rstrip("/") + "/")), None)
+        if inside is not None:
+            raise StepFailed(STEP, f"{dest} resolves to {real} on the target, inside the git dir {inside} "
+                             "(through a symlink); refusing to write git's own files")
+        if not real.startswith(root.rstrip("/") + "/"):
             raise StepFailed(STEP, f"{dest} resolves to {real} on the target, outside the repo "
                              "(a symlink); refusing to write through it")
+        if real != posixpath.join(root, dest):
+            real_dest = real[len(root.rstrip("/")) + 1:]
+            raise StepFailed(STEP, f"{dest} is or goes through a symlink on the target (it resolves to {real_dest}); "
+                             f"refusing to replace a link or write through one. Ship {real_dest} instead")
+
+
+def _refuse_untracked(ctx: Context) -> None:
+    """A dest git does not track is created only when the playbook says so (a typo must not make a new file).
+
+    A patch says so itself when it creates the file; a patch cannot change an untracked file that exists."""
+    marks: yamlsrc.Document | None = None
+    for change in ctx.changes:
+        if change.tracked:
+            continue
+        if ctx.playbook.patch is not None:
+            if change.old is None:
+                continue
+            where, why = f"{ctx.playbook.model.patch}", "the patch changes a file git does not track there"
+        else:
+            index = next(i for i, f in enumerate(ctx.playbook.model.files) if f.dest == change.dest)
+            if ctx.playbook.model.files[index].create:
+                continue
+            marks = marks or yamlsrc.load(ctx.playbook.path)
+            where = f"{marks.mark(('files', index, 'dest'))}: files.{index}.dest"
+            why = "git does not track it there; add `create: true` to this entry to create a new file"
+        listed = names(ctx.check(git("ls-files", "-z"), "git ls-files failed", timeout=60, quiet=True).out)
+        guess = closest(change.dest, listed)
+        hint = f"; did you mean {guess}?" if guess else ""
+        raise ConfigError(f"{where}: {change.dest} on {ctx.host_name}: {why}{hint} (nothing was changed)")
+
+
+def closest(dest: str, tracked: list[str]) -> str | None:
+    """The tracked path a mistyped dest most likely meant: one that ends with it (a missing leading
+    directory), else the most similar name."""
+    ends = [path for path in tracked if path.endswith("/" + dest)]
+    if len(ends) == 1:
+        return ends[0]
+    found = difflib.get_close_matches(dest, ends or tracked, n=1, cutoff=0.8)
+    return found[0] if found else None
 
 
 def _missing_dirs(ctx: Context, dest: str) -> list[str]:

@@ -1,19 +1,25 @@
-"""Undo a recorded run: back to its `git.before` by a new commit, restart, verify again."""
+"""Undo a recorded run: back to its `git.before` by a new commit, restart, verify again.
+
+The run log says what to undo; it is trusted only when it verifies and agrees with the target's
+own history (the commit's trailers and parent), so an edited log cannot aim a rollback elsewhere.
+"""
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from deployer import diffs
+from deployer import diffs, runlog
 from deployer.context import CancelToken, Context
 from deployer.engine import Engine, FilePlan, PlanReport, RunResult, target_state
-from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed
+from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
 from deployer.lock import read_state
 from deployer.run.state import Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Action, Effect
-from deployer.transport.base import Transport
+from deployer.steps.git import git, names, touched_by
+from deployer.transport.base import ExecResult, Transport
 
 # The old build must not face the storm that proved the fix: restarts and metric checks only.
 VERIFY = (Effect.restarts, Effect.verifies)
@@ -30,49 +36,157 @@ class Target:
 
     @classmethod
     def of(cls, run: Run) -> Target:
-        git, end = run.git, run.end or {}
+        """The run's record, from a log that verifies; exit 5 naming the problems otherwise."""
+        problems = runlog.verify(run.dir.parent, run.run_id)
+        if problems:
+            raise VerificationFailed(f"the log of run {run.run_id} does not verify (deployer runs verify "
+                                     f"{run.run_id}); refusing to act on it:\n  " + "\n  ".join(problems))
+        git_, end = run.git, run.end or {}
         recovered = [link for link in run.all("recovered_by") if link.get("commit")]
-        if recovered and not git.get("after"):  # cut while committing; recover found the commit
-            git = {**git, "after": recovered[-1]["commit"]}
-        if not git.get("after") or not git.get("before"):
+        if recovered and not git_.get("after"):  # cut while committing; recover found the commit
+            git_ = {**git_, "after": recovered[-1]["commit"]}
+        if not git_.get("after") or not git_.get("before"):
             raise ConfigError(f"run {run.run_id} made no commit (status {run.status}); there is nothing to roll "
                               "back. A run that failed before its commit restored the target itself.")
-        if run.status != "successful" and (end.get("facts") or {}).get("rollback_commit"):
+        return cls(str(git_["before"]), str(git_["after"]), [str(f) for f in end.get("files") or []])
+
+
+@dataclass(frozen=True)
+class Deploy:
+    commit: str
+    date: str
+    subject: str
+    run_id: str
+    rollback_of: str
+    parent: str = ""
+    log: str = ""  # the Deployer-Log trailer: sha256:<hex> of the run log when the commit was made
+
+
+Runner = Callable[[Sequence[str]], ExecResult]
+_FORMAT = ("%H%x1f%aI%x1f%s%x1f%(trailers:key=Deployer-Run,valueonly,separator=%x2C)"
+           "%x1f%(trailers:key=Deployer-Rollback-Of,valueonly,separator=%x2C)%x1f%P"
+           "%x1f%(trailers:key=Deployer-Log,valueonly,separator=%x2C)%x1e")
+
+
+def _deploys(run: Runner, *selection: str) -> list[Deploy]:
+    """Commits of HEAD's history that selection picks, with their deployer trailers."""
+    result = run(git("log", f"--format={_FORMAT}", *selection, "HEAD", "--"))
+    if not result.ok:
+        raise ConfigError(f"git log failed on the target: {result.err.strip()}")
+    deploys = []
+    for record in filter(str.strip, result.out.split("\x1e")):
+        commit, date, subject, run_id, rollback_of, parents, log = (part.strip() for part in record.split("\x1f"))
+        deploys.append(Deploy(commit, date, subject, run_id, rollback_of, (parents.split() or [""])[0], log))
+    return deploys
+
+
+def list_deploys(transport: Transport, repo: str, limit: int = 50) -> list[Deploy]:
+    """Commits on the target that carry a Deployer-Run trailer: works without the run directory."""
+    return _deploys(lambda argv: transport.run(argv, cwd=repo, timeout=60), f"-n{limit}", "--grep=^Deployer-Run: ")
+
+
+def _mentioning(ctx: Context, run_id: str) -> list[Deploy]:
+    """Commits of HEAD's history whose message names the run (its trailers say how)."""
+    return _deploys(lambda argv: ctx.run(argv, timeout=120), "--fixed-strings", f"--grep={run_id}")
+
+
+def target_problems(ctx: Context, run: Run) -> list[str]:
+    """Where the run's log and the target's history disagree; empty when the history vouches for the log.
+
+    The run's commits (trailer Deployer-Run) must anchor a beginning of this log (trailer Deployer-Log),
+    and the commit the log names must be one of them, with the log's `before` as its parent and exactly
+    the log's files."""
+    data = (run.dir / runlog.EVENTS).read_bytes()
+    own = [d for d in _mentioning(ctx, run.run_id) if d.run_id == run.run_id]
+    problems = []
+    for deploy in own:
+        anchor = deploy.log.removeprefix("sha256:")
+        if not deploy.log.startswith("sha256:") or runlog.anchored_lines(data, anchor) is None:
+            problems.append(f"commit {deploy.commit[:12]} on the target has Deployer-Log {deploy.log or '(none)'}, "
+                            "which matches no beginning of this log: the log was rewritten after that commit")
+    before, after = run.git.get("before"), run.git.get("after")
+    if not after:
+        if own:
+            problems.append(f"the log records no commit, but the target's history has "
+                            f"{', '.join(d.commit[:12] for d in own)} made by this run")
+        return problems
+    found = next((d for d in own if d.commit == after), None)
+    if found is None:
+        return [*problems, f"the log's commit {str(after)[:12]} is not a commit of run {run.run_id} in the history "
+                           f"of HEAD on {ctx.host_name}"]
+    if found.parent != before:
+        problems.append(f"the log says the run started from {str(before)[:12]}, but its commit "
+                        f"{found.commit[:12]} has parent {found.parent[:12]}")
+    files = sorted(str(f) for f in (run.end or {}).get("files") or [])
+    touched = touched_by(ctx, found.commit)
+    if files != touched:
+        problems.append(f"the log names the files {', '.join(files)}, but commit {found.commit[:12]} "
+                        f"touched {', '.join(touched)}")
+    return problems
+
+
+def check_recorded(ctx: Context, run: Run, target: Target) -> None:
+    """The run's commit is in HEAD's history, the history vouches for the log, and it was not undone already."""
+    if not ctx.run(git("cat-file", "-e", f"{target.after}^{{commit}}"), timeout=30).ok or \
+            not ctx.run(git("merge-base", "--is-ancestor", target.after, "HEAD"), timeout=30).ok:
+        raise StepFailed(STEP, f"commit {target.after[:12]} is not in the history of {ctx.repo} on "
+                         f"{ctx.host_name}; it was never deployed there, or the history was rewritten")
+    problems = target_problems(ctx, run)
+    if problems:
+        raise VerificationFailed(f"the log of run {run.run_id} does not match the target's history; refusing "
+                                 "to roll back from it:\n  " + "\n  ".join(problems))
+    refuse_if_rolled_back(ctx, run)
+
+
+def refuse_if_rolled_back(ctx: Context, run: Run) -> None:
+    """A rollback the log claims counts only when its revert commit is in the target's history."""
+    claimed = {str(link.get("by")) for link in run.all("rolled_back_by") if link.get("status") == "successful"}
+    own_revert = ((run.end or {}).get("facts") or {}).get("rollback_commit") if run.status != "successful" else None
+    for deploy in _mentioning(ctx, run.run_id):
+        if deploy.rollback_of != run.run_id:
+            continue
+        if deploy.run_id == run.run_id and deploy.commit == own_revert:
             raise ConfigError(f"run {run.run_id} was already rolled back by its own on_failure "
-                              f"(commit {end['facts']['rollback_commit'][:12]})")
-        done = [link for link in run.all("rolled_back_by") if link.get("status") == "successful"]
-        if done:
-            raise ConfigError(f"run {run.run_id} was already rolled back by run {done[-1].get('by')} "
-                              f"(commit {str(done[-1].get('commit'))[:12]})")
-        return cls(str(git["before"]), str(git["after"]), [str(f) for f in end.get("files") or []])
+                              f"(commit {deploy.commit[:12]})")
+        if deploy.run_id in claimed:
+            raise ConfigError(f"run {run.run_id} was already rolled back by run {deploy.run_id} "
+                              f"(commit {deploy.commit[:12]})")
 
 
 def check(ctx: Context, target: Target, *, force: bool) -> None:
-    """Refuse a commit the target does not have, or files changed since the run (unless forced)."""
-    if not ctx.run(("git", "cat-file", "-e", f"{target.after}^{{commit}}"), timeout=30).ok or \
-            not ctx.run(("git", "merge-base", "--is-ancestor", target.after, "HEAD"), timeout=30).ok:
-        raise StepFailed(STEP, f"commit {target.after[:12]} is not in the history of {ctx.repo} on "
-                         f"{ctx.host_name}; it was never deployed there, or the history was rewritten")
-    changed = ctx.run(("git", "diff", "--name-only", target.after, "--", *target.files), timeout=30).out.split()
-    if changed and already_reverted(ctx, target):
+    """Refuse files changed since the run (unless forced); a partial earlier rollback is not a change."""
+    files = target.files
+    committed = _differ(ctx, target.after, "HEAD", files)
+    if committed and already_reverted(ctx, target):
         return  # an earlier rollback of this run got as far as its commit: finish its restart and checks
+    # In the work tree, a file that holds the run's content or the content before it is ours to replace.
+    edited = set(_differ(ctx, target.after, None, files)) & set(_differ(ctx, target.before, None, files))
+    changed = sorted(set(committed) | edited)
     if changed and not force:
         raise StepFailed(STEP, f"{', '.join(changed)} changed on the target since run's commit "
                          f"{target.after[:12]} (later commits or local edits); rolling back would discard "
                          "them. Check with git log there, or pass --force")
 
 
+def _differ(ctx: Context, commit: str, other: str | None, files: list[str]) -> list[str]:
+    """The files that differ between commit and other (None: the work tree)."""
+    against = (other,) if other else ()
+    return names(ctx.check(git("diff", "--name-only", "--no-renames", "-z", commit, *against, "--", *files),
+                           "cannot compare the run's files", timeout=30).out)
+
+
 def already_reverted(ctx: Context, target: Target) -> bool:
     """The run's files already hold their content from before the run (work tree and HEAD)."""
-    return ctx.run(("git", "diff", "--quiet", target.before, "--", *target.files), timeout=30).ok and \
-        ctx.run(("git", "diff", "--quiet", target.before, "HEAD", "--", *target.files), timeout=30).ok
+    return not _differ(ctx, target.before, None, target.files) and \
+        not _differ(ctx, target.before, "HEAD", target.files)
 
 
 def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     target = Target.of(run)
 
     def body(ctx: Context, log: RunLogWriter) -> None:
-        ctx.git_before = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+        ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+        check_recorded(ctx, run, target)
         check(ctx, target, force=force)
         ctx.facts["files"] = target.files
         # From here the rollback must finish: the first signal no longer stops it (a second forces).
@@ -80,11 +194,13 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         assert ctx.record is not None
         ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
         try:
-            ctx.git_after = engine.revert(ctx, before=target.before, dests=target.files,
-                                          rollback_of=run.run_id, verify=VERIFY)
+            revert = engine.revert(ctx, before=target.before, dests=target.files,
+                                   rollback_of=run.run_id, verify=VERIFY)
         except DeployerError as exc:
             raise RollbackFailed(f"{exc}\n{target_state(ctx)}\nRun the rollback again to finish it: "
                                  f"deployer rollback {run.run_id}") from None
+        # When an earlier attempt already made the revert commit, this run made none of its own.
+        ctx.git_after = revert if revert != ctx.git_before else None
 
     result = engine.execute(body, rollback_of=run.run_id)
     link = RunLogWriter.reopen(run.dir.parent, run.run_id)
@@ -96,52 +212,37 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     return result
 
 
+def verify_on_target(engine: Engine, run: Run) -> list[str]:
+    """`runs verify --target`: where the run's log and the target's history disagree."""
+    bus = engine.new_bus()
+    with engine.connect(bus) as transport:
+        return target_problems(engine.context("<verify>", bus, transport), run)
+
+
 def plan(engine: Engine, run: Run) -> PlanReport:
     """What the rollback would change, read from the target without changing it."""
     target = Target.of(run)
-    with engine.connect(engine.new_bus()) as transport:
+    bus = engine.new_bus()
+    with engine.connect(bus) as transport:
+        ctx = engine.context("<dry-run>", bus, transport)
+        check_recorded(ctx, run, target)
         files = [_file_plan(transport, engine.host.repo, target, dest) for dest in target.files]
-        head = transport.run(("git", "rev-parse", "HEAD"), cwd=engine.host.repo, timeout=30).out.strip()
-        git_dir = transport.run(("git", "rev-parse", "--absolute-git-dir"), cwd=engine.host.repo,
-                                timeout=30).out.strip()
+        head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+        git_dir = ctx.run(git("rev-parse", "--absolute-git-dir"), timeout=30).out.strip()
         lock = read_state(transport, git_dir, engine.host.lock_ttl_s) if git_dir else None
     stat = diffs.DiffStat(tuple(f.stat for f in files))
     steps = [("rollback", [Action(f"commit {', '.join(target.files)} as of {target.before[:12]} with trailers "
-                                  f"Deployer-Run and Deployer-Rollback-Of: {run.run_id}")])]
+                                  f"Deployer-Run, Deployer-Log and Deployer-Rollback-Of: {run.run_id}")])]
     steps += [(s.name, [Action(f"again after the revert: {s.kind}")]) for s in engine.steps if s.effect in VERIFY]
     return PlanReport(engine.host_name, engine.host.repo, head, files, stat, None, steps, lock)
 
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:
     current = transport.get(posixpath.join(repo, dest))
-    shown = transport.run(("git", "show", f"{target.before}:{dest}"), cwd=repo, timeout=30)
+    shown = transport.run(git("cat-file", "blob", f"{target.before}:{dest}"), cwd=repo, timeout=30, capture=None)
     wanted = shown.stdout if shown.ok else None
     if wanted is None:
         return FilePlan(dest, f"--- a/{dest}\n+++ /dev/null\n(removed: absent before the run)\n",
                         diffs.FileStat(dest, 0, len((current or b"").splitlines())), current is not None)
     return FilePlan(dest, diffs.unified(dest, current, wanted), diffs.numstat(dest, current, wanted),
                     current is not None)
-
-
-@dataclass(frozen=True)
-class Deploy:
-    commit: str
-    date: str
-    subject: str
-    run_id: str
-    rollback_of: str
-
-
-def list_deploys(transport: Transport, repo: str, limit: int = 50) -> list[Deploy]:
-    """Commits on the target that carry a Deployer-Run trailer: works without the run directory."""
-    fmt = ("%H%x1f%aI%x1f%s%x1f%(trailers:key=Deployer-Run,valueonly,separator=%x2C)"
-           "%x1f%(trailers:key=Deployer-Rollback-Of,valueonly,separator=%x2C)%x1e")
-    result = transport.run(("git", "log", f"-n{limit}", "--grep=^Deployer-Run: ", f"--format={fmt}"),
-                           cwd=repo, timeout=60)
-    if not result.ok:
-        raise ConfigError(f"git log failed in {repo}: {result.err.strip()}")
-    deploys = []
-    for record in filter(str.strip, result.out.split("\x1e")):
-        commit, date, subject, run_id, rollback_of = (part.strip() for part in record.split("\x1f"))
-        deploys.append(Deploy(commit, date, subject, run_id, rollback_of))
-    return deploys

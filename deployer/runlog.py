@@ -63,15 +63,18 @@ class RunLogWriter:
         self._fd = os.open(self.dir / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self._seq = 0
         self._prev = GENESIS
+        self._sha256 = hashlib.sha256()  # of every byte written: the commit's Deployer-Log trailer
 
     @classmethod
     def reopen(cls, runs_dir: Path, run_id: str) -> RunLogWriter:
         """Continue an ended run's chain (to link it to a later run); the chain stays verifiable."""
         writer = cls.__new__(cls)
         writer.run_id, writer.dir = run_id, runs_dir / run_id
-        lines = (writer.dir / EVENTS).read_bytes().splitlines()
+        data = (writer.dir / EVENTS).read_bytes()
+        lines = data.splitlines()
         writer._fd = os.open(writer.dir / EVENTS, os.O_WRONLY | os.O_APPEND)
         writer._seq, writer._prev = len(lines), _line_hash(lines[-1]) if lines else GENESIS
+        writer._sha256 = hashlib.sha256(data)
         return writer
 
     def write(self, event: dict[str, Any]) -> None:
@@ -79,8 +82,13 @@ class RunLogWriter:
         line = seal(json.loads(json.dumps(record, default=str)))
         os.write(self._fd, line + b"\n")
         os.fsync(self._fd)
+        self._sha256.update(line + b"\n")
         self._prev = _line_hash(line)
         self._seq += 1
+
+    def sha256(self) -> str:
+        """The sha256 of the log as written so far."""
+        return self._sha256.hexdigest()
 
     def attach(self, name: str, data: bytes) -> None:
         """Store an artifact (playbook copy, diff) beside the log; its hash goes into the chain."""
@@ -182,6 +190,19 @@ def verify(runs_dir: Path, run_id: str) -> list[str]:
     if not saw_end:
         problems.append("no run_end event: the log was truncated, or the run was killed before it ended")
     return problems + _check_links(runs_dir, run_id, data)
+
+
+def anchored_lines(data: bytes, sha256: str) -> int | None:
+    """How many first lines of a log hash to sha256 (a commit's Deployer-Log), or None when no beginning does.
+
+    A log rewritten wholesale verifies on its own (every hash recomputed); the target's commit still
+    holds the hash of what the log said when the commit was made."""
+    digest = hashlib.sha256()
+    for count, line in enumerate([b"", *data.splitlines(keepends=True)]):
+        digest.update(line)
+        if digest.hexdigest() == sha256:
+            return count
+    return None
 
 
 def _check_links(runs_dir: Path, run_id: str, data: bytes) -> list[str]:

@@ -23,6 +23,7 @@ from deployer.errors import DeployerError
 from deployer.fleet import FleetState
 from deployer.rollback import Deploy
 from deployer.runlog import Run
+from deployer.steps.services import pid_text as one_pid
 
 if TYPE_CHECKING:
     from deployer.check import CheckReport
@@ -165,7 +166,7 @@ def events_of(result: RunResult) -> list[dict[str, Any]]:
 
 
 def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
-    return ", ".join(f"{name} {p['old']} -> {p['new']}" for name, p in facts.get(key, {}).items())
+    return ", ".join(f"{name} {one_pid(p['old'])} -> {one_pid(p['new'])}" for name, p in facts.get(key, {}).items())
 
 
 def fact_lines(facts: dict[str, Any]) -> list[str]:

@@ -25,11 +25,12 @@ from deployer.config import Host, Unit
 from deployer.context import CancelToken, Context
 from deployer.engine import Engine, RunResult, target_state
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
-from deployer.rollback import VERIFY, Target, check
+from deployer.rollback import VERIFY, Target, check, check_recorded
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps import services
 from deployer.steps.base import Effect, Step
+from deployer.steps.git import git
 from deployer.steps.services import CoRestart
 
 Body = Callable[[Context, RunLogWriter], None]
@@ -156,7 +157,9 @@ class UnitRun:
             self.ctxs[host] = ctx
             locked.set()
             try:
-                ctx.git_before = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+                # As deployer.rollback.rollback checks, before any host of the unit changes.
+                ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+                check_recorded(ctx, run, target)
                 check(ctx, target, force=force)
                 ctx.facts["files"] = target.files
             except DeployerError:
@@ -167,8 +170,10 @@ class UnitRun:
             ctx.cancel = CancelToken()  # from here the rollback must finish (a second signal still forces)
             ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
             try:
-                ctx.git_after = self.engines[host].revert(ctx, before=target.before, dests=target.files,
-                                                          rollback_of=run.run_id, verify=())
+                revert = self.engines[host].revert(ctx, before=target.before, dests=target.files,
+                                                   rollback_of=run.run_id, verify=())
+                # When an earlier attempt already made the revert commit, this run made none of its own.
+                ctx.git_after = revert if revert != ctx.git_before else None
             except DeployerError:
                 barrier.abort()
                 raise

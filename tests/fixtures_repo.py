@@ -50,6 +50,11 @@ def tree_snapshot(root: Path) -> dict[str, str]:
     return snap
 
 
+def work_tree(root: Path) -> dict[str, str]:
+    """tree_snapshot without .git: the files a run may change (git's own bookkeeping moves anyway)."""
+    return {k: v for k, v in tree_snapshot(root).items() if not k.startswith(".git/")}
+
+
 @dataclass
 class Project:
     root: Path

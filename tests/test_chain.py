@@ -29,7 +29,7 @@ def last_run_end(project: Project) -> dict[str, object]:
 def test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files(target: Project) -> None:
     target.write("fix/new_mod.py", "NEW = True\n")
     target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
-                           {"src": "fix/new_mod.py", "dest": "pkg/sub/new_mod.py"}],
+                           {"src": "fix/new_mod.py", "dest": "pkg/sub/new_mod.py", "create": True}],
                     steps=["local_compile", "upload", "remote_compile",
                            {"diff_bounds": {"files": 2, "insertions": [2, 12], "deletions": [0, 2]}},
                            {"commit": {"message": "pkg: answer is 42"}}])
@@ -129,7 +129,7 @@ def test_an_unchanged_file_beside_a_changed_one_is_left_out_of_the_commit(target
 
 def test_new_file_is_removed_with_its_new_directories_on_failure(target: Project) -> None:
     target.write("fix/new_mod.py", "NEW = 1\n")
-    target.playbook(files=[{"src": "fix/new_mod.py", "dest": "pkg/deep/er/new_mod.py"}],
+    target.playbook(files=[{"src": "fix/new_mod.py", "dest": "pkg/deep/er/new_mod.py", "create": True}],
                     steps=["upload", {"diff_bounds": {"files": 5}}])
     snapshot = tree_snapshot(target.repo)
     result = target.deployer("apply", "fix.yaml", "--host", "box")
@@ -152,7 +152,7 @@ def test_dirty_target_file_is_refused_before_any_change(target: Project) -> None
 def test_plan_changes_nothing_and_its_stat_equals_what_apply_commits(target: Project) -> None:
     target.write("fix/new_mod.py", "A = 1\nB = 2\n")
     target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
-                           {"src": "fix/new_mod.py", "dest": "pkg/new_mod.py"}],
+                           {"src": "fix/new_mod.py", "dest": "pkg/new_mod.py", "create": True}],
                     steps=["local_compile", "upload", "remote_compile",
                            {"diff_bounds": {"files": 2, "insertions": [1, 20]}},
                            {"commit": {"message": "m"}}])
@@ -162,7 +162,7 @@ def test_plan_changes_nothing_and_its_stat_equals_what_apply_commits(target: Pro
     assert tree_snapshot(target.repo) == snapshot
     assert "-    return 41" in plan.stdout and "+    return 42" in plan.stdout
     assert "bounds: ok" in plan.stdout
-    assert "git diff --numstat --diff-algorithm=myers HEAD -- pkg/a.py" in plan.stdout
+    assert "diff --numstat -z --no-renames --diff-algorithm=myers HEAD -- pkg/a.py" in plan.stdout
     projected = re.search(r"^ (\d+ files? changed.*)$", plan.stdout, re.M)
     assert projected is not None
 
@@ -191,7 +191,7 @@ def test_patch_mode_applies_with_git_apply(target: Project) -> None:
                                                {"commit": {"message": "patch b"}}])
     plan = target.deployer("plan", "fix.yaml", "--host", "box")
     assert plan.returncode == 0, plan.stderr
-    assert "+OTHER = 3" in plan.stdout and "git apply --check -" in plan.stdout
+    assert "+OTHER = 3" in plan.stdout and "apply --check -" in plan.stdout
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/b.py") == "VALUE = 2\nOTHER = 3\n"
@@ -291,7 +291,7 @@ def test_hostile_names_reach_the_target_literally(target: Project, tmp_path: Pat
     dest = f"pkg/-n $(touch {marker}) 'it''s'.py"
     message = f"fix `touch {marker}` $(touch {marker}) \"quoted\"\nsecond line; rm -rf /"
     target.write("fix/odd.py", "ODD = 1\n")
-    target.playbook(files=[{"src": "fix/odd.py", "dest": dest}],
+    target.playbook(files=[{"src": "fix/odd.py", "dest": dest, "create": True}],
                     steps=["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
                            {"commit": {"message": message}}])
     result = target.deployer("apply", "fix.yaml", "--host", "box")

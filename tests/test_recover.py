@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, work_tree
 from fixtures_services import GAUGE, Stack
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
@@ -87,12 +87,12 @@ def assert_settled(project: Project, run: Path) -> None:
 def recover_twice(project: Project, run: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     first = project.deployer("recover", run.name, *extra)
     assert first.returncode == 0, first.stdout + first.stderr
-    snapshot = tree_snapshot(project.repo)
+    snapshot = work_tree(project.repo)
     head = project.head()
     again = project.deployer("recover", run.name)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "nothing to recover" in again.stdout
-    assert tree_snapshot(project.repo) == snapshot and project.head() == head
+    assert work_tree(project.repo) == snapshot and project.head() == head
     return first
 
 
@@ -113,7 +113,7 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
                                                                                  moment: str) -> None:
     os.chown(target.repo / "pkg/a.py", 12345, 12346)
     (target.repo / "pkg/a.py").chmod(0o640)
-    before_tree, head = tree_snapshot(target.repo), target.head()
+    before_tree, head = work_tree(target.repo), target.head()
     if moment == "pre-commit":
         script, marker = gate(target, "pre-commit")
         hook(target, "pre-commit", script)
@@ -137,7 +137,7 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
     assert f"deployer recover {run.name}" in blocked.stderr
     recover_twice(target, run)
     assert target.head() == head
-    assert tree_snapshot(target.repo) == before_tree
+    assert work_tree(target.repo) == before_tree
     st = (target.repo / "pkg/a.py").stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12346, 0o640)
     assert git(target.repo, "status", "--porcelain") == ""
@@ -216,7 +216,7 @@ def test_killed_while_observing_or_restarting_recover_ends_the_run_consistently(
 
 
 def test_recover_from_another_machine_uses_the_intent_record_and_gits_objects(target: Project) -> None:
-    before_tree, head = tree_snapshot(target.repo), target.head()
+    before_tree, head = work_tree(target.repo), target.head()
     script, marker = gate(target, "pre-commit")
     hook(target, "pre-commit", script)
     target.playbook(steps=commit_with_hooks())
@@ -227,6 +227,6 @@ def test_recover_from_another_machine_uses_the_intent_record_and_gits_objects(ta
     done = target.deployer("recover", "--host", "box", "--runs-dir", str(elsewhere))
     assert done.returncode == 0, done.stdout + done.stderr
     assert run.name in done.stdout and "failed_restored" in done.stdout
-    assert tree_snapshot(target.repo) == before_tree and target.head() == head
+    assert work_tree(target.repo) == before_tree and target.head() == head
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists()
     assert any((p / "events.jsonl").is_file() for p in elsewhere.iterdir())

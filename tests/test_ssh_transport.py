@@ -155,7 +155,7 @@ def test_failed_verification_leaves_old_file_and_removes_temp(
         ssh_transport: SSHTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dest = tmp_path / "keep.txt"
     dest.write_bytes(b"precious\n")
-    monkeypatch.setattr(ssh_transport, "_remote_sha256", lambda sftp, path: "0" * 64)
+    monkeypatch.setattr(ssh_transport, "_remote_sha256", lambda sftp, path, timeout: "0" * 64)
     with pytest.raises(TransportError, match="did not verify"):
         ssh_transport.put(b"corrupted in transit\n", str(dest))
     assert dest.read_bytes() == b"precious\n"
@@ -241,7 +241,7 @@ def test_ten_mebibytes_interleaved_on_stdout_and_stderr_do_not_deadlock(
               "head -c 65536 /dev/zero >&2; i=$((i+1)); done")
     result = ssh_transport.run(["sh", "-c", script], timeout=60)
     assert result.ok, result.err[-200:]
-    assert (len(result.stdout), len(result.stderr)) == (10 * MiB, 10 * MiB)
+    assert (result.out_stream.total, result.err_stream.total) == (10 * MiB, 10 * MiB)
 
 
 # -- connection and host keys ----------------------------------------------------------------

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from deployer.context import Context
 from deployer.engine import Engine, RunResult
-from deployer.errors import ConfigError, DeployerError
+from deployer.errors import ConfigError
 from deployer.run import intent
 from deployer.run.restore import remove_temps, restore_files, run_commit
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.steps.base import Effect
+from deployer.steps.git import git
 
 # What a rollback runs again after its revert (never the storm that proved the fix).
 VERIFY = (Effect.restarts, Effect.verifies)
@@ -66,8 +67,10 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         if pending is not None and pending.run_id != run_id:
             raise ConfigError(f"the target's intent record names run {pending.run_id}, not {run_id}: "
                               f"recover that one (deployer recover {pending.run_id} --host {engine.host_name})")
-        if pending is None and (record is None or record.state.terminal):
-            ctx.emit("recovered", of_run=run_id, outcome=None)  # a second recover: nothing left to do
+        if pending is None and (record is None or record.state.terminal or not record.state.files):
+            # A second recover, or a run cut before it recorded anything to change: only its lock was left.
+            _settle_original(record, Phase.failed_restored)
+            ctx.emit("recovered", of_run=run_id, outcome=None)
             return
         files, before, trailer = _what_to_undo(record, pending)
         found.dests = [f.dest for f in files]
@@ -75,7 +78,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         commit = run_commit(ctx, before, trailer)
         if commit is not None:
             found.commit = ctx.git_after = commit
-            found.temps = remove_temps(ctx, files) if files else []
+            found.temps = remove_temps(ctx, files)
             found.outcome = Phase.failed_committed
             if rollback:
                 _settle_original(record, Phase.rolling_back)
@@ -103,14 +106,12 @@ def _what_to_undo(record: RunRecord | None, pending: intent.Intent | None) -> tu
     """Files, HEAD before and trailer: from the run dir when this machine has it, else from the target."""
     if record is not None and record.state.git_before is not None and record.state.trailer is not None:
         return record.state.files, record.state.git_before, record.state.trailer
-    if pending is not None:
-        return pending.files, pending.head_before, pending.trailer
-    raise DeployerError("the run's record has no HEAD before the run and the target has no intent record: "
-                        "it never got as far as changing anything")
+    assert pending is not None  # the caller returns early when neither says what the run changed
+    return pending.files, pending.head_before, pending.trailer
 
 
 def _committed(ctx: Context, commit: str) -> list[str]:
-    listed = ctx.check(("git", "diff-tree", "--no-commit-id", "--name-only", "-r", "-z", commit),
+    listed = ctx.check(git("diff-tree", "--no-commit-id", "--name-only", "-r", "-z", commit),
                        "cannot list the run's commit", timeout=30).out
     return sorted(filter(None, listed.split("\0")))
 

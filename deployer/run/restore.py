@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from deployer.context import Context
 from deployer.errors import DeployerError, RollbackFailed
 from deployer.run.state import FileRecord, RunRecord
+from deployer.steps.git import git
 
 # Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`).
 TEMP_GLOB = ".*deployer-*.tmp"
@@ -33,7 +34,7 @@ def sha256(data: bytes | None) -> str | None:
 
 def run_commit(ctx: Context, before: str, trailer: str) -> str | None:
     """The commit after `before` that carries the run's trailer, if the target has one."""
-    found = ctx.run(("git", "log", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"), timeout=30)
+    found = ctx.run(git("log", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"), timeout=30)
     hashes = found.out.split() if found.ok else []
     return hashes[0] if hashes else None
 
@@ -44,7 +45,8 @@ def pre_run_bytes(ctx: Context, record: RunRecord | None, before: str, rec: File
     if kept is not None:
         return kept
     if rec.tracked:
-        blob = ctx.run(("git", "cat-file", "blob", f"{before}:{rec.dest}"), timeout=60, quiet=True)
+        blob = ctx.run(git("cat-file", "blob", f"{before}:{rec.dest}"), timeout=60, quiet=True,
+                       capture=None)
         if blob.ok and sha256(blob.stdout) == rec.sha256:
             return blob.stdout
     raise RollbackFailed(f"the pre-run bytes of {rec.dest} (sha256 {str(rec.sha256)[:12]}) are neither in the "
@@ -56,12 +58,12 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
     """Back to `before`: drop the run's own commit, unstage, rewrite or remove each file, clear temps."""
     done = Restored()
     try:
-        head = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+        head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
         if head != before:
             done.undid_commit = _undo_own_commit(ctx, head, before, trailer)
         staged = _staged_by_run(ctx, files)
         if staged:
-            ctx.check(("git", "reset", "-q", "--", *staged), "cannot unstage the run's files", timeout=60)
+            ctx.check(git("reset", "-q", "--", *staged), "cannot unstage the run's files", timeout=60)
         for rec in files:
             current = ctx.transport.get(rec.path)
             if not rec.existed:
@@ -90,7 +92,7 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
 
 def _staged_by_run(ctx: Context, files: list[FileRecord]) -> list[str]:
     """Dests whose index entry holds the run's new bytes: the run's `git add`, not the operator's staging."""
-    listed = ctx.run(("git", "ls-files", "-s", "-z", "--", *(f.dest for f in files)), timeout=60)
+    listed = ctx.run(git("ls-files", "-s", "-z", "--", *(f.dest for f in files)), timeout=60)
     blobs = {}
     for entry in filter(None, listed.out.split("\0")):
         meta, _, path = entry.partition("\t")
@@ -100,12 +102,12 @@ def _staged_by_run(ctx: Context, files: list[FileRecord]) -> list[str]:
 
 def _undo_own_commit(ctx: Context, head: str, before: str, trailer: str) -> str:
     """HEAD moved during the run: drop the commit only if it is the run's own, on top of `before`."""
-    parent = ctx.run(("git", "rev-parse", "HEAD~1"), timeout=30).out.strip()
-    message = ctx.run(("git", "log", "-1", "--format=%B", "HEAD"), timeout=30).out
+    parent = ctx.run(git("rev-parse", "HEAD~1"), timeout=30).out.strip()
+    message = ctx.run(git("log", "-1", "--format=%B", "HEAD"), timeout=30).out
     if parent != before or trailer not in message.splitlines():
         raise RollbackFailed(f"HEAD moved from {before} to {head} during the run, and not by this run's commit; "
                              "left as it is")
-    ctx.check(("git", "reset", "-q", "--soft", before), "cannot undo the run's commit", timeout=60)
+    ctx.check(git("reset", "-q", "--soft", before), "cannot undo the run's commit", timeout=60)
     return head
 
 
@@ -117,8 +119,8 @@ def _keep_owner(ctx: Context, rec: FileRecord) -> None:
 
 
 def remove_temps(ctx: Context, files: list[FileRecord]) -> list[str]:
-    """Temp files an upload left beside the dests (a cut upload); only ever called under the lock."""
-    dirs = sorted({posixpath.dirname(f.path) for f in files})
+    """Temp files a cut upload left beside the dests or in deployer's state dir; only called under the lock."""
+    dirs = sorted({posixpath.dirname(f.path) for f in files} | {ctx.state_dir()})
     found = ctx.run(("find", *dirs, "-maxdepth", "1", "-type", "f", "-name", TEMP_GLOB, "-print0"), timeout=30)
     temps = sorted(filter(None, found.out.split("\0")))
     if temps:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from pydantic import field_validator
 
@@ -13,6 +14,25 @@ from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
 
 Bound = int | tuple[int, int]
+
+# Facts the engine and preflight leave for these steps.
+LOG_SHA256 = "log_sha256"  # sha256 of the run log written so far (set before each step_start)
+UNCHANGED = "unchanged"  # shipped files whose bytes HEAD already has
+
+
+def git(*args: str, hooks: bool = False) -> tuple[str, ...]:
+    """argv of a git command on the target: every git command deployer runs there is built here.
+
+    The repo's config can name programs that git runs as a side effect (core.fsmonitor, hooks);
+    deployer must not run them by surprise, so fsmonitor is always off and hooks are off unless asked
+    for. Pathspecs are literal: a dest like `pkg/*.py` names one file, never a pattern."""
+    no_hooks = () if hooks else ("-c", "core.hooksPath=/dev/null")
+    return ("git", "-c", "core.fsmonitor=false", *no_hooks, "--literal-pathspecs", *args)
+
+
+def names(out: str) -> list[str]:
+    """The paths of a `-z` listing."""
+    return [name for name in out.split("\0") if name]
 
 
 def _check_bound(value: Bound | None) -> Bound | None:
@@ -67,8 +87,9 @@ class DiffBounds(Step):
 
     def commands(self, ctx: Context) -> list[tuple[str, ...]]:
         tracked = [c.dest for c in ctx.changes if c.tracked]
-        cmds = [("git", "diff", "--numstat", DIFF_ALGORITHM, "HEAD", "--", *tracked)] if tracked else []
-        cmds += [("git", "diff", "--no-index", "--numstat", DIFF_ALGORITHM, "--", "/dev/null", c.dest)
+        cmds = [git("diff", "--numstat", "-z", "--no-renames", DIFF_ALGORITHM, "HEAD", "--", *tracked)] \
+            if tracked else []
+        cmds += [git("diff", "--no-index", "--numstat", "-z", DIFF_ALGORITHM, "--", "/dev/null", c.dest)
                  for c in ctx.changes if not c.tracked]
         return cmds
 
@@ -95,6 +116,7 @@ class DiffBounds(Step):
 
 class CommitParams(Strict):
     message: str
+    hooks: bool = False  # run the target repo's commit hooks (pre-commit, commit-msg, post-commit, ...)
     timeout_s: float = 60.0
 
     @field_validator("message")
@@ -106,27 +128,47 @@ class CommitParams(Strict):
 
 
 def unchanged_dests(ctx: Context) -> list[str]:
-    return [c.dest for c in ctx.changes if c.tracked and c.old == c.new]
+    """Shipped files whose bytes HEAD already has: not in the diff, so not in the commit."""
+    return list(ctx.facts.get(UNCHANGED, []))
+
+
+def changed_dests(ctx: Context) -> list[str]:
+    """The shipped files the commit holds."""
+    return [d for d in ctx.dests if d not in unchanged_dests(ctx)]
 
 
 def identity_args(ctx: Context) -> list[str]:
     """Use the target's git identity; only where it has none, commit as the operator."""
-    has = ctx.run(("git", "config", "user.email"), timeout=30)
+    has = ctx.run(git("config", "user.email"), timeout=30)
     if has.ok and has.out.strip():
         return []
     operator = str(ctx.facts.get("operator", "deployer"))
     return ["-c", f"user.name=deployer ({operator})", "-c", f"user.email={operator}"]
 
 
-def commit_files(ctx: Context, dests: Sequence[str], message: str, timeout: float) -> str:
+def commit_argv(message: str, dests: Sequence[str], *, hooks: bool, identity: Sequence[str] = ()) -> tuple[str, ...]:
+    verify = () if hooks else ("--no-verify",)
+    return git(*identity, "commit", "-q", *verify, "-m", message, "--", *dests, hooks=hooks)
+
+
+def touched_by(ctx: Context, commit: str, timeout: float = 60.0) -> list[str]:
+    out = ctx.check(git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", commit),
+                    "cannot list the commit's files", timeout=timeout).out
+    return sorted(names(out))
+
+
+def commit_files(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False) -> str:
     """Commit exactly dests (never -a), prove the commit touched exactly them, return its hash."""
-    ctx.check(("git", "add", "-A", "--", *dests), "git add failed", timeout=timeout)
-    ctx.check(("git", *identity_args(ctx), "commit", "-q", "-m", message, "--", *dests),
-              "git commit failed", timeout=timeout)
-    head = ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
-    touched = ctx.check(("git", "diff-tree", "--no-commit-id", "--name-only", "-r", "-z", "HEAD"),
-                        "cannot list the commit's files", timeout=timeout).out
-    files = sorted(filter(None, touched.split("\0")))
+    ctx.check(git("add", "-A", "--", *dests), "git add failed", timeout=timeout)
+    return commit_staged(ctx, dests, message, timeout, hooks=hooks)
+
+
+def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False) -> str:
+    """Commit dests as the index has them (`git commit -- paths`), and prove the commit touched exactly them."""
+    ctx.check(commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), "git commit failed",
+              timeout=timeout)
+    head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
+    files = touched_by(ctx, head, timeout)
     if set(files) != set(dests):
         raise StepFailed(ctx.bus.step or "commit", f"commit {head[:12]} touched {', '.join(files)} "
                          f"instead of exactly {', '.join(sorted(dests))}")
@@ -137,6 +179,11 @@ def trailers(**pairs: str) -> str:
     return "\n".join(f"{key.replace('_', '-')}: {value}" for key, value in pairs.items())
 
 
+def log_anchor(ctx: Context) -> str:
+    """The Deployer-Log trailer's value: it ties the run log written so far to the target's history."""
+    return f"sha256:{ctx.facts.get(LOG_SHA256) or '<the run log up to this step>'}"
+
+
 class Commit(Step):
     kind = "commit"
     effect = Effect.commits
@@ -145,21 +192,23 @@ class Commit(Step):
     params: CommitParams
 
     def message(self, ctx: Context) -> str:
-        return f"{self.params.message.rstrip()}\n\n{trailers(Deployer_Run=ctx.run_id)}\n"
+        return f"{self.params.message.rstrip()}\n\n{trailers(Deployer_Run=ctx.run_id, Deployer_Log=log_anchor(ctx))}\n"
 
     def plan(self, ctx: Context) -> list[Action]:
-        return [Action("stage the shipped files", ("git", "add", "-A", "--", *ctx.dests), ctx.repo),
-                Action("commit exactly them", ("git", "commit", "-q", "-m", self.message(ctx), "--", *ctx.dests),
+        changed = changed_dests(ctx)
+        if not changed:
+            return [Action("nothing to commit: the target already has these bytes (the step fails)")]
+        return [Action("stage the shipped files", git("add", "-A", "--", *changed), ctx.repo),
+                Action("commit exactly them", commit_argv(self.message(ctx), changed, hooks=self.params.hooks),
                        ctx.repo)]
 
     def run(self, ctx: Context) -> str:
         # A shipped file that already had these bytes is not in the diff, so not in the commit.
-        unchanged = unchanged_dests(ctx)
-        changed = [d for d in ctx.dests if d not in unchanged]
+        unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)
         if not changed:
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
-        ctx.git_after = commit_files(ctx, changed, self.message(ctx), self.timeout_s)
+        ctx.git_after = commit_files(ctx, changed, self.message(ctx), self.timeout_s, hooks=self.params.hooks)
         ctx.facts["files"] = changed  # what a rollback of this run gives back
         ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=changed, unchanged=unchanged)
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
@@ -169,14 +218,52 @@ class Commit(Step):
 def revert_files(ctx: Context, before: str, dests: Sequence[str], message: str, timeout: float = 60.0) -> str:
     """A new commit that gives dests their content at `before` (removing those absent there).
 
-    When HEAD already has that content (an interrupted rollback got that far), HEAD is returned."""
-    if ctx.run(("git", "diff", "--quiet", before, "HEAD", "--", *dests), timeout=timeout).ok:
-        return ctx.check(("git", "rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
-    existed = [d for d in dests
-               if ctx.run(("git", "cat-file", "-e", f"{before}:{d}"), timeout=timeout).ok]
-    absent = [d for d in dests if d not in existed]
+    Safe to repeat after any partial attempt: only files whose HEAD content differs from `before` are
+    touched, and when there are none (an interrupted rollback got that far) HEAD is returned as it is.
+    A rollback must be able to finish, so the target's commit hooks never run here."""
+    todo = names(ctx.check(git("diff", "--name-only", "--no-renames", "-z", before, "HEAD", "--", *dests),
+                           "cannot compare HEAD with the run's starting commit", timeout=timeout).out)
+    if not todo:
+        return ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
+    existed = [d for d in todo if ctx.run(git("cat-file", "-e", f"{before}:{d}"), timeout=timeout).ok]
+    absent = [d for d in todo if d not in existed]
     if existed:
-        ctx.check(("git", "checkout", before, "--", *existed), "cannot restore the files from git", timeout=timeout)
-    if absent:
-        ctx.check(("git", "rm", "-q", "-f", "--", *absent), "cannot remove the run's new files", timeout=timeout)
-    return commit_files(ctx, dests, message, timeout)
+        with owner_and_mode_kept(ctx, existed, timeout):
+            ctx.check(git("checkout", before, "--", *existed), "cannot restore the files from git", timeout=timeout)
+    if absent:  # --ignore-unmatch: an earlier attempt may have removed them already
+        ctx.check(git("rm", "-q", "-f", "--ignore-unmatch", "--", *absent), "cannot remove the run's new files",
+                  timeout=timeout)
+    return commit_staged(ctx, todo, message, timeout)
+
+
+Ownership = tuple[int, int, int]  # uid, gid, permission bits
+
+
+def ownership(ctx: Context, dests: Sequence[str], timeout: float = 60.0) -> dict[str, Ownership]:
+    """Owner and mode of those dests that exist (NUL-delimited: a name cannot shift the answers)."""
+    out = ctx.run(("stat", "--printf", "%u %g %a %n\\0", "--", *dests), timeout=timeout).out
+    found = {}
+    for record in names(out):
+        uid, gid, mode, name = record.split(" ", 3)
+        found[name] = (int(uid), int(gid), int(mode, 8))
+    return found
+
+
+@contextmanager
+def owner_and_mode_kept(ctx: Context, dests: Sequence[str], timeout: float = 60.0) -> Iterator[None]:
+    """git writes files anew (apply, checkout): give them back the owner and mode they had.
+
+    The executable bits are git's to decide (a patch may set them); the rest comes from the old file."""
+    before = ownership(ctx, dests, timeout)
+    yield
+    after = ownership(ctx, list(before), timeout)
+    for dest, (uid, gid, mode) in before.items():
+        if dest not in after:
+            continue
+        now_uid, now_gid, now_mode = after[dest]
+        if (now_uid, now_gid) != (uid, gid):
+            # Only root may give a file away; like an upload, a refusal leaves the file as git made it.
+            ctx.run(("chown", f"{uid}:{gid}", "--", dest), timeout=timeout)
+        wanted = (mode & ~0o111) | (now_mode & 0o111)
+        if wanted != now_mode:
+            ctx.check(("chmod", f"{wanted:o}", "--", dest), f"cannot give {dest} back its mode", timeout=timeout)

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from deployer.config import Host, Service, Strict, resolve_env
 from deployer.context import Context
@@ -20,9 +21,31 @@ from deployer.steps.base import Action, Effect, Step
 from deployer.transport.base import ExecResult
 
 # Detached start: own session (so a stop can signal the whole group), output to the log,
-# stdin closed, and the PID written before the shell returns.
-LAUNCH = 'log=$1; pidfile=$2; shift 2; nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; echo $!'
+# stdin closed, and the PID written before the shell returns. The log holds whatever the service
+# prints, secrets included: 0600, even when an older deployer made it 0644; the umask is changed
+# only for creating it, so the service keeps its own.
+LAUNCH = ('log=$1; pidfile=$2; shift 2; (umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
+          'nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; echo $!')
+LOG_TAIL = 3000
 POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a service looked like on the target just before the restart."""
+
+    pid: int | None  # the live process deployer's record names; None: no record, or it names a dead one
+    health: bool | None  # its health URL answered 200; None: the service has no health URL
+
+    def describe(self) -> str:
+        text = f"pid {self.pid} alive" if self.pid is not None else "no live pid"
+        if self.health is not None:
+            text += ", health " + ("answering" if self.health else "not answering")
+        return text
+
+
+def pid_text(pid: int | None) -> str:
+    return "(none)" if pid is None else str(pid)
 
 
 class Manager(ABC):
@@ -53,9 +76,13 @@ class Manager(ABC):
     @abstractmethod
     def alive(self, pid: int) -> bool: ...
 
+    def observe(self) -> Observed:
+        health = self.service.health
+        return Observed(self.pid(), None if health is None else http_status(self.ctx.transport.reach(health)) == 200)
+
     def fail(self, message: str) -> StepFailed:
         return StepFailed(self.step, f"service {self.name}: {message}",
-                          stderr_tail=self.ctx.bus.masker(self.log_tail()))
+                          stderr_tail=self.ctx.bus.masker.tail(self.log_tail(), LOG_TAIL))
 
 
 class CommandManager(Manager):
@@ -80,11 +107,11 @@ class CommandManager(Manager):
         return posixpath.join(self.ctx.state_dir(), f"{self.name}.started")
 
     def pid(self) -> int | None:
-        raw = self.ctx.transport.get(self.pidfile)
+        raw = self.ctx.transport.get(self.pidfile, timeout=self.timeout)
         text = raw.decode(errors="replace").strip() if raw else ""
         if not text.isdigit() or not self.alive(int(text)):
             return None
-        recorded = self.ctx.transport.get(self.startfile)
+        recorded = self.ctx.transport.get(self.startfile, timeout=self.timeout)
         if recorded is not None and recorded.decode(errors="replace").strip() != self._started_at(int(text)):
             return None  # the pid file outlived its process and the number now names another one
         return int(text)
@@ -116,7 +143,7 @@ class CommandManager(Manager):
         elif pid is not None:
             self._signal("TERM", pid)
         if pid is None:
-            return "not running"
+            return "ran its stop command; no live pid to wait for" if self.service.stop else "no live pid to signal"
         deadline = time.monotonic() + self.service.stop_grace_s
         while self.alive(pid):
             if time.monotonic() >= deadline:
@@ -156,10 +183,10 @@ class CommandManager(Manager):
         launched = self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=self.env(),
                                   timeout=self.timeout).out.strip()
         if launched.isdigit():  # remembered so a recycled PID is never mistaken for the service
-            self.ctx.transport.put(self._started_at(int(launched)).encode(), self.startfile)
+            self.ctx.transport.put(self._started_at(int(launched)).encode(), self.startfile, timeout=self.timeout)
 
     def log_tail(self) -> str:
-        return self.ctx.run(("tail", "-c", "3000", "--", self.logfile), timeout=30).out
+        return self.ctx.run(("tail", "-c", str(LOG_TAIL), "--", self.logfile), timeout=30).out
 
 
 class SystemdManager(Manager):
@@ -253,10 +280,12 @@ class CoRestart(Step):
 
     def run(self, ctx: Context) -> str:
         managers = [manager(ctx, n, self) for n in self.names(ctx)]
-        old = {m.name: m.pid() for m in managers}
+        seen = {m.name: m.observe() for m in managers}
+        old = {n: s.pid for n, s in seen.items()}
         for m in reversed(managers):
             how = m.stop()
-            ctx.emit("service_stopped", service=m.name, pid=old[m.name], how=how)
+            ctx.emit("service_stopped", service=m.name, pid=old[m.name], pid_alive=old[m.name] is not None,
+                     health_answering=seen[m.name].health, seen=seen[m.name].describe(), how=how)
         for m in managers:
             # Something deployer does not know about (started by hand, no pid file) still serving
             # would answer the health check for the new process, which could not even bind.
@@ -274,10 +303,11 @@ class CoRestart(Step):
         ctx.facts["pids"] = {n: {"old": old[n], "new": new[n]} for n in old}
         for m in managers:
             if new[m.name] is None or new[m.name] == old[m.name]:
-                raise m.fail(f"PID did not change ({old[m.name]} -> {new[m.name]}): the restart did not happen")
+                raise m.fail(f"PID did not change ({pid_text(old[m.name])} -> {pid_text(new[m.name])}): "
+                             "the restart did not happen")
             if m.pid() != new[m.name]:
                 raise m.fail(f"pid {new[m.name]} exited right after its health check passed")
-        return ", ".join(f"{n} {old[n]}->{new[n]}" for n in old)
+        return "; ".join(f"{n}: was {seen[n].describe()}; pid {pid_text(old[n])} -> {pid_text(new[n])}" for n in old)
 
     def _wait_healthy(self, ctx: Context, m: Manager) -> int | None:
         deadline = time.monotonic() + m.service.health_timeout_s

@@ -32,9 +32,11 @@ import paramiko
 from deployer.command import quote, shell_line
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
 from deployer.transport.base import (
+    CAPTURE_BYTES,
     DEFAULT_TIMEOUT_S,
     ExecResult,
     PutResult,
+    Stream,
     Transport,
     TransportInfo,
     sha256_hex,
@@ -328,7 +330,7 @@ class SSHTransport(Transport):
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None,
             env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-            stdin: bytes | None = None) -> ExecResult:
+            stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES) -> ExecResult:
         argv_t = tuple(argv)
         started = time.monotonic()
         deadline = started + timeout
@@ -344,7 +346,7 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             _close_quietly(chan)
             raise TransportError(f"{self.name}: could not start {quote(argv_t)}: {_describe(exc)}") from None
-        job = _Job(chan, stdin)
+        job = _Job(chan, stdin, capture=capture)
         try:
             finished = job.wait(deadline)
         except BaseException:
@@ -356,12 +358,12 @@ class SSHTransport(Transport):
             self._kill(job)
             job.wait(time.monotonic() + KILL_GRACE_S)
             _close_quietly(chan)
-            return ExecResult(argv_t, None, job.stdout(), job.stderr(),
+            return ExecResult(argv_t, None, job.out.captured(), job.err.captured(),
                               time.monotonic() - started, timed_out=True)
         _close_quietly(chan)
         if job.lost:
             raise TransportError(f"{self.name}: connection lost while running {quote(argv_t)}")
-        return ExecResult(argv_t, job.exit_code, job.stdout(), job.stderr(),
+        return ExecResult(argv_t, job.exit_code, job.out.captured(), job.err.captured(),
                           time.monotonic() - started)
 
     def _command_line(self, argv: Sequence[str], cwd: str | None,
@@ -389,10 +391,9 @@ class SSHTransport(Transport):
         chan = self._open_channel()
         try:
             self._exec_bounded(chan, line)
-            job = _Job(chan, None, header=False)
-            if not job.wait(time.monotonic() + timeout):
-                return None, job.stdout(), job.stderr()
-            return job.exit_code, job.stdout(), job.stderr()
+            job = _Job(chan, None, header=False, capture=CAPTURE_BYTES)
+            done = job.wait(time.monotonic() + timeout)
+            return job.exit_code if done else None, job.out.captured().kept, job.err.captured().kept
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.name}: helper command failed: {_describe(exc)}") from None
         finally:
@@ -412,73 +413,79 @@ class SSHTransport(Transport):
         if not self._transport.is_active():
             raise paramiko.SSHException(f"no answer from the target within {self._connect_timeout:g}s")
 
-    def _open_channel(self) -> paramiko.Channel:
+    def _open_channel(self, timeout: float | None = None) -> paramiko.Channel:
         if self._closed:
             raise TransportError(f"{self.name}: transport is closed")
         if not self._transport.is_active():
             raise TransportError(f"{self.name}: SSH connection to {self.target.where} was lost")
         try:
-            return self._transport.open_session(timeout=self._connect_timeout)
+            return self._transport.open_session(timeout=min(self._connect_timeout, timeout or self._connect_timeout))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
                                  f"{_describe(exc)}") from None
 
     # -- files ------------------------------------------------------------------------------
 
-    def put(self, data: bytes, dest: str, *, mode: int | None = None) -> PutResult:
+    def put(self, data: bytes, dest: str, *, mode: int | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
         expected = sha256_hex(data)
         directory = posixpath.dirname(dest) or "."
         # Named after dest for whoever finds a leftover, but short enough for NAME_MAX (255).
         stem = posixpath.basename(dest)[:100]
         tmp = posixpath.join(directory, f".{stem}.deployer-{uuid.uuid4().hex[:12]}.tmp")
         if self._become:
-            self._put_become(data, dest, directory, tmp, mode, expected)
+            self._put_become(data, dest, directory, tmp, mode, expected, timeout)
         else:
-            self._put_sftp(data, dest, directory, tmp, mode, expected)
+            self._put_sftp(data, dest, directory, tmp, mode, expected, timeout)
         return PutResult(dest=dest, sha256=expected, size=len(data))
 
     def _put_sftp(self, data: bytes, dest: str, directory: str, tmp: str, mode: int | None,
-                  expected: str) -> None:
+                  expected: str, timeout: float) -> None:
         with self._sftp_lock:
-            sftp = self._sftp_client()
+            sftp = self._sftp_client(timeout)
+            deadline = _SftpDeadline(sftp, timeout)
             try:
-                self._makedirs(sftp, directory)
                 try:
-                    current = sftp.stat(dest)
-                except FileNotFoundError:
-                    current = None
-                if mode is None:
-                    mode = stat.S_IMODE(current.st_mode or 0o644) if current is not None else 0o644
-            except (OSError, paramiko.SSHException, EOFError) as exc:
-                self._after_sftp_error(exc)
-                raise TransportError(f"{self.name}: cannot prepare upload of {dest}: {_describe(exc)}") from None
-            try:
-                # 'x' is O_EXCL; 0600 until the bytes are verified, whatever the final mode.
-                with sftp.open(tmp, "wbx") as handle:
-                    handle.chmod(0o600)
-                    handle.set_pipelined(True)
-                    handle.write(data)
-                sftp.chmod(tmp, mode)
-                if current is not None and current.st_uid is not None and current.st_gid is not None:
-                    # Keep the file's owner (a service user's file must not become root's);
-                    # only root may give a file away, so a refusal leaves it ours as before.
-                    with contextlib.suppress(OSError):
-                        sftp.chown(tmp, current.st_uid, current.st_gid)
-                written = self._remote_sha256(sftp, tmp)
-                if written != expected:
-                    raise TransportError(f"{self.name}: upload of {dest} did not verify: "
-                                         f"sha256 {written} on the target != {expected}")
-                self._rename(sftp, tmp, dest)
-            except BaseException as exc:
-                self._discard(sftp if not self._after_sftp_error(exc) else None, tmp)
-                if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
-                    raise TransportError(f"{self.name}: upload of {dest} failed, old file left "
-                                         f"untouched: {_describe(exc)}") from None
-                raise
+                    self._makedirs(sftp, directory)
+                    try:
+                        current = sftp.stat(dest)
+                    except FileNotFoundError:
+                        current = None
+                    if mode is None:
+                        mode = stat.S_IMODE(current.st_mode or 0o644) if current is not None else 0o644
+                except (OSError, paramiko.SSHException, EOFError) as exc:
+                    self._after_sftp_error(exc)
+                    raise TransportError(f"{self.name}: cannot prepare upload of {dest}: "
+                                         f"{deadline.describe(exc)}") from None
+                try:
+                    # 'x' is O_EXCL; 0600 until the bytes are verified, whatever the final mode.
+                    with sftp.open(tmp, "wbx") as handle:
+                        handle.chmod(0o600)
+                        handle.set_pipelined(True)
+                        handle.write(data)
+                    sftp.chmod(tmp, mode)
+                    if current is not None and current.st_uid is not None and current.st_gid is not None:
+                        # Keep the file's owner (a service user's file must not become root's);
+                        # only root may give a file away, so a refusal leaves it ours as before.
+                        with contextlib.suppress(OSError):
+                            sftp.chown(tmp, current.st_uid, current.st_gid)
+                    written = self._remote_sha256(sftp, tmp, deadline.left())
+                    if written != expected:
+                        raise TransportError(f"{self.name}: upload of {dest} did not verify: "
+                                             f"sha256 {written} on the target != {expected}")
+                    self._rename(sftp, tmp, dest, deadline.left())
+                except BaseException as exc:
+                    self._discard(sftp if not self._after_sftp_error(exc) else None, tmp)
+                    if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
+                        raise TransportError(f"{self.name}: upload of {dest} failed, old file left "
+                                             f"untouched: {deadline.describe(exc)}") from None
+                    raise
+            finally:
+                deadline.cancel()
 
-    def _remote_sha256(self, sftp: paramiko.SFTPClient, path: str) -> str:
+    def _remote_sha256(self, sftp: paramiko.SFTPClient, path: str, timeout: float) -> str:
         code, out, _ = self._exec_plain(
-            quote(["sh", "-c", _SYNC_AND_HASH, "deployer-put", path]), IO_TIMEOUT_S)
+            quote(["sh", "-c", _SYNC_AND_HASH, "deployer-put", path]), timeout)
         digest = out.split(b" ", 1)[0].decode("ascii", "replace")
         if code == 0 and len(digest) == 64:
             return digest
@@ -487,14 +494,14 @@ class SSHTransport(Transport):
             handle.prefetch()
             return sha256_hex(bytes(handle.read()))
 
-    def _rename(self, sftp: paramiko.SFTPClient, tmp: str, dest: str) -> None:
+    def _rename(self, sftp: paramiko.SFTPClient, tmp: str, dest: str, timeout: float) -> None:
         try:
             sftp.posix_rename(tmp, dest)
         except OSError as exc:
             if "extension" not in str(exc).lower() and "unsupported" not in str(exc).lower():
                 raise
             # A server without posix-rename@openssh.com: rename(2) via mv, still atomic.
-            code, _, err = self._exec_plain(quote(["mv", "-f", "-T", "--", tmp, dest]), IO_TIMEOUT_S)
+            code, _, err = self._exec_plain(quote(["mv", "-f", "-T", "--", tmp, dest]), timeout)
             if code != 0:
                 raise OSError(f"mv {tmp} {dest} failed: {err.decode(errors='replace').strip()}") from exc
 
@@ -529,10 +536,11 @@ class SSHTransport(Transport):
                     raise
 
     def _put_become(self, data: bytes, dest: str, directory: str, tmp: str, mode: int | None,
-                    expected: str) -> None:
+                    expected: str, timeout: float) -> None:
         mode_arg = "" if mode is None else format(mode, "o")
+        end = time.monotonic() + timeout
         result = self.run(["sh", "-c", _BECOME_WRITE, "deployer-put", directory, dest, tmp, mode_arg],
-                          stdin=data, timeout=DEFAULT_TIMEOUT_S)
+                          stdin=data, timeout=timeout)
         try:
             written = result.out.split(" ", 1)[0]
             if not result.ok:
@@ -541,7 +549,7 @@ class SSHTransport(Transport):
             if written != expected:
                 raise TransportError(f"{self.name}: upload of {dest} did not verify: "
                                      f"sha256 {written} on the target != {expected}")
-            moved = self.run(["mv", "-f", "-T", "--", tmp, dest], timeout=IO_TIMEOUT_S)
+            moved = self.run(["mv", "-f", "-T", "--", tmp, dest], timeout=max(end - time.monotonic(), 1.0))
             if not moved.ok:
                 raise TransportError(f"{self.name}: could not move the upload into {dest}: "
                                      f"{moved.err.strip()}")
@@ -551,9 +559,9 @@ class SSHTransport(Transport):
                 self.run(["rm", "-f", "--", tmp], timeout=IO_TIMEOUT_S)
             raise
 
-    def get(self, path: str) -> bytes | None:
+    def get(self, path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
         if self._become:
-            result = self.run(["sh", "-c", _BECOME_GET, "deployer-get", path], timeout=DEFAULT_TIMEOUT_S)
+            result = self.run(["sh", "-c", _BECOME_GET, "deployer-get", path], timeout=timeout, capture=None)
             if result.exit_code == ABSENT_EXIT:
                 return None
             if not result.ok:
@@ -561,7 +569,8 @@ class SSHTransport(Transport):
                                      f"{result.err.strip()}")
             return result.stdout
         with self._sftp_lock:
-            sftp = self._sftp_client()
+            sftp = self._sftp_client(timeout)
+            deadline = _SftpDeadline(sftp, timeout)
             try:
                 with sftp.open(path, "rb") as handle:
                     handle.prefetch()
@@ -571,15 +580,17 @@ class SSHTransport(Transport):
             except BaseException as exc:
                 self._after_sftp_error(exc)
                 if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
-                    raise TransportError(f"{self.name}: cannot read {path}: {_describe(exc)}") from None
+                    raise TransportError(f"{self.name}: cannot read {path}: {deadline.describe(exc)}") from None
                 raise
+            finally:
+                deadline.cancel()
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        """The one SFTP session, opened on first use on the shared connection."""
+    def _sftp_client(self, timeout: float) -> paramiko.SFTPClient:
+        """The one SFTP session, opened on first use on the shared connection (within timeout)."""
         if self._sftp is None:
-            chan = self._open_channel()
+            chan = self._open_channel(timeout)
             try:
-                chan.settimeout(self._connect_timeout)
+                chan.settimeout(min(self._connect_timeout, timeout))
                 chan.invoke_subsystem("sftp")
                 sftp = paramiko.SFTPClient(chan)
             except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -684,16 +695,41 @@ class _Watchdog:
         self._timer.cancel()
 
 
+class _SftpDeadline:
+    """Bounds one SFTP operation as a whole: at the caller's timeout it closes the SFTP channel,
+    which fails every call blocked on it (a write waiting for window space on a frozen link, a
+    read waiting for a reply) at once; the session is then dropped and reopened on next use."""
+
+    def __init__(self, sftp: paramiko.SFTPClient, timeout: float) -> None:
+        self.timeout = timeout
+        self.end = time.monotonic() + timeout
+        chan = sftp.get_channel()
+        assert chan is not None, "an open SFTP client has its channel"
+        self._watchdog = _Watchdog(timeout, chan)
+
+    def left(self) -> float:
+        return max(self.end - time.monotonic(), 0.1)
+
+    def describe(self, exc: BaseException) -> str:
+        if self._watchdog.fired:
+            return f"did not finish within {self.timeout:g}s"
+        return _describe(exc)
+
+    def cancel(self) -> None:
+        self._watchdog.cancel()
+
+
 class _Job:
     """One exec channel: stdin fed, stdout and stderr drained concurrently by threads.
 
     Concurrent draining matters: a command that fills its stderr pipe while we only read
     stdout would block forever (and so would we)."""
 
-    def __init__(self, chan: paramiko.Channel, stdin: bytes | None, *, header: bool = True) -> None:
+    def __init__(self, chan: paramiko.Channel, stdin: bytes | None, *, header: bool = True,
+                 capture: int | None) -> None:
         self._chan = chan
-        self._out: list[bytes] = []
-        self._err: list[bytes] = []
+        self.out = Stream(capture)
+        self.err = Stream(capture)
         self._header = bytearray() if header else None
         self._pgid: int | None = None
         self._pgid_seen = threading.Event()
@@ -701,7 +737,7 @@ class _Job:
             self._pgid_seen.set()
         self._readers = [
             threading.Thread(target=self._drain_stdout, daemon=True),
-            threading.Thread(target=self._drain, args=(chan.recv_stderr, self._err), daemon=True),
+            threading.Thread(target=self._drain, args=(chan.recv_stderr, self.err), daemon=True),
         ]
         for reader in self._readers:
             reader.start()
@@ -718,10 +754,10 @@ class _Job:
         except (OSError, EOFError, paramiko.SSHException):
             pass  # the command exited without reading it all; its exit status tells the story
 
-    def _drain(self, recv: Callable[[int], bytes], sink: list[bytes]) -> None:
+    def _drain(self, recv: Callable[[int], bytes], sink: Stream) -> None:
         try:
             while data := recv(CHUNK):
-                sink.append(data)
+                sink.feed(data)
         except (OSError, EOFError, paramiko.SSHException):
             pass
 
@@ -729,7 +765,7 @@ class _Job:
         try:
             while data := self._chan.recv(CHUNK):
                 if self._header is None:
-                    self._out.append(data)
+                    self.out.feed(data)
                     continue
                 self._header += data
                 newline = self._header.find(b"\n")
@@ -738,17 +774,17 @@ class _Job:
                 first, rest = bytes(self._header[:newline]), bytes(self._header[newline + 1:])
                 if newline >= 0 and first.isdigit():
                     self._pgid = int(first)
-                    self._out.append(rest)
+                    self.out.feed(rest)
                 else:
                     # The wrapper did not run (no `sh`?): everything is the command's output.
-                    self._out.append(bytes(self._header))
+                    self.out.feed(bytes(self._header))
                 self._header = None
                 self._pgid_seen.set()
         except (OSError, EOFError, paramiko.SSHException):
             pass
         finally:
             if self._header:
-                self._out.append(bytes(self._header))
+                self.out.feed(bytes(self._header))
             self._header = None
             self._pgid_seen.set()
 
@@ -773,12 +809,6 @@ class _Job:
     @property
     def exit_code(self) -> int:
         return self._chan.exit_status
-
-    def stdout(self) -> bytes:
-        return b"".join(self._out)
-
-    def stderr(self) -> bytes:
-        return b"".join(self._err)
 
 
 class _Forward:

@@ -1,0 +1,59 @@
+"""The bench sequence as the agent would run it: one connection, one exec, four batches.
+
+Not deployer: a sketch of the phases issue 10 asks for (preflight, upload + remote compile +
+numstat, commit, release), so bench_rtt.py can show what the agent alone costs before the
+engine uses it. Run as its own process (it pays interpreter start-up and imports, as
+`deployer apply` does):
+
+    python bench/agent_sketch.py PORT USER IDENTITY_FILE KNOWN_HOSTS REPO FIX_DIR MESSAGE DEST...
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import paramiko
+
+from deployer.agent.client import AgentClient, Put, Run, Stat, bootstrap_command
+
+COMPILE = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
+
+
+def main(port: str, user: str, identity: str, known_hosts: str, repo: str, fix_dir: str, message: str,
+         *dests: str) -> None:
+    files = {dest: (Path(fix_dir) / Path(dest).name).read_bytes() for dest in dests}
+    for dest, data in files.items():
+        compile(data, dest, "exec", dont_inherit=True)  # local_compile
+    ssh = paramiko.SSHClient()
+    ssh.load_host_keys(known_hosts)
+    ssh.set_missing_host_key_policy(paramiko.RejectPolicy())
+    ssh.connect("127.0.0.1", port=int(port), username=user, key_filename=identity, look_for_keys=False,
+                allow_agent=False, timeout=30)
+    try:
+        transport = ssh.get_transport()
+        assert transport is not None
+        chan = transport.open_session(timeout=30)
+        chan.exec_command(bootstrap_command(sys.executable))
+        with AgentClient.over_channel(chan, name="sketch") as agent:
+            paths = [f"{repo}/{dest}" for dest in dests]
+            phases = [
+                [Run(["git", "rev-parse", "--git-dir", "HEAD"], cwd=repo), Stat(paths),
+                 Run(["git", "status", "--porcelain", "-z", "--", *dests], cwd=repo)],
+                [*(Put(path, data) for path, data in zip(paths, files.values(), strict=True)),
+                 Run([sys.executable, "-c", COMPILE, *dests], cwd=repo),
+                 Run(["git", "diff", "--numstat", "--", *dests], cwd=repo)],
+                [Run(["git", "commit", "-q", "-m", message, "--", *dests], cwd=repo),
+                 Run(["git", "rev-parse", "HEAD"], cwd=repo)],
+                [Run(["true"])],  # release the lock
+            ]
+            for phase in phases:
+                reply = agent.batch(phase)
+                if not reply.ok:
+                    raise SystemExit(f"phase failed at {reply.failed}: {reply.results[-1]}")
+    finally:
+        ssh.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,707 @@
+"""The deployer agent: a stdlib-only program that runs on the target, one per run.
+
+It is started over ONE exec channel by the host's own python with a tiny bootstrap
+(`client.bootstrap_argv`) that reads exactly this file's bytes from stdin and executes them;
+the rest of stdin is the framed protocol. Nothing is installed, nothing is left behind.
+
+Protocol (both ways): a frame is a 4-byte big-endian length, then that many bytes of UTF-8
+JSON. A request is {"id": any, "op": str, ...fields}; its reply is {"id": same, "ok": true,
+"result": {...}} or {"id": same, "ok": false, "error": {"type": str, "message": str}}. Binary
+payloads travel as base64. Requests are executed one at a time in arrival order, so a client
+may pipeline them and replies come back in the same order. Bytes that are no request (not
+JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, and the agent
+goes on reading. Requests are data: no op evaluates
+code it was sent; `run` executes an argv list without a shell.
+
+Ops: hello, run, put, get, stat, http, batch, beat (see each `op_*` below). The agent never listens
+on a socket. It exits when its stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT),
+killing the process group of any command still running and dropping requests not yet started:
+a closed stdin means the client is gone. Services started by a finished `run` are left alone.
+
+One file on purpose (the design sketch split ops into ops.py): the blob sent on stdin is this
+file verbatim, so the sha256 that `hello` reports is the sha256 of a file in our tree.
+
+It must run on Python >= 3.8: annotations are never evaluated (future import), and no
+runtime construct newer than 3.8 is used.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import http.client
+import ipaddress
+import json
+import math
+import os
+import queue
+import selectors
+import signal
+import socket
+import stat as stat_mod
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+VERSION = "1"
+HEADER = struct.Struct(">I")
+# A frame longer than this is refused (and skipped, so a genuine oversized request leaves the
+# stream in sync). 64 MiB of JSON carries ~45 MiB of base64 payload.
+MAX_FRAME = 64 << 20
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TAIL = 1 << 20  # bytes kept per output stream of `run`
+DEFAULT_GET_MAX = 16 << 20
+DEFAULT_HTTP_MAX = 4 << 20
+# After a command's leader exits, how long background children holding its stdout/stderr
+# open (a started daemon) may keep us waiting for EOF.
+LEADER_EXIT_GRACE_S = 1.0
+# After a kill, how long to keep draining what the dying group still writes.
+KILL_GRACE_S = 2.0
+CHUNK = 65536
+FILE_TYPES = ((stat_mod.S_ISREG, "file"), (stat_mod.S_ISDIR, "dir"), (stat_mod.S_ISLNK, "symlink"))
+
+
+class OpError(Exception):
+    """A request that could not be carried out; becomes an error reply, never a crash."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# -- request fields ------------------------------------------------------------------------
+
+
+def _field(req: dict[str, Any], name: str, types: Any, default: Any = None, required: bool = False) -> Any:
+    if name not in req or req[name] is None:
+        if required:
+            raise OpError("bad_request", f"missing field '{name}'")
+        return default
+    value = req[name]
+    # bool is an int to isinstance; a timeout of `true` is a client bug, not 1 second.
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise OpError("bad_request", f"field '{name}' must be {_names(types)}, not a boolean")
+    if not isinstance(value, types):
+        raise OpError("bad_request", f"field '{name}' must be {_names(types)}, not {type(value).__name__}")
+    return value
+
+
+def _names(types: Any) -> str:
+    seq = types if isinstance(types, tuple) else (types,)
+    return " or ".join(t.__name__ for t in seq)
+
+
+def _abs_path(req: dict[str, Any], name: str = "path") -> str:
+    path: str = _field(req, name, str, required=True)
+    if not path.startswith("/") or "\0" in path:
+        raise OpError("bad_request", f"field '{name}' must be an absolute path without NUL: {path!r}")
+    return path
+
+
+def _str_list(req: dict[str, Any], name: str) -> list[str]:
+    items: list[str] = _field(req, name, list, required=True)
+    if not all(isinstance(item, str) for item in items):
+        raise OpError("bad_request", f"field '{name}' must be a list of strings")
+    return items
+
+
+def _b64(req: dict[str, Any], name: str) -> bytes | None:
+    text = _field(req, name, str)
+    if text is None:
+        return None
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise OpError("bad_request", f"field '{name}' is not valid base64") from None
+
+
+def _positive(req: dict[str, Any], name: str, default: float) -> float:
+    value = float(_field(req, name, (int, float), default))
+    # JSON admits NaN and Infinity; a NaN deadline would never pass.
+    if not (value > 0 and math.isfinite(value)):
+        raise OpError("bad_request", f"field '{name}' must be a finite number > 0")
+    return value
+
+
+def _enc(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+# -- run -----------------------------------------------------------------------------------
+
+
+class _Tail:
+    """The last `limit` bytes of a stream and how many bytes it carried in all."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self._buf = bytearray()
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        self._buf += data
+        if len(self._buf) > self.limit:
+            del self._buf[:len(self._buf) - self.limit]
+
+    def value(self) -> bytes:
+        return bytes(self._buf)
+
+
+class Agent:
+    def __init__(self, source: bytes, proto_in: IO[bytes], proto_out: IO[bytes]) -> None:
+        self.source = source
+        self._in = proto_in
+        self._out = proto_out
+        self._out_lock = threading.Lock()
+        self._groups_lock = threading.Lock()
+        self._groups: set[int] = set()  # process groups of commands running now
+        self._beats: dict[str, threading.Event] = {}  # heartbeat files touched by a thread, by path
+        self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
+            "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
+        }
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Read frames on this thread, execute them in order on a worker; exit on EOF."""
+        # Requests, or replies ready-made by this thread (kept in line so replies stay in order).
+        work: queue.Queue[bytes | dict[str, Any]] = queue.Queue()
+        worker = threading.Thread(target=self._work, args=(work,), name="agent-worker", daemon=True)
+        worker.start()
+        while True:
+            header = self._read_exact(HEADER.size)
+            if header is None:
+                break
+            (length,) = HEADER.unpack(header)
+            if length > MAX_FRAME:
+                # Answer at once, then skip the declared bytes: when they really follow, the
+                # stream stays in sync and the next request is served.
+                work.put(_error("frame_too_large", f"frame of {length} bytes exceeds the "
+                                f"{MAX_FRAME} byte limit; skipped", frame=True))
+                if not self._skip(length):
+                    break
+                continue
+            body = self._read_exact(length)
+            if body is None:
+                break
+            work.put(body)
+        self.shutdown(0)
+
+    def _work(self, work: queue.Queue[bytes | dict[str, Any]]) -> None:
+        while True:
+            item = work.get()
+            self._reply(self.handle(item) if isinstance(item, bytes) else item)
+
+    def _read_exact(self, size: int) -> bytes | None:
+        # A BufferedReader's read(n) loops until n bytes or EOF; the bootstrap read the source
+        # through this same reader, so protocol bytes it buffered ahead are not lost.
+        data = self._in.read(size) if size else b""
+        return data if len(data) == size else None
+
+    def _skip(self, size: int) -> bool:
+        while size:
+            chunk = self._in.read(min(size, CHUNK))
+            if not chunk:
+                return False
+            size -= len(chunk)
+        return True
+
+    def _reply(self, reply: dict[str, Any]) -> None:
+        body = json.dumps(reply, separators=(",", ":")).encode("ascii")
+        try:
+            with self._out_lock:
+                self._out.write(HEADER.pack(len(body)) + body)
+                self._out.flush()
+        except (OSError, ValueError):
+            self.shutdown(1)  # our reader is gone: nobody will ever see a reply again
+
+    def shutdown(self, code: int) -> None:
+        """Kill the groups of commands still running, then leave without waiting for anyone."""
+        with self._groups_lock:
+            groups = list(self._groups)
+        for pgid in groups:
+            _kill_group(pgid)
+        os._exit(code)
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def handle(self, body: bytes) -> dict[str, Any]:
+        try:
+            req = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            return _error("bad_frame", f"not JSON: {exc}", frame=True)
+        if not isinstance(req, dict):
+            return _error("bad_frame", "a request must be a JSON object", frame=True)
+        return {"id": req.get("id"), **self.execute(req)}
+
+    def execute(self, req: dict[str, Any]) -> dict[str, Any]:
+        """{"ok": true, "result": ...} or {"ok": false, "error": ...}; never raises."""
+        try:
+            op = _field(req, "op", str, required=True)
+            func = self._ops.get(op)
+            if func is None:
+                raise OpError("unknown_op", "unknown op {!r} (known: {})".format(op, ", ".join(sorted(self._ops))))
+            return {"ok": True, "result": func(req)}
+        except OpError as exc:
+            return _error(exc.kind, str(exc))
+        except Exception as exc:  # a bug or an odd OS state: report it, keep serving
+            return _error("internal", f"{type(exc).__name__}: {exc}")
+
+    # -- ops -----------------------------------------------------------------------------
+
+    def op_hello(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"version": VERSION, "sha256": hashlib.sha256(self.source).hexdigest(),
+                "python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
+                "pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "euid": os.geteuid()}
+
+    def op_beat(self, req: dict[str, Any]) -> dict[str, Any]:
+        """path, interval_s: touch path every interval_s seconds for as long as this agent lives (0 stops).
+
+        A lock's heartbeat that costs no round trip, is never queued behind a long command, and stops
+        by itself when the client is gone (the agent exits on EOF), so a dead run's lock turns stale.
+        A file that disappears (the lock was released) is not created again."""
+        path = _abs_path(req)
+        interval = _field(req, "interval_s", (int, float), 0)
+        if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
+            raise OpError("bad_request", "field 'interval_s' must be a finite number >= 0")
+        previous = self._beats.pop(path, None)
+        if previous is not None:
+            previous.set()
+        touched = False
+        if interval > 0:
+            touched = _touch(path)
+            stop = threading.Event()
+            self._beats[path] = stop
+            threading.Thread(target=self._beat, args=(path, float(interval), stop), daemon=True,
+                             name="agent-beat").start()
+        return {"path": path, "interval_s": interval, "touched": touched}
+
+    @staticmethod
+    def _beat(path: str, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval) and _touch(path):
+            pass
+
+    def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
+        """argv (no shell), cwd, env (merged over ours), stdin (b64), timeout (s), tail (bytes
+        kept per stream). Its own session: on timeout the whole group is killed."""
+        argv = _str_list(req, "argv")
+        if not argv:
+            raise OpError("bad_request", "field 'argv' must not be empty")
+        cwd = _field(req, "cwd", str)
+        env_add = _field(req, "env", dict, {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_add.items()):
+            raise OpError("bad_request", "field 'env' must map strings to strings")
+        stdin = _b64(req, "stdin")
+        timeout = _positive(req, "timeout", DEFAULT_TIMEOUT_S)
+        tail = int(_positive(req, "tail", DEFAULT_TAIL))
+        env = dict(os.environ)
+        env.update(env_add)
+        started = time.monotonic()
+        try:
+            # Under the lock: a shutdown racing this start still finds the new group to kill.
+            with self._groups_lock:
+                proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
+                                        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                self._groups.add(proc.pid)
+        except OSError as exc:
+            # What a shell would say: the command is not there (127) or not runnable (126).
+            code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+            message = ("cannot run " + argv[0] + (f" in {cwd}" if cwd else "") + f": {exc.strerror}\n").encode()
+            return {"exit_code": code, "timed_out": False, "duration_s": time.monotonic() - started,
+                    "stdout": "", "stderr": _enc(message), "stdout_bytes": 0, "stderr_bytes": len(message)}
+        try:
+            out, err, timed_out = self._drive(proc, stdin, started + timeout, tail)
+        finally:
+            with self._groups_lock:
+                self._groups.discard(proc.pid)
+        return {"exit_code": proc.returncode, "timed_out": timed_out,
+                "duration_s": time.monotonic() - started,
+                "stdout": _enc(out.value()), "stderr": _enc(err.value()),
+                "stdout_bytes": out.total, "stderr_bytes": err.total}
+
+    def _drive(self, proc: subprocess.Popen[bytes], stdin: bytes | None, deadline: float,
+               tail: int) -> tuple[_Tail, _Tail, bool]:
+        """Feed stdin and drain both outputs in one loop, in bounded memory, until the streams
+        close (or a grace after the leader exits), killing the group at the deadline."""
+        out, err = _Tail(tail), _Tail(tail)
+        sel = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout.fileno(), selectors.EVENT_READ, out)
+        sel.register(proc.stderr.fileno(), selectors.EVENT_READ, err)
+        pending = memoryview(stdin or b"")
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            if pending:
+                sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, None)
+            else:
+                proc.stdin.close()
+        timed_out = False
+        stop_at: float | None = None  # when to stop waiting for the streams to close
+        try:
+            while sel.get_map():
+                now = time.monotonic()
+                if not timed_out and now >= deadline:
+                    timed_out = True
+                    _kill_group(proc.pid)
+                    stop_at = now + KILL_GRACE_S
+                if stop_at is None and proc.poll() is not None:
+                    stop_at = now + LEADER_EXIT_GRACE_S
+                if stop_at is not None and now >= stop_at:
+                    break
+                limit = deadline if stop_at is None else stop_at
+                # Wake now and then to notice the leader's exit while a child keeps a pipe open.
+                for key, _ in sel.select(max(0.0, min(limit - now, 0.05))):
+                    if key.data is None:
+                        pending = self._feed(sel, proc, pending)
+                        continue
+                    chunk = os.read(key.fd, CHUNK)
+                    if chunk:
+                        key.data.add(chunk)
+                    else:
+                        sel.unregister(key.fd)
+            if not timed_out:
+                remaining = deadline - time.monotonic()
+                try:
+                    proc.wait(max(remaining, 0.0))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc.pid)
+            if timed_out:
+                proc.wait()
+        finally:
+            sel.close()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        return out, err, timed_out
+
+    @staticmethod
+    def _feed(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], pending: memoryview) -> memoryview:
+        assert proc.stdin is not None
+        try:
+            written = os.write(proc.stdin.fileno(), pending[:CHUNK])
+        except BlockingIOError:
+            return pending
+        except BrokenPipeError:
+            written = len(pending)  # the command stopped reading; its exit code says the rest
+        pending = pending[written:]
+        if not pending:
+            sel.unregister(proc.stdin.fileno())
+            proc.stdin.close()
+        return pending
+
+    def op_put(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Atomically replace path: temp file beside it, write, fsync, sha256 of what is on
+        disk, owner and mode kept, rename, fsync of the directory."""
+        path = _abs_path(req)
+        data = _b64(req, "data")
+        if data is None:
+            raise OpError("bad_request", "missing field 'data'")
+        expected = _field(req, "sha256", str, required=True)
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise OpError("corrupt", f"the received bytes of {path} do not match sha256 {expected}")
+        mode = _field(req, "mode", int)
+        if mode is not None and not 0 <= mode <= 0o7777:
+            raise OpError("bad_request", f"field 'mode' must be within 0..0o7777, not {mode:#o}")
+        keep_owner = _field(req, "keep_owner", bool, True)
+        directory = os.path.dirname(path)
+        created = self._make_parents(directory, _field(req, "mkdirs", bool, False))
+        try:
+            return self._put_into(path, directory, data, expected, mode, keep_owner, created)
+        except BaseException:
+            for made in reversed(created):  # leave the tree as it was
+                with contextlib.suppress(OSError):
+                    os.rmdir(made)
+            raise
+
+    @staticmethod
+    def _make_parents(directory: str, mkdirs: bool) -> list[str]:
+        missing: list[str] = []
+        probe = directory
+        while not os.path.isdir(probe):
+            if os.path.lexists(probe):
+                raise OpError("not_a_directory", f"{probe} exists and is not a directory")
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        if missing and not mkdirs:
+            raise OpError("no_parent", f"directory {directory} does not exist (send mkdirs: true to create it)")
+        created: list[str] = []
+        try:
+            for made in reversed(missing):
+                os.mkdir(made)
+                created.append(made)
+        except OSError as exc:
+            for made in reversed(created):
+                os.rmdir(made)
+            raise OpError("os_error", f"cannot create directory {exc.filename}: {exc.strerror}") from None
+        return created
+
+    @staticmethod
+    def _put_into(path: str, directory: str, data: bytes, expected: str, mode: int | None,
+                  keep_owner: bool, created: list[str]) -> dict[str, Any]:
+        try:
+            current: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and not stat_mod.S_ISREG(current.st_mode):
+            raise OpError("not_a_file", f"{path} is a {_kind(current.st_mode)}; put replaces regular files only")
+        if mode is None:
+            mode = stat_mod.S_IMODE(current.st_mode) if current is not None else 0o644
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".deployer-", suffix=".tmp", dir=directory)
+        except OSError as exc:
+            raise OpError("os_error", f"cannot create a temp file in {directory}: {exc.strerror}") from None
+        owner_kept = None
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            on_disk = _sha256_file(tmp)
+            if on_disk != expected:
+                raise OpError("corrupt", f"{tmp} did not verify on disk: sha256 {on_disk} != {expected}")
+            if keep_owner and current is not None:
+                # chown before chmod: chown clears set-id bits. Only root may give a file away.
+                try:
+                    os.chown(tmp, current.st_uid, current.st_gid)
+                    owner_kept = True
+                except PermissionError:
+                    owner_kept = False
+            os.chmod(tmp, mode)
+            os.rename(tmp, path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise OpError("os_error", f"cannot write {path}: {exc.strerror or exc}") from None
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        _fsync_dir(directory)
+        final = os.stat(path)
+        return {"path": path, "sha256": expected, "size": len(data), "mode": stat_mod.S_IMODE(final.st_mode),
+                "uid": final.st_uid, "gid": final.st_gid, "replaced": current is not None,
+                "owner_kept": owner_kept, "created_dirs": created}
+
+    def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        path = _abs_path(req)
+        limit = int(_positive(req, "max_bytes", DEFAULT_GET_MAX))
+        try:
+            # O_NONBLOCK: opening a FIFO must not hang the agent; the type is checked next.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            info = os.fstat(fd)
+            if not stat_mod.S_ISREG(info.st_mode):
+                os.close(fd)
+                raise OpError("not_a_file", f"{path} is a {_kind(info.st_mode)}, not a regular file")
+            with os.fdopen(fd, "rb") as handle:
+                data = handle.read(limit + 1)
+        except FileNotFoundError:
+            return {"path": path, "exists": False}
+        except OSError as exc:
+            raise OpError("os_error", f"cannot read {path}: {exc.strerror}") from None
+        if len(data) > limit:
+            raise OpError("too_large", f"{path} is larger than max_bytes={limit}")
+        return {"path": path, "exists": True, "data": _enc(data), "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest()}
+
+    def op_stat(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One entry per path, in order; a path that cannot be examined carries `error`."""
+        paths = _str_list(req, "paths")
+        want_hash = _field(req, "sha256", bool, False)
+        for path in paths:
+            if not path.startswith("/") or "\0" in path:
+                raise OpError("bad_request", f"every path must be absolute without NUL: {path!r}")
+        return {"entries": [_stat_one(path, want_hash) for path in paths]}
+
+    def op_http(self, req: dict[str, Any]) -> dict[str, Any]:
+        """GET on this host's loopback. No response at all is `status: null` plus `error`."""
+        url = _field(req, "url", str, required=True)
+        timeout = _positive(req, "timeout", 10.0)
+        limit = int(_positive(req, "max_bytes", DEFAULT_HTTP_MAX))
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise OpError("bad_request", f"only http://<loopback>/... URLs are fetched, not {url!r}")
+        try:
+            port = parts.port or 80
+        except ValueError:
+            raise OpError("bad_request", f"bad port in {url!r}") from None
+        address = _loopback_address(parts.hostname, port)
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        conn = http.client.HTTPConnection(address, port, timeout=timeout)
+        try:
+            conn.request("GET", target, headers={"Host": parts.netloc.rsplit("@", 1)[-1]})
+            resp = conn.getresponse()
+            body = resp.read(limit + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            return {"url": url, "status": None, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            conn.close()
+        return {"url": url, "status": resp.status, "body": _enc(body[:limit]),
+                "truncated": len(body) > limit,
+                "content_type": resp.getheader("Content-Type")}
+
+    def op_batch(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Run `requests` in order; stop after the first failure: an op error, a `run` that
+        exited non-zero or timed out, or an `http` with no response or a status >= 400,
+        unless that request says `check: false`."""
+        requests = _field(req, "requests", list, required=True)
+        results: list[dict[str, Any]] = []
+        failed: int | None = None
+        for index, sub in enumerate(requests):
+            if not isinstance(sub, dict):
+                result = _error("bad_request", "a request must be an object")
+            elif sub.get("op") == "batch":
+                result = _error("bad_request", "a batch cannot hold a batch")
+            else:
+                result = self.execute(sub)
+            results.append(result)
+            if _failed(sub, result):
+                failed = index
+                break
+        return {"results": results, "failed": failed}
+
+
+def _error(kind: str, message: str, *, frame: bool = False) -> dict[str, Any]:
+    """An error result; `frame` marks a reply to bytes that were no request (its id is null)."""
+    reply: dict[str, Any] = {"id": None} if frame else {}
+    reply.update(ok=False, error={"type": kind, "message": message})
+    return reply
+
+
+def _failed(sub: Any, result: dict[str, Any]) -> bool:
+    if not result["ok"]:
+        return True
+    if sub.get("check", True) is False:
+        return False
+    body = result["result"]
+    if sub.get("op") == "run":
+        return bool(body["timed_out"] or body["exit_code"] != 0)
+    if sub.get("op") == "http":
+        return body["status"] is None or body["status"] >= 400
+    return False
+
+
+def _loopback_address(host: str, port: int) -> str:
+    """The loopback address to connect to. Only loopback literals and `localhost` (resolved,
+    and every answer must be loopback) are accepted; other names are refused unresolved."""
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+        raise OpError("not_loopback", f"refusing {host}: http fetches the target's own loopback only")
+    except ValueError:
+        pass  # a name, not an address
+    if host.lower().rstrip(".") != "localhost":
+        raise OpError("not_loopback", f"refusing {host}: http fetches the target's own loopback only")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OpError("bad_request", f"cannot resolve {host!r}: {exc}") from None
+    # IPv4 first: `localhost` names both, and most services listen on 127.0.0.1 only.
+    addresses = [str(info[4][0]) for info in sorted(infos, key=lambda info: info[0] != socket.AF_INET)]
+    if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+        raise OpError("not_loopback", f"refusing {host}: http fetches the target's own loopback only")
+    return addresses[0]
+
+
+def _stat_one(path: str, want_hash: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": path}
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        entry["exists"] = False
+        return entry
+    except OSError as exc:
+        entry.update(exists=None, error="{}: {}".format(errno.errorcode.get(exc.errno or 0, "error"), exc.strerror))
+        return entry
+    entry.update(exists=True, type=_kind(info.st_mode), size=info.st_size, mode=stat_mod.S_IMODE(info.st_mode),
+                 uid=info.st_uid, gid=info.st_gid, mtime=info.st_mtime, realpath=os.path.realpath(path))
+    if stat_mod.S_ISLNK(info.st_mode):
+        entry["link"] = os.readlink(path)
+    if want_hash:
+        try:
+            if stat_mod.S_ISREG(os.stat(path).st_mode):
+                entry["sha256"] = _sha256_file(path)
+        except OSError as exc:
+            entry["error"] = f"cannot hash: {exc.strerror}"
+    return entry
+
+
+def _kind(mode: int) -> str:
+    for test, name in FILE_TYPES:
+        if test(mode):
+            return name
+    return "other"
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename has happened
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _touch(path: str) -> bool:
+    """Set path's mtime to now; False once it is gone."""
+    try:
+        os.utime(path, None)
+    except OSError:
+        return False
+    return True
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def main(source: bytes) -> None:
+    proto_in = sys.stdin.buffer
+    # The protocol keeps a private copy of stdout; fd 1 then points at stderr, so a stray print
+    # (ours or a library's) can never corrupt a frame.
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    agent = Agent(source, proto_in, proto_out)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, lambda num, _frame: agent.shutdown(128 + num))
+    agent.serve()
+
+
+if __name__ == "__main__":
+    # Bootstrapped: the source is the bytes the bootstrap read; run as a file: this file.
+    _source = globals().get("AGENT_SOURCE")
+    if not isinstance(_source, bytes):
+        with open(__file__, "rb") as _handle:
+            _source = _handle.read()
+    main(_source)

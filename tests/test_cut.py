@@ -1,0 +1,227 @@
+"""A run can be cut anywhere: the TCP link to a real sshd is cut at points spread over a whole apply, then
+`deployer recover` ends the run. After each cut: the target is byte for byte as before, or holds exactly the
+run's commit and the log says so; no temp files, no lock, no intent record; owner and mode kept; the runs
+verify.
+
+The relay between deployer and sshd is real TCP on 127.0.0.1; it cuts the first connection after N bytes
+(or when the run reaches a phase), with a FIN or an RST, and lets later connections (the recover) through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, work_tree
+from fixtures_services import Stack
+from fixtures_ssh import SSHD
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
+
+FIXED_B = ORIGINAL_B.rstrip("\n") + "\n\n\ndef more():\n    return 'b'\n"
+
+
+class CuttingRelay:
+    """Relays 127.0.0.1:port to sshd; the first connection is cut once `budget` bytes went through."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.budget: int | None = None
+        self.rst = False
+        self.relayed = 0
+        self.first: list[socket.socket] = []
+        self.connections = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, budget: int | None, *, rst: bool) -> None:
+        with self.lock:
+            self.budget, self.rst, self.relayed, self.first, self.connections = budget, rst, 0, [], 0
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.connections += 1
+                cuttable = self.connections == 1
+                if cuttable:
+                    self.first = [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst, cuttable), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, cuttable: bool) -> None:
+        try:
+            while data := src.recv(16384):
+                if cuttable:
+                    with self.lock:
+                        room = None if self.budget is None else self.budget - self.relayed
+                        if room is not None and room <= len(data):
+                            if room > 0:
+                                dst.sendall(data[:room])
+                            self.relayed += max(room, 0)
+                            self._cut_locked()
+                            return
+                        self.relayed += len(data)
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        with self.lock:
+            self._cut_locked()
+
+    def _cut_locked(self) -> None:
+        for sock in self.first:
+            with contextlib.suppress(OSError):
+                if self.rst:  # linger 0: close sends RST, as a dropped NAT entry or a reboot does
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                else:
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+        self.budget = -1  # anything after the cut on this connection is dropped
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def relay(sshd: SSHD) -> Iterator[CuttingRelay]:
+    proxy = CuttingRelay(sshd.port)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def cut_target(tmp_path: Path, sshd: SSHD, relay: CuttingRelay) -> Iterator[tuple[Project, Stack]]:
+    repo = tmp_path / "target" / "repo"
+    init_repo(repo, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B, "README": "r\n"})
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{relay.port} {sshd.host_pubkey_line}\n")
+    host: dict[str, Any] = {"transport": "ssh", "address": "127.0.0.1", "port": relay.port, "user": sshd.user,
+                            "identity_file": str(sshd.client_key), "known_hosts": str(known),
+                            "ssh_config": os.devnull, "repo": str(repo), "python": "python3", "lock_ttl_s": 30}
+    project = Project(root=tmp_path, repo=repo, host=host)
+    project.write_inventory()
+    project.write("fix/a.py", FIXED_A)
+    project.write("fix/b.py", FIXED_B)
+    stack = Stack(project)
+    stack.configure()
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                     steps=["local_compile", "upload", "remote_compile",
+                            {"diff_bounds": {"files": 2, "insertions": [1, 20], "deletions": [0, 2]}},
+                            {"commit": {"message": "pkg: answer is 42"}}, {"co_restart": {}}])
+    os.chown(repo / "pkg/a.py", 12345, 12346)
+    (repo / "pkg/a.py").chmod(0o640)
+    try:
+        yield project, stack
+    finally:
+        stack.kill_all()
+
+
+def reset(project: Project, stack: Stack, base: str) -> None:
+    """Back to the base commit with no service running, for the next cut point."""
+    stack.kill_all()
+    git(project.repo, "reset", "-q", "--hard", base)
+    os.chown(project.repo / "pkg/a.py", 12345, 12346)
+    (project.repo / "pkg/a.py").chmod(0o640)
+
+
+def newest_run(project: Project) -> Path:
+    return max((p for p in project.runs.iterdir() if (p / "state.json").is_file()), key=lambda p: p.name)
+
+
+def phase_of(run: Path) -> str:
+    return str(json.loads((run / "state.json").read_text())["phase"])
+
+
+def assert_consistent(project: Project, run: Path, base: str, before: dict[str, str]) -> str:
+    """Either exactly as before, or exactly the run's commit on top of base; returns which."""
+    git_dir = project.repo / ".git"
+    assert not (git_dir / "deployer.lock").exists(), "lock left"
+    assert not (git_dir / "deployer" / "inflight.json").exists(), "intent record left"
+    assert [p for p in project.repo.rglob("*deployer*.tmp")] == []
+    assert git(project.repo, "status", "--porcelain", "--untracked-files=all") == ""
+    st = (project.repo / "pkg/a.py").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12346, 0o640)
+    assert project.deployer("runs", "verify", run.name).returncode == 0
+    if project.head() == base:
+        assert work_tree(project.repo) == before
+        return "restored"
+    assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
+    assert f"Deployer-Run: {run.name}" in git(project.repo, "log", "-1", "--format=%B")
+    assert project.file("pkg/a.py") == FIXED_A and project.file("pkg/b.py") == FIXED_B
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    said = [e for e in events if e["type"] in ("commit", "recovered_by") and e.get("commit") == project.head()]
+    assert said, "the log does not say which commit the run left"
+    return "committed"
+
+
+def cut_and_recover(project: Project, relay: CuttingRelay, *, budget: int | None, rst: bool,
+                    when: Callable[[], bool] | None = None) -> tuple[Path, str, int]:
+    relay.arm(budget, rst=rst)
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+    if when is not None:
+        deadline = time.monotonic() + 60
+        while not when() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the phase to cut at never came"
+            time.sleep(0.01)
+        relay.cut()
+    try:
+        proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    run = newest_run(project)
+    left = phase_of(run)
+    relay.arm(None, rst=False)
+    recovered = project.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    return run, left, proc.returncode
+
+
+def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_target(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    project, stack = cut_target
+    base, before = project.head(), work_tree(project.repo)
+    relay.arm(None, rst=False)
+    whole = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert whole.returncode == 0, whole.stderr
+    total = relay.relayed
+    assert total > 10_000
+    outcomes = []
+    # Eight byte offsets spread over the whole conversation, alternating FIN and RST ...
+    for i, fraction in enumerate((0.02, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.97)):
+        reset(project, stack, base)
+        run, left, code = cut_and_recover(project, relay, budget=int(total * fraction), rst=i % 2 == 1)
+        outcomes.append((f"{fraction:.0%}", left, code, assert_consistent(project, run, base, before)))
+    # ... and four cuts timed by the run's own phase: inside the upload, the commit and the restart.
+    for phase in ("changing", "committing", "committed", "restarting"):
+        reset(project, stack, base)
+
+        def reached(phase: str = phase) -> bool:
+            with contextlib.suppress(ValueError, OSError, json.JSONDecodeError):
+                return phase_of(newest_run(project)) == phase
+            return False
+
+        run, left, code = cut_and_recover(project, relay, budget=None, rst=phase == "committing", when=reached)
+        outcomes.append((phase, left, code, assert_consistent(project, run, base, before)))
+    print("\n".join(f"cut at {where}: left {left} (exit {code}) -> {end}" for where, left, code, end in outcomes))
+    assert {end for *_, end in outcomes} == {"restored", "committed"}
+    assert all(code != 0 for where, _, code, _ in outcomes if where != "97%")
