@@ -431,6 +431,12 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
 
     chosen_units = {name: [h for h in members if h in runs] for name, members in original.state.units.items()
                     if any(h in runs for h in members)}
+    for name, chosen in chosen_units.items():
+        left = [h for h in original.state.units[name] if h not in chosen and original.state.hosts[h].committed
+                and original.state.hosts[h].rollback_status != "successful"]
+        if left:
+            raise ConfigError(f"--host takes part of unit {name} ({', '.join(original.state.units[name])}) but "
+                              f"not {', '.join(left)}: a unit is rolled back and restarted whole")
     missing = sorted(set(chosen_units) - set(units))
     if missing:
         raise ConfigError(f"unit {', '.join(missing)} of fleet run {fleet_id} is no longer in the inventory; "

@@ -275,7 +275,7 @@ class UnitRun:
     def members(self, step: CoRestart) -> list[tuple[Context, str]]:
         chosen = step.params.services
         return [(self.ctxs[host], service) for host, service in self.unit.members()
-                if chosen is None or service in chosen]
+                if host in self.ctxs and (chosen is None or service in chosen)]
 
     def restart(self, step: CoRestart, name: str) -> None:
         """co_restart across hosts: stop in reverse unit order, start in order, each healthy before the next;

@@ -287,6 +287,8 @@ def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_ho
     drained = [e["step"] for e in prefill if e["type"] == "step_end" and e["step"] == "drain"]
     assert drained == ["drain"] and not [e for e in decode if e.get("step") == "drain"]
 
+    part = pd_unit.deployer("rollback", report["fleet_id"], "--host", "h3")
+    assert part.returncode == 2 and "takes part of unit pd-1 (h1, h3) but not h1" in part.stderr
     undone = pd_unit.deployer("rollback", report["fleet_id"], "--json")
     rolled = as_json(undone)
     assert undone.returncode == 0 and rolled["units"] == {"pd-1": ["h1", "h3"]}, rolled
@@ -494,3 +496,30 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
     for host in ("h1", "h3"):
         message = git(project.root / host / "repo", "log", "-1", "--format=%B")
         assert f"Deployer-Run: {report['hosts'][host]['run_id']}" in message
+
+
+def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project) -> None:
+    from deployer.lock import LOCK_NAME
+
+    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = str(slow)
+    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    fleet.playbook(steps=BOUNDED)
+    heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
+    proc = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
+    deadline = time.monotonic() + 30
+    while not all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in HOSTS):
+        assert time.monotonic() < deadline and proc.poll() is None, "the uploads never landed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    report = json.loads(out)
+    assert proc.returncode == 130 and report["status"] == "canceled", (report, err)
+    for host in HOSTS:
+        assert report["hosts"][host]["phase"] == "failed_restored", report["hosts"][host]
+        assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
+        assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
+        assert not os.path.lexists(repo(fleet, host) / ".git" / LOCK_NAME)
