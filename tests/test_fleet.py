@@ -150,7 +150,7 @@ def test_a_canary_rollout_stops_at_a_failed_batch_and_rollback_fleet_restores_ea
 
 
 def test_two_overlapping_fleet_runs_one_proceeds_the_other_exits_3_naming_the_holder(fleet: Project) -> None:
-    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")
+    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     inventory = yaml.safe_load(fleet.inventory.read_text())
     for host in inventory["hosts"].values():
@@ -387,7 +387,7 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
 
 
 def test_two_overlapping_unit_runs_never_deadlock_one_proceeds_the_other_exits_3(pd_unit: Project) -> None:
-    slow = pd_unit.write("venv/bin/python", f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")
+    slow = pd_unit.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     inventory = yaml.safe_load(pd_unit.inventory.read_text())
     for host in inventory["hosts"].values():
