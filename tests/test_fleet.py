@@ -180,6 +180,10 @@ def test_a_single_host_keeps_the_plain_run_and_bad_selections_exit_2(fleet: Proj
     assert single.returncode == 0 and "fleet_id" not in report and report["status"] == "successful"
     unknown = fleet.deployer("apply", "fix.yaml", "--host", "h1,nope")
     assert unknown.returncode == 2 and "'nope' is not a host, group or unit" in unknown.stderr
+    fleet.playbook(steps=[*BOUNDED, "co_restart"])  # no host has a service: refused before any host connects
+    refused = fleet.deployer("apply", "fix.yaml", "--host", "all")
+    assert refused.returncode == 2 and "co_restart: host h1 defines no service" in refused.stderr
+    assert sorted(p.name for p in fleet.runs.iterdir()) == [report["run_id"]]  # no fleet run, no sub-run began
 
 
 def test_hosts_of_one_fleet_start_their_runs_concurrently_in_one_runs_dir(tmp_path: Path) -> None:
