@@ -527,3 +527,25 @@ def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(
         assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
         assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
         assert not os.path.lexists(repo(fleet, host) / ".git" / LOCK_NAME)
+
+
+def test_a_unit_host_whose_commit_fails_rolls_back_the_hosts_that_committed_without_a_restart(
+        pd_unit: Project) -> None:
+    hook = repo(pd_unit, "h3") / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'refused by policy' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    steps = [*UNIT_STEPS]
+    steps[4] = {"commit": {"message": "pkg: answer is 42", "hooks": True}}
+    pd_unit.playbook(steps=steps, on_failure="rollback")
+    trees = {h: git(repo(pd_unit, h), "rev-parse", "HEAD^{tree}").strip() for h in ("h1", "h3")}
+    heads = {h: git(repo(pd_unit, h), "rev-parse", "HEAD").strip() for h in ("h1", "h3")}
+    report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json"))
+    assert report["exit_code"] == 1 and "first: h3: " in report["error"], report
+    h1, h3 = report["hosts"]["h1"], report["hosts"]["h3"]
+    assert h3["phase"] == "failed_restored" and git(repo(pd_unit, "h3"), "rev-parse", "HEAD").strip() == heads["h3"]
+    assert h1["phase"] == "rolled_back" and h1["git_after"]  # h1 had committed: a revert commit undoes it
+    assert git(repo(pd_unit, "h1"), "rev-list", "--count", f"{heads['h1']}..HEAD").strip() == "2"
+    for host in ("h1", "h3"):
+        assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
+        events = run_events(pd_unit, report["hosts"][host]["run_id"])
+        assert not [e for e in events if e["type"] in ("service_stopped", "service_started")]
