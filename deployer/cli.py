@@ -20,9 +20,10 @@ from click.shell_completion import CompletionItem
 # command imports the core (pydantic, paramiko, rich) when it runs.
 if TYPE_CHECKING:
     from deployer import runlog
-    from deployer.config import Host
-    from deployer.context import CancelToken
+    from deployer.config import Host, Inventory
+    from deployer.context import CancelToken, Listener
     from deployer.engine import Engine, PlanReport, RunResult
+    from deployer.fleet import FleetCancel, FleetState
     from deployer.transport.base import Transport
     from deployer.ui import Console
 
@@ -97,7 +98,8 @@ def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) 
         inventory = load_inventory(find_inventory(ctx.params.get("inventory")))
     except DeployerError:
         return []
-    return [CompletionItem(name) for name in inventory.hosts if name.startswith(incomplete)]
+    names = [*inventory.hosts, *inventory.groups, *inventory.units]
+    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -107,7 +109,7 @@ def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -
     if not root.is_dir():
         return []
     return [CompletionItem(p.name) for p in sorted(root.iterdir())
-            if p.name.startswith(incomplete) and (p / runlog.EVENTS).is_file()]
+            if p.name.startswith(incomplete) and ((p / runlog.EVENTS).is_file() or (p / "fleet.json").is_file())]
 
 
 def host_option(required: bool = False, help: str = "Inventory host name.") -> Callable[[F], F]:
@@ -185,6 +187,34 @@ def build_engine(playbook_path: str, host_name: str, inventory: str | None, runs
                                                      accept_new_host_key=accept_new_host_key))
 
 
+def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tuple[Inventory, list[str]]:
+    """The inventory and the hosts --host (a host, group, unit, comma list or glob) and --limit name."""
+    from deployer import targets
+    from deployer.config import find_inventory, load_inventory
+
+    loaded = load_inventory(find_inventory(inventory))
+    return loaded, targets.resolve(loaded, host_spec, limit=limit)
+
+
+def fleet_engines(playbook_path: str, loaded: Inventory, hosts: list[str], runs_dir: str | None,
+                  accept_new_host_key: bool, allow_dirty: bool) -> dict[str, Engine]:
+    """One engine per host, sharing the playbook (loaded once) and nothing else."""
+    from deployer import runlog
+    from deployer.engine import Engine
+    from deployer.playbook import load_playbook
+    from deployer.transport.factory import open_transport
+
+    playbook, steps = load_playbook(Path(playbook_path))
+
+    def connector(name: str) -> Callable[[Any], Transport]:
+        host = loaded.hosts[name]
+        return lambda bus: open_transport(name, host, bus, accept_new_host_key=accept_new_host_key)
+
+    return {name: Engine(host_name=name, host=loaded.hosts[name], playbook=playbook, steps=steps,
+                         listeners=[pin_notice], runs_dir=runlog.runs_dir_from(runs_dir), allow_dirty=allow_dirty,
+                         connect=connector(name)) for name in hosts}
+
+
 def show_plan(report: PlanReport, as_json: bool) -> None:
     """The plan; exit 1 when the projected change breaks the playbook's bounds, so a CI job can gate on it."""
     from deployer import ui
@@ -234,12 +264,13 @@ def report(console: Console, result: RunResult, as_json: bool) -> None:
 @failures_to_exit_codes
 def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, inventory: str | None,
          runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """Dry run: diffs, the projected diff --stat and the exact commands; changes nothing.
+    """Dry run: diffs, the projected diff --stat and the exact commands (every host of a group); changes nothing.
 
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import rollback as rollbacks
-    from deployer import runlog
+    from deployer import runlog, targets
     from deployer.errors import ConfigError
+    from deployer.fleet import for_units
 
     if rollback_of:
         run = runlog.read_run(runlog.runs_dir_from(runs_dir), rollback_of)
@@ -248,12 +279,31 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         return
     if not playbook or not host_name:
         raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
-    show_plan(build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key).plan(), as_json)
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    if len(hosts) == 1:
+        show_plan(build_engine(playbook, hosts[0], inventory, runs_dir, accept_new_host_key).plan(), as_json)
+        return
+    engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty=False)
+    for_units(engines, {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)})
+    show_plans([engine.plan() for engine in engines.values()], as_json)
+
+
+def limit_option(func: F) -> F:
+    return click.option("--limit", help="Narrow --host to the hosts this also names (same forms).",
+                        shell_complete=complete_hosts)(func)
+
+
+def parallel_option(func: F) -> F:
+    return click.option("--parallel", type=click.IntRange(1, 1024), default=16, show_default=True,
+                        help="Hosts worked on at once in a fleet run.")(func)
 
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@host_option(required=True)
+@host_option(required=True, help="A host, group or unit, a comma list, or a glob (gpu-*); several hosts make "
+                                 "a fleet run.")
+@limit_option
+@parallel_option
 @inventory_option
 @runs_dir_option
 @accept_option
@@ -261,14 +311,66 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
 @json_option()
 @failures_to_exit_codes
-def apply(playbook: str, host_name: str, inventory: str | None, runs_dir: str | None,
-          accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
+def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
+          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
-    engine = build_engine(playbook, host_name, inventory, runs_dir, accept_new_host_key, allow_dirty)
+    from deployer import runlog, targets
+    from deployer.fleet import FleetApply, for_units
+    from deployer.playbook import parse_playbook
+
+    loaded, hosts = select_hosts(host_name, limit, inventory)
+    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+    if len(hosts) == 1:  # one host: a plain run, as before fleets existed
+        engine = build_engine(playbook, hosts[0], inventory, runs_dir, accept_new_host_key, allow_dirty)
+        if dry_run:
+            show_plan(engine.plan(), as_json)
+        else:
+            run_with_view(engine, as_json, engine.apply)
+        return
+    engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty)
     if dry_run:
-        show_plan(engine.plan(), as_json)
+        for_units(engines, units)
+        show_plans([engine.plan() for engine in engines.values()], as_json)
+        return
+    model = parse_playbook(Path(playbook))[0]
+    fleet = FleetApply(engines, runlog.runs_dir_from(runs_dir), model.rollout, model.on_failure, parallel,
+                       units=units)
+    run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
+
+
+def show_plans(reports: list[PlanReport], as_json: bool) -> None:
+    """Every host's plan; exit 1 when any host's projected change breaks the bounds."""
+    from deployer import ui
+
+    failed = [f"{r.host_name}: bounds: FAIL — {'; '.join(r.bounds)}" for r in reports if r.bounds]
+    if as_json:
+        emit_json({"hosts": [ui.plan_json(r) for r in reports], "exit_code": 1 if failed else 0,
+                   "error": "; ".join(failed) or None})
     else:
-        run_with_view(engine, as_json, engine.apply)
+        console = ui.make_console()
+        for report in reports:
+            ui.show_plan(console, report)
+    if failed:
+        sys.exit(1)
+
+
+def run_fleet(hosts: list[str], cancel: FleetCancel, as_json: bool, listeners: list[Listener],
+              run: Callable[[], FleetState]) -> None:
+    """A fleet run with its live view and signal handling; then the per-host table, and its exit code."""
+    from deployer import ui
+
+    console = ui.make_console()
+    view = ui.FleetView(console, hosts, quiet=as_json)
+    listeners.append(view)
+    with cancel_on_signals(cancel), view:
+        state = run()
+    if as_json:
+        emit_json(ui.fleet_json(state))
+    else:
+        ui.show_fleet(console, state)
+        if state.error:
+            ui.show_error(state.error)
+    sys.exit(state.exit_code or 0)
 
 
 @main.group()
@@ -283,14 +385,21 @@ def runs() -> None:
 def runs_list(runs_dir: str | None, as_json: bool) -> None:
     """List recorded runs, oldest first."""
     from deployer import runlog, ui
+    from deployer.fleet import list_fleets
 
-    found = runlog.list_runs(runlog.runs_dir_from(runs_dir))
+    root = runlog.runs_dir_from(runs_dir)
+    found, fleets = runlog.list_runs(root), list_fleets(root)
     if as_json:
         emit_json({"runs": [{"run_id": r.run_id, "status": r.status, "host": r.start.get("host"),
                              "kind": r.start.get("kind", "apply"), "playbook": r.start.get("playbook_name"),
-                             "git": r.git} for r in found]})
+                             "fleet": r.start.get("fleet"), "git": r.git} for r in found],
+                   "fleets": [ui.fleet_json(f) for f in fleets]})
     else:
-        ui.show_runs(ui.make_console(), found)
+        console = ui.make_console()
+        ui.show_runs(console, found)
+        if fleets:
+            console.print()
+            ui.show_fleets(console, fleets)
 
 
 @runs.command("show")
@@ -299,10 +408,16 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
 @json_option("Print the raw events.")
 @failures_to_exit_codes
 def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
-    """Show one run: steps, outcome, commits, links, and its metric samples as a chart."""
+    """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts)."""
     from deployer import runlog, ui
+    from deployer.fleet import FleetRecord, is_fleet
 
-    run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
+    root = runlog.runs_dir_from(runs_dir)
+    if is_fleet(root, run_id):
+        state = FleetRecord.load(root, run_id).state
+        emit_json(ui.fleet_json(state)) if as_json else ui.show_fleet(ui.make_console(), state)
+        return
+    run = runlog.read_run(root, run_id)
     if as_json:
         emit_json(run.events)
     else:
@@ -318,15 +433,26 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 @json_option()
 @failures_to_exit_codes
 def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
-    """Check the run log's hash chain and its artifacts; exit 5 when anything was altered."""
+    """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered."""
     from deployer import runlog, ui
+    from deployer.fleet import is_fleet, verify_fleet
 
-    problems = runlog.verify(runlog.runs_dir_from(runs_dir), run_id)
-    if on_target:
-        from deployer import rollback as rollbacks
+    root = runlog.runs_dir_from(runs_dir)
 
-        run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
-        problems += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
+    def verify_one(runs_path: Path, one: str) -> list[str]:
+        found = runlog.verify(runs_path, one)
+        if on_target:
+            from deployer import rollback as rollbacks
+
+            run = runlog.read_run(runs_path, one)
+            found += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
+        return found
+
+    if is_fleet(root, run_id):
+        per_host = verify_fleet(root, run_id, verify_one)
+        problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]
+    else:
+        problems = verify_one(root, run_id)
     if as_json:
         emit_json({"run_id": run_id, "problems": problems, "exit_code": 5 if problems else 0,
                    "error": "; ".join(problems) or None})
@@ -362,20 +488,26 @@ def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | 
 
 @main.command()
 @click.argument("run_id", required=False, shell_complete=complete_runs)
-@host_option(help="Host (default: the run's host; required with --list).")
+@host_option(help="Host (default: the run's host; required with --list); for a fleet run, the hosts to roll "
+                  "back (default: every host that committed).")
 @click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
 @click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
+@parallel_option
 @inventory_option
 @runs_dir_option
 @accept_option
 @json_option()
 @failures_to_exit_codes
-def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, inventory: str | None,
-             runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """Revert RUN_ID's files to before the run by a new commit, restart, verify again."""
+def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
+             inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Revert RUN_ID's files to before the run by a new commit, restart, verify again.
+
+    RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
     from deployer import rollback as rollbacks
-    from deployer import runlog
+    from deployer import runlog, targets
+    from deployer.config import find_inventory, load_inventory
     from deployer.errors import ConfigError
+    from deployer.fleet import FleetCancel, FleetRecord, is_fleet, rollback_fleet
 
     if list_only:
         if not host_name:
@@ -384,9 +516,31 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         return
     if not run_id:
         raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
-    run = runlog.read_run(runlog.runs_dir_from(runs_dir), run_id)
+    root = runlog.runs_dir_from(runs_dir)
+    if is_fleet(root, run_id):
+        fleet_id = run_id
+        loaded = load_inventory(find_inventory(inventory))
+        chosen = targets.resolve(loaded, host_name) if host_name else None
+        hosts = chosen or list(FleetRecord.load(root, fleet_id).state.hosts)
+        cancel = FleetCancel()
+        listeners: list[Listener] = [pin_notice]
+        run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
+            root, fleet_id, sub_run_engine(root, inventory, runs_dir, accept_new_host_key), hosts=chosen,
+            force=force, parallel=parallel, listeners=listeners, cancel=cancel, units=dict(loaded.units)))
+        return
+    run = runlog.read_run(root, run_id)
     engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key)
     run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
+
+
+def sub_run_engine(root: Path, inventory: str | None, runs_dir: str | None,
+                   accept_new_host_key: bool) -> Callable[[str, str], Engine]:
+    """For a fleet's follow-up: the engine of one sub-run, on its host, with its own playbook copy."""
+    from deployer import runlog
+
+    def make(host: str, run_id: str) -> Engine:
+        return engine_for_run(runlog.read_run(root, run_id), host, inventory, runs_dir, accept_new_host_key)
+    return make
 
 
 def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) -> tuple[Host, Transport]:
@@ -620,21 +774,34 @@ def schema(kind: str, as_json: bool) -> None:
 @click.argument("run_id", required=False, shell_complete=complete_runs)
 @host_option(help="Host (default: the run's host); alone, recovers the run its intent record names.")
 @click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, verify.")
+@parallel_option
 @inventory_option
 @runs_dir_option
 @accept_option
 @json_option()
 @failures_to_exit_codes
-def recover(run_id: str | None, host_name: str | None, roll_back: bool, inventory: str | None,
+def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel: int, inventory: str | None,
             runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice."""
+    """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
+
+    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
     from deployer import runlog, ui
     from deployer.errors import ConfigError
+    from deployer.fleet import FleetCancel, FleetRecord, is_fleet, recover_fleet
     from deployer.run import recover as recovery
 
     if not run_id and not host_name:
         raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
     runs_path = runlog.runs_dir_from(runs_dir)
+    if run_id and is_fleet(runs_path, run_id):
+        fleet_id = run_id
+        cancel = FleetCancel()
+        listeners: list[Listener] = [pin_notice]
+        run_fleet(list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel, as_json, listeners,
+                  lambda: recover_fleet(runs_path, fleet_id, sub_run_engine(runs_path, inventory, runs_dir,
+                                                                            accept_new_host_key),
+                                        rollback=roll_back, parallel=parallel, listeners=listeners, cancel=cancel))
+        return
     if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
         engine = engine_for_run(runlog.read_run(runs_path, run_id), host_name, inventory, runs_dir,
                                 accept_new_host_key)

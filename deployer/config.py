@@ -159,8 +159,23 @@ def resolve_env(env: dict[str, EnvValue]) -> dict[str, str]:
     return {k: v.resolve() if isinstance(v, SecretValue) else v for k, v in env.items()}
 
 
+class Unit(Strict):
+    """Services on different hosts that restart as one (prefill on one node, decode on another)."""
+
+    services: list[str] = Field(min_length=1)  # "host:service", in start order
+    metrics: str | None = None  # the host whose metrics drain and baseline read
+
+    def members(self) -> list[tuple[str, str]]:
+        return [(entry.partition(":")[0], entry.partition(":")[2]) for entry in self.services]
+
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(host for host, _ in self.members()))
+
+
 class Inventory(Strict):
     hosts: dict[str, Host]
+    groups: dict[str, list[str]] = Field(default_factory=dict)  # name -> hosts, groups or units
+    units: dict[str, Unit] = Field(default_factory=dict)
 
 
 # Control characters split line-based answers and reach sshd as invalid packets; line and paragraph
@@ -205,13 +220,57 @@ def check_repo_relative(dest: str) -> str:
     return posixpath.normpath(dest)
 
 
+def check_batch(size: int | str) -> int | str:
+    if isinstance(size, int):
+        if size < 1:
+            raise ValueError("a batch of hosts has at least 1 host")
+        return size
+    number = size[:-1] if size.endswith("%") else None
+    try:
+        percent = float(number) if number is not None else None
+    except ValueError:
+        percent = None
+    if percent is None:
+        raise ValueError(f"{size!r}: a batch is a host count or a percentage such as '25%'")
+    if not 0 < percent <= 100:
+        raise ValueError(f"{size!r}: a percentage must be above 0% and at most 100%")
+    return size
+
+
+def _all_at_once() -> list[int | str]:
+    return ["100%"]
+
+
+class Rollout(Strict):
+    """How a fleet run spreads over its hosts: batches in order (the first is the canary)."""
+
+    # Each entry is the size of one batch (a count, or a percentage of all hosts, rounded up);
+    # the last size repeats until every host is in a batch (Ansible's `serial`).
+    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(default_factory=_all_at_once,
+                                                                              min_length=1)
+    max_failures: int = Field(default=0, ge=0)  # more failed hosts than this: no further batch starts
+    pause_s: float = Field(default=0.0, ge=0)  # between batches
+
+    def split(self, hosts: list[str]) -> list[list[str]]:
+        batches, start, index = [], 0, 0
+        while start < len(hosts):
+            size = self.batches[min(index, len(self.batches) - 1)]
+            count = size if isinstance(size, int) else -(-len(hosts) * float(size[:-1]) // 100)
+            end = start + max(1, int(count))
+            batches.append(hosts[start:end])
+            start, index = end, index + 1
+        return batches
+
+
 class Playbook(Strict):
     name: str = Field(min_length=1)
     description: str = ""
     files: list[FileSpec] = Field(default_factory=list)
     patch: Annotated[str, AfterValidator(check_plain_name)] | None = None
     steps: list[Any] = Field(min_length=1)
-    on_failure: Literal["restore", "rollback"] = "restore"
+    # rollback_fleet: a fleet run that fails rolls back every host of it that committed.
+    on_failure: Literal["restore", "rollback", "rollback_fleet"] = "restore"
+    rollout: Rollout = Field(default_factory=Rollout)
 
     @model_validator(mode="after")
     def _files_or_patch(self) -> Playbook:
@@ -271,7 +330,68 @@ def load_inventory(path: Path) -> Inventory:
     doc = yamlsrc.load(path)
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{path}:1:1: an inventory is a mapping with a 'hosts' key")
-    return validate(Inventory, doc.data, doc)
+    inventory = validate(Inventory, doc.data, doc)
+    check_topology(inventory, doc)
+    return inventory
+
+
+def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
+    """Groups and units name what exists, groups do not loop, and a host is in one unit at most."""
+    problems: list[str] = []
+
+    def refuse(loc: yamlsrc.Loc, problem: str, key: bool = False) -> None:
+        mark = doc.key_mark(loc) if key else doc.mark(loc)
+        problems.append(f"{mark}: {'.'.join(str(p) for p in loc)}: {problem}")
+
+    for name in inventory.groups:
+        if name in inventory.hosts:
+            refuse(("groups", name), "the name is already a host", key=True)
+    for name in inventory.units:
+        if name in inventory.hosts or name in inventory.groups:
+            refuse(("units", name), f"the name is already a {'host' if name in inventory.hosts else 'group'}",
+                   key=True)
+    known = {*inventory.hosts, *inventory.groups, *inventory.units}
+    cycles: set[frozenset[str]] = set()  # each loop once, at the first group on it
+    for name, members in inventory.groups.items():
+        for index, member in enumerate(members):
+            if member not in known:
+                refuse(("groups", name, index), f"{member!r} is not a host, group or unit")
+            elif (cycle := _cycle(inventory.groups, [name, member])) is not None and \
+                    frozenset(cycle) not in cycles:
+                cycles.add(frozenset(cycle))
+                refuse(("groups", name, index), f"groups form a cycle: {' -> '.join(cycle)}")
+    owner: dict[str, str] = {}
+    for name, unit in inventory.units.items():
+        for index, (host, service) in enumerate(unit.members()):
+            loc: yamlsrc.Loc = ("units", name, "services", index)
+            if not service:
+                refuse(loc, "a unit's service is HOST:SERVICE, such as gpu-a:prefill")
+            elif host not in inventory.hosts:
+                refuse(loc, f"host {host!r} is not in the inventory")
+            elif service not in inventory.hosts[host].services:
+                have = ", ".join(inventory.hosts[host].services) or "none"
+                refuse(loc, f"host {host!r} has no service {service!r} (services: {have})")
+            elif owner.setdefault(host, name) != name:
+                refuse(loc, f"host {host!r} is already in unit {owner[host]!r} (a host belongs to one unit at most)")
+        if unit.metrics is not None and unit.metrics not in unit.hosts():
+            refuse(("units", name, "metrics"),
+                   f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _cycle(groups: dict[str, list[str]], path: list[str]) -> list[str] | None:
+    """The loop through path[0] that path's last group leads back into, if any."""
+    last = path[-1]
+    if last == path[0]:
+        return path
+    if last in path[:-1] or last not in groups:
+        return None
+    for member in groups[last]:
+        found = _cycle(groups, [*path, member])
+        if found is not None:
+            return found
+    return None
 
 
 def get_host(inventory: Inventory, name: str, path: Path) -> Host:

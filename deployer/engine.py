@@ -176,6 +176,7 @@ class Engine:
     allow_dirty: bool = False
     operator: str = field(default_factory=operator_id)
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
+    run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)  # the run's log while it runs
 
     def new_bus(self) -> EventBus:
@@ -225,15 +226,19 @@ class Engine:
         self.check_host()
 
         def body(ctx: Context, log: RunLogWriter) -> None:
-            preflight(ctx, allow_dirty=self.allow_dirty)
-            ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
-            self._keep_before(ctx)
-            log.attach("shipped.diff", ctx.bus.masker("".join(
-                diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
-            ctx.bus.step = None
-            ctx.emit("status", status="running")
+            self.prepare(ctx, log)
             self._run_steps(ctx)
         return self.execute(body)
+
+    def prepare(self, ctx: Context, log: RunLogWriter) -> None:
+        """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
+        preflight(ctx, allow_dirty=self.allow_dirty)
+        ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
+        self._keep_before(ctx)
+        log.attach("shipped.diff", ctx.bus.masker("".join(
+            diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
+        ctx.bus.step = None
+        ctx.emit("status", status="running")
 
     def _keep_before(self, ctx: Context) -> None:
         """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""
@@ -270,7 +275,8 @@ class Engine:
         bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
                  playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
                  playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
-                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure, **start)
+                 steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure,
+                 **self.run_tags, **start)
         # The copy is masked like everything else written here; playbook_sha256 names the original.
         log.attach("playbook.yaml", bus.masker(self.playbook.raw.decode("utf-8", "replace")).encode())
         ctx: Context | None = None
@@ -414,11 +420,12 @@ class Engine:
         if self._log is not None:
             ctx.facts[LOG_SHA256] = self._log.sha256()
 
-    def _run_steps(self, ctx: Context) -> None:
-        """The chain: each step's declared effect moves the run's phase, written before the step acts."""
+    def _run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
+        """The chain (or a part of it: a unit runs its hosts' chains in phases); each step's declared effect
+        moves the run's phase, written before the step acts."""
         record = ctx.record
         assert record is not None
-        for step in self.steps:
+        for step in self.steps if steps is None else steps:
             self._enter(ctx, step.effect)
             try:
                 self.run_step(ctx, step, step.name)

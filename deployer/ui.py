@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from deployer import runlog
 from deployer.demo.run import GAUGE, DemoOutcome
 from deployer.engine import PlanReport, RunResult
 from deployer.errors import DeployerError
+from deployer.fleet import FleetState
 from deployer.rollback import Deploy
 from deployer.runlog import Run
 from deployer.steps.services import pid_text as one_pid
@@ -362,3 +364,139 @@ def show_check(console: Console, report: CheckReport) -> None:
     else:
         console.print(f"{report.host}: not ready: {first.name}: {first.detail} (exit {first.exit_code})",
                       markup=False, highlight=False)
+
+
+# -- fleets: one row per host, readable at 64 hosts ----------------------------------------------------
+
+FLEET_ROWS = 16  # the live view lists at most this many running or failed hosts under its summary line
+HOST_STYLE = {**STATUS_STYLE, "successful": "green", "waiting": "dim", "untouched": "dim",
+              "rolling back": "yellow"}
+
+
+@dataclass
+class HostRow:
+    status: str = "waiting"
+    step: str = ""
+    started: float | None = None
+    elapsed: float | None = None
+    detail: str = ""
+
+    def clock(self) -> float:
+        if self.elapsed is not None:
+            return self.elapsed
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+
+class FleetView:
+    """Listens to every host's events: a summary line plus the running and failed hosts on a terminal,
+    one plain line per host change otherwise. Engines call it from their threads."""
+
+    def __init__(self, console: Console, hosts: list[str], *, quiet: bool = False) -> None:
+        self.console, self.quiet = console, quiet
+        self.rows = {host: HostRow() for host in hosts}
+        self.note = ""
+        self._lock = threading.Lock()
+        self.live: Live | None = None
+        if console.is_terminal and not quiet:
+            self.live = Live(console=console, refresh_per_second=4, transient=False, get_renderable=self._render)
+
+    def __enter__(self) -> FleetView:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.refresh()
+            self.live.__exit__(None, None, None)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for row in self.rows.values():
+            counts[row.status] = counts.get(row.status, 0) + 1
+        shown = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        return f"fleet: {len(self.rows)} hosts: {shown}{'; ' + self.note if self.note else ''}"
+
+    def _render(self) -> Table:
+        with self._lock:
+            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold", title=self.summary(),
+                          title_justify="left")
+            for name in ("host", "status", "step", "time", "detail"):
+                table.add_column(name)
+            busy = [(h, r) for h, r in self.rows.items() if r.status not in ("waiting", "successful", "untouched")]
+            for host, row in busy[:FLEET_ROWS]:
+                table.add_row(host, Text(row.status, style=HOST_STYLE.get(row.status, "")), row.step,
+                              f"{row.clock():5.1f}s", Text(row.detail, overflow="ellipsis", no_wrap=True))
+            if len(busy) > FLEET_ROWS:
+                table.add_row(f"... {len(busy) - FLEET_ROWS} more", "", "", "", "")
+            return table
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        kind, host = event.get("type"), event.get("host")
+        with self._lock:
+            line = self._apply(kind, host, event)
+        if line and self.live is None:
+            self.console.print(line, markup=False, highlight=False)
+        if self.live is not None:
+            self.live.refresh()
+
+    def _apply(self, kind: object, host: object, event: dict[str, Any]) -> str | None:
+        row = self.rows.get(str(host)) if host is not None else None
+        if kind == "batch_start":
+            self.note = f"batch {event['batch'] + 1}"
+            return f"[fleet] batch {event['batch'] + 1}: {', '.join(event['hosts'])}"
+        if kind == "fleet_stopped":
+            self.note = f"stopped: {event['failed']} failed"
+            return (f"[fleet] {event['failed']} host(s) failed: no further batch starts; never touched: "
+                    f"{', '.join(event['untouched']) or 'none'}")
+        if kind == "fleet_rollback":
+            return f"[fleet] rolling back {', '.join(event['hosts']) or 'no host'}"
+        if row is None:
+            return None
+        if kind == "host_status":
+            row.status = str(event["status"])
+            if row.status in ("running", "rolling back"):
+                row.started, row.elapsed, row.step = time.monotonic(), None, ""
+            else:
+                row.elapsed = event.get("elapsed_s", row.clock())
+                row.detail = (event.get("error") or "").splitlines()[0] if event.get("error") else row.detail
+            ran = f" run {event['run_id']}" if event.get("run_id") else ""
+            return f"[{host}] {row.status}{ran}"
+        if kind == "step_start" and event.get("step"):
+            row.step = str(event["step"])
+        elif kind == "step_end" and event.get("step"):
+            row.detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            return f"[{host}] {event['step']} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"
+        return None
+
+
+def fleet_json(state: FleetState) -> dict[str, Any]:
+    return {**asdict(state), "untouched": state.untouched()}
+
+
+def show_fleet(console: Console, state: FleetState) -> None:
+    """The per-host table at the end of a fleet run."""
+    rows = []
+    for name, run in state.hosts.items():
+        rolled = f"{run.rollback_status} {run.rollback_run_id or ''}".strip() if run.rollback_status else "-"
+        error = (run.error or "").splitlines()[0] if run.error else ""
+        rows.append((name, str(run.batch + 1), run.status, run.run_id or "-", str(run.git_after or "-")[:12],
+                     "-" if run.elapsed_s is None else f"{run.elapsed_s:.1f}s", rolled, error))
+    columns(console, ("host", "batch", "status", "run", "commit", "time", "rollback", "error"), rows)
+    style = "green" if state.status == "successful" else "red"
+    console.print(f"fleet run {state.fleet_id} ({state.kind}): [{style}]{state.status}[/{style}] "
+                  f"(exit {state.exit_code})")
+    untouched = state.untouched()
+    if untouched:
+        console.print(f"never touched: {', '.join(untouched)}", markup=False, highlight=False)
+    if state.rolled_back_by:
+        console.print(f"rolled back by fleet run {', '.join(state.rolled_back_by)}", markup=False)
+
+
+def show_fleets(console: Console, fleets: list[FleetState]) -> None:
+    rows = [(f.fleet_id, f.status, f.kind + (f" of {f.of_fleet}" if f.of_fleet else ""), f.playbook,
+             " ".join(f"{h}:{r.status}{'/rolled-back' if r.rollback_status == 'successful' else ''}"
+                      for h, r in f.hosts.items())) for f in fleets]
+    columns(console, ("fleet run", "status", "kind", "playbook", "hosts"), rows)

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import threading
 from enum import Enum
 from pathlib import Path
 
@@ -199,7 +200,7 @@ def ensure_headroom(runs_dir: Path, need: int) -> None:
     """Refuse to start a run whose record could not be kept: the runs dir must be writable with room."""
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
-        probe = runs_dir / f".probe-{os.getpid()}"
+        probe = runs_dir / f".probe-{os.getpid()}-{threading.get_ident()}"  # a fleet runs hosts in threads
         probe.write_bytes(b"x")
         probe.unlink()
         free = shutil.disk_usage(runs_dir).free

@@ -1,0 +1,359 @@
+"""A unit: services on different hosts (prefill on one node, decode on another, the router on a third)
+deployed and restarted as one, on top of one Engine (one sub-run, lock, state, log, trailer) per host.
+
+Each host's run is its own `Engine.execute`, in its own thread; the unit moves them through phases that
+meet at a barrier:
+1. locks, taken one host after the other in sorted host order (two overlapping runs meet on the same
+   first host: one proceeds, the other stops before it holds anything else);
+2. every host's chain up to its commit (preflight, upload, compile, bounds);
+3. every host's commit;
+4. the unit's restart and checks, done by the first host's thread on every host's connection while the
+   others wait: stop in reverse unit order, start in unit order (each healthy before the next starts),
+   then the checks (baseline, storm, drain) against the unit's metrics host.
+A failure before the commits restores every host; a failure after them rolls back every host of the unit
+(`on_failure: rollback` or `rollback_fleet`) and restarts the unit again, or keeps every commit and says so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from deployer.config import Host, Unit
+from deployer.context import CancelToken, Context
+from deployer.engine import Engine, RunResult, target_state
+from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
+from deployer.rollback import VERIFY, Target, check, check_recorded
+from deployer.run.state import PAST_COMMIT, Phase
+from deployer.runlog import Run, RunLogWriter, utc_now
+from deployer.steps import services
+from deployer.steps.base import Effect, Step
+from deployer.steps.git import git
+from deployer.steps.services import CoRestart
+
+Body = Callable[[Context, RunLogWriter], None]
+# Steps that observe the unit as a whole: they read its metrics host (and its endpoint), once.
+UNIT_CHECKS = ("baseline", "storm", "drain")
+
+
+ABORTED = "another host of the unit failed"  # how a host stopped by another host's failure says so
+
+
+class UnitAborted(DeployerError):
+    """Another host of the unit failed: this host stops too (restored, or rolled back with the unit)."""
+
+
+class UnitRestart(CoRestart):
+    """co_restart in a unit: the unit restarts its services across hosts as one (UnitRun.restart); on one
+    host the step names that host's part, which is what its plan shows and its run log describes."""
+
+    def __init__(self, step: CoRestart, here: list[str]) -> None:
+        super().__init__(step.params, step.name, step.where)
+        self.here = here
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        return None  # checked against the unit's services when the unit is formed
+
+    def names(self, ctx: Context) -> list[str]:
+        return self.here
+
+
+def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]:
+    """The steps a host of a unit runs in its own run: the unit's checks only on its metrics host, and
+    co_restart as its part of the unit's restart."""
+    kept: list[Step] = []
+    for step in steps:
+        if isinstance(step, CoRestart):
+            chosen = step.params.services
+            unknown = [n for n in chosen or [] if n not in {service for _, service in unit.members()}]
+            if unknown:
+                raise ConfigError(f"{step.where}: {step.name}: unit {name} has no service {', '.join(unknown)} "
+                                  f"(it has: {', '.join(unit.services)})")
+            kept.append(UnitRestart(step, [s for h, s in unit.members() if h == host and (chosen is None
+                                                                                          or s in chosen)]))
+        elif step.kind not in UNIT_CHECKS or host == (unit.metrics or unit.hosts()[0]):
+            kept.append(step)
+    return kept
+
+
+@dataclass
+class UnitRun:
+    name: str
+    unit: Unit
+    engines: dict[str, Engine]  # every host of the unit
+    on_failure: str
+    ctxs: dict[str, Context] = field(default_factory=dict)
+    failure: DeployerError | None = None  # the post-commit outcome, set by the leader for every host
+    through: set[str] = field(default_factory=set)  # hosts past the last meeting
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(self.engines)  # the canonical order: locks, threads, and the leader
+
+    @property
+    def metrics_host(self) -> str:
+        return self.unit.metrics or self.unit.hosts()[0]
+
+    def run(self, on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
+        """Apply on every host of the unit; a host whose lock was never tried has no result (never touched)."""
+        return self._drive(self._body, {}, on_result)
+
+    def rollback(self, runs: dict[str, Run], *, force: bool,
+                 on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
+        """Roll back the unit's sub-runs of one fleet run: every host reverted, then one unit restart and
+        the unit's checks again; each original run gets its rolled_back_by link, as a single rollback does."""
+        results = self._drive(lambda host, barrier, locked: self._rollback_body(host, runs[host], barrier, locked,
+                                                                                force),
+                              {host: {"rollback_of": run.run_id} for host, run in runs.items()}, on_result)
+        for host, result in results.items():
+            link = RunLogWriter.reopen(runs[host].dir.parent, runs[host].run_id)
+            try:
+                link.write({"type": "rolled_back_by", "by": result.run_id, "status": result.status,
+                            "commit": result.git_after})
+            finally:
+                link.close()
+        return results
+
+    def _drive(self, make_body: Callable[[str, threading.Barrier, threading.Event], Body],
+               start: dict[str, dict[str, str]],
+               on_result: Callable[[str, RunResult], None] | None) -> dict[str, RunResult]:
+        """One thread per host, started in sorted order, each once the one before holds its lock."""
+        barrier = threading.Barrier(len(self.hosts))
+        results: dict[str, RunResult] = {}
+        threads = []
+        for host in self.hosts:
+            locked = threading.Event()
+
+            def work(host: str = host, locked: threading.Event = locked) -> None:
+                try:
+                    results[host] = self.engines[host].execute(make_body(host, barrier, locked),
+                                                               **start.get(host, {}))
+                finally:
+                    # A host that ends before the last meeting (refused its lock, failed, a bug) wakes every
+                    # host waiting for it. After it, an abort could break a host not yet woken from it.
+                    if host not in self.through:
+                        barrier.abort()
+                    locked.set()
+                if on_result is not None:
+                    on_result(host, results[host])
+
+            thread = threading.Thread(target=work, name=f"deployer-unit-{host}")
+            thread.start()
+            threads.append(thread)
+            locked.wait()  # this host holds its lock (or failed to) before the next host tries its own
+            if barrier.broken:
+                break
+        for thread in threads:
+            thread.join()
+        return results
+
+    def _rollback_body(self, host: str, run: Run, barrier: threading.Barrier, locked: threading.Event,
+                       force: bool) -> Body:
+        target = Target.of(run)
+
+        def body(ctx: Context, log: RunLogWriter) -> None:
+            self.ctxs[host] = ctx
+            locked.set()
+            try:
+                # As deployer.rollback.rollback checks, before any host of the unit changes.
+                ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+                check_recorded(ctx, run, target)
+                check(ctx, target, force=force)
+                ctx.facts["files"] = target.files
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit was checked")
+            assert ctx.record is not None
+            ctx.cancel = CancelToken()  # from here the rollback must finish (a second signal still forces)
+            ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
+            try:
+                revert = self.engines[host].revert(ctx, before=target.before, dests=target.files,
+                                                   rollback_of=run.run_id, verify=())
+                # When an earlier attempt already made the revert commit, this run made none of its own.
+                ctx.git_after = revert if revert != ctx.git_before else None
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit reverted", reverted=True)
+            if host == self.hosts[0]:
+                try:
+                    for step in self._post_steps():
+                        if step.effect in VERIFY:
+                            self._run_unit_step(step, prefix="rollback:")
+                except DeployerError as exc:
+                    self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert failed: {exc}\n"
+                                                  f"Run the rollback again to finish it")
+            barrier.wait()
+            self.through.add(host)
+            if self.failure is not None:
+                raise self.failure
+        return body
+
+    def _body(self, host: str, barrier: threading.Barrier, locked: threading.Event) -> Body:
+        engine = self.engines[host]
+        commit_at = next(i for i, s in enumerate(engine.steps) if s.effect == Effect.commits)
+        before, commit = engine.steps[:commit_at], engine.steps[commit_at:commit_at + 1]
+
+        def body(ctx: Context, log: RunLogWriter) -> None:
+            self.ctxs[host] = ctx
+            locked.set()
+            self._meet(barrier, ctx, "every host of the unit locked")
+            try:
+                engine.prepare(ctx, log)
+                engine._run_steps(ctx, before)  # a failure restores this host and raises
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit shipped and within bounds")
+            try:
+                engine._run_steps(ctx, commit)
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit committed")
+            if host == self.hosts[0]:
+                self._after_commits()
+            barrier.wait()  # the leader has restarted, checked (and maybe rolled back) the whole unit
+            self.through.add(host)
+            if self.failure is not None:
+                raise self.failure
+        return body
+
+    def _meet(self, barrier: threading.Barrier, ctx: Context, what: str, *, reverted: bool = False) -> None:
+        """Wait for the other hosts; when one of them failed, undo this host as its own failure would."""
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            failure = UnitAborted(f"unit {self.name}: stopped before {what}: {ABORTED}")
+            if reverted:  # a rollback: this host's revert stays; the unit was not restarted onto it
+                raise RollbackFailed(f"{failure}\nThis host's files were reverted, but the unit was not restarted; "
+                                     "run the rollback again to finish it") from None
+            engine, record = self.engines[ctx.host_name], ctx.record
+            assert record is not None
+            if record.state.git_after is None:
+                engine._restore(ctx)
+                raise failure from None
+            # Committed while another host could not; no service was restarted yet, so none is again.
+            raise self._settle_failure([ctx], failure, []) from None
+
+    # -- after every host committed: the leader works on every host's connection ------------------
+
+    def _after_commits(self) -> None:
+        ctxs = [self.ctxs[h] for h in self.hosts]
+        post = self._post_steps()
+        try:
+            for step in post:
+                self._run_unit_step(step)
+        except DeployerError as failure:
+            self.failure = self._settle_failure(ctxs, failure, post)
+            return
+        for ctx in ctxs:
+            ctx.bus.step = None
+
+    def _post_steps(self) -> list[Step]:
+        """The playbook's steps after the commit, in order (from the metrics host, which has them all)."""
+        steps = self.engines[self.metrics_host].steps
+        commit_at = next(i for i, s in enumerate(steps) if s.effect == Effect.commits)
+        return steps[commit_at + 1:]
+
+    def _run_unit_step(self, step: Step, prefix: str = "") -> None:
+        if not prefix:  # a rollback stays in rolling_back through its restart and checks
+            for host in self.hosts:
+                self.engines[host]._enter(self.ctxs[host], step.effect)
+        if isinstance(step, CoRestart):
+            self.restart(step, prefix + step.name)
+        elif step.kind in UNIT_CHECKS:
+            host = self.metrics_host
+            self.engines[host].run_step(self.ctxs[host], step, prefix + step.name)
+        else:
+            for host in self.hosts:
+                self.engines[host].run_step(self.ctxs[host], step, prefix + step.name)
+
+    def members(self, step: CoRestart) -> list[tuple[Context, str]]:
+        chosen = step.params.services
+        return [(self.ctxs[host], service) for host, service in self.unit.members()
+                if host in self.ctxs and (chosen is None or service in chosen)]
+
+    def restart(self, step: CoRestart, name: str) -> None:
+        """co_restart across hosts: stop in reverse unit order, start in order, each healthy before the next;
+        every host's log gets its own step_start, services and PIDs, step_end."""
+        members = self.members(step)
+        involved = list(dict.fromkeys(ctx.host_name for ctx, _ in members))
+        started = time.monotonic()
+        for host in involved:
+            self.ctxs[host].bus.step = name
+            self.ctxs[host].emit("step_start", kind=step.kind, unit=self.name)
+        managers = [(ctx, services.manager_for(ctx, service, name, step.timeout_s)) for ctx, service in members]
+        pids: dict[str, dict[str, dict[str, int | None]]] = {host: {} for host in involved}
+        try:
+            old = [m.pid() for _, m in managers]
+            for (ctx, m), pid in reversed(list(zip(managers, old, strict=True))):
+                ctx.emit("service_stopped", service=m.name, pid=pid, how=m.stop(), unit=self.name)
+            for (ctx, m), pid in zip(managers, old, strict=True):
+                ctx.cancel.check()
+                m.start()
+                new = step._wait_healthy(ctx, m)
+                ctx.emit("service_started", service=m.name, pid=new, unit=self.name)
+                pids[ctx.host_name][m.name] = {"old": pid, "new": new}
+                if new is None or new == pid:
+                    raise m.fail(f"PID did not change ({pid} -> {new}): the restart did not happen")
+        except DeployerError as exc:
+            for host in involved:
+                self._end_step(host, "failed", started, error=str(exc))
+            raise
+        for host in involved:
+            ctx = self.ctxs[host]
+            ctx.facts["pids"] = pids[host]
+            ctx.emit("restart", pids=pids[host], unit=self.name)
+            self._end_step(host, "ok", started,
+                           summary=", ".join(f"{n} {p['old']}->{p['new']}" for n, p in pids[host].items()))
+
+    def _end_step(self, host: str, status: str, started: float, **detail: str) -> None:
+        ctx = self.ctxs[host]
+        ctx.emit("step_end", status=status, duration_s=round(time.monotonic() - started, 3), **detail)
+        ctx.bus.step = None
+
+    def _settle_failure(self, ctxs: list[Context], failure: DeployerError, post: list[Step]) -> DeployerError:
+        """After the commits: the whole unit is rolled back (and restarted again), or keeps every commit."""
+        where = f"unit {self.name}: {failure}"
+        if self.on_failure not in ("rollback", "rollback_fleet"):
+            for ctx in ctxs:
+                assert ctx.record is not None
+                ctx.record.advance(Phase.failed_committed, utc_now(), error=str(failure))
+            return VerificationFailed(f"{where}\nEvery host of the unit keeps its commit (on_failure: restore). "
+                                      f"To undo them: deployer rollback RUN_ID for each host's run")
+        try:
+            for ctx in ctxs:
+                assert ctx.record is not None and ctx.git_before is not None
+                ctx.cancel = CancelToken()  # the rollback must finish even when a signal caused it
+                ctx.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
+                revert = self.engines[ctx.host_name].revert(ctx, before=ctx.git_before, dests=ctx.dests,
+                                                            rollback_of=ctx.run_id, verify=())
+                ctx.facts["rollback_commit"] = revert
+            forward = {ctx.host_name: ctx.facts.pop("pids", None) for ctx in ctxs}
+            for step in post:
+                if isinstance(step, CoRestart):
+                    self.restart(step, f"rollback:{step.name}")
+            for ctx in ctxs:
+                if "pids" in ctx.facts:
+                    ctx.facts["rollback_pids"] = ctx.facts.pop("pids")
+                if forward[ctx.host_name] is not None:
+                    ctx.facts["pids"] = forward[ctx.host_name]
+        except DeployerError as exc:
+            for ctx in ctxs:
+                assert ctx.record is not None
+                if ctx.record.state.phase in PAST_COMMIT:
+                    ctx.record.advance(Phase.interrupted, utc_now())
+            return RollbackFailed(f"{where}\nThe unit's rollback failed too: {exc}\n"
+                                  f"{'; '.join(target_state(c) for c in ctxs)}\n"
+                                  "Finish it with: deployer recover RUN_ID --rollback for each host's run")
+        for ctx in ctxs:
+            assert ctx.record is not None
+            ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts["rollback_commit"])
+            ctx.bus.step = None
+        return VerificationFailed(f"{where}\nRolled back every host of the unit "
+                                  f"({', '.join(c.host_name for c in ctxs)}) and restarted it again")
+
