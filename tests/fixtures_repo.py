@@ -51,6 +51,18 @@ def tree_snapshot(root: Path) -> dict[str, str]:
     return snap
 
 
+def target_python(project: Project, before: str, *, then: str | None = None) -> str:
+    """A venv python for the target whose step calls (remote_compile) run the shell `before` first.
+
+    deployer's agent starts with the same python (`python -I -S -c <bootstrap>`) and passes straight
+    through, so only the steps' own python is slowed or paused. `then` replaces the final exec."""
+    finish = then if then is not None else f'exec {sys.executable} "$@"'
+    wrapper = project.write("venv/bin/python", f'#!/bin/sh\ncase "$1" in -I) exec {sys.executable} "$@";; esac\n'
+                                               f"{before}\n{finish}\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def work_tree(root: Path) -> dict[str, str]:
     """tree_snapshot without .git: the files a run may change (git's own bookkeeping moves anyway)."""
     return {k: v for k, v in tree_snapshot(root).items() if not k.startswith(".git/")}

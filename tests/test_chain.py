@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, tree_snapshot
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, target_python, tree_snapshot
 
 from deployer.diffs import DiffStat, FileStat
 from deployer.steps.git import BoundsParams, DiffBounds
@@ -263,9 +263,7 @@ def test_json_summary(target: Project) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project, signum: int) -> None:
-    slow = target.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
-    slow.chmod(0o755)
-    target.write_inventory(python=str(slow))
+    target.write_inventory(python=target_python(target, "sleep 2"))
     target.playbook()
     head = target.head()
     proc = target.popen("apply", "fix.yaml", "--host", "box")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, target_python
 from fixtures_ssh import SSHD, SshdUnavailable, _unavailable, running_sshd
 
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -150,8 +150,7 @@ def test_a_canary_rollout_stops_at_a_failed_batch_and_rollback_fleet_restores_ea
 
 
 def test_two_overlapping_fleet_runs_one_proceeds_the_other_exits_3_naming_the_holder(fleet: Project) -> None:
-    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
-    slow.chmod(0o755)
+    slow = target_python(fleet, "sleep 2")
     inventory = yaml.safe_load(fleet.inventory.read_text())
     for host in inventory["hosts"].values():
         host["python"] = str(slow)
@@ -355,8 +354,7 @@ def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_
 
 
 def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -> None:
-    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 30\nexec {sys.executable} \"$@\"\n")
-    slow.chmod(0o755)
+    slow = target_python(fleet, "sleep 30")
     inventory = yaml.safe_load(fleet.inventory.read_text())
     for host in inventory["hosts"].values():
         host["python"] = str(slow)
@@ -391,8 +389,7 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
 
 
 def test_two_overlapping_unit_runs_never_deadlock_one_proceeds_the_other_exits_3(pd_unit: Project) -> None:
-    slow = pd_unit.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
-    slow.chmod(0o755)
+    slow = target_python(pd_unit, "sleep 2")
     inventory = yaml.safe_load(pd_unit.inventory.read_text())
     for host in inventory["hosts"].values():
         host["python"] = str(slow)
@@ -505,8 +502,7 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
 def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project) -> None:
     from deployer.lock import LOCK_NAME
 
-    slow = fleet.write("venv/bin/python", f"#!/bin/sh\nsleep 2\nexec {sys.executable} \"$@\"\n")
-    slow.chmod(0o755)
+    slow = target_python(fleet, "sleep 2")
     inventory = yaml.safe_load(fleet.inventory.read_text())
     for host in inventory["hosts"].values():
         host["python"] = str(slow)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python
 from fixtures_services import GAUGE, Stack, events, wait_dead
 
 
@@ -289,14 +289,10 @@ def test_a_rollback_that_fails_names_files_that_differ_from_head(stack: Stack) -
 def gated_python(project: Project) -> tuple[str, Path]:
     """A target python that announces itself, then waits for a gate that never opens (bounded: 60 s)."""
     entered = project.root / "python-entered"
-    wrapper = project.write("venv/bin/python", f"""#!/bin/sh
-touch '{entered}'
-i=0
-while [ ! -e '{project.root}/never' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
-exec {sys.executable} "$@"
-""")
-    wrapper.chmod(0o755)
-    return str(wrapper), entered
+    wrapper = target_python(project, f"touch '{entered}'\ni=0\n"
+                                     f"while [ ! -e '{project.root}/never' ] && [ $i -lt 1200 ]; do sleep 0.05; "
+                                     "i=$((i+1)); done")
+    return wrapper, entered
 
 
 def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> None:

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 import pytest
-from fixtures_repo import ORIGINAL_A, Project, git
+from fixtures_repo import ORIGINAL_A, Project, git, target_python
 from fixtures_services import Stack
 
 # Holds HEAD's update back: git commit fails with the new commit object made and no ref moved.
@@ -105,9 +105,7 @@ def test_a_commit_killed_after_git_made_it_leaves_no_staged_bytes_or_says_so(tar
 
 
 def slow_python(project: Project) -> str:
-    wrapper = project.write("venv/bin/python", "#!/bin/sh\nsleep 60\n")
-    wrapper.chmod(0o755)
-    return str(wrapper)
+    return target_python(project, "sleep 60", then="exit 0")
 
 
 def stall_git_diff(project: Project) -> None:

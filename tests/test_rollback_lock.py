@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, tree_snapshot
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, events
 
 FULL_STEPS = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
@@ -22,9 +22,7 @@ def newest_run(project: Project) -> str:
 
 
 def slow_python(project: Project, seconds: float) -> str:
-    wrapper = project.write("venv/bin/python", f"#!/bin/sh\nsleep {seconds}\nexec {sys.executable} \"$@\"\n")
-    wrapper.chmod(0o755)
-    return str(wrapper)
+    return target_python(project, f"sleep {seconds}")
 
 
 def gated_python(project: Project) -> tuple[str, Path, Path]:
@@ -33,14 +31,9 @@ def gated_python(project: Project) -> tuple[str, Path, Path]:
     The test decides when the paused run may go on: no window to race. Returns the wrapper's path,
     the file it creates on entry and the gate the test creates to let it continue."""
     entered, gate = project.root / "python-entered", project.root / "python-gate"
-    wrapper = project.write("venv/bin/python", f"""#!/bin/sh
-touch '{entered}'
-i=0
-while [ ! -e '{gate}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
-exec {sys.executable} "$@"
-""")
-    wrapper.chmod(0o755)
-    return str(wrapper), entered, gate
+    wrapper = target_python(project, f"touch '{entered}'\ni=0\n"
+                                     f"while [ ! -e '{gate}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
+    return wrapper, entered, gate
 
 
 def wait_for(predicate: object, seconds: float = 30, what: str = "condition") -> None:

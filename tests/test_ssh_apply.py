@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, target_python
 from fixtures_services import GAUGE, Stack, events
 from fixtures_ssh import SSHD, CountingProxy
 
@@ -90,9 +89,7 @@ def test_a_cut_connection_says_exactly_what_it_left(target: Project, sshd: SSHD,
     proxy = CountingProxy(sshd.port)
     known_hosts = tmp_path / "proxy_known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {sshd.host_pubkey_line}\n")
-    slow = target.write("venv/bin/python", f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
-    slow.chmod(0o755)
-    target.write_inventory(port=proxy.port, known_hosts=str(known_hosts), python=str(slow))
+    target.write_inventory(port=proxy.port, known_hosts=str(known_hosts), python=target_python(target, "sleep 3"))
     target.playbook()
     proc = target.popen("apply", "fix.yaml", "--host", "box")
     try:

@@ -1,61 +1,51 @@
-"""Upload verification against real mismatches: a lying sha256sum on the target, a write that is cut.
+"""Upload verification against real mismatches: bytes that do not match their digest, a write that is cut.
 
-Every path that writes a file on a target is covered: SFTP (ssh), `become` (sudo + sh), and the
-local transport. In each, a failed upload leaves the old bytes and no temp file behind.
+Every upload is the agent's `put` (over ssh, under become, locally): it checks the sha256 of the bytes it got
+and of what is on disk before the rename. A failed upload leaves the old bytes and no temp file behind.
+The cut write limits the agent's file size (RLIMIT_FSIZE, inherited by the agent the transport starts).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures_ssh import SSHD, connect
 
+from deployer.agent.client import Put
 from deployer.errors import TransportError
 
-# Reads the file like the real one, then reports a digest that is not its hash: what the target
-# would say of bytes that were corrupted on the way or on its disk.
-LYING_SHA256SUM = """#!/bin/sh
-cat > /dev/null
-echo "0000000000000000000000000000000000000000000000000000000000000000  -"
-"""
+
+class CorruptedPut(Put):
+    """A put whose bytes do not match the sha256 sent with them: what the agent sees of bytes corrupted on
+    the way. The request is real protocol; only its declared digest is wrong."""
+
+    def fields(self) -> dict[str, Any]:
+        return {**super().fields(), "sha256": "0" * 64}
 
 
-@contextlib.contextmanager
-def lying_sha256sum(sshd: SSHD) -> Iterator[None]:
-    """A sha256sum first on the target sessions' PATH (the fixture's fakebin), for this block only."""
-    fake = Path(sshd.fake_sudo_log).parent / "sha256sum"
-    fake.write_text(LYING_SHA256SUM)
-    fake.chmod(0o755)
-    try:
-        yield
-    finally:
-        fake.unlink()
-
-
-@pytest.mark.parametrize("become", [False, True], ids=["sftp", "become"])
-def test_an_upload_the_target_hashes_differently_is_refused_and_leaves_the_old_file(
+@pytest.mark.parametrize("become", [False, True], ids=["ssh", "become"])
+def test_an_upload_whose_bytes_do_not_match_their_sha256_is_refused_and_leaves_the_old_file(
         sshd: SSHD, tmp_path: Path, become: bool) -> None:
     dest = tmp_path / "keep.py"
     dest.write_bytes(b"precious\n")
     with connect(sshd, become=become) as transport:
-        transport.put(b"fine\n", str(tmp_path / "control.py"))  # the real sha256sum agrees
-        with lying_sha256sum(sshd), pytest.raises(TransportError) as caught:
-            transport.put(b"new bytes\n", str(dest))
+        transport.put(b"fine\n", str(tmp_path / "control.py"))  # an honest upload lands
+        with pytest.raises(TransportError) as caught:
+            transport.call(CorruptedPut(str(dest), b"new bytes\n"))
     message = str(caught.value)
-    assert "upload of" in message and str(dest) in message and "did not verify" in message
-    assert "0" * 64 in message
+    assert "corrupt" in message and str(dest) in message and "0" * 64 in message
     assert dest.read_bytes() == b"precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["control.py", "keep.py"]
 
 
 CUT_WRITE = """
 import resource, sys
+from deployer.agent.client import Put
 from deployer.errors import TransportError
 from deployer.transport.local import LocalTransport
 # Files may not grow past 4 KiB in this process: the write is cut short (EFBIG; Python ignores SIGXFSZ).
@@ -86,9 +76,6 @@ def test_a_local_write_that_is_cut_leaves_the_old_file_and_no_temp(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.py"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: LocalTransport.put lets OSError out (disk full, EFBIG, EIO) instead of a TransportError naming the "
-    "file, so the engine reports 'internal error ... (please report this)' for an ordinary failed upload."))
 def test_a_local_write_that_is_cut_is_a_transport_error_naming_the_file(tmp_path: Path) -> None:
     dest = tmp_path / "keep.py"
     dest.write_bytes(b"precious\n")

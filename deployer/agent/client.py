@@ -35,7 +35,7 @@ AGENT_FILE = Path(__file__).with_name("agent.py")
 HEADER = struct.Struct(">I")
 MAX_REPLY = 256 << 20  # a reply larger than this is a broken stream, not data
 IO_TIMEOUT_S = 60.0  # our wait for a reply to an op that runs nothing (put, get, stat)
-REPLY_MARGIN_S = 10.0  # beyond a command's own timeout: the agent's kill grace plus transit
+REPLY_MARGIN_S = 5.0  # beyond a command's own timeout: the agent's kill grace plus transit
 CLOSE_WAIT_S = 5.0
 STDERR_TAIL = 4096
 CHUNK = 65536
@@ -462,9 +462,9 @@ class Pending(Generic[T]):
     def result(self, timeout: float | None = None) -> T:
         limit = self.request.reply_timeout() if timeout is None else timeout
         if not self._done.wait(limit):
-            self._client.close()
-            raise TransportError(f"{self._client.name}: no reply from the agent to '{self.request.op}' "
-                                 f"within {limit:g}s; closed the agent")
+            self._client.abort(f"'{self.request.op}' did not finish within {limit:g}s (no reply from the agent)")
+            raise TransportError(f"{self._client.name}: '{self.request.op}' did not finish within {limit:g}s "
+                                 "(no reply from the agent); closed the agent")
         if self._reply is None:
             raise TransportError(f"{self._client.name}: agent lost during '{self.request.op}': {self._failure}")
         if not self._reply.get("ok"):
@@ -506,7 +506,7 @@ class AgentClient:
         """Send the source and a hello in one write; check the agent runs exactly our source."""
         self._reader.start()
         try:
-            pending = self._enqueue(_HelloRequest(), prefix=agent_source())
+            pending = self._enqueue(_HelloRequest(), prefix=agent_source(), timeout=timeout)
             hello = pending.result(timeout)
         except BaseException:
             self.close()
@@ -520,12 +520,12 @@ class AgentClient:
 
     # -- calls -------------------------------------------------------------------------------
 
-    def submit(self, request: Request[T]) -> Pending[T]:
+    def submit(self, request: Request[T], timeout: float | None = None) -> Pending[T]:
         """Send without waiting (pipelining); replies come back in order."""
-        return self._enqueue(request)
+        return self._enqueue(request, timeout=timeout)
 
     def call(self, request: Request[T], timeout: float | None = None) -> T:
-        return self.submit(request).result(timeout)
+        return self.submit(request, timeout).result(timeout)
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
             stdin: bytes | None = None, timeout: float = DEFAULT_TIMEOUT_S, tail: int = 1 << 20) -> ExecResult:
@@ -549,7 +549,7 @@ class AgentClient:
 
     # -- the wire ----------------------------------------------------------------------------
 
-    def _enqueue(self, request: Request[T], prefix: bytes = b"") -> Pending[T]:
+    def _enqueue(self, request: Request[T], prefix: bytes = b"", timeout: float | None = None) -> Pending[T]:
         with self._state_lock:
             if self._dead is not None:
                 raise TransportError(f"{self.name}: agent is gone: {self._dead}")
@@ -557,11 +557,19 @@ class AgentClient:
             pending = Pending(self, request, self._next_id)
             self._pending[pending.id] = pending
         body = json.dumps({"id": pending.id, **request.wire()}, separators=(",", ":")).encode("utf-8")
+        # A frozen link blocks a large write for good (the window never opens): the call's own limit bounds it.
+        limit = request.reply_timeout() if timeout is None else timeout
+        watchdog = threading.Timer(limit, self.abort, args=(f"sending '{request.op}' to the agent did not finish "
+                                                            f"within {limit:g}s",))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             with self._write_lock:
                 self._pipe.write(prefix + HEADER.pack(len(body)) + body)
         except (OSError, EOFError, ValueError) as exc:
             self._fail(f"cannot send to the agent: {exc}")
+        finally:
+            watchdog.cancel()
         return pending
 
     def _read_loop(self) -> None:
@@ -613,6 +621,16 @@ class AgentClient:
             waiting, self._pending = list(self._pending.values()), {}
         for pending in waiting:
             pending._resolve(None, reason)
+
+    def abort(self, reason: str) -> None:
+        """Give up on the agent now: every waiter fails with reason; the pipe closes in the background,
+        since closing a channel on a frozen link can block as long as the link stays frozen."""
+        self._fail(reason)
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+        threading.Thread(target=self._pipe.close, name=f"agent-close-{self.name}", daemon=True).start()
 
     def close(self) -> None:
         """Close the agent's stdin: it kills what it still runs and exits."""

@@ -16,6 +16,14 @@ from deployer.errors import DeployerError, RollbackFailed
 from deployer.run.state import FileRecord, RunRecord
 from deployer.steps.git import git
 
+# A git command killed mid-way (a timeout, a cut run's agent exiting) leaves index.lock behind, and then
+# every later git command that writes the index fails. It is stale when no git process works in the repo.
+_STALE_INDEX_LOCK = (
+    'lock=$1; repo=$(cd -- "$2" && pwd -P) || exit 1; [ -e "$lock" ] || exit 0; '
+    'for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = git ] || continue; '
+    'case $(readlink "$p/cwd" 2>/dev/null) in "$repo"|"$repo"/*) exit 3;; esac; done; '
+    'rm -f -- "$lock" && echo removed'
+)
 # Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`).
 TEMP_GLOB = ".*deployer-*.tmp"
 
@@ -61,6 +69,7 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
         head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
         if head != before:
             done.undid_commit = _undo_own_commit(ctx, head, before, trailer)
+        clear_stale_index_lock(ctx)
         staged = _staged_by_run(ctx, files)
         if staged:
             ctx.check(git("reset", "-q", "--", *staged), "cannot unstage the run's files", timeout=60)
@@ -88,6 +97,18 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
     if wrong:
         raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes")
     return done
+
+
+def clear_stale_index_lock(ctx: Context) -> None:
+    """Remove an index.lock that a killed git command of the run left, never one a live git holds."""
+    assert ctx.git_dir is not None
+    lock = posixpath.join(ctx.git_dir, "index.lock")
+    cleared = ctx.run(("sh", "-c", _STALE_INDEX_LOCK, "deployer-index-lock", lock, ctx.repo), timeout=30)
+    if cleared.exit_code == 3:
+        raise RollbackFailed(f"{lock} is held by a git process still running in {ctx.repo}; wait for it, then "
+                             f"finish with: deployer recover {ctx.run_id}")
+    if cleared.ok and cleared.out.strip() == "removed":
+        ctx.emit("index_lock_removed", path=lock)
 
 
 def _staged_by_run(ctx: Context, files: list[FileRecord]) -> list[str]:
