@@ -82,6 +82,14 @@ def target_state(ctx: Context) -> str:
     return ", ".join(parts) + "."
 
 
+def stop_running(ctx: Context) -> None:
+    """A step stopped by a second signal may have left its command running on the target: kill it, so the
+    undo that follows is not queued behind it. A link that is gone fails the undo itself, with its message."""
+    with contextlib.suppress(DeployerError):
+        if killed := ctx.transport.cancel():
+            ctx.emit("commands_killed", count=killed)
+
+
 def as_failure(exc: BaseException) -> DeployerError:
     """Every way a run can stop, as a typed failure; a bug in deployer still restores the target."""
     if isinstance(exc, DeployerError):
@@ -460,6 +468,7 @@ class Engine:
         ctx.bus.step = "restore"
         # The restore must finish even when a signal caused it; a second signal still forces a stop.
         ctx.cancel = CancelToken()
+        stop_running(ctx)
         assert ctx.git_before is not None
         try:
             done = restore_files(ctx, record.state.files, ctx.git_before, run_trailer(ctx.run_id), record)
@@ -483,6 +492,7 @@ class Engine:
                         f"To undo it: deployer rollback {ctx.run_id}")
         # The rollback must finish even when a signal caused it; a second signal still forces a stop.
         ctx.cancel = CancelToken()
+        stop_running(ctx)
         record.advance(Phase.rolling_back, utc_now(), error=str(failure))
         try:
             assert ctx.git_before is not None

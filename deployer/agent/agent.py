@@ -13,7 +13,8 @@ JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, an
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
 
-Ops: hello, run, put, get, stat, http, batch, beat (see each `op_*` below). The agent never listens
+Ops: hello, run, put, get, stat, http, batch, beat (see each `op_*` below), and cancel, which the
+reader serves out of turn (see `_cancelled`). The agent never listens
 on a socket. It exits when its stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT),
 killing the process group of any command still running and dropping requests not yet started:
 a closed stdin means the client is gone. Services started by a finished `run` are left alone.
@@ -57,6 +58,7 @@ HEADER = struct.Struct(">I")
 # stream in sync). 64 MiB of JSON carries ~45 MiB of base64 payload.
 MAX_FRAME = 64 << 20
 DEFAULT_TIMEOUT_S = 120.0
+CANCEL_FRAME_MAX = 256  # a frame this small may be a `cancel`, which is served out of turn
 DEFAULT_TAIL = 1 << 20  # bytes kept per output stream of `run`
 DEFAULT_GET_MAX = 16 << 20
 DEFAULT_HTTP_MAX = 4 << 20
@@ -194,8 +196,26 @@ class Agent:
             body = self._read_exact(length)
             if body is None:
                 break
+            if length <= CANCEL_FRAME_MAX and self._cancelled(body):
+                continue  # answered at once, out of turn: it is how a client stops what runs now
             work.put(body)
         self.shutdown(0)
+
+    def _cancelled(self, body: bytes) -> bool:
+        """A `cancel` request is served by the reader, not queued: it kills the groups of the commands
+        running now (their replies then say so), so the requests queued behind them can run."""
+        try:
+            req = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return False
+        if not isinstance(req, dict) or req.get("op") != "cancel":
+            return False
+        with self._groups_lock:
+            groups = list(self._groups)
+        for pgid in groups:
+            _kill_group(pgid)
+        self._reply({"id": req.get("id"), "ok": True, "result": {"killed": len(groups)}})
+        return True
 
     def _work(self, work: queue.Queue[bytes | dict[str, Any]]) -> None:
         while True:

@@ -366,6 +366,19 @@ class Beat(Request[bool]):
 
 
 @dataclass(frozen=True)
+class Cancel(Request[int]):
+    """Kill the commands the agent runs now (served out of turn); how many it killed."""
+
+    op: ClassVar[str] = "cancel"
+
+    def fields(self) -> dict[str, Any]:
+        return {}
+
+    def parse(self, result: dict[str, Any]) -> int:
+        return int(result["killed"])
+
+
+@dataclass(frozen=True)
 class Hello:
     version: str
     sha256: str

@@ -237,6 +237,15 @@ class Transport(ABC):
 
         return self.call(Beat(path, interval_s))
 
+    def cancel(self) -> int:
+        """Kill whatever the agent runs now (an interrupted step's command), so the requests of a restore
+        are not queued behind it; how many commands it killed. Nothing to do before the agent started."""
+        from deployer.agent.client import Cancel
+
+        with self._agent_lock:
+            agent = self._agent
+        return 0 if agent is None else agent.call(Cancel(), timeout=10.0)
+
     def reach(self, url: str) -> str:
         """The URL under which this machine reaches `url` as the target sees it (a tunnel when remote)."""
         parts = urlsplit(url)
