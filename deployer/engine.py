@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import hashlib
+import itertools
 import os
 import socket
 import time
@@ -54,9 +55,10 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
     left = None
     if lock is not None:
         try:
-            if settled is not None and settled.git_dir is not None:
-                intent.remove(transport, settled.git_dir)
+            cleared = intent.remove(transport, settled.git_dir) if settled and settled.git_dir else None
             lock.release()
+            if cleared is not None:
+                cleared()
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
             bus.emit("lock_release_failed", path=lock.path, error=str(exc))
@@ -121,7 +123,6 @@ class PlanReport:
 ENTER = {Effect.changes_files: Phase.changing, Effect.commits: Phase.committing, Effect.restarts: Phase.restarting,
          Effect.verifies: Phase.verifying, Effect.loads: Phase.verifying}
 LEAVE = {Effect.changes_files: Phase.changed, Effect.commits: Phase.committed}
-_MODES = 'for p; do if [ -e "$p" ]; then stat -c "%a %u %g" -- "$p"; else echo -; fi; done'
 
 
 def run_trailer(run_id: str) -> str:
@@ -244,18 +245,12 @@ class Engine:
         """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""
         record = ctx.record
         assert record is not None
-        modes = ctx.check(("sh", "-c", _MODES, "sh", *(c.path for c in ctx.changes)),
-                          "cannot read the files' owner and mode", timeout=30).out.splitlines()
-        files = []
-        for index, (change, mode) in enumerate(zip(ctx.changes, modes, strict=True)):
-            octal, uid, gid = mode.split() if mode != "-" else (None, None, None)
-            files.append(FileRecord(
-                dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
-                sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),
-                new_blob=git_blob_id(change.new),
-                mode=None if octal is None else int(octal, 8), uid=None if uid is None else int(uid),
-                gid=None if gid is None else int(gid), new_dirs=change.new_dirs,
-                before=None if change.old is None else record.keep_before(index, change.old)))
+        files = [FileRecord(
+            dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
+            sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),
+            new_blob=git_blob_id(change.new), mode=change.mode, uid=change.uid, gid=change.gid,
+            new_dirs=change.new_dirs, before=None if change.old is None else record.keep_before(index, change.old))
+            for index, change in enumerate(ctx.changes)]
         record.update(files=files, git_before=ctx.git_before, git_dir=ctx.git_dir)
 
     def execute(self, body: Callable[[Context, RunLogWriter], None], **start: Any) -> RunResult:
@@ -388,7 +383,6 @@ class Engine:
     def _write_intent(self, ctx: Context) -> None:
         record = ctx.record
         assert record is not None and ctx.git_dir is not None and ctx.git_before is not None
-        ctx.transport.run(("mkdir", "-p", "--", ctx.state_dir()), timeout=30)
         intent.write(ctx.transport, ctx.git_dir, intent.Intent(
             run_id=ctx.run_id, operator=self.operator, host=self.host_name, started=record.state.history[0].time,
             head_before=ctx.git_before, trailer=run_trailer(ctx.run_id), files=record.state.files))
@@ -425,18 +419,36 @@ class Engine:
         moves the run's phase, written before the step acts."""
         record = ctx.record
         assert record is not None
-        for step in self.steps if steps is None else steps:
+        chain = self.steps if steps is None else steps
+        for index, step in enumerate(chain):
             self._enter(ctx, step.effect)
+            # The read-only steps right after a change may send their commands with it: one round trip.
+            ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, chain[index + 1:]))
+            ctx.on_sent = lambda ahead=ahead: ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
             try:
                 self.run_step(ctx, step, step.name)
             except DeployerError as failure:
                 ctx.bus.step = None
+                self._drain_prefetched(ctx)
                 if record.state.git_after is not None:  # the run's commit is on the target
                     raise self._after_commit_failure(ctx, failure) from None
                 self._restore(ctx)
                 raise
+            finally:
+                ctx.on_sent = None
             if step.effect in LEAVE:
                 record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
+
+    @staticmethod
+    def _drain_prefetched(ctx: Context) -> None:
+        """Commands sent ahead for steps that never ran still ran on the target: log them under their step."""
+        for name, sent in list(ctx.prefetched.items()):
+            ctx.bus.step = name
+            for submitted in sent:
+                with contextlib.suppress(DeployerError):
+                    submitted.result()
+        ctx.prefetched.clear()
+        ctx.bus.step = None
 
     def _enter(self, ctx: Context, effect: Effect) -> None:
         record = ctx.record
