@@ -7,6 +7,7 @@ import getpass
 import hashlib
 import itertools
 import os
+import posixpath
 import socket
 import time
 from collections.abc import Callable
@@ -16,9 +17,10 @@ from typing import Any
 
 import deployer
 from deployer import diffs
+from deployer.agent.client import Get
 from deployer.command import Masker
 from deployer.config import Host
-from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
+from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
 from deployer.errors import ConfigError, DeployerError, Interrupted, LockHeld, RollbackFailed, VerificationFailed
 from deployer.lock import DeployLock, LockState, force_release, read_state
 from deployer.preflight import preflight
@@ -328,21 +330,26 @@ class Engine:
             record.advance(Phase.interrupted, utc_now(), error=str(failure))
 
     def _lock(self, ctx: Context) -> DeployLock:
-        ctx.git_dir = git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
-                                          f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
-        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
-                                                   "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
-        assert ctx.record is not None
-        ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
+        """Take the lock and read the intent record. The git dir is almost always <repo>/.git: the lock is
+        taken there in the same round trip that asks git, and taken again only when git says otherwise."""
+        guess = posixpath.join(ctx.repo, ".git")
+        found = ctx.submit(git("rev-parse", "--absolute-git-dir"), timeout=30)
         try:
-            lock.acquire()
-        except LockHeld as held:
-            if not self._adopt(ctx, git_dir):
-                raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
-            lock.acquire()
+            lock, raw = self._take(ctx, guess)
+        except DeployerError:
+            if self._git_dir(ctx, found) == guess:
+                raise
+            lock = None
+        git_dir = self._git_dir(ctx, found)
+        if lock is not None and git_dir != guess:
+            lock.release()
+            lock = None
+        if lock is None:
+            lock, raw = self._take(ctx, git_dir)
+        ctx.git_dir = git_dir
         ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         try:
-            pending = intent.read(ctx.transport, git_dir)
+            pending = intent.parse(raw, git_dir)
         except DeployerError as exc:
             lock.release()
             raise LockHeld(str(exc)) from None
@@ -352,6 +359,25 @@ class Engine:
                            f"(started {pending.started}); nothing was changed. End it first with: "
                            f"deployer recover {pending.run_id} --host {self.host_name}")
         return lock
+
+    @staticmethod
+    def _git_dir(ctx: Context, found: Submitted) -> str:
+        return found.check(f"{ctx.repo} is not a git checkout on the target").out.strip()
+
+    def _take(self, ctx: Context, git_dir: str) -> tuple[DeployLock, bytes | None]:
+        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
+                                                   "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
+        assert ctx.record is not None
+        ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
+        # The intent record is read right after the take, in the same round trip.
+        then = [Get(intent.path_in(git_dir))]
+        try:
+            raw, = lock.acquire(then)
+        except LockHeld as held:
+            if not self._adopt(ctx, git_dir):
+                raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
+            raw, = lock.acquire(then)
+        return lock, raw
 
     def _adopt(self, ctx: Context, git_dir: str) -> bool:
         """Recover takes over the lock of the run it recovers, once that run is surely gone."""

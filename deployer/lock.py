@@ -19,11 +19,16 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from deployer.errors import DeployerError, LockHeld
 from deployer.transport.base import ExecResult, Transport
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Request
 
 LOCK_NAME = "deployer.lock"
 TIMEOUT_S = 30.0
@@ -139,9 +144,11 @@ class DeployLock:
         self.removed: list[str] = []  # strays cleared after taking the lock
         self.heartbeat = posixpath.join(self.dir, "heartbeat")
 
-    def acquire(self) -> None:
+    def acquire(self, then: Sequence[Request[Any]] = ()) -> list[Any]:
         """Take the lock, start its heartbeat and look for strays: one round trip. The heartbeat and the
-        listing are harmless when the take fails (our directory is gone, the listing only reads)."""
+        listing are harmless when the take fails (our directory is gone, the listing only reads).
+
+        `then` are reads to run right after the take in the same round trip; their results are returned."""
         from deployer.agent.client import Beat
 
         try:
@@ -149,6 +156,7 @@ class DeployLock:
                                                stdin=json.dumps(self.info, indent=1).encode(), timeout=TIMEOUT_S)
             beating = self.transport.submit(Beat(self.heartbeat, max(self.ttl_s / 4, 0.5)))
             listing = self.transport.submit_run(("sh", "-c", _STRAYS, "sh", self.git_dir), timeout=TIMEOUT_S)
+            reads = [self.transport.submit(request) for request in then]
             taken = taking.result()
             beating.result()
             listed = listing.result()
@@ -174,6 +182,7 @@ class DeployLock:
             if found:
                 self.transport.run(("rm", "-rf", "--", *found), timeout=TIMEOUT_S)
                 self.removed.extend(found)
+            return [pending.result() for pending in reads]
         except BaseException:
             with contextlib.suppress(DeployerError):  # never leave a lock nobody holds, if we still can
                 self._remove()

@@ -41,7 +41,11 @@ def write(transport: Transport, git_dir: str, intent: Intent) -> None:
 
 
 def read(transport: Transport, git_dir: str) -> Intent | None:
-    raw = transport.get(path_in(git_dir))
+    return parse(transport.get(path_in(git_dir)), git_dir)
+
+
+def parse(raw: bytes | None, git_dir: str) -> Intent | None:
+    """The intent record from its bytes (None: there is none)."""
     if raw is None:
         return None
     try:
