@@ -7,13 +7,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployer.command import Masker, shell_line
 from deployer.config import Host, Playbook
-from deployer.errors import DeployerError, Interrupted, StepFailed
+from deployer.errors import DeployerError, Interrupted, StepFailed, TransportError
 from deployer.run.state import RunRecord
 from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, ExecResult, Transport
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Pending
 
 Listener = Callable[[dict[str, Any]], None]
 # Characters of a command's output kept in its run-log event, and in a failure message.
@@ -32,6 +35,9 @@ class Change:
     tracked: bool = False
     source: str = ""  # where the new bytes come from, for people: the playbook's src path
     new_dirs: list[str] = field(default_factory=list)  # directories the upload will create
+    mode: int | None = None  # permission bits, owner and group before the run (None: no file)
+    uid: int | None = None
+    gid: int | None = None
 
 
 @dataclass
@@ -95,6 +101,27 @@ class EventBus:
             listener(masked)
 
 
+class Submitted:
+    """A command sent to the target without waiting; logged when its result is first read."""
+
+    def __init__(self, ctx: Context, shown: str, quiet: bool, pending: Pending[ExecResult]) -> None:
+        self.ctx, self.shown, self.quiet, self.pending = ctx, shown, quiet, pending
+        self._result: ExecResult | None = None
+
+    def result(self) -> ExecResult:
+        if self._result is None:
+            self._result = self.pending.result()
+            self.ctx.log_command(self.shown, self._result, self.quiet)
+        return self._result
+
+    def check(self, what: str) -> ExecResult:
+        """The result, or StepFailed naming the command, its exit code and stderr tail."""
+        result = self.result()
+        if not result.ok:
+            raise self.ctx.failure(what, result)
+        return result
+
+
 @dataclass
 class Context:
     run_id: str
@@ -110,6 +137,14 @@ class Context:
     git_dir: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     record: RunRecord | None = None  # the run's write-ahead state; None in a dry run
+    # Commands read-only steps sent ahead of their turn, by step name (see Step.prefetch).
+    prefetched: dict[str, list[Submitted]] = field(default_factory=dict)
+    on_sent: Callable[[], None] | None = None  # told when a step has sent its changes, before it waits
+
+    def sent(self) -> None:
+        """A step has sent what it changes: the read-only steps after it may send theirs now (same round trip)."""
+        if self.on_sent is not None:
+            self.on_sent()
 
     @property
     def repo(self) -> str:
@@ -134,14 +169,39 @@ class Context:
             timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
             quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> ExecResult:
         """Run on the target (in the repo unless told otherwise) and log the command."""
+        return self.submit(argv, cwd=cwd, env=env, timeout=timeout, stdin=stdin, quiet=quiet,
+                           capture=capture).result()
+
+    def submit(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+               timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
+               quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> Submitted:
+        """run() without waiting: send a phase's commands together, then read their results (one round trip)."""
         workdir = self.repo if cwd is None else cwd
-        result = self.transport.run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin, capture=capture)
-        self.emit("command", command=self.shown(argv, cwd=workdir, env=env),
-                  exit_code=result.exit_code, timed_out=result.timed_out,
+        pending = self.transport.submit_run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin,
+                                            capture=capture)
+        return Submitted(self, self.shown(argv, cwd=workdir, env=env), quiet, pending)
+
+    def run_all(self, commands: Sequence[tuple[Sequence[str], str]], *, timeout: float) -> list[ExecResult]:
+        """(argv, what) pairs run in the repo, in order, in one round trip; the first that fails stops the
+        rest and is raised as StepFailed naming it (`what` says what it was for)."""
+        from deployer.agent.client import Batch, OpFailure, Run
+
+        batch = self.transport.call(Batch([Run(tuple(argv), cwd=self.repo, timeout=timeout) for argv, _ in commands]))
+        results = []
+        for (argv, what), result in zip(commands, batch.results, strict=False):
+            if isinstance(result, OpFailure):
+                raise TransportError(f"{what}: the agent could not run {self.shown(argv)}: {result.message}")
+            self.log_command(self.shown(argv, cwd=self.repo), result, quiet=False)
+            if not result.ok:
+                raise self.failure(what, result)
+            results.append(result)
+        return results
+
+    def log_command(self, shown: str, result: ExecResult, quiet: bool) -> None:
+        self.emit("command", command=shown, exit_code=result.exit_code, timed_out=result.timed_out,
                   duration_s=round(result.duration_s, 3),
                   stdout_tail="" if quiet else self.bus.masker.tail(result.out_stream.text, EVENT_TAIL),
                   stderr_tail=self.bus.masker.tail(result.err_stream.text, EVENT_TAIL))
-        return result
 
     def shown(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
         """The command as people may see it: secrets masked before quoting, so quoting cannot hide them."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import getpass
 import hashlib
+import itertools
 import os
+import posixpath
 import socket
 import time
 from collections.abc import Callable
@@ -15,9 +17,10 @@ from typing import Any
 
 import deployer
 from deployer import diffs
+from deployer.agent.client import Get
 from deployer.command import Masker
 from deployer.config import Host
-from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
+from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
 from deployer.errors import ConfigError, DeployerError, Interrupted, LockHeld, RollbackFailed, VerificationFailed
 from deployer.lock import DeployLock, LockState, force_release, read_state
 from deployer.preflight import preflight
@@ -54,9 +57,10 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
     left = None
     if lock is not None:
         try:
-            if settled is not None and settled.git_dir is not None:
-                intent.remove(transport, settled.git_dir)
+            cleared = intent.remove(transport, settled.git_dir) if settled and settled.git_dir else None
             lock.release()
+            if cleared is not None:
+                cleared()
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
             bus.emit("lock_release_failed", path=lock.path, error=str(exc))
@@ -129,7 +133,6 @@ class PlanReport:
 ENTER = {Effect.changes_files: Phase.changing, Effect.commits: Phase.committing, Effect.restarts: Phase.restarting,
          Effect.verifies: Phase.verifying, Effect.loads: Phase.verifying}
 LEAVE = {Effect.changes_files: Phase.changed, Effect.commits: Phase.committed}
-_MODES = 'for p; do if [ -e "$p" ]; then stat -c "%a %u %g" -- "$p"; else echo -; fi; done'
 
 
 def run_trailer(run_id: str) -> str:
@@ -252,18 +255,12 @@ class Engine:
         """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""
         record = ctx.record
         assert record is not None
-        modes = ctx.check(("sh", "-c", _MODES, "sh", *(c.path for c in ctx.changes)),
-                          "cannot read the files' owner and mode", timeout=30).out.splitlines()
-        files = []
-        for index, (change, mode) in enumerate(zip(ctx.changes, modes, strict=True)):
-            octal, uid, gid = mode.split() if mode != "-" else (None, None, None)
-            files.append(FileRecord(
-                dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
-                sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),
-                new_blob=git_blob_id(change.new),
-                mode=None if octal is None else int(octal, 8), uid=None if uid is None else int(uid),
-                gid=None if gid is None else int(gid), new_dirs=change.new_dirs,
-                before=None if change.old is None else record.keep_before(index, change.old)))
+        files = [FileRecord(
+            dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
+            sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),
+            new_blob=git_blob_id(change.new), mode=change.mode, uid=change.uid, gid=change.gid,
+            new_dirs=change.new_dirs, before=None if change.old is None else record.keep_before(index, change.old))
+            for index, change in enumerate(ctx.changes)]
         record.update(files=files, git_before=ctx.git_before, git_dir=ctx.git_dir)
 
     def execute(self, body: Callable[[Context, RunLogWriter], None], **start: Any) -> RunResult:
@@ -341,21 +338,26 @@ class Engine:
             record.advance(Phase.interrupted, utc_now(), error=str(failure))
 
     def _lock(self, ctx: Context) -> DeployLock:
-        ctx.git_dir = git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
-                                          f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
-        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
-                                                   "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
-        assert ctx.record is not None
-        ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
+        """Take the lock and read the intent record. The git dir is almost always <repo>/.git: the lock is
+        taken there in the same round trip that asks git, and taken again only when git says otherwise."""
+        guess = posixpath.join(ctx.repo, ".git")
+        found = ctx.submit(git("rev-parse", "--absolute-git-dir"), timeout=30)
         try:
-            lock.acquire()
-        except LockHeld as held:
-            if not self._adopt(ctx, git_dir):
-                raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
-            lock.acquire()
+            lock, raw = self._take(ctx, guess)
+        except DeployerError:
+            if self._git_dir(ctx, found) == guess:
+                raise
+            lock = None
+        git_dir = self._git_dir(ctx, found)
+        if lock is not None and git_dir != guess:
+            lock.release()
+            lock = None
+        if lock is None:
+            lock, raw = self._take(ctx, git_dir)
+        ctx.git_dir = git_dir
         ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         try:
-            pending = intent.read(ctx.transport, git_dir)
+            pending = intent.parse(raw, git_dir)
         except DeployerError as exc:
             lock.release()
             raise LockHeld(str(exc)) from None
@@ -365,6 +367,25 @@ class Engine:
                            f"(started {pending.started}); nothing was changed. End it first with: "
                            f"deployer recover {pending.run_id} --host {self.host_name}")
         return lock
+
+    @staticmethod
+    def _git_dir(ctx: Context, found: Submitted) -> str:
+        return found.check(f"{ctx.repo} is not a git checkout on the target").out.strip()
+
+    def _take(self, ctx: Context, git_dir: str) -> tuple[DeployLock, bytes | None]:
+        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
+                                                   "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
+        assert ctx.record is not None
+        ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
+        # The intent record is read right after the take, in the same round trip.
+        then = [Get(intent.path_in(git_dir))]
+        try:
+            raw, = lock.acquire(then)
+        except LockHeld as held:
+            if not self._adopt(ctx, git_dir):
+                raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
+            raw, = lock.acquire(then)
+        return lock, raw
 
     def _adopt(self, ctx: Context, git_dir: str) -> bool:
         """Recover takes over the lock of the run it recovers, once that run is surely gone."""
@@ -396,7 +417,6 @@ class Engine:
     def _write_intent(self, ctx: Context) -> None:
         record = ctx.record
         assert record is not None and ctx.git_dir is not None and ctx.git_before is not None
-        ctx.transport.run(("mkdir", "-p", "--", ctx.state_dir()), timeout=30)
         intent.write(ctx.transport, ctx.git_dir, intent.Intent(
             run_id=ctx.run_id, operator=self.operator, host=self.host_name, started=record.state.history[0].time,
             head_before=ctx.git_before, trailer=run_trailer(ctx.run_id), files=record.state.files))
@@ -433,18 +453,36 @@ class Engine:
         moves the run's phase, written before the step acts."""
         record = ctx.record
         assert record is not None
-        for step in self.steps if steps is None else steps:
+        chain = self.steps if steps is None else steps
+        for index, step in enumerate(chain):
             self._enter(ctx, step.effect)
+            # The read-only steps right after a change may send their commands with it: one round trip.
+            ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, chain[index + 1:]))
+            ctx.on_sent = lambda ahead=ahead: ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
             try:
                 self.run_step(ctx, step, step.name)
             except DeployerError as failure:
                 ctx.bus.step = None
+                self._drain_prefetched(ctx)
                 if record.state.git_after is not None:  # the run's commit is on the target
                     raise self._after_commit_failure(ctx, failure) from None
                 self._restore(ctx)
                 raise
+            finally:
+                ctx.on_sent = None
             if step.effect in LEAVE:
                 record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
+
+    @staticmethod
+    def _drain_prefetched(ctx: Context) -> None:
+        """Commands sent ahead for steps that never ran still ran on the target: log them under their step."""
+        for name, sent in list(ctx.prefetched.items()):
+            ctx.bus.step = name
+            for submitted in sent:
+                with contextlib.suppress(DeployerError):
+                    submitted.result()
+        ctx.prefetched.clear()
+        ctx.bus.step = None
 
     def _enter(self, ctx: Context, effect: Effect) -> None:
         record = ctx.record

@@ -19,11 +19,16 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from deployer.errors import DeployerError, LockHeld
-from deployer.transport.base import Transport
+from deployer.transport.base import ExecResult, Transport
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Request
 
 LOCK_NAME = "deployer.lock"
 TIMEOUT_S = 30.0
@@ -52,6 +57,8 @@ _STRAYS = ('cd -- "$1" || exit 1; target=$(readlink -- deployer.lock 2>/dev/null
 _REMOVE = ('lock=$1; if [ -L "$lock" ]; then target=$(readlink -- "$lock"); rm -f -- "$lock" || exit 1; '
            'case $target in deployer.lock.*) rm -rf -- "$(dirname -- "$lock")/$target";; esac; '
            'else rm -rf -- "$lock"; fi')
+# The same, only while the lock is still ours ($2: our directory's name): a forced release may have handed it on.
+_REMOVE_OURS = '[ "$(readlink -- "$1")" = "$2" ] || exit 0; ' + _REMOVE
 
 
 @dataclass(frozen=True)
@@ -110,10 +117,13 @@ def read_state(transport: Transport, git_dir: str, ttl_s: float) -> LockState | 
 
 def strays(transport: Transport, git_dir: str) -> list[str]:
     """Lock directories the lock does not name: left by a run cut while taking or releasing it."""
-    found = transport.run(("sh", "-c", _STRAYS, "sh", git_dir), timeout=TIMEOUT_S)
-    if not found.ok:
-        raise DeployerError(f"cannot list {git_dir}: {found.err.strip()}")
-    return [posixpath.join(git_dir, name) for name in found.out.split("\0") if name]
+    return stray_paths(git_dir, transport.run(("sh", "-c", _STRAYS, "sh", git_dir), timeout=TIMEOUT_S))
+
+
+def stray_paths(git_dir: str, listed: ExecResult) -> list[str]:
+    if not listed.ok:
+        raise DeployerError(f"cannot list {git_dir}: {listed.err.strip()}")
+    return [posixpath.join(git_dir, name) for name in listed.out.split("\0") if name]
 
 
 class DeployLock:
@@ -134,10 +144,22 @@ class DeployLock:
         self.removed: list[str] = []  # strays cleared after taking the lock
         self.heartbeat = posixpath.join(self.dir, "heartbeat")
 
-    def acquire(self) -> None:
+    def acquire(self, then: Sequence[Request[Any]] = ()) -> list[Any]:
+        """Take the lock, start its heartbeat and look for strays: one round trip. The heartbeat and the
+        listing are harmless when the take fails (our directory is gone, the listing only reads).
+
+        `then` are reads to run right after the take in the same round trip; their results are returned."""
+        from deployer.agent.client import Beat
+
         try:
-            taken = self.transport.run(("sh", "-c", _TAKE, "deployer-lock", self.path, self.dir, self.name),
-                                       stdin=json.dumps(self.info, indent=1).encode(), timeout=TIMEOUT_S)
+            taking = self.transport.submit_run(("sh", "-c", _TAKE, "deployer-lock", self.path, self.dir, self.name),
+                                               stdin=json.dumps(self.info, indent=1).encode(), timeout=TIMEOUT_S)
+            beating = self.transport.submit(Beat(self.heartbeat, max(self.ttl_s / 4, 0.5)))
+            listing = self.transport.submit_run(("sh", "-c", _STRAYS, "sh", self.git_dir), timeout=TIMEOUT_S)
+            reads = [self.transport.submit(request) for request in then]
+            taken = taking.result()
+            beating.result()
+            listed = listing.result()
         except DeployerError as exc:
             raise self._cut(str(exc)) from exc
         if taken.timed_out:
@@ -156,10 +178,11 @@ class DeployLock:
         if not taken.ok:
             raise DeployerError(f"cannot create the deploy lock {self.path}: {taken.err.strip()}")
         try:
-            self.transport.beat(self.heartbeat, max(self.ttl_s / 4, 0.5))
-            for stray in strays(self.transport, self.git_dir):
-                self.transport.run(("rm", "-rf", "--", stray), timeout=TIMEOUT_S)
-                self.removed.append(stray)
+            found = stray_paths(self.git_dir, listed)
+            if found:
+                self.transport.run(("rm", "-rf", "--", *found), timeout=TIMEOUT_S)
+                self.removed.extend(found)
+            return [pending.result() for pending in reads]
         except BaseException:
             with contextlib.suppress(DeployerError):  # never leave a lock nobody holds, if we still can
                 self._remove()
@@ -175,11 +198,15 @@ class DeployLock:
         self.transport.run(("sh", "-c", _REMOVE, "deployer-unlock", self.path), timeout=TIMEOUT_S)
 
     def release(self) -> None:
-        self.transport.beat(self.heartbeat, 0)
-        # Only remove the lock if it is still ours (a forced release may have handed it on).
-        current = self.transport.run(("readlink", "--", self.path), timeout=TIMEOUT_S)
-        if current.ok and current.out.strip() == self.name:
-            self._remove()
+        """Stop the heartbeat and remove the lock if it is still ours: one round trip."""
+        from deployer.agent.client import Beat
+
+        stopped = self.transport.submit(Beat(self.heartbeat, 0))
+        removed = self.transport.submit_run(("sh", "-c", _REMOVE_OURS, "deployer-unlock", self.path, self.name),
+                                            timeout=TIMEOUT_S)
+        stopped.result()
+        if not removed.result().ok:
+            raise DeployerError(f"cannot remove the deploy lock {self.path}: {removed.result().err.strip()}")
 
 
 def force_release(transport: Transport, git_dir: str) -> bool:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from deployer import yamlsrc
+from deployer.agent.client import Get, Stat, StatEntry
 from deployer.config import check_repo_relative
 from deployer.context import Change, Context
 from deployer.errors import ConfigError, StepFailed
@@ -20,42 +21,63 @@ from deployer.steps.git import UNCHANGED, git, names
 STEP = "preflight"
 
 
+# The real paths of the git dir and of the common git dir (a linked worktree's), NUL-terminated.
+_GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
+
+
 def preflight(ctx: Context, *, allow_dirty: bool) -> dict[str, bytes | None]:
     """Fill ctx.git_before, ctx.git_dir and ctx.changes; refuse what would lose work.
 
+    Everything it reads is sent at once and costs one round trip (two when dirty files need HEAD's bytes).
     Returns each dest's bytes at HEAD (None: not tracked), what diffs and bounds count against."""
-    if ctx.git_dir is None:
-        ctx.git_dir = ctx.check(git("rev-parse", "--absolute-git-dir"),
-                                f"{ctx.repo} is not a git checkout on the target", timeout=30).out.strip()
-    ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
     new = _new_bytes(ctx)
     dests = sorted(new)
-    refuse_unsafe_dests(ctx, dests)
-    tracked = set(names(ctx.check(git("ls-files", "-z", "--", *dests), "git ls-files failed", timeout=30).out))
+    paths = [ctx.in_repo(d) for d in dests]
+    parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
+    git_dirs = ctx.submit(("sh", "-c", _GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
+                          quiet=True)
+    head = ctx.submit(git("rev-parse", "HEAD"), timeout=30)
+    listed = ctx.submit(git("ls-files", "-z", "--", *dests), timeout=30)
     # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
-    status = ctx.check(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
-                           "--untracked-files=all", "--", *dests), "git status failed", timeout=30).out
-    dirty = sorted({entry[3:] for entry in names(status) if len(entry) > 3})
+    status = ctx.submit(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
+                            "--untracked-files=all", "--", *dests), timeout=30)
+    email = ctx.submit(git("config", "user.email"), timeout=30)
+    stats = ctx.transport.submit(Stat((ctx.repo, *paths, *parents)))
+    olds = [ctx.transport.submit(Get(path)) for path in paths]
+
+    resolved = names(git_dirs.check(f"{ctx.repo} is not a git checkout on the target").out)
+    if len(resolved) != 2:
+        raise StepFailed(STEP, f"cannot find the git dirs of {ctx.repo} on the target")
+    ctx.git_dir = ctx.git_dir or resolved[0]
+    ctx.git_before = head.check("cannot read HEAD").out.strip()
+    tracked = set(names(listed.check("git ls-files failed").out))
+    dirty = sorted({entry[3:] for entry in names(status.check("git status failed").out) if len(entry) > 3})
+    ctx.facts["identity"] = email.result().out.strip() if email.result().ok else ""
+    entries = {entry.path: entry for entry in stats.result()}
+    refuse_unsafe_dests(dests, entries[ctx.repo], resolved, [entries[p] for p in paths])
     ctx.facts["dirty"] = dirty
     if dirty and not allow_dirty:
         raise StepFailed(STEP, f"the target has uncommitted changes in {', '.join(dirty)}; nothing was "
                          "changed. Commit or discard them there, or pass --allow-dirty")
     ctx.changes = []
-    for dest in dests:
-        path = ctx.in_repo(dest)
-        old = ctx.transport.get(path)
+    for dest, path, pending in zip(dests, paths, olds, strict=True):
+        old, seen = pending.result(), entries[path]
         change = Change(dest=dest, path=path, new=new[dest], old=old, tracked=dest in tracked,
-                        source=ctx.playbook.source_of(dest))
+                        source=ctx.playbook.source_of(dest), mode=seen.mode, uid=seen.uid, gid=seen.gid)
         if old is None:
-            change.new_dirs = _missing_dirs(ctx, dest)
+            change.new_dirs = _missing_dirs(ctx, dest, entries)
         ctx.changes.append(change)
     _refuse_untracked(ctx)
-    head = {c.dest: _head_bytes(ctx, c.dest) if c.dest in dirty else c.old for c in ctx.changes if c.tracked}
+    dirty_heads = {c.dest: ctx.submit(git("cat-file", "blob", f"HEAD:{c.dest}"), timeout=30, quiet=True,
+                                      capture=None) for c in ctx.changes if c.tracked and c.dest in dirty}
+    head_bytes = {c.dest: c.old for c in ctx.changes if c.tracked}
+    for dest, shown in dirty_heads.items():  # HEAD has no such file when it is staged as new
+        head_bytes[dest] = shown.result().stdout if shown.result().ok else None
     # "Already applied" is HEAD's business: a work-tree file that has the bytes uncommitted still needs the commit.
-    ctx.facts[UNCHANGED] = [c.dest for c in ctx.changes if c.tracked and head[c.dest] == c.new]
+    ctx.facts[UNCHANGED] = [c.dest for c in ctx.changes if c.tracked and head_bytes[c.dest] == c.new]
     ctx.emit("preflight", head=ctx.git_before, git_dir=ctx.git_dir, dirty=dirty, files=[
         {"dest": c.dest, "exists": c.old is not None, "tracked": c.tracked} for c in ctx.changes])
-    return {c.dest: head.get(c.dest) for c in ctx.changes}
+    return {c.dest: head_bytes.get(c.dest) for c in ctx.changes}
 
 
 def _new_bytes(ctx: Context) -> dict[str, bytes]:
@@ -64,24 +86,16 @@ def _new_bytes(ctx: Context) -> dict[str, bytes]:
     return apply_patch_here(ctx, ctx.playbook.patch)
 
 
-def _head_bytes(ctx: Context, dest: str) -> bytes | None:
-    """dest's bytes at HEAD; None when HEAD has no such file (staged as new, say)."""
-    shown = ctx.run(git("cat-file", "blob", f"HEAD:{dest}"), timeout=30, quiet=True)
-    return shown.stdout if shown.ok else None
-
-
-def refuse_unsafe_dests(ctx: Context, dests: list[str]) -> None:
+def refuse_unsafe_dests(dests: list[str], repo: StatEntry, git_dirs: list[str], seen: list[StatEntry]) -> None:
     """Each dest must be its own real path in the repo's work tree: not in the git dir, not through a symlink."""
-    common = ctx.check(git("rev-parse", "--git-common-dir"), "cannot find the git dir", timeout=30).out
-    git_dirs = [ctx.git_dir or ".git", posixpath.join(ctx.repo, common.removesuffix("\n"))]
-    paths = [ctx.repo, *git_dirs, *(ctx.in_repo(d) for d in dests)]
-    resolved = names(ctx.check(("realpath", "-m", "-z", "--", *paths), "cannot resolve the target paths",
-                               timeout=30, quiet=True).out)
-    if len(resolved) != len(paths):
-        raise StepFailed(STEP, f"realpath on the target answered {len(resolved)} paths for {len(paths)}")
-    root, reals = resolved[0], resolved[3:]
-    for dest, real in zip(dests, reals, strict=True):
-        inside = next((g for g in resolved[1:3] if real == g or real.startswith(g.rstrip("/") + "/")), None)
+    if repo.realpath is None:
+        raise StepFailed(STEP, f"the repo {repo.path} does not exist on the target")
+    root = repo.realpath
+    for dest, entry in zip(dests, seen, strict=True):
+        real = entry.realpath
+        if real is None:
+            raise StepFailed(STEP, f"cannot resolve {entry.path} on the target: {entry.error}")
+        inside = next((g for g in git_dirs if real == g or real.startswith(g.rstrip("/") + "/")), None)
         if inside is not None:
             raise StepFailed(STEP, f"{dest} resolves to {real} on the target, inside the git dir {inside} "
                              "(through a symlink); refusing to write git's own files")
@@ -129,11 +143,15 @@ def closest(dest: str, tracked: list[str]) -> str | None:
     return found[0] if found else None
 
 
-def _missing_dirs(ctx: Context, dest: str) -> list[str]:
+def _missing_dirs(ctx: Context, dest: str, entries: dict[str, StatEntry]) -> list[str]:
     missing = []
     parent = posixpath.dirname(dest)
     while parent:
-        if ctx.run(("test", "-d", ctx.in_repo(parent)), timeout=30).ok:
+        entry = entries.get(ctx.in_repo(parent))
+        if entry is not None and entry.type == "dir":
+            break
+        # Above the dest's own directory (missing too): ask the target.
+        if entry is None and ctx.run(("test", "-d", ctx.in_repo(parent)), timeout=30).ok:
             break
         missing.append(ctx.in_repo(parent))
         parent = posixpath.dirname(parent)

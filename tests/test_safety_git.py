@@ -90,8 +90,11 @@ def test_resolved_dests_are_read_nul_delimited_so_a_newline_cannot_shift_the_ans
     commit_symlink(target, "out", str(outside))
     # The loader refuses a newline in a dest; the check on the target must not depend on that.
     crafted = [f"a\n{target.repo}/zzz", "out/victim.txt"]
+    # The agent answers one structured entry per path: an odd name cannot shift the others.
+    repo, *seen = context.transport.stat([str(target.repo), *(context.in_repo(d) for d in crafted)])
+    git_dir = os.path.realpath(target.repo / ".git")
     with pytest.raises(StepFailed) as refused:
-        refuse_unsafe_dests(context, crafted)
+        refuse_unsafe_dests(crafted, repo, [git_dir, git_dir], seen)
     assert "out/victim.txt" in str(refused.value) and "outside the repo" in str(refused.value)
 
 

@@ -640,7 +640,8 @@ def _stat_one(path: str, want_hash: bool) -> dict[str, Any]:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        entry["exists"] = False
+        # Where it would be: existing links on the way are followed (realpath -m), so an escape shows.
+        entry.update(exists=False, realpath=os.path.realpath(path))
         return entry
     except OSError as exc:
         entry.update(exists=None, error="{}: {}".format(errno.errorcode.get(exc.errno or 0, "error"), exc.strerror))

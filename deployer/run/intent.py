@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
@@ -40,7 +41,11 @@ def write(transport: Transport, git_dir: str, intent: Intent) -> None:
 
 
 def read(transport: Transport, git_dir: str) -> Intent | None:
-    raw = transport.get(path_in(git_dir))
+    return parse(transport.get(path_in(git_dir)), git_dir)
+
+
+def parse(raw: bytes | None, git_dir: str) -> Intent | None:
+    """The intent record from its bytes (None: there is none)."""
     if raw is None:
         return None
     try:
@@ -50,7 +55,12 @@ def read(transport: Transport, git_dir: str) -> Intent | None:
                             "look at it by hand before removing it") from None
 
 
-def remove(transport: Transport, git_dir: str) -> None:
-    result = transport.run(("rm", "-f", "--", path_in(git_dir)), timeout=30)
-    if not result.ok:
-        raise DeployerError(f"cannot remove the intent record {path_in(git_dir)}: {result.err.strip()}")
+def remove(transport: Transport, git_dir: str) -> Callable[[], None]:
+    """Send the removal now (so it can share a round trip); the returned check raises if it failed."""
+    pending = transport.submit_run(("rm", "-f", "--", path_in(git_dir)), timeout=30)
+
+    def check() -> None:
+        result = pending.result()
+        if not result.ok:
+            raise DeployerError(f"cannot remove the intent record {path_in(git_dir)}: {result.err.strip()}")
+    return check

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from deployer.command import shell_line
 from deployer.config import Host, Strict
-from deployer.context import Context
+from deployer.context import Context, Submitted
 
 
 class NoParams(Strict):
@@ -56,6 +56,16 @@ class Step(ABC):
         self.name = name
         self.where = where  # file:line:column of the step in its playbook, for errors
         self.timeout_s = float(getattr(params, "timeout_s", 120.0))
+
+    def prefetch(self, ctx: Context) -> list[Submitted]:
+        """Send this step's read-only commands ahead of its turn (in ctx.prefetched under its name), right
+        after the step before it sent its changes: the agent runs them in order, so they see those
+        changes, and the whole stretch costs one round trip. Steps that may do so override this."""
+        return []
+
+    def sent(self, ctx: Context) -> list[Submitted] | None:
+        """What prefetch() sent for this run, if anything."""
+        return ctx.prefetched.pop(self.name, None)
 
     def check_host(self, host_name: str, host: Host) -> str | None:
         """What this step needs from the inventory host and does not get (checked before connecting)."""

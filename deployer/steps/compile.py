@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from deployer.config import Strict
-from deployer.context import Context
+from deployer.context import Context, Submitted
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
 
@@ -55,10 +55,13 @@ class RemoteCompile(Step):
             return [Action("no Python files to compile")]
         return [Action("compile on the target", self.argv(ctx), ctx.repo)]
 
+    def prefetch(self, ctx: Context) -> list[Submitted]:
+        return [ctx.submit(self.argv(ctx), timeout=self.timeout_s)] if python_dests(ctx) else []
+
     def run(self, ctx: Context) -> str:
         dests = python_dests(ctx)
         if not dests:
             return "no Python files"
-        ctx.check(self.argv(ctx), f"the target's {ctx.host.python} cannot compile the shipped files",
-                  timeout=self.timeout_s)
+        sent = self.sent(ctx) or self.prefetch(ctx)
+        sent[0].check(f"the target's {ctx.host.python} cannot compile the shipped files")
         return f"{len(dests)} file(s) compile under {ctx.host.python}"

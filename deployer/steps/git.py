@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pydantic import field_validator
 
 from deployer.config import Strict
-from deployer.context import Context
+from deployer.context import Context, Submitted
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
@@ -96,10 +96,13 @@ class DiffBounds(Step):
     def plan(self, ctx: Context) -> list[Action]:
         return [Action("count the diff against HEAD", argv, ctx.repo) for argv in self.commands(ctx)]
 
+    def prefetch(self, ctx: Context) -> list[Submitted]:
+        return [ctx.submit(argv, timeout=self.timeout_s) for argv in self.commands(ctx)]
+
     def run(self, ctx: Context) -> str:
         stats: list[FileStat] = []
-        for argv in self.commands(ctx):
-            result = ctx.run(argv, timeout=self.timeout_s)
+        for argv, sent in zip(self.commands(ctx), self.sent(ctx) or self.prefetch(ctx), strict=True):
+            result = sent.result()
             no_index = "--no-index" in argv
             if result.timed_out or result.exit_code not in ((0, 1) if no_index else (0,)):
                 raise ctx.failure("git diff failed on the target", result)
@@ -139,8 +142,10 @@ def changed_dests(ctx: Context) -> list[str]:
 
 def identity_args(ctx: Context) -> list[str]:
     """Use the target's git identity; only where it has none, commit as the operator."""
-    has = ctx.run(git("config", "user.email"), timeout=30)
-    if has.ok and has.out.strip():
+    if "identity" not in ctx.facts:  # preflight reads it with everything else; a rollback has no preflight
+        has = ctx.run(git("config", "user.email"), timeout=30)
+        ctx.facts["identity"] = has.out.strip() if has.ok else ""
+    if ctx.facts["identity"]:
         return []
     operator = str(ctx.facts.get("operator", "deployer"))
     return ["-c", f"user.name=deployer ({operator})", "-c", f"user.email={operator}"]
@@ -159,16 +164,23 @@ def touched_by(ctx: Context, commit: str, timeout: float = 60.0) -> list[str]:
 
 def commit_files(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False) -> str:
     """Commit exactly dests (never -a), prove the commit touched exactly them, return its hash."""
-    ctx.check(git("add", "-A", "--", *dests), "git add failed", timeout=timeout)
-    return commit_staged(ctx, dests, message, timeout, hooks=hooks)
+    return commit_staged(ctx, dests, message, timeout, hooks=hooks, add=True)
 
 
-def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False) -> str:
-    """Commit dests as the index has them (`git commit -- paths`), and prove the commit touched exactly them."""
-    ctx.check(commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), "git commit failed",
-              timeout=timeout)
-    head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
-    files = touched_by(ctx, head, timeout)
+def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False,
+                  add: bool = False) -> str:
+    """Commit dests as the index has them (`git commit -- paths`), and prove the commit touched exactly them.
+
+    One round trip: add, commit, and the reads that prove it run as one batch that stops at a failure."""
+    staging = [(git("add", "-A", "--", *dests), "git add failed")] if add else []
+    *_, head_out, touched = ctx.run_all([
+        *staging,
+        (commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), "git commit failed"),
+        (git("rev-parse", "HEAD"), "cannot read HEAD"),
+        (git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"),
+         "cannot list the commit's files")], timeout=timeout)
+    head = head_out.out.strip()
+    files = sorted(names(touched.out))
     if set(files) != set(dests):
         raise StepFailed(ctx.bus.step or "commit", f"commit {head[:12]} touched {', '.join(files)} "
                          f"instead of exactly {', '.join(sorted(dests))}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from deployer.agent.client import Put
 from deployer.config import Strict
 from deployer.context import Change, Context
 from deployer.errors import StepFailed
@@ -37,9 +38,13 @@ class Upload(Step):
             for change in ctx.changes:
                 self._verify(ctx, change)
         else:
-            for change in ctx.changes:
-                ctx.cancel.check()
-                result = ctx.transport.put(change.new, change.path, timeout=self.timeout_s)
+            ctx.cancel.check()
+            # Every file at once (the agent writes them in order), then the read-only steps after this one.
+            puts = [ctx.transport.submit(Put(c.path, c.new, keep_owner=True, mkdirs=True), self.timeout_s)
+                    for c in ctx.changes]
+            ctx.sent()
+            for change, pending in zip(ctx.changes, puts, strict=True):
+                result = pending.result(self.timeout_s)
                 ctx.emit("uploaded", dest=change.dest, sha256=result.sha256, size=result.size)
         return f"{len(ctx.changes)} file(s) on the target"
 

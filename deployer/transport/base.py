@@ -188,9 +188,9 @@ class Transport(ABC):
     def call(self, request: Request[T], timeout: float | None = None) -> T:
         return self.agent().call(request, timeout)
 
-    def submit(self, request: Request[T]) -> Pending[T]:
+    def submit(self, request: Request[T], timeout: float | None = None) -> Pending[T]:
         """Send without waiting for the reply (pipelining): a phase's requests cost one round trip."""
-        return self.agent().submit(request)
+        return self.agent().submit(request, timeout)
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None,
             env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
@@ -199,10 +199,17 @@ class Transport(ABC):
 
         Keeps the last `capture` bytes of stdout and of stderr (None: all of them, up to the agent's
         frame limit) and counts every byte."""
+        return self.submit_run(argv, cwd=cwd, env=env, timeout=timeout, stdin=stdin, capture=capture).result()
+
+    def submit_run(self, argv: Sequence[str], *, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                   stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES) -> Pending[ExecResult]:
+        """run() without waiting: the agent runs requests in the order sent, so a phase's commands
+        can all be sent at once and cost one round trip."""
         from deployer.agent.client import Run
 
-        return self.call(Run(tuple(argv), cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                             tail=capture or WHOLE_OUTPUT_BYTES))
+        return self.submit(Run(tuple(argv), cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                               tail=capture or WHOLE_OUTPUT_BYTES))
 
     def put(self, data: bytes, dest: str, *, mode: int | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
