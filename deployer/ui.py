@@ -137,7 +137,8 @@ def plan_json(report: PlanReport) -> dict[str, Any]:
                        "new": not f.exists, "diff": f.diff} for f in report.files],
             "stat": report.stat.summary(), "bounds": report.bounds, "dirty": report.dirty,
             "lock": report.lock.info if report.lock else None,
-            "steps": [{"name": n, "actions": [a.render() for a in acts]} for n, acts in report.steps]}
+            "steps": [{"name": n, "actions": [a.render() for a in acts],
+                       "commands": [a.command() for a in acts if a.argv is not None]} for n, acts in report.steps]}
 
 
 def result_json(result: RunResult) -> dict[str, Any]:

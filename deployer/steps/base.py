@@ -25,10 +25,13 @@ class Action:
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = ()
 
+    def command(self) -> str:
+        """The command line exactly as the run log records it when the action runs."""
+        assert self.argv is not None
+        return shell_line(self.argv, cwd=self.cwd, env=dict(self.env))
+
     def render(self) -> str:
-        if self.argv is None:
-            return self.what
-        return f"{self.what}: {shell_line(self.argv, cwd=self.cwd, env=dict(self.env))}"
+        return self.what if self.argv is None else f"{self.what}: {self.command()}"
 
 
 class Effect(str, Enum):

@@ -167,18 +167,24 @@ def commit_files(ctx: Context, dests: Sequence[str], message: str, timeout: floa
     return commit_staged(ctx, dests, message, timeout, hooks=hooks, add=True)
 
 
+def commit_commands(ctx: Context, dests: Sequence[str], message: str, *, hooks: bool = False,
+                    add: bool = False) -> list[tuple[tuple[str, ...], str]]:
+    """(argv, what it is for) of a commit of exactly dests, and of the reads that prove it: what the plan
+    shows and what the run sends, from this one place."""
+    staging = [(git("add", "-A", "--", *dests), "git add failed")] if add else []
+    return [*staging,
+            (commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), "git commit failed"),
+            (git("rev-parse", "HEAD"), "cannot read HEAD"),
+            (git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"),
+             "cannot list the commit's files")]
+
+
 def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False,
                   add: bool = False) -> str:
     """Commit dests as the index has them (`git commit -- paths`), and prove the commit touched exactly them.
 
     One round trip: add, commit, and the reads that prove it run as one batch that stops at a failure."""
-    staging = [(git("add", "-A", "--", *dests), "git add failed")] if add else []
-    *_, head_out, touched = ctx.run_all([
-        *staging,
-        (commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), "git commit failed"),
-        (git("rev-parse", "HEAD"), "cannot read HEAD"),
-        (git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"),
-         "cannot list the commit's files")], timeout=timeout)
+    *_, head_out, touched = ctx.run_all(commit_commands(ctx, dests, message, hooks=hooks, add=add), timeout=timeout)
     head = head_out.out.strip()
     files = sorted(names(touched.out))
     if set(files) != set(dests):
@@ -210,9 +216,9 @@ class Commit(Step):
         changed = changed_dests(ctx)
         if not changed:
             return [Action("nothing to commit: the target already has these bytes (the step fails)")]
-        return [Action("stage the shipped files", git("add", "-A", "--", *changed), ctx.repo),
-                Action("commit exactly them", commit_argv(self.message(ctx), changed, hooks=self.params.hooks),
-                       ctx.repo)]
+        return [Action(what.removesuffix(" failed").replace("cannot ", ""), argv, ctx.repo)
+                for argv, what in commit_commands(ctx, changed, self.message(ctx), hooks=self.params.hooks,
+                                                  add=True)]
 
     def run(self, ctx: Context) -> str:
         # A shipped file that already had these bytes is not in the diff, so not in the commit.
