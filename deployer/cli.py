@@ -628,15 +628,9 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         if not state.stale:
             ui.show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
         locks.force_release(transport, git_dir)
-    run_id = runlog.new_run_id()
-    log = runlog.RunLogWriter(runlog.runs_dir_from(runs_dir), run_id)
-    try:
-        log.write({"type": "run_start", "host": host_name, "operator": operator_id(), "kind": "lock_release"})
-        log.write({"type": "lock_force_released", "host": host_name, "holder": state.info,
-                   "heartbeat_age_s": state.heartbeat_age_s, "stale": state.stale})
-        log.write({"type": "run_end", "host": host_name, "status": "successful", "exit_code": 0, "git": {}})
-    finally:
-        log.close()
+    run_id = runlog.record_run(runlog.runs_dir_from(runs_dir), host_name, "lock_release", operator_id(), [
+        {"type": "lock_force_released", "holder": state.info, "heartbeat_age_s": state.heartbeat_age_s,
+         "stale": state.stale}])
     if as_json:
         emit_json({"host": host_name, "released": state.info, "run_id": run_id})
     else:

@@ -103,6 +103,20 @@ class RunLogWriter:
         os.close(self._fd)
 
 
+def record_run(runs_dir: Path, host: str, kind: str, operator: str, events: list[dict[str, Any]]) -> str:
+    """A run of its own for an act outside any apply (a forced lock release): start, the events, end."""
+    run_id = new_run_id()
+    log = RunLogWriter(runs_dir, run_id)
+    try:
+        log.write({"type": "run_start", "host": host, "operator": operator, "kind": kind})
+        for event in events:
+            log.write({**event, "host": host})
+        log.write({"type": "run_end", "host": host, "status": "successful", "exit_code": 0, "git": {}})
+    finally:
+        log.close()
+    return run_id
+
+
 @dataclass
 class Run:
     """A run as its log tells it."""
