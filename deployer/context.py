@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from deployer.command import Masker, shell_line
 from deployer.config import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed, TransportError
@@ -101,6 +103,31 @@ class EventBus:
             listener(masked)
 
 
+class Facts(BaseModel):
+    """What a run learns on the way, passed between steps as typed fields (and kept in its run_end)."""
+
+    model_config = ConfigDict(validate_assignment=True)
+
+    operator: str = "deployer"
+    identity: str | None = None  # the target's git user.email ("" none); None: not read yet
+    dirty: list[str] = Field(default_factory=list)  # dests with uncommitted changes before the run
+    unchanged: list[str] = Field(default_factory=list)  # dests whose HEAD bytes are the shipped ones
+    log_sha256: str | None = None  # the run log up to the running step's start (a commit anchors it)
+    diffstat: str | None = None
+    files: list[str] = Field(default_factory=list)  # what the run's commit holds (a rollback gives them back)
+    baseline: dict[str, float] = Field(default_factory=dict)  # metric -> value before the fix
+    drain: dict[str, dict[str, float | None]] = Field(default_factory=dict)  # metric -> baseline, final
+    storms: list[dict[str, int]] = Field(default_factory=list)
+    pids: dict[str, dict[str, int | None]] | None = None  # service -> old, new
+    rollback_pids: dict[str, dict[str, int | None]] | None = None
+    restored: list[str] = Field(default_factory=list)
+    rollback_commit: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The facts worth keeping in run_end (the working ones left out)."""
+        return self.model_dump(exclude={"identity", "log_sha256"}, exclude_defaults=True)
+
+
 class Submitted:
     """A command sent to the target without waiting; logged when its result is first read."""
 
@@ -135,7 +162,7 @@ class Context:
     git_before: str | None = None
     git_after: str | None = None
     git_dir: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: Facts = field(default_factory=Facts)
     record: RunRecord | None = None  # the run's write-ahead state; None in a dry run
     # Commands read-only steps sent ahead of their turn, by step name (see Step.prefetch).
     prefetched: dict[str, list[Submitted]] = field(default_factory=dict)

@@ -30,7 +30,7 @@ from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunSta
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
-from deployer.steps.git import LOG_SHA256, DiffBounds, git, log_anchor, revert_files, trailers, unchanged_dests
+from deployer.steps.git import DiffBounds, git, log_anchor, revert_files, trailers, unchanged_dests
 from deployer.transport.base import Transport, sha256_hex
 
 Connector = Callable[[EventBus], Transport]
@@ -76,7 +76,7 @@ def target_state(ctx: Context) -> str:
     try:
         head = ctx.run(git("rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
         notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
-                 ctx.facts.get("rollback_commit"): "the revert commit"}
+                 ctx.facts.rollback_commit: "the revert commit"}
         parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
         for name in ctx.host.services:
             pid = services.manager_for(ctx, name).pid()
@@ -198,7 +198,7 @@ class Engine:
     def context(self, run_id: str, bus: EventBus, transport: Transport) -> Context:
         ctx = Context(run_id=run_id, host_name=self.host_name, host=self.host, transport=transport,
                       playbook=self.playbook, bus=bus, cancel=self.cancel)
-        ctx.facts["operator"] = self.operator
+        ctx.facts.operator = self.operator
         return ctx
 
     # -- dry run ---------------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ class Engine:
             lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
             steps = [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps]
             return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, bounds, steps, lock,
-                              list(ctx.facts.get("dirty", [])))
+                              list(ctx.facts.dirty))
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -319,7 +319,7 @@ class Engine:
         finally:
             bus.step = None
             commits = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
-            facts = dict(ctx.facts) if ctx else {}
+            facts = ctx.facts.record() if ctx else {}
             bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=record.state.phase,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
             log.close()
@@ -440,13 +440,13 @@ class Engine:
                      duration_s=round(time.monotonic() - started, 3), error=ctx.bus.masker(str(failure)))
             raise failure from None
         finally:
-            ctx.facts.pop(LOG_SHA256, None)
+            ctx.facts.log_sha256 = None
         ctx.emit("step_end", status="ok", duration_s=round(time.monotonic() - started, 3), summary=summary)
         return summary
 
     def _note_log_sha256(self, ctx: Context) -> None:
         if self._log is not None:
-            ctx.facts[LOG_SHA256] = self._log.sha256()
+            ctx.facts.log_sha256 = self._log.sha256()
 
     def _run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
         """The chain (or a part of it: a unit runs its hosts' chains in phases); each step's declared effect
@@ -515,7 +515,7 @@ class Engine:
             raise
         ctx.emit("restore", restored=done.restored, removed=done.removed, temps=done.temps,
                  undid_commit=done.undid_commit, head=ctx.git_before)
-        ctx.facts["restored"] = done.restored + done.removed
+        ctx.facts.restored = done.restored + done.removed
         record.advance(Phase.failed_restored, utc_now())
 
     def _after_commit_failure(self, ctx: Context, failure: DeployerError) -> DeployerError:
@@ -550,19 +550,18 @@ class Engine:
         ctx.bus.step = "rollback"
         self._note_log_sha256(ctx)
         anchors = trailers(Deployer_Run=ctx.run_id, Deployer_Rollback_Of=rollback_of, Deployer_Log=log_anchor(ctx))
-        ctx.facts.pop(LOG_SHA256, None)
+        ctx.facts.log_sha256 = None
         message = f"Roll back {self.playbook.model.name} (run {rollback_of})\n\n{anchors}\n"
         revert = revert_files(ctx, before, dests, message)
         ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
-        ctx.facts["rollback_commit"] = revert
-        forward_pids = ctx.facts.pop("pids", None)
+        ctx.facts.rollback_commit = revert
+        forward_pids, ctx.facts.pids = ctx.facts.pids, None
         try:
             for step in (s for s in self.steps if s.effect in verify):
                 self.run_step(ctx, step, f"rollback:{step.name}")
         finally:  # both restarts stay in the record: the run's own, and the rollback's
-            if "pids" in ctx.facts:
-                ctx.facts["rollback_pids"] = ctx.facts.pop("pids")
-            if forward_pids is not None:
-                ctx.facts["pids"] = forward_pids
+            if ctx.facts.pids is not None:
+                ctx.facts.rollback_pids = ctx.facts.pids
+            ctx.facts.pids = forward_pids
         ctx.bus.step = None
         return revert

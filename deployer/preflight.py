@@ -16,7 +16,7 @@ from deployer.agent.client import Get, Stat, StatEntry
 from deployer.config import check_repo_relative
 from deployer.context import Change, Context
 from deployer.errors import ConfigError, StepFailed
-from deployer.steps.git import UNCHANGED, git, names
+from deployer.steps.git import git, names
 
 STEP = "preflight"
 
@@ -52,10 +52,10 @@ def preflight(ctx: Context, *, allow_dirty: bool) -> dict[str, bytes | None]:
     ctx.git_before = head.check("cannot read HEAD").out.strip()
     tracked = set(names(listed.check("git ls-files failed").out))
     dirty = sorted({entry[3:] for entry in names(status.check("git status failed").out) if len(entry) > 3})
-    ctx.facts["identity"] = email.result().out.strip() if email.result().ok else ""
+    ctx.facts.identity = email.result().out.strip() if email.result().ok else ""
     entries = {entry.path: entry for entry in stats.result()}
     refuse_unsafe_dests(dests, entries[ctx.repo], resolved, [entries[p] for p in paths])
-    ctx.facts["dirty"] = dirty
+    ctx.facts.dirty = dirty
     if dirty and not allow_dirty:
         raise StepFailed(STEP, f"the target has uncommitted changes in {', '.join(dirty)}; nothing was "
                          "changed. Commit or discard them there, or pass --allow-dirty")
@@ -74,7 +74,7 @@ def preflight(ctx: Context, *, allow_dirty: bool) -> dict[str, bytes | None]:
     for dest, shown in dirty_heads.items():  # HEAD has no such file when it is staged as new
         head_bytes[dest] = shown.result().stdout if shown.result().ok else None
     # "Already applied" is HEAD's business: a work-tree file that has the bytes uncommitted still needs the commit.
-    ctx.facts[UNCHANGED] = [c.dest for c in ctx.changes if c.tracked and head_bytes[c.dest] == c.new]
+    ctx.facts.unchanged = [c.dest for c in ctx.changes if c.tracked and head_bytes[c.dest] == c.new]
     ctx.emit("preflight", head=ctx.git_before, git_dir=ctx.git_dir, dirty=dirty, files=[
         {"dest": c.dest, "exists": c.old is not None, "tracked": c.tracked} for c in ctx.changes])
     return {c.dest: head_bytes.get(c.dest) for c in ctx.changes}

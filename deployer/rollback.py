@@ -188,7 +188,7 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
         check_recorded(ctx, run, target)
         check(ctx, target, force=force)
-        ctx.facts["files"] = target.files
+        ctx.facts.files = target.files
         # From here the rollback must finish: the first signal no longer stops it (a second forces).
         ctx.cancel = CancelToken()
         assert ctx.record is not None

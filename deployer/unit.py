@@ -161,7 +161,7 @@ class UnitRun:
                 ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
                 check_recorded(ctx, run, target)
                 check(ctx, target, force=force)
-                ctx.facts["files"] = target.files
+                ctx.facts.files = target.files
             except DeployerError:
                 barrier.abort()
                 raise
@@ -306,7 +306,7 @@ class UnitRun:
             raise
         for host in involved:
             ctx = self.ctxs[host]
-            ctx.facts["pids"] = pids[host]
+            ctx.facts.pids = pids[host]
             ctx.emit("restart", pids=pids[host], unit=self.name)
             self._end_step(host, "ok", started,
                            summary=", ".join(f"{n} {p['old']}->{p['new']}" for n, p in pids[host].items()))
@@ -332,16 +332,17 @@ class UnitRun:
                 ctx.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
                 revert = self.engines[ctx.host_name].revert(ctx, before=ctx.git_before, dests=ctx.dests,
                                                             rollback_of=ctx.run_id, verify=())
-                ctx.facts["rollback_commit"] = revert
-            forward = {ctx.host_name: ctx.facts.pop("pids", None) for ctx in ctxs}
+                ctx.facts.rollback_commit = revert
+            forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs}
+            for ctx in ctxs:
+                ctx.facts.pids = None
             for step in post:
                 if isinstance(step, CoRestart):
                     self.restart(step, f"rollback:{step.name}")
-            for ctx in ctxs:
-                if "pids" in ctx.facts:
-                    ctx.facts["rollback_pids"] = ctx.facts.pop("pids")
-                if forward[ctx.host_name] is not None:
-                    ctx.facts["pids"] = forward[ctx.host_name]
+            for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
+                if ctx.facts.pids is not None:
+                    ctx.facts.rollback_pids = ctx.facts.pids
+                ctx.facts.pids = forward[ctx.host_name]
         except DeployerError as exc:
             for ctx in ctxs:
                 assert ctx.record is not None
@@ -352,7 +353,7 @@ class UnitRun:
                                   "Finish it with: deployer recover RUN_ID --rollback for each host's run")
         for ctx in ctxs:
             assert ctx.record is not None
-            ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts["rollback_commit"])
+            ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts.rollback_commit)
             ctx.bus.step = None
         return VerificationFailed(f"{where}\nRolled back every host of the unit "
                                   f"({', '.join(c.host_name for c in ctxs)}) and restarted it again")

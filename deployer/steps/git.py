@@ -16,8 +16,6 @@ from deployer.steps.base import Action, Effect, Step
 Bound = int | tuple[int, int]
 
 # Facts the engine and preflight leave for these steps.
-LOG_SHA256 = "log_sha256"  # sha256 of the run log written so far (set before each step_start)
-UNCHANGED = "unchanged"  # shipped files whose bytes HEAD already has
 
 
 def git(*args: str, hooks: bool = False) -> tuple[str, ...]:
@@ -110,7 +108,7 @@ class DiffBounds(Step):
         stat = DiffStat(tuple(stats))
         ctx.emit("diffstat", files=[vars(f) for f in stat.files], insertions=stat.insertions,
                  deletions=stat.deletions)
-        ctx.facts["diffstat"] = stat.summary()
+        ctx.facts.diffstat = stat.summary()
         problems = self.judge(stat, unchanged_dests(ctx))
         if problems:
             raise StepFailed(self.name, "; ".join(problems) + f" ({stat.summary()})")
@@ -132,7 +130,7 @@ class CommitParams(Strict):
 
 def unchanged_dests(ctx: Context) -> list[str]:
     """Shipped files whose bytes HEAD already has: not in the diff, so not in the commit."""
-    return list(ctx.facts.get(UNCHANGED, []))
+    return list(ctx.facts.unchanged)
 
 
 def changed_dests(ctx: Context) -> list[str]:
@@ -142,12 +140,12 @@ def changed_dests(ctx: Context) -> list[str]:
 
 def identity_args(ctx: Context) -> list[str]:
     """Use the target's git identity; only where it has none, commit as the operator."""
-    if "identity" not in ctx.facts:  # preflight reads it with everything else; a rollback has no preflight
+    if ctx.facts.identity is None:  # preflight reads it with everything else; a rollback has no preflight
         has = ctx.run(git("config", "user.email"), timeout=30)
-        ctx.facts["identity"] = has.out.strip() if has.ok else ""
-    if ctx.facts["identity"]:
+        ctx.facts.identity = has.out.strip() if has.ok else ""
+    if ctx.facts.identity:
         return []
-    operator = str(ctx.facts.get("operator", "deployer"))
+    operator = ctx.facts.operator
     return ["-c", f"user.name=deployer ({operator})", "-c", f"user.email={operator}"]
 
 
@@ -199,7 +197,7 @@ def trailers(**pairs: str) -> str:
 
 def log_anchor(ctx: Context) -> str:
     """The Deployer-Log trailer's value: it ties the run log written so far to the target's history."""
-    return f"sha256:{ctx.facts.get(LOG_SHA256) or '<the run log up to this step>'}"
+    return f"sha256:{ctx.facts.log_sha256 or '<the run log up to this step>'}"
 
 
 class Commit(Step):
@@ -227,7 +225,7 @@ class Commit(Step):
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
         ctx.git_after = commit_files(ctx, changed, self.message(ctx), self.timeout_s, hooks=self.params.hooks)
-        ctx.facts["files"] = changed  # what a rollback of this run gives back
+        ctx.facts.files = changed  # what a rollback of this run gives back
         ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=changed, unchanged=unchanged)
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
         return f"commit {ctx.git_after[:12]}{note}"

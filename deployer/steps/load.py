@@ -45,7 +45,7 @@ def storm(ctx: Context, params: StormParams) -> str:
     counts = {"sent": result.sent, "completed": result.completed, "aborted": result.aborted,
               "errors": result.errors, "abort_all_sent": result.abort_all_sent}
     ctx.emit("storm", url=url, duration_s=round(result.duration_s, 3), **counts)
-    ctx.facts.setdefault("storms", []).append(counts)
+    ctx.facts.storms = [*ctx.facts.storms, counts]
     return (f"sent {result.sent}: {result.completed} completed, {result.aborted} aborted, "
             f"{result.errors} errors in {result.duration_s:.1f}s")
 

@@ -165,7 +165,7 @@ class Baseline(MetricStep):
         reading, samples = polled.last, polled.samples
         if reading.value is None:
             raise StepFailed(self.name, f"inconclusive: {reading.problem}")
-        ctx.facts.setdefault("baseline", {})[self.params.metric] = reading.value
+        ctx.facts.baseline = {**ctx.facts.baseline, self.params.metric: reading.value}
         return f"{describe(self.params)} = {reading.value:g} (samples: {show(samples)})"
 
 
@@ -193,8 +193,8 @@ class Drain(MetricStep):
         polled = poll(ctx, self.name, self.params, lambda v: compare(v, self.params.to), self.params.within_s)
         reading, samples = polled.last, polled.samples
         final = next((r.value for r in reversed(samples) if r.value is not None), None)
-        before = ctx.facts.get("baseline", {}).get(self.params.metric)
-        ctx.facts["drain"] = {self.params.metric: {"baseline": before, "final": final}}
+        before = ctx.facts.baseline.get(self.params.metric)
+        ctx.facts.drain = {self.params.metric: {"baseline": before, "final": final}}
         if reading.value is None:
             raise StepFailed(self.name, f"inconclusive: {reading.problem} (last samples: {show(samples)})")
         if not polled.held:

@@ -293,7 +293,7 @@ class CoRestart(Step):
             new[m.name] = self._wait_healthy(ctx, m)
             ctx.emit("service_started", service=m.name, pid=new[m.name])
         ctx.emit("restart", pids={n: {"old": old[n], "new": new[n]} for n in old})
-        ctx.facts["pids"] = {n: {"old": old[n], "new": new[n]} for n in old}
+        ctx.facts.pids = {n: {"old": old[n], "new": new[n]} for n in old}
         for m in managers:
             if new[m.name] is None or new[m.name] == old[m.name]:
                 raise m.fail(f"PID did not change ({pid_text(old[m.name])} -> {pid_text(new[m.name])}): "
