@@ -463,6 +463,8 @@ class Engine:
                 self.run_step(ctx, step, step.name)
             except DeployerError as failure:
                 ctx.bus.step = None
+                if isinstance(failure, Interrupted):  # a forced stop: what still runs is killed, not waited for
+                    stop_running(ctx)
                 self._drain_prefetched(ctx)
                 if record.state.git_after is not None:  # the run's commit is on the target
                     raise self._after_commit_failure(ctx, failure) from None
