@@ -655,11 +655,12 @@ def git_dir_of(transport: Transport, host: Host) -> str:
 @main.command()
 @click.option("--workdir", type=click.Path(file_okay=False),
               help="Where to create the scratch repo (default: a temp dir); with --stop, the demo to stop.")
+@click.option("--fleet", is_flag=True, help="Two prefill/decode units over four local hosts, as one fleet run.")
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
 @click.option("--stop", "stop_kept", is_flag=True, help="Stop the stack a `deployer demo --keep` left running.")
 @json_option()
 @failures_to_exit_codes
-def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> None:
+def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
     from deployer import ui
     from deployer.context import CancelToken
@@ -671,6 +672,9 @@ def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> Non
             emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
         else:
             ui.show_stopped(ui.make_console(), stopped)
+        return
+    if fleet:
+        fleet_demo(Path(workdir) if workdir else None, keep, as_json)
         return
     console = ui.make_console()
     view = ui.StepView(console, quiet=as_json)
@@ -686,6 +690,30 @@ def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> Non
         if outcome.result.error:
             ui.show_error(outcome.result.error)
     sys.exit(outcome.result.exit_code)
+
+
+def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
+    """`deployer demo --fleet`: the fleet run's live view and per-host table, then each unit's gauge."""
+    from deployer import ui
+    from deployer.demo.run import fleet_hosts, run_fleet_demo
+    from deployer.fleet import FleetCancel
+
+    console = ui.make_console()
+    view = ui.FleetView(console, fleet_hosts(), quiet=as_json)
+    cancel = FleetCancel()
+    if not as_json:
+        console.print("deployer demo --fleet: starting two buggy prefill/decode units over four local hosts ...")
+    with cancel_on_signals(cancel), view:
+        outcome = run_fleet_demo(workdir, keep=keep, listeners=[view], cancel=cancel)
+    state = outcome.state
+    if as_json:
+        emit_json({**ui.fleet_json(state), "gauges": outcome.gauges(), "workdir": str(outcome.workdir)})
+    else:
+        ui.show_fleet(console, state)
+        ui.show_fleet_demo(console, outcome)
+        if state.error:
+            ui.show_error(state.error)
+    sys.exit(state.exit_code or 0)
 
 
 @main.command()

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer import runlog
-from deployer.demo.run import GAUGE, DemoOutcome
+from deployer.demo.run import FLEET, GAUGE, DemoOutcome, FleetDemoOutcome
 from deployer.engine import PlanReport, RunResult
 from deployer.errors import DeployerError
 from deployer.fleet import FleetState
@@ -272,6 +272,31 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
             console.print(f"    {name:<8} {stack.url(name, '')}  (metrics {stack.url(name, '/metrics')})",
                           markup=False, highlight=False)
         console.print(f"  stop it with: deployer demo --stop --workdir {stack.workdir}", markup=False,
+                      highlight=False)
+    else:
+        console.print("  every process the demo started has been stopped", markup=False)
+
+
+def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
+    """After the fleet table: each unit's gauge before and after, its samples, and what to run next."""
+    inventory, runs, fleet_id = outcome.workdir / "hosts.yaml", outcome.runs, outcome.state.fleet_id
+    console.rule("demo report")
+    events = outcome.unit_events()
+    for unit, gauge in outcome.gauges().items():
+        prefill, decode = FLEET[unit]
+        console.print(f"  {unit:<6} {GAUGE}: {_num(gauge['before'])} before the fix -> {_num(gauge['after'])} after "
+                      f"(prefill+router on {prefill}, decode on {decode})", markup=False, highlight=False)
+        show_chart(console, events[unit])
+    for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
+                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}")):
+        console.print(f"  {key:<9} {value}", markup=False, highlight=False)
+    if outcome.kept:
+        console.print("  the stacks are still running (--keep):", markup=False)
+        for unit, (prefill, _) in FLEET.items():
+            console.print(f"    {unit:<8} router {outcome.stacks[prefill].url('router', '')}  "
+                          f"(metrics {outcome.stacks[prefill].url('prefill', '/metrics')})",
+                          markup=False, highlight=False)
+        console.print(f"  stop them with: deployer demo --stop --workdir {outcome.workdir}", markup=False,
                       highlight=False)
     else:
         console.print("  every process the demo started has been stopped", markup=False)
