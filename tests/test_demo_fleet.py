@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from fixtures_services import wait_dead
+from fixtures_services import alive, wait_dead
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
@@ -62,3 +65,24 @@ def test_demo_fleet_deploys_two_pd_units_over_four_hosts_drains_each_and_stops_e
     assert {h: sorted(p) for h, p in pids.items()} == {
         "gpu-a": ["prefill", "router"], "gpu-b": ["decode"], "gpu-c": ["prefill", "router"], "gpu-d": ["decode"]}
     assert all(wait_dead(pid) for found in pids.values() for pid in found.values())
+
+
+def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = deployer("demo", "--fleet", "--keep", "--json", "--workdir", str(workdir), cwd=tmp_path)
+    pids = host_pids(workdir)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["status"] == "successful" and summary["units"] == UNITS
+        assert all(g["before"] >= 1 and g["after"] == 0 for g in summary["gauges"].values()), summary["gauges"]
+        assert all(alive(pid) for found in pids.values() for pid in found.values())
+        stopped = deployer("demo", "--stop", "--workdir", str(workdir), "--json", cwd=tmp_path)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert {Path(w).name: p for w, p in json.loads(stopped.stdout)["stopped"].items()} == pids
+        assert all(wait_dead(pid) for found in pids.values() for pid in found.values())
+    finally:
+        for found in pids.values():
+            for pid in found.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
