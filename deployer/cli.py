@@ -757,34 +757,40 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False), required=False)
-@host_option(required=True)
+@host_option(required=True, help="A host, group or unit, a comma list, or a glob (gpu-*): one row per host.")
+@parallel_option
 @inventory_option
 @accept_option
 @json_option()
 @failures_to_exit_codes
-def check(playbook: str | None, host_name: str, inventory: str | None, accept_new_host_key: bool,
+def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, accept_new_host_key: bool,
           as_json: bool) -> None:
     """Can I deploy here now? Read-only: host key, auth, python, repo, lock, services, metrics.
 
-    Exits 0 when all is well, otherwise with the exit code of the first problem."""
-    from deployer import ui
-    from deployer.check import check_host
-    from deployer.config import find_inventory, get_host, load_inventory
+    Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
+    the first host, in selection order, that has one)."""
+    from deployer import targets, ui
+    from deployer.check import check_hosts
     from deployer.playbook import load_playbook
     from deployer.transport.factory import open_transport
 
-    inventory_path = find_inventory(inventory)
-    host = get_host(load_inventory(inventory_path), host_name, inventory_path)
-    loaded = load_playbook(Path(playbook)) if playbook else None
-    result = check_host(host_name, host, loaded,
-                        connect=lambda bus: open_transport(host_name, host, bus,
-                                                           accept_new_host_key=accept_new_host_key),
-                        listeners=[pin_notice])
-    if as_json:
-        emit_json(result.as_json())
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    steps = load_playbook(Path(playbook)) if playbook else None
+
+    def connector(name: str, host: Host) -> Callable[[Any], Transport]:
+        return lambda bus: open_transport(name, host, bus, accept_new_host_key=accept_new_host_key)
+
+    group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps, connect=connector,
+                        units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
+                        listeners=[pin_notice], parallel=parallel)
+    if len(hosts) == 1:  # one host: its own report, as before groups existed
+        (result,) = group.reports
+        emit_json(result.as_json()) if as_json else ui.show_check(ui.make_console(), result)
+    elif as_json:
+        emit_json(group.as_json())
     else:
-        ui.show_check(ui.make_console(), result)
-    sys.exit(result.exit_code)
+        ui.show_check_group(ui.make_console(), group)
+    sys.exit(group.exit_code)
 
 
 @main.command()
