@@ -2,25 +2,29 @@
 
 Each check has a status and, when it fails, the exit code the operation it predicts would end
 with (a host key that is not pinned: 4, a held lock: 3, a dest git does not track: 2, ...), so
-the command's exit code is that of the first problem.
+the command's exit code is that of the first problem. Over several hosts (a group, a unit, a glob)
+each host gets its own report, and the exit code is that of the first host with a problem.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from deployer import lock as locks
 from deployer.command import Masker
-from deployer.config import Host, Playbook
+from deployer.config import Host, Playbook, Unit
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.errors import ConnectError, DeployerError, HostKeyError
+from deployer.fleet import DEFAULT_PARALLEL
 from deployer.steps.base import Step
 from deployer.steps.metrics import MetricStep, scrape
 from deployer.steps.services import manager_for
 from deployer.transport.base import Transport
+from deployer.unit import steps_for
 
 Status = Literal["ok", "warn", "fail", "skip"]
 Connector = Callable[[EventBus], Transport]
@@ -56,6 +60,43 @@ class CheckReport:
         first = self.first_problem
         return {"host": self.host, "checks": [vars(c) for c in self.checks], "exit_code": self.exit_code,
                 "error": None if first is None else f"{first.name}: {first.detail}"}
+
+
+@dataclass
+class GroupReport:
+    """`check` over several hosts: one report per host, in the order the selection names them."""
+
+    reports: list[CheckReport]
+
+    @property
+    def first_problem(self) -> tuple[str, Check] | None:
+        return next(((r.host, first) for r in self.reports if (first := r.first_problem) is not None), None)
+
+    @property
+    def exit_code(self) -> int:
+        found = self.first_problem
+        return 0 if found is None else found[1].exit_code
+
+    def as_json(self) -> dict[str, Any]:
+        found = self.first_problem
+        return {"hosts": {r.host: r.as_json() for r in self.reports}, "exit_code": self.exit_code,
+                "error": None if found is None else f"{found[0]}: {found[1].name}: {found[1].detail}"}
+
+
+def check_hosts(hosts: dict[str, Host], playbook: tuple[LoadedPlaybook, list[Step]] | None, *,
+                connect: Callable[[str, Host], Connector], units: dict[str, Unit] | None = None,
+                listeners: list[Listener] | None = None, parallel: int = DEFAULT_PARALLEL) -> GroupReport:
+    """Every host checked as `check_host` checks one, their connections opened concurrently; a host of a
+    unit against its part of the playbook (its own services' restart; the checks on the metrics host)."""
+    def one(name: str) -> CheckReport:
+        mine = playbook
+        for unit_name, unit in (units or {}).items():
+            if playbook is not None and name in unit.hosts():
+                mine = (playbook[0], steps_for(playbook[1], unit_name, unit, name))
+        return check_host(name, hosts[name], mine, connect=connect(name, hosts[name]), listeners=listeners)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts))), thread_name_prefix="deployer-check") as pool:
+        return GroupReport(list(pool.map(one, hosts)))
 
 
 def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[Step]] | None, *,

@@ -649,11 +649,12 @@ def git_dir_of(transport: Transport, host: Host) -> str:
 @main.command()
 @click.option("--workdir", type=click.Path(file_okay=False),
               help="Where to create the scratch repo (default: a temp dir); with --stop, the demo to stop.")
+@click.option("--fleet", is_flag=True, help="Two prefill/decode units over four local hosts, as one fleet run.")
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
 @click.option("--stop", "stop_kept", is_flag=True, help="Stop the stack a `deployer demo --keep` left running.")
 @json_option()
 @failures_to_exit_codes
-def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> None:
+def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
     from deployer import ui
     from deployer.context import CancelToken
@@ -665,6 +666,9 @@ def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> Non
             emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
         else:
             ui.show_stopped(ui.make_console(), stopped)
+        return
+    if fleet:
+        fleet_demo(Path(workdir) if workdir else None, keep, as_json)
         return
     console = ui.make_console()
     view = ui.StepView(console, quiet=as_json)
@@ -680,6 +684,30 @@ def demo(workdir: str | None, keep: bool, stop_kept: bool, as_json: bool) -> Non
         if outcome.result.error:
             ui.show_error(outcome.result.error)
     sys.exit(outcome.result.exit_code)
+
+
+def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
+    """`deployer demo --fleet`: the fleet run's live view and per-host table, then each unit's gauge."""
+    from deployer import ui
+    from deployer.demo.run import fleet_hosts, run_fleet_demo
+    from deployer.fleet import FleetCancel
+
+    console = ui.make_console()
+    view = ui.FleetView(console, fleet_hosts(), quiet=as_json)
+    cancel = FleetCancel()
+    if not as_json:
+        console.print("deployer demo --fleet: starting two buggy prefill/decode units over four local hosts ...")
+    with cancel_on_signals(cancel), view:
+        outcome = run_fleet_demo(workdir, keep=keep, listeners=[view], cancel=cancel)
+    state = outcome.state
+    if as_json:
+        emit_json({**ui.fleet_json(state), "gauges": outcome.gauges(), "workdir": str(outcome.workdir)})
+    else:
+        ui.show_fleet(console, state)
+        ui.show_fleet_demo(console, outcome)
+        if state.error:
+            ui.show_error(state.error)
+    sys.exit(state.exit_code or 0)
 
 
 @main.command()
@@ -723,34 +751,40 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False), required=False)
-@host_option(required=True)
+@host_option(required=True, help="A host, group or unit, a comma list, or a glob (gpu-*): one row per host.")
+@parallel_option
 @inventory_option
 @accept_option
 @json_option()
 @failures_to_exit_codes
-def check(playbook: str | None, host_name: str, inventory: str | None, accept_new_host_key: bool,
+def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, accept_new_host_key: bool,
           as_json: bool) -> None:
     """Can I deploy here now? Read-only: host key, auth, python, repo, lock, services, metrics.
 
-    Exits 0 when all is well, otherwise with the exit code of the first problem."""
-    from deployer import ui
-    from deployer.check import check_host
-    from deployer.config import find_inventory, get_host, load_inventory
+    Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
+    the first host, in selection order, that has one)."""
+    from deployer import targets, ui
+    from deployer.check import check_hosts
     from deployer.playbook import load_playbook
     from deployer.transport.factory import open_transport
 
-    inventory_path = find_inventory(inventory)
-    host = get_host(load_inventory(inventory_path), host_name, inventory_path)
-    loaded = load_playbook(Path(playbook)) if playbook else None
-    result = check_host(host_name, host, loaded,
-                        connect=lambda bus: open_transport(host_name, host, bus,
-                                                           accept_new_host_key=accept_new_host_key),
-                        listeners=[pin_notice])
-    if as_json:
-        emit_json(result.as_json())
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    steps = load_playbook(Path(playbook)) if playbook else None
+
+    def connector(name: str, host: Host) -> Callable[[Any], Transport]:
+        return lambda bus: open_transport(name, host, bus, accept_new_host_key=accept_new_host_key)
+
+    group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps, connect=connector,
+                        units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
+                        listeners=[pin_notice], parallel=parallel)
+    if len(hosts) == 1:  # one host: its own report, as before groups existed
+        (result,) = group.reports
+        emit_json(result.as_json()) if as_json else ui.show_check(ui.make_console(), result)
+    elif as_json:
+        emit_json(group.as_json())
     else:
-        ui.show_check(ui.make_console(), result)
-    sys.exit(result.exit_code)
+        ui.show_check_group(ui.make_console(), group)
+    sys.exit(group.exit_code)
 
 
 @main.command()

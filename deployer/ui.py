@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer import runlog
-from deployer.demo.run import GAUGE, DemoOutcome
+from deployer.demo.run import FLEET, GAUGE, DemoOutcome, FleetDemoOutcome
 from deployer.engine import PlanReport, RunResult
 from deployer.errors import DeployerError
 from deployer.fleet import FleetState
@@ -26,7 +26,7 @@ from deployer.runlog import Run
 from deployer.steps.services import pid_text as one_pid
 
 if TYPE_CHECKING:
-    from deployer.check import CheckReport
+    from deployer.check import CheckReport, GroupReport
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
 
@@ -278,6 +278,31 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
         console.print("  every process the demo started has been stopped", markup=False)
 
 
+def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
+    """After the fleet table: each unit's gauge before and after, its samples, and what to run next."""
+    inventory, runs, fleet_id = outcome.workdir / "hosts.yaml", outcome.runs, outcome.state.fleet_id
+    console.rule("demo report")
+    events = outcome.unit_events()
+    for unit, gauge in outcome.gauges().items():
+        prefill, decode = FLEET[unit]
+        console.print(f"  {unit:<6} {GAUGE}: {_num(gauge['before'])} before the fix -> {_num(gauge['after'])} after "
+                      f"(prefill+router on {prefill}, decode on {decode})", markup=False, highlight=False)
+        show_chart(console, events[unit])
+    for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
+                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}")):
+        console.print(f"  {key:<9} {value}", markup=False, highlight=False)
+    if outcome.kept:
+        console.print("  the stacks are still running (--keep):", markup=False)
+        for unit, (prefill, _) in FLEET.items():
+            console.print(f"    {unit:<8} router {outcome.stacks[prefill].url('router', '')}  "
+                          f"(metrics {outcome.stacks[prefill].url('prefill', '/metrics')})",
+                          markup=False, highlight=False)
+        console.print(f"  stop them with: deployer demo --stop --workdir {outcome.workdir}", markup=False,
+                      highlight=False)
+    else:
+        console.print("  every process the demo started has been stopped", markup=False)
+
+
 def _num(value: object) -> str:
     return "?" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -365,6 +390,25 @@ def show_check(console: Console, report: CheckReport) -> None:
     else:
         console.print(f"{report.host}: not ready: {first.name}: {first.detail} (exit {first.exit_code})",
                       markup=False, highlight=False)
+
+
+def show_check_group(console: Console, group: GroupReport) -> None:
+    """One row per host: ready, or its first problem and the exit code that problem has."""
+    rows = []
+    for report in group.reports:
+        first = report.first_problem
+        if first is None:
+            warned = [f"{c.name}: {c.detail}" for c in report.checks if c.status == "warn"]
+            rows.append((report.host, "ready", "0", "; ".join(f"warn: {w}" for w in warned) or "-"))
+        else:
+            more = sum(c.status == "fail" for c in report.checks) - 1
+            rows.append((report.host, "FAIL", str(first.exit_code),
+                         f"{first.name}: {first.detail}{f' (+{more} more)' if more else ''}"))
+    columns(console, ("host", "status", "exit", "detail"), rows)
+    ready = sum(r.first_problem is None for r in group.reports)
+    found = group.first_problem
+    tail = "" if found is None else f"; first problem: {found[0]}: {found[1].name} (exit {found[1].exit_code})"
+    console.print(f"{ready} of {len(group.reports)} hosts ready to deploy{tail}", markup=False, highlight=False)
 
 
 # -- fleets: one row per host, readable at 64 hosts ----------------------------------------------------

@@ -2,8 +2,9 @@
 
 A scratch git repo holds the buggy serving stack; its prefill, decode and router run as
 real processes (started the way deployer's co_restart starts services, so the apply finds
-their PIDs); then the demo playbook runs on it as a `local` host. Every process started
-here is stopped again unless the caller keeps the stack.
+their PIDs); then the demo playbook runs on it as a `local` host. With `--fleet` the same stack is
+split over four local hosts (each its own repo) as two prefill/decode units, deployed as one fleet
+run. Every process started here is stopped again unless the caller keeps the stacks.
 """
 
 from __future__ import annotations
@@ -19,24 +20,27 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
-from deployer.config import Host, Inventory, resolve_env
-from deployer.context import CancelToken, Listener
+from deployer.config import Host, Inventory, Unit, resolve_env
+from deployer.context import CancelToken, EventBus, Listener
 from deployer.engine import Engine, RunResult
 from deployer.errors import ConfigError, DeployerError
+from deployer.fleet import FleetApply, FleetCancel, FleetState
 from deployer.playbook import load_playbook
+from deployer.runlog import read_run
+from deployer.transport.base import Transport
 from deployer.transport.local import LocalTransport
 
 STACK = Path(__file__).parent / "stack"
 PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too
 HOST = "demo"
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
-
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -55,10 +59,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+SERVICES = ("prefill", "decode", "router")  # the order an operator brings them up in
+
+
+def unit_ports(units: int) -> list[dict[str, int]]:
+    """Each PD unit's ports on 127.0.0.1, shared by the hosts it spans (all of them on this machine);
+    every socket stays bound until all are chosen, so no two are the same."""
+    names = (*SERVICES, "bootstrap")
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(units * len(names)):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+    return [dict(zip(names, ports[i * len(names):(i + 1) * len(names)], strict=True)) for i in range(units)]
+
+
 @dataclass
 class DemoStack:
+    """One host of the demo: a scratch repo of the stack and the services of its unit that run there."""
+
     workdir: Path
     ports: dict[str, int] = field(default_factory=dict)
+    runs: tuple[str, ...] = SERVICES  # the unit's services this host runs
 
     @property
     def repo(self) -> Path:
@@ -76,25 +99,26 @@ class DemoStack:
         p = self.ports
         common = ["--model-path", "demo-model", "--disaggregation-transfer-backend", "nixl",
                   "--disaggregation-bootstrap-port", str(p["bootstrap"]), "--enable-metrics"]
-        services: dict[str, Any] = {
-            "prefill": {"start": [py, "-m", "sglang.launch_server", "--disaggregation-mode", "prefill",
-                                  "--port", str(p["prefill"]), *common],
-                        "cwd": "python", "health": self.url("prefill", "/health"), "health_timeout_s": 30,
-                        "stop_grace_s": 5},
-            "decode": {"start": [py, "-m", "sglang.launch_server", "--disaggregation-mode", "decode",
-                                 "--port", str(p["decode"]), "--base-gpu-id", "1", *common],
-                       "cwd": "python", "health": self.url("decode", "/health"), "health_timeout_s": 30,
-                       "stop_grace_s": 5},
-            "router": {"start": [py, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                                 "--prefill", self.url("prefill", ""), str(p["bootstrap"]),
-                                 "--decode", self.url("decode", ""), "--port", str(p["router"])],
-                       "cwd": "python", "health": self.url("router", "/health"), "health_timeout_s": 30,
-                       "stop_grace_s": 5},
+        start = {
+            "prefill": [py, "-m", "sglang.launch_server", "--disaggregation-mode", "prefill",
+                        "--port", str(p["prefill"]), *common],
+            "decode": [py, "-m", "sglang.launch_server", "--disaggregation-mode", "decode",
+                       "--port", str(p["decode"]), "--base-gpu-id", "1", *common],
+            "router": [py, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                       "--prefill", self.url("prefill", ""), str(p["bootstrap"]),
+                       "--decode", self.url("decode", ""), "--port", str(p["router"])],
         }
+        services = {name: {"start": start[name], "cwd": "python", "health": self.url(name, "/health"),
+                           "health_timeout_s": 30, "stop_grace_s": 5} for name in self.runs}
+        facts = {}
+        gauge = next((name for name in ("prefill", "decode") if name in self.runs), None)
+        if gauge is not None:  # the symptom's gauge lives on prefill
+            facts["metrics"] = self.url(gauge, "/metrics")
+        if "router" in self.runs:  # where a storm goes
+            facts["endpoint"] = self.url("router", "")
         return Host.model_validate({
             "transport": "local", "repo": str(self.repo), "python": py, "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-            "metrics": self.url("prefill", "/metrics"), "endpoint": self.url("router", ""),
-            "services": services, "lock_ttl_s": 60})
+            "services": services, "lock_ttl_s": 60, **facts})
 
     def create(self) -> None:
         shutil.copytree(STACK, self.repo, ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache", "*.pyc"))
@@ -103,24 +127,20 @@ class DemoStack:
                      ("-c", "user.name=demo", "-c", "user.email=demo@localhost", "commit", "-q", "-m",
                       "sglang demo stack (buggy: KVPoll terminal states are not sticky)")):
             subprocess.run(["git", *args], cwd=self.repo, check=True, capture_output=True)
-        self.ports = {name: free_port() for name in ("prefill", "decode", "router", "bootstrap")}
-        inventory = Inventory(hosts={HOST: self.host()})
-        (self.workdir / "hosts.yaml").write_text(
-            yaml.safe_dump(inventory.model_dump(exclude_defaults=True), sort_keys=False))
+        if not self.ports:  # a stack of its own; the hosts of a unit are given their unit's ports
+            self.ports = unit_ports(1)[0]
 
-    def start(self, cancel: CancelToken) -> None:
-        """Bring the 'production' stack up, as an operator would have before the hotfix."""
-        self.state.mkdir(parents=True, exist_ok=True)
+    def launch(self, name: str) -> None:
+        """Start one service as co_restart would (its own session, its pid file where deployer reads it)."""
         host = self.host()
-        for name, service in host.services.items():
-            assert service.start is not None
-            with open(self.state / f"{name}.log", "ab") as log:
-                proc = subprocess.Popen(service.start, cwd=self.repo / "python", stdout=log, stderr=log,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env={**os.environ, **resolve_env(host.env)})
-            (self.state / f"{name}.pid").write_text(f"{proc.pid}\n")
-            assert service.health is not None
-            wait_healthy(service.health, 30, cancel, self.state / f"{name}.log")
+        service = host.services[name]
+        assert service.start is not None
+        self.state.mkdir(parents=True, exist_ok=True)
+        with open(self.state / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(service.start, cwd=self.repo / "python", stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, **resolve_env(host.env)})
+        (self.state / f"{name}.pid").write_text(f"{proc.pid}\n")
 
     def pids(self) -> dict[str, int]:
         return {p.stem: int(p.read_text()) for p in self.state.glob("*.pid")} if self.state.exists() else {}
@@ -151,6 +171,17 @@ class DemoStack:
                 os.killpg(pid, signal.SIGKILL)
 
 
+def start_stacks(stacks: list[DemoStack], cancel: CancelToken) -> None:
+    """Bring the 'production' stacks up, as an operator would have before the hotfix: every host's
+    service of one kind at once, healthy before the next kind starts (a router waits for its workers)."""
+    for name in SERVICES:
+        chosen = [stack for stack in stacks if name in stack.runs]
+        for stack in chosen:
+            stack.launch(name)
+        for stack in chosen:
+            wait_healthy(stack.url(name, "/health"), 30, cancel, stack.state / f"{name}.log")
+
+
 def process_alive(pid: int) -> bool:
     """Alive and not a zombie (an orphan can linger unreaped for a while)."""
     try:
@@ -161,16 +192,25 @@ def process_alive(pid: int) -> bool:
     return not stat.exists() or stat.read_text().split()[2] != "Z"
 
 
+def stacks_in(directory: Path) -> list[DemoStack]:
+    """The demo's hosts in a workdir: the single demo's one repo, or one per host of the fleet demo."""
+    if (directory / "repo" / ".git").is_dir():
+        return [DemoStack(directory)]
+    return [DemoStack(d) for d in sorted(directory.iterdir()) if (d / "repo" / ".git").is_dir()] \
+        if directory.is_dir() else []
+
+
 def kept_workdirs() -> list[Path]:
     """Demos left running with --keep in the default place (a temp dir named deployer-demo-*)."""
-    return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*")) if DemoStack(d).live_pids()]
+    return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*"))
+            if any(stack.live_pids() for stack in stacks_in(d))]
 
 
 def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
     """Stop what `deployer demo --keep` left running: in workdir, or in the one kept demo in the temp dir."""
     if workdir is not None:
-        if not (workdir / "repo" / ".git").is_dir():
-            raise ConfigError(f"{workdir} holds no demo (no repo/.git there)")
+        if not stacks_in(workdir):
+            raise ConfigError(f"{workdir} holds no demo (no repo/.git there, nor in a host directory)")
         chosen = [workdir]
     else:
         chosen = kept_workdirs()
@@ -179,12 +219,12 @@ def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
                               + ", ".join(map(str, chosen)))
     stopped = {}
     for directory in chosen:
-        stack = DemoStack(directory)
-        stopped[directory] = stack.live_pids()
-        stack.stop()
-        still = stack.live_pids()
-        if still:
-            raise DeployerError(f"{directory}: still running after SIGKILL: {still}")
+        for stack in stacks_in(directory):
+            stopped[stack.workdir] = stack.live_pids()
+            stack.stop()
+            still = stack.live_pids()
+            if still:
+                raise DeployerError(f"{stack.workdir}: still running after SIGKILL: {still}")
     return stopped
 
 
@@ -197,6 +237,40 @@ def wait_healthy(url: str, seconds: float, cancel: CancelToken, log: Path) -> No
         cancel.wait(0.1)
 
 
+def local(name: str) -> Callable[[EventBus], Transport]:
+    return lambda bus: LocalTransport(name)
+
+
+T = TypeVar("T")
+
+
+def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]], units: dict[str, Unit],
+          keep: bool, cancel: CancelToken, deploy: Callable[[Path, dict[str, DemoStack]], T]) -> T:
+    """Make the demo's hosts (their repos and inventory) in workdir, start their stacks, deploy; then stop
+    every process started here unless the caller keeps them (and the deploy got that far)."""
+    directory = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="deployer-demo-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    made = stacks(directory)
+    for stack in made.values():
+        if stack.repo.exists():
+            raise DeployerError(f"{stack.repo} exists already; give an empty --workdir")
+    kept = False
+    try:
+        for stack in made.values():
+            stack.create()
+        inventory = Inventory(hosts={name: stack.host() for name, stack in made.items()}, units=units)
+        (directory / "hosts.yaml").write_text(
+            yaml.safe_dump(inventory.model_dump(exclude_defaults=True), sort_keys=False))
+        start_stacks(list(made.values()), cancel)
+        outcome = deploy(directory, made)
+        kept = keep
+        return outcome
+    finally:
+        if not kept:
+            for stack in made.values():
+                stack.stop()
+
+
 @dataclass
 class DemoOutcome:
     stack: DemoStack
@@ -205,22 +279,82 @@ class DemoOutcome:
 
 
 def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken) -> DemoOutcome:
-    stack = DemoStack(Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="deployer-demo-")))
-    stack.workdir.mkdir(parents=True, exist_ok=True)
-    if stack.repo.exists():
-        raise DeployerError(f"{stack.repo} exists already; give an empty --workdir")
-    keep_running = False
-    try:
-        stack.create()
-        stack.start(cancel)
+    def deploy(directory: Path, stacks: dict[str, DemoStack]) -> DemoOutcome:
         playbook, steps = load_playbook(PLAYBOOK)
-        host = stack.host()
-        engine = Engine(host_name=HOST, host=host, playbook=playbook, steps=steps,
-                        runs_dir=stack.workdir / "runs", listeners=listeners, cancel=cancel,
-                        connect=lambda bus: LocalTransport(HOST))
-        result = engine.apply()
-        keep_running = keep
-        return DemoOutcome(stack, result, keep_running)
-    finally:
-        if not keep_running:
-            stack.stop()
+        engine = Engine(host_name=HOST, host=stacks[HOST].host(), playbook=playbook, steps=steps,
+                        runs_dir=directory / "runs", listeners=listeners, cancel=cancel, connect=local(HOST))
+        return DemoOutcome(stacks[HOST], engine.apply(), keep)
+
+    return serve(workdir, lambda directory: {HOST: DemoStack(directory)}, {}, keep, cancel, deploy)
+
+
+# -- `deployer demo --fleet`: two PD units over four hosts, one fleet run ------------------------------
+
+FLEET = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # unit: its prefill (+router) host, its decode host
+
+
+def fleet_hosts() -> list[str]:
+    return [host for pair in FLEET.values() for host in pair]
+
+
+def fleet_stacks(directory: Path) -> dict[str, DemoStack]:
+    """Each host its own repo under directory; a unit's router beside its prefill, which serves its gauge."""
+    stacks = {}
+    for (prefill, decode), ports in zip(FLEET.values(), unit_ports(len(FLEET)), strict=True):
+        stacks[prefill] = DemoStack(directory / prefill, ports, ("prefill", "router"))
+        stacks[decode] = DemoStack(directory / decode, ports, ("decode",))
+    return stacks
+
+
+def fleet_units() -> dict[str, Unit]:
+    return {name: Unit(services=[f"{prefill}:prefill", f"{decode}:decode", f"{prefill}:router"], metrics=prefill)
+            for name, (prefill, decode) in FLEET.items()}
+
+
+@dataclass
+class FleetDemoOutcome:
+    workdir: Path
+    stacks: dict[str, DemoStack]
+    state: FleetState
+    kept: bool
+
+    @property
+    def runs(self) -> Path:
+        return self.workdir / "runs"
+
+    def unit_events(self) -> dict[str, list[dict[str, Any]]]:
+        """Each unit's run log on its metrics host: where its baseline and drain samples are."""
+        found = {}
+        for unit, (prefill, _) in FLEET.items():
+            run_id = self.state.hosts[prefill].run_id
+            try:
+                found[unit] = read_run(self.runs, run_id).events if run_id else []
+            except DeployerError:
+                found[unit] = []
+        return found
+
+    def gauges(self) -> dict[str, dict[str, float | None]]:
+        """Per unit: the gauge the baseline left (the bug) and the drain's last sample."""
+        def last(events: list[dict[str, Any]], step: str) -> float | None:
+            values = [e.get("value") for e in events
+                      if e.get("type") == "sample" and e.get("step") == step and e.get("metric") == GAUGE]
+            return values[-1] if values else None
+        return {unit: {"before": last(events, "baseline"), "after": last(events, "drain")}
+                for unit, events in self.unit_events().items()}
+
+
+def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener],
+                   cancel: FleetCancel) -> FleetDemoOutcome:
+    """The demo playbook as one fleet run over both units: each unit's hosts locked, shipped and
+    committed together, restarted as one, and drained on its prefill host."""
+    units = fleet_units()
+
+    def deploy(directory: Path, stacks: dict[str, DemoStack]) -> FleetDemoOutcome:
+        playbook, steps = load_playbook(PLAYBOOK)
+        engines = {name: Engine(host_name=name, host=stack.host(), playbook=playbook, steps=steps,
+                                runs_dir=directory / "runs", connect=local(name)) for name, stack in stacks.items()}
+        fleet = FleetApply(engines, directory / "runs", playbook.model.rollout, playbook.model.on_failure,
+                           cancel=cancel, listeners=listeners, units=units)
+        return FleetDemoOutcome(directory, stacks, fleet.run(), keep)
+
+    return serve(workdir, fleet_stacks, units, keep, cancel, deploy)
