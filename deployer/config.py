@@ -27,7 +27,7 @@ from deployer.storm import LOOPBACK_HOSTS
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 MIN_SECRET = 4
