@@ -203,13 +203,18 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         ctx.git_after = revert if revert != ctx.git_before else None
 
     result = engine.execute(body, rollback_of=run.run_id)
+    link_rollback(run, result)
+    return result
+
+
+def link_rollback(run: Run, result: RunResult) -> None:
+    """The rolled-back run's own log points at the rollback that undid it (the rollback's points back)."""
     link = RunLogWriter.reopen(run.dir.parent, run.run_id)
     try:
         link.write({"type": "rolled_back_by", "by": result.run_id, "status": result.status,
                     "commit": result.git_after})
     finally:
         link.close()
-    return result
 
 
 def verify_on_target(engine: Engine, run: Run) -> list[str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
 from rich.live import Live
@@ -40,19 +40,20 @@ NOTICES = {
 }
 
 
-class StepView:
-    """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
+V = TypeVar("V", bound="LiveView")
 
-    def __init__(self, console: Console, *, quiet: bool = False) -> None:
-        self.console = console
-        self.quiet = quiet
-        self.rows: dict[str, list[Any]] = {}
-        self.live: Live | None = None
+
+class LiveView:
+    """A view that redraws itself on a terminal (rich Live) and prints plain lines otherwise."""
+
+    live: Live | None = None
+
+    def _go_live(self, console: Console, quiet: bool, render: Callable[[], Any], per_second: int) -> None:
+        # get_renderable: each refresh rebuilds the view, so a running step's clock ticks.
         if console.is_terminal and not quiet:
-            # get_renderable: each refresh rebuilds the table, so a running step's clock ticks.
-            self.live = Live(console=console, refresh_per_second=8, transient=False, get_renderable=self._table)
+            self.live = Live(console=console, refresh_per_second=per_second, transient=False, get_renderable=render)
 
-    def __enter__(self) -> StepView:
+    def __enter__(self: V) -> V:
         if self.live is not None:
             self.live.__enter__()
         return self
@@ -61,6 +62,16 @@ class StepView:
         if self.live is not None:
             self.live.refresh()
             self.live.__exit__(None, None, None)
+
+
+class StepView(LiveView):
+    """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
+
+    def __init__(self, console: Console, *, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.rows: dict[str, list[Any]] = {}
+        self._go_live(console, quiet, self._table, 8)
 
     def _table(self) -> Table:
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
@@ -432,7 +443,7 @@ class HostRow:
         return 0.0 if self.started is None else time.monotonic() - self.started
 
 
-class FleetView:
+class FleetView(LiveView):
     """Listens to every host's events: a summary line plus the running and failed hosts on a terminal,
     one plain line per host change otherwise. Engines call it from their threads."""
 
@@ -441,19 +452,7 @@ class FleetView:
         self.rows = {host: HostRow() for host in hosts}
         self.note = ""
         self._lock = threading.Lock()
-        self.live: Live | None = None
-        if console.is_terminal and not quiet:
-            self.live = Live(console=console, refresh_per_second=4, transient=False, get_renderable=self._render)
-
-    def __enter__(self) -> FleetView:
-        if self.live is not None:
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.refresh()
-            self.live.__exit__(None, None, None)
+        self._go_live(console, quiet, self._render, 4)
 
     def summary(self) -> str:
         counts: dict[str, int] = {}

@@ -25,7 +25,7 @@ from deployer.config import Host, Unit
 from deployer.context import CancelToken, Context
 from deployer.engine import Engine, RunResult, target_state
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
-from deployer.rollback import VERIFY, Target, check, check_recorded
+from deployer.rollback import VERIFY, Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps import services
@@ -108,12 +108,7 @@ class UnitRun:
                                                                                 force),
                               {host: {"rollback_of": run.run_id} for host, run in runs.items()}, on_result)
         for host, result in results.items():
-            link = RunLogWriter.reopen(runs[host].dir.parent, runs[host].run_id)
-            try:
-                link.write({"type": "rolled_back_by", "by": result.run_id, "status": result.status,
-                            "commit": result.git_after})
-            finally:
-                link.close()
+            link_rollback(runs[host], result)
         return results
 
     def _drive(self, make_body: Callable[[str, threading.Barrier, threading.Event], Body],

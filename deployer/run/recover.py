@@ -17,15 +17,12 @@ from pathlib import Path
 from deployer.context import Context
 from deployer.engine import Engine, RunResult
 from deployer.errors import ConfigError
+from deployer.rollback import VERIFY
 from deployer.run import intent
 from deployer.run.restore import remove_temps, restore_files, run_commit
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
-from deployer.steps.base import Effect
 from deployer.steps.git import git
-
-# What a rollback runs again after its revert (never the storm that proved the fix).
-VERIFY = (Effect.restarts, Effect.verifies)
 
 
 @dataclass
