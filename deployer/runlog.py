@@ -7,6 +7,7 @@ Files are 0600 in a 0700 directory: the log holds commands and output from produ
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -80,8 +81,16 @@ class RunLogWriter:
     def write(self, event: dict[str, Any]) -> None:
         record = {"seq": self._seq, "time": utc_now(), "run": self.run_id, **event, "prev": self._prev}
         line = seal(json.loads(json.dumps(record, default=str)))
-        os.write(self._fd, line + b"\n")
-        os.fsync(self._fd)
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(line + b"\n")
+            while view:  # a full disk may take part of a line: write the rest, or fail
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):  # no torn line: the log ends with the last whole event
+                os.ftruncate(self._fd, start)
+            raise
         self._sha256.update(line + b"\n")
         self._prev = _line_hash(line)
         self._seq += 1
