@@ -29,6 +29,7 @@ from fixtures_ssh import SSHD, CountingProxy
 from deployer.agent import agent as agent_mod
 from deployer.agent.client import (
     AgentClient,
+    ChannelPipe,
     Get,
     Http,
     OpFailure,
@@ -502,7 +503,7 @@ def start_agent(ssh: paramiko.SSHClient) -> AgentClient:
     assert transport is not None
     chan = transport.open_session(timeout=10)
     chan.exec_command(bootstrap_command(sys.executable))
-    return AgentClient.over_channel(chan, name="sshd-test")
+    return AgentClient(ChannelPipe(chan), name="sshd-test").start()
 
 
 def test_over_sshd_a_whole_batch_uses_exactly_one_exec_channel(sshd: SSHD, tmp_path: Path) -> None:

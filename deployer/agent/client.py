@@ -1,8 +1,8 @@
 """Our side of the agent protocol: start the agent over a byte pipe, then typed calls.
 
-A transport's only job is a byte pipe to a Python on the target: `AgentClient.spawn_local`
-runs the agent as a local subprocess; an SSH transport execs `bootstrap_command(python)` on
-one channel and hands it to `AgentClient.over_channel`. Everything above the pipe is shared.
+A transport's only job is a byte pipe to a Python on the target (deployer/transport: a local
+subprocess, or one SSH exec channel running `bootstrap_argv(python)`); everything above the pipe
+is shared.
 
 Start-up costs one round trip after the exec: the bootstrap, the agent's source and a `hello`
 go out in one write. Calls may be pipelined (`submit`, then `Pending.result`); every call has
@@ -509,11 +509,6 @@ class AgentClient:
                     timeout: float = IO_TIMEOUT_S) -> AgentClient:
         """The agent as a local subprocess."""
         return cls(local_pipe(bootstrap_argv(python), name), name=name).start(timeout)
-
-    @classmethod
-    def over_channel(cls, channel: Any, *, name: str, timeout: float = IO_TIMEOUT_S) -> AgentClient:
-        """An exec channel already running `bootstrap_command(...)` (paramiko, or a socket)."""
-        return cls(ChannelPipe(channel), name=name).start(timeout)
 
     def start(self, timeout: float = IO_TIMEOUT_S) -> AgentClient:
         """Send the source and a hello in one write; check the agent runs exactly our source."""

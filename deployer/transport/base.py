@@ -238,12 +238,6 @@ class Transport(ABC):
 
         return self.call(Http(url, timeout=timeout, check=False))
 
-    def beat(self, path: str, interval_s: float) -> bool:
-        """Keep touching path every interval_s on the target while this connection lives (0 stops)."""
-        from deployer.agent.client import Beat
-
-        return self.call(Beat(path, interval_s))
-
     def cancel(self) -> int:
         """Kill whatever the agent runs now (an interrupted step's command), so the requests of a restore
         are not queued behind it; how many commands it killed. Nothing to do before the agent started."""
