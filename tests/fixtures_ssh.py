@@ -320,15 +320,20 @@ def running_sshd(address: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> Iter
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Iterator[SSHD]:
-    """The session's sshd; a skip where it cannot start, a failure on CI."""
+def session_sshd() -> Iterator[SSHD]:
+    """An sshd for a session fixture: a skip where it cannot start, a failure on CI."""
     with contextlib.ExitStack() as stack:
         try:
             server = stack.enter_context(running_sshd())
         except SshdUnavailable as exc:
             _unavailable(str(exc))
         yield server
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SSHD]:
+    """The session's sshd."""
+    yield from session_sshd()
 
 
 def _raise_unavailable(reason: str) -> NoReturn:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_repo import Project
+from test_config import error_of, write
 
 from deployer.config import load_inventory
 from deployer.errors import ConfigError
@@ -21,19 +22,6 @@ from deployer.playbook import load_playbook
 # A hang guard, not the timing target (that belongs in a bench): today a bomb runs for minutes.
 HANG_GUARD_S = 5.0
 MAX_BYTES = 1024 * 1024  # the documented cap on a playbook or inventory file
-
-
-def write(tmp_path: Path, text: str, name: str = "fix.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    (tmp_path / "a.py").write_text("x = 1\n")
-    return path
-
-
-def error_of(path: Path) -> str:
-    with pytest.raises(ConfigError) as caught:
-        load_playbook(path)
-    return str(caught.value)
 
 
 def inventory_error_of(path: Path) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, target_python
-from fixtures_ssh import SSHD, SshdUnavailable, _unavailable, running_sshd
+from fixtures_ssh import SSHD, session_sshd
 
 HOSTS = ("h1", "h2", "h3", "h4")
 BOUNDED = ["local_compile", "upload", "remote_compile",
@@ -24,14 +24,18 @@ BOUNDED = ["local_compile", "upload", "remote_compile",
            {"commit": {"message": "pkg: answer is 42"}}]
 
 
+def slow_remote_compile(project: Project, seconds: int) -> None:
+    """Every host's python sleeps before a step's call (the agent starts at once): the runs stay busy a while."""
+    slow = target_python(project, f"sleep {seconds}")
+    inventory = yaml.safe_load(project.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = slow
+    project.inventory.write_text(yaml.safe_dump(inventory))
+
+
 @pytest.fixture(scope="session")
 def second_sshd() -> Iterator[SSHD]:
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(running_sshd())
-        except SshdUnavailable as exc:
-            _unavailable(str(exc))
-        yield server
+    yield from session_sshd()
 
 
 @pytest.fixture
@@ -150,11 +154,7 @@ def test_a_canary_rollout_stops_at_a_failed_batch_and_rollback_fleet_restores_ea
 
 
 def test_two_overlapping_fleet_runs_one_proceeds_the_other_exits_3_naming_the_holder(fleet: Project) -> None:
-    slow = target_python(fleet, "sleep 2")
-    inventory = yaml.safe_load(fleet.inventory.read_text())
-    for host in inventory["hosts"].values():
-        host["python"] = str(slow)
-    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    slow_remote_compile(fleet, 2)
     fleet.playbook(steps=BOUNDED, rollout={"batches": [1, "100%"]})
     first = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
     second = fleet.popen("apply", "fix.yaml", "--host", "h1,h2,h3,h4", "--json")
@@ -354,11 +354,7 @@ def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_
 
 
 def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -> None:
-    slow = target_python(fleet, "sleep 30")
-    inventory = yaml.safe_load(fleet.inventory.read_text())
-    for host in inventory["hosts"].values():
-        host["python"] = str(slow)
-    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    slow_remote_compile(fleet, 30)
     fleet.playbook(steps=BOUNDED)
     heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in ("h1", "h3")}
     proc = fleet.popen("apply", "fix.yaml", "--host", "h1,h3")
@@ -389,11 +385,7 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
 
 
 def test_two_overlapping_unit_runs_never_deadlock_one_proceeds_the_other_exits_3(pd_unit: Project) -> None:
-    slow = target_python(pd_unit, "sleep 2")
-    inventory = yaml.safe_load(pd_unit.inventory.read_text())
-    for host in inventory["hosts"].values():
-        host["python"] = str(slow)
-    pd_unit.inventory.write_text(yaml.safe_dump(inventory))
+    slow_remote_compile(pd_unit, 2)
     pd_unit.playbook(steps=UNIT_STEPS)
     # One names the unit, the other its hosts in the other order: locks are still taken h1 first.
     procs = [pd_unit.popen("apply", "fix.yaml", "--host", spec, "--json") for spec in ("pd-1", "h3,h1")]
@@ -502,11 +494,7 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
 def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project) -> None:
     from deployer.lock import LOCK_NAME
 
-    slow = target_python(fleet, "sleep 2")
-    inventory = yaml.safe_load(fleet.inventory.read_text())
-    for host in inventory["hosts"].values():
-        host["python"] = str(slow)
-    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    slow_remote_compile(fleet, 2)
     fleet.playbook(steps=BOUNDED)
     heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
     proc = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
