@@ -455,13 +455,18 @@ class Engine:
         assert record is not None
         chain = self.steps if steps is None else steps
         for index, step in enumerate(chain):
-            self._enter(ctx, step.effect)
             # The read-only steps right after a change may send their commands with it: one round trip.
             ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, chain[index + 1:]))
             ctx.on_sent = lambda ahead=ahead: ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
+            # The phase moves and the step run under one handler: a forced stop (a second signal) between
+            # steps must undo the target just as one inside a step does.
             try:
+                self._enter(ctx, step.effect)
                 self.run_step(ctx, step, step.name)
-            except DeployerError as failure:
+                if step.effect in LEAVE:
+                    record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
+            except (DeployerError, KeyboardInterrupt) as exc:
+                failure = as_failure(exc)
                 ctx.bus.step = None
                 if isinstance(failure, Interrupted):  # a forced stop: what still runs is killed, not waited for
                     stop_running(ctx)
@@ -469,11 +474,9 @@ class Engine:
                 if record.state.git_after is not None:  # the run's commit is on the target
                     raise self._after_commit_failure(ctx, failure) from None
                 self._restore(ctx)
-                raise
+                raise failure from None
             finally:
                 ctx.on_sent = None
-            if step.effect in LEAVE:
-                record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
 
     @staticmethod
     def _drain_prefetched(ctx: Context) -> None:
