@@ -23,7 +23,7 @@ from deployer.config import Host
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
 from deployer.errors import ConfigError, DeployerError, Interrupted, LockHeld, RollbackFailed, VerificationFailed
 from deployer.lock import DeployLock, LockState, force_release, read_state
-from deployer.preflight import preflight
+from deployer.preflight import Reads, preflight, send_reads
 from deployer.run import intent
 from deployer.run.restore import restore_files
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunState, ensure_headroom, git_blob_id
@@ -189,6 +189,7 @@ class Engine:
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
     run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)  # the run's log while it runs
+    _reads: Reads | None = field(default=None, init=False, repr=False)  # preflight's, sent with the lock
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -239,11 +240,13 @@ class Engine:
         def body(ctx: Context, log: RunLogWriter) -> None:
             self.prepare(ctx, log)
             self._run_steps(ctx)
-        return self.execute(body)
+        # A patch is applied here to copies of the target's files, read one by one: no reads to send ahead.
+        return self.execute(body, reads=self.playbook.patch is None)
 
     def prepare(self, ctx: Context, log: RunLogWriter) -> None:
         """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
-        preflight(ctx, allow_dirty=self.allow_dirty)
+        sent, self._reads = self._reads, None
+        preflight(ctx, allow_dirty=self.allow_dirty, sent=sent)
         ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
         self._keep_before(ctx)
         log.attach("shipped.diff", ctx.bus.masker("".join(
@@ -263,8 +266,11 @@ class Engine:
             for index, change in enumerate(ctx.changes)]
         record.update(files=files, git_before=ctx.git_before, git_dir=ctx.git_dir)
 
-    def execute(self, body: Callable[[Context, RunLogWriter], None], **start: Any) -> RunResult:
-        """One run: its log, one connection, the lock, the body, and a run_end whatever happens."""
+    def execute(self, body: Callable[[Context, RunLogWriter], None], *, reads: bool = False,
+                **start: Any) -> RunResult:
+        """One run: its log, one connection, the lock, the body, and a run_end whatever happens.
+
+        reads: the body starts with prepare(), whose preflight reads are sent with the lock (one round trip)."""
         run_id = new_run_id()
         ensure_headroom(self.runs_dir, 0)
         log = self._log = RunLogWriter(self.runs_dir, run_id)
@@ -295,7 +301,7 @@ class Engine:
                 ctx = self.context(run_id, bus, transport)
                 ctx.record = record
                 bus.step = "preflight"
-                lock = self._lock(ctx)
+                lock = self._lock(ctx, reads)
                 body(ctx, log)
                 record.advance(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded,
                                utc_now())
@@ -337,23 +343,29 @@ class Engine:
         else:  # the step's own handling did not get to say: the target may be in between
             record.advance(Phase.interrupted, utc_now(), error=str(failure))
 
-    def _lock(self, ctx: Context) -> DeployLock:
-        """Take the lock and read the intent record. The git dir is almost always <repo>/.git: the lock is
-        taken there in the same round trip that asks git, and taken again only when git says otherwise."""
+    def _lock(self, ctx: Context, reads: bool = False) -> DeployLock:
+        """Take the lock and read the intent record (and, with `reads`, send preflight's reads right behind
+        the take: the agent runs them once the lock is ours). The git dir is almost always <repo>/.git: the
+        lock is taken there in the same round trip that asks git, and taken again only when git says otherwise."""
         guess = posixpath.join(ctx.repo, ".git")
         found = ctx.submit(git("rev-parse", "--absolute-git-dir"), timeout=30)
+        behind = (lambda: self._send_reads(ctx)) if reads else None
         try:
-            lock, raw = self._take(ctx, guess)
-        except DeployerError:
-            if self._git_dir(ctx, found) == guess:
-                raise
-            lock = None
-        git_dir = self._git_dir(ctx, found)
-        if lock is not None and git_dir != guess:
-            lock.release()
-            lock = None
-        if lock is None:
-            lock, raw = self._take(ctx, git_dir)
+            try:
+                lock, raw = self._take(ctx, guess, behind)
+            except DeployerError:
+                if self._git_dir(ctx, found) == guess:
+                    raise
+                lock = None
+            git_dir = self._git_dir(ctx, found)
+            if lock is not None and git_dir != guess:
+                lock.release()
+                lock = None
+            if lock is None:  # the reads sent behind the wrong lock are sent again behind the right one
+                lock, raw = self._take(ctx, git_dir, behind)
+        except BaseException:
+            self._drop_reads()
+            raise
         ctx.git_dir = git_dir
         ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         try:
@@ -372,7 +384,18 @@ class Engine:
     def _git_dir(ctx: Context, found: Submitted) -> str:
         return found.check(f"{ctx.repo} is not a git checkout on the target").out.strip()
 
-    def _take(self, ctx: Context, git_dir: str) -> tuple[DeployLock, bytes | None]:
+    def _send_reads(self, ctx: Context) -> None:
+        self._drop_reads()
+        self._reads = send_reads(ctx)
+
+    def _drop_reads(self) -> None:
+        """Reads sent behind a lock that was not taken ran all the same: log them, use nothing."""
+        if self._reads is not None:
+            self._reads.drain()
+            self._reads = None
+
+    def _take(self, ctx: Context, git_dir: str,
+              behind: Callable[[], None] | None = None) -> tuple[DeployLock, bytes | None]:
         lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
                                                    "pid": os.getpid(), "host": self.host_name}, self.host.lock_ttl_s)
         assert ctx.record is not None
@@ -380,11 +403,11 @@ class Engine:
         # The intent record is read right after the take, in the same round trip.
         then = [Get(intent.path_in(git_dir))]
         try:
-            raw, = lock.acquire(then)
+            raw, = lock.acquire(then, behind)
         except LockHeld as held:
             if not self._adopt(ctx, git_dir):
                 raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
-            raw, = lock.acquire(then)
+            raw, = lock.acquire(then, behind)
         return lock, raw
 
     def _adopt(self, ctx: Context, git_dir: str) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -144,11 +144,12 @@ class DeployLock:
         self.removed: list[str] = []  # strays cleared after taking the lock
         self.heartbeat = posixpath.join(self.dir, "heartbeat")
 
-    def acquire(self, then: Sequence[Request[Any]] = ()) -> list[Any]:
+    def acquire(self, then: Sequence[Request[Any]] = (), behind: Callable[[], None] | None = None) -> list[Any]:
         """Take the lock, start its heartbeat and look for strays: one round trip. The heartbeat and the
         listing are harmless when the take fails (our directory is gone, the listing only reads).
 
-        `then` are reads to run right after the take in the same round trip; their results are returned."""
+        `then` are reads to run right after the take in the same round trip; their results are returned.
+        `behind` sends more of them (read-only) before this waits for any reply; its caller reads them."""
         from deployer.agent.client import Beat
 
         try:
@@ -157,6 +158,8 @@ class DeployLock:
             beating = self.transport.submit(Beat(self.heartbeat, max(self.ttl_s / 4, 0.5)))
             listing = self.transport.submit_run(("sh", "-c", _STRAYS, "sh", self.git_dir), timeout=TIMEOUT_S)
             reads = [self.transport.submit(request) for request in then]
+            if behind is not None:
+                behind()
             taken = taking.result()
             beating.result()
             listed = listing.result()

@@ -5,17 +5,19 @@ answers for the others."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import posixpath
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from deployer import yamlsrc
-from deployer.agent.client import Get, Stat, StatEntry
+from deployer.agent.client import Get, Pending, Stat, StatEntry
 from deployer.config import check_repo_relative
-from deployer.context import Change, Context
-from deployer.errors import ConfigError, StepFailed
+from deployer.context import Change, Context, Submitted
+from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.steps.git import git, names
 
 STEP = "preflight"
@@ -25,44 +27,74 @@ STEP = "preflight"
 _GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
 
 
-def preflight(ctx: Context, *, allow_dirty: bool) -> dict[str, bytes | None]:
-    """Fill ctx.git_before, ctx.git_dir and ctx.changes; refuse what would lose work.
+@dataclass
+class Reads:
+    """Preflight's reads, sent and not yet answered (an apply sends them with the lock: one round trip)."""
 
-    Everything it reads is sent at once and costs one round trip (two when dirty files need HEAD's bytes).
-    Returns each dest's bytes at HEAD (None: not tracked), what diffs and bounds count against."""
+    new: dict[str, bytes]
+    paths: list[str]
+    git_dirs: Submitted
+    head: Submitted
+    listed: Submitted
+    status: Submitted
+    email: Submitted
+    stats: Pending[list[StatEntry]]
+    olds: list[Pending[bytes | None]]
+
+    def drain(self) -> None:
+        """Read what was sent and never used (the lock was not taken): it ran, so it is logged."""
+        for sent in (self.git_dirs, self.head, self.listed, self.status, self.email):
+            with contextlib.suppress(DeployerError):
+                sent.result()
+
+
+def send_reads(ctx: Context) -> Reads:
+    """Send every read preflight needs, without waiting for one."""
     new = _new_bytes(ctx)
     dests = sorted(new)
     paths = [ctx.in_repo(d) for d in dests]
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
-    git_dirs = ctx.submit(("sh", "-c", _GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
-                          quiet=True)
-    head = ctx.submit(git("rev-parse", "HEAD"), timeout=30)
-    listed = ctx.submit(git("ls-files", "-z", "--", *dests), timeout=30)
-    # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
-    status = ctx.submit(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
-                            "--untracked-files=all", "--", *dests), timeout=30)
-    email = ctx.submit(git("config", "user.email"), timeout=30)
-    stats = ctx.transport.submit(Stat((ctx.repo, *paths, *parents)))
-    olds = [ctx.transport.submit(Get(path)) for path in paths]
+    return Reads(
+        new=new, paths=paths,
+        git_dirs=ctx.submit(("sh", "-c", _GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
+                            quiet=True),
+        head=ctx.submit(git("rev-parse", "HEAD"), timeout=30),
+        listed=ctx.submit(git("ls-files", "-z", "--", *dests), timeout=30),
+        # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
+        status=ctx.submit(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
+                              "--untracked-files=all", "--", *dests), timeout=30),
+        email=ctx.submit(git("config", "user.email"), timeout=30),
+        stats=ctx.transport.submit(Stat((ctx.repo, *paths, *parents))),
+        olds=[ctx.transport.submit(Get(path)) for path in paths])
 
-    resolved = names(git_dirs.check(f"{ctx.repo} is not a git checkout on the target").out)
+
+def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> dict[str, bytes | None]:
+    """Fill ctx.git_before, ctx.git_dir and ctx.changes; refuse what would lose work.
+
+    Everything it reads is sent at once and costs one round trip (two when dirty files need HEAD's bytes),
+    none of its own when `sent` went with the lock. Returns each dest's bytes at HEAD (None: not tracked),
+    what diffs and bounds count against."""
+    reads = sent or send_reads(ctx)
+    dests = sorted(reads.new)
+
+    resolved = names(reads.git_dirs.check(f"{ctx.repo} is not a git checkout on the target").out)
     if len(resolved) != 2:
         raise StepFailed(STEP, f"cannot find the git dirs of {ctx.repo} on the target")
     ctx.git_dir = ctx.git_dir or resolved[0]
-    ctx.git_before = head.check("cannot read HEAD").out.strip()
-    tracked = set(names(listed.check("git ls-files failed").out))
-    dirty = sorted({entry[3:] for entry in names(status.check("git status failed").out) if len(entry) > 3})
-    ctx.facts.identity = email.result().out.strip() if email.result().ok else ""
-    entries = {entry.path: entry for entry in stats.result()}
-    refuse_unsafe_dests(dests, entries[ctx.repo], resolved, [entries[p] for p in paths])
+    ctx.git_before = reads.head.check("cannot read HEAD").out.strip()
+    tracked = set(names(reads.listed.check("git ls-files failed").out))
+    dirty = sorted({entry[3:] for entry in names(reads.status.check("git status failed").out) if len(entry) > 3})
+    ctx.facts.identity = reads.email.result().out.strip() if reads.email.result().ok else ""
+    entries = {entry.path: entry for entry in reads.stats.result()}
+    refuse_unsafe_dests(dests, entries[ctx.repo], resolved, [entries[p] for p in reads.paths])
     ctx.facts.dirty = dirty
     if dirty and not allow_dirty:
         raise StepFailed(STEP, f"the target has uncommitted changes in {', '.join(dirty)}; nothing was "
                          "changed. Commit or discard them there, or pass --allow-dirty")
     ctx.changes = []
-    for dest, path, pending in zip(dests, paths, olds, strict=True):
+    for dest, path, pending in zip(dests, reads.paths, reads.olds, strict=True):
         old, seen = pending.result(), entries[path]
-        change = Change(dest=dest, path=path, new=new[dest], old=old, tracked=dest in tracked,
+        change = Change(dest=dest, path=path, new=reads.new[dest], old=old, tracked=dest in tracked,
                         source=ctx.playbook.source_of(dest), mode=seen.mode, uid=seen.uid, gid=seen.gid)
         if old is None:
             change.new_dirs = _missing_dirs(ctx, dest, entries)

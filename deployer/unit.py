@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from deployer.config import Host, Unit
 from deployer.context import CancelToken, Context
@@ -112,7 +113,7 @@ class UnitRun:
         return results
 
     def _drive(self, make_body: Callable[[str, threading.Barrier, threading.Event], Body],
-               start: dict[str, dict[str, str]],
+               start: dict[str, dict[str, Any]],
                on_result: Callable[[str, RunResult], None] | None) -> dict[str, RunResult]:
         """One thread per host, started in sorted order, each once the one before holds its lock."""
         barrier = threading.Barrier(len(self.hosts))
