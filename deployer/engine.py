@@ -17,7 +17,7 @@ from typing import Any
 
 import deployer
 from deployer import diffs
-from deployer.agent.client import Get
+from deployer.agent.client import Get, Pending
 from deployer.command import Masker
 from deployer.config import Host
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
@@ -190,6 +190,7 @@ class Engine:
     run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)  # the run's log while it runs
     _reads: Reads | None = field(default=None, init=False, repr=False)  # preflight's, sent with the lock
+    _intent: Pending[Any] | None = field(default=None, init=False, repr=False)  # the intent record, sent ahead
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -438,12 +439,27 @@ class Engine:
                 f"deployer recover {holder} --host {self.host_name}")
 
     def _write_intent(self, ctx: Context) -> None:
+        """Sent with the first change, ahead of it: the agent lets no change through unless it holds."""
         record = ctx.record
         assert record is not None and ctx.git_dir is not None and ctx.git_before is not None
-        intent.write(ctx.transport, ctx.git_dir, intent.Intent(
+        self._intent = intent.write_ahead(ctx.transport, ctx.git_dir, intent.Intent(
             run_id=ctx.run_id, operator=self.operator, host=self.host_name, started=record.state.history[0].time,
             head_before=ctx.git_before, trailer=run_trailer(ctx.run_id), files=record.state.files))
+
+    def _intent_failure(self, ctx: Context) -> DeployerError | None:
+        """Wait for the intent record sent ahead of the first change (None: it is on the target)."""
+        sent, self._intent = self._intent, None
+        if sent is None:
+            return None
+        ctx.transport.lift_gate()
+        assert ctx.git_dir is not None
+        try:
+            sent.result()
+        except DeployerError as exc:
+            return DeployerError(f"cannot record the run's intent on the target ({exc}); the agent let none of "
+                                 "the run's changes through")
         ctx.emit("intent_recorded", path=intent.path_in(ctx.git_dir))
+        return None
 
     def run_step(self, ctx: Context, step: Step, name: str) -> str:
         """One step between step_start and step_end events; a failure comes out typed, naming the step's line."""
@@ -486,6 +502,8 @@ class Engine:
             try:
                 self._enter(ctx, step.effect)
                 self.run_step(ctx, step, step.name)
+                if unrecorded := self._intent_failure(ctx):
+                    raise unrecorded
                 if step.effect in LEAVE:
                     record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
             except (DeployerError, KeyboardInterrupt) as exc:
@@ -494,6 +512,7 @@ class Engine:
                 if isinstance(failure, Interrupted):  # a forced stop: what still runs is killed, not waited for
                     stop_running(ctx)
                 self._drain_prefetched(ctx)
+                failure = self._intent_failure(ctx) or failure
                 if record.state.git_after is not None:  # the run's commit is on the target
                     raise self._after_commit_failure(ctx, failure) from None
                 self._restore(ctx)

@@ -486,6 +486,25 @@ def test_a_batch_stops_at_the_first_failure_and_answers_in_one_reply(client: Age
     assert not marker.exists()
 
 
+def test_a_request_after_one_that_failed_is_skipped_and_after_one_that_succeeded_runs(client: AgentClient,
+                                                                                      tmp_path: Path) -> None:
+    # Pipelined, none waited for: the gate is the agent's, not the client's timing.
+    refused = client.submit(Put(str(tmp_path / "missing-dir" / "record"), b"r"))  # no mkdirs: fails
+    skipped = client.submit(Run(["touch", str(tmp_path / "never")]), after=refused)
+    written = client.submit(Put(str(tmp_path / "record"), b"r"))
+    ran = client.submit(Run(["touch", str(tmp_path / "ran")]), after=written)
+    exited = client.submit(Run(["false"]))
+    after_exit = client.submit(Get(str(tmp_path / "record")), after=exited)
+    with pytest.raises(TransportError, match="skipped"):
+        skipped.result()
+    assert not (tmp_path / "never").exists()
+    assert ran.result().ok and (tmp_path / "ran").exists()
+    with pytest.raises(TransportError, match="skipped"):
+        after_exit.result()  # a non-zero exit is a failure, as in a batch
+    with pytest.raises(TransportError, match="No such file|missing"):
+        refused.result()
+
+
 # -- over a real sshd ----------------------------------------------------------------------------
 
 

@@ -175,3 +175,20 @@ def test_an_upload_by_patch_past_its_timeout_is_killed_and_changes_nothing(targe
     assert result.returncode == 1, result.stderr
     assert "did not finish within 1s, killed" in result.stderr and "apply --check -" in result.stderr
     assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
+
+
+def test_an_intent_record_the_target_cannot_hold_lets_no_change_through(target: Project) -> None:
+    # Where the record goes (<git dir>/deployer/) cannot be a directory: a dangling symlink holds its name.
+    (target.repo / ".git" / "deployer").symlink_to(target.repo / "nowhere")
+    head = target.head()
+    target.playbook(steps=[*UP_TO_COMMIT, {"commit": {"message": "m"}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "cannot record the run's intent on the target" in result.stderr
+    # The uploads were sent with the record, in the same round trip; the agent skipped them.
+    events = last_run(target)
+    assert not [e for e in events if e["type"] == "uploaded"]
+    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
+    assert not list((target.repo / "pkg").glob(".*.tmp"))
+    end = next(e for e in events if e["type"] == "run_end")
+    assert end["status"] == "failed" and end["phase"] == "failed_restored"

@@ -8,7 +8,10 @@ Protocol (both ways): a frame is a 4-byte big-endian length, then that many byte
 JSON. A request is {"id": any, "op": str, ...fields}; its reply is {"id": same, "ok": true,
 "result": {...}} or {"id": same, "ok": false, "error": {"type": str, "message": str}}. Binary
 payloads travel as base64. Requests are executed one at a time in arrival order, so a client
-may pipeline them and replies come back in the same order. Bytes that are no request (not
+may pipeline them and replies come back in the same order. A request may name an earlier one,
+{"after": id}: it runs only if that one succeeded (by the rule `batch` stops on), else its reply
+is an error of type "skipped". So a client can pipeline a record that must be on the target
+before any change together with the changes. Bytes that are no request (not
 JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, and the agent
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
@@ -167,6 +170,7 @@ class Agent:
         self._groups_lock = threading.Lock()
         self._groups: set[int] = set()  # process groups of commands running now
         self._beats: dict[str, threading.Event] = {}  # heartbeat files touched by a thread, by path
+        self._succeeded: set[Any] = set()  # ids of the requests that succeeded, for "after"
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
@@ -262,7 +266,13 @@ class Agent:
             return _error("bad_frame", f"not JSON: {exc}", frame=True)
         if not isinstance(req, dict):
             return _error("bad_frame", "a request must be a JSON object", frame=True)
-        return {"id": req.get("id"), **self.execute(req)}
+        after = req.get("after")
+        if after is not None and after not in self._succeeded:
+            return {"id": req.get("id"), **_error("skipped", f"not run: request {after!r} did not succeed")}
+        result = self.execute(req)
+        if not _failed(req, result):
+            self._succeeded.add(req.get("id"))
+        return {"id": req.get("id"), **result}
 
     def execute(self, req: dict[str, Any]) -> dict[str, Any]:
         """{"ok": true, "result": ...} or {"ok": false, "error": ...}; never raises."""
@@ -606,6 +616,8 @@ def _failed(sub: Any, result: dict[str, Any]) -> bool:
     if sub.get("check", True) is False:
         return False
     body = result["result"]
+    if sub.get("op") == "batch":
+        return body["failed"] is not None
     if sub.get("op") == "run":
         return bool(body["timed_out"] or body["exit_code"] != 0)
     if sub.get("op") == "http":

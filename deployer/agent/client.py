@@ -528,9 +528,11 @@ class AgentClient:
 
     # -- calls -------------------------------------------------------------------------------
 
-    def submit(self, request: Request[T], timeout: float | None = None) -> Pending[T]:
-        """Send without waiting (pipelining); replies come back in order."""
-        return self._enqueue(request, timeout=timeout)
+    def submit(self, request: Request[T], timeout: float | None = None,
+               after: Pending[Any] | None = None) -> Pending[T]:
+        """Send without waiting (pipelining); replies come back in order. With `after`, the agent runs it
+        only if that request succeeded (else its reply says it was skipped)."""
+        return self._enqueue(request, timeout=timeout, after=after)
 
     def call(self, request: Request[T], timeout: float | None = None) -> T:
         return self.submit(request, timeout).result(timeout)
@@ -557,14 +559,16 @@ class AgentClient:
 
     # -- the wire ----------------------------------------------------------------------------
 
-    def _enqueue(self, request: Request[T], prefix: bytes = b"", timeout: float | None = None) -> Pending[T]:
+    def _enqueue(self, request: Request[T], prefix: bytes = b"", timeout: float | None = None,
+                 after: Pending[Any] | None = None) -> Pending[T]:
         with self._state_lock:
             if self._dead is not None:
                 raise TransportError(f"{self.name}: agent is gone: {self._dead}")
             self._next_id += 1
             pending = Pending(self, request, self._next_id)
             self._pending[pending.id] = pending
-        body = json.dumps({"id": pending.id, **request.wire()}, separators=(",", ":")).encode("utf-8")
+        gate = {} if after is None else {"after": after.id}
+        body = json.dumps({"id": pending.id, **request.wire(), **gate}, separators=(",", ":")).encode("utf-8")
         # A frozen link blocks a large write for good (the window never opens): the call's own limit bounds it.
         limit = request.reply_timeout() if timeout is None else timeout
         watchdog = threading.Timer(limit, self.abort, args=(f"sending '{request.op}' to the agent did not finish "

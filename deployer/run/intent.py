@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
+from deployer.agent.client import Pending, Put, PutReply
 from deployer.errors import DeployerError
 from deployer.run.state import FileRecord
 from deployer.transport.base import Transport
@@ -34,10 +35,12 @@ def path_in(git_dir: str) -> str:
     return posixpath.join(git_dir, "deployer", NAME)
 
 
-def write(transport: Transport, git_dir: str, intent: Intent) -> None:
+def write_ahead(transport: Transport, git_dir: str, intent: Intent) -> Pending[PutReply]:
+    """Send the record without waiting: the changes sent after it run only once it is on the target."""
     # The pre-run copies stay on this machine; the target keeps only what names and checks them.
     shared = intent.model_copy(update={"files": [f.model_copy(update={"before": None}) for f in intent.files]})
-    transport.put(shared.model_dump_json(indent=1).encode(), path_in(git_dir), mode=0o600)
+    return transport.write_ahead(Put(path_in(git_dir), shared.model_dump_json(indent=1).encode(), mode=0o600,
+                                     keep_owner=True, mkdirs=True))
 
 
 def read(transport: Transport, git_dir: str) -> Intent | None:

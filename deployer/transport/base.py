@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from deployer.command import quote
@@ -157,6 +157,7 @@ class Transport(ABC):
         self._agent_lock = threading.Lock()
         # Told when the agent starts (the run log records which agent ran, by its sha256).
         self.on_agent: Callable[[Hello], None] | None = None
+        self._gate: Pending[Any] | None = None  # see write_ahead
 
     @abstractmethod
     def _pipe(self, argv: Sequence[str]) -> Pipe:
@@ -186,11 +187,23 @@ class Transport(ABC):
             return self._agent
 
     def call(self, request: Request[T], timeout: float | None = None) -> T:
-        return self.agent().call(request, timeout)
+        return self.submit(request, timeout).result(timeout)
 
     def submit(self, request: Request[T], timeout: float | None = None) -> Pending[T]:
         """Send without waiting for the reply (pipelining): a phase's requests cost one round trip."""
-        return self.agent().submit(request, timeout)
+        return self.agent().submit(request, timeout, after=self._gate)
+
+    def write_ahead(self, request: Request[T]) -> Pending[T]:
+        """Send a record the target must hold before any change, without waiting for it: the agent runs
+        every request sent after it only if it succeeded (until lift_gate), so the record and the
+        changes share a round trip and a failed record lets no change through."""
+        pending = self.submit(request)
+        self._gate = pending
+        return pending
+
+    def lift_gate(self) -> None:
+        """The write-ahead record was answered (held, or failed and the run is undoing): send freely again."""
+        self._gate = None
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None,
             env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
