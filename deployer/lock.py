@@ -163,7 +163,7 @@ class DeployLock:
             taken = taking.result()
             beating.result()
             listed = listing.result()
-        except DeployerError as exc:
+        except DeployerError as exc:  # a hello that never came back too: the take may have run all the same
             raise self._cut(str(exc)) from exc
         if taken.timed_out:
             raise self._cut(f"taking the deploy lock did not finish within {TIMEOUT_S:g}s, killed")

@@ -122,6 +122,12 @@ class Project:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL)
 
+    def hook(self, name: str, body: str) -> None:
+        """Install a git hook in the target repo (runs only under `hooks: true`, or for hooks git always runs)."""
+        hook = self.repo / ".git" / "hooks" / name
+        hook.write_text(body)
+        hook.chmod(0o755)
+
     def head(self) -> str:
         return git(self.repo, "rev-parse", "HEAD").strip()
 

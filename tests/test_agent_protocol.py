@@ -501,7 +501,7 @@ def test_a_request_after_one_that_failed_is_skipped_and_after_one_that_succeeded
     assert ran.result().ok and (tmp_path / "ran").exists()
     with pytest.raises(TransportError, match="skipped"):
         after_exit.result()  # a non-zero exit is a failure, as in a batch
-    with pytest.raises(TransportError, match="No such file|missing"):
+    with pytest.raises(TransportError, match=r"No such file|missing"):
         refused.result()
 
 

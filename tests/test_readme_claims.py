@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
 from fixtures_services import GAUGE, Stack, events, wait_dead
 
 
@@ -283,19 +283,22 @@ def test_a_rollback_that_fails_exits_6_and_names_the_head_it_left(stack: Stack) 
     assert end["exit_code"] == 6 and end["status"] == "failed"
 
 
-def gated_python(project: Project) -> tuple[str, Path]:
-    """A target python that announces itself, then waits for a gate that never opens (bounded: 60 s)."""
-    entered = project.root / "python-entered"
-    wrapper = target_python(project, f"touch '{entered}'\ni=0\n"
-                                     f"while [ ! -e '{project.root}/never' ] && [ $i -lt 1200 ]; do sleep 0.05; "
-                                     "i=$((i+1)); done")
-    return wrapper, entered
+def gated_commit(project: Project) -> Path:
+    """A pre-commit hook that announces itself, then waits for a gate that never opens (bounded: 60 s).
+
+    A commit is never sent ahead of its step (it changes the target), so once the hook runs, the step has
+    started here and passed its safe point at the start: the run is parked inside the step."""
+    entered = project.root / "hook-entered"
+    project.hook("pre-commit", f"#!/bin/sh\ntouch '{entered}'\ni=0\n"
+                               f"while [ ! -e '{project.root}/never' ] && [ $i -lt 1200 ]; do sleep 0.05; "
+                               "i=$((i+1)); done\n")
+    return entered
 
 
 def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> None:
-    python, entered = gated_python(target)
-    target.write_inventory(python=python)
-    target.playbook()
+    entered = gated_commit(target)
+    target.playbook(steps=["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
+                           {"commit": {"message": "m", "hooks": True}}])
     head = target.head()
     proc = target.popen("apply", "fix.yaml", "--host", "box")
     assert proc.stderr is not None
@@ -304,17 +307,17 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
     reader.start()
     try:
         deadline = time.monotonic() + 60
-        while not entered.exists():  # parked in remote_compile, after the upload
-            assert time.monotonic() < deadline and proc.poll() is None, "remote_compile never started"
+        while not entered.exists():  # parked in the commit step
+            assert time.monotonic() < deadline and proc.poll() is None, "the commit never started"
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         while not any("again to force" in line for line in lines):  # the first signal was handled
             assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.02)
-        assert proc.poll() is None  # waiting for the next safe point: the end of remote_compile
+        assert proc.poll() is None  # waiting for the next safe point: the end of the commit step
         proc.send_signal(signal.SIGINT)
         started = time.monotonic()
-        proc.wait(timeout=40)  # the gate holds remote_compile for 60 s: only a forced stop ends sooner
+        proc.wait(timeout=40)  # the gate holds the commit for 60 s: only a forced stop ends sooner
         assert time.monotonic() - started < 40
     finally:
         if proc.poll() is None:

@@ -4,10 +4,12 @@ A transport's only job is a byte pipe to a Python on the target (deployer/transp
 subprocess, or one SSH exec channel running `bootstrap_argv(python)`); everything above the pipe
 is shared.
 
-Start-up costs one round trip after the exec: the bootstrap, the agent's source and a `hello`
-go out in one write. Calls may be pipelined (`submit`, then `Pending.result`); every call has
-a timeout on our side too, and a dead pipe or a stalled reply raises TransportError and closes
-the agent (its stdin closes, so it exits and kills what it was running).
+Start-up costs no round trip of its own after the exec: the bootstrap, the agent's source and a
+`hello` go out in one write, and the first requests may follow at once (`start(wait=False)`):
+no reply is handed out before the hello proved the agent runs exactly our source. Calls may be
+pipelined (`submit`, then `Pending.result`); every call has a timeout on our side too, and a dead
+pipe or a stalled reply raises TransportError and closes the agent (its stdin closes, so it exits
+and kills what it was running).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
@@ -473,6 +475,8 @@ class Pending(Generic[T]):
         self._done.set()
 
     def result(self, timeout: float | None = None) -> T:
+        if self.request.op != "hello":  # replies come in order: the hello's is there first
+            self._client.verified()
         limit = self.request.reply_timeout() if timeout is None else timeout
         if not self._done.wait(limit):
             self._client.abort(f"'{self.request.op}' did not finish within {limit:g}s (no reply from the agent)")
@@ -501,6 +505,10 @@ class AgentClient:
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"agent-reader-{name}", daemon=True)
         self.hello: Hello | None = None
+        self._hello: Pending[Hello] | None = None
+        self._hello_timeout = IO_TIMEOUT_S
+        self._hello_lock = threading.Lock()
+        self.on_hello: Callable[[Hello], None] | None = None  # told once the hello checked out
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -510,21 +518,39 @@ class AgentClient:
         """The agent as a local subprocess."""
         return cls(local_pipe(bootstrap_argv(python), name), name=name).start(timeout)
 
-    def start(self, timeout: float = IO_TIMEOUT_S) -> AgentClient:
-        """Send the source and a hello in one write; check the agent runs exactly our source."""
+    def start(self, timeout: float = IO_TIMEOUT_S, *, wait: bool = True) -> AgentClient:
+        """Send the source and a hello in one write; check the agent runs exactly our source, now or
+        (wait=False) when the first reply is read, so the hello shares the first requests' round trip."""
         self._reader.start()
+        self._hello_timeout = timeout
         try:
-            pending = self._enqueue(_HelloRequest(), prefix=agent_source(), timeout=timeout)
-            hello = pending.result(timeout)
+            self._hello = self._enqueue(_HelloRequest(), prefix=agent_source(), timeout=timeout)
         except BaseException:
             self.close()
             raise
-        if hello.sha256 != sha256_hex(agent_source()):
-            self.close()
-            raise TransportError(f"{self.name}: the agent runs source {hello.sha256}, "
-                                 f"not ours ({sha256_hex(agent_source())})")
-        self.hello = hello
+        if wait:
+            self.verified()
         return self
+
+    def verified(self) -> Hello:
+        """The agent's hello, once it proved the agent runs our source (TransportError otherwise)."""
+        with self._hello_lock:
+            if self.hello is not None:
+                return self.hello
+            assert self._hello is not None, "start() sends the hello"
+            try:
+                hello = self._hello.result(self._hello_timeout)
+            except BaseException:
+                self.close()
+                raise
+            if hello.sha256 != sha256_hex(agent_source()):
+                self.close()
+                raise TransportError(f"{self.name}: the agent runs source {hello.sha256}, "
+                                       f"not ours ({sha256_hex(agent_source())})")
+            self.hello = hello
+        if self.on_hello is not None:
+            self.on_hello(hello)
+        return hello
 
     # -- calls -------------------------------------------------------------------------------
 

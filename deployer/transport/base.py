@@ -181,9 +181,10 @@ class Transport(ABC):
                 argv = bootstrap_argv(self.python)
                 if self.become:
                     argv = ["sudo", "-n", "--", *argv]
-                self._agent = AgentClient(self._pipe(argv), name=self.info.target).start()
-                if self.on_agent is not None and self._agent.hello is not None:
-                    self.on_agent(self._agent.hello)
+                agent = AgentClient(self._pipe(argv), name=self.info.target)
+                agent.on_hello = lambda hello: self.on_agent(hello) if self.on_agent is not None else None
+                # The hello is checked when the first reply is read: it shares the first requests' round trip.
+                self._agent = agent.start(wait=False)
             return self._agent
 
     def call(self, request: Request[T], timeout: float | None = None) -> T:
