@@ -240,6 +240,19 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
     report(console, result, as_json)
 
 
+def apply_one(engine: Engine, accept_new_host_key: bool, as_json: bool) -> None:
+    """A single-host apply whose connection opens while the rest of the run sets up (checked config first)."""
+    from deployer.transport.factory import Opening
+
+    engine.check_host()  # a config problem stops the run before anything connects
+    opening = Opening(engine.host_name, engine.host, accept_new_host_key=accept_new_host_key)
+    engine.connect = opening
+    try:
+        run_with_view(engine, as_json, engine.apply)
+    finally:
+        opening.discard()
+
+
 def report(console: Console, result: RunResult, as_json: bool) -> None:
     from deployer import ui
 
@@ -315,8 +328,6 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
     from deployer import runlog, targets
-    from deployer.fleet import FleetApply, for_units
-    from deployer.playbook import parse_playbook
 
     loaded, hosts = select_hosts(host_name, limit, inventory)
     units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
@@ -325,8 +336,11 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         if dry_run:
             show_plan(engine.plan(), as_json)
         else:
-            run_with_view(engine, as_json, engine.apply)
+            apply_one(engine, accept_new_host_key, as_json)
         return
+    from deployer.fleet import FleetApply, for_units
+    from deployer.playbook import parse_playbook
+
     engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty)
     if dry_run:
         for_units(engines, units)

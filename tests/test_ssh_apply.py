@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -38,6 +39,23 @@ def test_one_apply_uses_exactly_one_tcp_connection(target: Project, sshd: SSHD, 
 
 def target_services(stack: Stack) -> dict[str, object]:
     return {"prefill": stack.service("prefill"), "decode": stack.service("decode")}
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_config_problem_stops_the_apply_before_anything_connects(target: Project) -> None:
+    # The connection opens while the run sets up; a step that cannot run on this host must stop it first.
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        target.write_inventory(port=listener.getsockname()[1])
+        target.playbook(steps=["local_compile", "upload", {"drain": {"metric": GAUGE, "to": 0, "within_s": 5}}])
+        result = target.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode == 2, result.stderr
+        assert "no metrics URL: set `metrics` on host box" in result.stderr
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):  # the kernel would hold even a closed connection for accept()
+            listener.accept()
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)

@@ -1,11 +1,11 @@
-"""Open the transport an inventory host asks for."""
+"""Open the transport an inventory host asks for (now, or on a thread of its own while the run sets up)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deployer.config import Host
-from deployer.context import EventBus
 from deployer.errors import ConfigError
 from deployer.transport.base import Transport
 from deployer.transport.local import LocalTransport
@@ -14,7 +14,11 @@ if TYPE_CHECKING:
     from deployer.agent.client import Hello
 
 
-def open_transport(name: str, host: Host, bus: EventBus, *, accept_new_host_key: bool = False) -> Transport:
+class Emitter(Protocol):
+    def emit(self, kind: str, /, **data: Any) -> None: ...
+
+
+def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: bool = False) -> Transport:
     transport = _open(name, host, bus, accept_new_host_key)
 
     def started(hello: Hello) -> None:
@@ -26,7 +30,7 @@ def open_transport(name: str, host: Host, bus: EventBus, *, accept_new_host_key:
     return transport
 
 
-def _open(name: str, host: Host, bus: EventBus, accept_new_host_key: bool) -> Transport:
+def _open(name: str, host: Host, bus: Emitter, accept_new_host_key: bool) -> Transport:
     if host.transport == "local":
         return LocalTransport(name, python=host.python, become=host.become)
     from deployer.transport.ssh import SSHTransport  # paramiko is slow to import; local runs skip it
@@ -41,3 +45,58 @@ def _open(name: str, host: Host, bus: EventBus, accept_new_host_key: bool) -> Tr
                         identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
                         host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
                         become=host.become, on_host_key_pinned=pinned, python=host.python)
+
+
+class Opening:
+    """A host's transport opened, and its agent started, on a thread of its own: a far target's handshake
+    round trips overlap the rest of the set-up here. What it emits before the run's bus exists is held
+    and handed on when the run claims it (as a Connector). Claimed once; a second claim opens anew."""
+
+    def __init__(self, name: str, host: Host, *, accept_new_host_key: bool = False) -> None:
+        self._args = (name, host, accept_new_host_key)
+        self._lock = threading.Lock()
+        self._held: list[tuple[str, dict[str, Any]]] = []
+        self._bus: Emitter | None = None
+        self._outcome: Transport | BaseException | None = None
+        self._claimed = False
+        if host.transport == "ssh":
+            import deployer.transport.ssh  # noqa: F401  here, so the thread spends its time waiting, not importing
+        self._thread = threading.Thread(target=self._open, name=f"open-{name}", daemon=True)
+        self._thread.start()
+
+    def emit(self, kind: str, /, **data: Any) -> None:
+        with self._lock:
+            bus = self._bus
+            if bus is None:
+                self._held.append((kind, data))
+                return
+        bus.emit(kind, **data)
+
+    def _open(self) -> None:
+        name, host, accept = self._args
+        try:
+            transport = open_transport(name, host, self, accept_new_host_key=accept)
+            transport.agent()  # the exec and the agent's source go out; its hello is read with the first reply
+            self._outcome = transport
+        except BaseException as exc:  # handed to the run that claims it, as if it had connected itself
+            self._outcome = exc
+
+    def __call__(self, bus: Emitter) -> Transport:
+        if self._claimed:
+            name, host, accept = self._args
+            return open_transport(name, host, bus, accept_new_host_key=accept)
+        self._claimed = True
+        self._thread.join()
+        with self._lock:
+            self._bus, held, self._held = bus, self._held, []
+        for kind, data in held:
+            bus.emit(kind, **data)
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome
+
+    def discard(self) -> None:
+        """The run never claimed it (its set-up failed first): close what was opened, if it is done."""
+        if not self._claimed and not self._thread.is_alive() and isinstance(self._outcome, Transport):
+            self._outcome.close()
