@@ -50,6 +50,7 @@ from fixtures_ssh import SSHD, running_sshd  # noqa: E402
 from rtt_relay import LatencyRelay  # noqa: E402
 from scratch_target import (  # noqa: E402
     FIXED,
+    byte_compiled,
     fix_tar,
     floor_line,
     host_entry,
@@ -401,6 +402,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=0, help="fleet apply --parallel (0: the host count)")
     parser.add_argument("--deployer-tree", type=Path, default=ROOT, help="checkout whose deployer runs")
     args = parser.parse_args()
+    byte_compiled(args.deployer_tree)
     counts = parse_counts(args.hosts)
     if not 1 <= args.runs <= 20 or not 1 <= args.sshds <= MAX_SSHDS or not 0 <= args.rtt_ms <= 1000:
         raise SystemExit(f"--runs within 1..20, --sshds within 1..{MAX_SSHDS}, --rtt-ms within 0..1000")

@@ -38,6 +38,7 @@ from scratch_target import (  # noqa: E402
     FIXED,
     MESSAGE,
     ScratchTarget,
+    byte_compiled,
     fix_tar,
     floor_line,
     make_scratch,
@@ -165,6 +166,7 @@ def main() -> None:
     rtts_ms = [int(v) for v in args.rtt_ms.split(",")]
     if not 1 <= args.runs <= 20:
         raise SystemExit("--runs must be within 1..20")
+    byte_compiled(ROOT)
     with running_sshd() as sshd, tempfile.TemporaryDirectory(prefix="bench-rtt-") as tmp:
         relay = LatencyRelay(sshd.port)
         try:

@@ -8,6 +8,7 @@ an inventory entry, the floor's one-exec command) are public so a bench of many 
 
 from __future__ import annotations
 
+import compileall
 import io
 import os
 import subprocess
@@ -155,3 +156,11 @@ def make_scratch(root: Path, *, port: int, user: str, identity_file: str, host_p
         port=port, user=user, identity_file=identity_file, known_hosts=known_hosts, repo=repo)}}, sort_keys=False))
     return ScratchTarget(root=root, repo=repo, fix_dir=fix_dir, playbook=playbook, inventory=inventory,
                          runs=root / "runs", known_hosts=known_hosts, host_name=host_name, initial=initial)
+
+
+def byte_compiled(tree: Path) -> None:
+    """Measure deployer as installed: pip byte-compiles a package when it installs it. Without this, a shell
+    that sets PYTHONDONTWRITEBYTECODE (some sandboxes do) makes every timed run compile deployer's
+    source anew, a cost no installed copy pays."""
+    if not compileall.compile_dir(str(tree / "deployer"), quiet=1):
+        raise SystemExit(f"cannot byte-compile {tree / 'deployer'}")
