@@ -15,7 +15,7 @@ from pathlib import Path
 
 import paramiko
 
-from deployer.agent.client import AgentClient, Put, Run, Stat, bootstrap_command
+from deployer.agent.client import AgentClient, ChannelPipe, Put, Run, Stat, bootstrap_command
 
 COMPILE = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
 
@@ -35,7 +35,7 @@ def main(port: str, user: str, identity: str, known_hosts: str, repo: str, fix_d
         assert transport is not None
         chan = transport.open_session(timeout=30)
         chan.exec_command(bootstrap_command(sys.executable))
-        with AgentClient.over_channel(chan, name="sketch") as agent:
+        with AgentClient(ChannelPipe(chan), name="sketch").start() as agent:
             paths = [f"{repo}/{dest}" for dest in dests]
             phases = [
                 [Run(["git", "rev-parse", "--git-dir", "HEAD"], cwd=repo), Stat(paths),
