@@ -134,14 +134,16 @@ class Facts(BaseModel):
 class Submitted:
     """An action sent to the target without waiting; recorded in the run log when its result is first read."""
 
-    def __init__(self, ctx: Context, action: Action, bound: Bound, quiet: bool, pending: Pending[Any]) -> None:
+    def __init__(self, ctx: Context, action: Action, bound: Bound, quiet: bool, pending: Pending[Any],
+                 wait: float | None = None) -> None:
         self.ctx, self.action, self.bound, self.quiet, self.pending = ctx, action, bound, quiet, pending
+        self.wait = wait  # how long to wait for the reply; None: as long as the request itself may take
         self._done = False
         self._result: Any = None
 
     def result(self) -> Any:
         if not self._done:
-            self._result = self.pending.result()
+            self._result = self.pending.result(self.wait)
             self._done = True
             self.ctx.log_action(self.action, self.bound, self._result, quiet=self.quiet)
         return self._result
@@ -292,7 +294,9 @@ class Context:
         """act() without waiting (pipelining): the agent does requests in the order sent."""
         request = action.bind(bound).request(timeout=timeout, stdin=stdin, data=data,
                                              capture=capture or WHOLE_OUTPUT_BYTES)
-        return Submitted(self, action, bound, quiet, self.transport.submit(request))
+        # A command or an HTTP request carries its own timeout; a read or a write is bounded by this one.
+        wait = None if action.kind in (Kind.run, Kind.http) else timeout
+        return Submitted(self, action, bound, quiet, self.transport.submit(request, wait), wait)
 
     def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
         """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).
@@ -320,7 +324,8 @@ class Context:
         return results
 
     def log_action(self, action: Action, bound: Bound, result: Any, *, quiet: bool = False, count: int | None = None,
-                   outcomes: list[list[Any]] | None = None, **extra: Any) -> None:
+                   outcomes: list[list[Any]] | None = None, event: str | None = None,
+                   extra: Mapping[str, Any] = NOTHING) -> None:
         """The run-log event of an action done: one per kind, naming the planned action (`action`) and the values
         the run bound (`bound`); a repeated one says how often (`count`) and what each time came to (`outcomes`)."""
         data: dict[str, Any] = {}
@@ -346,8 +351,10 @@ class Context:
         if used:
             data["bound"] = used
         if count is not None:
-            data.update(count=count, outcomes=outcomes)
-        self.emit(EVENT[action.kind], **data, **extra)
+            data["count"] = count
+        if outcomes is not None:
+            data["outcomes"] = outcomes
+        self.emit(event or EVENT[action.kind], **data, **extra)
 
     def shown_action(self, action: Action, bound: Bound = NOTHING) -> str:
         """An action's line as people may see it: secrets masked before quoting, so quoting cannot hide them."""

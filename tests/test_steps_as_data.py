@@ -19,7 +19,7 @@ from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 # The run-log events that record an action done, and the kind of action each records.
-RECORDS = {"command": "run", "get": "get", "uploaded": "put", "http": "http", "local": "local"}
+RECORDS = {"command": "run", "get": "get", "uploaded": "put", "http": "http", "storm": "http", "local": "local"}
 
 EXACT = ("remote_compile", "diff_bounds", "commit")
 

@@ -57,10 +57,9 @@ def storm(ctx: Context, params: StormParams) -> str:
                        abort_url=ctx.transport.reach(storm_urls(ctx, params)[1]), max_duration_s=params.max_duration_s)
     counts = {"sent": result.sent, "completed": result.completed, "aborted": result.aborted,
               "errors": result.errors, "abort_all_sent": result.abort_all_sent}
-    # Thousands of requests at once, so totals rather than runs in order.
-    ctx.log_action(flood, NOTHING, None, count=result.sent, duration_s=round(result.duration_s, 3),
-                   outcomes=[[k, n] for k, n in (("completed", result.completed), ("aborted", result.aborted),
-                                                 ("errors", result.errors)) if n])
+    # Thousands of requests at once: their totals, in a `storm` event.
+    ctx.log_action(flood, NOTHING, None, event="storm", count=result.sent,
+                   extra={**counts, "duration_s": round(result.duration_s, 3)})
     for action in abort_all:
         ctx.log_action(action, NOTHING, None, count=result.abort_all_tried,
                        outcomes=[[k, n] for k, n in (("2xx", result.abort_all_sent),

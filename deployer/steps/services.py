@@ -198,7 +198,7 @@ class CommandManager(Manager):
         # `-s SIG --` is the one spelling every kill accepts (dash's builtin rejects `-TERM -- -PID`).
         self.signals = {
             (sig, group): Action.run(f"{name}.{sig.lower()}{'' if group else '_pid'}",
-                                     f"{sig} {name}'s {'process group' if group else 'process alone'}",
+                                     f"stop {name}: {sig} its {'process group' if group else 'process alone'}",
                                      ("kill", "-s", sig, "--", f"-{old}" if group else old), when=when)
             for sig, group, when in (
                 ("TERM", True, f"{old} is running" + (" after the stop command" if service.stop else "")),
