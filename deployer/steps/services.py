@@ -154,17 +154,21 @@ class Manager(ABC):
         probe's last result."""
         deadline = time.monotonic() + self.service.health_timeout_s
         calls = [(probe, bound), *([] if self.up_health is None else [(self.up_health, NOTHING)])]
+        # The poll is recorded when it ends: before the log tail a failure reads, as the plan orders them.
         with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
             while True:
                 results = poll.round(calls)
                 if not self.alive(results[0], started):
-                    raise self.fail("exited during start-up")
-                if self.up_health is None or answered(results[1]):
+                    problem = "exited during start-up"
+                elif self.up_health is None or answered(results[1]):
                     return results[0]
-                if time.monotonic() >= deadline:
-                    raise self.fail(f"{self.service.health} did not answer 200 within "
-                                    f"{self.service.health_timeout_s:g}s")
-                self.ctx.cancel.wait(START_POLL_S)
+                elif time.monotonic() >= deadline:
+                    problem = f"{self.service.health} did not answer 200 within {self.service.health_timeout_s:g}s"
+                else:
+                    self.ctx.cancel.wait(START_POLL_S)
+                    continue
+                break
+        raise self.fail(problem)
 
     @abstractmethod
     def alive(self, probed: object, started: str | None) -> bool:
