@@ -7,15 +7,17 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deployer.action import EVENT, Action, Bound, Kind
 from deployer.command import Masker, shell_line
 from deployer.config import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed, TransportError
 from deployer.run.state import RunRecord
-from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, ExecResult, Transport
+from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, WHOLE_OUTPUT_BYTES, ExecResult, Transport
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
@@ -24,6 +26,7 @@ Listener = Callable[[dict[str, Any]], None]
 # Characters of a command's output kept in its run-log event, and in a failure message.
 EVENT_TAIL = 1000
 FAILURE_TAIL = 1500
+NOTHING: Bound = MappingProxyType({})  # an action without placeholders
 
 
 @dataclass
@@ -129,24 +132,89 @@ class Facts(BaseModel):
 
 
 class Submitted:
-    """A command sent to the target without waiting; logged when its result is first read."""
+    """An action sent to the target without waiting; recorded in the run log when its result is first read."""
 
-    def __init__(self, ctx: Context, shown: str, quiet: bool, pending: Pending[ExecResult]) -> None:
-        self.ctx, self.shown, self.quiet, self.pending = ctx, shown, quiet, pending
-        self._result: ExecResult | None = None
+    def __init__(self, ctx: Context, action: Action, bound: Bound, quiet: bool, pending: Pending[Any],
+                 wait: float | None = None) -> None:
+        self.ctx, self.action, self.bound, self.quiet, self.pending = ctx, action, bound, quiet, pending
+        self.wait = wait  # how long to wait for the reply; None: as long as the request itself may take
+        self._done = False
+        self._result: Any = None
 
-    def result(self) -> ExecResult:
-        if self._result is None:
-            self._result = self.pending.result()
-            self.ctx.log_command(self.shown, self._result, self.quiet)
+    def result(self) -> Any:
+        if not self._done:
+            self._result = self.pending.result(self.wait)
+            self._done = True
+            self.ctx.log_action(self.action, self.bound, self._result, quiet=self.quiet)
         return self._result
 
     def check(self, what: str) -> ExecResult:
-        """The result, or StepFailed naming the command, its exit code and stderr tail."""
+        """A command's result, or StepFailed naming the command, its exit code and stderr tail."""
         result = self.result()
+        assert isinstance(result, ExecResult)
         if not result.ok:
             raise self.ctx.failure(what, result)
         return result
+
+
+def outcome(result: Any) -> str:
+    """What one doing of an action came to, in a word or two: equal outcomes of a poll are counted together."""
+    from deployer.agent.client import HttpResult
+
+    if isinstance(result, ExecResult):
+        return "timed out" if result.timed_out else f"exit {result.exit_code}"
+    if isinstance(result, HttpResult):
+        return "no answer" if result.status is None else str(result.status)
+    if isinstance(result, bytes):
+        return "present"
+    return "absent" if result is None else "done"
+
+
+@dataclass
+class Tally:
+    """A repeated action's record: how often it was done and what each time came to, in order."""
+
+    action: Action
+    bound: Bound
+    last: Any = None
+    outcomes: list[list[Any]] = field(default_factory=list)  # [outcome, times in a row]
+
+    def add(self, result: Any) -> None:
+        self.last = result
+        said = outcome(result)
+        if self.outcomes and self.outcomes[-1][0] == said:
+            self.outcomes[-1][1] += 1
+        else:
+            self.outcomes.append([said, 1])
+
+    @property
+    def count(self) -> int:
+        return sum(times for _, times in self.outcomes)
+
+
+class Poll:
+    """Rounds of the same actions (a wait, a drain): each round is one batch, one round trip. A poll may run
+    hundreds of rounds, so each action is recorded once, when the poll ends: how often it was done, what each
+    time came to (equal outcomes in a row counted together), and the last result in full."""
+
+    def __init__(self, ctx: Context, timeout: float) -> None:
+        self.ctx, self.timeout = ctx, timeout
+        self.tallies: dict[tuple[str, tuple[tuple[str, str], ...]], Tally] = {}
+
+    def round(self, calls: Sequence[tuple[Action, Bound]]) -> list[Any]:
+        results = self.ctx.batch(calls, timeout=self.timeout)
+        for (action, bound), result in zip(calls, results, strict=True):
+            tally = self.tallies.setdefault((action.key, tuple(sorted(bound.items()))), Tally(action, bound))
+            tally.add(result)
+        return results
+
+    def __enter__(self) -> Poll:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for tally in self.tallies.values():
+            self.ctx.log_action(tally.action, tally.bound, tally.last, quiet=True, count=tally.count,
+                            outcomes=tally.outcomes)
 
 
 @dataclass
@@ -196,39 +264,101 @@ class Context:
             timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
             quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> ExecResult:
         """Run on the target (in the repo unless told otherwise) and log the command."""
-        return self.submit(argv, cwd=cwd, env=env, timeout=timeout, stdin=stdin, quiet=quiet,
-                           capture=capture).result()
+        result = self.submit(argv, cwd=cwd, env=env, timeout=timeout, stdin=stdin, quiet=quiet,
+                             capture=capture).result()
+        assert isinstance(result, ExecResult)
+        return result
 
     def submit(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
                quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> Submitted:
-        """run() without waiting: send a phase's commands together, then read their results (one round trip)."""
-        workdir = self.repo if cwd is None else cwd
-        pending = self.transport.submit_run(argv, cwd=workdir, env=env, timeout=timeout, stdin=stdin,
-                                            capture=capture)
-        return Submitted(self, self.shown(argv, cwd=workdir, env=env), quiet, pending)
+        """run() without waiting: send a phase's commands together, then read their results (one round trip).
+        A command no step planned (preflight's, a restore's): the run log records it without an action key."""
+        action = Action.run("", "", tuple(argv), self.repo if cwd is None else cwd, env=tuple((env or {}).items()))
+        return self.send(action, timeout=timeout, stdin=stdin, quiet=quiet, capture=capture)
 
-    def run_all(self, commands: Sequence[tuple[Sequence[str], str]], *, timeout: float) -> list[ExecResult]:
-        """(argv, what) pairs run in the repo, in order, in one round trip; the first that fails stops the
-        rest and is raised as StepFailed naming it (`what` says what it was for)."""
-        from deployer.agent.client import Batch, OpFailure, Run
+    def act(self, action: Action, bound: Bound = NOTHING, *, timeout: float = DEFAULT_TIMEOUT_S,
+            stdin: bytes | None = None, data: bytes | None = None, quiet: bool = False,
+            capture: int | None = CAPTURE_BYTES) -> Any:
+        """Do one planned action, its placeholders bound; the run log records it under the action's key.
+        An action that says what its failure means raises StepFailed (naming it) when it fails."""
+        submitted = self.send(action, bound, timeout=timeout, stdin=stdin, data=data, quiet=quiet, capture=capture)
+        result = submitted.result()
+        if action.failure and isinstance(result, ExecResult) and not result.ok:
+            raise self.failure(action.failure, result)
+        return result
 
-        batch = self.transport.call(Batch([Run(tuple(argv), cwd=self.repo, timeout=timeout) for argv, _ in commands]))
-        results = []
-        for (argv, what), result in zip(commands, batch.results, strict=False):
+    def send(self, action: Action, bound: Bound = NOTHING, *, timeout: float = DEFAULT_TIMEOUT_S,
+             stdin: bytes | None = None, data: bytes | None = None, quiet: bool = False,
+             capture: int | None = CAPTURE_BYTES) -> Submitted:
+        """act() without waiting (pipelining): the agent does requests in the order sent."""
+        request = action.bind(bound).request(timeout=timeout, stdin=stdin, data=data,
+                                             capture=capture or WHOLE_OUTPUT_BYTES)
+        # A command or an HTTP request carries its own timeout; a read or a write is bounded by this one.
+        wait = None if action.kind in (Kind.run, Kind.http) else timeout
+        return Submitted(self, action, bound, quiet, self.transport.submit(request, wait), wait)
+
+    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
+        """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).
+        It stops at the first action whose failure fails the step: the results end there."""
+        from deployer.agent.client import Batch, OpFailure
+
+        requests = [action.bind(bound).request(timeout=timeout, capture=CAPTURE_BYTES) for action, bound in calls]
+        results = self.transport.call(Batch(requests)).results
+        for (action, bound), result in zip(calls, results, strict=False):
             if isinstance(result, OpFailure):
-                raise TransportError(f"{what}: the agent could not run {self.shown(argv)}: {result.message}")
-            self.log_command(self.shown(argv, cwd=self.repo), result, quiet=False)
-            if not result.ok:
-                raise self.failure(what, result)
-            results.append(result)
+                raise TransportError(f"{action.what}: the agent could not do {self.shown_action(action, bound)}: "
+                                     f"{result.message}")
         return results
 
-    def log_command(self, shown: str, result: ExecResult, quiet: bool) -> None:
-        self.emit("command", command=shown, exit_code=result.exit_code, timed_out=result.timed_out,
-                  duration_s=round(result.duration_s, 3),
-                  stdout_tail="" if quiet else self.bus.masker.tail(result.out_stream.text, EVENT_TAIL),
-                  stderr_tail=self.bus.masker.tail(result.err_stream.text, EVENT_TAIL))
+    def poll(self, timeout: float) -> Poll:
+        return Poll(self, timeout)
+
+    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
+        """act() for each, in order, in one round trip; the first that fails stops the rest and is raised."""
+        results = self.batch(calls, timeout=timeout)
+        for (action, bound), result in zip(calls, results, strict=False):
+            self.log_action(action, bound, result)
+            if action.failure and isinstance(result, ExecResult) and not result.ok:
+                raise self.failure(action.failure, result)
+        return results
+
+    def log_action(self, action: Action, bound: Bound, result: Any, *, quiet: bool = False, count: int | None = None,
+                   outcomes: list[list[Any]] | None = None, event: str | None = None,
+                   extra: Mapping[str, Any] = NOTHING) -> None:
+        """The run-log event of an action done: one per kind, naming the planned action (`action`) and the values
+        the run bound (`bound`); a repeated one says how often (`count`) and what each time came to (`outcomes`)."""
+        data: dict[str, Any] = {}
+        if isinstance(result, ExecResult):
+            data = dict(command=self.shown_action(action, bound), exit_code=result.exit_code,
+                        timed_out=result.timed_out, duration_s=round(result.duration_s, 3),
+                        stdout_tail="" if quiet else self.bus.masker.tail(result.out_stream.text, EVENT_TAIL),
+                        stderr_tail=self.bus.masker.tail(result.err_stream.text, EVENT_TAIL))
+        elif action.kind == Kind.http:
+            data = dict(method=action.method, url=action.bind(bound).target)
+            if result is not None:
+                data.update(status=result.status, error=result.error)
+        elif action.kind == Kind.get:
+            data = dict(path=action.bind(bound).target, exists=result is not None,
+                        size=None if result is None else len(result))
+        elif action.kind == Kind.put:
+            data = dict(path=result.dest, sha256=result.sha256, size=result.size)
+        elif action.kind == Kind.local:
+            data = dict(what=action.what)
+        if action.key:
+            data["action"] = action.key
+        used = {k: v for k, v in bound.items() if k in action.placeholders()}
+        if used:
+            data["bound"] = used
+        if count is not None:
+            data["count"] = count
+        if outcomes is not None:
+            data["outcomes"] = outcomes
+        self.emit(event or EVENT[action.kind], **data, **extra)
+
+    def shown_action(self, action: Action, bound: Bound = NOTHING) -> str:
+        """An action's line as people may see it: secrets masked before quoting, so quoting cannot hide them."""
+        return action.bind(bound).mapped(self.bus.masker).line()
 
     def shown(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
         """The command as people may see it: secrets masked before quoting, so quoting cannot hide them."""

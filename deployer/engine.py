@@ -104,8 +104,7 @@ def as_failure(exc: BaseException) -> DeployerError:
 
 
 def mask_action(masker: Masker, action: Action) -> Action:
-    argv = None if action.argv is None else tuple(masker(part) for part in action.argv)
-    return Action(masker(action.what), argv, action.cwd, tuple((k, masker(v)) for k, v in action.env))
+    return action.mapped(masker)
 
 
 @dataclass

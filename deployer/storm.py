@@ -45,8 +45,9 @@ class StormResult:
     completed: int
     aborted: int
     errors: int
-    abort_all_sent: int
+    abort_all_sent: int  # answered 2xx
     duration_s: float
+    abort_all_tried: int = 0
 
 
 class _Outcome(Enum):
@@ -192,8 +193,8 @@ def run_storm(
 
     With ``abort_all_every=K``, ``{"abort_all": true}`` is POSTed to ``abort_url`` (default: the
     same server's ``/abort_request``) after every K-th request sent, except after the last one;
-    ``abort_all_sent`` counts the ones answered 2xx. ``payload`` entries override the default
-    JSON body's top-level keys.
+    ``abort_all_tried`` counts the ones sent, ``abort_all_sent`` those answered 2xx. ``payload``
+    entries override the default JSON body's top-level keys.
     Raises ValueError for a non-loopback URL or a value outside the caps; never raises for what
     happens to individual requests (they are counted instead).
     """
@@ -237,7 +238,7 @@ def run_storm(
     start = time.monotonic()
     stop_at = start + max_duration_s
     sent = 0
-    abort_all_sent = 0
+    abort_all_sent = abort_all_tried = 0
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="storm") as pool:
         while sent < requests:
             remaining = stop_at - time.monotonic()
@@ -248,8 +249,9 @@ def run_storm(
             # Never after the last request: a trailing abort_all would also release whatever the
             # storm left stuck, and the storm would then measure the abort_all, not the clients.
             due = abort_all_every is not None and sent % abort_all_every == 0 and sent < requests
-            if due and _post_abort_all(abort_target):
-                abort_all_sent += 1
+            if due:
+                abort_all_tried += 1
+                abort_all_sent += _post_abort_all(abort_target)
     duration = time.monotonic() - start
     return StormResult(
         sent=sent,
@@ -258,6 +260,7 @@ def run_storm(
         errors=counts[_Outcome.ERROR],
         abort_all_sent=abort_all_sent,
         duration_s=duration,
+        abort_all_tried=abort_all_tried,
     )
 
 

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer import runlog
+from deployer.action import Kind
 from deployer.demo.run import FLEET, GAUGE, DemoOutcome, FleetDemoOutcome
 from deployer.engine import PlanReport, RunResult
 from deployer.errors import DeployerError
@@ -148,8 +149,8 @@ def plan_json(report: PlanReport) -> dict[str, Any]:
                        "new": not f.exists, "diff": f.diff} for f in report.files],
             "stat": report.stat.summary(), "bounds": report.bounds, "dirty": report.dirty,
             "lock": report.lock.info if report.lock else None,
-            "steps": [{"name": n, "actions": [a.render() for a in acts],
-                       "commands": [a.command() for a in acts if a.argv is not None]} for n, acts in report.steps]}
+            "steps": [{"name": n, "actions": [a.describe() for a in acts],
+                       "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in report.steps]}
 
 
 def result_json(result: RunResult) -> dict[str, Any]:

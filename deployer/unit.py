@@ -287,14 +287,13 @@ class UnitRun:
         try:
             old = [m.pid() for _, m in managers]
             for (ctx, m), pid in reversed(list(zip(managers, old, strict=True))):
-                ctx.emit("service_stopped", service=m.name, pid=pid, how=m.stop(), unit=self.name)
+                ctx.emit("service_stopped", service=m.name, pid=pid, how=m.stop(pid), unit=self.name)
             for (ctx, m), pid in zip(managers, old, strict=True):
                 ctx.cancel.check()
-                m.start()
-                new = step._wait_healthy(ctx, m)
+                new = m.start()
                 ctx.emit("service_started", service=m.name, pid=new, unit=self.name)
                 pids[ctx.host_name][m.name] = {"old": pid, "new": new}
-                if new is None or new == pid:
+                if new == pid:
                     raise m.fail(f"PID did not change ({pid} -> {new}): the restart did not happen")
         except DeployerError as exc:
             for host in involved:

@@ -286,7 +286,8 @@ def test_plan_of_the_verification_steps_changes_nothing(stack: Stack) -> None:
     plan = project.deployer("plan", "fix.yaml", "--host", "box")
     assert plan.returncode == 0, plan.stderr
     assert "stop decode" in plan.stdout and "start prefill" in plan.stdout
-    assert "storm http://127.0.0.1:1/generate: 200 streaming requests" in plan.stdout
+    assert "200 streaming requests, 32 at a time, clients give up after 0.2s; none sent after 60s: " \
+           "POST http://127.0.0.1:1/generate" in plan.stdout
     assert tree_snapshot(project.repo) == snapshot
     assert stack.pids() == {}
 

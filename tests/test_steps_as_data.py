@@ -1,9 +1,8 @@
-"""Steps as data: what `plan --json` shows is what `apply` sends, command for command.
+"""Steps as data: what `plan --json` shows is what `apply` does, action for action.
 
-Each step kind produces its commands from one place that both the dry run and the run use. For the
-steps whose commands do not depend on what the run finds on the way (remote_compile, diff_bounds,
-commit), the plan's command lines and the run log's `command` events of that step are the same list,
-in the same order, up to the commit message (it names the run id and the log's sha256).
+Each step kind produces its actions (commands, reads, writes, HTTP requests) from one place that both
+the dry run and the run use. A value only the run knows (a PID, the run id) is a placeholder in the
+plan; the run log records each action it did under the planned action's key, with the values it bound.
 """
 
 from __future__ import annotations
@@ -14,7 +13,13 @@ from typing import Any
 
 from fixtures_repo import Project
 
+from deployer.command import shell_line
+from deployer.context import CancelToken
+from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
+
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
+# The run-log events that record an action done, and the kind of action each records.
+RECORDS = {"command": "run", "get": "get", "uploaded": "put", "http": "http", "storm": "http", "local": "local"}
 
 EXACT = ("remote_compile", "diff_bounds", "commit")
 
@@ -52,6 +57,77 @@ def test_plan_shows_exactly_the_commands_apply_runs(target: Project) -> None:
         assert logged[step] == plan[step], step
     # The upload is data too: one atomic write per file in the plan, one `uploaded` event per file in the run.
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    uploads = [e["dest"] for e in events if e["type"] == "uploaded"]
-    writes = [a for s in steps if s["name"] == "upload" for a in s["actions"]]
-    assert sorted(uploads) == ["pkg/a.py", "pkg/b.py"] and len(writes) == len(uploads)
+    uploads = [e["path"] for e in events if e["type"] == "uploaded"]
+    writes = [a["line"] for s in steps if s["name"] == "upload" for a in s["actions"]]
+    assert uploads == [str(target.repo / "pkg/a.py"), str(target.repo / "pkg/b.py")]
+    assert writes == [f"put {path}" for path in uploads]
+
+
+def bind(text: str | None, values: dict[str, str]) -> str | None:
+    for placeholder, value in values.items():
+        text = None if text is None else text.replace(placeholder, value)
+    return text
+
+
+def realized(action: dict[str, Any], values: dict[str, str]) -> str:
+    """The planned action's line with its placeholders bound, quoted as the run quotes it."""
+    if action["kind"] == "run":
+        return shell_line([str(bind(a, values)) for a in action["argv"]], cwd=bind(action["cwd"], values),
+                          env={k: str(bind(v, values)) for k, v in action["env"].items()})
+    return str(bind(action["line"], values))
+
+
+def logged_line(event: dict[str, Any]) -> str:
+    kind = RECORDS[event["type"]]
+    if kind == "run":
+        return str(event["command"])
+    if kind == "http":
+        return f"{event['method']} {event['url']}"
+    return str(event["what"]) if kind == "local" else f"{kind} {event['path']}"
+
+
+def demo_on(target: Project) -> DemoStack:
+    """The demo's stack (its repo, its running services) as the target's host, over the target's transport."""
+    stack = DemoStack(target.root / "demo")
+    stack.create()
+    shape = stack.host().model_dump(mode="json", exclude_defaults=True)
+    connection = {k: v for k, v in target.host.items() if k not in ("repo", "python")}
+    target.write_inventory(**{**shape, **connection})
+    start_stacks([stack], CancelToken())
+    return stack
+
+
+def test_every_action_the_demo_plan_lists_is_done_and_everything_done_was_planned(target: Project) -> None:
+    stack = demo_on(target)
+    try:
+        planned = target.deployer("plan", str(PLAYBOOK), "--host", "box", "--json")
+        assert planned.returncode == 0, planned.stderr
+        plan = {step["name"]: step["actions"] for step in json.loads(planned.stdout)["steps"]}
+        applied = target.deployer("apply", str(PLAYBOOK), "--host", "box", timeout=240)
+        assert applied.returncode == 0, applied.stderr
+    finally:
+        stack.stop()
+    [run_dir] = [p for p in target.runs.iterdir() if (p / "events.jsonl").is_file()]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert list(plan) == ["baseline", "local_compile", "upload", "remote_compile", "diff_bounds", "commit",
+                          "co_restart", "storm", "drain"]
+    done_kinds = set()
+    for step, actions in plan.items():
+        order = {a["key"]: i for i, a in enumerate(actions)}
+        assert len(order) == len(actions), f"{step}: two planned actions share a key"
+        records = [e for e in events if e.get("step") == step and e["type"] in RECORDS]
+        done = []
+        for event in records:
+            assert "action" in event, f"{step} did something it never planned: {event}"
+            action = actions[order[event["action"]]]
+            values = event.get("bound", {})
+            assert RECORDS[event["type"]] == action["kind"] and set(values) == set(action["placeholders"]), event
+            assert logged_line(event) == realized(action, values), event
+            assert "count" not in event or action["repeats"], f"{step}: {action['key']} ran again, unplanned"
+            done.append(order[event["action"]])
+            done_kinds.add(action["kind"])
+        # One record per planned action (a poll's rounds are one, with their count), in the planned order.
+        assert done == sorted(set(done)), f"{step}: out of order or twice: {[actions[i]['key'] for i in done]}"
+        always = [a["key"] for a in actions if a["when"] is None]
+        assert {actions[i]["key"] for i in done} >= set(always), f"{step}: planned, never done"
+    assert done_kinds == set(RECORDS.values())

@@ -1,37 +1,20 @@
-"""What every step is: typed params, a pure plan() of the commands it will run, and run()."""
+"""What every step is: typed params, a pure plan() of the actions it will do, and run() that does them."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from deployer.command import shell_line
+from deployer.action import Action
 from deployer.config import Host, Strict
 from deployer.context import Context, Submitted
+
+__all__ = ["Action", "Effect", "NoParams", "Step"]
 
 
 class NoParams(Strict):
     pass
-
-
-@dataclass(frozen=True)
-class Action:
-    """One thing a step will do: a command on the target, or work done here (argv None)."""
-
-    what: str
-    argv: tuple[str, ...] | None = None
-    cwd: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-
-    def command(self) -> str:
-        """The command line exactly as the run log records it when the action runs."""
-        assert self.argv is not None
-        return shell_line(self.argv, cwd=self.cwd, env=dict(self.env))
-
-    def render(self) -> str:
-        return self.what if self.argv is None else f"{self.what}: {self.command()}"
 
 
 class Effect(str, Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from deployer.config import Strict
-from deployer.context import Context, Submitted
+from deployer.context import NOTHING, Context, Submitted
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
 
@@ -23,19 +23,20 @@ class LocalCompile(Step):
 
     def plan(self, ctx: Context) -> list[Action]:
         version = ".".join(map(str, sys.version_info[:2]))
-        return [Action(f"compile {dest} here (Python {version})") for dest in python_dests(ctx)]
+        return [Action(f"compile {dest} here (Python {version})", key=f"compile:{dest}") for dest in python_dests(ctx)]
 
     def run(self, ctx: Context) -> str:
         by_dest = {c.dest: c for c in ctx.changes}
-        dests = python_dests(ctx)
-        for dest in dests:
+        actions = self.plan(ctx)
+        for action, dest in zip(actions, python_dests(ctx), strict=True):
             try:
                 compile(by_dest[dest].new, dest, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 change = by_dest[dest]
                 raise StepFailed(self.name, f"{change.source}:{exc.lineno}:{exc.offset}: {exc.msg} "
                                  f"(shipped as {dest}; nothing was sent to the target)") from None
-        return f"{len(dests)} file(s) compile here"
+            ctx.log_action(action, NOTHING, None)
+        return f"{len(actions)} file(s) compile here"
 
 
 class RemoteCompileParams(Strict):
@@ -47,21 +48,21 @@ class RemoteCompile(Step):
     Params = RemoteCompileParams
     after = ("upload",)
 
-    def argv(self, ctx: Context) -> tuple[str, ...]:
-        return (ctx.host.python, "-c", REMOTE_SCRIPT, *python_dests(ctx))
+    def action(self, ctx: Context) -> Action:
+        argv = (ctx.host.python, "-c", REMOTE_SCRIPT, *python_dests(ctx))
+        return Action.run("compile", "compile on the target", argv, ctx.repo,
+                          failure=f"the target's {ctx.host.python} cannot compile the shipped files")
 
     def plan(self, ctx: Context) -> list[Action]:
-        if not python_dests(ctx):
-            return [Action("no Python files to compile")]
-        return [Action("compile on the target", self.argv(ctx), ctx.repo)]
+        return [self.action(ctx)] if python_dests(ctx) else [Action("no Python files to compile")]
 
     def prefetch(self, ctx: Context) -> list[Submitted]:
-        return [ctx.submit(self.argv(ctx), timeout=self.timeout_s)] if python_dests(ctx) else []
+        return [ctx.send(self.action(ctx), timeout=self.timeout_s)] if python_dests(ctx) else []
 
     def run(self, ctx: Context) -> str:
         dests = python_dests(ctx)
         if not dests:
             return "no Python files"
         sent = self.sent(ctx) or self.prefetch(ctx)
-        sent[0].check(f"the target's {ctx.host.python} cannot compile the shipped files")
+        sent[0].check(self.action(ctx).failure)
         return f"{len(dests)} file(s) compile under {ctx.host.python}"

@@ -7,15 +7,17 @@ from contextlib import contextmanager
 
 from pydantic import field_validator
 
+from deployer.action import Bound as Values
 from deployer.config import Strict
-from deployer.context import Context, Submitted
+from deployer.context import NOTHING, Context, Submitted
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
 
 Bound = int | tuple[int, int]
-
-# Facts the engine and preflight leave for these steps.
+# What only the run knows, in the commit message the plan shows.
+RUN_ID = "<run id>"
+LOG_SHA256 = "<sha256 of the run log up to this step>"
 
 
 def git(*args: str, hooks: bool = False) -> tuple[str, ...]:
@@ -83,28 +85,30 @@ class DiffBounds(Step):
                 problems.append(f"{label} {value} outside {_show(bound)}")
         return problems
 
-    def commands(self, ctx: Context) -> list[tuple[str, ...]]:
+    def actions(self, ctx: Context) -> list[Action]:
         tracked = [c.dest for c in ctx.changes if c.tracked]
-        cmds = [git("diff", "--numstat", "-z", "--no-renames", DIFF_ALGORITHM, "HEAD", "--", *tracked)] \
-            if tracked else []
-        cmds += [git("diff", "--no-index", "--numstat", "-z", DIFF_ALGORITHM, "--", "/dev/null", c.dest)
-                 for c in ctx.changes if not c.tracked]
-        return cmds
+        count = "count the diff against HEAD"
+        actions = [Action.run("numstat", count, git("diff", "--numstat", "-z", "--no-renames", DIFF_ALGORITHM, "HEAD",
+                                                       "--", *tracked), ctx.repo)] if tracked else []
+        actions += [Action.run(f"numstat:{c.dest}", f"{count} (a new file)",
+                               git("diff", "--no-index", "--numstat", "-z", DIFF_ALGORITHM, "--", "/dev/null", c.dest),
+                               ctx.repo) for c in ctx.changes if not c.tracked]
+        return actions
 
     def plan(self, ctx: Context) -> list[Action]:
-        return [Action("count the diff against HEAD", argv, ctx.repo) for argv in self.commands(ctx)]
+        return self.actions(ctx)
 
     def prefetch(self, ctx: Context) -> list[Submitted]:
-        return [ctx.submit(argv, timeout=self.timeout_s) for argv in self.commands(ctx)]
+        return [ctx.send(action, timeout=self.timeout_s) for action in self.actions(ctx)]
 
     def run(self, ctx: Context) -> str:
         stats: list[FileStat] = []
-        for argv, sent in zip(self.commands(ctx), self.sent(ctx) or self.prefetch(ctx), strict=True):
+        for action, sent in zip(self.actions(ctx), self.sent(ctx) or self.prefetch(ctx), strict=True):
             result = sent.result()
-            no_index = "--no-index" in argv
+            no_index = "--no-index" in action.argv
             if result.timed_out or result.exit_code not in ((0, 1) if no_index else (0,)):
                 raise ctx.failure("git diff failed on the target", result)
-            stats += parse_numstat(result.out, [argv[-1]] if no_index and result.out.strip() else None)
+            stats += parse_numstat(result.out, [action.argv[-1]] if no_index and result.out.strip() else None)
         stat = DiffStat(tuple(stats))
         ctx.emit("diffstat", files=[vars(f) for f in stat.files], insertions=stat.insertions,
                  deletions=stat.deletions)
@@ -160,30 +164,30 @@ def touched_by(ctx: Context, commit: str, timeout: float = 60.0) -> list[str]:
     return sorted(names(out))
 
 
-def commit_files(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False) -> str:
-    """Commit exactly dests (never -a), prove the commit touched exactly them, return its hash."""
-    return commit_staged(ctx, dests, message, timeout, hooks=hooks, add=True)
-
-
-def commit_commands(ctx: Context, dests: Sequence[str], message: str, *, hooks: bool = False,
-                    add: bool = False) -> list[tuple[tuple[str, ...], str]]:
-    """(argv, what it is for) of a commit of exactly dests, and of the reads that prove it: what the plan
-    shows and what the run sends, from this one place."""
-    staging = [(git("add", "-A", "--", *dests), "git add failed")] if add else []
+def commit_actions(ctx: Context, dests: Sequence[str], message: str, *, hooks: bool = False,
+                   add: bool = False) -> list[Action]:
+    """A commit of exactly dests, and the reads that prove it: what the plan shows and what the run sends,
+    from this one place."""
+    staging = [Action.run("add", "stage the shipped files", git("add", "-A", "--", *dests), ctx.repo,
+                          failure="git add failed")] if add else []
     return [*staging,
-            (commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), "git commit failed"),
-            (git("rev-parse", "HEAD"), "cannot read HEAD"),
-            (git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"),
-             "cannot list the commit's files")]
+            Action.run("commit", "commit exactly those files",
+                       commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), ctx.repo,
+                       failure="git commit failed"),
+            Action.run("head", "read the new HEAD", git("rev-parse", "HEAD"), ctx.repo, failure="cannot read HEAD"),
+            Action.run("files", "list the files the commit holds",
+                       git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"), ctx.repo,
+                       failure="cannot list the commit's files")]
 
 
 def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False,
-                  add: bool = False) -> str:
+                  add: bool = False, bound: Values = NOTHING) -> str:
     """Commit dests as the index has them (`git commit -- paths`), and prove the commit touched exactly them.
 
     One round trip: add, commit, and the reads that prove it run as one batch that stops at a failure."""
-    *_, head_out, touched = ctx.run_all(commit_commands(ctx, dests, message, hooks=hooks, add=add), timeout=timeout)
-    head = head_out.out.strip()
+    actions = commit_actions(ctx, dests, message, hooks=hooks, add=add)
+    *_, head_out, touched = ctx.act_all([(action, bound) for action in actions], timeout=timeout)
+    head = str(head_out.out).strip()
     files = sorted(names(touched.out))
     if set(files) != set(dests):
         raise StepFailed(ctx.bus.step or "commit", f"commit {head[:12]} touched {', '.join(files)} "
@@ -207,16 +211,16 @@ class Commit(Step):
     after = ("upload",)
     params: CommitParams
 
-    def message(self, ctx: Context) -> str:
-        return f"{self.params.message.rstrip()}\n\n{trailers(Deployer_Run=ctx.run_id, Deployer_Log=log_anchor(ctx))}\n"
+    def message(self) -> str:
+        """With placeholders for what only the run knows: its id, and the sha256 of its log so far."""
+        anchor = trailers(Deployer_Run=RUN_ID, Deployer_Log=f"sha256:{LOG_SHA256}")
+        return f"{self.params.message.rstrip()}\n\n{anchor}\n"
 
     def plan(self, ctx: Context) -> list[Action]:
         changed = changed_dests(ctx)
         if not changed:
             return [Action("nothing to commit: the target already has these bytes (the step fails)")]
-        return [Action(what.removesuffix(" failed").replace("cannot ", ""), argv, ctx.repo)
-                for argv, what in commit_commands(ctx, changed, self.message(ctx), hooks=self.params.hooks,
-                                                  add=True)]
+        return commit_actions(ctx, changed, self.message(), hooks=self.params.hooks, add=True)
 
     def run(self, ctx: Context) -> str:
         # A shipped file that already had these bytes is not in the diff, so not in the commit.
@@ -224,7 +228,10 @@ class Commit(Step):
         if not changed:
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
-        ctx.git_after = commit_files(ctx, changed, self.message(ctx), self.timeout_s, hooks=self.params.hooks)
+        known = {RUN_ID: ctx.run_id, LOG_SHA256: ctx.facts.log_sha256}
+        # Exactly the shipped files (never -a), proven by what the commit holds.
+        ctx.git_after = commit_staged(ctx, changed, self.message(), self.timeout_s, hooks=self.params.hooks, add=True,
+                                      bound={k: v for k, v in known.items() if v is not None})
         ctx.facts.files = changed  # what a rollback of this run gives back
         ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=changed, unchanged=unchanged)
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field
 
 from deployer.config import Host, LoopbackUrl, Strict
-from deployer.context import Context
+from deployer.context import NOTHING, Context
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
 from deployer.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
@@ -37,14 +37,33 @@ def storm_urls(ctx: Context, params: StormParams) -> tuple[str, str]:
     return url, params.abort_url or _sibling(url, "abort_request")
 
 
-def storm(ctx: Context, params: StormParams) -> str:
+def storm_actions(ctx: Context, params: StormParams) -> list[Action]:
+    """What a storm does, as the target sees it: POSTs to its URL from here (through a tunnel when remote)."""
     url, abort_url = storm_urls(ctx, params)
-    result = run_storm(ctx.transport.reach(url), requests=params.requests, concurrency=params.concurrency,
+    p = params
+    actions = [Action.http("storm", f"{p.requests} streaming requests, {p.concurrency} at a time, clients give up "
+                           f"after {p.client_timeout_s:g}s; none sent after {p.max_duration_s:g}s", url,
+                           method="POST", repeats=True)]
+    if p.abort_all_every:
+        actions.append(Action.http("abort_all", f"abort_all after every {p.abort_all_every}th request", abort_url,
+                                   method="POST", repeats=True))
+    return actions
+
+
+def storm(ctx: Context, params: StormParams) -> str:
+    flood, *abort_all = storm_actions(ctx, params)
+    result = run_storm(ctx.transport.reach(flood.target), requests=params.requests, concurrency=params.concurrency,
                        client_timeout_s=params.client_timeout_s, abort_all_every=params.abort_all_every,
-                       abort_url=ctx.transport.reach(abort_url), max_duration_s=params.max_duration_s)
+                       abort_url=ctx.transport.reach(storm_urls(ctx, params)[1]), max_duration_s=params.max_duration_s)
     counts = {"sent": result.sent, "completed": result.completed, "aborted": result.aborted,
               "errors": result.errors, "abort_all_sent": result.abort_all_sent}
-    ctx.emit("storm", url=url, duration_s=round(result.duration_s, 3), **counts)
+    # Thousands of requests at once: their totals, in a `storm` event.
+    ctx.log_action(flood, NOTHING, None, event="storm", count=result.sent,
+                   extra={**counts, "duration_s": round(result.duration_s, 3)})
+    for action in abort_all:
+        ctx.log_action(action, NOTHING, None, count=result.abort_all_tried,
+                       outcomes=[[k, n] for k, n in (("2xx", result.abort_all_sent),
+                                                     ("failed", result.abort_all_tried - result.abort_all_sent)) if n])
     ctx.facts.storms = [*ctx.facts.storms, counts]
     return (f"sent {result.sent}: {result.completed} completed, {result.aborted} aborted, "
             f"{result.errors} errors in {result.duration_s:.1f}s")
@@ -62,11 +81,7 @@ class Storm(Step):
         return None
 
     def plan(self, ctx: Context) -> list[Action]:
-        url, abort_url = storm_urls(ctx, self.params)
-        p = self.params
-        extra = f", abort_all to {abort_url} every {p.abort_all_every}" if p.abort_all_every else ""
-        return [Action(f"storm {url}: {p.requests} streaming requests, {p.concurrency} at a time, clients give "
-                       f"up after {p.client_timeout_s:g}s{extra}; stops sending after {p.max_duration_s:g}s")]
+        return storm_actions(ctx, self.params)
 
     def run(self, ctx: Context) -> str:
         return storm(ctx, self.params)

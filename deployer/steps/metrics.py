@@ -16,13 +16,16 @@ from typing import Literal
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field, field_validator
 
+from deployer.action import Action
+from deployer.agent.client import HttpResult
 from deployer.config import Host, Strict, Url
-from deployer.context import Context
+from deployer.context import NOTHING, Context
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Effect, Step
-from deployer.steps.load import StormParams, storm
+from deployer.steps.base import Effect, Step
+from deployer.steps.load import StormParams, storm, storm_actions
 from deployer.transport.base import Transport
 
+SCRAPE_TIMEOUT_S = 5.0
 COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
 
 
@@ -54,14 +57,17 @@ def parse(text: str, params: MetricParams) -> Reading:
     return Reading(sum(values) if params.aggregate == "sum" else max(values))
 
 
-def scrape(transport: Transport, url: str, params: MetricParams, timeout: float = 5.0) -> Reading:
-    """One reading of url, fetched by the agent on the target's own loopback."""
-    answer = transport.http(url, timeout=timeout)
+def reading(answer: HttpResult, params: MetricParams) -> Reading:
     if answer.status is None:
-        return Reading(None, f"cannot reach {url}: {answer.error}")
+        return Reading(None, f"cannot reach {answer.url}: {answer.error}")
     if answer.status >= 400:
-        return Reading(None, f"{url} answered HTTP {answer.status}")
+        return Reading(None, f"{answer.url} answered HTTP {answer.status}")
     return parse(answer.text, params)
+
+
+def scrape(transport: Transport, url: str, params: MetricParams) -> Reading:
+    """One reading of url, fetched by the agent on the target's own loopback."""
+    return reading(transport.http(url, timeout=SCRAPE_TIMEOUT_S), params)
 
 
 def metrics_url(ctx: Context, params: MetricParams, step: str) -> str:
@@ -86,22 +92,28 @@ class Polled:
         return self.samples[-1]
 
 
-def poll(ctx: Context, step: str, params: MetricParams, until: Callable[[float], bool],
+def scrape_action(ctx: Context, params: MetricParams, step: str, until: str) -> Action:
+    return Action.http("scrape", f"read {describe(params)} every {params.interval_s:g}s until {until}",
+                       metrics_url(ctx, params, step), repeats=True)
+
+
+def poll(ctx: Context, action: Action, params: MetricParams, until: Callable[[float], bool],
          within_s: float) -> Polled:
-    """Poll until `until` holds for stable_polls consecutive readings, or within_s runs out."""
-    target = metrics_url(ctx, params, step)
+    """Scrape (one round trip a poll) until `until` holds for stable_polls consecutive readings, or within_s runs out.
+    Every sample is in the run log; the scrape itself once, with how often it ran."""
     deadline = time.monotonic() + within_s
     samples: list[Reading] = []
     streak = 0
-    while True:
-        reading = scrape(ctx.transport, target, params)
-        samples.append(reading)
-        ctx.emit("sample", metric=params.metric, labels=params.labels, aggregate=params.aggregate,
-                 url=target, value=reading.value, problem=reading.problem)
-        streak = streak + 1 if reading.value is not None and until(reading.value) else 0
-        if streak >= params.stable_polls or time.monotonic() + params.interval_s > deadline:
-            return Polled(streak >= params.stable_polls, samples)
-        ctx.cancel.wait(params.interval_s)
+    with ctx.poll(SCRAPE_TIMEOUT_S) as rounds:
+        while True:
+            [answer] = rounds.round([(action, NOTHING)])
+            samples.append(now := reading(answer, params))
+            ctx.emit("sample", metric=params.metric, labels=params.labels, aggregate=params.aggregate,
+                     url=action.target, value=now.value, problem=now.problem)
+            streak = streak + 1 if now.value is not None and until(now.value) else 0
+            if streak >= params.stable_polls or time.monotonic() + params.interval_s > deadline:
+                return Polled(streak >= params.stable_polls, samples)
+            ctx.cancel.wait(params.interval_s)
 
 
 def show(samples: list[Reading], last: int = 8) -> str:
@@ -143,14 +155,13 @@ class Baseline(MetricStep):
             return f"no storm URL: set `endpoint` on host {host_name} or `storm: {{url: ...}}` on the step"
         return super().check_host(host_name, host)
 
+    def scrape(self, ctx: Context) -> Action:
+        return scrape_action(ctx, self.params, self.name, f"{self.params.stable_polls} polls agree "
+                             f"(at most {self.params.within_s:g}s)")
+
     def plan(self, ctx: Context) -> list[Action]:
-        actions = []
-        if (storm_params := self.params.storm) is not None:
-            actions.append(Action(f"storm first: {storm_params.requests} requests, {storm_params.concurrency} at a "
-                                  f"time, clients give up after {storm_params.client_timeout_s:g}s"))
-        actions.append(Action(f"read {describe(self.params)} from {metrics_url(ctx, self.params, self.name)} until "
-                              f"{self.params.stable_polls} polls agree (at most {self.params.within_s:g}s)"))
-        return actions
+        storm_params = self.params.storm
+        return [*([] if storm_params is None else storm_actions(ctx, storm_params)), self.scrape(ctx)]
 
     def run(self, ctx: Context) -> str:
         if (storm_params := self.params.storm) is not None:
@@ -161,12 +172,12 @@ class Baseline(MetricStep):
             previous.append(value)
             return len(previous) < 2 or previous[-2] == value
 
-        polled = poll(ctx, self.name, self.params, steady, self.params.within_s)
-        reading, samples = polled.last, polled.samples
-        if reading.value is None:
-            raise StepFailed(self.name, f"inconclusive: {reading.problem}")
-        ctx.facts.baseline = {**ctx.facts.baseline, self.params.metric: reading.value}
-        return f"{describe(self.params)} = {reading.value:g} (samples: {show(samples)})"
+        polled = poll(ctx, self.scrape(ctx), self.params, steady, self.params.within_s)
+        last, samples = polled.last, polled.samples
+        if last.value is None:
+            raise StepFailed(self.name, f"inconclusive: {last.problem}")
+        ctx.facts.baseline = {**ctx.facts.baseline, self.params.metric: last.value}
+        return f"{describe(self.params)} = {last.value:g} (samples: {show(samples)})"
 
 
 class DrainParams(MetricParams):
@@ -183,23 +194,25 @@ class Drain(MetricStep):
     Params = DrainParams
     params: DrainParams
 
+    def scrape(self, ctx: Context) -> Action:
+        return scrape_action(ctx, self.params, self.name, f"{self.params.op} {self.params.to:g} for "
+                             f"{self.params.stable_polls} polls (at most {self.params.within_s:g}s)")
+
     def plan(self, ctx: Context) -> list[Action]:
-        return [Action(f"poll {describe(self.params)} at {metrics_url(ctx, self.params, self.name)} every "
-                       f"{self.params.interval_s:g}s until {self.params.op} {self.params.to:g} for "
-                       f"{self.params.stable_polls} polls (at most {self.params.within_s:g}s)")]
+        return [self.scrape(ctx)]
 
     def run(self, ctx: Context) -> str:
         compare = COMPARE[self.params.op]
-        polled = poll(ctx, self.name, self.params, lambda v: compare(v, self.params.to), self.params.within_s)
-        reading, samples = polled.last, polled.samples
+        polled = poll(ctx, self.scrape(ctx), self.params, lambda v: compare(v, self.params.to), self.params.within_s)
+        last, samples = polled.last, polled.samples
         final = next((r.value for r in reversed(samples) if r.value is not None), None)
         before = ctx.facts.baseline.get(self.params.metric)
         ctx.facts.drain = {self.params.metric: {"baseline": before, "final": final}}
-        if reading.value is None:
-            raise StepFailed(self.name, f"inconclusive: {reading.problem} (last samples: {show(samples)})")
+        if last.value is None:
+            raise StepFailed(self.name, f"inconclusive: {last.problem} (last samples: {show(samples)})")
         if not polled.held:
             raise StepFailed(self.name, f"{describe(self.params)} did not reach {self.params.op} "
                              f"{self.params.to:g} for {self.params.stable_polls} polls within "
                              f"{self.params.within_s:g}s (last samples: {show(samples)})")
         shown = "?" if before is None else f"{before:g}"
-        return f"{describe(self.params)}: {shown} -> {reading.value:g} (samples: {show(samples)})"
+        return f"{describe(self.params)}: {shown} -> {last.value:g} (samples: {show(samples)})"

@@ -3,6 +3,11 @@
 Prefill and decode cache each other's connection state, so they go down together (reverse
 order) and come up in order, each healthy before the next starts. A restart whose PID did
 not change did not happen.
+
+Every read, signal, start and health check is an action built once per service (Manager): the plan
+shows them with placeholders for the PIDs only the run finds, and the run does exactly them. A poll
+(waiting for a stop, a start) is one round trip per round: the process's /proc entry and its health
+URL in one batch.
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from deployer.action import Action, Bound
 from deployer.config import Host, Service, Strict, resolve_env
-from deployer.context import Context
+from deployer.context import NOTHING, Context
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Effect, Step
-from deployer.transport.base import ExecResult, Transport
+from deployer.steps.base import Effect, Step
 
 # Detached start: own session (so a stop can signal the whole group), output to the log,
 # stdin closed, and the PID written before the shell returns. The log holds whatever the service
@@ -25,7 +30,42 @@ from deployer.transport.base import ExecResult, Transport
 LAUNCH = ('log=$1; pidfile=$2; shift 2; (umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
           'nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; echo $!')
 LOG_TAIL = 3000
-POLL_S = 0.1
+STOP_POLL_S = 0.1
+START_POLL_S = 0.2
+PROBE_TIMEOUT_S = 5.0  # a health check, a /proc read or a systemctl query
+KILL_WAIT_S = 10.0  # how long a KILLed process may take to disappear
+
+
+def pid_of(name: str) -> str:
+    return f"<pid of {name}>"
+
+
+def new_pid_of(name: str) -> str:
+    return f"<new pid of {name}>"
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process as /proc/PID/stat shows it (read after the command name, which may hold spaces and parens)."""
+
+    state: str
+    started: str  # clock ticks since boot (field 22): with the PID it names one process, even after PID reuse
+
+    @classmethod
+    def of(cls, stat: bytes | None) -> Proc | None:
+        fields = [] if stat is None else stat.decode(errors="replace").rsplit(")", 1)[-1].split()
+        return cls(fields[0], fields[19] if len(fields) > 19 else "") if fields else None
+
+    @property
+    def running(self) -> bool:
+        """Not a zombie: an unreaped orphan must not make a stop wait out its grace."""
+        return self.state != "Z"
+
+
+def runs(stat: bytes | None, started: str | None = None) -> bool:
+    """Does this /proc/PID/stat show a running process (the one that started at `started`, when given)?"""
+    proc = Proc.of(stat)
+    return proc is not None and proc.running and started in (None, proc.started)
 
 
 @dataclass(frozen=True)
@@ -46,176 +86,290 @@ def pid_text(pid: int | None) -> str:
     return "(none)" if pid is None else str(pid)
 
 
+def answered(result: object) -> bool:
+    return getattr(result, "status", None) == 200
+
+
 class Manager(ABC):
-    """How one service is stopped, started and observed on the target."""
+    """How one service is observed, stopped and started on the target: its actions, and the run that does them."""
 
     def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
         self.timeout = timeout  # for the start and stop commands themselves
+        url, wait = service.health, f"{service.health_timeout_s:g}s"
+        self.health = None if url is None else Action.http(f"{name}.health", f"is {name} answering", url)
+        self.free = None if url is None else Action.http(
+            f"{name}.free", f"after the stops nothing may answer for {name} (else another process serves it)", url)
+        self.up_health = None if url is None else Action.http(
+            f"{name}.up_health", f"wait up to {wait} for {name} to answer 200", url, repeats=True)
+
+    # -- the actions, in the order the step does them -------------------------------------------------
 
     @abstractmethod
-    def pid(self) -> int | None: ...
+    def observe_actions(self) -> list[Action]: ...
 
     @abstractmethod
     def stop_actions(self) -> list[Action]: ...
 
-    @abstractmethod
-    def start_actions(self) -> list[Action]: ...
+    def free_actions(self) -> list[Action]:
+        return [] if self.free is None else [self.free]
 
     @abstractmethod
-    def stop(self) -> str: ...
+    def start_actions(self) -> list[Action]:
+        """Start it and wait until it runs and answers (one round trip per poll)."""
 
     @abstractmethod
-    def start(self) -> None: ...
+    def confirm_actions(self) -> list[Action]:
+        """After every service started: is the new process still the one running?"""
+
+    @property
+    @abstractmethod
+    def log(self) -> Action:
+        """The tail of its output, read when it fails."""
+
+    # -- doing them -------------------------------------------------------------------------------------
 
     @abstractmethod
-    def log_tail(self) -> str: ...
+    def observe(self, health: bool = True) -> Observed: ...
+
+    def pid(self) -> int | None:
+        return self.observe(health=False).pid
 
     @abstractmethod
-    def alive(self, pid: int) -> bool: ...
+    def stop(self, pid: int | None) -> str:
+        """Stop it (pid: what observe() found); say how."""
 
-    def observe(self) -> Observed:
-        health = self.service.health
-        return Observed(self.pid(), None if health is None else answers(self.ctx.transport, health))
+    @abstractmethod
+    def start(self) -> int:
+        """Start it; its new PID once it runs and its health URL answers 200."""
+
+    @abstractmethod
+    def still_runs(self, pid: int) -> bool: ...
+
+    def answers_after_stop(self) -> bool:
+        return self.free is not None and answered(self.ctx.act(self.free, timeout=PROBE_TIMEOUT_S))
+
+    def wait_up(self, probe: Action, bound: Bound, started: str | None = None) -> object:
+        """Poll the process (probe) and the health URL in one round trip a round, until both say yes; the
+        probe's last result."""
+        deadline = time.monotonic() + self.service.health_timeout_s
+        calls = [(probe, bound), *([] if self.up_health is None else [(self.up_health, NOTHING)])]
+        # The poll is recorded when it ends: before the log tail a failure reads, as the plan orders them.
+        with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
+            while True:
+                results = poll.round(calls)
+                if not self.alive(results[0], started):
+                    problem = "exited during start-up"
+                elif self.up_health is None or answered(results[1]):
+                    return results[0]
+                elif time.monotonic() >= deadline:
+                    problem = f"{self.service.health} did not answer 200 within {self.service.health_timeout_s:g}s"
+                else:
+                    self.ctx.cancel.wait(START_POLL_S)
+                    continue
+                break
+        raise self.fail(problem)
+
+    @abstractmethod
+    def alive(self, probed: object, started: str | None) -> bool:
+        """What a probe's result says: the new process runs."""
 
     def fail(self, message: str) -> StepFailed:
+        tail = self.ctx.act(self.log, timeout=30).out_stream.text
         return StepFailed(self.step, f"service {self.name}: {message}",
-                          stderr_tail=self.ctx.bus.masker.tail(self.log_tail(), LOG_TAIL))
+                          stderr_tail=self.ctx.bus.masker.tail(tail, LOG_TAIL))
 
 
 class CommandManager(Manager):
-    @property
-    def pidfile(self) -> str:
-        return posixpath.join(self.ctx.state_dir(), f"{self.name}.pid")
+    """A service deployer starts itself: detached, with a pid file and a record of its process's start time."""
 
-    @property
-    def logfile(self) -> str:
-        return posixpath.join(self.ctx.state_dir(), f"{self.name}.log")
-
-    @property
-    def cwd(self) -> str:
-        return posixpath.join(self.ctx.repo, self.service.cwd or "")
-
-    def launch_argv(self) -> tuple[str, ...]:
-        assert self.service.start is not None
-        return ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, *self.service.start)
-
-    @property
-    def startfile(self) -> str:
-        return posixpath.join(self.ctx.state_dir(), f"{self.name}.started")
-
-    def pid(self) -> int | None:
-        raw = self.ctx.transport.get(self.pidfile, timeout=self.timeout)
-        text = raw.decode(errors="replace").strip() if raw else ""
-        if not text.isdigit() or not self.alive(int(text)):
-            return None
-        recorded = self.ctx.transport.get(self.startfile, timeout=self.timeout)
-        if recorded is not None and recorded.decode(errors="replace").strip() != self._started_at(int(text)):
-            return None  # the pid file outlived its process and the number now names another one
-        return int(text)
-
-    def _started_at(self, pid: int) -> str:
-        """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or ''."""
-        fields = self._proc_fields(pid) or []
-        return fields[19] if len(fields) > 19 else ""
-
-    def stop_actions(self) -> list[Action]:
-        if self.service.stop:
-            return [Action(f"stop {self.name}", tuple(self.service.stop), self.cwd)]
-        return [Action(f"stop {self.name}: TERM its process group (pid from {self.pidfile}), "
-                       f"KILL after {self.service.stop_grace_s:g}s")]
-
-    def start_actions(self) -> list[Action]:
-        return [Action(f"start {self.name} (log {self.logfile})", self.launch_argv(), self.cwd,
-                       tuple(self.env().items()))]
-
-    def env(self) -> dict[str, str]:
-        return resolve_env({**self.ctx.host.env, **self.service.env})
-
-    def stop(self) -> str:
-        pid = self.pid()
-        if self.service.stop:
-            result = self.ctx.run(self.service.stop, cwd=self.cwd, timeout=self.timeout)
-            if not result.ok:
-                raise self.ctx.failure(f"the stop command of {self.name} failed", result)
-        elif pid is not None:
-            self._signal("TERM", pid)
-        if pid is None:
-            return "ran its stop command; no live pid to wait for" if self.service.stop else "no live pid to signal"
-        deadline = time.monotonic() + self.service.stop_grace_s
-        while self.alive(pid):
-            if time.monotonic() >= deadline:
-                self._signal("KILL", pid)
-                self._wait_gone(pid, 10.0)
-                return f"killed after {self.service.stop_grace_s:g}s grace"
-            self.ctx.cancel.wait(POLL_S)
-        return "stopped"
-
-    def _signal(self, sig: str, pid: int) -> ExecResult:
+    def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
+        super().__init__(ctx, name, service, step, timeout)
+        state = ctx.state_dir()
+        self.pidfile = posixpath.join(state, f"{name}.pid")
+        self.logfile = posixpath.join(state, f"{name}.log")
+        self.startfile = posixpath.join(state, f"{name}.started")
+        self.cwd = posixpath.join(ctx.repo, service.cwd or "")
+        old, new = pid_of(name), new_pid_of(name)
+        grace = f"{service.stop_grace_s:g}s"
+        self.read_pid = Action.get(f"{name}.pidfile", f"read {name}'s pid", self.pidfile)
+        self.read_started = Action.get(f"{name}.started", "and the start time of the process it names", self.startfile)
+        self.stat = Action.get(f"{name}.stat", f"is {old} running (and the process the pid file meant)",
+                               f"/proc/{old}/stat", when="the pid file names a pid")
+        self.stop_command = None if service.stop is None else Action.run(
+            f"{name}.stop", f"stop {name}", tuple(service.stop), self.cwd, failure=f"the stop command of {name} failed")
         # The service leads its own process group (setsid): signal the group, so workers die too.
         # `-s SIG --` is the one spelling every kill accepts (dash's builtin rejects `-TERM -- -PID`).
-        result = self.ctx.run(("kill", "-s", sig, "--", f"-{pid}"), timeout=30)
-        return result if result.ok else self.ctx.run(("kill", "-s", sig, "--", str(pid)), timeout=30)
+        self.signals = {
+            (sig, group): Action.run(f"{name}.{sig.lower()}{'' if group else '_pid'}",
+                                     f"stop {name}: {sig} its {'process group' if group else 'process alone'}",
+                                     ("kill", "-s", sig, "--", f"-{old}" if group else old), when=when)
+            for sig, group, when in (
+                ("TERM", True, f"{old} is running" + (" after the stop command" if service.stop else "")),
+                ("TERM", False, "it leads no process group"),
+                ("KILL", True, f"it still runs after {grace}"),
+                ("KILL", False, "it leads no process group"))
+            if sig == "KILL" or not service.stop}
+        self.stopping = Action.get(f"{name}.stopping", f"wait up to {grace} for {old} to exit", f"/proc/{old}/stat",
+                                   repeats=True, when=f"{old} is running")
+        self.dying = Action.get(f"{name}.dying", f"wait up to {KILL_WAIT_S:g}s for the KILLed {old} to go",
+                                f"/proc/{old}/stat", repeats=True, when="it was KILLed")
+        assert service.start is not None
+        self.mkdir = Action.run(f"{name}.mkdir", "create deployer's state dir", ("mkdir", "-p", "--", state),
+                                failure="cannot create deployer's state dir")
+        self.launch = Action.run(f"{name}.launch", f"start {name} (log {self.logfile})",
+                                 ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, *service.start),
+                                 self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
+                                 failure=f"cannot start {name}")
+        self.born = Action.get(f"{name}.born", f"read when {new} started", f"/proc/{new}/stat")
+        self.note = Action.put(f"{name}.note", f"keep that start time, so a recycled {new} is never taken for {name}",
+                               self.startfile)
+        self.up = Action.get(f"{name}.up", f"wait for {new} to keep running", f"/proc/{new}/stat", repeats=True)
+        self.still = Action.get(f"{name}.still", f"{new} still runs after every service started", f"/proc/{new}/stat")
+        self._log = Action.run(f"{name}.log", f"the tail of {name}'s output", ("tail", "-c", str(LOG_TAIL), "--",
+                                                                               self.logfile), when=f"{name} fails")
+        self.started_at = ""  # the start time of the process start() launched
 
-    def alive(self, pid: int) -> bool:
-        """Running and not a zombie: an unreaped orphan must not make a stop wait out its grace."""
-        fields = self._proc_fields(pid)
-        if fields is None:  # gone, or a target without /proc: ask kill
-            return self.ctx.run(("kill", "-0", str(pid)), timeout=30).ok
-        return bool(fields) and fields[0] != "Z"
+    def observe_actions(self) -> list[Action]:
+        return [self.read_pid, self.read_started, self.stat, *([] if self.health is None else [self.health])]
 
-    def _proc_fields(self, pid: int) -> list[str] | None:
-        """/proc/PID/stat after the command name (which may hold spaces and parens), or None."""
-        stat = self.ctx.run(("cat", f"/proc/{pid}/stat"), timeout=30, quiet=True)
-        return stat.out.rsplit(")", 1)[-1].split() if stat.ok else None
+    def stop_actions(self) -> list[Action]:
+        signal = self.signals.get
+        return [a for a in (self.stop_command, signal(("TERM", True)), signal(("TERM", False)), self.stopping,
+                            signal(("KILL", True)), signal(("KILL", False)), self.dying) if a is not None]
 
-    def _wait_gone(self, pid: int, seconds: float) -> None:
+    def start_actions(self) -> list[Action]:
+        return [self.mkdir, self.launch, self.born, self.note, self.up, *([] if self.up_health is None else
+                                                                          [self.up_health])]
+
+    def confirm_actions(self) -> list[Action]:
+        return [self.still]
+
+    @property
+    def log(self) -> Action:
+        return self._log
+
+    def observe(self, health: bool = True) -> Observed:
+        recorded, started = self.ctx.act_all([(self.read_pid, NOTHING), (self.read_started, NOTHING)],
+                                             timeout=PROBE_TIMEOUT_S)
+        text = recorded.decode(errors="replace").strip() if recorded else ""
+        ask = [(self.health, NOTHING)] if health and self.health is not None else []
+        if not text.isdigit():
+            return Observed(None, answered(self.ctx.act_all(ask, timeout=PROBE_TIMEOUT_S)[0]) if ask else None)
+        results = self.ctx.act_all([(self.stat, {pid_of(self.name): text}), *ask], timeout=PROBE_TIMEOUT_S)
+        # A pid file can outlive its process, and the number then name another one: the start time tells.
+        meant = None if started is None else started.decode(errors="replace").strip()
+        return Observed(int(text) if runs(results[0], meant) else None, answered(results[1]) if ask else None)
+
+    def stop(self, pid: int | None) -> str:
+        if self.stop_command is not None:
+            self.ctx.act(self.stop_command, timeout=self.timeout)
+        if pid is None:
+            return "ran its stop command; no live pid to wait for" if self.stop_command else "no live pid to signal"
+        if self.stop_command is None:
+            self._signal("TERM", pid)
+        if self._gone(self.stopping, pid, self.service.stop_grace_s):
+            return "stopped"
+        self._signal("KILL", pid)
+        if not self._gone(self.dying, pid, KILL_WAIT_S):
+            raise self.fail(f"pid {pid} survived SIGKILL")
+        return f"killed after {self.service.stop_grace_s:g}s grace"
+
+    def _signal(self, sig: str, pid: int) -> None:
+        bound = {pid_of(self.name): str(pid)}
+        if not self.ctx.act(self.signals[sig, True], bound, timeout=30).ok:
+            self.ctx.act(self.signals[sig, False], bound, timeout=30)
+
+    def _gone(self, probe: Action, pid: int, seconds: float) -> bool:
+        """Poll until the process is gone (True) or `seconds` have passed (False): one round trip a round."""
         deadline = time.monotonic() + seconds
-        while self.alive(pid):
-            if time.monotonic() >= deadline:
-                raise self.fail(f"pid {pid} survived SIGKILL")
-            time.sleep(POLL_S)
+        with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
+            while runs(poll.round([(probe, {pid_of(self.name): str(pid)})])[0]):
+                if time.monotonic() >= deadline:
+                    return False
+                self.ctx.cancel.wait(STOP_POLL_S)
+        return True
 
-    def start(self) -> None:
-        self.ctx.check(("mkdir", "-p", "--", self.ctx.state_dir()), "cannot create deployer's state dir")
-        launched = self.ctx.check(self.launch_argv(), f"cannot start {self.name}", cwd=self.cwd, env=self.env(),
-                                  timeout=self.timeout).out.strip()
-        if launched.isdigit():  # remembered so a recycled PID is never mistaken for the service
-            self.ctx.transport.put(self._started_at(int(launched)).encode(), self.startfile, timeout=self.timeout)
+    def start(self) -> int:
+        _, launch = self.ctx.act_all([(self.mkdir, NOTHING), (self.launch, NOTHING)], timeout=self.timeout)
+        launched = str(launch.out).strip()
+        if not launched.isdigit():
+            raise self.fail(f"the launch printed no pid: {launched[:80]!r}")
+        bound = {new_pid_of(self.name): launched}
+        born = Proc.of(self.ctx.act(self.born, bound, timeout=PROBE_TIMEOUT_S))
+        if born is None:
+            raise self.fail("exited during start-up")
+        self.started_at = born.started
+        # Remembered so a recycled PID is never mistaken for the service.
+        self.ctx.act(self.note, bound, data=born.started.encode(), timeout=self.timeout)
+        self.wait_up(self.up, bound, born.started)
+        return int(launched)
 
-    def log_tail(self) -> str:
-        return self.ctx.run(("tail", "-c", str(LOG_TAIL), "--", self.logfile), timeout=30).out
+    def alive(self, probed: object, started: str | None) -> bool:
+        return isinstance(probed, bytes) and runs(probed, started)
+
+    def still_runs(self, pid: int) -> bool:
+        return runs(self.ctx.act(self.still, {new_pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S),
+                    self.started_at)
 
 
 class SystemdManager(Manager):
-    @property
-    def unit(self) -> str:
-        assert self.service.systemd is not None
-        return self.service.systemd
+    def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
+        super().__init__(ctx, name, service, step, timeout)
+        assert service.systemd is not None
+        unit = service.systemd
+        main_pid = ("systemctl", "show", "-p", "MainPID", "--value", unit)
+        self.main_pid = Action.run(f"{name}.mainpid", f"read {unit}'s main pid", main_pid)
+        self.stop_unit = Action.run(f"{name}.stop", f"stop {name}", ("systemctl", "stop", unit),
+                                    failure=f"systemctl stop {unit} failed")
+        self.start_unit = Action.run(f"{name}.start", f"start {name}", ("systemctl", "start", unit),
+                                     failure=f"systemctl start {unit} failed")
+        self.up = Action.run(f"{name}.up", f"wait for {unit} to have a main pid", main_pid, repeats=True)
+        self.still = Action.run(f"{name}.still", "its main pid after every service started", main_pid)
+        self._log = Action.run(f"{name}.log", f"the end of {unit}'s journal",
+                               ("journalctl", "-u", unit, "-n", "40", "--no-pager"), when=f"{name} fails")
 
-    def pid(self) -> int | None:
-        out = self.ctx.run(("systemctl", "show", "-p", "MainPID", "--value", self.unit), timeout=30).out.strip()
-        return int(out) if out.isdigit() and int(out) > 0 else None
+    def observe_actions(self) -> list[Action]:
+        return [self.main_pid, *([] if self.health is None else [self.health])]
 
     def stop_actions(self) -> list[Action]:
-        return [Action(f"stop {self.name}", ("systemctl", "stop", self.unit))]
+        return [self.stop_unit]
 
     def start_actions(self) -> list[Action]:
-        return [Action(f"start {self.name}", ("systemctl", "start", self.unit))]
+        return [self.start_unit, self.up, *([] if self.up_health is None else [self.up_health])]
 
-    def stop(self) -> str:
-        self.ctx.check(("systemctl", "stop", self.unit), f"systemctl stop {self.unit} failed", timeout=self.timeout)
+    def confirm_actions(self) -> list[Action]:
+        return [self.still]
+
+    @property
+    def log(self) -> Action:
+        return self._log
+
+    @staticmethod
+    def pid_in(result: object) -> int | None:
+        out = getattr(result, "out", "").strip()
+        return int(out) if out.isdigit() and int(out) > 0 else None
+
+    def observe(self, health: bool = True) -> Observed:
+        ask = [(self.health, NOTHING)] if health and self.health is not None else []
+        results = self.ctx.act_all([(self.main_pid, NOTHING), *ask], timeout=PROBE_TIMEOUT_S)
+        return Observed(self.pid_in(results[0]), answered(results[1]) if ask else None)
+
+    def stop(self, pid: int | None) -> str:
+        self.ctx.act(self.stop_unit, timeout=self.timeout)
         return "stopped"
 
-    def start(self) -> None:
-        self.ctx.check(("systemctl", "start", self.unit), f"systemctl start {self.unit} failed",
-                       timeout=self.timeout)
+    def start(self) -> int:
+        self.ctx.act(self.start_unit, timeout=self.timeout)
+        pid = self.pid_in(self.wait_up(self.up, NOTHING))
+        assert pid is not None, "wait_up returns once the unit has a main pid"
+        return pid
 
-    def alive(self, pid: int) -> bool:
-        return self.ctx.run(("systemctl", "is-active", "--quiet", self.unit), timeout=30).ok
+    def alive(self, probed: object, started: str | None) -> bool:
+        return self.pid_in(probed) is not None
 
-    def log_tail(self) -> str:
-        return self.ctx.run(("journalctl", "-u", self.unit, "-n", "40", "--no-pager"), timeout=30).out
+    def still_runs(self, pid: int) -> bool:
+        return self.pid_in(self.ctx.act(self.still, timeout=PROBE_TIMEOUT_S)) == pid
 
 
 def manager(ctx: Context, name: str, step: Step) -> Manager:
@@ -226,11 +380,6 @@ def manager_for(ctx: Context, name: str, step: str = "status", timeout: float = 
     service = ctx.host.services[name]
     cls = SystemdManager if service.systemd else CommandManager
     return cls(ctx, name, service, step, timeout)
-
-
-def answers(transport: Transport, url: str) -> bool:
-    """Does url answer 200 on the target's own loopback? Asked by the agent there: no tunnel."""
-    return transport.http(url, timeout=2.0).status == 200
 
 
 class CoRestartParams(Strict):
@@ -261,56 +410,44 @@ class CoRestart(Step):
                              f"(it has: {', '.join(ctx.host.services) or 'none'})")
         return names
 
+    def managers(self, ctx: Context) -> list[Manager]:
+        return [manager(ctx, n, self) for n in self.names(ctx)]
+
     def plan(self, ctx: Context) -> list[Action]:
-        managers = [manager(ctx, n, self) for n in self.names(ctx)]
-        actions = [a for m in reversed(managers) for a in m.stop_actions()]
-        for m in managers:
-            actions += m.start_actions()
-            if m.service.health:
-                actions.append(Action(f"wait up to {m.service.health_timeout_s:g}s for {m.service.health} "
-                                      "to answer 200"))
-        return actions
+        managers = self.managers(ctx)
+        return [*(a for m in managers for a in m.observe_actions()),
+                *(a for m in reversed(managers) for a in m.stop_actions()),
+                *(a for m in managers for a in m.free_actions()),
+                *(a for m in managers for a in m.start_actions()),
+                *(a for m in managers for a in m.confirm_actions()),
+                *(m.log for m in managers)]
 
     def run(self, ctx: Context) -> str:
-        managers = [manager(ctx, n, self) for n in self.names(ctx)]
+        managers = self.managers(ctx)
         seen = {m.name: m.observe() for m in managers}
         old = {n: s.pid for n, s in seen.items()}
         for m in reversed(managers):
-            how = m.stop()
+            how = m.stop(old[m.name])
             ctx.emit("service_stopped", service=m.name, pid=old[m.name], pid_alive=old[m.name] is not None,
                      health_answering=seen[m.name].health, seen=seen[m.name].describe(), how=how)
         for m in managers:
             # Something deployer does not know about (started by hand, no pid file) still serving
             # would answer the health check for the new process, which could not even bind.
-            if m.service.health and answers(ctx.transport, m.service.health):
+            if m.answers_after_stop():
                 raise m.fail(f"{m.service.health} still answers after the stop, so another process serves it "
                              f"(pid {old[m.name] or 'unknown: started outside deployer'}); stop it once by hand "
                              "or give the service a `stop` command")
-        new: dict[str, int | None] = {}
+        new: dict[str, int] = {}
         for m in managers:
             ctx.cancel.check()
-            m.start()
-            new[m.name] = self._wait_healthy(ctx, m)
+            new[m.name] = m.start()
             ctx.emit("service_started", service=m.name, pid=new[m.name])
         ctx.emit("restart", pids={n: {"old": old[n], "new": new[n]} for n in old})
         ctx.facts.pids = {n: {"old": old[n], "new": new[n]} for n in old}
         for m in managers:
-            if new[m.name] is None or new[m.name] == old[m.name]:
+            if new[m.name] == old[m.name]:
                 raise m.fail(f"PID did not change ({pid_text(old[m.name])} -> {pid_text(new[m.name])}): "
                              "the restart did not happen")
-            if m.pid() != new[m.name]:
+            if not m.still_runs(new[m.name]):
                 raise m.fail(f"pid {new[m.name]} exited right after its health check passed")
         return "; ".join(f"{n}: was {seen[n].describe()}; pid {pid_text(old[n])} -> {pid_text(new[n])}" for n in old)
-
-    def _wait_healthy(self, ctx: Context, m: Manager) -> int | None:
-        deadline = time.monotonic() + m.service.health_timeout_s
-        url = m.service.health
-        while True:
-            pid = m.pid()
-            if pid is None:
-                raise m.fail("exited during start-up")
-            if url is None or answers(ctx.transport, url):
-                return pid
-            if time.monotonic() >= deadline:
-                raise m.fail(f"{m.service.health} did not answer 200 within {m.service.health_timeout_s:g}s")
-            ctx.cancel.wait(0.2)

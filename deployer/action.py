@@ -1,0 +1,130 @@
+"""An action: one thing a step does (a command, a read, a write or an HTTP request on the target, or
+work done here), as plain data.
+
+A step builds its actions in one place: `plan` renders them and `apply` sends them, so the dry run
+shows exactly what the run does. A value only the run can know (a PID it reads on the way) stands in
+the action as a placeholder such as `<pid of decode>`; the run binds it, and the run log records each
+action it did under the action's key, with the values it bound.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from deployer.command import shell_line
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Request
+
+# `<pid of decode>`: words, never shell syntax (a launch script's `</dev/null & echo $! >` is not one).
+PLACEHOLDER = re.compile(r"<[a-z][\w .-]*>")
+Bound = Mapping[str, str]  # placeholder -> the value the run found for it
+
+
+class Kind(str, Enum):
+    run = "run"  # an argv on the target
+    get = "get"  # read a file on the target
+    put = "put"  # replace a file on the target atomically
+    http = "http"  # a request to a URL as the target sees it
+    local = "local"  # work done on this machine
+
+
+# The run-log event that records an action of each kind.
+EVENT = {Kind.run: "command", Kind.get: "get", Kind.put: "uploaded", Kind.http: "http", Kind.local: "local"}
+
+
+@dataclass(frozen=True)
+class Action:
+    what: str
+    _: KW_ONLY
+    kind: Kind = Kind.local
+    key: str = ""  # names the action in the run log; unique within its step
+    argv: tuple[str, ...] = ()
+    cwd: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    target: str = ""  # the path of a get or put, the URL of an http request
+    method: str = "GET"
+    when: str | None = None  # done only then (a fallback, an escalation, a failure); None: always
+    repeats: bool = False  # a poll or a storm: planned once, done as often as the run needs
+    failure: str = ""  # what it means when it fails (the step then fails); "": the step judges the result
+
+    @classmethod
+    def run(cls, key: str, what: str, argv: tuple[str, ...], cwd: str | None = None, **extra: Any) -> Action:
+        return cls(what, kind=Kind.run, key=key, argv=argv, cwd=cwd, **extra)
+
+    @classmethod
+    def get(cls, key: str, what: str, path: str, **extra: Any) -> Action:
+        return cls(what, kind=Kind.get, key=key, target=path, **extra)
+
+    @classmethod
+    def put(cls, key: str, what: str, path: str, **extra: Any) -> Action:
+        return cls(what, kind=Kind.put, key=key, target=path, **extra)
+
+    @classmethod
+    def http(cls, key: str, what: str, url: str, **extra: Any) -> Action:
+        return cls(what, kind=Kind.http, key=key, target=url, **extra)
+
+    def command(self) -> str:
+        """A command's line exactly as the run log records it when the action runs."""
+        assert self.kind == Kind.run
+        return shell_line(self.argv, cwd=self.cwd, env=dict(self.env))
+
+    def line(self) -> str:
+        """What is done, exactly: the command line, `get PATH`, `put PATH`, `METHOD URL`, or the description."""
+        if self.kind == Kind.run:
+            return self.command()
+        if self.kind == Kind.http:
+            return f"{self.method} {self.target}"
+        return f"{self.kind.value} {self.target}" if self.target else self.what
+
+    def render(self) -> str:
+        text = self.what if self.kind == Kind.local else f"{self.what}: {self.line()}"
+        if self.repeats:
+            text += " [repeated]"
+        return text if self.when is None else f"{text} [only if {self.when}]"
+
+    def placeholders(self) -> list[str]:
+        return list(dict.fromkeys(PLACEHOLDER.findall(self.line())))
+
+    def bind(self, values: Bound) -> Action:
+        """The action with each placeholder replaced by the value the run found for it."""
+        if not values:
+            return self
+
+        def fill(text: str) -> str:
+            return PLACEHOLDER.sub(lambda m: values.get(m.group(0), m.group(0)), text)
+        return self.mapped(fill)
+
+    def mapped(self, f: Callable[[str], str]) -> Action:
+        """Every value the action shows or sends, passed through f (binding placeholders, masking secrets)."""
+        return replace(self, what=f(self.what), argv=tuple(f(a) for a in self.argv),
+                       cwd=None if self.cwd is None else f(self.cwd), env=tuple((k, f(v)) for k, v in self.env),
+                       target=f(self.target))
+
+    def describe(self) -> dict[str, Any]:
+        """The action in `plan --json`; a command's argv too, since its line quotes the placeholders it holds."""
+        command = {"argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env)} if self.kind == Kind.run else {}
+        return {"key": self.key, "kind": self.kind.value, "what": self.what, "line": self.line(), **command,
+                "placeholders": self.placeholders(), "when": self.when, "repeats": self.repeats}
+
+    def request(self, *, timeout: float, stdin: bytes | None = None, data: bytes | None = None,
+                capture: int) -> Request[Any]:
+        """The agent request that does it (placeholders bound first). A request carries a check flag only
+        when the action may fail the step: in a batch, anything else must not stop the requests after it."""
+        from deployer.agent.client import Get, Http, Put, Run
+
+        if self.kind == Kind.run:
+            return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,
+                       check=bool(self.failure))
+        if self.kind == Kind.get:
+            return Get(self.target)
+        if self.kind == Kind.put:
+            assert data is not None, "a put sends data"
+            return Put(self.target, data, keep_owner=True, mkdirs=True)
+        if self.kind == Kind.http and self.method == "GET":
+            return Http(self.target, timeout=timeout, check=bool(self.failure))
+        raise ValueError(f"the agent does not do {self.line()!r}")
