@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
 from rich.live import Live
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -123,6 +122,8 @@ def show_plan(console: Console, report: PlanReport) -> None:
     for plan in report.files:
         console.rule(Text(f"{plan.dest}{'' if plan.exists else ' (new file)'}"))
         if console.is_terminal:
+            from rich.syntax import Syntax  # pygments: only a plan shows diffs
+
             console.print(Syntax(plan.diff, "diff", theme="ansi_dark", background_color="default"))
         else:
             console.print(plan.diff, markup=False, highlight=False, end="")
