@@ -158,6 +158,27 @@ HostTask = Callable[[str, str], RunResult]  # (host, fleet id) -> the host's sub
 UnitTask = Callable[[str, str, Callable[[str, RunResult], None]], None]
 
 
+class Slots:
+    """--parallel counts hosts: a unit, whose hosts are worked on together, takes a slot for each of them
+    (all the slots when it has more hosts than that)."""
+
+    def __init__(self, count: int) -> None:
+        self._count = self._free = count
+        self._changed = threading.Condition()
+
+    def run(self, hosts: int, work: Callable[[], None]) -> None:
+        needed = min(hosts, self._count)
+        with self._changed:
+            self._changed.wait_for(lambda: self._free >= needed)
+            self._free -= needed
+        try:
+            work()
+        finally:
+            with self._changed:
+                self._free += needed
+                self._changed.notify_all()
+
+
 @dataclass
 class FleetRunner:
     """Runs one task per host, batch after batch, and keeps fleet.json and the listeners up to date."""
@@ -177,6 +198,7 @@ class FleetRunner:
     def run(self, task: HostTask, unit_task: UnitTask | None = None) -> None:
         """Batch after batch; in a batch, each unit is one piece of work (unit_task) and each other host one."""
         state = self.record.state
+        slots = Slots(max(1, self.parallel))
         with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="deployer-host") as pool:
             for number, batch in enumerate(state.batches):
                 if number and self.pause_s:
@@ -189,11 +211,11 @@ class FleetRunner:
                     break
                 self.emit("batch_start", batch=number, hosts=batch)
                 in_units = {h for hosts in state.units.values() for h in hosts}
-                work: list[Callable[[], None]] = [
-                    functools.partial(self._unit, unit_task, unit) for unit, hosts in state.units.items()
-                    if unit_task is not None and hosts[0] in batch]
-                work += [functools.partial(self._one, task, host) for host in batch if host not in in_units]
-                list(pool.map(lambda item: item(), work))
+                work: list[tuple[int, Callable[[], None]]] = [
+                    (len(hosts), functools.partial(self._unit, unit_task, unit))
+                    for unit, hosts in state.units.items() if unit_task is not None and hosts[0] in batch]
+                work += [(1, functools.partial(self._one, task, host)) for host in batch if host not in in_units]
+                list(pool.map(lambda item: slots.run(*item), work))
         self.record.save()
 
     def _start(self, host: str) -> None:

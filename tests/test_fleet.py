@@ -401,6 +401,21 @@ def test_two_overlapping_unit_runs_never_deadlock_one_proceeds_the_other_exits_3
         assert git(repo(pd_unit, host), "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip() == "1"
 
 
+def test_parallel_counts_every_host_of_a_unit(pd_unit: Project) -> None:
+    # One batch: unit pd-1 (h1, h3), h2 and h4 at --parallel 2. Each host's steps take a second or more, so
+    # a pool that counted the unit as one piece of work would run three hosts at once.
+    slow_remote_compile(pd_unit, 1)
+    pd_unit.playbook(steps=UNIT_STEPS)
+    report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "all", "--parallel", "2", "--json"))
+    assert report["status"] == "successful", report
+    spans = []
+    for host in HOSTS:
+        events = run_events(pd_unit, report["hosts"][host]["run_id"])
+        spans.append((events[0]["time"], events[-1]["time"]))
+    busiest = max(sum(start <= moment < end for start, end in spans) for moment, _ in spans)
+    assert busiest == 2, spans  # never more than --parallel; and the unit's two hosts did run together
+
+
 def test_a_unit_in_a_rollout_is_one_batch_entry_and_rollback_fleet_restarts_it_as_one(pd_unit: Project) -> None:
     long_a = "".join(f"# line {i}\n" for i in range(20)) + ORIGINAL_A
     (repo(pd_unit, "h2") / "pkg/a.py").write_text(long_a)
