@@ -54,11 +54,12 @@ def tree_snapshot(root: Path) -> dict[str, str]:
 def target_python(project: Project, before: str, *, then: str | None = None) -> str:
     """A venv python for the target whose step calls (remote_compile) run the shell `before` first.
 
-    deployer's agent starts with the same python (`python -I -S -c <bootstrap>`) and passes straight
-    through, so only the steps' own python is slowed or paused. `then` replaces the final exec."""
+    deployer's agent starts with the same python (`python -I -S -c <bootstrap>`, the bootstrap names
+    AGENT_SOURCE) and passes straight through, so only the steps' own python is slowed or paused. `then`
+    replaces the final exec."""
     finish = then if then is not None else f'exec {sys.executable} "$@"'
-    wrapper = project.write("venv/bin/python", f'#!/bin/sh\ncase "$1" in -I) exec {sys.executable} "$@";; esac\n'
-                                               f"{before}\n{finish}\n")
+    wrapper = project.write("venv/bin/python", f'#!/bin/sh\ncase "$4" in *AGENT_SOURCE*) exec {sys.executable} "$@";; '
+                                               f"esac\n{before}\n{finish}\n")
     wrapper.chmod(0o755)
     return str(wrapper)
 

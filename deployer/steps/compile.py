@@ -49,7 +49,8 @@ class RemoteCompile(Step):
     after = ("upload",)
 
     def action(self, ctx: Context) -> Action:
-        argv = (ctx.host.python, "-c", REMOTE_SCRIPT, *python_dests(ctx))
+        # -I -S: compiling needs the interpreter, not its site (.pth files, sitecustomize): a faster start.
+        argv = (ctx.host.python, "-I", "-S", "-c", REMOTE_SCRIPT, *python_dests(ctx))
         return Action.run("compile", "compile on the target", argv, ctx.repo,
                           failure=f"the target's {ctx.host.python} cannot compile the shipped files")
 
