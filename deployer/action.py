@@ -51,6 +51,7 @@ class Action:
     when: str | None = None  # done only then (a fallback, an escalation, a failure); None: always
     repeats: bool = False  # a poll or a storm: planned once, done as often as the run needs
     failure: str = ""  # what it means when it fails (the step then fails); "": the step judges the result
+    expect: bytes | None = None  # a command's exact output that counts as success, on the target itself
 
     @classmethod
     def run(cls, key: str, what: str, argv: tuple[str, ...], cwd: str | None = None, **extra: Any) -> Action:
@@ -119,7 +120,7 @@ class Action:
 
         if self.kind == Kind.run:
             return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,
-                       check=bool(self.failure))
+                       check=bool(self.failure), expect_stdout=self.expect)
         if self.kind == Kind.get:
             return Get(self.target)
         if self.kind == Kind.put:

@@ -234,6 +234,8 @@ class Context:
     record: RunRecord | None = None  # the run's write-ahead state; None in a dry run
     # Commands read-only steps sent ahead of their turn, by step name (see Step.prefetch).
     prefetched: dict[str, list[Submitted]] = field(default_factory=dict)
+    # Sent right behind the next batch, to run only if it succeeds: the release, when that batch is the run's last act.
+    closing: Callable[[Pending[Any]], None] | None = None
     on_sent: Callable[[], None] | None = None  # told when a step has sent its changes, before it waits
 
     def sent(self) -> None:
@@ -304,7 +306,11 @@ class Context:
         from deployer.agent.client import Batch, OpFailure
 
         requests = [action.bind(bound).request(timeout=timeout, capture=CAPTURE_BYTES) for action, bound in calls]
-        results = self.transport.call(Batch(requests)).results
+        pending = self.transport.submit(Batch(requests))
+        if self.closing is not None:  # the run's last act: what ends the run goes right behind it
+            closing, self.closing = self.closing, None
+            closing(pending)
+        results = pending.result().results
         for (action, bound), result in zip(calls, results, strict=False):
             if isinstance(result, OpFailure):
                 raise TransportError(f"{action.what}: the agent could not do {self.shown_action(action, bound)}: "

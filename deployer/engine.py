@@ -21,7 +21,15 @@ from deployer.agent.client import Get, Pending
 from deployer.command import Masker
 from deployer.config import Host
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
-from deployer.errors import ConfigError, DeployerError, Interrupted, LockHeld, RollbackFailed, VerificationFailed
+from deployer.errors import (
+    ConfigError,
+    DeployerError,
+    Interrupted,
+    LockHeld,
+    RequestSkipped,
+    RollbackFailed,
+    VerificationFailed,
+)
 from deployer.lock import DeployLock, LockState, force_release, read_state
 from deployer.preflight import Reads, preflight, send_reads
 from deployer.run import intent
@@ -49,18 +57,25 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settled: Context | None) -> str | None:
+def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settled: Context | None,
+            sent: Callable[[], None] | None = None) -> str | None:
     """Clear the intent record (once the run is settled), release the lock and close the connection.
 
+    `sent`: the check of a release already sent behind the run's last batch (skipped when that failed).
     Never raises; says what it had to leave. An interrupted run keeps its intent record on the target:
     it stops every later apply until `deployer recover` has ended it."""
     left = None
     if lock is not None:
         try:
-            cleared = intent.remove(transport, settled.git_dir) if settled and settled.git_dir else None
-            lock.release()
-            if cleared is not None:
-                cleared()
+            try:
+                if sent is None:
+                    raise RequestSkipped("no release sent yet")
+                sent()
+            except RequestSkipped:
+                cleared = intent.remove(transport, settled.git_dir) if settled and settled.git_dir else None
+                lock.release()
+                if cleared is not None:
+                    cleared()
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
             bus.emit("lock_release_failed", path=lock.path, error=str(exc))
@@ -190,6 +205,8 @@ class Engine:
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)  # the run's log while it runs
     _reads: Reads | None = field(default=None, init=False, repr=False)  # preflight's, sent with the lock
     _intent: Pending[Any] | None = field(default=None, init=False, repr=False)  # the intent record, sent ahead
+    _held: DeployLock | None = field(default=None, init=False, repr=False)  # the run's lock, once taken
+    _released: Callable[[], None] | None = field(default=None, init=False, repr=False)  # see _close_behind
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -272,6 +289,7 @@ class Engine:
 
         reads: the body starts with prepare(), whose preflight reads are sent with the lock (one round trip)."""
         run_id = new_run_id()
+        self._held, self._released = None, None
         ensure_headroom(self.runs_dir, 0)
         log = self._log = RunLogWriter(self.runs_dir, run_id)
         record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
@@ -302,6 +320,7 @@ class Engine:
                 ctx.record = record
                 bus.step = "preflight"
                 lock = self._lock(ctx, reads)
+                self._held = lock
                 body(ctx, log)
                 record.advance(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded,
                                utc_now())
@@ -310,7 +329,7 @@ class Engine:
                 raise
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
-                left = release(lock, transport, bus, ctx if record.state.terminal else None)
+                left = release(lock, transport, bus, ctx if record.state.terminal else None, self._released)
             if left:
                 raise DeployerError(left)
         except (Exception, KeyboardInterrupt) as exc:
@@ -496,6 +515,8 @@ class Engine:
             # The read-only steps right after a change may send their commands with it: one round trip.
             ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, chain[index + 1:]))
             ctx.on_sent = lambda ahead=ahead: ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
+            if steps is None and index == len(chain) - 1:
+                self._close_behind(ctx, step)
             # The phase moves and the step run under one handler: a forced stop (a second signal) between
             # steps must undo the target just as one inside a step does.
             try:
@@ -518,6 +539,26 @@ class Engine:
                 raise failure from None
             finally:
                 ctx.on_sent = None
+
+    def _close_behind(self, ctx: Context, step: Step) -> None:
+        """A run whose last step is its commit releases in the commit's round trip: the release goes right
+        behind the commit's batch and the agent runs it only if the whole batch succeeded (the commit
+        touched exactly the shipped files). Not under on_failure: rollback, where a failure after the
+        commit (a forced stop) still needs the lock to roll back."""
+        lock = self._held
+        if step.effect != Effect.commits or lock is None or self.playbook.model.on_failure == "rollback":
+            return
+
+        def behind(batch: Pending[Any]) -> None:
+            assert ctx.git_dir is not None
+            cleared = intent.remove(ctx.transport, ctx.git_dir, after=batch)
+            released = lock.send_release(after=batch)
+
+            def check() -> None:
+                cleared()
+                released()
+            self._released = check
+        ctx.closing = behind
 
     @staticmethod
     def _drain_prefetched(ctx: Context) -> None:

@@ -80,5 +80,9 @@ class TransportError(DeployerError):
     exit_code = 1
 
 
+class RequestSkipped(TransportError):
+    """The agent did not run a request: the earlier one it depended on (`after`) did not succeed."""
+
+
 class OutputTruncated(TransportError):
     """A command printed more than the caller kept, and the caller needed all of it."""

@@ -28,7 +28,7 @@ from deployer.errors import DeployerError, LockHeld
 from deployer.transport.base import ExecResult, Transport
 
 if TYPE_CHECKING:
-    from deployer.agent.client import Request
+    from deployer.agent.client import Pending, Request
 
 LOCK_NAME = "deployer.lock"
 TIMEOUT_S = 30.0
@@ -202,14 +202,22 @@ class DeployLock:
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lock if it is still ours: one round trip."""
+        self.send_release()()
+
+    def send_release(self, after: Pending[Any] | None = None) -> Callable[[], None]:
+        """Send the release now (run only if `after` succeeded, when given); the returned check raises
+        if it failed or was skipped."""
         from deployer.agent.client import Beat
 
-        stopped = self.transport.submit(Beat(self.heartbeat, 0))
+        stopped = self.transport.submit(Beat(self.heartbeat, 0), after=after)
         removed = self.transport.submit_run(("sh", "-c", _REMOVE_OURS, "deployer-unlock", self.path, self.name),
-                                            timeout=TIMEOUT_S)
-        stopped.result()
-        if not removed.result().ok:
-            raise DeployerError(f"cannot remove the deploy lock {self.path}: {removed.result().err.strip()}")
+                                            timeout=TIMEOUT_S, after=after)
+
+        def check() -> None:
+            stopped.result()
+            if not removed.result().ok:
+                raise DeployerError(f"cannot remove the deploy lock {self.path}: {removed.result().err.strip()}")
+        return check
 
 
 def force_release(transport: Transport, git_dir: str) -> bool:

@@ -29,6 +29,7 @@ from fixtures_ssh import SSHD, CountingProxy
 from deployer.agent import agent as agent_mod
 from deployer.agent.client import (
     AgentClient,
+    Batch,
     ChannelPipe,
     Get,
     Http,
@@ -40,7 +41,7 @@ from deployer.agent.client import (
     bootstrap_argv,
     bootstrap_command,
 )
-from deployer.errors import TransportError
+from deployer.errors import RequestSkipped, TransportError
 
 HEADER = struct.Struct(">I")
 DEADLINE_S = 15.0
@@ -503,6 +504,20 @@ def test_a_request_after_one_that_failed_is_skipped_and_after_one_that_succeeded
         after_exit.result()  # a non-zero exit is a failure, as in a batch
     with pytest.raises(TransportError, match=r"No such file|missing"):
         refused.result()
+
+
+def test_a_run_whose_output_is_not_the_expected_one_stops_its_batch_and_what_follows_it(client: AgentClient,
+                                                                                       tmp_path: Path) -> None:
+    marker = tmp_path / "after"
+    matched = client.batch([Run(["printf", "a\\0b\\0"], expect_stdout=b"a\0b\0"), Run(["true"])])
+    assert matched.ok and matched.failed is None
+    batch = client.submit(Batch([Run(["printf", "a\\0"], expect_stdout=b"a\0b\0"), Run(["touch", str(marker)])]))
+    behind = client.submit(Run(["touch", str(marker)]), after=batch)
+    reply = batch.result()
+    assert reply.failed == 0 and len(reply.results) == 1 and reply.results[0].exit_code == 0
+    with pytest.raises(RequestSkipped):
+        behind.result()
+    assert not marker.exists()
 
 
 # -- over a real sshd ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,3 +194,30 @@ def test_an_intent_record_the_target_cannot_hold_lets_no_change_through(target: 
     assert not list((target.repo / "pkg").glob(".*.tmp"))
     end = next(e for e in events if e["type"] == "run_end")
     assert end["status"] == "failed" and end["phase"] == "failed_restored"
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_a_commit_touching_more_than_the_shipped_files_is_undone_while_the_run_holds_its_lock(
+        target: Project, tmp_path: Path) -> None:
+    # A real fault: a pre-commit hook (hooks: true) stages another file, and git commits it too. The commit is
+    # the run's last step, so its release goes right behind the commit's batch: the agent must skip it.
+    target.hook("pre-commit", "#!/bin/sh\necho '# hook' >> pkg/b.py\ngit add pkg/b.py\n")
+    calls, bindir = tmp_path / "git-calls", tmp_path / "bin"
+    bindir.mkdir()
+    lock = target.repo / ".git" / "deployer.lock"
+    (bindir / "git").write_text(f'#!/bin/sh\nstate=free; [ -L "{lock}" ] && state=locked\n'
+                                f'for a in "$@"; do [ "$a" = commit ] && state="$state commit"; done\n'
+                                f'echo "$state" >> "{calls}"\nexec {shutil.which("git")} "$@"\n')
+    (bindir / "git").chmod(0o755)
+    target.extra_env["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    head = target.head()
+    target.playbook(steps=[*UP_TO_COMMIT, {"commit": {"message": "m", "hooks": True}}])
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "touched pkg/a.py, pkg/b.py instead of exactly pkg/a.py" in result.stderr
+    assert target.head() == head and target.file("pkg/a.py") == ORIGINAL_A
+    assert not lock.exists() and not (target.repo / ".git" / "deployer" / "inflight.json").exists()
+    logged = calls.read_text().splitlines()
+    committed = logged.index("locked commit")
+    after = logged[committed:]
+    assert len(after) > 3 and set(after) == {"locked", "locked commit"}, after  # the undo too

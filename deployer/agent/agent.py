@@ -268,7 +268,8 @@ class Agent:
             return _error("bad_frame", "a request must be a JSON object", frame=True)
         after = req.get("after")
         if after is not None and after not in self._succeeded:
-            return {"id": req.get("id"), **_error("skipped", f"not run: request {after!r} did not succeed")}
+            why = f"request {after!r}, which it depends on, did not succeed"
+            return {"id": req.get("id"), **_error("skipped", why)}
         result = self.execute(req)
         if not _failed(req, result):
             self._succeeded.add(req.get("id"))
@@ -323,7 +324,8 @@ class Agent:
 
     def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
         """argv (no shell), cwd, env (merged over ours), stdin (b64), timeout (s), tail (bytes
-        kept per stream). Its own session: on timeout the whole group is killed."""
+        kept per stream), expect_stdout (b64: the exact output that counts as success, beside exit 0).
+        Its own session: on timeout the whole group is killed."""
         argv = _str_list(req, "argv")
         if not argv:
             raise OpError("bad_request", "field 'argv' must not be empty")
@@ -332,6 +334,7 @@ class Agent:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_add.items()):
             raise OpError("bad_request", "field 'env' must map strings to strings")
         stdin = _b64(req, "stdin")
+        expect = _b64(req, "expect_stdout")
         timeout = _positive(req, "timeout", DEFAULT_TIMEOUT_S)
         tail = int(_positive(req, "tail", DEFAULT_TAIL))
         env = dict(os.environ)
@@ -355,10 +358,13 @@ class Agent:
         finally:
             with self._groups_lock:
                 self._groups.discard(proc.pid)
-        return {"exit_code": proc.returncode, "timed_out": timed_out,
-                "duration_s": time.monotonic() - started,
-                "stdout": _enc(out.value()), "stderr": _enc(err.value()),
-                "stdout_bytes": out.total, "stderr_bytes": err.total}
+        result = {"exit_code": proc.returncode, "timed_out": timed_out,
+                  "duration_s": time.monotonic() - started,
+                  "stdout": _enc(out.value()), "stderr": _enc(err.value()),
+                  "stdout_bytes": out.total, "stderr_bytes": err.total}
+        if expect is not None:
+            result["expected"] = out.total == len(expect) and out.value() == expect
+        return result
 
     def _drive(self, proc: subprocess.Popen[bytes], stdin: bytes | None, deadline: float,
                tail: int) -> tuple[_Tail, _Tail, bool]:
@@ -584,7 +590,8 @@ class Agent:
 
     def op_batch(self, req: dict[str, Any]) -> dict[str, Any]:
         """Run `requests` in order; stop after the first failure: an op error, a `run` that
-        exited non-zero or timed out, or an `http` with no response or a status >= 400,
+        exited non-zero, timed out or printed other than its expect_stdout, or an `http` with no
+        response or a status >= 400,
         unless that request says `check: false`."""
         requests = _field(req, "requests", list, required=True)
         results: list[dict[str, Any]] = []
@@ -619,7 +626,7 @@ def _failed(sub: Any, result: dict[str, Any]) -> bool:
     if sub.get("op") == "batch":
         return body["failed"] is not None
     if sub.get("op") == "run":
-        return bool(body["timed_out"] or body["exit_code"] != 0)
+        return bool(body["timed_out"] or body["exit_code"] != 0 or body.get("expected") is False)
     if sub.get("op") == "http":
         return body["status"] is None or body["status"] >= 400
     return False

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from deployer.command import quote
-from deployer.errors import TransportError
+from deployer.errors import RequestSkipped, TransportError
 from deployer.transport.base import DEFAULT_TIMEOUT_S, Captured, ExecResult, PutResult, sha256_hex
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
@@ -220,11 +220,13 @@ class Run(Request[ExecResult]):
     timeout: float = DEFAULT_TIMEOUT_S
     tail: int = 1 << 20
     check: bool = True
+    expect_stdout: bytes | None = None  # the exact output that counts as success (a batch stops otherwise)
 
     def fields(self) -> dict[str, Any]:
         return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env or {}),
                 "stdin": None if self.stdin is None else _b64(self.stdin),
-                "timeout": self.timeout, "tail": self.tail, "check": self.check}
+                "timeout": self.timeout, "tail": self.tail, "check": self.check,
+                "expect_stdout": None if self.expect_stdout is None else _b64(self.expect_stdout)}
 
     def parse(self, result: dict[str, Any]) -> ExecResult:
         # The agent kept the tail of each stream and counted every byte: reading a cut stream whole raises.
@@ -486,6 +488,8 @@ class Pending(Generic[T]):
             raise TransportError(f"{self._client.name}: agent lost during '{self.request.op}': {self._failure}")
         if not self._reply.get("ok"):
             error = self._reply.get("error") or {}
+            if error.get("type") == "skipped":
+                raise RequestSkipped(f"{self._client.name}: '{self.request.op}' skipped: {error.get('message')}")
             raise TransportError(f"{self._client.name}: agent refused '{self.request.op}' "
                                  f"({error.get('type')}): {error.get('message')}")
         return self.request.parse(self._reply["result"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -58,9 +59,10 @@ def parse(raw: bytes | None, git_dir: str) -> Intent | None:
                             "look at it by hand before removing it") from None
 
 
-def remove(transport: Transport, git_dir: str) -> Callable[[], None]:
-    """Send the removal now (so it can share a round trip); the returned check raises if it failed."""
-    pending = transport.submit_run(("rm", "-f", "--", path_in(git_dir)), timeout=30)
+def remove(transport: Transport, git_dir: str, after: Pending[Any] | None = None) -> Callable[[], None]:
+    """Send the removal now (so it can share a round trip; run only if `after` succeeded, when given); the
+    returned check raises if it failed or was skipped."""
+    pending = transport.submit_run(("rm", "-f", "--", path_in(git_dir)), timeout=30, after=after)
 
     def check() -> None:
         result = pending.result()

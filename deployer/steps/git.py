@@ -175,9 +175,12 @@ def commit_actions(ctx: Context, dests: Sequence[str], message: str, *, hooks: b
                        commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), ctx.repo,
                        failure="git commit failed"),
             Action.run("head", "read the new HEAD", git("rev-parse", "HEAD"), ctx.repo, failure="cannot read HEAD"),
+            # Exactly the dests, in git's (bytewise) order, or the batch stops here: checked on the target, so
+            # what is sent behind the batch (the release of a run that ends here) never follows a wrong commit.
             Action.run("files", "list the files the commit holds",
                        git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"), ctx.repo,
-                       failure="cannot list the commit's files")]
+                       failure="cannot list the commit's files",
+                       expect=b"".join(dest.encode() + b"\0" for dest in sorted(dests)))]
 
 
 def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False,

@@ -190,9 +190,11 @@ class Transport(ABC):
     def call(self, request: Request[T], timeout: float | None = None) -> T:
         return self.submit(request, timeout).result(timeout)
 
-    def submit(self, request: Request[T], timeout: float | None = None) -> Pending[T]:
-        """Send without waiting for the reply (pipelining): a phase's requests cost one round trip."""
-        return self.agent().submit(request, timeout, after=self._gate)
+    def submit(self, request: Request[T], timeout: float | None = None,
+               after: Pending[Any] | None = None) -> Pending[T]:
+        """Send without waiting for the reply (pipelining): a phase's requests cost one round trip. With
+        `after`, the agent runs it only if that request succeeded."""
+        return self.agent().submit(request, timeout, after=after or self._gate)
 
     def write_ahead(self, request: Request[T]) -> Pending[T]:
         """Send a record the target must hold before any change, without waiting for it: the agent runs
@@ -217,13 +219,14 @@ class Transport(ABC):
 
     def submit_run(self, argv: Sequence[str], *, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                   stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES) -> Pending[ExecResult]:
+                   stdin: bytes | None = None, capture: int | None = CAPTURE_BYTES,
+                   after: Pending[Any] | None = None) -> Pending[ExecResult]:
         """run() without waiting: the agent runs requests in the order sent, so a phase's commands
         can all be sent at once and cost one round trip."""
         from deployer.agent.client import Run
 
         return self.submit(Run(tuple(argv), cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                               tail=capture or WHOLE_OUTPUT_BYTES))
+                               tail=capture or WHOLE_OUTPUT_BYTES), after=after)
 
     def put(self, data: bytes, dest: str, *, mode: int | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
