@@ -296,6 +296,13 @@ def test_bad_requests_get_error_replies_and_the_agent_keeps_serving(raw: RawAgen
             assert reply["result"]["failed"] == 0
         else:
             assert (reply["ok"], reply["error"]["type"]) == (False, kind), reply
+    # A put without its bytes or without their sha256 is refused naming the field, not checked against nothing.
+    for missing in ("data", "sha256"):
+        put = {"id": missing, "op": "put", "path": "/tmp/x", "data": "", "sha256": hashlib.sha256(b"").hexdigest()}
+        del put[missing]
+        raw.send(frame(put))
+        error = raw.reply()["error"]
+        assert (error["type"], error["message"]) == ("bad_request", f"missing field '{missing}'"), error
     # A declared length past the limit is answered at once, then skipped when the bytes follow.
     raw.send(HEADER.pack(agent_mod.MAX_FRAME + 1))
     assert raw.reply()["error"]["type"] == "frame_too_large"

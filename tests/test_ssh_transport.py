@@ -127,6 +127,10 @@ def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Pat
     # One agent, started under sudo -n; every command and file access above went through it.
     calls = Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines()
     assert len(calls) == 1 and calls[0].startswith("-n -- python3"), calls
+    # Without become (the default) nothing goes through sudo.
+    with connect(sshd) as plain:
+        assert plain.run(["true"], timeout=20).ok and "become" not in plain.info.extra
+    assert Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines() == calls
 
 
 # -- put / get -------------------------------------------------------------------------------
