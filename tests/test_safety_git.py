@@ -9,20 +9,17 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, tree_snapshot
 
-from deployer.command import Masker
-from deployer.config import FileSpec, Host, Playbook
-from deployer.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.preflight import refuse_unsafe_dests
 from deployer.runlog import GENESIS, RunLogWriter, seal
-from deployer.transport.factory import open_transport
 
 FIXED_B = "VALUE = 2\n"
 CONN = "python/sglang/srt/disaggregation/common/conn.py"
@@ -62,21 +59,6 @@ def commit_symlink(project: Project, name: str, points_to: str) -> None:
     os.symlink(points_to, project.repo / name)
     git(project.repo, "add", "--", name)
     git(project.repo, "commit", "-q", "-m", f"track {name}")
-
-
-@pytest.fixture
-def context(target: Project) -> Iterator[Context]:
-    """A Context on the target, for calling a preflight check with inputs the loader would refuse."""
-    host = Host.model_validate(target.host)
-    bus = EventBus(Masker(), target.host_name)
-    model = Playbook(name="t", files=[FileSpec(src="a.py", dest="pkg/a.py")], steps=["upload"])
-    playbook = LoadedPlaybook(path=target.root / "fix.yaml", raw=b"", model=model, sources={}, patch=None)
-    transport = open_transport(target.host_name, host, bus)
-    try:
-        yield Context(run_id="t", host_name=target.host_name, host=host, transport=transport, playbook=playbook,
-                      bus=bus, cancel=CancelToken())
-    finally:
-        transport.close()
 
 
 # -- item 1: paths read back from the target are NUL-delimited --------------------------------------------
