@@ -261,6 +261,8 @@ def test_unknown_host_key_is_refused_before_login(sshd: SSHD, tmp_path: Path) ->
         connect(sshd, known_hosts=str(empty))  # connecting is where the key is checked
     message = str(caught.value)
     assert caught.value.exit_code == 4
+    assert message.startswith(f"sshd-test: host key of [127.0.0.1]:{sshd.port} is not in {empty}; refusing to "
+                              "connect (host_key_policy: reject). Nothing was sent to it.\n")
     assert sshd.host_fingerprint in message
     assert "host_key_policy: accept-new" in message and "--accept-new-host-key" in message
     assert empty.read_text() == ""
