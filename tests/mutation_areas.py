@@ -57,7 +57,7 @@ AREAS = {
          "tests/test_chain.py::test_patch_mode_applies_with_git_apply[local]",
          "tests/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
          "-k", "put or upload or corrupt or cut_write or a_local_write or apply or new_file or large_payload "
-               "or bad_requests")),
+               "or bad_requests or any_mode")),
     # Host keys: known_hosts, reject / accept-new, the pin, a changed key, every ProxyJump hop's key.
     "host-key": Area(
         {"deployer/transport/ssh.py": ("fingerprint", "host_entry", "_Endpoint.entry", "SSHTransport.__init__",
@@ -65,7 +65,8 @@ AREAS = {
                                        "SSHTransport._unknown_key_message", "SSHTransport._missing_host_key",
                                        "SSHTransport._pin", "_HostKeyGate.missing_host_key", "_ends_with_newline")},
         ("tests/test_ssh_transport.py", "tests/test_ssh_apply.py", "tests/test_cli_json.py",
-         "-k", "host_key or known_hosts or bastion or accept or proxy_jump or fingerprint or become_wraps")),
+         "-k", "host_key or known_hosts or bastion or accept or proxy_jump or fingerprint or become_wraps "
+               "or use_after_close")),
     # Rollback: trusting the log only as far as the target's history vouches for it, refusing what changed
     # since, the revert commit, and the engine's on_failure rollback.
     "rollback": Area(

@@ -283,6 +283,8 @@ def test_bad_requests_get_error_replies_and_the_agent_keeps_serving(raw: RawAgen
         ({"id": 55, "op": "run", "argv": ["true"], "timeout": float("nan")}, "bad_request"),
         ({"id": 56, "op": "put", "path": "/tmp/x", "data": "", "sha256": hashlib.sha256(b"").hexdigest(),
           "mode": 0o100644}, "bad_request"),
+        ({"id": 57, "op": "put", "path": "/tmp/x", "data": "", "sha256": hashlib.sha256(b"").hexdigest(),
+          "mode": 0o10000}, "bad_request"),  # one past the permission bits: a file type bit
         ({"id": 6, "op": "put", "path": "relative.txt", "data": "", "sha256": "x"}, "bad_request"),
         ({"id": 7, "op": "put", "path": "/tmp/x", "data": "!!", "sha256": "x"}, "bad_request"),
         ({"id": 8, "op": "stat", "paths": [1]}, "bad_request"),
@@ -362,6 +364,12 @@ def test_put_replaces_atomically_and_keeps_owner_and_mode(client: AgentClient, t
     if os.geteuid() == 0:
         assert reply.owner_kept is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf.py"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("mode", [0, 0o7777])
+def test_put_sets_any_mode_from_0_to_7777_exactly(client: AgentClient, tmp_path: Path, mode: int) -> None:
+    reply = client.put(str(tmp_path / "f"), b"x", mode=mode)
+    assert reply.mode == mode == os.stat(tmp_path / "f").st_mode & 0o7777
 
 
 def test_a_failed_put_leaves_the_tree_as_it_was(client: AgentClient, tmp_path: Path) -> None:

@@ -109,6 +109,9 @@ def test_run_reports_host_key_fingerprint_in_ssh_keygen_format(
                             capture_output=True, text=True).stdout.split()[1]
     assert ssh_transport.info.kind == "ssh"
     assert ssh_transport.info.host_key_fingerprint == f"ssh-ed25519 {listed}" == sshd.host_fingerprint
+    # What the run log records of the connection: no jump host, no become.
+    assert ssh_transport.info.extra == {"address": sshd.host, "hostname": sshd.host, "port": str(sshd.port),
+                                        "user": sshd.user, "known_hosts": sshd.known_hosts}
 
 
 def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Path) -> None:
@@ -331,7 +334,8 @@ def test_silent_server_fails_within_the_connect_timeout(sshd: SSHD) -> None:
 def test_use_after_close_or_connection_loss_is_a_transport_error(sshd: SSHD) -> None:
     transport = connect(sshd)
     transport._transport.close()  # the connection drops under us
-    with pytest.raises(TransportError, match="lost"):
+    with pytest.raises(TransportError, match=f"sshd-test: SSH connection to {sshd.user}@{sshd.host}:{sshd.port} "
+                                             "was lost"):
         transport.run(["true"], timeout=10)
     transport.close()
     transport.close()  # idempotent
@@ -457,6 +461,45 @@ Host behind
                       ssh_config=config, connect_timeout=5) as transport:
         assert transport.run(["echo", "through"], timeout=20).out == "through\n"
         assert transport.info.extra["proxy_jump"] == f"{sshd.user}@{sshd.host}:{sshd.port}"
+        assert transport.info.extra["proxy_jump_host_keys"] == sshd.host_fingerprint
+
+
+def test_the_target_behind_a_bastion_is_dialled_by_the_bastion_never_directly(sshd: SSHD, tmp_path: Path) -> None:
+    # The bastion logs in with a key of its own that sshd lets forward only to a port nothing listens on
+    # (permitopen): going through the bastion must fail, where dialling the target directly would work.
+    key = tmp_path / "bastion_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+    with open(Path(sshd.workdir) / "authorized_keys", "a") as authorized:
+        authorized.write(f'permitopen="127.0.0.1:1" {key.with_name("bastion_key.pub").read_text()}')
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host bastion
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {key}
+Host behind
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    ProxyJump bastion
+""")
+    with pytest.raises(ConnectError, match=re.escape(f"behind: jump host {sshd.user}@{sshd.host}:{sshd.port} could "
+                                                     f"not reach {sshd.host}:{sshd.port}")):
+        SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts, ssh_config=config,
+                     connect_timeout=5)
+
+
+def test_known_hosts_comes_from_the_ssh_config_then_from_home(
+        sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = sshd.write_known_hosts(tmp_path / "pinned_known_hosts")
+    config = _write_ssh_config(tmp_path / "config",
+                               f"Host box\n    HostName {sshd.host}\n    UserKnownHostsFile {pinned} /dev/null\n")
+    with connect(sshd, address="box", known_hosts=None, ssh_config=config) as transport:
+        assert transport.info.extra["known_hosts"] == pinned
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.ssh/known_hosts there: the key is unknown
+    with pytest.raises(HostKeyError, match=re.escape(f"is not in {tmp_path}/home/.ssh/known_hosts; refusing")):
+        connect(sshd, known_hosts=None)
 
 
 def _aliased_jump_config(sshd: SSHD, path: Path) -> str:
