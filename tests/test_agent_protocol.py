@@ -372,6 +372,24 @@ def test_put_sets_any_mode_from_0_to_7777_exactly(client: AgentClient, tmp_path:
     assert reply.mode == mode == os.stat(tmp_path / "f").st_mode & 0o7777
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another owner")
+def test_put_keeps_the_owner_unless_told_not_to_and_makes_parents_only_when_asked(
+        raw: RawAgent, client: AgentClient, tmp_path: Path) -> None:
+    dest = tmp_path / "owned.txt"
+    dest.write_text("old\n")
+    os.chown(dest, 1234, 5678)
+    defaults = Put(str(dest), b"by default\n").wire()  # a request that leaves the options to the agent
+    del defaults["keep_owner"], defaults["mkdirs"]
+    raw.send(frame({"id": 1, **defaults}))
+    assert raw.reply()["result"]["owner_kept"] is True and (dest.stat().st_uid, dest.stat().st_gid) == (1234, 5678)
+    deeper = Put(str(tmp_path / "new" / "f.txt"), b"x").wire()
+    del deeper["mkdirs"]
+    raw.send(frame({"id": 2, **deeper}))
+    assert raw.reply()["error"]["type"] == "no_parent" and not (tmp_path / "new").exists()
+    assert client.put(str(dest), b"given up\n", keep_owner=False).owner_kept is None
+    assert (dest.stat().st_uid, dest.stat().st_gid, dest.read_text()) == (0, os.getegid(), "given up\n")
+
+
 def test_a_failed_put_leaves_the_tree_as_it_was(client: AgentClient, tmp_path: Path) -> None:
     dest = tmp_path / "keep.txt"
     dest.write_text("original\n")

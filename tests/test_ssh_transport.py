@@ -464,6 +464,24 @@ Host behind
         assert transport.info.extra["proxy_jump_host_keys"] == sshd.host_fingerprint
 
 
+def test_every_hop_of_a_two_bastion_proxy_jump_is_recorded(sshd: SSHD, tmp_path: Path) -> None:
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host hop1 hop2 behind
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+Host behind
+    ProxyJump hop1,hop2
+""")
+    with SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts,
+                      ssh_config=config, connect_timeout=5) as transport:
+        assert transport.run(["true"], timeout=20).ok
+        where = f"{sshd.user}@{sshd.host}:{sshd.port}"
+        assert transport.info.extra["proxy_jump"] == f"{where},{where}"
+        assert transport.info.extra["proxy_jump_host_keys"] == f"{sshd.host_fingerprint},{sshd.host_fingerprint}"
+
+
 def test_the_target_behind_a_bastion_is_dialled_by_the_bastion_never_directly(sshd: SSHD, tmp_path: Path) -> None:
     # The bastion logs in with a key of its own that sshd lets forward only to a port nothing listens on
     # (permitopen): going through the bastion must fail, where dialling the target directly would work.
