@@ -116,6 +116,7 @@ def test_run_reports_host_key_fingerprint_in_ssh_keygen_format(
 
 def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Path) -> None:
     with connect(sshd, become=True) as transport:
+        assert transport.info.extra["become"] == "sudo"
         before = Path(sshd.fake_sudo_log).read_text() if os.path.exists(sshd.fake_sudo_log) else ""
         assert transport.run(["id", "-u"], timeout=20).out == "0\n"
         dest = tmp_path / "become" / "file.txt"
@@ -175,8 +176,11 @@ def test_put_replaces_by_rename_keeps_the_mode_and_leaves_no_temp(
 def test_put_into_a_path_under_a_regular_file_fails_cleanly(
         ssh_transport: SSHTransport, tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("not a directory")
-    with pytest.raises(TransportError):
+    with pytest.raises(TransportError, match=re.escape(f"(not_a_directory): {tmp_path}/plain exists and is not a "
+                                                       "directory")):
         ssh_transport.put(b"x", str(tmp_path / "plain" / "sub" / "f"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"] and (tmp_path / "plain").read_text() == \
+        "not a directory"
 
 
 def test_get_of_a_missing_file_is_none(ssh_transport: SSHTransport, tmp_path: Path) -> None:
