@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -417,6 +418,11 @@ def test_put_creates_missing_parents_only_when_asked_and_says_which(client: Agen
     assert reply.created_dirs == (str(tmp_path / "a"), str(tmp_path / "a" / "b"))
     assert (tmp_path / "a" / "b" / "new.txt").read_bytes() == b"x"
     assert client.put(str(tmp_path / "a" / "b" / "new.txt"), b"y", mkdirs=True).created_dirs == ()
+    # A directory the kernel will not make (a name past NAME_MAX): the ones made before it are removed again.
+    too_long = tmp_path / "c" / ("d" * 300)
+    with pytest.raises(TransportError, match=re.escape(f"(os_error): cannot create directory {too_long}: ")):
+        client.put(str(too_long / "new.txt"), b"x", mkdirs=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
 def test_stat_of_odd_names_is_structured(client: AgentClient, tmp_path: Path) -> None:
