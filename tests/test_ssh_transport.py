@@ -447,13 +447,14 @@ Host myalias
         assert transport.run(["true"], timeout=20).ok
 
 
-def test_proxy_jump_through_a_bastion(sshd: SSHD, tmp_path: Path) -> None:
-    config = _write_ssh_config(tmp_path / "config", f"""
+def _bastion_config(sshd: SSHD, path: Path, bastion_key: str) -> str:
+    """`behind` through `bastion`, both on the fixture's sshd; the bastion logs in with bastion_key."""
+    return _write_ssh_config(path, f"""
 Host bastion
     HostName {sshd.host}
     Port {sshd.port}
     User {sshd.user}
-    IdentityFile {sshd.client_key}
+    IdentityFile {bastion_key}
 Host behind
     HostName {sshd.host}
     Port {sshd.port}
@@ -461,6 +462,10 @@ Host behind
     IdentityFile {sshd.client_key}
     ProxyJump bastion
 """)
+
+
+def test_proxy_jump_through_a_bastion(sshd: SSHD, tmp_path: Path) -> None:
+    config = _bastion_config(sshd, tmp_path / "config", sshd.client_key)
     with SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts,
                       ssh_config=config, connect_timeout=5) as transport:
         assert transport.run(["echo", "through"], timeout=20).out == "through\n"
@@ -493,19 +498,7 @@ def test_the_target_behind_a_bastion_is_dialled_by_the_bastion_never_directly(ss
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
     with open(Path(sshd.workdir) / "authorized_keys", "a") as authorized:
         authorized.write(f'permitopen="127.0.0.1:1" {key.with_name("bastion_key.pub").read_text()}')
-    config = _write_ssh_config(tmp_path / "config", f"""
-Host bastion
-    HostName {sshd.host}
-    Port {sshd.port}
-    User {sshd.user}
-    IdentityFile {key}
-Host behind
-    HostName {sshd.host}
-    Port {sshd.port}
-    User {sshd.user}
-    IdentityFile {sshd.client_key}
-    ProxyJump bastion
-""")
+    config = _bastion_config(sshd, tmp_path / "config", str(key))
     with pytest.raises(ConnectError, match=re.escape(f"behind: jump host {sshd.user}@{sshd.host}:{sshd.port} could "
                                                      f"not reach {sshd.host}:{sshd.port}")):
         SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts, ssh_config=config,
