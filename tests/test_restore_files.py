@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -173,3 +174,73 @@ def test_pre_run_bytes_kept_in_the_run_dir_restore_a_file_git_does_not_track(
     rec.before = record.keep_before(0, b"untracked before\n")
     assert restore_files(context, [rec], before, TRAILER, record).restored == ["pkg/a.py"]
     assert target.file("pkg/a.py") == "untracked before\n"
+
+
+def test_a_dest_whose_name_starts_with_a_dash_is_unstaged_and_restored(target: Project, context: Context) -> None:
+    context.git_dir = str(target.repo / ".git")
+    dash = target.repo / "-n.py"
+    dash.write_text("N = 1\n")
+    git(target.repo, "add", "--", "-n.py")
+    git(target.repo, "commit", "-q", "-m", "a name git could take for an option")
+    before = target.head()
+    dash.write_text("N = 2\n")
+    git(target.repo, "add", "--", "-n.py")
+    rec = FileRecord(dest="-n.py", path=str(dash), existed=True, tracked=True, sha256=sha("N = 1\n"),
+                     new_sha256=sha("N = 2\n"), new_blob=git_blob_id(b"N = 2\n"), mode=0o644)
+    assert restore_files(context, [rec], before, TRAILER, None).restored == ["-n.py"]
+    assert dash.read_text() == "N = 1\n" and git(target.repo, "diff", "--cached", "--name-only") == ""
+
+
+def test_pre_run_bytes_larger_than_a_command_capture_come_back_whole_from_gits_objects(
+        target: Project, context: Context) -> None:
+    context.git_dir = str(target.repo / ".git")
+    big = target.repo / "model.bin"
+    data = os.urandom(9 << 20)  # past the 8 MiB a command's output keeps by default
+    big.write_bytes(data)
+    git(target.repo, "add", "model.bin")
+    git(target.repo, "commit", "-q", "-m", "weights")
+    before = target.head()
+    big.write_bytes(b"new")
+    rec = FileRecord(dest="model.bin", path=str(big), existed=True, tracked=True,
+                     sha256=hashlib.sha256(data).hexdigest(), new_sha256=sha("new"), mode=0o644)
+    assert restore_files(context, [rec], before, TRAILER, None).restored == ["model.bin"]
+    assert big.read_bytes() == data
+
+
+# Stands in for a tool whose failure this suite cannot cause for real (we run as root, on tmpfs: no read-only
+# mount, no full disk): the call with an argument matching the pattern fails; every other call runs the tool.
+FAILING_TOOL = """#!/bin/sh
+for arg; do case $arg in {pattern}) echo "{tool}: refused by the test" >&2; exit 1;; esac; done
+exec {real} "$@"
+"""
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)  # the stand-in goes on the local agent's PATH
+@pytest.mark.parametrize(("tool", "pattern", "what"), [
+    ("git", "rev-parse", "cannot read HEAD"),
+    ("git", "reset", "cannot unstage the run's files"),
+    ("git", "--soft", "cannot undo the run's commit"),
+    ("rm", "*.tmp", "cannot remove the upload's temp files"),
+])
+def test_a_restore_command_that_fails_stops_the_restore_naming_it_and_how_to_finish(
+        target: Project, context: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        tool: str, pattern: str, what: str) -> None:
+    context.git_dir = str(target.repo / ".git")
+    before = target.head()
+    files = [changed_a(target), new_c(target)]
+    (target.repo / "pkg" / ".a.py.deployer-x1.tmp").write_text("partial")
+    if pattern == "--soft":
+        git(target.repo, "commit", "-q", "-m", f"fix\n\n{TRAILER}")
+    real = shutil.which(tool)
+    stand_in = tmp_path / "bin" / tool
+    stand_in.parent.mkdir()
+    stand_in.write_text(FAILING_TOOL.format(tool=tool, pattern=pattern, real=real))
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in.parent}{os.pathsep}{os.environ['PATH']}")  # the agent starts now
+    with pytest.raises(RollbackFailed) as caught:
+        restore_files(context, files, before, TRAILER, None)
+    said = str(caught.value)
+    assert said.startswith(f"restoring the target failed: step '?' failed: {what}\n  command: "), said
+    assert f"{tool}: refused by the test" in said
+    assert said.endswith(f". The files pkg/a.py, pkg/new/c.py may hold the new bytes; HEAD should be {before}. "
+                         "Finish it with: deployer recover t"), said
