@@ -66,7 +66,7 @@ AREAS = {
                                        "SSHTransport._pin", "_HostKeyGate.missing_host_key", "_ends_with_newline")},
         ("tests/test_ssh_transport.py", "tests/test_ssh_apply.py", "tests/test_cli_json.py",
          "-k", "host_key or known_hosts or bastion or accept or proxy_jump or fingerprint or become_wraps "
-               "or use_after_close or silent_server or agent_authenticates")),
+               "or use_after_close or silent_server or agent_authenticates or default_keys")),
     # Rollback: trusting the log only as far as the target's history vouches for it, refusing what changed
     # since or was rolled back already, and the engine's on_failure rollback after the commit.
     "rollback": Area(
@@ -76,7 +76,8 @@ AREAS = {
         ("tests/test_safety_git.py", "tests/test_rollback_lock.py", "tests/test_readme_claims.py",
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "
                "rolling_back or cut_off) and not co_restart and not second_apply and not failed_run_releases "
-               "and not sigkill_leaves and not secret and not lock_path and not keeps_the_files_owner"),
+               "and not sigkill_leaves and not secret and not lock_path and not keeps_the_files_owner "
+               "and not sigint_after"),
         disable="number,fstring"),
     # Run-log verify: the seal, chain, sequence, truncation and artifact checks.
     "run-log-verify": Area(
