@@ -289,10 +289,22 @@ def test_accept_new_pins_the_key_then_reject_trusts_it(sshd: SSHD, tmp_path: Pat
     keytype, fp = sshd.host_fingerprint.split()
     assert pinned == [(entry, keytype, fp)]
     assert stat.S_IMODE(known_hosts.stat().st_mode) == 0o600
+    assert stat.S_IMODE(known_hosts.parent.stat().st_mode) == 0o700  # made for it, like ~/.ssh
     assert known_hosts.read_text() == f"{entry} {sshd.host_pubkey_line}\n"
     with connect(sshd, known_hosts=str(known_hosts), host_key_policy="reject") as transport:
         assert transport.run(["true"], timeout=20).ok
     assert len(known_hosts.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("last_line_ends", ["\n", ""], ids=["with-newline", "without-newline"])
+def test_accept_new_appends_a_line_of_its_own_whatever_the_last_line_ends_with(
+        sshd: SSHD, tmp_path: Path, last_line_ends: str) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    other = f"[other.invalid]:2222 {sshd.host_pubkey_line}"
+    known_hosts.write_text(other + last_line_ends)
+    with connect(sshd, known_hosts=str(known_hosts), host_key_policy="accept-new") as transport:
+        assert transport.run(["true"], timeout=20).ok
+    assert known_hosts.read_text() == f"{other}\n[127.0.0.1]:{sshd.port} {sshd.host_pubkey_line}\n"
 
 
 def test_hashed_known_hosts_entries_are_honoured(sshd: SSHD, tmp_path: Path) -> None:
