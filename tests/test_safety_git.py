@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -207,12 +208,16 @@ def test_rollback_and_its_plan_refuse_a_log_that_fails_verify(target: Project) -
     run_id = apply_fix(target)
     path = log_path(target, run_id)
     before = run_end(read_events(target, run_id))["git"]["before"]
-    path.write_text(path.read_text().replace(f'"before": "{before}"', f'"before": "{"0" * 40}"'))
+    path.write_text(path.read_text().replace(f'"before": "{before}"', f'"before": "{"0" * 40}"')
+                    .replace('"playbook_name": "answer fix"', '"playbook_name": "answer fiX"'))  # a second line
     head = target.head()
     for command in (("rollback", run_id), ("plan", "--rollback", run_id)):
         result = target.deployer(*command)
         assert result.returncode == 5, result.stderr
         assert "does not match its own hash" in result.stderr and "runs verify" in result.stderr
+        # Every problem on a line of its own, under the refusal.
+        assert re.search(r"refusing to act on it:\n  line 1: [^\n]*own hash[^\n]*\n  line \d+: ", result.stderr), \
+            result.stderr
     assert target.head() == head and target.file("pkg/a.py") == FIXED_A
 
 
