@@ -92,6 +92,9 @@ def test_restore_gives_back_bytes_owner_and_mode_and_clears_what_the_run_left(
     assert not (target.repo / ".git" / "index.lock").exists()
     assert [e["path"] for e in seen if e["type"] == "index_lock_removed"] == [str(target.repo / ".git" / "index.lock")]
     assert git(target.repo, "diff", "--cached", "--name-only") == "README\n" and target.head() == before
+    # The directory and owner clean-ups ran without an error (their exit codes are logged, not checked).
+    cleanups = [e for e in seen if e["type"] == "command" and re.search(r"\b(rmdir|chown) ", e["command"])]
+    assert [e["exit_code"] for e in cleanups] == [0, 0], cleanups
     # The pre-run bytes came from git's objects; the command that read them logged no file content.
     shown = [e for e in seen if e["type"] == "command" and "cat-file" in e["command"]]
     assert len(shown) == 1 and shown[0]["stdout_tail"] == ""
@@ -100,6 +103,17 @@ def test_restore_gives_back_bytes_owner_and_mode_and_clears_what_the_run_left(
     again = restore_files(context, files, before, TRAILER, None)
     assert (again.restored, again.removed, again.temps) == ([], [], [])
     assert len([e for e in seen if e["type"] == "index_lock_removed"]) == 1
+
+
+def test_a_new_directory_that_now_holds_someone_elses_file_is_left_without_an_error(
+        target: Project, context: Context) -> None:
+    context.git_dir = str(target.repo / ".git")
+    rec = new_c(target)
+    (target.repo / "pkg" / "new" / "theirs.txt").write_text("not the run's\n")
+    seen = events_of(context)
+    assert restore_files(context, [rec], target.head(), TRAILER, None).removed == ["pkg/new/c.py"]
+    assert [p.name for p in (target.repo / "pkg" / "new").iterdir()] == ["theirs.txt"]
+    assert [e["exit_code"] for e in seen if e["type"] == "command" and "rmdir " in e["command"]] == [0]
 
 
 def test_restore_drops_the_runs_own_commit(target: Project, context: Context) -> None:
