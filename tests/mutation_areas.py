@@ -58,7 +58,8 @@ AREAS = {
          "tests/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
          "tests/test_chain.py::test_shipped_and_restored_files_keep_their_owner[local]",
          "-k", "put or upload or corrupt or cut_write or a_local_write or apply or new_file or large_payload "
-               "or bad_requests or any_mode or become_wraps or verify_on_disk or keep_their_owner")),
+               "or bad_requests or any_mode or become_wraps or verify_on_disk or keep_their_owner "
+               "or give_the_file_back")),
     # Host keys: known_hosts, reject / accept-new, the pin, a changed key, every ProxyJump hop's key.
     "host-key": Area(
         {"deployer/transport/ssh.py": ("fingerprint", "host_entry", "_Endpoint.entry", "SSHTransport.__init__",

@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -389,6 +390,29 @@ def test_put_keeps_the_owner_unless_told_not_to_and_makes_parents_only_when_aske
     assert raw.reply()["error"]["type"] == "no_parent" and not (tmp_path / "new").exists()
     assert client.put(str(dest), b"given up\n", keep_owner=False).owner_kept is None
     assert (dest.stat().st_uid, dest.stat().st_gid, dest.read_text()) == (0, os.getegid(), "given up\n")
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # outside /root, so another user can run it
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(SYSTEM_PYTHON),
+                    reason="runs the agent as another user")
+def test_an_agent_that_may_not_give_the_file_back_to_its_owner_says_so() -> None:
+    # An agent running as nobody replaces root's file: the rename works (the directory lets it), the chown cannot.
+    shared = Path(tempfile.mkdtemp())  # not under pytest's 0700 tmp dir: nobody must reach it
+    try:
+        shared.chmod(0o777)
+        dest = shared / "roots.txt"
+        dest.write_text("old\n")
+        dest.chmod(0o644)
+        python = shared / "python-as-nobody"
+        python.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {SYSTEM_PYTHON} "$@"\n')
+        python.chmod(0o755)
+        with AgentClient.spawn_local(str(python)) as agent:
+            reply = agent.put(str(dest), b"new\n")
+        assert (reply.owner_kept, reply.uid, dest.stat().st_uid, dest.read_text()) == (False, 65534, 65534, "new\n")
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_a_failed_put_leaves_the_tree_as_it_was(client: AgentClient, tmp_path: Path) -> None:
