@@ -231,6 +231,9 @@ def test_a_log_rechained_wholesale_is_caught_against_the_targets_history(target:
     assert target.deployer("runs", "verify", run_id).returncode == 0  # the chain alone cannot tell
     checked = target.deployer("runs", "verify", run_id, "--target")
     assert checked.returncode == 5 and "Deployer-Log" in checked.stderr
+    said = re.search(r"commit [0-9a-f]{12} on the target has Deployer-Log sha256:[0-9a-f]{64}, which matches no "
+                     r"beginning of this log: the log was rewritten after that commit\n", checked.stderr)
+    assert said, checked.stderr
     for command in (("rollback", run_id), ("plan", "--rollback", run_id)):
         result = target.deployer(*command)
         assert result.returncode == 5, result.stderr
