@@ -19,6 +19,11 @@ import pytest
 import yaml
 from fixtures_netns import Netns
 
+from deployer.command import Masker
+from deployer.config import FileSpec, Host, Playbook
+from deployer.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.transport.factory import open_transport
+
 ORIGINAL_A = "def answer():\n    return 41\n"
 FIXED_A = "def answer():\n    return 42\n\n\ndef extra():\n    return 'new'\n"
 ORIGINAL_B = "VALUE = 1\n"
@@ -162,3 +167,18 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
     project.write_inventory()
     project.write("fix/a.py", FIXED_A)
     yield project
+
+
+@pytest.fixture
+def context(target: Project) -> Iterator[Context]:
+    """A Context on the target, for calling deployer's functions directly (with inputs the loader would refuse)."""
+    host = Host.model_validate(target.host)
+    bus = EventBus(Masker(), target.host_name)
+    model = Playbook(name="t", files=[FileSpec(src="a.py", dest="pkg/a.py")], steps=["upload"])
+    playbook = LoadedPlaybook(path=target.root / "fix.yaml", raw=b"", model=model, sources={}, patch=None)
+    transport = open_transport(target.host_name, host, bus)
+    try:
+        yield Context(run_id="t", host_name=target.host_name, host=host, transport=transport, playbook=playbook,
+                      bus=bus, cancel=CancelToken())
+    finally:
+        transport.close()

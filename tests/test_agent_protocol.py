@@ -9,12 +9,14 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import select
 import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -284,6 +286,8 @@ def test_bad_requests_get_error_replies_and_the_agent_keeps_serving(raw: RawAgen
         ({"id": 55, "op": "run", "argv": ["true"], "timeout": float("nan")}, "bad_request"),
         ({"id": 56, "op": "put", "path": "/tmp/x", "data": "", "sha256": hashlib.sha256(b"").hexdigest(),
           "mode": 0o100644}, "bad_request"),
+        ({"id": 57, "op": "put", "path": "/tmp/x", "data": "", "sha256": hashlib.sha256(b"").hexdigest(),
+          "mode": 0o10000}, "bad_request"),  # one past the permission bits: a file type bit
         ({"id": 6, "op": "put", "path": "relative.txt", "data": "", "sha256": "x"}, "bad_request"),
         ({"id": 7, "op": "put", "path": "/tmp/x", "data": "!!", "sha256": "x"}, "bad_request"),
         ({"id": 8, "op": "stat", "paths": [1]}, "bad_request"),
@@ -297,6 +301,13 @@ def test_bad_requests_get_error_replies_and_the_agent_keeps_serving(raw: RawAgen
             assert reply["result"]["failed"] == 0
         else:
             assert (reply["ok"], reply["error"]["type"]) == (False, kind), reply
+    # A put without its bytes or without their sha256 is refused naming the field, not checked against nothing.
+    for missing in ("data", "sha256"):
+        put = {"id": missing, "op": "put", "path": "/tmp/x", "data": "", "sha256": hashlib.sha256(b"").hexdigest()}
+        del put[missing]
+        raw.send(frame(put))
+        error = raw.reply()["error"]
+        assert (error["type"], error["message"]) == ("bad_request", f"missing field '{missing}'"), error
     # A declared length past the limit is answered at once, then skipped when the bytes follow.
     raw.send(HEADER.pack(agent_mod.MAX_FRAME + 1))
     assert raw.reply()["error"]["type"] == "frame_too_large"
@@ -358,6 +369,53 @@ def test_put_replaces_atomically_and_keeps_owner_and_mode(client: AgentClient, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf.py"]  # no temp file left behind
 
 
+@pytest.mark.parametrize("mode", [0, 0o7777])
+def test_put_sets_any_mode_from_0_to_7777_exactly(client: AgentClient, tmp_path: Path, mode: int) -> None:
+    reply = client.put(str(tmp_path / "f"), b"x", mode=mode)
+    assert reply.mode == mode == os.stat(tmp_path / "f").st_mode & 0o7777
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another owner")
+def test_put_keeps_the_owner_unless_told_not_to_and_makes_parents_only_when_asked(
+        raw: RawAgent, client: AgentClient, tmp_path: Path) -> None:
+    dest = tmp_path / "owned.txt"
+    dest.write_text("old\n")
+    os.chown(dest, 1234, 5678)
+    defaults = Put(str(dest), b"by default\n").wire()  # a request that leaves the options to the agent
+    del defaults["keep_owner"], defaults["mkdirs"]
+    raw.send(frame({"id": 1, **defaults}))
+    assert raw.reply()["result"]["owner_kept"] is True and (dest.stat().st_uid, dest.stat().st_gid) == (1234, 5678)
+    deeper = Put(str(tmp_path / "new" / "f.txt"), b"x").wire()
+    del deeper["mkdirs"]
+    raw.send(frame({"id": 2, **deeper}))
+    assert raw.reply()["error"]["type"] == "no_parent" and not (tmp_path / "new").exists()
+    assert client.put(str(dest), b"given up\n", keep_owner=False).owner_kept is None
+    assert (dest.stat().st_uid, dest.stat().st_gid, dest.read_text()) == (0, os.getegid(), "given up\n")
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # outside /root, so another user can run it
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(SYSTEM_PYTHON),
+                    reason="runs the agent as another user")
+def test_an_agent_that_may_not_give_the_file_back_to_its_owner_says_so() -> None:
+    # An agent running as nobody replaces root's file: the rename works (the directory lets it), the chown cannot.
+    shared = Path(tempfile.mkdtemp())  # not under pytest's 0700 tmp dir: nobody must reach it
+    try:
+        shared.chmod(0o777)
+        dest = shared / "roots.txt"
+        dest.write_text("old\n")
+        dest.chmod(0o644)
+        python = shared / "python-as-nobody"
+        python.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {SYSTEM_PYTHON} "$@"\n')
+        python.chmod(0o755)
+        with AgentClient.spawn_local(str(python)) as agent:
+            reply = agent.put(str(dest), b"new\n")
+        assert (reply.owner_kept, reply.uid, dest.stat().st_uid, dest.read_text()) == (False, 65534, 65534, "new\n")
+    finally:
+        shutil.rmtree(shared)
+
+
 def test_a_failed_put_leaves_the_tree_as_it_was(client: AgentClient, tmp_path: Path) -> None:
     dest = tmp_path / "keep.txt"
     dest.write_text("original\n")
@@ -365,7 +423,8 @@ def test_a_failed_put_leaves_the_tree_as_it_was(client: AgentClient, tmp_path: P
     link.symlink_to(dest)
     with pytest.raises(TransportError, match="no_parent"):
         client.put(str(tmp_path / "a" / "b" / "new.txt"), b"x")
-    with pytest.raises(TransportError, match="not_a_file"):
+    with pytest.raises(TransportError, match=re.escape(f"(not_a_file): {link} is a symlink; put replaces regular "
+                                                       "files only")):
         client.put(str(link), b"x")
     # Bytes that do not match their sha256 (damaged on the way) never reach the disk.
     wire = Put(str(dest), b"tampered").wire()
@@ -385,6 +444,11 @@ def test_put_creates_missing_parents_only_when_asked_and_says_which(client: Agen
     assert reply.created_dirs == (str(tmp_path / "a"), str(tmp_path / "a" / "b"))
     assert (tmp_path / "a" / "b" / "new.txt").read_bytes() == b"x"
     assert client.put(str(tmp_path / "a" / "b" / "new.txt"), b"y", mkdirs=True).created_dirs == ()
+    # A directory the kernel will not make (a name past NAME_MAX): the ones made before it are removed again.
+    too_long = tmp_path / "c" / ("d" * 300)
+    with pytest.raises(TransportError, match=re.escape(f"(os_error): cannot create directory {too_long}: ")):
+        client.put(str(too_long / "new.txt"), b"x", mkdirs=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
 def test_stat_of_odd_names_is_structured(client: AgentClient, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,9 +22,17 @@ def run_dirs(project: Project) -> list[Path]:
     return sorted(p for p in project.runs.iterdir()) if project.runs.exists() else []
 
 
+def last_run_events(project: Project) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dirs(project)[-1] / "events.jsonl").read_text().splitlines()]
+
+
 def last_run_end(project: Project) -> dict[str, object]:
-    events = [json.loads(line) for line in (run_dirs(project)[-1] / "events.jsonl").read_text().splitlines()]
-    return next(e for e in events if e["type"] == "run_end")
+    return next(e for e in last_run_events(project) if e["type"] == "run_end")
+
+
+def uploaded(project: Project) -> list[tuple[object, object]]:
+    """What the run log says the upload step put on the target: sha256 and size of each file, in order."""
+    return [(e["sha256"], e["size"]) for e in last_run_events(project) if e["type"] == "uploaded"]
 
 
 def test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files(target: Project) -> None:
@@ -38,6 +47,8 @@ def test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files(targe
     assert result.returncode == 0, result.stderr + result.stdout
     assert target.file("pkg/a.py") == FIXED_A
     assert target.file("pkg/sub/new_mod.py") == "NEW = True\n"
+    assert uploaded(target) == [(hashlib.sha256(FIXED_A.encode()).hexdigest(), len(FIXED_A)),
+                                (hashlib.sha256(b"NEW = True\n").hexdigest(), 11)]
     assert git(target.repo, "rev-parse", "HEAD~1").strip() == before
     changed = git(target.repo, "diff", "--name-only", "HEAD~1", "HEAD").split()
     assert sorted(changed) == ["pkg/a.py", "pkg/sub/new_mod.py"]

@@ -327,8 +327,12 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
     assert proc.returncode == 130, "".join(lines)
     assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
     assert not (target.repo / ".git" / "deployer.lock").exists()
-    end = next(e for e in events(target) if e["type"] == "run_end")
+    logged = events(target)
+    end = next(e for e in logged if e["type"] == "run_end")
     assert end["status"] == "canceled"
+    # The forced stop killed the remote_compile still running on the target, so the restore was not queued behind it.
+    killed = [e["count"] for e in logged if e["type"] == "commands_killed"]
+    assert killed and all(count >= 1 for count in killed), killed
 
 
 # -- hosts, secrets, defaults ---------------------------------------------------------------------

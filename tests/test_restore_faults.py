@@ -61,8 +61,13 @@ def assert_restored(project: Project, head: str) -> None:
     assert project.head() == head
     assert git(project.repo, "diff", "--cached", "--name-only") == ""
     assert git(project.repo, "status", "--porcelain", "--untracked-files=no") == ""
-    end = next(e for e in last_run(project) if e["type"] == "run_end")
+    events = last_run(project)
+    end = next(e for e in events if e["type"] == "run_end")
     assert end["status"] == "failed" and end["facts"]["restored"] == ["pkg/a.py"]
+    # The restore's own event and commands are logged under the step "restore".
+    restore = next(e for e in events if e["type"] == "restore")
+    assert (restore["step"], restore["restored"], restore["head"]) == ("restore", ["pkg/a.py"], head)
+    assert any(e["type"] == "command" and e["step"] == "restore" for e in events)
 
 
 def test_a_commit_git_refuses_restores_the_files_and_resets_the_index(target: Project) -> None:

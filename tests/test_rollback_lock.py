@@ -92,7 +92,8 @@ def test_rollback_refuses_unknown_uncommitted_and_foreign_runs(target: Project) 
     target.playbook(steps=["upload", {"diff_bounds": {"files": 7}}, {"commit": {"message": "m"}}])
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1
     failed = target.deployer("rollback", newest_run(target))
-    assert failed.returncode == 2 and "made no commit" in failed.stderr
+    assert failed.returncode == 2 and "made no commit (status failed); there is nothing to roll back. A run that " \
+        "failed before its commit restored the target itself.\n" in failed.stderr, failed.stderr
 
     target.playbook()
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0

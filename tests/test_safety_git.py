@@ -8,21 +8,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, tree_snapshot
 
-from deployer.command import Masker
-from deployer.config import FileSpec, Host, Playbook
-from deployer.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.context import Context
 from deployer.errors import StepFailed
 from deployer.preflight import refuse_unsafe_dests
 from deployer.runlog import GENESIS, RunLogWriter, seal
-from deployer.transport.factory import open_transport
 
 FIXED_B = "VALUE = 2\n"
 CONN = "python/sglang/srt/disaggregation/common/conn.py"
@@ -62,21 +60,6 @@ def commit_symlink(project: Project, name: str, points_to: str) -> None:
     os.symlink(points_to, project.repo / name)
     git(project.repo, "add", "--", name)
     git(project.repo, "commit", "-q", "-m", f"track {name}")
-
-
-@pytest.fixture
-def context(target: Project) -> Iterator[Context]:
-    """A Context on the target, for calling a preflight check with inputs the loader would refuse."""
-    host = Host.model_validate(target.host)
-    bus = EventBus(Masker(), target.host_name)
-    model = Playbook(name="t", files=[FileSpec(src="a.py", dest="pkg/a.py")], steps=["upload"])
-    playbook = LoadedPlaybook(path=target.root / "fix.yaml", raw=b"", model=model, sources={}, patch=None)
-    transport = open_transport(target.host_name, host, bus)
-    try:
-        yield Context(run_id="t", host_name=target.host_name, host=host, transport=transport, playbook=playbook,
-                      bus=bus, cancel=CancelToken())
-    finally:
-        transport.close()
 
 
 # -- item 1: paths read back from the target are NUL-delimited --------------------------------------------
@@ -225,12 +208,16 @@ def test_rollback_and_its_plan_refuse_a_log_that_fails_verify(target: Project) -
     run_id = apply_fix(target)
     path = log_path(target, run_id)
     before = run_end(read_events(target, run_id))["git"]["before"]
-    path.write_text(path.read_text().replace(f'"before": "{before}"', f'"before": "{"0" * 40}"'))
+    path.write_text(path.read_text().replace(f'"before": "{before}"', f'"before": "{"0" * 40}"')
+                    .replace('"playbook_name": "answer fix"', '"playbook_name": "answer fiX"'))  # a second line
     head = target.head()
     for command in (("rollback", run_id), ("plan", "--rollback", run_id)):
         result = target.deployer(*command)
         assert result.returncode == 5, result.stderr
         assert "does not match its own hash" in result.stderr and "runs verify" in result.stderr
+        # Every problem on a line of its own, under the refusal.
+        assert re.search(r"refusing to act on it:\n  line 1: [^\n]*own hash[^\n]*\n  line \d+: ", result.stderr), \
+            result.stderr
     assert target.head() == head and target.file("pkg/a.py") == FIXED_A
 
 
@@ -244,6 +231,9 @@ def test_a_log_rechained_wholesale_is_caught_against_the_targets_history(target:
     assert target.deployer("runs", "verify", run_id).returncode == 0  # the chain alone cannot tell
     checked = target.deployer("runs", "verify", run_id, "--target")
     assert checked.returncode == 5 and "Deployer-Log" in checked.stderr
+    said = re.search(r"commit [0-9a-f]{12} on the target has Deployer-Log sha256:[0-9a-f]{64}, which matches no "
+                     r"beginning of this log: the log was rewritten after that commit\n", checked.stderr)
+    assert said, checked.stderr
     for command in (("rollback", run_id), ("plan", "--rollback", run_id)):
         result = target.deployer(*command)
         assert result.returncode == 5, result.stderr

@@ -109,10 +109,14 @@ def test_run_reports_host_key_fingerprint_in_ssh_keygen_format(
                             capture_output=True, text=True).stdout.split()[1]
     assert ssh_transport.info.kind == "ssh"
     assert ssh_transport.info.host_key_fingerprint == f"ssh-ed25519 {listed}" == sshd.host_fingerprint
+    # What the run log records of the connection: no jump host, no become.
+    assert ssh_transport.info.extra == {"address": sshd.host, "hostname": sshd.host, "port": str(sshd.port),
+                                        "user": sshd.user, "known_hosts": sshd.known_hosts}
 
 
 def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Path) -> None:
     with connect(sshd, become=True) as transport:
+        assert transport.info.extra["become"] == "sudo"
         before = Path(sshd.fake_sudo_log).read_text() if os.path.exists(sshd.fake_sudo_log) else ""
         assert transport.run(["id", "-u"], timeout=20).out == "0\n"
         dest = tmp_path / "become" / "file.txt"
@@ -127,6 +131,10 @@ def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Pat
     # One agent, started under sudo -n; every command and file access above went through it.
     calls = Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines()
     assert len(calls) == 1 and calls[0].startswith("-n -- python3"), calls
+    # Without become (the default) nothing goes through sudo.
+    with connect(sshd) as plain:
+        assert plain.run(["true"], timeout=20).ok and "become" not in plain.info.extra
+    assert Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines() == calls
 
 
 # -- put / get -------------------------------------------------------------------------------
@@ -168,8 +176,11 @@ def test_put_replaces_by_rename_keeps_the_mode_and_leaves_no_temp(
 def test_put_into_a_path_under_a_regular_file_fails_cleanly(
         ssh_transport: SSHTransport, tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("not a directory")
-    with pytest.raises(TransportError):
+    with pytest.raises(TransportError, match=re.escape(f"(not_a_directory): {tmp_path}/plain exists and is not a "
+                                                       "directory")):
         ssh_transport.put(b"x", str(tmp_path / "plain" / "sub" / "f"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"] and (tmp_path / "plain").read_text() == \
+        "not a directory"
 
 
 def test_get_of_a_missing_file_is_none(ssh_transport: SSHTransport, tmp_path: Path) -> None:
@@ -257,8 +268,13 @@ def test_unknown_host_key_is_refused_before_login(sshd: SSHD, tmp_path: Path) ->
         connect(sshd, known_hosts=str(empty))  # connecting is where the key is checked
     message = str(caught.value)
     assert caught.value.exit_code == 4
-    assert sshd.host_fingerprint in message
-    assert "host_key_policy: accept-new" in message and "--accept-new-host-key" in message
+    assert message == (
+        f"sshd-test: host key of [127.0.0.1]:{sshd.port} is not in {empty}; refusing to connect "
+        "(host_key_policy: reject). Nothing was sent to it.\n"
+        f"  The server presented: {sshd.host_fingerprint}\n"
+        "  Compare it out of band (on the host: ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub),\n"
+        "  then accept it by setting `host_key_policy: accept-new` for this host in the\n"
+        "  inventory, or by passing --accept-new-host-key.")
     assert empty.read_text() == ""
     _assert_refused_before_login(sshd, logins, preauth_closes)
 
@@ -273,10 +289,22 @@ def test_accept_new_pins_the_key_then_reject_trusts_it(sshd: SSHD, tmp_path: Pat
     keytype, fp = sshd.host_fingerprint.split()
     assert pinned == [(entry, keytype, fp)]
     assert stat.S_IMODE(known_hosts.stat().st_mode) == 0o600
+    assert stat.S_IMODE(known_hosts.parent.stat().st_mode) == 0o700  # made for it, like ~/.ssh
     assert known_hosts.read_text() == f"{entry} {sshd.host_pubkey_line}\n"
     with connect(sshd, known_hosts=str(known_hosts), host_key_policy="reject") as transport:
         assert transport.run(["true"], timeout=20).ok
     assert len(known_hosts.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("last_line_ends", ["\n", ""], ids=["with-newline", "without-newline"])
+def test_accept_new_appends_a_line_of_its_own_whatever_the_last_line_ends_with(
+        sshd: SSHD, tmp_path: Path, last_line_ends: str) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    other = f"[other.invalid]:2222 {sshd.host_pubkey_line}"
+    known_hosts.write_text(other + last_line_ends)
+    with connect(sshd, known_hosts=str(known_hosts), host_key_policy="accept-new") as transport:
+        assert transport.run(["true"], timeout=20).ok
+    assert known_hosts.read_text() == f"{other}\n[127.0.0.1]:{sshd.port} {sshd.host_pubkey_line}\n"
 
 
 def test_hashed_known_hosts_entries_are_honoured(sshd: SSHD, tmp_path: Path) -> None:
@@ -316,8 +344,11 @@ def test_silent_server_fails_within_the_connect_timeout(sshd: SSHD) -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)  # accepts (in the kernel) and never says a word
         started = time.monotonic()
-        with pytest.raises(ConnectError, match="1s"):
-            connect(sshd, port=listener.getsockname()[1], connect_timeout=1.0)
+        port = listener.getsockname()[1]
+        with pytest.raises(ConnectError, match=re.escape(
+                f"sshd-test: the SSH handshake or authentication with {sshd.user}@{sshd.host}:{port} did not "
+                "complete within connect_timeout=1s")):
+            connect(sshd, port=port, connect_timeout=1.0)
         # Ignoring connect_timeout would wait for paramiko's 15 s banner timeout.
         assert time.monotonic() - started < 1.0 + 9.0
 
@@ -325,7 +356,8 @@ def test_silent_server_fails_within_the_connect_timeout(sshd: SSHD) -> None:
 def test_use_after_close_or_connection_loss_is_a_transport_error(sshd: SSHD) -> None:
     transport = connect(sshd)
     transport._transport.close()  # the connection drops under us
-    with pytest.raises(TransportError, match="lost"):
+    with pytest.raises(TransportError, match=f"sshd-test: SSH connection to {sshd.user}@{sshd.host}:{sshd.port} "
+                                             "was lost"):
         transport.run(["true"], timeout=10)
     transport.close()
     transport.close()  # idempotent
@@ -433,13 +465,14 @@ Host myalias
         assert transport.run(["true"], timeout=20).ok
 
 
-def test_proxy_jump_through_a_bastion(sshd: SSHD, tmp_path: Path) -> None:
-    config = _write_ssh_config(tmp_path / "config", f"""
+def _bastion_config(sshd: SSHD, path: Path, bastion_key: str) -> str:
+    """`behind` through `bastion`, both on the fixture's sshd; the bastion logs in with bastion_key."""
+    return _write_ssh_config(path, f"""
 Host bastion
     HostName {sshd.host}
     Port {sshd.port}
     User {sshd.user}
-    IdentityFile {sshd.client_key}
+    IdentityFile {bastion_key}
 Host behind
     HostName {sshd.host}
     Port {sshd.port}
@@ -447,10 +480,59 @@ Host behind
     IdentityFile {sshd.client_key}
     ProxyJump bastion
 """)
+
+
+def test_proxy_jump_through_a_bastion(sshd: SSHD, tmp_path: Path) -> None:
+    config = _bastion_config(sshd, tmp_path / "config", sshd.client_key)
     with SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts,
                       ssh_config=config, connect_timeout=5) as transport:
         assert transport.run(["echo", "through"], timeout=20).out == "through\n"
         assert transport.info.extra["proxy_jump"] == f"{sshd.user}@{sshd.host}:{sshd.port}"
+        assert transport.info.extra["proxy_jump_host_keys"] == sshd.host_fingerprint
+
+
+def test_every_hop_of_a_two_bastion_proxy_jump_is_recorded(sshd: SSHD, tmp_path: Path) -> None:
+    config = _write_ssh_config(tmp_path / "config", f"""
+Host hop1 hop2 behind
+    HostName {sshd.host}
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+Host behind
+    ProxyJump hop1,hop2
+""")
+    with SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts,
+                      ssh_config=config, connect_timeout=5) as transport:
+        assert transport.run(["true"], timeout=20).ok
+        where = f"{sshd.user}@{sshd.host}:{sshd.port}"
+        assert transport.info.extra["proxy_jump"] == f"{where},{where}"
+        assert transport.info.extra["proxy_jump_host_keys"] == f"{sshd.host_fingerprint},{sshd.host_fingerprint}"
+
+
+def test_the_target_behind_a_bastion_is_dialled_by_the_bastion_never_directly(sshd: SSHD, tmp_path: Path) -> None:
+    # The bastion logs in with a key of its own that sshd lets forward only to a port nothing listens on
+    # (permitopen): going through the bastion must fail, where dialling the target directly would work.
+    key = tmp_path / "bastion_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+    with open(Path(sshd.workdir) / "authorized_keys", "a") as authorized:
+        authorized.write(f'permitopen="127.0.0.1:1" {key.with_name("bastion_key.pub").read_text()}')
+    config = _bastion_config(sshd, tmp_path / "config", str(key))
+    with pytest.raises(ConnectError, match=re.escape(f"behind: jump host {sshd.user}@{sshd.host}:{sshd.port} could "
+                                                     f"not reach {sshd.host}:{sshd.port}")):
+        SSHTransport(name="behind", address="behind", known_hosts=sshd.known_hosts, ssh_config=config,
+                     connect_timeout=5)
+
+
+def test_known_hosts_comes_from_the_ssh_config_then_from_home(
+        sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = sshd.write_known_hosts(tmp_path / "pinned_known_hosts")
+    config = _write_ssh_config(tmp_path / "config",
+                               f"Host box\n    HostName {sshd.host}\n    UserKnownHostsFile {pinned} /dev/null\n")
+    with connect(sshd, address="box", known_hosts=None, ssh_config=config) as transport:
+        assert transport.info.extra["known_hosts"] == pinned
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.ssh/known_hosts there: the key is unknown
+    with pytest.raises(HostKeyError, match=re.escape(f"is not in {tmp_path}/home/.ssh/known_hosts; refusing")):
+        connect(sshd, known_hosts=None)
 
 
 def _aliased_jump_config(sshd: SSHD, path: Path) -> str:
@@ -534,10 +616,15 @@ def test_changed_host_key_is_refused_under_every_policy(sshd: SSHD, tmp_path: Pa
     for policy in ("reject", "accept-new"):
         with pytest.raises(HostKeyError) as caught:
             connect(sshd, known_hosts=str(old_known_hosts), host_key_policy=policy)
-        message = str(caught.value)
-        assert "HOST KEY CHANGED" in message
-        assert old_fingerprint in message and fingerprint_of(sshd.host_pubkey_line) in message
-        assert re.search(r"ssh-keygen -R .*127\.0\.0\.1\]:\d+", message)
+        assert str(caught.value) == (
+            f"sshd-test: HOST KEY CHANGED for [127.0.0.1]:{sshd.port}; refusing to connect (under every "
+            "host_key_policy).\n"
+            f"  known_hosts {old_known_hosts} pins: {old_fingerprint}\n"
+            f"  the server presented:       {fingerprint_of(sshd.host_pubkey_line)}\n"
+            "  Either the host was reinstalled or someone is intercepting the connection. Only if\n"
+            "  you have verified the new key out of band, remove the old entry with\n"
+            f"    ssh-keygen -R '[127.0.0.1]:{sshd.port}' -f {old_known_hosts}\n"
+            "  and connect once with --accept-new-host-key.")
     assert old_known_hosts.read_text() == pinned_before  # accept-new did not overwrite it
     with connect(sshd) as transport:  # the fixture's own known_hosts follows the rotation
         assert transport.run(["true"], timeout=20).ok
@@ -578,6 +665,17 @@ def test_env_values_never_appear_in_a_command_line_on_the_target(ssh_transport: 
                                timeout=30)
     assert result.ok, result.err
     assert result.out == f"{secret} 0\n"  # the value arrived literally, and no process shows it
+
+
+def test_without_an_identity_file_the_default_keys_in_home_are_tried(
+        sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # only ~/.ssh/id_* can authenticate
+    keys = tmp_path / "home" / ".ssh"
+    keys.mkdir(parents=True)
+    shutil.copy(sshd.client_key, keys / "id_ed25519")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with connect(sshd, identity_file=None) as transport:
+        assert transport.run(["true"], timeout=20).ok
 
 
 def test_a_key_held_by_ssh_agent_authenticates(sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,10 @@ The cut write limits the agent's file size (RLIMIT_FSIZE, inherited by the agent
 
 from __future__ import annotations
 
+import fnmatch
+import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +19,10 @@ from typing import Any
 import pytest
 from fixtures_ssh import SSHD, connect
 
+from deployer.agent import agent as agent_mod
 from deployer.agent.client import Put
 from deployer.errors import TransportError
+from deployer.run.restore import TEMP_GLOB
 
 
 class CorruptedPut(Put):
@@ -80,4 +85,22 @@ def test_a_local_write_that_is_cut_is_a_transport_error_naming_the_file(tmp_path
     dest = tmp_path / "keep.py"
     dest.write_bytes(b"precious\n")
     outcome = cut_local_write(dest)
-    assert outcome.startswith("TransportError:") and str(dest) in outcome, outcome
+    assert outcome == f"TransportError: local: agent refused 'put' (os_error): cannot write {dest}: File too large\n"
+
+
+def test_a_temp_file_that_does_not_verify_on_disk_is_removed_and_the_old_file_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes that change between the write and the read-back (a failing disk) cannot be made for real: here the
+    agent, run in this process, reads back a wrong digest (the one mock in this file)."""
+    dest = tmp_path / "keep.py"
+    dest.write_bytes(b"precious\n")
+    monkeypatch.setattr(agent_mod, "_sha256_file", lambda path: "f" * 64)
+    reply = agent_mod.Agent(b"", io.BytesIO(), io.BytesIO()).execute(Put(str(dest), b"new bytes\n").wire())
+    assert (reply["ok"], reply["error"]["type"]) == (False, "corrupt"), reply
+    expected = Put(str(dest), b"new bytes\n").wire()["sha256"]
+    said = re.fullmatch(f"(.+) did not verify on disk: sha256 {'f' * 64} != {expected}", reply["error"]["message"])
+    assert said is not None, reply
+    # The temp file was beside the dest, named as restore's clean-up looks for it, and is gone again.
+    temp = Path(said[1])
+    assert temp.parent == tmp_path and fnmatch.fnmatch(temp.name, TEMP_GLOB), temp
+    assert dest.read_bytes() == b"precious\n" and sorted(p.name for p in tmp_path.iterdir()) == ["keep.py"]
