@@ -591,8 +591,6 @@ class Engine:
             record.advance(Phase.failed_restored, utc_now())
             return
         ctx.bus.step = "restore"
-        # The restore must finish even when a signal caused it; a second signal still forces a stop.
-        ctx.cancel = CancelToken()
         stop_running(ctx)
         assert ctx.git_before is not None
         try:
