@@ -67,15 +67,8 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
     left = None
     if lock is not None:
         try:
-            try:
-                if sent is None:
-                    raise RequestSkipped("no release sent yet")
-                sent()
-            except RequestSkipped:
-                cleared = intent.remove(transport, settled.git_dir) if settled and settled.git_dir else None
-                lock.release()
-                if cleared is not None:
-                    cleared()
+            if not _done(sent):
+                send_release(lock, transport, settled.git_dir if settled else None)()
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
             bus.emit("lock_release_failed", path=lock.path, error=str(exc))
@@ -84,6 +77,31 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
     with contextlib.suppress(Exception):
         transport.close()
     return left
+
+
+def send_release(lock: DeployLock, transport: Transport, git_dir: str | None,
+                 after: Pending[Any] | None = None) -> Callable[[], None]:
+    """Send the intent record's removal (with a git dir: the run is settled) and the lock's release, to run only
+    if `after` succeeded when given; the returned check raises if either failed or was skipped."""
+    cleared = intent.remove(transport, git_dir, after=after) if git_dir else None
+    released = lock.send_release(after=after)
+
+    def check() -> None:
+        released()
+        if cleared is not None:
+            cleared()
+    return check
+
+
+def _done(sent: Callable[[], None] | None) -> bool:
+    """A release sent behind the run's last batch went through (False: none sent, or the agent skipped it)."""
+    if sent is None:
+        return False
+    try:
+        sent()
+    except RequestSkipped:
+        return False
+    return True
 
 
 def target_state(ctx: Context) -> str:
@@ -550,14 +568,7 @@ class Engine:
             return
 
         def behind(batch: Pending[Any]) -> None:
-            assert ctx.git_dir is not None
-            cleared = intent.remove(ctx.transport, ctx.git_dir, after=batch)
-            released = lock.send_release(after=batch)
-
-            def check() -> None:
-                cleared()
-                released()
-            self._released = check
+            self._released = send_release(lock, ctx.transport, ctx.git_dir, after=batch)
         ctx.closing = behind
 
     @staticmethod
