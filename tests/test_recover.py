@@ -96,12 +96,6 @@ def recover_twice(project: Project, run: Path, *extra: str) -> subprocess.Comple
     return first
 
 
-def hook(project: Project, name: str, script: Path) -> None:
-    path = project.repo / ".git" / "hooks" / name
-    path.write_text(f"#!/bin/sh\nexec {script}\n")
-    path.chmod(0o755)
-
-
 def commit_with_hooks() -> list[Any]:
     return ["local_compile", "upload", "remote_compile",
             {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},
@@ -116,7 +110,7 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
     before_tree, head = work_tree(target.repo), target.head()
     if moment == "pre-commit":
         script, marker = gate(target, "pre-commit")
-        hook(target, "pre-commit", script)
+        target.hook("pre-commit", f"#!/bin/sh\nexec {script}\n")
         target.playbook(steps=commit_with_hooks())
         reached: Callable[[], bool] = marker.exists
     else:
@@ -148,7 +142,7 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
 def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_says_so(target: Project) -> None:
     before = target.head()
     script, marker = gate(target, "post-commit")
-    hook(target, "post-commit", script)
+    target.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
     target.playbook(steps=commit_with_hooks())
     run = start_and_kill(target, marker.exists, "the post-commit hook")
     kill_marker(marker)
@@ -218,7 +212,7 @@ def test_killed_while_observing_or_restarting_recover_ends_the_run_consistently(
 def test_recover_from_another_machine_uses_the_intent_record_and_gits_objects(target: Project) -> None:
     before_tree, head = work_tree(target.repo), target.head()
     script, marker = gate(target, "pre-commit")
-    hook(target, "pre-commit", script)
+    target.hook("pre-commit", f"#!/bin/sh\nexec {script}\n")
     target.playbook(steps=commit_with_hooks())
     run = start_and_kill(target, marker.exists, "the pre-commit hook")
     kill_marker(marker)

@@ -44,12 +44,6 @@ rm -f "$tmp"
 UP_TO_COMMIT: list[Any] = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}}]
 
 
-def install_hook(project: Project, name: str, body: str) -> None:
-    hook = project.repo / ".git" / "hooks" / name
-    hook.write_text(body)
-    hook.chmod(0o755)
-
-
 def last_run(project: Project) -> list[dict[str, Any]]:
     run = sorted(project.runs.iterdir())[-1]
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
@@ -71,7 +65,7 @@ def assert_restored(project: Project, head: str) -> None:
 
 
 def test_a_commit_git_refuses_restores_the_files_and_resets_the_index(target: Project) -> None:
-    install_hook(target, "reference-transaction", ABORT_REF_UPDATE)
+    target.hook("reference-transaction", ABORT_REF_UPDATE)
     head = target.head()
     # hooks: true: deployer runs none of the repo's hooks otherwise, and this fault is one.
     target.playbook(steps=[*UP_TO_COMMIT, {"commit": {"message": "m", "hooks": True}}])
@@ -83,7 +77,7 @@ def test_a_commit_git_refuses_restores_the_files_and_resets_the_index(target: Pr
 
 def kill_commit_after_git_made_it(project: Project) -> tuple[str, str]:
     """Apply with a commit step whose `git commit` is killed by timeout_s after moving the branch."""
-    install_hook(project, "reference-transaction", STALL_AFTER_COMMIT)
+    project.hook("reference-transaction", STALL_AFTER_COMMIT)
     (project.repo / ".git" / "stall-armed").touch()
     head = project.head()
     project.playbook(steps=[*UP_TO_COMMIT, {"commit": {"message": "m", "timeout_s": 2, "hooks": True}}])

@@ -154,17 +154,11 @@ def test_deployers_git_commands_run_no_fsmonitor_program_the_repo_configures(
     assert target.file("pkg/a.py") == FIXED_A
 
 
-def install_hook(project: Project, name: str, body: str) -> None:
-    hook = project.repo / ".git" / "hooks" / name
-    hook.write_text(f"#!/bin/sh\n{body}\n")
-    hook.chmod(0o755)
-
-
 def test_commit_skips_the_targets_hooks_unless_the_commit_step_says_hooks_true(
         target: Project, tmp_path: Path) -> None:
     marker = tmp_path / "post-commit-ran"
-    install_hook(target, "pre-commit", "echo 'pre-commit says no' >&2\nexit 1")
-    install_hook(target, "post-commit", f"touch {marker}")
+    target.hook("pre-commit", "#!/bin/sh\necho 'pre-commit says no' >&2\nexit 1\n")
+    target.hook("post-commit", f"#!/bin/sh\ntouch {marker}\n")
     steps: list[Any] = ["upload", {"diff_bounds": {"files": 1}}, {"commit": {"message": "m", "hooks": True}}]
     target.playbook(steps=steps)
     before = target.head()
