@@ -103,6 +103,29 @@ def test_the_host_name_can_be_an_ssh_config_alias(target: Project, sshd: SSHD, t
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_match_exec_block_of_the_ssh_config_applies_only_when_its_command_succeeds(
+        target: Project, sshd: SSHD, tmp_path: Path) -> None:
+    # deployer imports paramiko without invoke, which paramiko needs for `Match exec` alone: a config with
+    # such a line must get it back. The port is only right when the exec ran and succeeded.
+    marker = tmp_path / "on-the-vpn"
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host gpu-alias\n  HostName {sshd.host}\n  User {sshd.user}\n"
+                      f"  IdentityFile {sshd.client_key}\n"
+                      f"Match exec \"test -e {marker}\"\n  Port {sshd.port}\n"
+                      f"Host *\n  Port 1\n")
+    target.host_name = "gpu-alias"
+    target.write_inventory(address=None, port=None, user=None, identity_file=None, ssh_config=str(config))
+    target.playbook()
+    refused = target.deployer("apply", "fix.yaml", "--host", "gpu-alias")
+    assert refused.returncode == 4, refused.stderr
+    assert "connection refused by 127.0.0.1:1" in refused.stderr
+    marker.touch()
+    result = target.deployer("apply", "fix.yaml", "--host", "gpu-alias")
+    assert result.returncode == 0, result.stderr
+    assert target.file("pkg/a.py") == FIXED_A
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
 def test_a_cut_connection_says_exactly_what_it_left(target: Project, sshd: SSHD, tmp_path: Path) -> None:
     proxy = CountingProxy(sshd.port)
     known_hosts = tmp_path / "proxy_known_hosts"

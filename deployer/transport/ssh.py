@@ -23,12 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-import paramiko
-
 from deployer.agent.client import ChannelPipe, Pipe
 from deployer.command import quote
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
 from deployer.transport.base import Transport, TransportInfo
+from deployer.transport.paramiko_lean import allow_match_exec, paramiko
 
 # paramiko reports every refused tunnel connection (a service still starting) on stderr through
 # logging's last-resort handler; those outcomes reach callers as errors already.
@@ -503,6 +502,8 @@ def _load_ssh_config(path: str | None) -> paramiko.SSHConfig:
         path = default
     path = os.path.expanduser(path)
     try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            allow_match_exec(handle.read())
         return paramiko.SSHConfig.from_path(path)
     except FileNotFoundError:
         raise ConfigError(f"ssh config {path} does not exist") from None
