@@ -1,3 +1,3 @@
-from deployer.cli import main
+from deployer.cli import run
 
-main()
+run()
