@@ -35,7 +35,6 @@ import base64
 import contextlib
 import errno
 import hashlib
-import http.client
 import ipaddress
 import json
 import math
@@ -561,6 +560,8 @@ class Agent:
 
     def op_http(self, req: dict[str, Any]) -> dict[str, Any]:
         """GET on this host's loopback. No response at all is `status: null` plus `error`."""
+        import http.client  # here, not at the top: it is a fifth of the agent's start-up, and most runs never fetch
+
         url = _field(req, "url", str, required=True)
         timeout = _positive(req, "timeout", 10.0)
         limit = int(_positive(req, "max_bytes", DEFAULT_HTTP_MAX))
