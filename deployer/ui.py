@@ -17,16 +17,16 @@ from rich.text import Text
 
 from deployer import runlog
 from deployer.action import Kind
-from deployer.demo.run import FLEET, GAUGE, DemoOutcome, FleetDemoOutcome
-from deployer.engine import PlanReport, RunResult
 from deployer.errors import DeployerError
-from deployer.fleet import FleetState
-from deployer.rollback import Deploy
-from deployer.runlog import Run
 from deployer.steps.services import pid_text as one_pid
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a plain apply
     from deployer.check import CheckReport, GroupReport
+    from deployer.demo.run import DemoOutcome, FleetDemoOutcome
+    from deployer.engine import PlanReport, RunResult
+    from deployer.fleet import FleetState
+    from deployer.rollback import Deploy
+    from deployer.runlog import Run
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
 
@@ -262,6 +262,8 @@ def show_deploys(console: Console, deploys: list[Deploy]) -> None:
 
 
 def show_demo(console: Console, outcome: DemoOutcome) -> None:
+    from deployer.demo.run import GAUGE
+
     result, stack = outcome.result, outcome.stack
     facts = result.facts
     drain = facts.get("drain", {}).get(GAUGE, {})
@@ -293,6 +295,8 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
 
 def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
     """After the fleet table: each unit's gauge before and after, its samples, and what to run next."""
+    from deployer.demo.run import FLEET, GAUGE
+
     inventory, runs, fleet_id = outcome.workdir / "hosts.yaml", outcome.runs, outcome.state.fleet_id
     console.rule("demo report")
     events = outcome.unit_events()

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field, field_validator
 
 from deployer.action import Action
@@ -45,6 +44,9 @@ class Reading:
 
 
 def parse(text: str, params: MetricParams) -> Reading:
+    # here: prometheus_client brings http.server and urllib with it, which runs without a metric step never need
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         values = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                   if sample.name == params.metric
