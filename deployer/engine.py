@@ -314,7 +314,7 @@ class Engine:
                                              kind="rollback" if start.get("rollback_of") else
                                              "recover" if start.get("recover_of") else "apply",
                                              repo=self.host.repo, trailer=run_trailer(run_id),
-                                             rollback_of=start.get("rollback_of")))
+                                             rollback_of=start.get("rollback_of")), before_write=log.sync)
         record.advance(Phase.preparing, utc_now())
         bus = self.new_bus()
         sink = LogSink(log, self.cancel)
@@ -521,6 +521,7 @@ class Engine:
 
     def _note_log_sha256(self, ctx: Context) -> None:
         if self._log is not None:
+            self._log.sync()  # a trailer may name these bytes: on disk first
             ctx.facts.log_sha256 = self._log.sha256()
 
     def _run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:

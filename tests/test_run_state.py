@@ -1,14 +1,18 @@
-"""The run's state machine and its write-ahead record, on their own (no target needed)."""
+"""The run's state machine and its write-ahead record, on their own (no target needed but in the last test)."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
+from fixtures_repo import Project, git
 
+from deployer.cli import main
 from deployer.run.state import (
     FORWARD,
     TERMINAL,
@@ -96,3 +100,42 @@ def test_headroom_is_checked_before_a_run_starts(tmp_path: Path) -> None:
     blocked.write_text("not a dir")
     with pytest.raises(RunRecordError, match="not writable"):
         ensure_headroom(blocked / "runs", 1)
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_the_run_log_is_on_disk_before_each_state_record_and_before_a_commit_names_its_hash(
+        target: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a machine crash tells a written log from an fsynced one, and a test cannot crash the machine: os.fsync
+    # is watched here (and still called) to check what is on disk when. The events are not fsynced one by one.
+    synced: list[tuple[str, int, int]] = []  # file name, its size when fsynced, the run log's size then
+    real_fsync = os.fsync
+
+    def watched(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        log = next((p / "events.jsonl" for p in (path, path.parent) if (p / "events.jsonl").is_file()), None)
+        synced.append((path.name, os.fstat(fd).st_size, log.stat().st_size if log else -1))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watched)
+    monkeypatch.chdir(target.root)
+    monkeypatch.setenv("DEPLOYER_INVENTORY", str(target.inventory))
+    monkeypatch.setenv("DEPLOYER_RUNS_DIR", str(target.runs))
+    target.playbook()
+    with pytest.raises(SystemExit) as exited:
+        main(["apply", "fix.yaml", "--host", "box"])
+    assert exited.value.code == 0
+    log_syncs = [size for name, size, _ in synced if name == "events.jsonl"]
+    records = [(index, log_size) for index, (name, _, log_size) in enumerate(synced) if name == ".state.json.tmp"]
+    assert len(records) >= 4  # preparing, locked, changing, committing, ...
+    for index, log_size in records:
+        durable = [0, *(size for name, size, _ in synced[:index] if name == "events.jsonl")][-1]
+        assert durable == log_size, f"fsync {index}, a state record, is ahead of the run log"
+    events = (next(target.runs.iterdir()) / "events.jsonl").read_bytes()
+    assert log_syncs[-1] == len(events)  # closed durable
+    assert len(log_syncs) < events.count(b"\n")
+    message = git(target.repo, "log", "-1", "--format=%B")
+    anchor = re.search(r"Deployer-Log: sha256:([0-9a-f]{64})", message)
+    assert anchor is not None, message
+    named = next(n for n in range(len(events) + 1) if hashlib.sha256(events[:n]).hexdigest() == anchor[1])
+    assert named in log_syncs  # the bytes the trailer names were on disk before the commit was made
+

@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 
@@ -128,9 +129,10 @@ class RunState(BaseModel):
 class RunRecord:
     """The state of one run, kept on disk: every change is durable before the caller goes on."""
 
-    def __init__(self, run_dir: Path, state: RunState) -> None:
+    def __init__(self, run_dir: Path, state: RunState, before_write: Callable[[], None] | None = None) -> None:
         self.dir = run_dir
         self.state = state
+        self._before_write = before_write  # the run log's sync: no record gets ahead of the log
 
     @classmethod
     def load(cls, run_dir: Path) -> RunRecord | None:
@@ -176,6 +178,8 @@ class RunRecord:
         path = self.dir / name
         tmp = path.with_name(f".{path.name}.tmp")
         try:
+            if self._before_write is not None:
+                self._before_write()
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 view = memoryview(data)
