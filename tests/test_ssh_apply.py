@@ -87,14 +87,19 @@ def test_unknown_host_key_exits_4_with_the_fingerprint_and_runs_nothing(target: 
     assert json.loads(again.stdout)["head"] == target.head()
 
 
-@pytest.mark.parametrize("target", ["ssh"], indirect=True)
-def test_the_host_name_can_be_an_ssh_config_alias(target: Project, sshd: SSHD, tmp_path: Path) -> None:
+def through_ssh_config(target: Project, tmp_path: Path, config_text: str) -> None:
+    """The inventory names host gpu-alias with nothing but this ssh_config to reach it by; fix.yaml is written."""
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host gpu-alias\n  HostName {sshd.host}\n  Port {sshd.port}\n  User {sshd.user}\n"
-                      f"  IdentityFile {sshd.client_key}\n")
+    config.write_text(config_text)
     target.host_name = "gpu-alias"
     target.write_inventory(address=None, port=None, user=None, identity_file=None, ssh_config=str(config))
     target.playbook()
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_the_host_name_can_be_an_ssh_config_alias(target: Project, sshd: SSHD, tmp_path: Path) -> None:
+    through_ssh_config(target, tmp_path, f"Host gpu-alias\n  HostName {sshd.host}\n  Port {sshd.port}\n"
+                                         f"  User {sshd.user}\n  IdentityFile {sshd.client_key}\n")
     result = target.deployer("apply", "fix.yaml", "--host", "gpu-alias")
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/a.py") == FIXED_A
@@ -108,14 +113,10 @@ def test_a_match_exec_block_of_the_ssh_config_applies_only_when_its_command_succ
     # deployer imports paramiko without invoke, which paramiko needs for `Match exec` alone: a config with
     # such a line must get it back. The port is only right when the exec ran and succeeded.
     marker = tmp_path / "on-the-vpn"
-    config = tmp_path / "ssh_config"
-    config.write_text(f"Host gpu-alias\n  HostName {sshd.host}\n  User {sshd.user}\n"
-                      f"  IdentityFile {sshd.client_key}\n"
-                      f"Match exec \"test -e {marker}\"\n  Port {sshd.port}\n"
-                      f"Host *\n  Port 1\n")
-    target.host_name = "gpu-alias"
-    target.write_inventory(address=None, port=None, user=None, identity_file=None, ssh_config=str(config))
-    target.playbook()
+    through_ssh_config(target, tmp_path, f"Host gpu-alias\n  HostName {sshd.host}\n  User {sshd.user}\n"
+                                         f"  IdentityFile {sshd.client_key}\n"
+                                         f"Match exec \"test -e {marker}\"\n  Port {sshd.port}\n"
+                                         f"Host *\n  Port 1\n")
     refused = target.deployer("apply", "fix.yaml", "--host", "gpu-alias")
     assert refused.returncode == 4, refused.stderr
     assert "connection refused by 127.0.0.1:1" in refused.stderr
