@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git
-from fixtures_services import Stack, alive
+from fixtures_services import Stack
 
+from deployer.demo.run import process_alive as alive
 from deployer.runlog import GENESIS, seal
 
 FIXED_B = "VALUE = 2\n"
