@@ -6,10 +6,12 @@ Local target only: the agent's put is the same program whichever transport carri
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import Project, git, work_tree
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, work_tree
 
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
@@ -48,3 +50,66 @@ def test_a_temp_file_the_dests_directory_cannot_hold_fails_the_upload_as_os_erro
     # The directories made for the new file are gone again, and nothing was committed.
     assert work_tree(target.repo) == before and not (target.repo / directory.split("/")[0]).exists()
     assert target.head() == head and git(target.repo, "status", "--porcelain") == ""
+
+
+# -- a concurrent writer on the target, at a moment the test controls --------------------------------------
+#
+# A wrapper for one program on the agent's PATH changes the dests just before the real program runs:
+# the same thing another writer on the target would do, but at a known point of the run, never a race.
+
+OTHER_A = "def answer():\n    return 40\n"
+OTHER_B = "VALUE = 0\n"
+
+
+def writer_before(project: Project, bindir: Path, program: str, when: str) -> None:
+    """Put `program` on the agent's PATH: in the target repo, when its arguments match the shell pattern
+    `when`, it first overwrites pkg/a.py and pkg/b.py with other bytes, then runs the real program."""
+    bindir.mkdir(exist_ok=True)
+    real = shutil.which(program)
+    wrapper = bindir / program
+    wrapper.write_text(f'#!/bin/sh\nif [ "$(pwd -P)" = "{os.path.realpath(project.repo)}" ]; then\n'
+                       f'  case " $* " in {when}) printf "{OTHER_A}" > pkg/a.py; printf "{OTHER_B}" > pkg/b.py;; '
+                       f"esac\nfi\nexec {real} \"$@\"\n")
+    wrapper.chmod(0o755)
+    project.extra_env["PATH"] = f"{bindir}:{os.environ['PATH']}"
+
+
+def patch_playbook(project: Project) -> Path:
+    (project.repo / "pkg/a.py").write_text(FIXED_A)
+    patch = git(project.repo, "diff", "--", "pkg/a.py")
+    git(project.repo, "checkout", "-q", "--", "pkg/a.py")
+    project.write("fix.diff", patch)
+    return project.playbook(patch="fix.diff", steps=["upload", {"commit": {"message": "m"}}])
+
+
+@pytest.mark.parametrize(("when", "failure"), [
+    ("*' apply --check '*", "the patch does not apply to the target's tree"),  # after preflight, before the check
+    ("*' apply - '*", "git apply failed"),  # after the target's check, before git apply
+])
+def test_a_file_changed_after_the_patch_was_checked_fails_the_upload_and_gets_its_pre_run_bytes_back(
+        target: Project, tmp_path: Path, when: str, failure: str) -> None:
+    path = patch_playbook(target)
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text == "- upload")
+    head = target.head()
+    writer_before(target, tmp_path / "bin", "git", when)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert f"error: fix.yaml:{line}:3: step 'upload' failed: {failure}\n" in result.stderr, result.stderr
+    assert "patch does not apply" in result.stderr  # git's own words, in the stderr tail
+    # The restore puts back the bytes the run found (the writer's edit came after it read them).
+    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
+
+
+def test_a_file_changed_while_the_restore_runs_is_reported_not_called_restored(
+        target: Project, tmp_path: Path) -> None:
+    target.write("fix/b.py", "VALUE = 2\n")
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                    steps=["upload", {"diff_bounds": {"files": 9}}])
+    # The restore looks for the upload's temp files (find) after writing the pre-run bytes back, and reads
+    # every file back after that: the writer strikes in between.
+    writer_before(target, tmp_path / "bin", "find", "*' -name '*")
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 6, result.stderr
+    assert "after the restore, pkg/a.py, pkg/b.py still differ from their pre-run bytes" in result.stderr, \
+        result.stderr
+    assert target.file("pkg/a.py") == OTHER_A and target.file("pkg/b.py") == OTHER_B
