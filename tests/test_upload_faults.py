@@ -85,7 +85,7 @@ def patch_playbook(project: Project) -> Path:
 @pytest.mark.parametrize(("when", "failure"), [
     ("*' apply --check '*", "the patch does not apply to the target's tree"),  # after preflight, before the check
     ("*' apply - '*", "git apply failed"),  # after the target's check, before git apply
-])
+], ids=["before_the_targets_check", "before_git_apply"])
 def test_a_file_changed_after_the_patch_was_checked_fails_the_upload_and_gets_its_pre_run_bytes_back(
         target: Project, tmp_path: Path, when: str, failure: str) -> None:
     path = patch_playbook(target)
