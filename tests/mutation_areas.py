@@ -82,7 +82,7 @@ AREAS = {
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "
                "rolling_back or cut_off) and not co_restart and not second_apply and not failed_run_releases "
                "and not sigkill_leaves and not secret and not lock_path and not keeps_the_files_owner "
-               "and not sigint_after"),
+               "and not sigint_after and not cut_during"),
         disable="number,fstring"),
     # Run-log verify: the seal, chain, sequence, truncation and artifact checks.
     "run-log-verify": Area(
