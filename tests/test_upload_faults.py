@@ -23,9 +23,10 @@ def deep_dir(root: str, length: int) -> str:
     """A relative directory of ordinary names (each well under NAME_MAX) whose absolute path is length long."""
     parts, total = [], len(root)
     while total < length:
-        part = "d" * min(200, length - total - 1)
-        parts.append(part)
-        total += 1 + len(part)
+        left = length - total - 1  # after this part's slash
+        size = left if left <= 200 else 200 if left - 201 >= 1 else 150  # never leave room for an empty name
+        parts.append("d" * size)
+        total += 1 + size
     assert total == length, (total, length)
     return "/".join(parts)
 
