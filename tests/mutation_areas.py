@@ -41,6 +41,7 @@ AREAS = {
          "tests/test_chain.py::test_shipped_and_restored_files_keep_their_owner[local]",
          "tests/test_chain.py::test_a_signal_after_upload_restores_the_target_and_exits_130[local-2]",
          "tests/test_restore_faults.py", "tests/test_recover.py", "tests/test_readme_claims.py",
+         "tests/test_upload_faults.py",
          "-k", "local and (restore or pre_run or recover or killed or second_signal or removed or owner or refuses) "
                "and not co_restart and not secrets and not observing"),
         # number: every number there is a timeout (30 for 31 changes nothing a test can see in time).
@@ -52,7 +53,8 @@ AREAS = {
          "deployer/agent/client.py": ("Put.fields", "Put.parse"),
          "deployer/transport/base.py": ("sha256_hex", "Transport.put"),
          "deployer/steps/upload.py": ("Upload.run", "Upload._verify")},
-        ("tests/test_upload_verify.py", "tests/test_agent_protocol.py", "tests/test_ssh_transport.py",
+        ("tests/test_upload_verify.py", "tests/test_upload_faults.py", "tests/test_agent_protocol.py",
+         "tests/test_ssh_transport.py",
          "tests/test_chain.py::test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files[local]",
          "tests/test_chain.py::test_patch_mode_applies_with_git_apply[local]",
          "tests/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
@@ -76,10 +78,11 @@ AREAS = {
                                   "already_reverted"),
          "deployer/engine.py": ("Engine._after_commit_failure",)},
         ("tests/test_safety_git.py", "tests/test_rollback_lock.py", "tests/test_readme_claims.py",
+         "tests/test_rollback_refusals.py",
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "
                "rolling_back or cut_off) and not co_restart and not second_apply and not failed_run_releases "
                "and not sigkill_leaves and not secret and not lock_path and not keeps_the_files_owner "
-               "and not sigint_after"),
+               "and not sigint_after and not cut_during"),
         disable="number,fstring"),
     # Run-log verify: the seal, chain, sequence, truncation and artifact checks.
     "run-log-verify": Area(
