@@ -31,8 +31,9 @@ class Area:
 AREAS = {
     # The undo before the commit: files, index, HEAD, index.lock, temps; and the engine's call of it.
     "restore": Area(
-        {"deployer/run/restore.py": ("sha256", "run_commit", "pre_run_bytes", "restore_files", "clear_stale_index_lock",
-                                     "_staged_by_run", "_undo_own_commit", "_keep_owner", "remove_temps"),
+        {"deployer/run/restore.py": ("sha256", "run_commits", "pre_run_bytes", "restore_files",
+                                     "clear_stale_index_lock", "_staged_by_run", "_undo_own_commit", "_keep_owner",
+                                     "remove_temps"),
          "deployer/engine.py": ("Engine._restore", "stop_running")},
         ("tests/test_restore_files.py",
          "tests/test_chain.py::test_remote_compile_error_restores_the_files_and_commits_nothing[local]",
@@ -52,7 +53,7 @@ AREAS = {
         {"deployer/agent/agent.py": ("Agent.op_put", "Agent._make_parents", "Agent._put_into", "_sha256_file"),
          "deployer/agent/client.py": ("Put.fields", "Put.parse"),
          "deployer/transport/base.py": ("sha256_hex", "Transport.put"),
-         "deployer/steps/upload.py": ("Upload.run", "Upload._verify")},
+         "deployer/steps/upload.py": ("Upload.actions", "Upload.run")},
         ("tests/test_upload_verify.py", "tests/test_upload_faults.py", "tests/test_agent_protocol.py",
          "tests/test_ssh_transport.py",
          "tests/test_chain.py::test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files[local]",
@@ -82,7 +83,7 @@ AREAS = {
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "
                "rolling_back or cut_off) and not co_restart and not second_apply and not failed_run_releases "
                "and not sigkill_leaves and not secret and not lock_path and not keeps_the_files_owner "
-               "and not sigint_after and not cut_during"),
+               "and not sigint_after"),
         disable="number,fstring"),
     # Run-log verify: the seal, chain, sequence, truncation and artifact checks.
     "run-log-verify": Area(

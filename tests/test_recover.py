@@ -165,6 +165,24 @@ def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_
     assert target.file("pkg/a.py") == ORIGINAL_A
 
 
+def test_a_rollback_finished_by_recover_is_refused_as_done_by_a_later_rollback(target: Project) -> None:
+    before = target.head()
+    script, marker = gate(target, "post-commit")
+    target.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
+    target.playbook(steps=commit_with_hooks())
+    run = start_and_kill(target, marker.exists, "the post-commit hook")
+    kill_marker(marker)
+    recovered = target.deployer("recover", run.name, "--rollback")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    recover_id = sorted(target.runs.iterdir())[-1].name
+    revert = target.head()
+    assert git(target.repo, "rev-parse", "HEAD~2").strip() == before and target.file("pkg/a.py") == ORIGINAL_A
+    again = target.deployer("rollback", run.name)
+    assert (again.returncode, again.stderr) == (2, f"error: run {run.name} was already rolled back, finished by "
+                                                   f"deployer recover (run {recover_id}, commit {revert[:12]})\n")
+    assert target.head() == revert
+
+
 @pytest.mark.parametrize("moment", ["baseline", "restarting", "draining"])
 def test_killed_while_observing_or_restarting_recover_ends_the_run_consistently(
         target: Project, stack: Stack, moment: str) -> None:

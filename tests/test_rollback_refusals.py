@@ -238,24 +238,34 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
     return run_id
 
 
-@pytest.mark.xfail(strict=True, reason="deployer/run/recover.py: `recover` of a run cut in its own on_failure "
-                   "rollback fails with 'internal error: ValueError: no transition rolling_back -> failed_committed'")
-def test_recovering_a_run_cut_during_its_own_rollback_does_not_fail_internally(stack: Stack) -> None:
-    run_id = cut_during_its_own_rollback(stack)
-    recovered = stack.project.deployer("recover", run_id)
-    assert "internal error" not in recovered.stderr, recovered.stderr
-    assert recovered.returncode == 0, recovered.stderr
-
-
-@pytest.mark.xfail(strict=True, reason="deployer/run/restore.py run_commit takes the newest commit with the run's "
-                   "trailer, here the run's own revert, for the run's commit: recover writes it as git.after")
-def test_a_run_cut_during_its_own_rollback_and_recovered_with_rollback_still_verifies_on_the_target(
-        stack: Stack) -> None:
+@pytest.mark.parametrize("flags", [(), ("--rollback",)], ids=["recover", "recover-rollback"])
+def test_a_run_cut_during_its_own_rollback_is_recovered_by_finishing_that_rollback(
+        stack: Stack, flags: tuple[str, ...]) -> None:
+    # The run had chosen to roll back, so plain `recover` (what the next apply tells the operator to run)
+    # finishes that rollback as `recover --rollback` does: the revert commit the run made is kept, not made
+    # twice, the services restart on the old code, and the run's commit is still its forward one.
     project = stack.project
     before = project.head()
     run_id = cut_during_its_own_rollback(stack)
-    recovered = project.deployer("recover", run_id, "--rollback")
+    revert, cut_pids = project.head(), stack.pids()
+    assert (project.repo / ".git" / "deployer" / "inflight.json").exists()
+    recovered = project.deployer("recover", run_id, *flags)
     assert recovered.returncode == 0, recovered.stderr
-    assert project.file("pkg/a.py") == ORIGINAL_A and git(project.repo, "rev-parse", "HEAD~2").strip() == before
+    recover_id = newest_run(project)
+    assert f"run {run_id} -> rolled_back; its commit " in recovered.stdout + recovered.stderr
+    assert f"rolled back by {revert[:12]}" in recovered.stdout + recovered.stderr
+    assert project.head() == revert and git(project.repo, "rev-parse", "HEAD~2").strip() == before
+    assert project.file("pkg/a.py") == ORIGINAL_A
+    state = json.loads((project.runs / run_id / "state.json").read_text())
+    assert state["phase"] == "rolled_back"
+    assert state["git_after"] == git(project.repo, "rev-parse", "HEAD~1").strip()
+    restarted = stack.pids()
+    assert restarted.keys() == cut_pids.keys() and all(restarted[n] != cut_pids[n] for n in restarted)
+    assert all(alive(pid) for pid in restarted.values())
+    assert not (project.repo / ".git" / "deployer" / "inflight.json").exists()
     verified = project.deployer("runs", "verify", run_id, "--target")
     assert verified.returncode == 0, verified.stderr
+    again = project.deployer("rollback", run_id)
+    assert (again.returncode, again.stderr) == (2, f"error: run {run_id} was already rolled back, finished by "
+                                                   f"deployer recover (run {recover_id}, commit "
+                                                   f"{revert[:12]})\n")

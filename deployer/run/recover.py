@@ -3,7 +3,8 @@
 It reads the run's record here (`state.json`, `before/`) and/or the intent record on the target, then the
 target itself (HEAD and the run's trailer, the dests' bytes, temp files, the lock), and ends in one of:
 - the run's commit exists: it is recorded as the run's `git.after` and kept (or, with --rollback, reverted
-  by a new commit and the services restarted and verified again);
+  by a new commit and the services restarted and verified again); a run cut in its own on_failure rollback
+  had chosen to roll back, so that rollback is finished (its revert commit kept if it made one);
 - no commit: every dest gets its pre-run bytes, owner and mode back, new files are removed.
 Temp files are removed, the intent record and the lock released, and what it did is appended to the run's
 log. Run twice, the second finds nothing to do and changes nothing.
@@ -19,7 +20,7 @@ from deployer.engine import Engine, RunResult
 from deployer.errors import ConfigError
 from deployer.rollback import VERIFY
 from deployer.run import intent
-from deployer.run.restore import remove_temps, restore_files, run_commit
+from deployer.run.restore import remove_temps, restore_files, run_commits
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.steps.git import git
@@ -72,12 +73,13 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         files, before, trailer = _what_to_undo(record, pending)
         found.dests = [f.dest for f in files]
         ctx.git_before = before
-        commit = run_commit(ctx, before, trailer)
-        if commit is not None:
-            found.commit = ctx.git_after = commit
+        commits = run_commits(ctx, before, trailer)
+        if commits:
+            found.commit = ctx.git_after = commit = commits[0]
             found.temps = remove_temps(ctx, files)
             found.outcome = Phase.failed_committed
-            if rollback:
+            cut_rolling_back = len(commits) > 1 or (record is not None and record.state.phase == Phase.rolling_back)
+            if rollback or cut_rolling_back:
                 _settle_original(record, Phase.rolling_back)
                 dests = _committed(ctx, commit)
                 found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,

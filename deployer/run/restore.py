@@ -40,11 +40,12 @@ def sha256(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def run_commit(ctx: Context, before: str, trailer: str) -> str | None:
-    """The commit after `before` that carries the run's trailer, if the target has one."""
-    found = ctx.run(git("log", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"), timeout=30)
-    hashes = found.out.split() if found.ok else []
-    return hashes[0] if hashes else None
+def run_commits(ctx: Context, before: str, trailer: str) -> list[str]:
+    """The commits after `before` that carry the run's trailer, oldest first: the run's commit, then the revert
+    of its own on_failure rollback, if it got that far."""
+    found = ctx.run(git("log", "--reverse", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"),
+                    timeout=30)
+    return found.out.split() if found.ok else []
 
 
 def pre_run_bytes(ctx: Context, record: RunRecord | None, before: str, rec: FileRecord) -> bytes:
