@@ -554,7 +554,7 @@ class Engine:
                 failure = self._intent_failure(ctx) or failure
                 if record.state.git_after is not None:  # the run's commit is on the target
                     raise self._after_commit_failure(ctx, failure) from None
-                self._restore(ctx)
+                self._restore(ctx, failure)
                 raise failure from None
             finally:
                 ctx.on_sent = None
@@ -595,8 +595,9 @@ class Engine:
         if first_change:
             self._write_intent(ctx)
 
-    def _restore(self, ctx: Context) -> None:
-        """Before the commit: every dest back to its pre-run bytes, owner and mode (from the run dir)."""
+    def _restore(self, ctx: Context, failure: DeployerError) -> None:
+        """Before the commit, after failure: every dest back to its pre-run bytes, owner and mode (from the run
+        dir). A restore that fails too says so after the failure that started it."""
         record = ctx.record
         assert record is not None
         if record.state.phase in (Phase.preparing, Phase.locked):
@@ -609,7 +610,7 @@ class Engine:
             done = restore_files(ctx, record.state.files, ctx.git_before, run_trailer(ctx.run_id), record)
         except DeployerError as exc:
             record.advance(Phase.interrupted, utc_now(), error=str(exc))
-            raise
+            raise RollbackFailed(f"{failure}\nThe restore after it failed: {exc}") from None
         ctx.emit("restore", restored=done.restored, removed=done.removed, temps=done.temps,
                  undid_commit=done.undid_commit, head=ctx.git_before)
         ctx.facts.restored = done.restored + done.removed

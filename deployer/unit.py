@@ -230,7 +230,7 @@ class UnitRun:
             engine, record = self.engines[ctx.host_name], ctx.record
             assert record is not None
             if record.state.git_after is None:
-                engine._restore(ctx)
+                engine._restore(ctx, failure)
                 raise failure from None
             # Committed while another host could not; no service was restarted yet, so none is again.
             raise self._settle_failure([ctx], failure, []) from None

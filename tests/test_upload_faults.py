@@ -111,6 +111,10 @@ def test_a_file_changed_while_the_restore_runs_is_reported_not_called_restored(
     writer_before(target, tmp_path / "bin", "find", "*' -name '*")
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 6, result.stderr
-    assert "after the restore, pkg/a.py, pkg/b.py still differ from their pre-run bytes" in result.stderr, \
-        result.stderr
+    run_id = sorted(target.runs.iterdir())[-1].name
+    # The failure that started the restore comes first, then what the restore left and how to finish it.
+    assert result.stderr == (
+        "error: fix.yaml:9:3: step 'diff_bounds' failed: files 2 outside 9 (2 files changed, 6 insertions(+), "
+        "2 deletions(-))\nThe restore after it failed: after the restore, pkg/a.py, pkg/b.py still differ from their "
+        f"pre-run bytes (did something else write them meanwhile?). Finish it with: deployer recover {run_id}\n")
     assert target.file("pkg/a.py") == OTHER_A and target.file("pkg/b.py") == OTHER_B

@@ -96,7 +96,8 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
                              f"may hold the new bytes; HEAD should be {before}. Finish it with: "
                              f"deployer recover {ctx.run_id}") from None
     if wrong:
-        raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes")
+        raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes (did "
+                             f"something else write them meanwhile?). Finish it with: deployer recover {ctx.run_id}")
     return done
 
 
