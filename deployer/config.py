@@ -134,6 +134,7 @@ class Host(Strict):
     known_hosts: str | None = None
     ssh_config: str | None = None  # default ~/.ssh/config; the host name (or address) may be an alias there
     host_key_policy: Literal["reject", "accept-new"] = "reject"
+    connect_timeout_s: float = Field(default=10.0, gt=0)  # TCP connect, handshake, login, each channel open
     repo: str
     python: str = "python3"
     metrics: Url | None = None

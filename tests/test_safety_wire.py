@@ -181,7 +181,7 @@ def transport_spec(kind: str, request: pytest.FixtureRequest) -> dict[str, objec
     sshd = request.getfixturevalue("sshd")
     return {"kind": "ssh", "ssh": {"name": "probe", "address": sshd.host, "port": sshd.port, "user": sshd.user,
                                    "identity_file": sshd.client_key, "known_hosts": sshd.known_hosts,
-                                   "ssh_config": os.devnull}}
+                                   "ssh_config": os.devnull, "connect_timeout": 10.0}}
 
 
 @pytest.fixture(params=["local", "ssh"])

@@ -127,6 +127,21 @@ def test_a_match_exec_block_of_the_ssh_config_applies_only_when_its_command_succ
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_connect_timeout_s_bounds_a_login_that_never_answers(target: Project, sshd: SSHD) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)  # the kernel accepts; nothing ever says a word
+        port = listener.getsockname()[1]
+        target.write_inventory(port=port, connect_timeout_s=0.5)
+        target.playbook()
+        result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 4, result.stderr
+    assert result.stderr == (f"error: box: the SSH handshake or authentication with {sshd.user}@127.0.0.1:{port} "
+                             "did not complete within 0.5s (the host's connect_timeout_s)\n")
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
 def test_a_cut_connection_says_exactly_what_it_left(target: Project, sshd: SSHD, tmp_path: Path) -> None:
     proxy = CountingProxy(sshd.port)
     known_hosts = tmp_path / "proxy_known_hosts"

@@ -43,6 +43,7 @@ def _open(name: str, host: Host, bus: Emitter, accept_new_host_key: bool) -> Tra
         raise ConfigError(f"host {name!r} has no address")
     return SSHTransport(name=name, address=address, port=host.port, user=host.user,
                         identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
+                        connect_timeout=host.connect_timeout_s,
                         host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
                         become=host.become, on_host_key_pinned=pinned, python=host.python)
 

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -83,7 +84,7 @@ class SSHTransport(Transport):
     def __init__(self, *, name: str, address: str, port: int | None = None,
                  user: str | None = None, identity_file: str | None = None,
                  known_hosts: str | None = None, host_key_policy: HostKeyPolicy = "reject",
-                 ssh_config: str | None = None, connect_timeout: float = 10.0,
+                 ssh_config: str | None = None, connect_timeout: float,
                  become: bool = False, on_host_key_pinned: HostKeyPinned | None = None,
                  python: str = "python3") -> None:
         super().__init__(python=python, become=become)
@@ -170,11 +171,11 @@ class SSHTransport(Transport):
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(self._changed_key_message(ep, exc.key, exc.expected_key)) from None
         except paramiko.AuthenticationException as exc:
-            if watchdog.fired:
+            if watchdog.expired:
                 raise self._timed_out(ep, "authentication") from None
             raise ConnectError(self._auth_failed_message(ep, exc)) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            if watchdog.fired:
+            if watchdog.expired:
                 raise self._timed_out(ep, "the SSH handshake or authentication") from None
             raise ConnectError(f"{self.name}: SSH handshake with {ep.where} failed: "
                                f"{_describe(exc)}") from None
@@ -222,7 +223,7 @@ class SSHTransport(Transport):
 
     def _timed_out(self, ep: _Endpoint, phase: str) -> ConnectError:
         return ConnectError(f"{self.name}: {phase} with {ep.where} did not complete within "
-                            f"connect_timeout={self._connect_timeout:g}s")
+                            f"{self._connect_timeout:g}s (the host's connect_timeout_s)")
 
     def _auth_failed_message(self, ep: _Endpoint, exc: Exception) -> str:
         tried = [f"identity file {path}" for path in ep.identity_files]
@@ -391,6 +392,7 @@ class _Watchdog:
 
     def __init__(self, timeout: float, sock: _Sock) -> None:
         self.fired = False
+        self._deadline = time.monotonic() + timeout
         self._done = False
         self._lock = threading.Lock()
         self._sock = sock
@@ -406,6 +408,12 @@ class _Watchdog:
         # Whatever state it is in, it is unusable now.
         with contextlib.suppress(Exception):
             self._sock.close()
+
+    @property
+    def expired(self) -> bool:
+        """Fired, or past the deadline: one of paramiko's own phase timeouts (each as long as the whole)
+        may run out a moment before the timer does, and it is the same timeout."""
+        return self.fired or time.monotonic() >= self._deadline
 
     def cancel(self) -> None:
         with self._lock:
