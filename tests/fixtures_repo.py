@@ -92,6 +92,16 @@ class Project:
     def inventory(self) -> Path:
         return self.root / "hosts.yaml"
 
+    def newest_run(self) -> str:
+        return sorted(self.runs.iterdir())[-1].name
+
+    def applied(self, **playbook: Any) -> str:
+        """fix.yaml written with these playbook fields and applied successfully; the run's id."""
+        self.playbook(**playbook)
+        result = self.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode == 0, result.stderr
+        return self.newest_run()
+
     def write_inventory(self, **host_overrides: Any) -> Path:
         host = {**self.host, **host_overrides}
         self.inventory.write_text(yaml.safe_dump({"hosts": {self.host_name: host}}, sort_keys=False))

@@ -139,13 +139,19 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
     assert_settled(target, run)
 
 
-def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_says_so(target: Project) -> None:
-    before = target.head()
+def killed_after_its_commit(target: Project) -> Path:
+    """A run SIGKILLed in its post-commit hook: git made the commit, the run never learnt its hash."""
     script, marker = gate(target, "post-commit")
     target.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
     target.playbook(steps=commit_with_hooks())
     run = start_and_kill(target, marker.exists, "the post-commit hook")
     kill_marker(marker)
+    return run
+
+
+def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_says_so(target: Project) -> None:
+    before = target.head()
+    run = killed_after_its_commit(target)
     assert state_of(run)["phase"] == "committing"
     first = recover_twice(target, run)
     head = target.head()
@@ -167,14 +173,10 @@ def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_
 
 def test_a_rollback_finished_by_recover_is_refused_as_done_by_a_later_rollback(target: Project) -> None:
     before = target.head()
-    script, marker = gate(target, "post-commit")
-    target.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
-    target.playbook(steps=commit_with_hooks())
-    run = start_and_kill(target, marker.exists, "the post-commit hook")
-    kill_marker(marker)
+    run = killed_after_its_commit(target)
     recovered = target.deployer("recover", run.name, "--rollback")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    recover_id = sorted(target.runs.iterdir())[-1].name
+    recover_id = target.newest_run()
     revert = target.head()
     assert git(target.repo, "rev-parse", "HEAD~2").strip() == before and target.file("pkg/a.py") == ORIGINAL_A
     again = target.deployer("rollback", run.name)

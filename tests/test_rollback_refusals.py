@@ -25,10 +25,6 @@ BOTH_STEPS = ["upload", {"diff_bounds": {"files": 2}}, {"commit": {"message": "m
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
 
-def newest_run(project: Project) -> str:
-    return sorted(project.runs.iterdir())[-1].name
-
-
 def read_events(project: Project, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (project.runs / run_id / "events.jsonl").read_text().splitlines()]
 
@@ -55,16 +51,9 @@ def rewrite_run_end(project: Project, run_id: str, **git_and_files: Any) -> None
     (project.runs / run_id / "events.jsonl").write_bytes(b"".join(lines))
 
 
-def apply(project: Project, **playbook: Any) -> str:
-    project.playbook(**playbook)
-    result = project.deployer("apply", "fix.yaml", "--host", "box")
-    assert result.returncode == 0, result.stderr
-    return newest_run(project)
-
-
 def apply_both(project: Project) -> str:
     project.write("fix/b.py", FIXED_B)
-    return apply(project, files=BOTH, steps=BOTH_STEPS)
+    return project.applied(files=BOTH, steps=BOTH_STEPS)
 
 
 def short(commit: str) -> str:
@@ -94,7 +83,7 @@ def test_a_local_edit_since_the_runs_commit_is_refused_word_for_word_unless_forc
 
 def test_a_later_commit_is_refused_even_when_the_work_tree_holds_the_content_from_before_the_run(
         target: Project) -> None:
-    run_id = apply(target)
+    run_id = target.applied()
     (target.repo / "pkg/a.py").write_text(FIXED_A + "# later hotfix\n")
     git(target.repo, "commit", "-q", "-am", "later hotfix by hand")
     head = target.head()
@@ -110,10 +99,10 @@ def test_a_later_commit_is_refused_even_when_the_work_tree_holds_the_content_fro
 
 
 def test_a_rollback_is_found_behind_a_later_commit_that_names_the_run(target: Project) -> None:
-    run_id = apply(target)
+    run_id = target.applied()
     first = target.deployer("rollback", run_id)
     assert first.returncode == 0, first.stderr
-    rollback_id = newest_run(target)
+    rollback_id = target.newest_run()
     # Newer than the rollback commit, and its message names the run: git log lists it first.
     (target.repo / "README").write_text(f"see run {run_id}\n")
     git(target.repo, "commit", "-q", "-am", f"notes about run {run_id}")
@@ -148,7 +137,7 @@ def test_commits_of_a_run_that_recorded_none_are_each_named_with_their_missing_d
     target.playbook(steps=["upload", {"diff_bounds": {"files": 7}}, {"commit": {"message": "m"}}])
     failed = target.deployer("apply", "fix.yaml", "--host", "box")
     assert failed.returncode == 1, failed.stderr
-    run_id = newest_run(target)
+    run_id = target.newest_run()
     # Two commits by hand that claim the run (a copied trailer) but carry no Deployer-Log.
     made = []
     for n in (1, 2):
@@ -195,7 +184,7 @@ def test_an_on_failure_rollback_restarts_the_services_again_and_says_so(stack: S
         in failed.stderr, failed.stderr
     assert project.file("pkg/a.py") == ORIGINAL_A
     # The rollback's own restart: new PIDs after the forward restart's, serving the reverted code.
-    restarts = [e["pids"] for e in read_events(project, newest_run(project)) if e["type"] == "restart"]
+    restarts = [e["pids"] for e in read_events(project, project.newest_run()) if e["type"] == "restart"]
     assert len(restarts) == 2, restarts
     forward, rolled_back = restarts
     assert all(rolled_back[n]["old"] == forward[n]["new"] != rolled_back[n]["new"] for n in forward)
@@ -232,7 +221,7 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
         gate.touch()
         if proc.poll() is None:
             proc.kill()
-    run_id = newest_run(project)
+    run_id = project.newest_run()
     subjects = git(project.repo, "log", "--format=%s", "-3").splitlines()
     assert subjects == [f"Roll back answer fix (run {run_id})", "m", "initial"], subjects
     return run_id
@@ -251,7 +240,7 @@ def test_a_run_cut_during_its_own_rollback_is_recovered_by_finishing_that_rollba
     assert (project.repo / ".git" / "deployer" / "inflight.json").exists()
     recovered = project.deployer("recover", run_id, *flags)
     assert recovered.returncode == 0, recovered.stderr
-    recover_id = newest_run(project)
+    recover_id = project.newest_run()
     assert f"run {run_id} -> rolled_back; its commit " in recovered.stdout + recovered.stderr
     assert f"rolled back by {revert[:12]}" in recovered.stdout + recovered.stderr
     assert project.head() == revert and git(project.repo, "rev-parse", "HEAD~2").strip() == before

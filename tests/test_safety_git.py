@@ -26,10 +26,6 @@ FIXED_B = "VALUE = 2\n"
 CONN = "python/sglang/srt/disaggregation/common/conn.py"
 
 
-def newest_run(project: Project) -> str:
-    return sorted(project.runs.iterdir())[-1].name
-
-
 def log_path(project: Project, run_id: str) -> Path:
     return project.runs / run_id / "events.jsonl"
 
@@ -178,15 +174,8 @@ def test_commit_skips_the_targets_hooks_unless_the_commit_step_says_hooks_true(
 # -- item 6: rollback trusts only a log that verifies and matches the target -------------------------------
 
 
-def apply_fix(project: Project, **playbook: Any) -> str:
-    project.playbook(**playbook)
-    result = project.deployer("apply", "fix.yaml", "--host", "box")
-    assert result.returncode == 0, result.stderr
-    return newest_run(project)
-
-
 def test_the_commit_carries_the_sha256_of_the_log_up_to_its_step_start(target: Project) -> None:
-    run_id = apply_fix(target)
+    run_id = target.applied()
     data = log_path(target, run_id).read_bytes()
     lines = data.splitlines(keepends=True)
     cut = next(i for i, line in enumerate(lines)
@@ -199,7 +188,7 @@ def test_the_commit_carries_the_sha256_of_the_log_up_to_its_step_start(target: P
 
 
 def test_rollback_and_its_plan_refuse_a_log_that_fails_verify(target: Project) -> None:
-    run_id = apply_fix(target)
+    run_id = target.applied()
     path = log_path(target, run_id)
     before = run_end(read_events(target, run_id))["git"]["before"]
     path.write_text(path.read_text().replace(f'"before": "{before}"', f'"before": "{"0" * 40}"')
@@ -216,7 +205,7 @@ def test_rollback_and_its_plan_refuse_a_log_that_fails_verify(target: Project) -
 
 
 def test_a_log_rechained_wholesale_is_caught_against_the_targets_history(target: Project) -> None:
-    run_id = apply_fix(target)
+    run_id = target.applied()
     head = target.head()
 
     def forge(events: list[dict[str, Any]]) -> None:
@@ -242,7 +231,7 @@ def test_a_rechained_run_end_that_disagrees_with_the_target_is_refused(target: P
     git(target.repo, "commit", "-q", "-am", "hand tuning")
     first = git(target.repo, "rev-list", "--max-parents=0", "HEAD").strip()
     target.write("fix/a.py", ORIGINAL_A + "# tuned by hand\n# and fixed\n")
-    run_id = apply_fix(target, steps=["upload", {"commit": {"message": "m"}}])
+    run_id = target.applied(steps=["upload", {"commit": {"message": "m"}}])
     head, shipped = target.head(), target.file("pkg/a.py")
     forged = {"before": first, "after": first, "files": ["pkg/a.py", "pkg/b.py"]}[field]
 
@@ -266,7 +255,7 @@ def test_an_on_failure_revert_is_anchored_too_and_counts_as_the_runs_rollback(ta
                     on_failure="rollback")
     failed = target.deployer("apply", "fix.yaml", "--host", "box")
     assert failed.returncode == 5, failed.stderr
-    run_id = newest_run(target)
+    run_id = target.newest_run()
     assert git(target.repo, "log", "-1", "--format=%(trailers:key=Deployer-Rollback-Of,valueonly)").strip() == run_id
     assert "Deployer-Log: sha256:" in git(target.repo, "log", "-1", "--format=%B")
     verified = target.deployer("runs", "verify", run_id, "--target")
@@ -278,7 +267,7 @@ def test_an_on_failure_revert_is_anchored_too_and_counts_as_the_runs_rollback(ta
 
 
 def test_a_forged_rolled_back_by_line_does_not_stop_a_rollback(target: Project) -> None:
-    run_id = apply_fix(target)
+    run_id = target.applied()
     link = RunLogWriter.reopen(target.runs, run_id)
     link.write({"type": "rolled_back_by", "by": "20990101T000000.000Z-forged", "status": "successful",
                 "commit": "f" * 40})
@@ -287,7 +276,7 @@ def test_a_forged_rolled_back_by_line_does_not_stop_a_rollback(target: Project) 
     result = target.deployer("rollback", run_id)
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/a.py") == ORIGINAL_A
-    real = newest_run(target)
+    real = target.newest_run()
     again = target.deployer("rollback", run_id)  # the real one is on the target: that one counts
     assert again.returncode == 2 and f"already rolled back by run {real}" in again.stderr
 
@@ -302,7 +291,7 @@ NEW_STEPS = ["upload", {"diff_bounds": {"files": 2}}, {"commit": {"message": "m"
 def test_rolling_back_a_run_that_created_a_file_finishes_and_is_safe_to_repeat(target: Project) -> None:
     target.write("fix/new.py", "NEW = 1\n")
     pre_tree = git(target.repo, "rev-parse", "HEAD^{tree}").strip()
-    run_id = apply_fix(target, files=NEW_FILES, steps=NEW_STEPS)
+    run_id = target.applied(files=NEW_FILES, steps=NEW_STEPS)
     result = target.deployer("rollback", run_id)
     assert result.returncode == 0, result.stderr
     assert git(target.repo, "rev-parse", "HEAD^{tree}").strip() == pre_tree
@@ -317,7 +306,7 @@ def test_rolling_back_a_run_that_created_a_file_finishes_and_is_safe_to_repeat(t
 def test_a_rollback_cut_off_before_its_commit_finishes_on_the_next_attempt(target: Project) -> None:
     target.write("fix/new.py", "NEW = 1\n")
     pre_tree = git(target.repo, "rev-parse", "HEAD^{tree}").strip()
-    run_id = apply_fix(target, files=NEW_FILES, steps=NEW_STEPS)
+    run_id = target.applied(files=NEW_FILES, steps=NEW_STEPS)
     before = run_end(read_events(target, run_id))["git"]["before"]
     # What a rollback killed between its `git checkout`/`git rm` and its commit leaves behind.
     git(target.repo, "checkout", before, "--", "pkg/a.py")
@@ -404,7 +393,7 @@ def test_a_patch_apply_keeps_the_files_owner_and_mode(target: Project) -> None:
 
 def test_a_rollback_keeps_the_files_owner_and_mode(target: Project) -> None:
     own(target, "pkg/a.py")
-    run_id = apply_fix(target)
+    run_id = target.applied()
     assert ownership(target, "pkg/a.py") == (12345, 12346, 0o640)
     result = target.deployer("rollback", run_id)
     assert result.returncode == 0, result.stderr
