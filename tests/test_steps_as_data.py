@@ -7,11 +7,12 @@ plan; the run log records each action it did under the planned action's key, wit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from typing import Any
 
-from fixtures_repo import Project
+from fixtures_repo import FIXED_A, Project
 
 from deployer.command import shell_line
 from deployer.context import CancelToken
@@ -95,6 +96,35 @@ def demo_on(target: Project) -> DemoStack:
     target.write_inventory(**{**shape, **connection})
     start_stacks([stack], CancelToken())
     return stack
+
+
+def upload_actions(target: Project) -> list[dict[str, str]]:
+    planned = target.deployer("plan", "fix.yaml", "--host", "box", "--json")
+    assert planned.returncode == 0, planned.stderr
+    [upload] = [step for step in json.loads(planned.stdout)["steps"] if step["name"] == "upload"]
+    return [{k: a[k] for k in ("key", "kind", "what")} for a in upload["actions"]]
+
+
+def test_the_upload_plan_names_and_says_each_write_or_each_git_apply_it_will_do(target: Project) -> None:
+    target.playbook(steps=["upload"])
+    fixed = FIXED_A.encode()
+    assert upload_actions(target) == [
+        {"key": "write:pkg/a.py", "kind": "put", "what": f"write pkg/a.py ({len(fixed)} bytes, sha256 "
+                                                         f"{hashlib.sha256(fixed).hexdigest()[:12]}) via temp file "
+                                                         "+ sha256 check + rename"}]
+    target.write("fix/b.diff", "--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n")
+    target.playbook(patch="fix/b.diff", steps=["upload"])
+    assert upload_actions(target) == [
+        {"key": "apply_check", "kind": "run", "what": "check the patch applies (patch on stdin)"},
+        {"key": "apply", "kind": "run",
+         "what": "apply the patch (patch on stdin), then give the files back their owner and mode"},
+        {"key": "verify:pkg/b.py", "kind": "get", "what": "read pkg/b.py back"}]
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stderr
+    events = [json.loads(line) for line in (target.runs / target.newest_run() / "events.jsonl").read_text()
+              .splitlines()]
+    assert [e["action"] for e in events if e.get("step") == "upload" and "action" in e] == \
+        ["apply_check", "apply", "verify:pkg/b.py"]
 
 
 def test_every_action_the_demo_plan_lists_is_done_and_everything_done_was_planned(target: Project) -> None:

@@ -62,17 +62,21 @@ OTHER_A = "def answer():\n    return 40\n"
 OTHER_B = "VALUE = 0\n"
 
 
-def writer_before(project: Project, bindir: Path, program: str, when: str) -> None:
+def before_program(project: Project, bindir: Path, program: str, when: str, action: str) -> None:
     """Put `program` on the agent's PATH: in the target repo, when its arguments match the shell pattern
-    `when`, it first overwrites pkg/a.py and pkg/b.py with other bytes, then runs the real program."""
+    `when`, it first runs the shell `action` (another writer, at a point the test chooses), then the real one."""
     bindir.mkdir(exist_ok=True)
     real = shutil.which(program)
     wrapper = bindir / program
     wrapper.write_text(f'#!/bin/sh\nif [ "$(pwd -P)" = "{os.path.realpath(project.repo)}" ]; then\n'
-                       f'  case " $* " in {when}) printf "{OTHER_A}" > pkg/a.py; printf "{OTHER_B}" > pkg/b.py;; '
-                       f"esac\nfi\nexec {real} \"$@\"\n")
+                       f'  case " $* " in {when}) {action};; esac\nfi\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     project.extra_env["PATH"] = f"{bindir}:{os.environ['PATH']}"
+
+
+def writer_before(project: Project, bindir: Path, program: str, when: str) -> None:
+    """before_program that overwrites pkg/a.py and pkg/b.py with other bytes."""
+    before_program(project, bindir, program, when, f'printf "{OTHER_A}" > pkg/a.py; printf "{OTHER_B}" > pkg/b.py')
 
 
 def patch_playbook(project: Project) -> Path:
@@ -118,3 +122,22 @@ def test_a_file_changed_while_the_restore_runs_is_reported_not_called_restored(
         "2 deletions(-))\nThe restore after it failed: after the restore, pkg/a.py, pkg/b.py still differ from their "
         f"pre-run bytes (did something else write them meanwhile?). Finish it with: deployer recover {run_id}\n")
     assert target.file("pkg/a.py") == OTHER_A and target.file("pkg/b.py") == OTHER_B
+
+
+def test_a_dests_directory_removed_during_the_restore_is_made_again_with_the_pre_run_bytes(
+        target: Project, tmp_path: Path) -> None:
+    (target.repo / "pkg" / "sub").mkdir()
+    (target.repo / "pkg" / "sub" / "c.py").write_text("C = 1\n")
+    git(target.repo, "add", "pkg/sub/c.py")
+    git(target.repo, "commit", "-q", "-m", "sub")
+    target.write("fix/c.py", "C = 2\n")
+    target.playbook(files=[{"src": "fix/c.py", "dest": "pkg/sub/c.py"}],
+                    steps=["upload", {"diff_bounds": {"files": 9}}])
+    # The restore lists the index (ls-files -s) right before it writes the pre-run bytes back: the directory
+    # goes away then.
+    before_program(target, tmp_path / "bin", "git", "*' ls-files -s '*", "rm -rf pkg/sub")
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "step 'diff_bounds' failed" in result.stderr
+    assert target.file("pkg/sub/c.py") == "C = 1\n"
+    assert git(target.repo, "status", "--porcelain") == ""
