@@ -296,6 +296,17 @@ def test_accept_new_pins_the_key_then_reject_trusts_it(sshd: SSHD, tmp_path: Pat
     assert len(known_hosts.read_text().splitlines()) == 1
 
 
+def test_accept_new_pins_into_a_bare_known_hosts_file_name_in_the_working_directory(
+        sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with connect(sshd, known_hosts="known_hosts", host_key_policy="accept-new") as transport:
+        assert transport.run(["true"], timeout=20).ok
+    assert os.listdir(work) == ["known_hosts"]  # the file, and no directory made for its (empty) dirname
+    assert (work / "known_hosts").read_text() == f"[127.0.0.1]:{sshd.port} {sshd.host_pubkey_line}\n"
+
+
 @pytest.mark.parametrize("last_line_ends", ["\n", ""], ids=["with-newline", "without-newline"])
 def test_accept_new_appends_a_line_of_its_own_whatever_the_last_line_ends_with(
         sshd: SSHD, tmp_path: Path, last_line_ends: str) -> None:
