@@ -142,9 +142,10 @@ def refuse_if_rolled_back(ctx: Context, run: Run) -> None:
     """A rollback the log claims counts only when its revert commit is in the target's history."""
     claimed = {str(link.get("by")) for link in run.all("rolled_back_by") if link.get("status") == "successful"}
     own_revert = ((run.end or {}).get("facts") or {}).get("rollback_commit") if run.status != "successful" else None
-    # A recover that finished the run's rollback names the revert (the cut run's own, or one it made).
-    recovered = {str(link.get("rollback_commit")): str(link.get("by")) for link in run.all("recovered_by")
-                 if link.get("status") == "successful" and link.get("rollback_commit")}
+    # A recover that finished the run's rollback names the revert (the cut run's own, or one it made); recover
+    # links itself to the run only when it succeeded.
+    recovered = {str(link["rollback_commit"]): str(link.get("by")) for link in run.all("recovered_by")
+                 if link.get("rollback_commit")}
     for deploy in _mentioning(ctx, run.run_id):
         if deploy.rollback_of != run.run_id:
             continue
