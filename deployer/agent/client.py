@@ -167,12 +167,10 @@ class ChannelPipe:
         self._chan.sendall(data)
 
     def close(self) -> None:
-        try:
-            self._chan.shutdown_write()
-        except (OSError, EOFError):
-            pass  # the connection is gone; closing below is all that is left
-        finally:
-            self._chan.close()
+        # The connection may be gone, or go while this runs: then there is nothing left to tell the far end.
+        for step in (self._chan.shutdown_write, self._chan.close):
+            with contextlib.suppress(OSError, EOFError):
+                step()
 
     def stderr_tail(self) -> str:
         return self._stderr.text()
