@@ -533,9 +533,10 @@ def _load_ssh_config(path: str | None) -> paramiko.SSHConfig:
         path = default
     path = os.path.expanduser(path)
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            allow_match_exec(handle.read())
-        return paramiko.SSHConfig.from_path(path)
+        with open(path) as handle:  # as paramiko's from_path would, but read once for both uses
+            text = handle.read()
+        allow_match_exec(text)
+        return paramiko.SSHConfig.from_text(text)
     except FileNotFoundError:
         raise ConfigError(f"ssh config {path} does not exist") from None
     except (OSError, ValueError, paramiko.SSHException) as exc:
