@@ -234,10 +234,11 @@ def fleet_engines(playbook_path: str, loaded: Inventory, hosts: list[str], runs_
 
 
 def show_plan(report: PlanReport, as_json: bool) -> None:
-    """The plan; exit 1 when the projected change breaks the playbook's bounds, so a CI job can gate on it."""
+    """The plan; exit 1 when the projected change breaks the playbook's bounds or does not compile here, so a CI
+    job can gate on it."""
     from deployer import ui
 
-    failed = f"bounds: FAIL — {'; '.join(report.bounds)}" if report.bounds else None
+    failed = "; ".join(report.failed_here) or None
     if as_json:
         emit_json({**ui.plan_json(report), "exit_code": 1 if failed else 0, "error": failed})
     else:
@@ -371,10 +372,10 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 
 
 def show_plans(reports: list[PlanReport], as_json: bool) -> None:
-    """Every host's plan; exit 1 when any host's projected change breaks the bounds."""
+    """Every host's plan; exit 1 when any host's projected change breaks the bounds or does not compile."""
     from deployer import ui
 
-    failed = [f"{r.host_name}: bounds: FAIL — {'; '.join(r.bounds)}" for r in reports if r.bounds]
+    failed = [f"{r.host_name}: {problem}" for r in reports for problem in r.failed_here]
     if as_json:
         emit_json({"hosts": [ui.plan_json(r) for r in reports], "exit_code": 1 if failed else 0,
                    "error": "; ".join(failed) or None})

@@ -28,6 +28,7 @@ from deployer.errors import (
     LockHeld,
     RequestSkipped,
     RollbackFailed,
+    StepFailed,
     VerificationFailed,
 )
 from deployer.lock import DeployLock, LockState, force_release, read_state
@@ -38,7 +39,7 @@ from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunSta
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
-from deployer.steps.git import DiffBounds, git, log_anchor, revert_files, trailers, unchanged_dests
+from deployer.steps.git import git, log_anchor, revert_files, trailers, unchanged_dests
 from deployer.transport.base import Transport, sha256_hex
 
 Connector = Callable[[EventBus], Transport]
@@ -155,10 +156,28 @@ class PlanReport:
     head: str
     files: list[FilePlan]
     stat: diffs.DiffStat
-    bounds: list[str] | None  # None: the playbook bounds nothing; [] within bounds
+    judged: dict[str, list[str]]  # what steps judge before the target is touched ("bounds", "compile"): problems
     steps: list[tuple[str, list[Action]]]
     lock: LockState | None
     dirty: list[str] = field(default_factory=list)
+
+    @property
+    def bounds(self) -> list[str] | None:
+        """None: the playbook bounds nothing; [] within bounds."""
+        return self.judged.get("bounds")
+
+    @property
+    def failed_here(self) -> list[str]:
+        """Every problem the plan found, each under what judged it: what makes `plan` exit 1."""
+        return [f"{label}: FAIL — {'; '.join(problems)}" for label, problems in self.judged.items() if problems]
+
+
+def projected_stat(ctx: Context, head: dict[str, bytes | None]) -> diffs.DiffStat:
+    """The diff the run will make, counted against HEAD as diff_bounds and the commit count it (under
+    --allow-dirty the work tree differs); git diff lists no file whose bytes are already there, nor does this."""
+    unchanged = unchanged_dests(ctx)
+    return diffs.DiffStat(tuple(diffs.numstat(c.dest, head[c.dest], c.new) for c in ctx.changes
+                                if c.dest not in unchanged))
 
 
 # The phase a step's effect moves the run into before the step runs, and the one it leaves it in after.
@@ -254,17 +273,14 @@ class Engine:
             ctx = self.context("<dry-run>", bus, transport)
             bus.step = "preflight"
             head = preflight(ctx, allow_dirty=True)
-            # Counted against HEAD, as diff_bounds and the commit count (under --allow-dirty the work tree differs).
             files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)),
                               diffs.numstat(c.dest, head[c.dest], c.new), c.old is not None) for c in ctx.changes]
-            unchanged = unchanged_dests(ctx)
-            # git diff lists no file whose bytes are already there; neither does the projection.
-            stat = diffs.DiffStat(tuple(f.stat for f in files if f.dest not in unchanged))
-            bounds = next((s.judge(stat, unchanged) for s in self.steps if isinstance(s, DiffBounds)), None)
+            stat = projected_stat(ctx, head)
+            judged = {s.judges: s.judge_here(ctx, stat) for s in self.steps if s.judges}
             assert ctx.git_dir is not None and ctx.git_before is not None
             lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
             steps = [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps]
-            return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, bounds, steps, lock,
+            return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, judged, steps, lock,
                               list(ctx.facts.dirty))
 
     # -- the run ---------------------------------------------------------------------------------------
@@ -281,13 +297,26 @@ class Engine:
     def prepare(self, ctx: Context, log: RunLogWriter) -> None:
         """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
         sent, self._reads = self._reads, None
-        preflight(ctx, allow_dirty=self.allow_dirty, sent=sent)
+        head = preflight(ctx, allow_dirty=self.allow_dirty, sent=sent)
+        self._judge_here(ctx, projected_stat(ctx, head))
         ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
         self._keep_before(ctx)
         log.attach("shipped.diff", ctx.bus.masker("".join(
             diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
         ctx.bus.step = None
         ctx.emit("status", status="running")
+
+    def _judge_here(self, ctx: Context, projected: diffs.DiffStat) -> None:
+        """What can fail without the target fails before the run touches it (a baseline's storm included),
+        in the playbook's own words: the first such step is named as the failed one."""
+        for step in self.steps:
+            if problems := step.judge_here(ctx, projected):
+                ctx.emit("judged_here", judged=step.judges, of_step=step.name, problems=problems)
+                failure = StepFailed(step.name, f"{'; '.join(problems)} (judged before the run touched the "
+                                     "target: nothing on it was changed)")
+                if step.where:
+                    failure.args = (f"{step.where}: {failure}",)
+                raise failure
 
     def _keep_before(self, ctx: Context) -> None:
         """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""

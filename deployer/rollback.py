@@ -246,7 +246,7 @@ def plan(engine: Engine, run: Run) -> PlanReport:
     steps = [("rollback", [Action(f"commit {', '.join(target.files)} as of {target.before[:12]} with trailers "
                                   f"Deployer-Run, Deployer-Log and Deployer-Rollback-Of: {run.run_id}")])]
     steps += [(s.name, [Action(f"again after the revert: {s.kind}")]) for s in engine.steps if s.effect in VERIFY]
-    return PlanReport(engine.host_name, engine.host.repo, head, files, stat, None, steps, lock)
+    return PlanReport(engine.host_name, engine.host.repo, head, files, stat, {}, steps, lock)
 
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:

@@ -136,6 +136,10 @@ def show_plan(console: Console, report: PlanReport) -> None:
         console.print(f"[red]bounds: FAIL[/red] — {escape('; '.join(report.bounds))}")
     else:
         console.print("[green]bounds: ok[/green]")
+    if report.judged.get("compile"):
+        console.print(f"[red]compile: FAIL[/red] — {escape('; '.join(report.judged['compile']))}")
+    elif "compile" in report.judged:
+        console.print("[green]compile: ok[/green] (the shipped Python compiles here)")
     console.rule("steps")
     for number, (name, actions) in enumerate(report.steps, 1):
         console.print(f"{number}. [bold]{escape(name)}[/bold]")
@@ -148,7 +152,8 @@ def plan_json(report: PlanReport) -> dict[str, Any]:
     return {"host": report.host_name, "repo": report.repo, "head": report.head,
             "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
                        "new": not f.exists, "diff": f.diff} for f in report.files],
-            "stat": report.stat.summary(), "bounds": report.bounds, "dirty": report.dirty,
+            "stat": report.stat.summary(), "bounds": report.bounds, "compile": report.judged.get("compile"),
+            "dirty": report.dirty,
             "lock": report.lock.info if report.lock else None,
             "steps": [{"name": n, "actions": [a.describe() for a in acts],
                        "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in report.steps]}

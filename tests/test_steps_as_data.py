@@ -139,7 +139,7 @@ def test_every_action_the_demo_plan_lists_is_done_and_everything_done_was_planne
         stack.stop()
     [run_dir] = [p for p in target.runs.iterdir() if (p / "events.jsonl").is_file()]
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert list(plan) == ["baseline", "local_compile", "upload", "remote_compile", "diff_bounds", "commit",
+    assert list(plan) == ["local_compile", "baseline", "upload", "remote_compile", "diff_bounds", "commit",
                           "co_restart", "storm", "drain"]
     done_kinds = set()
     for step, actions in plan.items():

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from deployer.action import Action
 from deployer.config import Host, Strict
 from deployer.context import Context, Submitted
+from deployer.diffs import DiffStat
 
 __all__ = ["Action", "Effect", "NoParams", "Step"]
 
@@ -35,6 +36,8 @@ class Step(ABC):
     # In a playbook that uploads, these kinds must come earlier / later than this step.
     after: ClassVar[tuple[str, ...]] = ()
     before: ClassVar[tuple[str, ...]] = ()
+    # What judge_here() judges, when it does: the plan reports each under this label ("bounds", "compile").
+    judges: ClassVar[str] = ""
     timeout_s: float
 
     def __init__(self, params: Strict, name: str, where: str = "") -> None:
@@ -56,6 +59,12 @@ class Step(ABC):
     def check_host(self, host_name: str, host: Host) -> str | None:
         """What this step needs from the inventory host and does not get (checked before connecting)."""
         return None
+
+    def judge_here(self, ctx: Context, projected: DiffStat) -> list[str]:
+        """What would fail this step, judged from the shipped bytes and the target's HEAD alone (`projected`
+        is the diff the plan projects): the engine asks before the run touches the target, whatever the
+        step's place in the playbook, so a broken fix never costs a storm. Only steps that set `judges`."""
+        return []
 
     @abstractmethod
     def plan(self, ctx: Context) -> list[Action]:

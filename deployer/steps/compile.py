@@ -6,6 +6,7 @@ import sys
 
 from deployer.config import Strict
 from deployer.context import NOTHING, Context, Submitted
+from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
 
@@ -17,24 +18,35 @@ def python_dests(ctx: Context) -> list[str]:
     return [c.dest for c in ctx.changes if c.dest.endswith(".py")]
 
 
+def compile_error(ctx: Context, dest: str) -> str | None:
+    """Where and why the shipped bytes of dest do not compile here (None: they do)."""
+    change = next(c for c in ctx.changes if c.dest == dest)
+    try:
+        compile(change.new, dest, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte in the source
+        where = f"{exc.lineno}:{exc.offset}" if isinstance(exc, SyntaxError) else "1:1"
+        why = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        return f"{change.source}:{where}: {why} (shipped as {dest})"
+    return None
+
+
 class LocalCompile(Step):
     kind = "local_compile"
     before = ("upload",)
+    judges = "compile"
 
     def plan(self, ctx: Context) -> list[Action]:
         version = ".".join(map(str, sys.version_info[:2]))
         return [Action(f"compile {dest} here (Python {version})", key=f"compile:{dest}") for dest in python_dests(ctx)]
 
+    def judge_here(self, ctx: Context, projected: DiffStat) -> list[str]:
+        return [error for dest in python_dests(ctx) if (error := compile_error(ctx, dest))]
+
     def run(self, ctx: Context) -> str:
-        by_dest = {c.dest: c for c in ctx.changes}
         actions = self.plan(ctx)
         for action, dest in zip(actions, python_dests(ctx), strict=True):
-            try:
-                compile(by_dest[dest].new, dest, "exec", dont_inherit=True)
-            except SyntaxError as exc:
-                change = by_dest[dest]
-                raise StepFailed(self.name, f"{change.source}:{exc.lineno}:{exc.offset}: {exc.msg} "
-                                 f"(shipped as {dest}; nothing was sent to the target)") from None
+            if error := compile_error(ctx, dest):
+                raise StepFailed(self.name, f"{error}; nothing on the target was changed")
             ctx.log_action(action, NOTHING, None)
         return f"{len(actions)} file(s) compile here"
 

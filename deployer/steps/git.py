@@ -67,7 +67,11 @@ class DiffBounds(Step):
     kind = "diff_bounds"
     Params = BoundsParams
     after = ("upload",)
+    judges = "bounds"
     params: BoundsParams
+
+    def judge_here(self, ctx: Context, projected: DiffStat) -> list[str]:
+        return self.judge(projected, unchanged_dests(ctx))
 
     def judge(self, stat: DiffStat, unchanged: Sequence[str] = ()) -> list[str]:
         """Every bound the stat breaks; zero changes always breaks one."""
