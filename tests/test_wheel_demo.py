@@ -1,8 +1,9 @@
 """`deployer demo` from a normal (non-editable) install: what the demo needs ships inside the wheel.
 
 This runs in CI like every other test: it builds a wheel of this tree, installs it into a fresh
-venv (which borrows the already installed dependencies through --system-site-packages, so nothing
+venv (which borrows the dependencies installed for the interpreter running the tests, so nothing
 is downloaded but the build backend) and runs the installed `deployer demo` from an unrelated directory.
+Run from inside a virtualenv, that interpreter's packages are the virtualenv's, not the base Python's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from fixtures_services import wait_dead
@@ -36,6 +38,7 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     made = run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     py = venv / "bin" / "python"
+    borrow_the_running_interpreters_packages(py)
     # --ignore-installed: the editable install of the dev tree is visible through the system site-packages.
     installed = run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel,
                     cwd=tmp_path)
@@ -49,7 +52,8 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     (tmp_path / "tmp").mkdir()
     env["TMPDIR"] = str(tmp_path / "tmp")
     demo = run(deployer, "demo", "--keep", cwd=tmp_path, env=env)
-    workdir = next((tmp_path / "tmp").glob("deployer-demo-*"))
+    workdir = next((tmp_path / "tmp").glob("deployer-demo-*"), None)
+    assert demo.returncode == 0 and workdir is not None, demo.stdout + demo.stderr
     state = workdir / "repo" / ".git" / "deployer"
     pids = {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
     try:
@@ -71,6 +75,16 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def borrow_the_running_interpreters_packages(py: Path) -> None:
+    """--system-site-packages borrows the *base* interpreter's site-packages: inside a virtualenv that is not
+    where the dependencies are. A .pth line puts the running interpreter's own (a venv's or the base's) after
+    the new venv's, so the wheel installed there comes first."""
+    site = run(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=py.parent)
+    assert site.returncode == 0, site.stderr
+    borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (Path(site.stdout.strip()) / "borrowed-test-deps.pth").write_text("".join(f"{p}\n" for p in borrowed))
 
 
 def assert_chart(text: str) -> None:
