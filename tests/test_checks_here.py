@@ -31,7 +31,7 @@ class CountingMetrics:
         counter = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            def do_GET(self) -> None:
                 counter.hits += 1
                 body = metrics_text(1.0).encode()
                 self.send_response(200)
@@ -143,6 +143,6 @@ def test_the_shipped_playbooks_are_plain_files_that_survive_being_copied(tmp_pat
 
 
 def test_the_shipped_playbook_compiles_its_fix_before_the_baseline_storm() -> None:
-    loaded, steps = load_playbook(REPO / "playbooks" / "kvpoll-fix.yaml")
+    _, steps = load_playbook(REPO / "playbooks" / "kvpoll-fix.yaml")
     kinds = [s.kind for s in steps]
     assert kinds.index("local_compile") < kinds.index("baseline")
