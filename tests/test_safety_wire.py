@@ -78,8 +78,12 @@ exec {real} "$@"
 def test_a_lock_whose_info_is_not_written_yet_is_being_taken_never_stale(target: Project) -> None:
     target.write_inventory(lock_ttl_s=TTL_S)
     target.playbook()
-    # What an older deployer leaves for a moment between its mkdir and writing info.json.
-    (target.repo / ".git" / "deployer.lock").mkdir()
+    # What an older deployer leaves for a moment between its mkdir and writing info.json; made a while ago,
+    # but less than a TTL: never stale, without waiting on the clock to show an age.
+    lock = target.repo / ".git" / "deployer.lock"
+    lock.mkdir()
+    young = time.time() - (TTL_S - 2)
+    os.utime(lock, (young, young))
     status = target.deployer("lock", "status", "--host", "box")
     assert status.returncode == 3 and "being taken" in status.stdout
     assert "STALE" not in status.stdout and "--force" not in status.stdout
