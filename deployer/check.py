@@ -184,7 +184,7 @@ def _check_dirt(report: CheckReport, ctx: Context, dests: list[str]) -> None:
 
 def _check_lock(report: CheckReport, ctx: Context) -> None:
     assert ctx.git_dir is not None
-    state = locks.read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s)
+    state = locks.read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     if state is None:
         report.add("lock", "ok", "free")
     else:

@@ -621,7 +621,7 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         git_dir = git_dir_of(transport, host)
-        state = locks.read_state(transport, git_dir, host.lock_ttl_s)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
         strays = locks.strays(transport, git_dir)
     if as_json:
         emit_json({"host": host_name, "locked": state is not None, "exit_code": 0 if state is None else 3,
@@ -654,7 +654,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         git_dir = git_dir_of(transport, host)
-        state = locks.read_state(transport, git_dir, host.lock_ttl_s)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
         if state is None:
             emit_json({"host": host_name, "released": None}) if as_json else click.echo(f"{host_name}: not locked")
             return
@@ -907,7 +907,7 @@ def pending_run(engine: Engine) -> str:
     from deployer.run import intent
 
     with engine.connect(engine.new_bus()) as transport:
-        pending = intent.read(transport, git_dir_of(transport, engine.host))
+        pending = intent.read(transport, git_dir_of(transport, engine.host), engine.host_name)
     if pending is None:
         raise ConfigError(f"{engine.host_name} has no interrupted run (no intent record); nothing to recover")
     return pending.run_id

@@ -26,6 +26,7 @@ from deployer.errors import (
     DeployerError,
     Interrupted,
     LockHeld,
+    RecordRefused,
     RequestSkipped,
     RollbackFailed,
     StepFailed,
@@ -47,15 +48,6 @@ Connector = Callable[[EventBus], Transport]
 
 def operator_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
-
-
-def pid_alive(pid: int) -> bool:
-    """On this machine: is pid a running process (not a zombie)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settled: Context | None,
@@ -278,7 +270,7 @@ class Engine:
             stat = projected_stat(ctx, head)
             judged = {s.judges: s.judge_here(ctx, stat) for s in self.steps if s.judges}
             assert ctx.git_dir is not None and ctx.git_before is not None
-            lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s)
+            lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s, self.host_name)
             steps = [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps]
             return PlanReport(self.host_name, ctx.repo, ctx.git_before, files, stat, judged, steps, lock,
                               list(ctx.facts.dirty))
@@ -373,6 +365,9 @@ class Engine:
                                utc_now())
             except (Exception, KeyboardInterrupt) as exc:
                 self._settle(record, as_failure(exc))
+                if isinstance(exc, RecordRefused) and lock is not None:
+                    bus.emit("lock_kept", path=lock.path)
+                    lock = None  # left with the refused record, as its message says
                 raise
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
@@ -435,8 +430,10 @@ class Engine:
         ctx.git_dir = git_dir
         ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
         try:
-            pending = intent.parse(raw, git_dir)
+            pending = intent.parse(raw, git_dir, self.host_name)
         except DeployerError as exc:
+            if isinstance(exc, RecordRefused) and self.adopt_lock_of is not None:
+                raise  # recover keeps the lock with the record it refuses: a person looks at both
             lock.release()
             raise LockHeld(str(exc)) from None
         if pending is not None and pending.run_id not in (ctx.run_id, self.adopt_lock_of):
@@ -477,16 +474,15 @@ class Engine:
         return lock, raw
 
     def _adopt(self, ctx: Context, git_dir: str) -> bool:
-        """Recover takes over the lock of the run it recovers, once that run is surely gone."""
-        state = read_state(ctx.transport, git_dir, self.host.lock_ttl_s)
+        """Recover takes over the lock of the run it recovers, once that run is surely gone: its heartbeat is
+        older than its TTL. Nothing else counts: the pid in the lock's info is the target's word, not proof."""
+        state = read_state(ctx.transport, git_dir, self.host.lock_ttl_s, self.host_name)
         if state is None or self.adopt_lock_of is None or state.info.get("run_id") != self.adopt_lock_of:
             return False
-        pid = state.info.get("pid")
-        here_and_dead = state.info.get("operator") == self.operator and isinstance(pid, int) and not pid_alive(pid)
-        if not (state.stale or here_and_dead):
-            raise LockHeld(f"run {self.adopt_lock_of} still holds the lock and looks alive ({state.describe()}); "
-                           "recover it once it has stopped (its heartbeat goes stale after "
-                           f"{state.ttl_s:.0f}s)")
+        if not state.stale:
+            raise LockHeld(f"run {self.adopt_lock_of} still holds the lock and its heartbeat is fresh "
+                           f"({state.describe()}); recover it once it has stopped (its heartbeat goes stale "
+                           f"{state.ttl_s:.0f}s after its last beat)")
         force_release(ctx.transport, git_dir)
         ctx.emit("lock_adopted", of_run=self.adopt_lock_of, holder=state.info)
         return True
@@ -495,8 +491,8 @@ class Engine:
         """Recover is the way out of a held lock whose run is gone (it refuses to take a live one)."""
         holder = None
         with contextlib.suppress(DeployerError):
-            pending = intent.read(ctx.transport, git_dir)
-            state = read_state(ctx.transport, git_dir, self.host.lock_ttl_s)
+            pending = intent.read(ctx.transport, git_dir, self.host_name)
+            state = read_state(ctx.transport, git_dir, self.host.lock_ttl_s, self.host_name)
             holder = pending.run_id if pending is not None else state.info.get("run_id") if state else None
         if not holder:
             return ""

@@ -64,6 +64,11 @@ class RollbackFailed(DeployerError):
     exit_code = 6
 
 
+class RecordRefused(RollbackFailed):
+    """A record on the target (the intent record) names something recover may not do; nothing was changed,
+    and the record and the lock stay on the target for a person to look at."""
+
+
 class Interrupted(DeployerError):
     """The operator interrupted the run (SIGINT/SIGTERM)."""
 

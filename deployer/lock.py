@@ -12,12 +12,16 @@ that takes the lock removes it.
 Ages are measured with the target's own clock, so a skewed operator clock cannot make a live
 lock look stale. A lock whose info cannot be read (an older deployer still writing it) is
 "being taken" until the lock's own mtime is a TTL old.
+
+The info is the target's word: its fields are checked for type and size, and nothing in it that is not
+plain printable text is shown. Liveness is the heartbeat alone, never the pid it names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployer.errors import DeployerError, LockHeld
 from deployer.transport.base import ExecResult, Transport
+from deployer.untrusted import printable, shown
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending, Request
@@ -59,6 +64,10 @@ _REMOVE = ('lock=$1; if [ -L "$lock" ]; then target=$(readlink -- "$lock"); rm -
            'else rm -rf -- "$lock"; fi')
 # The same, only while the lock is still ours ($2: our directory's name): a forced release may have handed it on.
 _REMOVE_OURS = '[ "$(readlink -- "$1")" = "$2" ] || exit 0; ' + _REMOVE
+# The fields of info.json and the longest text each may hold; any other key is dropped.
+_TEXT_FIELDS = {"run_id": 128, "operator": 256, "host": 256, "started": 64}
+MAX_TTL_S = 7 * 24 * 3600.0
+MAX_PID = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,9 @@ class LockState:
     info: dict[str, object]
     age_s: float | None  # since the last heartbeat, else since the lock was made
     ttl_s: float
+    host: str  # the inventory's name for the target: what a command to run against it names
     taking: bool = False  # the lock exists but its info cannot be read (yet)
+    invalid: str | None = None  # why the info that was read is not shown (a field of the wrong type or size)
 
     @property
     def stale(self) -> bool:
@@ -83,14 +94,17 @@ class LockState:
             text = f"being taken (its info is not readable yet; made {age})"
             if self.stale:
                 text += (f" — STALE: abandoned while being taken, older than the {self.ttl_s:.0f}s TTL; remove it "
-                         "with: deployer lock release --host HOST --force")
+                         f"with: deployer lock release --host {self.host} --force")
             return text
         info = self.info
-        text = (f"held by run {info.get('run_id', '?')} of {info.get('operator', '?')} (pid {info.get('pid', '?')}) "
-                f"since {info.get('started', '?')}; last heartbeat {age}")
+        if self.invalid is not None:
+            text = f"held, but its info.json is not deployer's ({self.invalid}); last heartbeat {age}"
+        else:
+            text = (f"held by run {info.get('run_id', '?')} of {info.get('operator', '?')} "
+                    f"(pid {info.get('pid', '?')}) since {info.get('started', '?')}; last heartbeat {age}")
         if self.stale:
             text += (f" — STALE (older than the {self.ttl_s:.0f}s TTL); if that run is really gone, "
-                     "remove it with: deployer lock release --host HOST --force")
+                     f"remove it with: deployer lock release --host {self.host} --force")
         return text
 
 
@@ -98,7 +112,8 @@ def lock_path(git_dir: str) -> str:
     return posixpath.join(git_dir, LOCK_NAME)
 
 
-def read_state(transport: Transport, git_dir: str, ttl_s: float) -> LockState | None:
+def read_state(transport: Transport, git_dir: str, ttl_s: float, host: str) -> LockState | None:
+    """The lock as the target shows it (None: there is none); `host` names the target in advice."""
     path = lock_path(git_dir)
     out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.split()
     if len(out) != 3 or out[2] == "-":
@@ -111,8 +126,29 @@ def read_state(transport: Transport, git_dir: str, ttl_s: float) -> LockState | 
     since = out[1] if out[1] != "-" and info is not None else out[2]
     age = float(out[0]) - float(since) if since.isdigit() and out[0].isdigit() else None
     if not isinstance(info, dict):
-        return LockState(path, {}, age, ttl_s, taking=True)
-    return LockState(path, info, age, float(str(info.get("ttl_s", ttl_s))))
+        return LockState(path, {}, age, ttl_s, host, taking=True)
+    invalid = _invalid(info)
+    if invalid is not None:
+        return LockState(path, {}, age, ttl_s, host, invalid=invalid)
+    known = {key: info[key] for key in (*_TEXT_FIELDS, "pid", "ttl_s") if key in info}
+    own_ttl = info.get("ttl_s", ttl_s)
+    assert isinstance(own_ttl, int | float)  # _invalid said so
+    return LockState(path, known, age, float(own_ttl), host)
+
+
+def _invalid(info: dict[str, object]) -> str | None:
+    """Why a lock's info cannot be shown or believed (None: every field it has is of deployer's form)."""
+    for key, limit in _TEXT_FIELDS.items():
+        if key in info and not printable(info[key], limit):
+            return f"field {key!r} is {shown(info[key])}, not text of at most {limit} printable characters"
+    pid = info.get("pid")
+    if "pid" in info and not (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_PID):
+        return f"field 'pid' is {shown(pid)}, not a process id"
+    ttl = info.get("ttl_s")
+    if "ttl_s" in info and not (isinstance(ttl, int | float) and not isinstance(ttl, bool) and math.isfinite(ttl)
+                                and 0 < ttl <= MAX_TTL_S):
+        return f"field 'ttl_s' is {shown(ttl)}, not a number of seconds above 0 and at most {MAX_TTL_S:.0f}"
+    return None
 
 
 def strays(transport: Transport, git_dir: str) -> list[str]:
@@ -141,6 +177,7 @@ class DeployLock:
         self.name = f"{LOCK_NAME}.{info['run_id']}"
         self.dir = posixpath.join(git_dir, self.name)
         self.ttl_s = ttl_s
+        self.host = str(info["host"])
         self.removed: list[str] = []  # strays cleared after taking the lock
         self.heartbeat = posixpath.join(self.dir, "heartbeat")
 
@@ -168,7 +205,7 @@ class DeployLock:
         if taken.timed_out:
             raise self._cut(f"taking the deploy lock did not finish within {TIMEOUT_S:g}s, killed")
         if taken.exit_code == HELD:
-            state = read_state(self.transport, self.git_dir, self.ttl_s)
+            state = read_state(self.transport, self.git_dir, self.ttl_s, self.host)
             if state is None:
                 if self.transport.run(("test", "-e", self.path), timeout=TIMEOUT_S).ok:
                     raise DeployerError(f"cannot create the deploy lock {self.path}: something that is not a "
@@ -222,7 +259,7 @@ class DeployLock:
 
 def force_release(transport: Transport, git_dir: str) -> bool:
     path = lock_path(git_dir)
-    if read_state(transport, git_dir, 0) is None:
+    if read_state(transport, git_dir, 0, "") is None:
         return False
     result = transport.run(("sh", "-c", _REMOVE, "deployer-unlock", path), timeout=TIMEOUT_S)
     if not result.ok:

@@ -24,7 +24,7 @@ STEP = "preflight"
 
 
 # The real paths of the git dir and of the common git dir (a linked worktree's), NUL-terminated.
-_GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
+GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
 
 
 @dataclass
@@ -56,7 +56,7 @@ def send_reads(ctx: Context) -> Reads:
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
     return Reads(
         new=new, paths=paths,
-        git_dirs=ctx.submit(("sh", "-c", _GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
+        git_dirs=ctx.submit(("sh", "-c", GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
                             quiet=True),
         head=ctx.submit(git("rev-parse", "HEAD"), timeout=30),
         listed=ctx.submit(git("ls-files", "-z", "--", *dests), timeout=30),

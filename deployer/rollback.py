@@ -241,7 +241,7 @@ def plan(engine: Engine, run: Run) -> PlanReport:
         files = [_file_plan(transport, engine.host.repo, target, dest) for dest in target.files]
         head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
         git_dir = ctx.run(git("rev-parse", "--absolute-git-dir"), timeout=30).out.strip()
-        lock = read_state(transport, git_dir, engine.host.lock_ttl_s) if git_dir else None
+        lock = read_state(transport, git_dir, engine.host.lock_ttl_s, engine.host_name) if git_dir else None
     stat = diffs.DiffStat(tuple(f.stat for f in files))
     steps = [("rollback", [Action(f"commit {', '.join(target.files)} as of {target.before[:12]} with trailers "
                                   f"Deployer-Run, Deployer-Log and Deployer-Rollback-Of: {run.run_id}")])]

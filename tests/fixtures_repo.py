@@ -10,6 +10,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,15 @@ def target_python(project: Project, before: str, *, then: str | None = None) -> 
                                                f"esac\n{before}\n{finish}\n")
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+def age_lock(repo: Path) -> None:
+    """Backdate the heartbeat of the lock a killed run left, as if its TTL had passed (recover takes over only
+    a stale lock). The killed run's agent exited when its stdin closed, so nothing beats it again."""
+    heartbeat = repo / ".git" / "deployer.lock" / "heartbeat"
+    if heartbeat.exists():
+        old = time.time() - 24 * 3600
+        os.utime(heartbeat, (old, old))
 
 
 def work_tree(root: Path) -> dict[str, str]:

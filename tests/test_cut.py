@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, work_tree
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git, init_repo, work_tree
 from fixtures_services import Stack
 from fixtures_ssh import SSHD
 
@@ -193,6 +193,7 @@ def cut_and_recover(project: Project, relay: CuttingRelay, *, budget: int | None
         raise
     run = newest_run(project)
     left = phase_of(run)
+    age_lock(project.repo)
     relay.arm(None, rst=False)
     recovered = project.deployer("recover", run.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr

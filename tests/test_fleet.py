@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, init_repo, target_python
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git, init_repo, target_python
 from fixtures_ssh import SSHD, session_sshd
 
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -366,6 +366,8 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
     finally:
         proc.kill()  # cut in the middle: both hosts hold the new bytes, a lock and an intent record
         proc.communicate(timeout=30)
+    for host in ("h1", "h3"):
+        age_lock(repo(fleet, host))
     [fleet_id] = [p.name for p in fleet.runs.iterdir() if (p / "fleet.json").is_file()]
     recovered = fleet.deployer("recover", fleet_id, "--json")
     report = as_json(recovered)

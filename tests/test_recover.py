@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, work_tree
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, work_tree
 from fixtures_services import GAUGE, Stack
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
@@ -71,6 +71,7 @@ def start_and_kill(project: Project, reached: Callable[[], bool], what: str, *ex
     finally:
         if proc.poll() is None:
             proc.kill()
+    age_lock(project.repo)
     return run_dir(project)
 
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git
 from fixtures_services import Stack
 
 from deployer.demo.run import process_alive as alive
@@ -221,6 +221,7 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
         gate.touch()
         if proc.poll() is None:
             proc.kill()
+    age_lock(project.repo)
     run_id = project.newest_run()
     subjects = git(project.repo, "log", "--format=%s", "-3").splitlines()
     assert subjects == [f"Roll back answer fix (run {run_id})", "m", "initial"], subjects

@@ -76,10 +76,15 @@ exec {real} "$@"
 # -- the lock -------------------------------------------------------------------------------------------
 
 def test_a_lock_whose_info_is_not_written_yet_is_being_taken_never_stale(target: Project) -> None:
-    target.write_inventory(lock_ttl_s=TTL_S)
+    ttl = 60
+    target.write_inventory(lock_ttl_s=ttl)
     target.playbook()
-    # What an older deployer leaves for a moment between its mkdir and writing info.json.
-    (target.repo / ".git" / "deployer.lock").mkdir()
+    # What an older deployer leaves for a moment between its mkdir and writing info.json; made half a TTL
+    # ago: old enough to have an age without waiting on the clock, and still not stale.
+    lock = target.repo / ".git" / "deployer.lock"
+    lock.mkdir()
+    young = time.time() - ttl / 2
+    os.utime(lock, (young, young))
     status = target.deployer("lock", "status", "--host", "box")
     assert status.returncode == 3 and "being taken" in status.stdout
     assert "STALE" not in status.stdout and "--force" not in status.stdout

@@ -22,6 +22,7 @@ from deployer.rollback import VERIFY
 from deployer.run import intent
 from deployer.run.restore import remove_temps, restore_files, run_commits
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
+from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.steps.git import git
 
@@ -61,7 +62,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
 
     def body(ctx: Context, log: RunLogWriter) -> None:
         assert ctx.git_dir is not None
-        pending = intent.read(ctx.transport, ctx.git_dir)
+        pending = intent.read(ctx.transport, ctx.git_dir, engine.host_name)
         if pending is not None and pending.run_id != run_id:
             raise ConfigError(f"the target's intent record names run {pending.run_id}, not {run_id}: "
                               f"recover that one (deployer recover {pending.run_id} --host {engine.host_name})")
@@ -70,7 +71,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             _settle_original(record, Phase.failed_restored)
             ctx.emit("recovered", of_run=run_id, outcome=None)
             return
-        files, before, trailer = _what_to_undo(record, pending)
+        files, before, trailer = _what_to_undo(ctx, record, pending)
         found.dests = [f.dest for f in files]
         ctx.git_before = before
         commits = run_commits(ctx, before, trailer)
@@ -101,12 +102,14 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
     return result, found
 
 
-def _what_to_undo(record: RunRecord | None, pending: intent.Intent | None) -> tuple[list[FileRecord], str, str]:
-    """Files, HEAD before and trailer: from the run dir when this machine has it, else from the target."""
+def _what_to_undo(ctx: Context, record: RunRecord | None,
+                  pending: intent.Intent | None) -> tuple[list[FileRecord], str, str]:
+    """Files, HEAD before and trailer: from the run dir when this machine has it, else from the target, whose
+    record is checked against the target before anything acts on it."""
     if record is not None and record.state.git_before is not None and record.state.trailer is not None:
         return record.state.files, record.state.git_before, record.state.trailer
     assert pending is not None  # the caller returns early when neither says what the run changed
-    return pending.files, pending.head_before, pending.trailer
+    return vetted(ctx, pending), pending.head_before, pending.trailer
 
 
 def _committed(ctx: Context, commit: str) -> list[str]:
