@@ -863,11 +863,19 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
                                         rollback=roll_back, parallel=parallel, listeners=listeners, cancel=cancel))
         return
     if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
-        engine = engine_for_run(runlog.read_run(runs_path, run_id), host_name, inventory, runs_dir,
-                                accept_new_host_key)
+        run = runlog.read_run(runs_path, run_id)
+        # Killed before it kept its playbook's copy, the run had not reached the target's lock yet.
+        engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key) \
+            if (run.dir / "playbook.yaml").is_file() else \
+            bare_engine(host_name or str(run.start.get("host")), inventory, runs_dir, accept_new_host_key)
     elif host_name:
         engine = bare_engine(host_name, inventory, runs_dir, accept_new_host_key)
         run_id = run_id or pending_run(engine)
+        if run_id is None:  # as `recover RUN` says of a run with nothing left: exit 0
+            message = f"{host_name}: {recovery.NOTHING}"
+            emit_json({"host": host_name, "run_id": None, "exit_code": 0, "error": None, "message": message}) \
+                if as_json else click.echo(message)
+            return
     else:
         raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
                           "intent record")
@@ -900,13 +908,24 @@ def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, acc
                   connect=lambda bus: open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key))
 
 
-def pending_run(engine: Engine) -> str:
-    """The run the host's intent record names."""
-    from deployer.errors import ConfigError
+def pending_run(engine: Engine) -> str | None:
+    """The run the host's intent record names, else the run whose lock was left (killed before its intent
+    record); None when the target holds neither."""
+    from deployer.errors import DeployerError
+    from deployer.lock import read_state
     from deployer.run import intent
+    from deployer.runlog import is_run_id
 
     with engine.connect(engine.new_bus()) as transport:
-        pending = intent.read(transport, git_dir_of(transport, engine.host))
-    if pending is None:
-        raise ConfigError(f"{engine.host_name} has no interrupted run (no intent record); nothing to recover")
-    return pending.run_id
+        git_dir = git_dir_of(transport, engine.host)
+        pending = intent.read(transport, git_dir)
+        if pending is not None:
+            return pending.run_id
+        lock = read_state(transport, git_dir, engine.host.lock_ttl_s)
+    if lock is None:
+        return None
+    holder = lock.info.get("run_id")
+    if not isinstance(holder, str) or not is_run_id(holder):
+        raise DeployerError(f"the deploy lock {lock.path} on {engine.host_name} names no run deployer could "
+                            f"recover ({holder!a}); see: deployer lock status --host {engine.host_name}")
+    return holder

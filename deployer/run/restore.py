@@ -42,10 +42,11 @@ def sha256(data: bytes | None) -> str | None:
 
 def run_commits(ctx: Context, before: str, trailer: str) -> list[str]:
     """The commits after `before` that carry the run's trailer, oldest first: the run's commit, then the revert
-    of its own on_failure rollback, if it got that far."""
-    found = ctx.run(git("log", "--reverse", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"),
+    of its own on_failure rollback, if it got that far. A commit that only quotes the trailer is not one."""
+    found = ctx.run(git("log", "--reverse", "--format=%H%x1f%B%x1e", "-F", f"--grep={trailer}", f"{before}..HEAD"),
                     timeout=30)
-    return found.out.split() if found.ok else []
+    commits = (entry.strip().partition("\x1f") for entry in found.out.split("\x1e")) if found.ok else ()
+    return [commit for commit, _, message in commits if trailer in message.splitlines()]
 
 
 def pre_run_bytes(ctx: Context, record: RunRecord | None, before: str, rec: FileRecord) -> bytes:
