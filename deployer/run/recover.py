@@ -79,7 +79,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         if pending is None and (record is None or record.state.terminal or not record.state.files):
             # Nothing of the run to undo on the target: cut before its first change (perhaps holding the lock,
             # now released), or settled already. Its record and log may still need their end.
-            if found.lock_released or not _ended(engine.runs_dir, run_id, record):
+            if found.lock_released or not ended(engine.runs_dir, run_id, record):
                 found.outcome = _settle_original(record, Phase.failed_restored)
             ctx.emit("recovered", of_run=run_id, outcome=found.outcome and found.outcome.value,
                      lock_released=found.lock_released)
@@ -133,7 +133,7 @@ def _committed(ctx: Context, commit: str) -> list[str]:
     return sorted(filter(None, listed.split("\0")))
 
 
-def _ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:
+def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:
     """The run's record here is settled and its log has its run_end (or this machine has neither)."""
     if record is not None and not record.state.terminal:
         return False
