@@ -93,9 +93,12 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
     except DeployerError as exc:
         if isinstance(exc, RollbackFailed):
             raise
+        # Cut mid-way, the target's state is not known here: its commit may have landed (a cut in the commit's
+        # batch), so say what it may hold and let recover read it.
         raise RollbackFailed(f"restoring the target failed: {exc}. The files {', '.join(f.dest for f in files)} "
-                             f"may hold the new bytes; HEAD should be {before}. Finish it with: "
-                             f"deployer recover {ctx.run_id}") from None
+                             f"may hold the new bytes, and HEAD may be this run's commit ({trailer}) on top of "
+                             f"{before[:12]}. `deployer recover {ctx.run_id}` reads the target and finishes "
+                             "it") from None
     if wrong:
         raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes (did "
                              f"something else write them meanwhile?). Finish it with: deployer recover {ctx.run_id}")
