@@ -49,8 +49,6 @@ class Recovered:
         if self.outcome is None:
             return f"run {self.run_id}: {NOTHING}"
         parts = [f"run {self.run_id} -> {self.outcome.value}"]
-        if self.lock_released:
-            parts.append("its lock was released")
         if self.commit:
             parts.append(f"its commit {self.commit[:12]} is on the target")
         if self.rollback_commit:
@@ -59,6 +57,8 @@ class Recovered:
             parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")
         if self.temps:
             parts.append(f"removed temp files {', '.join(self.temps)}")
+        if self.lock_released:
+            parts.append("its lock was released")
         return "; ".join(parts)
 
 
