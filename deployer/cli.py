@@ -481,19 +481,23 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
             found += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
         return found
 
+    unreachable: dict[str, str] = {}
     if is_fleet(root, run_id):
-        per_host = verify_fleet(root, run_id, verify_one)
+        per_host, unreachable = verify_fleet(root, run_id, verify_one)
         problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]
     else:
         problems = verify_one(root, run_id)
+    # A tampered log (5) outweighs a host whose history could not be read (4, as for a single run).
+    exit_code = 5 if problems else 4 if unreachable else 0
+    errors = problems + [f"{host}: not verified against the target: {why}" for host, why in unreachable.items()]
     if as_json:
-        emit_json({"run_id": run_id, "problems": problems, "exit_code": 5 if problems else 0,
-                   "error": "; ".join(problems) or None})
-    if problems:
+        emit_json({"run_id": run_id, "problems": problems, "unreachable": unreachable, "exit_code": exit_code,
+                   "error": "; ".join(errors) or None})
+    if exit_code:
         if not as_json:
-            for problem in problems:
+            for problem in errors:
                 ui.show_error(problem)
-        sys.exit(5)
+        sys.exit(exit_code)
     if not as_json:
         click.echo(f"run {run_id}: log verifies")
 
@@ -848,7 +852,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
     from deployer import runlog, ui
     from deployer.errors import ConfigError
-    from deployer.fleet import FleetCancel, FleetRecord, is_fleet, recover_fleet
+    from deployer.fleet import FleetCancel, FleetRecord, cut_sub_runs, is_fleet, recover_fleet
     from deployer.run import recover as recovery
 
     if not run_id and not host_name:
@@ -856,6 +860,10 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     runs_path = runlog.runs_dir_from(runs_dir)
     if run_id and is_fleet(runs_path, run_id):
         fleet_id = run_id
+        if not cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0
+            nothing_to_recover(f"fleet run {fleet_id}: nothing to recover (every host's record and log ended)",
+                               as_json, fleet_id=fleet_id)
+            return
         cancel = FleetCancel()
         listeners: list[Listener] = [pin_notice]
         run_fleet(list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel, as_json, listeners,
@@ -864,11 +872,17 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
                                         rollback=roll_back, parallel=parallel, listeners=listeners, cancel=cancel))
         return
     if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
-        engine = engine_for_run(runlog.read_run(runs_path, run_id), host_name, inventory, runs_dir,
-                                accept_new_host_key)
+        run = runlog.read_run(runs_path, run_id)
+        # Killed before it kept its playbook's copy, the run had not reached the target's lock yet.
+        engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key) \
+            if (run.dir / "playbook.yaml").is_file() else \
+            bare_engine(host_name or str(run.start.get("host")), inventory, runs_dir, accept_new_host_key)
     elif host_name:
         engine = bare_engine(host_name, inventory, runs_dir, accept_new_host_key)
         run_id = run_id or pending_run(engine)
+        if run_id is None:  # as `recover RUN` says of a run with nothing left: exit 0
+            nothing_to_recover(f"{host_name}: {recovery.NOTHING}", as_json, host=host_name, run_id=None)
+            return
     else:
         raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
                           "intent record")
@@ -880,6 +894,14 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     if not as_json and result.exit_code == 0:
         click.echo(found.summary())
     report(console, result, as_json)
+
+
+def nothing_to_recover(message: str, as_json: bool, **ids: str | None) -> None:
+    """Nothing was left to end: exit 0, as `recover RUN` of a settled run says."""
+    if as_json:
+        emit_json({**ids, "exit_code": 0, "error": None, "message": message})
+    else:
+        click.echo(message)
 
 
 def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Engine:
@@ -901,13 +923,24 @@ def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, acc
                   connect=lambda bus: open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key))
 
 
-def pending_run(engine: Engine) -> str:
-    """The run the host's intent record names."""
-    from deployer.errors import ConfigError
+def pending_run(engine: Engine) -> str | None:
+    """The run the host's intent record names, else the run whose lock was left (killed before its intent
+    record); None when the target holds neither."""
+    from deployer.errors import DeployerError
+    from deployer.lock import read_state
     from deployer.run import intent
+    from deployer.runlog import is_run_id
 
     with engine.connect(engine.new_bus()) as transport:
-        pending = intent.read(transport, git_dir_of(transport, engine.host), engine.host_name)
-    if pending is None:
-        raise ConfigError(f"{engine.host_name} has no interrupted run (no intent record); nothing to recover")
-    return pending.run_id
+        git_dir = git_dir_of(transport, engine.host)
+        pending = intent.read(transport, git_dir, engine.host_name)
+        if pending is not None:
+            return pending.run_id
+        lock = read_state(transport, git_dir, engine.host.lock_ttl_s, engine.host_name)
+    if lock is None:
+        return None
+    holder = lock.info.get("run_id")
+    if not isinstance(holder, str) or not is_run_id(holder):
+        raise DeployerError(f"the deploy lock {lock.path} on {engine.host_name} names no run deployer could "
+                            f"recover ({holder!a}); see: deployer lock status --host {engine.host_name}")
+    return holder

@@ -65,7 +65,11 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
             bus.emit("lock_release_failed", path=lock.path, error=str(exc))
-            left = (f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
+            # An unsettled run's lock is recover's to take over, with its intent record; a settled one's is spare.
+            left = (f"The deploy lock {lock.path} (and the intent record) stay on the target ({exc}); "
+                    f"deployer recover {lock.info['run_id']} takes them over once this run's heartbeat is stale"
+                    if settled is None else
+                    f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
                     f"remove it with: deployer lock release --host {bus.host} --force")
     with contextlib.suppress(Exception):
         transport.close()

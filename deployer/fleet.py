@@ -26,10 +26,11 @@ from deployer import rollback as rollbacks
 from deployer.config import Rollout, Unit
 from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult, as_failure
-from deployer.errors import ConfigError, DeployerError, Interrupted
+from deployer.errors import ConfigError, ConnectError, DeployerError, Interrupted
 from deployer.run import recover as recovery
 from deployer.run.state import Phase, RunRecord
 from deployer.runlog import EVENTS, list_runs, new_run_id, read_run, utc_now
+from deployer.runlog import verify as runlog_problems
 from deployer.steps.base import Effect
 from deployer.unit import ABORTED, UnitRun, steps_for
 
@@ -485,11 +486,16 @@ def sub_runs(runs_dir: Path, fleet_id: str) -> dict[str, str]:
 
 
 def needs_recovery(runs_dir: Path, run_id: str) -> bool:
-    """The sub-run was cut: its record stops short of a settled phase."""
+    """The sub-run was cut: its record stops short of a settled phase, or its log of its run_end."""
     if not (runs_dir / run_id / EVENTS).is_file():
         return False
-    record = RunRecord.load(runs_dir / run_id)
-    return record is not None and not record.state.terminal
+    return not recovery.ended(runs_dir, run_id, RunRecord.load(runs_dir / run_id))
+
+
+def cut_sub_runs(runs_dir: Path, fleet_id: str) -> dict[str, str]:
+    """Host -> its sub-run of the fleet that `recover FLEET_ID` has to end (empty: nothing to recover)."""
+    return {host: run_id for host, run_id in sub_runs(runs_dir, fleet_id).items()
+            if needs_recovery(runs_dir, run_id)}
 
 
 def recover_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *, rollback: bool,
@@ -497,7 +503,7 @@ def recover_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str]
     """`deployer recover FLEET_ID`: recover each sub-run that was cut (its record is not settled)."""
     original = FleetRecord.load(runs_dir, fleet_id)
     cut = sub_runs(runs_dir, fleet_id)
-    runs = {host: run_id for host, run_id in cut.items() if needs_recovery(runs_dir, run_id)}
+    runs = cut_sub_runs(runs_dir, fleet_id)
     if not runs:
         raise ConfigError(f"fleet run {fleet_id}: no sub-run needs recovering (every host's record is settled)")
 
@@ -532,10 +538,13 @@ def tagged(engine: Engine, fleet_id: str, listeners: list[Listener]) -> Engine:
     return engine
 
 
-def verify_fleet(runs_dir: Path, fleet_id: str, verify_run: Callable[[Path, str], list[str]]) -> dict[str, list[str]]:
-    """Problems per host: each sub-run's own log, and that it says it belongs to this fleet."""
+def verify_fleet(runs_dir: Path, fleet_id: str,
+                 verify_run: Callable[[Path, str], list[str]]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Problems per host: each sub-run's own log, and that it says it belongs to this fleet; and, apart, the
+    hosts whose history could not be read (unreachable is not tampered)."""
     state = FleetRecord.load(runs_dir, fleet_id).state
     problems: dict[str, list[str]] = {}
+    unreachable: dict[str, str] = {}
     for name, run in state.hosts.items():
         if run.run_id is None:
             if run.status != UNTOUCHED:
@@ -544,10 +553,13 @@ def verify_fleet(runs_dir: Path, fleet_id: str, verify_run: Callable[[Path, str]
         try:
             found = verify_run(runs_dir, run.run_id)
             tag = read_run(runs_dir, run.run_id).start.get("fleet")
+        except ConnectError as exc:
+            unreachable[name] = str(exc)
+            found, tag = runlog_problems(runs_dir, run.run_id), read_run(runs_dir, run.run_id).start.get("fleet")
         except DeployerError as exc:
             found, tag = [str(exc)], fleet_id
         if tag != fleet_id:
             found.append(f"run {run.run_id} does not name fleet {fleet_id} in its run_start (names {tag!r})")
         if found:
             problems[name] = [f"run {run.run_id}: {p}" for p in found]
-    return problems
+    return problems, unreachable

@@ -42,9 +42,6 @@ class Target:
             raise VerificationFailed(f"the log of run {run.run_id} does not verify (deployer runs verify "
                                      f"{run.run_id}); refusing to act on it:\n  " + "\n  ".join(problems))
         git_, end = run.git, run.end or {}
-        recovered = [link for link in run.all("recovered_by") if link.get("commit")]
-        if recovered and not git_.get("after"):  # cut while committing; recover found the commit
-            git_ = {**git_, "after": recovered[-1]["commit"]}
         if not git_.get("after") or not git_.get("before"):
             raise ConfigError(f"run {run.run_id} made no commit (status {run.status}); there is nothing to roll "
                               "back. A run that failed before its commit restored the target itself.")

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +28,11 @@ def new_run_id(now: datetime | None = None) -> str:
     # Milliseconds, so ids sort in start order (runs list, "newest run") even within one second.
     moment = now or datetime.now(timezone.utc)
     return f"{moment:%Y%m%dT%H%M%S}.{moment.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
+
+
+def is_run_id(text: str) -> bool:
+    """Shaped like new_run_id's ids: a name read from a target must be one before it names a run dir."""
+    return re.fullmatch(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}", text) is not None
 
 
 def utc_now() -> str:
@@ -177,7 +183,10 @@ class Run:
     def git(self) -> dict[str, Any]:
         end = self.end
         if end:
-            return dict(end.get("git") or {})
+            git = dict(end.get("git") or {})
+            # Cut while committing, the run never learnt its commit's hash; the recover that found it says.
+            recovered = [link["commit"] for link in self.all("recovered_by") if link.get("commit")]
+            return {**git, "after": recovered[-1]} if recovered and not git.get("after") else git
         # A killed run has no run_end; its preflight still says where HEAD was.
         preflight = self.first("preflight")
         commit = self.first("commit")

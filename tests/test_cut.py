@@ -230,3 +230,41 @@ def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_targe
     assert {end for *_, end in outcomes} == {"restored", "committed"}
     # Every cut landed inside the run (the last byte offsets may fall after its end).
     assert all(code != 0 for where, _, code, _ in outcomes if where not in ("85%", "97%"))
+
+
+def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recover_records_it(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    from test_recover import gate, kill_marker
+
+    project, _ = cut_target
+    base = project.head()
+    # A post-commit hook holds the commit's batch after git made the commit: the link is cut right there.
+    script, marker = gate(project, "post-commit")
+    project.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                     steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    relay.arm(None, rst=True)
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the post-commit hook never ran"
+            time.sleep(0.02)
+        relay.cut()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_marker(marker)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert project.head() != base, "the commit did not land before the cut"
+    assert proc.returncode == 6, err
+    assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
+    run = newest_run(project)
+    relay.arm(None, rst=False)
+    recovered = project.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    state = json.loads((run / "state.json").read_text())
+    assert (state["phase"], state["git_after"]) == ("failed_committed", project.head())
+    verified = project.deployer("runs", "verify", run.name, "--target")
+    assert verified.returncode == 0, verified.stdout + verified.stderr

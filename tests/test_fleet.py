@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -96,6 +97,28 @@ def test_a_fleet_run_applies_every_host_with_its_own_sub_run_and_verifies(fleet:
     events.write_text(events.read_text().replace('"h3"', '"hX"', 1))
     tampered = fleet.deployer("runs", "verify", fleet_id)
     assert tampered.returncode == 5 and "h3: run " in tampered.stderr
+
+
+def test_runs_verify_target_of_a_fleet_exits_4_naming_an_unreachable_host_and_5_only_for_a_tampered_log(
+        fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED)
+    report = as_json(fleet.deployer("apply", "fix.yaml", "--host", "h1,h3", "--json"))
+    fleet_id = report["fleet_id"]
+    assert fleet.deployer("runs", "verify", fleet_id, "--target").returncode == 0
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    closed = socket.create_server(("127.0.0.1", 0))  # bound, never listening: the connect is refused
+    inventory["hosts"]["h3"]["port"] = closed.getsockname()[1]
+    fleet.inventory.write_text(yaml.safe_dump(inventory))
+    try:
+        unreachable = fleet.deployer("runs", "verify", fleet_id, "--target")
+        assert unreachable.returncode == 4, unreachable.stdout + unreachable.stderr
+        assert "h3: not verified against the target" in unreachable.stderr and "h1" not in unreachable.stderr
+        events = fleet.runs / report["hosts"]["h1"]["run_id"] / "events.jsonl"
+        events.write_text(events.read_text().replace('"h1"', '"hX"', 1))
+        tampered = fleet.deployer("runs", "verify", fleet_id, "--target")
+        assert tampered.returncode == 5 and "h1: run " in tampered.stderr, tampered.stderr
+    finally:
+        closed.close()
 
 
 def test_fleet_rollback_reverts_the_chosen_hosts_then_the_rest(fleet: Project) -> None:
@@ -377,8 +400,12 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
         assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
         assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
         assert not (repo(fleet, host) / ".git" / "deployer.lock").exists()
+    # As for a single run: a second recover finds nothing to do, says so, exits 0 and writes nothing.
+    logs = {p: p.read_bytes() for p in fleet.runs.glob("*/events.jsonl")}
     again = fleet.deployer("recover", fleet_id)
-    assert again.returncode == 2 and "no sub-run needs recovering" in again.stderr
+    assert (again.returncode, again.stdout) == (0, f"fleet run {fleet_id}: nothing to recover (every host's "
+                                                   "record and log ended)\n"), again.stdout + again.stderr
+    assert {p: p.read_bytes() for p in fleet.runs.glob("*/events.jsonl")} == logs
     listed = as_json(fleet.deployer("runs", "list", "--json"))
     [cut] = [f for f in listed["fleets"] if f["fleet_id"] == fleet_id]
     assert cut["status"] == "failed" and {h: r["phase"] for h, r in cut["hosts"].items()} == \

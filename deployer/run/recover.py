@@ -7,13 +7,16 @@ target itself (HEAD and the run's trailer, the dests' bytes, temp files, the loc
   had chosen to roll back, so that rollback is finished (its revert commit kept if it made one);
 - no commit: every dest gets its pre-run bytes, owner and mode back, new files are removed.
 Temp files are removed, the intent record and the lock released, and what it did is appended to the run's
-log. Run twice, the second finds nothing to do and changes nothing.
+log: its `run_end` if it never wrote one (a kill, a full disk), and a `recovered_by` line, so the log verifies
+again whichever way the run ended. Run twice, the second finds nothing to do and changes nothing, its log
+included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from deployer.context import Context
 from deployer.engine import Engine, RunResult
@@ -25,6 +28,8 @@ from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.steps.git import git
+
+NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
 
 @dataclass
@@ -39,10 +44,11 @@ class Recovered:
     temps: list[str] = field(default_factory=list)
     rollback_commit: str | None = None
     dests: list[str] = field(default_factory=list)
+    lock_released: bool = False  # the cut run's lock, taken over from it
 
     def summary(self) -> str:
         if self.outcome is None:
-            return f"run {self.run_id}: nothing to recover (no intent record on the target, record settled)"
+            return f"run {self.run_id}: {NOTHING}"
         parts = [f"run {self.run_id} -> {self.outcome.value}"]
         if self.commit:
             parts.append(f"its commit {self.commit[:12]} is on the target")
@@ -52,6 +58,8 @@ class Recovered:
             parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")
         if self.temps:
             parts.append(f"removed temp files {', '.join(self.temps)}")
+        if self.lock_released:
+            parts.append("its lock was released")
         return "; ".join(parts)
 
 
@@ -60,6 +68,9 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
     record = RunRecord.load(engine.runs_dir / run_id)
     found = Recovered(run_id)
 
+    def adopted(event: dict[str, Any]) -> None:
+        found.lock_released = found.lock_released or event.get("type") == "lock_adopted"
+
     def body(ctx: Context, log: RunLogWriter) -> None:
         assert ctx.git_dir is not None
         pending = intent.read(ctx.transport, ctx.git_dir, engine.host_name)
@@ -67,9 +78,12 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             raise ConfigError(f"the target's intent record names run {pending.run_id}, not {run_id}: "
                               f"recover that one (deployer recover {pending.run_id} --host {engine.host_name})")
         if pending is None and (record is None or record.state.terminal or not record.state.files):
-            # A second recover, or a run cut before it recorded anything to change: only its lock was left.
-            _settle_original(record, Phase.failed_restored)
-            ctx.emit("recovered", of_run=run_id, outcome=None)
+            # Nothing of the run to undo on the target: cut before its first change (perhaps holding the lock,
+            # now released), or settled already. Its record and log may still need their end.
+            if found.lock_released or not ended(engine.runs_dir, run_id, record):
+                found.outcome = _settle_original(record, Phase.failed_restored)
+            ctx.emit("recovered", of_run=run_id, outcome=found.outcome and found.outcome.value,
+                     lock_released=found.lock_released)
             return
         files, before, trailer = _what_to_undo(ctx, record, pending)
         found.dests = [f.dest for f in files]
@@ -78,25 +92,29 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         if commits:
             found.commit = ctx.git_after = commit = commits[0]
             found.temps = remove_temps(ctx, files)
-            found.outcome = Phase.failed_committed
+            outcome = Phase.failed_committed
             cut_rolling_back = len(commits) > 1 or (record is not None and record.state.phase == Phase.rolling_back)
             if rollback or cut_rolling_back:
-                _settle_original(record, Phase.rolling_back)
+                _settle_original(record, Phase.rolling_back, commit)
                 dests = _committed(ctx, commit)
                 found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
                                                       verify=VERIFY)
-                found.outcome = Phase.rolled_back
+                outcome = Phase.rolled_back
         else:
             done = restore_files(ctx, files, before, trailer, record)
             found.restored, found.removed, found.temps = done.restored, done.removed, done.temps
-            found.outcome = Phase.failed_restored
-        _settle_original(record, found.outcome)
+            outcome = Phase.failed_restored
+        found.outcome = _settle_original(record, outcome, found.commit)
         ctx.emit("recovered", of_run=run_id, outcome=found.outcome.value, commit=found.commit,
                  restored=found.restored, removed=found.removed, temps=found.temps,
-                 rollback_commit=found.rollback_commit)
+                 rollback_commit=found.rollback_commit, lock_released=found.lock_released)
 
     engine.adopt_lock_of = run_id
-    result = engine.execute(body, recover_of=run_id)
+    engine.listeners.append(adopted)
+    try:
+        result = engine.execute(body, recover_of=run_id)
+    finally:
+        engine.listeners.remove(adopted)
     if result.exit_code == 0 and found.outcome is not None:
         _link(engine.runs_dir, run_id, result, found)
     return result, found
@@ -118,14 +136,26 @@ def _committed(ctx: Context, commit: str) -> list[str]:
     return sorted(filter(None, listed.split("\0")))
 
 
-def _settle_original(record: RunRecord | None, outcome: Phase) -> None:
-    if record is None or record.state.phase == outcome:
-        return
+def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:
+    """The run's record here is settled and its log has its run_end (or this machine has neither)."""
+    if record is not None and not record.state.terminal:
+        return False
+    return not (runs_dir / run_id / EVENTS).is_file() or read_run(runs_dir, run_id).end is not None
+
+
+def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | None = None) -> Phase:
+    """The cut run's record moved to what the target shows; returns the phase it ends in."""
+    if record is None:
+        return outcome
     if record.state.terminal:
-        return  # settled by its own run already; the link line says what recover added
+        # Settled by its own run already (killed before its release: the target holds what the record says);
+        # the link line says what recover added, a rollback included.
+        return outcome if outcome == Phase.rolled_back else record.state.phase
+    after = commit or record.state.git_after
     if outcome == Phase.failed_committed and record.state.phase not in PAST_COMMIT:
         record.advance(Phase.interrupted, utc_now())  # cut while committing: the commit exists after all
-    record.advance(outcome, utc_now())
+    record.advance(outcome, utc_now(), git_after=after)
+    return outcome
 
 
 def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> None:
@@ -136,7 +166,8 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
     writer = RunLogWriter.reopen(runs_dir, run_id)
     try:
         if run.end is None:
-            writer.write({"type": "run_end", "status": "failed", "exit_code": None, "phase": found.outcome,
+            status = "successful" if found.outcome == Phase.succeeded else "failed"
+            writer.write({"type": "run_end", "status": status, "exit_code": None, "phase": found.outcome,
                           "error": "the run was cut; it was ended by deployer recover", "ended_by": result.run_id,
                           "git": {"before": result.git_before, "after": found.commit},
                           "files": found.dests, "facts": {}})

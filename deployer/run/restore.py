@@ -42,10 +42,11 @@ def sha256(data: bytes | None) -> str | None:
 
 def run_commits(ctx: Context, before: str, trailer: str) -> list[str]:
     """The commits after `before` that carry the run's trailer, oldest first: the run's commit, then the revert
-    of its own on_failure rollback, if it got that far."""
-    found = ctx.run(git("log", "--reverse", "--format=%H", "-F", f"--grep={trailer}", f"{before}..HEAD"),
+    of its own on_failure rollback, if it got that far. A commit that only quotes the trailer is not one."""
+    found = ctx.run(git("log", "--reverse", "--format=%H%x1f%B%x1e", "-F", f"--grep={trailer}", f"{before}..HEAD"),
                     timeout=30)
-    return found.out.split() if found.ok else []
+    commits = (entry.strip().partition("\x1f") for entry in found.out.split("\x1e")) if found.ok else ()
+    return [commit for commit, _, message in commits if trailer in message.splitlines()]
 
 
 def pre_run_bytes(ctx: Context, record: RunRecord | None, before: str, rec: FileRecord) -> bytes:
@@ -92,9 +93,12 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
     except DeployerError as exc:
         if isinstance(exc, RollbackFailed):
             raise
+        # Cut mid-way, the target's state is not known here: its commit may have landed (a cut in the commit's
+        # batch), so say what it may hold and let recover read it.
         raise RollbackFailed(f"restoring the target failed: {exc}. The files {', '.join(f.dest for f in files)} "
-                             f"may hold the new bytes; HEAD should be {before}. Finish it with: "
-                             f"deployer recover {ctx.run_id}") from None
+                             f"may hold the new bytes, and HEAD may be this run's commit ({trailer}) on top of "
+                             f"{before[:12]}. `deployer recover {ctx.run_id}` reads the target and finishes "
+                             "it") from None
     if wrong:
         raise RollbackFailed(f"after the restore, {', '.join(wrong)} still differ from their pre-run bytes (did "
                              f"something else write them meanwhile?). Finish it with: deployer recover {ctx.run_id}")
