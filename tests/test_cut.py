@@ -243,6 +243,7 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     project.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
     project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
                      steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    project.write_inventory(lock_ttl_s=2)  # recover waits for the cut run's heartbeat to go stale: not long
     relay.arm(None, rst=True)
     proc = project.popen("apply", "fix.yaml", "--host", "box")
     try:
@@ -262,6 +263,12 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
     run = newest_run(project)
     relay.arm(None, rst=False)
+    # The cut run's agent beats until sshd notices the dead link; a person waits for the TTL, so does this.
+    heartbeat = project.repo / ".git" / "deployer.lock" / "heartbeat"
+    deadline = time.monotonic() + 60
+    while heartbeat.exists() and time.time() - heartbeat.stat().st_mtime <= 2.5:
+        assert time.monotonic() < deadline, "the cut run's agent never stopped beating"
+        time.sleep(0.1)
     recovered = project.deployer("recover", run.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     state = json.loads((run / "state.json").read_text())

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python, work_tree
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, target_python, work_tree
 from fixtures_services import Stack
 from test_recover import gate, kill_marker, killed_after_its_commit, start_and_kill, state_of, wait_for
 
@@ -78,13 +78,14 @@ def test_a_recover_by_host_releases_the_lock_of_a_run_killed_before_its_intent_r
         wait_for(lambda: any('"type": "sample"' in (p / "events.jsonl").read_text()
                              for p in target.runs.glob("*") if (p / "events.jsonl").is_file()), "the baseline")
         live = target.deployer("recover", "--host", "box", *elsewhere)
-        assert live.returncode == 3 and "looks alive" in live.stderr, live.stdout + live.stderr
+        assert live.returncode == 3 and "heartbeat is fresh" in live.stderr, live.stdout + live.stderr
         assert lock.is_symlink(), "a live run's lock was taken"
     finally:
         proc.kill()
         proc.communicate(timeout=30)
     [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
     assert lock.is_symlink() and not (target.repo / ".git" / "deployer" / "inflight.json").exists()
+    age_lock(target.repo)
     done = ok(target.deployer("recover", "--host", "box", *elsewhere))
     assert f"run {run.name} -> failed_restored; its lock was released" in done.stdout, done.stdout
     assert not lock.exists() and not lock.is_symlink()
