@@ -494,7 +494,7 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
                 ui.show_error(problem)
         sys.exit(5)
     if not as_json:
-        click.echo(f"run {run_id}: log verifies")
+        ui.say(f"run {run_id}: log verifies")
 
 
 def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | None, runs_dir: str | None,
@@ -616,6 +616,7 @@ def lock() -> None:
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
     from deployer import lock as locks
+    from deployer import ui
 
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
@@ -627,9 +628,9 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
                    "holder": None if state is None else {**state.info, "stale": state.stale,
                                                          "heartbeat_age_s": state.heartbeat_age_s}})
     else:
-        click.echo(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
+        ui.say(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
         for stray in strays:
-            click.echo(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
+            ui.say(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
                        "the next run that takes the lock removes it")
     if state is not None:
         sys.exit(3)
@@ -655,7 +656,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         git_dir = git_dir_of(transport, host)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s)
         if state is None:
-            emit_json({"host": host_name, "released": None}) if as_json else click.echo(f"{host_name}: not locked")
+            emit_json({"host": host_name, "released": None}) if as_json else ui.say(f"{host_name}: not locked")
             return
         if not state.stale:
             ui.show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
@@ -666,7 +667,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
     if as_json:
         emit_json({"host": host_name, "released": state.info, "run_id": run_id})
     else:
-        click.echo(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
+        ui.say(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
 
 
 def git_dir_of(transport: Transport, host: Host) -> str:
@@ -759,6 +760,7 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
 def init(source: str, base: str, host_name: str | None, metric: str | None, as_patch: bool, output: str,
          message: str | None, inventory: str | None, as_json: bool) -> None:
     """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
+    from deployer import ui
     from deployer.config import find_inventory, get_host, load_inventory
     from deployer.scaffold import write_playbook
 
@@ -772,13 +774,13 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
         emit_json({"playbook": str(made.playbook), "written": [str(p) for p in made.written],
                    "files": [vars(f) for f in made.files], "message": made.message, "exit_code": 0, "error": None})
         return
-    click.echo(f"wrote {made.playbook}: {len(made.files)} file(s), "
+    ui.say(f"wrote {made.playbook}: {len(made.files)} file(s), "
                f"+{sum(f.insertions for f in made.files)} -{sum(f.deletions for f in made.files)}")
     for f in made.files:
-        click.echo(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
+        ui.say(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
     for note in made.notes:
-        click.echo(f"note: {note}")
-    click.echo(f"next: deployer plan {made.playbook} --host HOST")
+        ui.say(f"note: {note}")
+    ui.say(f"next: deployer plan {made.playbook} --host HOST")
 
 
 @main.command()
@@ -877,7 +879,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     with cancel_on_signals(engine.cancel), view:
         result, found = recovery.recover(engine, run_id, rollback=roll_back)
     if not as_json and result.exit_code == 0:
-        click.echo(found.summary())
+        ui.say(found.summary())
     report(console, result, as_json)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
 from rich.live import Live
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -19,6 +20,7 @@ from deployer import runlog
 from deployer.action import Kind
 from deployer.errors import DeployerError
 from deployer.steps.services import pid_text as one_pid
+from deployer.text import visible
 
 if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a plain apply
     from deployer.check import CheckReport, GroupReport
@@ -108,12 +110,28 @@ class StepView(LiveView):
             self.console.print(text, markup=False, highlight=False)
 
 
+class SafeConsole(Console):
+    """A console that never lets the text it prints drive the terminal.
+
+    The one choke point for everything on screen: target output, log lines and error messages reach
+    the terminal only as segments, and each segment's text has its control characters made visible
+    (`\\x1b`) here, after layout and before rich adds its own styles and cursor moves (control segments,
+    which rich makes itself, pass as they are). Markup is another matter: text that is not ours is
+    printed with markup=False or through rich.markup.escape."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(visible(segment.text), segment.style, segment.control)
+            for segment in buffer)
+
+
 def make_console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    # emoji off: rich would turn a ":fire:" in a commit subject into an emoji even with markup off.
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
 
 
 def show_plan(console: Console, report: PlanReport) -> None:
-    console.print(f"[bold]plan[/bold] for host {report.host_name}: {report.repo} at {report.head[:12]}")
+    console.print(f"[bold]plan[/bold] for host {escape(f'{report.host_name}: {report.repo} at {report.head[:12]}')}")
     if report.lock is not None:
         console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
     if report.dirty:
@@ -164,7 +182,7 @@ def show_result(console: Console, result: RunResult) -> None:
     style = "green" if result.status == "successful" else "red"
     console.print(f"run {result.run_id}: [{style}]{result.status}[/{style}] (exit {result.exit_code})")
     if result.git_after:
-        console.print(f"commit {result.git_after} (was {result.git_before})")
+        console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
     for line in fact_lines(result.facts):
         console.print(f"  {line}", markup=False, highlight=False)
     show_chart(console, events_of(result))
@@ -208,6 +226,11 @@ def fact_lines(facts: dict[str, Any]) -> list[str]:
 
 def show_error(message: str) -> None:
     make_console(stderr=True).print(f"error: {message}", markup=False, highlight=False, style="red")
+
+
+def say(text: str) -> None:
+    """One plain line on stdout, through the same console as every other line (so escaped like them)."""
+    make_console().print(text, markup=False, highlight=False)
 
 
 def show_notice(message: str) -> None:
