@@ -418,13 +418,15 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
     """List recorded runs, oldest first."""
     from deployer import runlog, ui
     from deployer.fleet import list_fleets
+    from deployer.run.shown import shown_state
 
     root = runlog.runs_dir_from(runs_dir)
     found, fleets = runlog.list_runs(root), list_fleets(root)
     if as_json:
-        emit_json({"runs": [{"run_id": r.run_id, "status": r.status, "host": r.start.get("host"),
-                             "kind": r.start.get("kind", "apply"), "playbook": r.start.get("playbook_name"),
-                             "fleet": r.start.get("fleet"), "git": r.git} for r in found],
+        emit_json({"runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
+                             "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
+                             "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
+                             "git": r.git} for r in found],
                    "fleets": [ui.fleet_json(f) for f in fleets]})
     else:
         console = ui.make_console()

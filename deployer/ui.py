@@ -66,6 +66,11 @@ class LiveView:
             self.live.__exit__(None, None, None)
 
 
+def detail_of(event: dict[str, Any]) -> str:
+    """A step's one-line outcome: its summary, else the first line of its error (an empty one is no line)."""
+    return str(event.get("summary") or next(iter(str(event.get("error") or "").splitlines()), ""))
+
+
 class StepView(LiveView):
     """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
 
@@ -95,7 +100,7 @@ class StepView(LiveView):
         elif kind == "step_end" and step and step in self.rows:
             row = self.rows[step]
             row[0], row[2] = event["status"], event.get("duration_s", 0.0)
-            row[3] = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            row[3] = detail_of(event)
             self._line(f"[{step}] {event['status']} {row[2]:.2f}s {row[3]}")
         elif kind == "sample" and step and step in self.rows:
             self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
@@ -247,31 +252,48 @@ def columns(console: Console, header: tuple[str, ...], rows: Sequence[tuple[str,
 
 
 def show_runs(console: Console, runs: list[Run]) -> None:
+    from deployer.run.shown import shown_state
+
     rows = []
     for run in runs:
         start = run.start
         kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
-        rows.append((run.run_id, run.status, str(start.get("host", "")), str(run.git.get("after") or "-")[:12],
-                     kind, str(start.get("playbook_name", ""))))
-    columns(console, ("run", "status", "host", "commit", "kind", "playbook"), rows)
+        rows.append((run.run_id, shown_state(run), _field(start.get("host")), _field(run.git.get("after"))[:12],
+                     kind, _field(start.get("playbook_name"))))
+    columns(console, ("run", "state", "host", "commit", "kind", "playbook"), rows)
+
+
+def _field(value: object) -> str:
+    """A recorded value for people: a missing one is `-`, never Python's None."""
+    return "-" if value is None or value == "" else str(value)
 
 
 def show_run(console: Console, run: Run) -> None:
+    from deployer.run.shown import shown_state
+
     start, end = run.start, run.end or {}
-    console.print(Text(f"run {run.run_id}  status {run.status}  host {start.get('host')}  "
-                       f"operator {start.get('operator')}  deployer {start.get('version')}"))
-    console.print(f"playbook {start.get('playbook')} (sha256 {start.get('playbook_sha256', '')[:16]})",
-                  markup=False)
+    state = shown_state(run)
+    console.print(f"run {run.run_id}  state {state}  host {_field(start.get('host'))}  "
+                  f"operator {_field(start.get('operator'))}  deployer {_field(start.get('version'))}",
+                  markup=False, highlight=False)
+    console.print(f"playbook {_field(start.get('playbook'))} (sha256 {_field(start.get('playbook_sha256'))[:16]})",
+                  markup=False, highlight=False)
+    if not end:
+        console.print(f"no run_end: the run is still going, or it was cut while {state} "
+                      f"(deployer recover {run.run_id})", markup=False, highlight=False)
     if start.get("rollback_of"):
-        console.print(f"rollback of run {start['rollback_of']}", markup=False)
+        console.print(f"rollback of run {start['rollback_of']}", markup=False, highlight=False)
     for link in run.all("rolled_back_by"):
-        console.print(f"rolled back by run {link.get('by')} ({link.get('status', '?')})", markup=False)
+        console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')})", markup=False,
+                      highlight=False)
     git = run.git
-    console.print(f"git: before {git.get('before')}  after {git.get('after')}", markup=False)
+    console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
+                  highlight=False)
     for event in run.events:
         if event.get("type") == "step_end":
-            detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
-            console.print(f"  {event.get('step'):<16} {event.get('status'):<9} {event.get('duration_s', 0):>7.2f}s "
+            detail = detail_of(event)
+            console.print(f"  {_field(event.get('step')):<16} {_field(event.get('status')):<9} "
+                          f"{event.get('duration_s') or 0:>7.2f}s "
                           f"{detail}", markup=False, highlight=False)
     show_chart(console, run.events)
     if end.get("error"):
@@ -540,7 +562,7 @@ class FleetView(LiveView):
         if kind == "step_start" and event.get("step"):
             row.step = str(event["step"])
         elif kind == "step_end" and event.get("step"):
-            row.detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            row.detail = detail_of(event)
             return f"[{host}] {event['step']} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"
         return None
 
