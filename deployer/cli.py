@@ -771,7 +771,7 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
         inventory_path = find_inventory(inventory)
         host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     made = write_playbook(Path(source), base=base, output=Path(output), as_patch=as_patch, message=message,
-                          host=host, metric=metric)
+                          host=host, metric=metric, host_name=host_name)
     if as_json:
         emit_json({"playbook": str(made.playbook), "written": [str(p) for p in made.written],
                    "files": [vars(f) for f in made.files], "message": made.message, "exit_code": 0, "error": None})
@@ -782,7 +782,7 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
         ui.say(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
     for note in made.notes:
         ui.say(f"note: {note}")
-    ui.say(f"next: deployer plan {made.playbook} --host HOST")
+    ui.say(f"next: {made.next_step(made.playbook)}")
 
 
 @main.command()
