@@ -696,11 +696,12 @@ def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json:
     from deployer.demo.run import run_demo, stop_kept_stacks
 
     if stop_kept:
-        stopped = stop_kept_stacks(Path(workdir) if workdir else None)
+        chosen = Path(workdir) if workdir else None
+        stopped = stop_kept_stacks(chosen)
         if as_json:
             emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
         else:
-            ui.show_stopped(ui.make_console(), stopped)
+            ui.show_stopped(ui.make_console(), stopped, chosen)
         return
     if fleet:
         fleet_demo(Path(workdir) if workdir else None, keep, as_json)

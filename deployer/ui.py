@@ -322,7 +322,8 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
         ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"),
         ("run", f"{result.run_id}: {result.status}"),
         ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),
-        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}"),
+        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}" if result.git_after
+         else "- (the run made no commit: nothing to roll back)"),
     ]
     for key, value in rows:
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
@@ -350,8 +351,10 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
         console.print(f"  {unit:<6} {GAUGE}: {_num(gauge['before'])} before the fix -> {_num(gauge['after'])} after "
                       f"(prefill+router on {prefill}, decode on {decode})", markup=False, highlight=False)
         show_chart(console, events[unit])
+    committed = any(run.git_after for run in outcome.state.hosts.values())
     for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
-                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}")):
+                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}" if committed
+                        else "- (no host made a commit: nothing to roll back)")):
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
     if outcome.kept:
         console.print("  the stacks are still running (--keep):", markup=False)
@@ -369,9 +372,11 @@ def _num(value: object) -> str:
     return "?" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def show_stopped(console: Console, stopped: dict[Path, dict[str, int]]) -> None:
+def show_stopped(console: Console, stopped: dict[Path, dict[str, int]], workdir: Path | None) -> None:
     if not stopped:
-        console.print("no kept demo is running", markup=False)
+        where = f"in {workdir}" if workdir else "in the temp dir"
+        console.print(f"nothing was kept {where} (only a `deployer demo --keep` is stopped): stopped nothing",
+                      markup=False, highlight=False)
     for workdir, pids in stopped.items():
         shown = ", ".join(f"{name} {pid}" for name, pid in pids.items()) or "nothing was running"
         console.print(f"{workdir}: stopped {shown}", markup=False, highlight=False)
