@@ -599,7 +599,7 @@ def list_host_deploys(host_name: str, inventory: str | None, accept_new_host_key
     with transport:
         deploys = rollbacks.list_deploys(transport, host.repo)
     if as_json:
-        emit_json([vars(d) for d in deploys])
+        emit_json({"host": host_name, "deploys": [vars(d) for d in deploys], "exit_code": 0, "error": None})
     else:
         ui.show_deploys(ui.make_console(), deploys)
 
@@ -796,7 +796,9 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
 @failures_to_exit_codes
 def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, accept_new_host_key: bool,
           as_json: bool) -> None:
-    """Can I deploy here now? Read-only: host key, auth, python, repo, lock, services, metrics.
+    """Can I deploy here now? Read-only on the target: host key, auth, python, repo, lock, services, metrics.
+
+    --accept-new-host-key pins an unknown key into the local known_hosts (said in a notice).
 
     Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
     the first host, in selection order, that has one)."""

@@ -21,10 +21,9 @@ import yaml
 from deployer import diffs
 from deployer.config import Host, check_repo_relative
 from deployer.errors import ConfigError
+from deployer.playbook import BINARY_PROBE
 
 SYMLINK, SUBMODULE = "120000", "160000"
-# git's own test for a binary file: a NUL byte in the first 8000 bytes.
-BINARY_PROBE = 8000
 
 
 @dataclass(frozen=True)

@@ -457,6 +457,8 @@ def show_check(console: Console, report: CheckReport) -> None:
     else:
         console.print(f"{report.host}: not ready: {first.name}: {first.detail} (exit {first.exit_code})",
                       markup=False, highlight=False)
+        if first.message:
+            show_error(first.message)
 
 
 def show_check_group(console: Console, group: GroupReport) -> None:

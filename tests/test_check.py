@@ -111,3 +111,25 @@ def test_check_with_a_playbook_exits_1_when_a_shipped_file_is_dirty_on_the_targe
     result = target.deployer("check", "fix.yaml", "--host", "box", "--json")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "pkg/a.py" in checks(result)["dirty files"]["detail"]
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_check_refuses_an_unpinned_host_key_with_the_same_message_as_plan(target: Project, tmp_path: Path) -> None:
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    target.write_inventory(known_hosts=str(empty))
+    target.playbook()
+    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert plan.returncode == 4 and plan.stderr.startswith("error: "), plan.stderr
+    message = plan.stderr.removeprefix("error: ").strip()
+    assert "--accept-new-host-key" in message and "ssh-keygen -lf" in message
+    shown = target.deployer("check", "--host", "box")
+    assert shown.returncode == 4, shown.stdout + shown.stderr
+    assert shown.stderr.removeprefix("error: ").strip() == message
+    as_json = target.deployer("check", "--host", "box", "--json")
+    assert json.loads(as_json.stdout)["error"] == json.loads(target.deployer("plan", "fix.yaml", "--host", "box",
+                                                                             "--json").stdout)["error"]
+    # The one thing check writes: the key --accept-new-host-key pins here, said as a notice.
+    pinned = target.deployer("check", "--host", "box", "--accept-new-host-key")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "notice: pinned a new host key for" in pinned.stderr and empty.read_text().strip()
