@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import Project, tree_snapshot
+from fixtures_repo import Project, hold_lock, tree_snapshot
 from fixtures_services import GAUGE, Stack
 
 
@@ -70,11 +70,7 @@ def test_check_exits_1_for_a_service_that_is_down_and_a_metric_that_is_absent(st
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
 def test_check_exits_3_and_names_the_holder_when_the_lock_is_held(target: Project) -> None:
-    lock = target.repo / ".git" / "deployer.lock"
-    lock.mkdir()
-    (lock / "info.json").write_text(json.dumps({"run_id": "20260101T000000.000Z-abcdef", "operator": "alice@ops",
-                                                "pid": 4242, "ttl_s": 600}))
-    (lock / "heartbeat").write_text("")
+    lock = hold_lock(target)
     result = target.deployer("check", "--host", "box", "--json")
     assert result.returncode == 3, result.stdout + result.stderr
     found = checks(result)

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import json
 
-from fixtures_repo import Project
+from fixtures_repo import Project, hold_lock
 
 
 def listed_states(project: Project) -> dict[str, str]:
     shown = project.deployer("runs", "list")
     assert shown.returncode == 0, shown.stderr
     return {line.split()[0]: line.split()[1] for line in shown.stdout.splitlines()[1:] if line.strip()}
-
-
-def hold_lock(project: Project) -> None:
-    lock = project.repo / ".git" / "deployer.lock"
-    lock.mkdir()
-    (lock / "info.json").write_text(json.dumps({"run_id": "20260101T000000.000Z-abcdef", "operator": "alice@ops",
-                                                "pid": 4242, "ttl_s": 600}))
-    (lock / "heartbeat").write_text("")
 
 
 def test_runs_list_names_the_documented_states_and_refusals_as_refused(target: Project) -> None:
