@@ -37,6 +37,9 @@ class Check:
     status: Status
     detail: str
     exit_code: int = 0  # when it fails: the exit code the predicted failure has
+    # A refusal's whole message, as every other command prints it (the fingerprint, what to run): the
+    # row shows its first line.
+    message: str | None = None
 
 
 @dataclass
@@ -46,6 +49,12 @@ class CheckReport:
 
     def add(self, name: str, status: Status, detail: str, exit_code: int = 0) -> None:
         self.checks.append(Check(name, status, detail, exit_code if status == "fail" else 0))
+
+    def refused(self, name: str, exc: DeployerError) -> None:
+        """A failure the connection raised: its first line in the row, all of it for the operator."""
+        message = str(exc)
+        self.checks.append(Check(name, "fail", message.splitlines()[0] if message else name, exc.exit_code,
+                                 message))
 
     @property
     def first_problem(self) -> Check | None:
@@ -59,7 +68,7 @@ class CheckReport:
     def as_json(self) -> dict[str, Any]:
         first = self.first_problem
         return {"host": self.host, "checks": [vars(c) for c in self.checks], "exit_code": self.exit_code,
-                "error": None if first is None else f"{first.name}: {first.detail}"}
+                "error": None if first is None else first.message or f"{first.name}: {first.detail}"}
 
 
 @dataclass
@@ -110,12 +119,12 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
     try:
         transport = connect(bus)
     except HostKeyError as exc:
-        report.add("host key", "fail", str(exc).splitlines()[0], exc.exit_code)
+        report.refused("host key", exc)
         report.add("auth", "skip", "not tried: the host key is not trusted")
         return report
     except ConnectError as exc:
         report.add("host key", "skip", "not reached")
-        report.add("auth", "fail", str(exc).splitlines()[0], exc.exit_code)
+        report.refused("auth", exc)
         return report
     with transport:
         info = transport.info

@@ -419,13 +419,15 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
     """List recorded runs, oldest first."""
     from deployer import runlog, ui
     from deployer.fleet import list_fleets
+    from deployer.run.shown import shown_state
 
     root = runlog.runs_dir_from(runs_dir)
     found, fleets = runlog.list_runs(root), list_fleets(root)
     if as_json:
-        emit_json({"runs": [{"run_id": r.run_id, "status": r.status, "host": r.start.get("host"),
-                             "kind": r.start.get("kind", "apply"), "playbook": r.start.get("playbook_name"),
-                             "fleet": r.start.get("fleet"), "git": r.git} for r in found],
+        emit_json({"runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
+                             "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
+                             "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
+                             "git": r.git} for r in found],
                    "fleets": [ui.fleet_json(f) for f in fleets]})
     else:
         console = ui.make_console()
@@ -499,7 +501,7 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
                 ui.show_error(problem)
         sys.exit(exit_code)
     if not as_json:
-        click.echo(f"run {run_id}: log verifies")
+        ui.say(f"run {run_id}: log verifies")
 
 
 def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | None, runs_dir: str | None,
@@ -602,7 +604,7 @@ def list_host_deploys(host_name: str, inventory: str | None, accept_new_host_key
     with transport:
         deploys = rollbacks.list_deploys(transport, host.repo)
     if as_json:
-        emit_json([vars(d) for d in deploys])
+        emit_json({"host": host_name, "deploys": [vars(d) for d in deploys], "exit_code": 0, "error": None})
     else:
         ui.show_deploys(ui.make_console(), deploys)
 
@@ -621,6 +623,7 @@ def lock() -> None:
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
     from deployer import lock as locks
+    from deployer import ui
 
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
@@ -632,9 +635,9 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
                    "holder": None if state is None else {**state.info, "stale": state.stale,
                                                          "heartbeat_age_s": state.heartbeat_age_s}})
     else:
-        click.echo(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
+        ui.say(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
         for stray in strays:
-            click.echo(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
+            ui.say(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
                        "the next run that takes the lock removes it")
     if state is not None:
         sys.exit(3)
@@ -660,7 +663,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         git_dir = git_dir_of(transport, host)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
         if state is None:
-            emit_json({"host": host_name, "released": None}) if as_json else click.echo(f"{host_name}: not locked")
+            emit_json({"host": host_name, "released": None}) if as_json else ui.say(f"{host_name}: not locked")
             return
         if not state.stale:
             ui.show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
@@ -671,7 +674,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
     if as_json:
         emit_json({"host": host_name, "released": state.info, "run_id": run_id})
     else:
-        click.echo(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
+        ui.say(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
 
 
 def git_dir_of(transport: Transport, host: Host) -> str:
@@ -698,11 +701,12 @@ def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json:
     from deployer.demo.run import run_demo, stop_kept_stacks
 
     if stop_kept:
-        stopped = stop_kept_stacks(Path(workdir) if workdir else None)
+        chosen = Path(workdir) if workdir else None
+        stopped = stop_kept_stacks(chosen)
         if as_json:
             emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
         else:
-            ui.show_stopped(ui.make_console(), stopped)
+            ui.show_stopped(ui.make_console(), stopped, chosen)
         return
     if fleet:
         fleet_demo(Path(workdir) if workdir else None, keep, as_json)
@@ -764,6 +768,7 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
 def init(source: str, base: str, host_name: str | None, metric: str | None, as_patch: bool, output: str,
          message: str | None, inventory: str | None, as_json: bool) -> None:
     """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
+    from deployer import ui
     from deployer.config import find_inventory, get_host, load_inventory
     from deployer.scaffold import write_playbook
 
@@ -772,18 +777,18 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
         inventory_path = find_inventory(inventory)
         host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     made = write_playbook(Path(source), base=base, output=Path(output), as_patch=as_patch, message=message,
-                          host=host, metric=metric)
+                          host=host, metric=metric, host_name=host_name)
     if as_json:
         emit_json({"playbook": str(made.playbook), "written": [str(p) for p in made.written],
                    "files": [vars(f) for f in made.files], "message": made.message, "exit_code": 0, "error": None})
         return
-    click.echo(f"wrote {made.playbook}: {len(made.files)} file(s), "
+    ui.say(f"wrote {made.playbook}: {len(made.files)} file(s), "
                f"+{sum(f.insertions for f in made.files)} -{sum(f.deletions for f in made.files)}")
     for f in made.files:
-        click.echo(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
+        ui.say(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
     for note in made.notes:
-        click.echo(f"note: {note}")
-    click.echo(f"next: deployer plan {made.playbook} --host HOST")
+        ui.say(f"note: {note}")
+    ui.say(f"next: {made.next_step(made.playbook)}")
 
 
 @main.command()
@@ -796,7 +801,9 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
 @failures_to_exit_codes
 def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, accept_new_host_key: bool,
           as_json: bool) -> None:
-    """Can I deploy here now? Read-only: host key, auth, python, repo, lock, services, metrics.
+    """Can I deploy here now? Read-only on the target: host key, auth, python, repo, lock, services, metrics.
+
+    --accept-new-host-key pins an unknown key into the local known_hosts (said in a notice).
 
     Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
     the first host, in selection order, that has one)."""
@@ -892,7 +899,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     with cancel_on_signals(engine.cancel), view:
         result, found = recovery.recover(engine, run_id, rollback=roll_back)
     if not as_json and result.exit_code == 0:
-        click.echo(found.summary())
+        ui.say(found.summary())
     report(console, result, as_json)
 
 

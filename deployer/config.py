@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import posixpath
 import shlex
+import typing
 import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -291,11 +293,12 @@ def validate(model: type[M], data: Any, doc: yamlsrc.Document, base: yamlsrc.Loc
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, doc, base)) from None
+        raise ConfigError(format_errors(exc, doc, base, model)) from None
 
 
-def format_errors(exc: ValidationError, doc: yamlsrc.Document, base: yamlsrc.Loc = ()) -> str:
-    lines = []
+def format_errors(exc: ValidationError, doc: yamlsrc.Document, base: yamlsrc.Loc = (),
+                  model: type[BaseModel] | None = None) -> str:
+    lines: list[tuple[yamlsrc.Mark, str]] = []
     for error in exc.errors():
         kept: list[str | int] = list(base)
         raw = error["loc"]
@@ -307,13 +310,39 @@ def format_errors(exc: ValidationError, doc: yamlsrc.Document, base: yamlsrc.Loc
         field = ".".join(str(p) for p in kept) or "(top level)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = "unknown key" + did_you_mean(str(raw[-1]), known_keys(model, raw) if model else [])
         elif error["type"] == "value_error":
             message = str(error.get("ctx", {}).get("error", message))
         elif error["type"] == "missing":
             message = "required field is missing"
-        lines.append(f"{doc.mark(tuple(kept))}: {field}: {message}")
-    return "\n".join(lines)
+        lines.append((doc.mark(tuple(kept)), f"{field}: {message}"))
+    return yamlsrc.in_line_order(lines)
+
+
+def did_you_mean(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def known_keys(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the model takes where loc's last key stands (the models on the way found by field)."""
+    current = model
+    for part in loc[:-1]:
+        field = current.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:  # a list index or a mapping's own key (a host name): same model below
+            continue
+        nested = _model_in(field.annotation)
+        if nested is None:
+            return []
+        current = nested
+    return list(current.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside an annotation such as `Host`, `list[FileSpec]`, `dict[str, Host] | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in typing.get_args(annotation) if (m := _model_in(arg)) is not None), None)
 
 
 def find_inventory(explicit: str | None) -> Path:
@@ -338,11 +367,10 @@ def load_inventory(path: Path) -> Inventory:
 
 def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
     """Groups and units name what exists, groups do not loop, and a host is in one unit at most."""
-    problems: list[str] = []
+    problems: list[tuple[yamlsrc.Mark, str]] = []
 
     def refuse(loc: yamlsrc.Loc, problem: str, key: bool = False) -> None:
-        mark = doc.key_mark(loc) if key else doc.mark(loc)
-        problems.append(f"{mark}: {'.'.join(str(p) for p in loc)}: {problem}")
+        problems.append((doc.key_mark(loc) if key else doc.mark(loc), f"{'.'.join(str(p) for p in loc)}: {problem}"))
 
     for name in inventory.groups:
         if name in inventory.hosts:
@@ -378,7 +406,7 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
     if problems:
-        raise ConfigError("\n".join(problems))
+        raise ConfigError(yamlsrc.in_line_order(problems))
 
 
 def _cycle(groups: dict[str, list[str]], path: list[str]) -> list[str] | None:

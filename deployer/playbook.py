@@ -33,11 +33,25 @@ def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:
     return LoadedPlaybook(path=path, raw=path.read_bytes(), model=model, sources=sources, patch=patch), steps
 
 
+# git's own test for a binary file: a NUL byte in the first 8000 bytes.
+BINARY_PROBE = 8000
+
+
 def _read(path: Path, mark: yamlsrc.Mark, field: str) -> bytes:
+    """The bytes of a src or patch, which must be text: the compile, the diffs and git apply read them so."""
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{mark}: {field}: cannot read {path}: {exc.strerror}") from None
+    try:
+        if b"\0" in data[:BINARY_PROBE]:
+            raise ValueError("it holds a NUL byte")
+        data.decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as exc:
+        why = f"not UTF-8 at byte {exc.start}" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        raise ConfigError(f"{mark}: {field}: {path} is a binary file ({why}); deployer ships UTF-8 text "
+                          "files") from None
+    return data
 
 
 def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:

@@ -21,10 +21,9 @@ import yaml
 from deployer import diffs
 from deployer.config import Host, check_repo_relative
 from deployer.errors import ConfigError
+from deployer.playbook import BINARY_PROBE
 
 SYMLINK, SUBMODULE = "120000", "160000"
-# git's own test for a binary file: a NUL byte in the first 8000 bytes.
-BINARY_PROBE = 8000
 
 
 @dataclass(frozen=True)
@@ -40,8 +39,12 @@ class Made:
     playbook: Path
     files: list[ChangedFile]
     message: str
+    host_name: str | None = None
     written: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def next_step(self, playbook: object) -> str:
+        return f"deployer plan {playbook} --host {self.host_name or 'HOST'}"
 
 
 @dataclass(frozen=True)
@@ -140,23 +143,32 @@ def bound(measured: int) -> int | list[int]:
     return [max(0, measured - slack), measured + slack]
 
 
-def subject_of(repo: git.Repo, base: Base, message: str | None, dests: list[str]) -> str:
+def subject_of(repo: git.Repo, base: Base, message: str | None, dests: list[str]) -> tuple[str, bool]:
+    """The commit message, and whether it is only a placeholder.
+
+    Uncommitted work alone gets `hotfix: <paths>`: HEAD's subject names a change already committed
+    there, not this one."""
     if message:
-        return message
+        return message, False
     head = base.new or repo.head.commit.hexsha
     if head != base.old:  # commits since the base: the newest one names the fix
-        return str(repo.commit(head).summary)
-    return f"hotfix: {', '.join(dests)}"
+        return str(repo.commit(head).summary), False
+    return f"hotfix: {', '.join(dests)}", True
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "fix"
 
 
+def storms(host: Host | None) -> bool:
+    """A storm has somewhere to go: the host's endpoint."""
+    return host is not None and host.endpoint is not None
+
+
 def steps_for(host: Host | None, metric: str | None, stat: diffs.DiffStat, message: str) -> list[Any]:
     steps: list[Any] = []
     if metric:
-        steps.append({"baseline": {"metric": metric}})
+        steps.append({"baseline": {"metric": metric, **({"storm": True} if storms(host) else {})}})
     steps += ["local_compile", "upload", "remote_compile",
               {"diff_bounds": {"files": len(stat.files), "insertions": bound(stat.insertions),
                                "deletions": bound(stat.deletions)}},
@@ -164,12 +176,16 @@ def steps_for(host: Host | None, metric: str | None, stat: diffs.DiffStat, messa
     if host is not None and host.services:
         steps.append({"co_restart": {"services": list(host.services)}})
     if metric:
+        if storms(host):  # right after a restart the gauge is 0 anyway: only new load makes the drain prove the fix
+            steps.append("storm")
         steps.append({"drain": {"metric": metric, "to": 0, "within_s": 60}})
     return steps
 
 
 def write_playbook(source: Path, *, base: str, output: Path, as_patch: bool, message: str | None,
-                   host: Host | None, metric: str | None) -> Made:
+                   host: Host | None, metric: str | None, host_name: str | None = None) -> Made:
+    """The playbook and its files; the copies go into a directory named after it (kv.yaml: kv/), so two
+    playbooks made side by side never share one."""
     repo = open_repo(source)
     spec = parse_base(repo, base)
     found = changed_files(repo, spec)
@@ -180,9 +196,12 @@ def write_playbook(source: Path, *, base: str, output: Path, as_patch: bool, mes
             raise ConfigError(f"{path} exists already; choose another -o or remove it")
     stats = {dest: diffs.numstat(dest, old, new) for dest, (old, new) in found.items()}
     stat = diffs.DiffStat(tuple(stats.values()))
-    subject = subject_of(repo, spec, message, sorted(found))
+    subject, placeholder = subject_of(repo, spec, message, sorted(found))
     files = [ChangedFile(d, s.insertions, s.deletions, found[d][0] is None) for d, s in stats.items()]
-    made = Made(output, files, subject)
+    made = Made(output, files, subject, host_name)
+    if placeholder:
+        made.notes.append(f"the commit message is {subject!r} (uncommitted work has no subject of its own): "
+                          "pass --message or edit the commit step")
     body: dict[str, Any] = {"name": slug(subject)}
     if as_patch:
         patch_file.parent.mkdir(parents=True, exist_ok=True)
@@ -205,11 +224,17 @@ def write_playbook(source: Path, *, base: str, output: Path, as_patch: bool, mes
         body["on_failure"] = "rollback"
     if host is not None and host.metrics and not metric:
         made.notes.append(f"the host has metrics ({host.metrics}): pass --metric NAME to add baseline and drain")
+    warnings = []
+    if metric and not storms(host):
+        warnings.append(f"no storm: {'the host has no `endpoint`' if host is not None else 'no --host'}, so the "
+                        "drain right after the restart starts from an idle gauge and proves nothing; set the "
+                        "host's endpoint and run init again, or add a storm step with a url before the drain")
+        made.notes += warnings
     head = repo.head.commit.hexsha
     header = (f"# Written by `deployer init` from {Path(str(repo.working_tree_dir)).resolve()}\n"
               f"#   base {spec.spec} ({spec.old[:12]}{'..' + spec.new[:12] if spec.new else ' + uncommitted work'}),"
               f" HEAD {head[:12]}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n"
-              f"#   deployer plan {output.name} --host HOST\n")
+              f"#   {made.next_step(output.name)}\n" + "".join(f"# WARNING: {w}\n" for w in warnings))
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(header + yaml.safe_dump(body, sort_keys=False, width=1000, allow_unicode=True,
                                                     default_flow_style=None))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rich.console import Console as Console  # re-exported: the CLI types consoles without rich
 from rich.live import Live
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -19,6 +20,7 @@ from deployer import runlog
 from deployer.action import Kind
 from deployer.errors import DeployerError
 from deployer.steps.services import pid_text as one_pid
+from deployer.text import visible
 
 if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a plain apply
     from deployer.check import CheckReport, GroupReport
@@ -64,6 +66,11 @@ class LiveView:
             self.live.__exit__(None, None, None)
 
 
+def detail_of(event: dict[str, Any]) -> str:
+    """A step's one-line outcome: its summary, else the first line of its error (an empty one is no line)."""
+    return str(event.get("summary") or next(iter(str(event.get("error") or "").splitlines()), ""))
+
+
 class StepView(LiveView):
     """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
 
@@ -93,7 +100,7 @@ class StepView(LiveView):
         elif kind == "step_end" and step and step in self.rows:
             row = self.rows[step]
             row[0], row[2] = event["status"], event.get("duration_s", 0.0)
-            row[3] = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            row[3] = detail_of(event)
             self._line(f"[{step}] {event['status']} {row[2]:.2f}s {row[3]}")
         elif kind == "sample" and step and step in self.rows:
             self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
@@ -108,12 +115,28 @@ class StepView(LiveView):
             self.console.print(text, markup=False, highlight=False)
 
 
+class SafeConsole(Console):
+    """A console that never lets the text it prints drive the terminal.
+
+    The one choke point for everything on screen: target output, log lines and error messages reach
+    the terminal only as segments, and each segment's text has its control characters made visible
+    (`\\x1b`) here, after layout and before rich adds its own styles and cursor moves (control segments,
+    which rich makes itself, pass as they are). Markup is another matter: text that is not ours is
+    printed with markup=False or through rich.markup.escape."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(visible(segment.text), segment.style, segment.control)
+            for segment in buffer)
+
+
 def make_console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    # emoji off: rich would turn a ":fire:" in a commit subject into an emoji even with markup off.
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
 
 
 def show_plan(console: Console, report: PlanReport) -> None:
-    console.print(f"[bold]plan[/bold] for host {report.host_name}: {report.repo} at {report.head[:12]}")
+    console.print(f"[bold]plan[/bold] for host {escape(f'{report.host_name}: {report.repo} at {report.head[:12]}')}")
     if report.lock is not None:
         console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
     if report.dirty:
@@ -169,7 +192,7 @@ def show_result(console: Console, result: RunResult) -> None:
     style = "green" if result.status == "successful" else "red"
     console.print(f"run {result.run_id}: [{style}]{result.status}[/{style}] (exit {result.exit_code})")
     if result.git_after:
-        console.print(f"commit {result.git_after} (was {result.git_before})")
+        console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
     for line in fact_lines(result.facts):
         console.print(f"  {line}", markup=False, highlight=False)
     show_chart(console, events_of(result))
@@ -215,6 +238,11 @@ def show_error(message: str) -> None:
     make_console(stderr=True).print(f"error: {message}", markup=False, highlight=False, style="red")
 
 
+def say(text: str) -> None:
+    """One plain line on stdout, through the same console as every other line (so escaped like them)."""
+    make_console().print(text, markup=False, highlight=False)
+
+
 def show_notice(message: str) -> None:
     """Something the operator should know that is not a failure (on stderr, so --json stays clean)."""
     make_console(stderr=True).print(f"notice: {message}", markup=False, highlight=False, style="yellow")
@@ -229,31 +257,48 @@ def columns(console: Console, header: tuple[str, ...], rows: Sequence[tuple[str,
 
 
 def show_runs(console: Console, runs: list[Run]) -> None:
+    from deployer.run.shown import shown_state
+
     rows = []
     for run in runs:
         start = run.start
         kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
-        rows.append((run.run_id, run.status, str(start.get("host", "")), str(run.git.get("after") or "-")[:12],
-                     kind, str(start.get("playbook_name", ""))))
-    columns(console, ("run", "status", "host", "commit", "kind", "playbook"), rows)
+        rows.append((run.run_id, shown_state(run), _field(start.get("host")), _field(run.git.get("after"))[:12],
+                     kind, _field(start.get("playbook_name"))))
+    columns(console, ("run", "state", "host", "commit", "kind", "playbook"), rows)
+
+
+def _field(value: object) -> str:
+    """A recorded value for people: a missing one is `-`, never Python's None."""
+    return "-" if value is None or value == "" else str(value)
 
 
 def show_run(console: Console, run: Run) -> None:
+    from deployer.run.shown import shown_state
+
     start, end = run.start, run.end or {}
-    console.print(Text(f"run {run.run_id}  status {run.status}  host {start.get('host')}  "
-                       f"operator {start.get('operator')}  deployer {start.get('version')}"))
-    console.print(f"playbook {start.get('playbook')} (sha256 {start.get('playbook_sha256', '')[:16]})",
-                  markup=False)
+    state = shown_state(run)
+    console.print(f"run {run.run_id}  state {state}  host {_field(start.get('host'))}  "
+                  f"operator {_field(start.get('operator'))}  deployer {_field(start.get('version'))}",
+                  markup=False, highlight=False)
+    console.print(f"playbook {_field(start.get('playbook'))} (sha256 {_field(start.get('playbook_sha256'))[:16]})",
+                  markup=False, highlight=False)
+    if not end:
+        console.print(f"no run_end: the run is still going, or it was cut while {state} "
+                      f"(deployer recover {run.run_id})", markup=False, highlight=False)
     if start.get("rollback_of"):
-        console.print(f"rollback of run {start['rollback_of']}", markup=False)
+        console.print(f"rollback of run {start['rollback_of']}", markup=False, highlight=False)
     for link in run.all("rolled_back_by"):
-        console.print(f"rolled back by run {link.get('by')} ({link.get('status', '?')})", markup=False)
+        console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')})", markup=False,
+                      highlight=False)
     git = run.git
-    console.print(f"git: before {git.get('before')}  after {git.get('after')}", markup=False)
+    console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
+                  highlight=False)
     for event in run.events:
         if event.get("type") == "step_end":
-            detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
-            console.print(f"  {event.get('step'):<16} {event.get('status'):<9} {event.get('duration_s', 0):>7.2f}s "
+            detail = detail_of(event)
+            console.print(f"  {_field(event.get('step')):<16} {_field(event.get('status')):<9} "
+                          f"{event.get('duration_s') or 0:>7.2f}s "
                           f"{detail}", markup=False, highlight=False)
     show_chart(console, run.events)
     if end.get("error"):
@@ -282,7 +327,8 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
         ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"),
         ("run", f"{result.run_id}: {result.status}"),
         ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),
-        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}"),
+        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}" if result.git_after
+         else "- (the run made no commit: nothing to roll back)"),
     ]
     for key, value in rows:
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
@@ -310,8 +356,10 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
         console.print(f"  {unit:<6} {GAUGE}: {_num(gauge['before'])} before the fix -> {_num(gauge['after'])} after "
                       f"(prefill+router on {prefill}, decode on {decode})", markup=False, highlight=False)
         show_chart(console, events[unit])
+    committed = any(run.git_after for run in outcome.state.hosts.values())
     for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
-                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}")):
+                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}" if committed
+                        else "- (no host made a commit: nothing to roll back)")):
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
     if outcome.kept:
         console.print("  the stacks are still running (--keep):", markup=False)
@@ -329,9 +377,11 @@ def _num(value: object) -> str:
     return "?" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def show_stopped(console: Console, stopped: dict[Path, dict[str, int]]) -> None:
+def show_stopped(console: Console, stopped: dict[Path, dict[str, int]], workdir: Path | None) -> None:
     if not stopped:
-        console.print("no kept demo is running", markup=False)
+        where = f"in {workdir}" if workdir else "in the temp dir"
+        console.print(f"nothing was kept {where} (only a `deployer demo --keep` is stopped): stopped nothing",
+                      markup=False, highlight=False)
     for workdir, pids in stopped.items():
         shown = ", ".join(f"{name} {pid}" for name, pid in pids.items()) or "nothing was running"
         console.print(f"{workdir}: stopped {shown}", markup=False, highlight=False)
@@ -412,6 +462,8 @@ def show_check(console: Console, report: CheckReport) -> None:
     else:
         console.print(f"{report.host}: not ready: {first.name}: {first.detail} (exit {first.exit_code})",
                       markup=False, highlight=False)
+        if first.message:
+            show_error(first.message)
 
 
 def show_check_group(console: Console, group: GroupReport) -> None:
@@ -522,7 +574,7 @@ class FleetView(LiveView):
         if kind == "step_start" and event.get("step"):
             row.step = str(event["step"])
         elif kind == "step_end" and event.get("step"):
-            row.detail = event.get("summary") or (event.get("error") or "").splitlines()[0]
+            row.detail = detail_of(event)
             return f"[{host}] {event['step']} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"
         return None
 

@@ -42,6 +42,11 @@ class Mark:
         return f"{self.path}:{self.line}:{self.column}"
 
 
+def in_line_order(problems: list[tuple[Mark, str]]) -> str:
+    """Problems found in any order, one per line as they appear in the file (`file:line:col: ...`)."""
+    return "\n".join(f"{mark}: {text}" for mark, text in sorted(problems, key=lambda p: (p[0].line, p[0].column)))
+
+
 @dataclass
 class Document:
     """A parsed YAML file: plain Python data plus the position of every value by its path."""

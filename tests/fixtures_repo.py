@@ -7,6 +7,7 @@ host and against the real sshd from fixtures_ssh (the repo is on this machine ei
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,16 @@ def age_lock(repo: Path) -> None:
     if heartbeat.exists():
         old = time.time() - 24 * 3600
         os.utime(heartbeat, (old, old))
+
+
+def hold_lock(project: Project) -> Path:
+    """The target's deploy lock held by a live-looking run of someone else (fresh heartbeat); its dir."""
+    lock = project.repo / ".git" / "deployer.lock"
+    lock.mkdir()
+    (lock / "info.json").write_text(json.dumps({"run_id": "20260101T000000.000Z-abcdef", "operator": "alice@ops",
+                                                "pid": 4242, "ttl_s": 600}))
+    (lock / "heartbeat").write_text("")
+    return lock
 
 
 def work_tree(root: Path) -> dict[str, str]:

@@ -253,11 +253,11 @@ def test_runs_list_and_show(target: Project) -> None:
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     run_id = run_dirs(target)[-1].name
     listed = target.deployer("runs", "list")
-    assert run_id in listed.stdout and "successful" in listed.stdout
+    assert run_id in listed.stdout and "succeeded" in listed.stdout
     before = git(target.repo, "rev-parse", "HEAD~1").strip()
     shown = target.deployer("runs", "show", run_id)
     assert shown.returncode == 0, shown.stderr
-    assert f"run {run_id}  status successful  host box" in shown.stdout
+    assert f"run {run_id}  state succeeded  host box" in shown.stdout
     assert f"git: before {before}  after {target.head()}" in shown.stdout
     steps = {line.split()[0]: line.split()[1] for line in shown.stdout.splitlines() if line.startswith("  ")}
     assert steps == {"local_compile": "ok", "upload": "ok", "remote_compile": "ok", "diff_bounds": "ok",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import Project, tree_snapshot
+from fixtures_repo import Project, hold_lock, tree_snapshot
 from fixtures_services import GAUGE, Stack
 
 
@@ -70,11 +70,7 @@ def test_check_exits_1_for_a_service_that_is_down_and_a_metric_that_is_absent(st
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
 def test_check_exits_3_and_names_the_holder_when_the_lock_is_held(target: Project) -> None:
-    lock = target.repo / ".git" / "deployer.lock"
-    lock.mkdir()
-    (lock / "info.json").write_text(json.dumps({"run_id": "20260101T000000.000Z-abcdef", "operator": "alice@ops",
-                                                "pid": 4242, "ttl_s": 600}))
-    (lock / "heartbeat").write_text("")
+    lock = hold_lock(target)
     result = target.deployer("check", "--host", "box", "--json")
     assert result.returncode == 3, result.stdout + result.stderr
     found = checks(result)
@@ -111,3 +107,25 @@ def test_check_with_a_playbook_exits_1_when_a_shipped_file_is_dirty_on_the_targe
     result = target.deployer("check", "fix.yaml", "--host", "box", "--json")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "pkg/a.py" in checks(result)["dirty files"]["detail"]
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_check_refuses_an_unpinned_host_key_with_the_same_message_as_plan(target: Project, tmp_path: Path) -> None:
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    target.write_inventory(known_hosts=str(empty))
+    target.playbook()
+    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert plan.returncode == 4 and plan.stderr.startswith("error: "), plan.stderr
+    message = plan.stderr.removeprefix("error: ").strip()
+    assert "--accept-new-host-key" in message and "ssh-keygen -lf" in message
+    shown = target.deployer("check", "--host", "box")
+    assert shown.returncode == 4, shown.stdout + shown.stderr
+    assert shown.stderr.removeprefix("error: ").strip() == message
+    as_json = target.deployer("check", "--host", "box", "--json")
+    assert json.loads(as_json.stdout)["error"] == json.loads(target.deployer("plan", "fix.yaml", "--host", "box",
+                                                                             "--json").stdout)["error"]
+    # The one thing check writes: the key --accept-new-host-key pins here, said as a notice.
+    pinned = target.deployer("check", "--host", "box", "--accept-new-host-key")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "notice: pinned a new host key for" in pinned.stderr and empty.read_text().strip()

@@ -197,3 +197,12 @@ def test_apply_ends_with_a_plain_chart_of_the_samples_with_the_bound_marked(stac
     assert drain == ["drain", "███", f"{GAUGE}:", "3", "3", "3"]
     assert marks == ["✓✓✓", "✓", "=", "<=", "5"]
     assert "\x1b[" not in result.stdout  # not a terminal: no colours
+
+
+def test_rollback_list_json_is_one_object_with_exit_code_and_the_deploys_under_a_key(target: Project) -> None:
+    run_id = target.applied()
+    listed = target.deployer("rollback", "--host", "box", "--list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    body = json.loads(listed.stdout)
+    assert (body["exit_code"], body["error"], body["host"]) == (0, None, "box")
+    assert [d["run_id"] for d in body["deploys"]] == [run_id]

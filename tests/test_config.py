@@ -155,3 +155,44 @@ def test_steps_that_need_host_facts_fail_before_connecting(target: Project) -> N
     assert "fix.yaml:8:3: storm: no storm URL" in lines[1]
     assert "fix.yaml:10:3: co_restart: host box defines no service nosuch" in lines[2]
     assert not target.runs.exists()
+
+
+def test_an_unknown_key_suggests_the_key_it_was_likely_meant_to_be(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps: [upload]\non_falure: rollback\n")
+    assert error_of(path) == f"{path}:4:12: on_falure: unknown key (did you mean 'on_failure'?)"
+    step = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps:\n  - drain: {metric: m, too: 0}\n")
+    assert "steps.0.drain.too: unknown key (did you mean 'to'?)" in error_of(step)
+    far = write(tmp_path, "name: x\nfiles: [{src: a.py, dest: a.py}]\nsteps: [upload]\nzzz: 1\n")
+    assert error_of(far) == f"{far}:4:6: zzz: unknown key"  # nothing close: no guess
+    inventory = write(tmp_path, "hosts:\n  h:\n    repo: /r\n    adress: x\n", "hosts.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(inventory)
+    assert str(caught.value) == f"{inventory}:4:13: hosts.h.adress: unknown key (did you mean 'address'?)"
+
+
+def error_positions(path: Path) -> list[tuple[int, ...]]:
+    """The line:column of each problem the inventory at path is refused with, in the order printed."""
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(path)
+    lines = str(caught.value).splitlines()
+    return [tuple(int(n) for n in line.removeprefix(f"{path}:").split(":")[:2]) for line in lines]
+
+
+def test_inventory_errors_come_in_the_order_of_their_lines(tmp_path: Path) -> None:
+    fields = write(tmp_path, "hosts:\n  b:\n    python: 3\n    repo: relative\n  a:\n    port: x\n", "hosts.yaml")
+    topology = write(tmp_path, "hosts:\n  b: {repo: /r}\n  a: {repo: /r}\ngroups:\n  b: [a]\n  g: [nope]\n"
+                               "units:\n  a: {services: [a:x]}\n", "topology.yaml")
+    for path in (fields, topology):  # the model's field order, and the order the topology checks run in
+        positions = error_positions(path)
+        assert len(positions) >= 3 and positions == sorted(positions), positions
+
+
+@pytest.mark.parametrize("data", [b"\x00\x01binary", b"caf\xe9 = 1\n"], ids=["nul", "latin-1"])
+def test_a_binary_src_is_named_and_refused_as_a_usage_error(tmp_path: Path, data: bytes) -> None:
+    path = write(tmp_path, "name: x\nfiles:\n  - src: blob.py\n    dest: a.py\nsteps: [upload]\n")
+    (tmp_path / "blob.py").write_bytes(data)
+    with pytest.raises(ConfigError) as caught:
+        load_playbook(path)
+    assert caught.value.exit_code == 2
+    assert str(caught.value).startswith(f"{path}:3:10: files.0.src: {tmp_path / 'blob.py'} is a binary file (")
+    assert "codec" not in str(caught.value)

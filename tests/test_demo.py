@@ -63,6 +63,11 @@ def test_demo_json_and_keep_leave_the_stack_running_until_stopped(tmp_path: Path
         assert summary["status"] == "successful"
         assert summary["facts"]["drain"]["sglang:num_prefill_inflight_queue_reqs"]["final"] == 0
         assert all(alive(pid) for pid in pids.values())
+        stopped = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path)
+        assert stopped.returncode == 0 and f"{workdir}: stopped " in stopped.stdout, stopped.stdout + stopped.stderr
+        assert all_gone(list(pids.values()))
+        again = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path)
+        assert again.returncode == 0 and f"nothing was kept in {workdir}" in again.stdout, again.stdout
     finally:
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
@@ -99,3 +104,48 @@ def test_ctrl_c_during_the_demo_stops_everything_and_exits_130(tmp_path: Path) -
     assert git_out(repo, "status", "--porcelain", "--untracked-files=no") == ""
     if git_out(repo, "rev-parse", "HEAD").strip() != initial:
         assert "Deployer-Rollback-Of:" in git_out(repo, "log", "-1", "--format=%B")
+    else:  # no commit was made: the report offers no rollback
+        assert "deployer rollback" not in out and "nothing to roll back" in out, out
+
+
+def test_demo_stop_leaves_a_demo_that_was_not_kept_running(tmp_path: Path) -> None:
+    """A demo in progress in the temp dir (where --stop without --workdir looks) is no kept demo."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-m", "deployer", "demo"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # its stack is up: three services running from their pid files
+            workdirs = list(temp.glob("deployer-demo-*"))
+            pids = demo_pids(workdirs[0]) if workdirs and (workdirs[0] / "repo" / ".git").is_dir() else {}
+            if len(pids) == 3 and all(alive(pid) for pid in pids.values()):
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, "the demo's stack never came up"
+            time.sleep(0.05)
+        for args in ([], ["--workdir", str(workdirs[0])]):
+            stop = subprocess.run([sys.executable, "-m", "deployer", "demo", "--stop", *args], cwd=tmp_path,
+                                  env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+            assert "nothing was kept" in stop.stdout and "stopped nothing" in stop.stdout, stop.stdout
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out + err  # its services were left to it: the run went through
+        assert "every process the demo started has been stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for workdir in temp.glob("deployer-demo-*"):
+            for pid in demo_pids(workdir).values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def test_demo_refuses_a_workdir_that_is_not_empty_as_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "notes.txt").write_text("mine\n")
+    result = deployer("demo", "--workdir", str(tmp_path / "demo"), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"--workdir {tmp_path / 'demo'} is not empty" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["notes.txt"]

@@ -148,3 +148,49 @@ def test_init_never_overwrites_an_existing_playbook(target: Project) -> None:
     made = target.deployer("init", "--from", str(local))
     assert made.returncode == 2 and "exists already" in made.stderr
     assert (target.root / "fix.yaml").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_init_with_a_host_endpoint_storms_in_the_baseline_and_before_the_drain(target: Project) -> None:
+    service = {"start": [sys.executable, "-c", "pass"], "health": "http://127.0.0.1:9/health"}
+    target.write_inventory(services={"web": service}, metrics="http://127.0.0.1:9/metrics",
+                           endpoint="http://127.0.0.1:9")
+    local = clone(target)
+    edit(local, "pkg/a.py", FIXED_A)
+    made = target.deployer("init", "--from", str(local), "--host", "box", "--metric", "queue_depth", "-o", "s.yaml")
+    assert made.returncode == 0, made.stderr
+    steps = loaded(target.root / "s.yaml")["steps"]
+    assert isinstance(steps, list)
+    assert steps[0] == {"baseline": {"metric": "queue_depth", "storm": True}}
+    assert steps[-2:] == ["storm", {"drain": {"metric": "queue_depth", "to": 0, "within_s": 60}}]
+    assert steps.index({"co_restart": {"services": ["web"]}}) < steps.index("storm")
+    assert "WARNING" not in (target.root / "s.yaml").read_text() and "no storm" not in made.stdout
+    plan = target.deployer("plan", "s.yaml", "--host", "box")
+    assert plan.returncode == 0 and "bounds: ok" in plan.stdout, plan.stdout + plan.stderr
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_init_without_an_endpoint_warns_in_the_playbook_and_the_output_that_the_drain_proves_nothing(
+        target: Project) -> None:
+    target.write_inventory(metrics="http://127.0.0.1:9/metrics")
+    local = clone(target)
+    edit(local, "pkg/a.py", FIXED_A)
+    made = target.deployer("init", "--from", str(local), "--host", "box", "--metric", "queue_depth", "-o", "w.yaml")
+    assert made.returncode == 0, made.stderr
+    text = (target.root / "w.yaml").read_text()
+    assert "# WARNING: no storm: the host has no `endpoint`" in text and "proves nothing" in text
+    assert "note: no storm: the host has no `endpoint`" in made.stdout
+    assert "storm" not in yaml.safe_dump(loaded(target.root / "w.yaml")["steps"])
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_init_names_the_given_host_in_its_next_step_and_says_a_placeholder_message_is_one(target: Project) -> None:
+    local = clone(target)
+    edit(local, "pkg/a.py", FIXED_A)
+    made = target.deployer("init", "--from", str(local), "--host", "box", "-o", "kv.yaml")
+    assert made.returncode == 0, made.stderr
+    assert "next: deployer plan kv.yaml --host box" in made.stdout and "HOST" not in made.stdout
+    assert "#   deployer plan kv.yaml --host box\n" in (target.root / "kv.yaml").read_text()
+    assert (target.root / "kv" / "pkg" / "a.py").read_text() == FIXED_A  # beside it, named after it
+    assert {"commit": {"message": "hotfix: pkg/a.py"}} in loaded(target.root / "kv.yaml")["steps"]  # type: ignore[operator]
+    assert "note: the commit message is 'hotfix: pkg/a.py' (uncommitted work has no subject" in made.stdout

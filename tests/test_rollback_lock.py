@@ -81,7 +81,7 @@ def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stac
     original.write_text("".join(lines))
 
     listed = project.deployer("rollback", "--host", "box", "--list", "--json")
-    deploys = json.loads(listed.stdout)
+    deploys = json.loads(listed.stdout)["deploys"]
     assert [d["run_id"] for d in deploys] == [rollback_id, applied]
     assert deploys[0]["rollback_of"] == applied
 

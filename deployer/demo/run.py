@@ -10,6 +10,7 @@ run. Every process started here is stopped again unless the caller keeps the sta
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,7 @@ from deployer.transport.local import LocalTransport
 STACK = Path(__file__).parent / "stack"
 PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too
 HOST = "demo"
+KEPT = "kept.json"  # written by --keep in the workdir: the one sign `demo --stop` goes by
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
 
@@ -201,17 +203,18 @@ def stacks_in(directory: Path) -> list[DemoStack]:
 
 
 def kept_workdirs() -> list[Path]:
-    """Demos left running with --keep in the default place (a temp dir named deployer-demo-*)."""
-    return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*"))
-            if any(stack.live_pids() for stack in stacks_in(d))]
+    """Demos that --keep left in the default place (a temp dir named deployer-demo-*). Only the record
+    --keep writes counts: a demo running there without it is someone's demo in progress."""
+    return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*")) if (d / KEPT).is_file()]
 
 
 def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
-    """Stop what `deployer demo --keep` left running: in workdir, or in the one kept demo in the temp dir."""
+    """Stop what `deployer demo --keep` left running: in workdir, or in the one kept demo in the temp dir.
+    Empty when nothing was kept there."""
     if workdir is not None:
         if not stacks_in(workdir):
             raise ConfigError(f"{workdir} holds no demo (no repo/.git there, nor in a host directory)")
-        chosen = [workdir]
+        chosen = [workdir] if (workdir / KEPT).is_file() else []
     else:
         chosen = kept_workdirs()
         if len(chosen) > 1:
@@ -225,6 +228,7 @@ def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
             still = stack.live_pids()
             if still:
                 raise DeployerError(f"{stack.workdir}: still running after SIGKILL: {still}")
+        (directory / KEPT).unlink()
     return stopped
 
 
@@ -249,11 +253,10 @@ def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]], 
     """Make the demo's hosts (their repos and inventory) in workdir, start their stacks, deploy; then stop
     every process started here unless the caller keeps them (and the deploy got that far)."""
     directory = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="deployer-demo-"))
+    if directory.is_dir() and any(directory.iterdir()):  # its hosts.yaml, runs and repos would mix with others
+        raise ConfigError(f"--workdir {directory} is not empty; give a new or empty directory")
     directory.mkdir(parents=True, exist_ok=True)
     made = stacks(directory)
-    for stack in made.values():
-        if stack.repo.exists():
-            raise DeployerError(f"{stack.repo} exists already; give an empty --workdir")
     kept = False
     try:
         for stack in made.values():
@@ -263,6 +266,8 @@ def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]], 
             yaml.safe_dump(inventory.model_dump(exclude_defaults=True), sort_keys=False))
         start_stacks(list(made.values()), cancel)
         outcome = deploy(directory, made)
+        if keep:  # what `demo --stop` may stop: nothing without this record
+            (directory / KEPT).write_text(json.dumps({str(s.workdir): s.live_pids() for s in made.values()}))
         kept = keep
         return outcome
     finally:

@@ -1,0 +1,32 @@
+"""The state a recorded run is shown with: the README's names, read from its record, never a guess."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from deployer.run.state import FORWARD, Phase, RunRecord
+from deployer.runlog import Run
+
+REFUSED = "refused"  # stopped before its first step, having changed nothing (lock held, already rolled back...)
+# Records without a phase (a `lock release`, logs from before phases were kept) say only how they ended.
+_BY_STATUS = {"successful": Phase.succeeded.value}
+
+
+def shown_state(run: Run) -> str:
+    """The run's phase (state.json, else its run_end), or `refused`.
+
+    A run without a run_end shows the phase it reached: it is still going, or it was cut there."""
+    try:
+        record = RunRecord.load(run.dir)
+    except (OSError, ValidationError):
+        record = None
+    end = run.end or {}
+    phase = record.state.phase.value if record else str(end.get("phase") or "")
+    if not phase:
+        status = str(end.get("status") or "")
+        return _BY_STATUS.get(status, status or Phase.interrupted.value)
+    reached = {t.phase for t in record.state.history} if record else set()
+    if (phase == Phase.failed_restored.value and run.first("step_start") is None
+            and not reached & (set(FORWARD) - {Phase.preparing, Phase.locked})):
+        return REFUSED
+    return phase

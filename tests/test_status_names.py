@@ -1,0 +1,46 @@
+"""`runs list` and `runs show` name a run's state as the README does, refusals as `refused`, and never `None`."""
+
+from __future__ import annotations
+
+import json
+
+from fixtures_repo import Project, hold_lock
+
+
+def listed_states(project: Project) -> dict[str, str]:
+    shown = project.deployer("runs", "list")
+    assert shown.returncode == 0, shown.stderr
+    return {line.split()[0]: line.split()[1] for line in shown.stdout.splitlines()[1:] if line.strip()}
+
+
+def test_runs_list_names_the_documented_states_and_refusals_as_refused(target: Project) -> None:
+    applied = target.applied()
+    assert target.deployer("rollback", applied).returncode == 0
+    rollback = target.newest_run()
+    again = target.deployer("rollback", applied)
+    assert again.returncode == 2 and "already rolled back" in again.stderr, again.stderr
+    refused_rollback = target.newest_run()
+    (target.root / "fix" / "a.py").write_text("def answer(:\n")  # uploaded, then remote_compile fails
+    target.playbook(steps=["upload", "remote_compile"], files=[{"src": "fix/a.py", "dest": "pkg/a.py"}])
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1
+    restored = target.newest_run()
+    hold_lock(target)
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 3
+    locked_out = target.newest_run()
+
+    states = listed_states(target)
+    assert states == {applied: "succeeded", rollback: "rolled_back", refused_rollback: "refused",
+                      restored: "failed_restored", locked_out: "refused"}
+    listed = json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]
+    assert {r["run_id"]: r["state"] for r in listed} == states
+
+
+def test_runs_show_names_the_state_and_prints_no_python_none(target: Project) -> None:
+    hold_lock(target)
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 3
+    run_id = target.newest_run()
+    shown = target.deployer("runs", "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"run {run_id}  state refused  host box" in shown.stdout
+    assert "None" not in shown.stdout and "git: before -  after -" in shown.stdout
