@@ -5,7 +5,9 @@ replies, but puts a crafted frame (or the end of its output) in place of one of 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -94,9 +96,16 @@ def apply_measured(project: Project) -> tuple[subprocess.CompletedProcess[str], 
     env = {**os.environ, "DEPLOYER_INVENTORY": str(project.inventory), "DEPLOYER_RUNS_DIR": str(project.runs),
            "NO_COLOR": "1", **project.extra_env}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", MEASURED, str(rss), "apply", "fix.yaml", "--host", "box"],
-                          cwd=project.root, env=env, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    argv = [sys.executable, "-c", MEASURED, str(rss), "apply", "fix.yaml", "--host", "box"]
+    # A session of its own: on a timeout the deployer under the wrapper (and its agent) go too.
+    with subprocess.Popen(argv, cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          stdin=subprocess.DEVNULL, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     return done, time.monotonic() - started, int(rss.read_text())
 
 
