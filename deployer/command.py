@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -9,6 +11,8 @@ MASK = "***"
 # The shortest piece of a secret masked where text was cut: shorter ones are too likely to be
 # ordinary text, and tell too little about the secret.
 MIN_FRAGMENT = 3
+# What a shell's backslash quoting (`printf %q`, xtrace) leaves bare; everything else gets a backslash.
+SHELL_SAFE = re.compile(r"[^\w@%+=:,./-]")
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -40,8 +44,7 @@ class Masker:
         # The inventory refuses secrets too short to mask (config.MIN_SECRET); an empty one
         # would match everywhere.
         if secret:
-            self._secrets.add(secret)
-            self._secrets.add(shlex.quote(secret))
+            self._secrets.update(quoted_forms(secret))
 
     def __call__(self, text: str) -> str:
         # Longest first, so a secret that contains another is masked whole.
@@ -69,6 +72,16 @@ class Masker:
         if isinstance(value, (list, tuple)):
             return [self.obj(v) for v in value]
         return value
+
+
+def quoted_forms(secret: str) -> set[str]:
+    """The secret as it may stand in a command line or its echo: raw, and each way a shell, JSON or Python
+    quotes it, whole or as the inside of a quoted word (`'--token=it'"'"'s'` holds no `'it'"'"'s'`)."""
+    inside_single = {secret.replace("'", "'\"'\"'"), secret.replace("'", "'\\''")}
+    return {secret, shlex.quote(secret), *inside_single,
+            SHELL_SAFE.sub(lambda m: "\\" + m.group(), secret),
+            re.sub(r'(["\\$`])', r"\\\1", secret),
+            json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1]}
 
 
 def _mask_edges(text: str, secret: str) -> str:

@@ -85,6 +85,13 @@ class TransportError(DeployerError):
     exit_code = 1
 
 
+class AgentLost(TransportError):
+    """The agent's stream closed or broke (a reply too large, of the wrong shape or nested too deep): nothing
+    more can be asked over it. Before any change that is a connection failure; after one, the restore says."""
+
+    exit_code = 4
+
+
 class RequestSkipped(TransportError):
     """The agent did not run a request: the earlier one it depended on (`after`) did not succeed."""
 

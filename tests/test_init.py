@@ -141,6 +141,26 @@ def test_init_refuses_what_it_cannot_ship_with_exit_2(target: Project, change: s
 
 
 @pytest.mark.parametrize("target", ["local"], indirect=True)
+@pytest.mark.parametrize("change", ["adds", "turns_a_file_into"])
+def test_init_refuses_a_commit_range_that_ships_a_symlink_with_exit_2_naming_it(target: Project, change: str) -> None:
+    # The link points inside the repo, so only the mode 120000 in the range's diff can refuse it: the work tree's
+    # own symlink check never runs for a range.
+    local = clone(target)
+    edit(local, "pkg/a.py", FIXED_A)
+    link = local / "pkg" / ("link.py" if change == "adds" else "b.py")
+    if change != "adds":
+        link.unlink()
+    os.symlink("a.py", link)
+    git(local, "add", "-A")
+    git(local, "commit", "-q", "-m", "pkg: a symlink rides along")
+    made = target.deployer("init", "--from", str(local), "--base", "HEAD~1..HEAD", "-o", "x.yaml")
+    assert made.returncode == 2, made.stdout + made.stderr
+    rel = link.relative_to(local).as_posix()
+    assert f"{rel}: a symlink" in made.stderr, made.stderr
+    assert not (target.root / "x.yaml").exists() and not (target.root / "x").exists()
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
 def test_init_never_overwrites_an_existing_playbook(target: Project) -> None:
     local = clone(target)
     edit(local, "pkg/a.py", FIXED_A)

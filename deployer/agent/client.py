@@ -30,12 +30,18 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from deployer.command import quote
-from deployer.errors import RequestSkipped, TransportError
+from deployer.errors import AgentLost, RequestSkipped, TransportError
 from deployer.transport.base import DEFAULT_TIMEOUT_S, Captured, ExecResult, PutResult, sha256_hex
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
 HEADER = struct.Struct(">I")
 MAX_REPLY = 256 << 20  # a reply larger than this is a broken stream, not data
+# What a reply may hold besides the bytes asked for (a `run`'s tails, a `get`'s file, an `http` body: each bounded
+# by the request): its own fields, an error message, a put's or a hello's result. A reply larger than the largest
+# any request in flight may get is a broken stream, refused from its length before it is read.
+ENVELOPE = 64 << 10
+STAT_ENTRY = 16 << 10  # one stat entry: a path, its real path and link target (PATH_MAX each), an error
+MAX_DEPTH = 10  # the agent's deepest reply (batch > results > reply > result > entries > entry) is 7 deep
 IO_TIMEOUT_S = 60.0  # our wait for a reply to an op that runs nothing (put, get, stat)
 REPLY_MARGIN_S = 5.0  # beyond a command's own timeout: the agent's kill grace plus transit
 CLOSE_WAIT_S = 5.0
@@ -201,6 +207,10 @@ class Request(ABC, Generic[T]):
     def reply_timeout(self) -> float:
         return IO_TIMEOUT_S
 
+    def max_reply(self) -> int:
+        """The largest reply frame this request can get from our agent."""
+        return ENVELOPE
+
     def wire(self) -> dict[str, Any]:
         return {"op": self.op, **self.fields()}
 
@@ -235,6 +245,9 @@ class Run(Request[ExecResult]):
 
     def reply_timeout(self) -> float:
         return self.timeout + REPLY_MARGIN_S
+
+    def max_reply(self) -> int:
+        return 2 * _b64_size(self.tail) + ENVELOPE
 
 
 @dataclass(frozen=True)
@@ -282,6 +295,9 @@ class Get(Request[bytes | None]):
     def parse(self, result: dict[str, Any]) -> bytes | None:
         return _unb64(result["data"]) if result["exists"] else None
 
+    def max_reply(self) -> int:
+        return _b64_size(self.max_bytes) + ENVELOPE
+
 
 @dataclass(frozen=True)
 class StatEntry:
@@ -310,6 +326,9 @@ class Stat(Request[list[StatEntry]]):
 
     def parse(self, result: dict[str, Any]) -> list[StatEntry]:
         return [StatEntry(**entry) for entry in result["entries"]]
+
+    def max_reply(self) -> int:
+        return ENVELOPE + STAT_ENTRY * len(self.paths)
 
 
 @dataclass(frozen=True)
@@ -350,6 +369,9 @@ class Http(Request[HttpResult]):
 
     def reply_timeout(self) -> float:
         return self.timeout + REPLY_MARGIN_S
+
+    def max_reply(self) -> int:
+        return _b64_size(self.max_bytes) + ENVELOPE
 
 
 @dataclass(frozen=True)
@@ -447,13 +469,49 @@ class Batch(Request[BatchResult]):
     def reply_timeout(self) -> float:
         return sum(request.reply_timeout() for request in self.requests) + REPLY_MARGIN_S
 
+    def max_reply(self) -> int:
+        return sum(request.max_reply() for request in self.requests) + ENVELOPE
+
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
 def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
+    return base64.b64decode(text, validate=True)
+
+
+def _b64_size(size: int) -> int:
+    return 4 * ((size + 2) // 3)
+
+
+def _envelope_problem(reply: object) -> str | None:
+    """What is wrong with a reply's outer shape (None: nothing); its result is read by the request's parse."""
+    if not isinstance(reply, dict):
+        return f"a reply that is a JSON {type(reply).__name__}, not an object"
+    if _depth(reply) > MAX_DEPTH:
+        return f"a reply nested deeper than {MAX_DEPTH} levels"
+    if not isinstance(reply.get("ok"), bool):
+        return "a reply without a true/false 'ok'"
+    if reply["ok"] and not isinstance(reply.get("result"), dict):
+        return "a reply whose 'result' is not an object"
+    error = reply.get("error")
+    if not reply["ok"] and not (isinstance(error, dict) and isinstance(error.get("type"), str)
+                                and isinstance(error.get("message"), str)):
+        return "a failure reply without an 'error' of type and message"
+    return None
+
+
+def _depth(value: object) -> int:
+    """How deeply lists and objects nest in value (iteratively: depth itself is what is in doubt)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:
+                todo.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 # -- the client --------------------------------------------------------------------------------
@@ -483,14 +541,20 @@ class Pending(Generic[T]):
             raise TransportError(f"{self._client.name}: '{self.request.op}' did not finish within {limit:g}s "
                                  "(no reply from the agent); closed the agent")
         if self._reply is None:
-            raise TransportError(f"{self._client.name}: agent lost during '{self.request.op}': {self._failure}")
-        if not self._reply.get("ok"):
-            error = self._reply.get("error") or {}
-            if error.get("type") == "skipped":
-                raise RequestSkipped(f"{self._client.name}: '{self.request.op}' skipped: {error.get('message')}")
+            raise AgentLost(f"{self._client.name}: agent lost during '{self.request.op}': {self._failure}")
+        if not self._reply["ok"]:
+            error = self._reply["error"]
+            if error["type"] == "skipped":
+                raise RequestSkipped(f"{self._client.name}: '{self.request.op}' skipped: {error['message']}")
             raise TransportError(f"{self._client.name}: agent refused '{self.request.op}' "
-                                 f"({error.get('type')}): {error.get('message')}")
-        return self.request.parse(self._reply["result"])
+                                 f"({error['type']}): {error['message']}")
+        try:
+            return self.request.parse(self._reply["result"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # Not what our agent sends: nothing more it says can be trusted either.
+            reason = f"a malformed reply to '{self.request.op}' ({type(exc).__name__}: {exc}); the stream is broken"
+            self._client.abort(reason)
+            raise AgentLost(f"{self._client.name}: {reason}") from None
 
 
 class AgentClient:
@@ -591,7 +655,7 @@ class AgentClient:
                  after: Pending[Any] | None = None) -> Pending[T]:
         with self._state_lock:
             if self._dead is not None:
-                raise TransportError(f"{self.name}: agent is gone: {self._dead}")
+                raise AgentLost(f"{self.name}: agent is gone: {self._dead}")
             self._next_id += 1
             pending = Pending(self, request, self._next_id)
             self._pending[pending.id] = pending
@@ -620,17 +684,30 @@ class AgentClient:
                     if not self._fill(buf):
                         return self._fail("the agent closed its output")
                 (length,) = HEADER.unpack(buf[:HEADER.size])
-                if length > MAX_REPLY:
-                    return self._fail(f"a reply of {length} bytes: the stream is corrupt")
+                if length > (limit := self._reply_limit()):
+                    return self._fail(f"a reply of {length} bytes where at most {limit} can come: "
+                                      "the stream is broken")
                 while len(buf) < HEADER.size + length:
                     if not self._fill(buf):
                         return self._fail("the agent closed its output mid-reply")
                 reply = json.loads(buf[HEADER.size:HEADER.size + length])
                 del buf[:HEADER.size + length]
+                if problem := _envelope_problem(reply):
+                    return self._fail(f"{problem}: the stream is broken")
                 if not self._dispatch(reply):
                     return self.close()
+        except RecursionError:
+            return self._fail("a reply nested too deeply to read: the stream is broken")
         except (OSError, EOFError, ValueError) as exc:
             return self._fail(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a reader that dies silently would leave every caller waiting for its timeout
+            return self._fail(f"reading a reply failed ({type(exc).__name__}: {exc})")
+
+    def _reply_limit(self) -> int:
+        """The largest frame any request in flight may get (`cancel` is answered out of turn, so not just the
+        oldest's); the hello's when none is."""
+        with self._state_lock:
+            return min(MAX_REPLY, max((p.request.max_reply() for p in self._pending.values()), default=ENVELOPE))
 
     def _fill(self, buf: bytearray) -> bool:
         chunk = self._pipe.read(CHUNK)
@@ -645,7 +722,7 @@ class AgentClient:
             # We never send what the agent cannot parse: an unmatched reply means the stream
             # is not what we think it is.
             error = reply.get("error") or {}
-            self._fail(f"unexpected reply (id {request_id!r}): {error.get('message', reply)}")
+            self._fail(f"unexpected reply (id {request_id!r}): {str(error.get('message', reply))[:1000]}")
             return False
         pending._resolve(reply)
         return True
