@@ -29,8 +29,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from deployer.errors import DeployerError, LockHeld
+from deployer.text import printable, shown
 from deployer.transport.base import ExecResult, Transport
-from deployer.untrusted import printable, shown
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending, Request

@@ -1,4 +1,5 @@
-"""Text from a target or a log made safe for a terminal: every control character shown, never obeyed."""
+"""Text from a target or a log is input, not truth: made safe for a terminal (every control character shown,
+never obeyed), and bounded and escaped before a message quotes it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import unicodedata
 # clipboard), and line separators and bidi format characters make text read as other text.
 _HIDDEN = {"Cc", "Cf", "Zl", "Zp"}
 _KEPT = {"\n", "\t"}  # multi-line output stays readable
+SHOWN_CHARS = 80
 
 
 def visible(text: str, *, multiline: bool = True) -> str:
@@ -28,3 +30,17 @@ def _hidden(char: str, multiline: bool) -> bool:
 def _shown(char: str) -> str:
     code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def shown(value: object) -> str:
+    """A value as a message may print it: repr-escaped (control and format characters as \\x1b, \\u202e ...)
+    and cut to a readable length."""
+    if isinstance(value, str | bytes) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}... ({len(value)} long)"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS * 2 else f"{text[:SHOWN_CHARS * 2]}..."
+
+
+def printable(value: object, limit: int) -> bool:
+    """A string that is safe to show as it is: at most `limit` characters, none of them control or format."""
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()

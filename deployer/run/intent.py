@@ -24,8 +24,8 @@ from deployer.config import check_repo_relative
 from deployer.errors import DeployerError, RecordRefused
 from deployer.run.state import FileRecord
 from deployer.steps.git import trailers
+from deployer.text import printable, shown
 from deployer.transport.base import Transport
-from deployer.untrusted import printable, shown
 
 NAME = "inflight.json"
 # What new_run_id makes: the id also names a run dir on this machine, so nothing else may pass.
