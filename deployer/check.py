@@ -20,6 +20,7 @@ from deployer.config import Host, Playbook, Unit
 from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.errors import ConnectError, DeployerError, HostKeyError
 from deployer.fleet import DEFAULT_PARALLEL
+from deployer.preflight import preflight, projected_stat
 from deployer.steps.base import Step
 from deployer.steps.metrics import MetricStep, scrape
 from deployer.steps.services import manager_for
@@ -170,6 +171,25 @@ def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlayb
     _check_metrics(report, ctx, playbook)
     if playbook is not None:
         _check_dests(report, ctx, playbook[0])
+        _check_judged(report, ctx, playbook[1])
+
+
+def _check_judged(report: CheckReport, ctx: Context, steps: list[Step]) -> None:
+    """What apply judges right after its preflight, before it touches the target (the shipped Python compiles
+    here, the projected diff is within the bounds): from the same reads, so check and apply agree."""
+    judging = [s for s in steps if s.judges]
+    if not judging:
+        return
+    try:
+        stat = projected_stat(ctx, preflight(ctx, allow_dirty=True))
+    except DeployerError as exc:
+        report.add("preflight", "fail", str(exc), exc.exit_code)
+        return
+    for step in judging:
+        problems = step.judge_here(ctx, stat)
+        report.add(step.judges, "fail" if problems else "ok",
+                   f"{step.where}: {step.name}: {'; '.join(problems)}" if problems else f"{step.name}: ok "
+                   f"(projected: {stat.summary()})", 1)
 
 
 def _dests(playbook: tuple[LoadedPlaybook, list[Step]] | None) -> list[str]:

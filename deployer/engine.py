@@ -33,14 +33,14 @@ from deployer.errors import (
     VerificationFailed,
 )
 from deployer.lock import DeployLock, LockState, force_release, read_state
-from deployer.preflight import Reads, preflight, send_reads
+from deployer.preflight import Reads, preflight, projected_stat, send_reads
 from deployer.run import intent
 from deployer.run.restore import restore_files
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunState, ensure_headroom, git_blob_id
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
-from deployer.steps.git import git, log_anchor, revert_files, trailers, unchanged_dests
+from deployer.steps.git import git, log_anchor, revert_files, trailers
 from deployer.transport.base import Transport, sha256_hex
 
 Connector = Callable[[EventBus], Transport]
@@ -167,13 +167,6 @@ class PlanReport:
         """Every problem the plan found, each under what judged it: what makes `plan` exit 1."""
         return [f"{label}: FAIL — {'; '.join(problems)}" for label, problems in self.judged.items() if problems]
 
-
-def projected_stat(ctx: Context, head: dict[str, bytes | None]) -> diffs.DiffStat:
-    """The diff the run will make, counted against HEAD as diff_bounds and the commit count it (under
-    --allow-dirty the work tree differs); git diff lists no file whose bytes are already there, nor does this."""
-    unchanged = unchanged_dests(ctx)
-    return diffs.DiffStat(tuple(diffs.numstat(c.dest, head[c.dest], c.new) for c in ctx.changes
-                                if c.dest not in unchanged))
 
 
 # The phase a step's effect moves the run into before the step runs, and the one it leaves it in after.

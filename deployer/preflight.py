@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer import yamlsrc
+from deployer import diffs, yamlsrc
 from deployer.agent.client import Get, Pending, Stat, StatEntry
 from deployer.config import check_repo_relative
 from deployer.context import Change, Context, Submitted
@@ -66,6 +66,14 @@ def send_reads(ctx: Context) -> Reads:
         email=ctx.submit(git("config", "user.email"), timeout=30),
         stats=ctx.transport.submit(Stat((ctx.repo, *paths, *parents))),
         olds=[ctx.transport.submit(Get(path)) for path in paths])
+
+
+def projected_stat(ctx: Context, head: dict[str, bytes | None]) -> diffs.DiffStat:
+    """The diff the run will make, from preflight's reads: counted against HEAD as diff_bounds and the commit
+    count it (under --allow-dirty the work tree differs); git diff lists no file whose bytes are already
+    there, nor does this."""
+    return diffs.DiffStat(tuple(diffs.numstat(c.dest, head[c.dest], c.new) for c in ctx.changes
+                                if c.dest not in ctx.facts.unchanged))
 
 
 def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> dict[str, bytes | None]:

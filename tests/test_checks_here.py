@@ -146,3 +146,29 @@ def test_the_shipped_playbook_compiles_its_fix_before_the_baseline_storm() -> No
     _, steps = load_playbook(REPO / "playbooks" / "kvpoll-fix.yaml")
     kinds = [s.kind for s in steps]
     assert kinds.index("local_compile") < kinds.index("baseline")
+
+
+def checks_of(target: Project) -> tuple[int, dict[str, dict[str, object]]]:
+    result = target.deployer("check", "--host", "box", "fix.yaml", "--json")
+    report = json.loads(result.stdout)
+    return result.returncode, {c["name"]: c for c in report["checks"]}
+
+
+def test_check_with_a_playbook_reports_a_fix_that_does_not_compile_and_a_projected_diff_out_of_bounds(
+        target: Project) -> None:
+    target.write("fix/a.py", "def answer(:\n    return 42\n")
+    target.playbook(steps=["local_compile", "upload", {"diff_bounds": {"files": 3}}])
+    snapshot = tree_snapshot(target.repo)
+    code, checks = checks_of(target)
+    assert code == 1
+    assert checks["compile"]["status"] == "fail" and "fix/a.py:1:" in str(checks["compile"]["detail"])
+    assert checks["bounds"]["status"] == "fail" and "files 1 outside 3" in str(checks["bounds"]["detail"])
+    assert tree_snapshot(target.repo) == snapshot
+
+
+def test_check_with_a_playbook_says_the_fix_compiles_and_is_within_its_bounds(target: Project) -> None:
+    target.playbook()
+    code, checks = checks_of(target)
+    assert code == 0, checks
+    assert checks["compile"]["status"] == "ok" and checks["bounds"]["status"] == "ok"
+    assert "1 file changed" in str(checks["bounds"]["detail"])
