@@ -514,7 +514,7 @@ def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | 
     from deployer.playbook import parse_playbook
     from deployer.transport.factory import open_transport
 
-    host_name = host_override or str(run.start.get("host") or "")
+    host_name = host_override or recorded_host(run)
     inventory_path = find_inventory(inventory)
     host = get_host(load_inventory(inventory_path), host_name, inventory_path)
     copy = run.dir / "playbook.yaml"
@@ -883,7 +883,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
         # Killed before it kept its playbook's copy, the run had not reached the target's lock yet.
         engine = engine_for_run(run, host_name, inventory, runs_dir, accept_new_host_key) \
             if (run.dir / "playbook.yaml").is_file() else \
-            bare_engine(host_name or str(run.start.get("host")), inventory, runs_dir, accept_new_host_key)
+            bare_engine(host_name or recorded_host(run), inventory, runs_dir, accept_new_host_key)
     elif host_name:
         engine = bare_engine(host_name, inventory, runs_dir, accept_new_host_key)
         run_id = run_id or pending_run(engine)
@@ -928,6 +928,18 @@ def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, acc
     return Engine(host_name=host_name, host=host, playbook=loaded, steps=[], listeners=[pin_notice],
                   runs_dir=runlog.runs_dir_from(runs_dir),
                   connect=lambda bus: open_transport(host_name, host, bus, accept_new_host_key=accept_new_host_key))
+
+
+def recorded_host(run: runlog.Run) -> str:
+    """The host a run was for: its run_start names it, or, killed before it wrote one, its state record."""
+    from deployer.errors import ConfigError
+    from deployer.run.state import RunRecord
+
+    record = RunRecord.load(run.dir)
+    host = run.start.get("host") or (record.state.host if record is not None else None)
+    if not isinstance(host, str):
+        raise ConfigError(f"run {run.run_id} names no host (its log and record are empty): pass --host H")
+    return host
 
 
 def pending_run(engine: Engine) -> str | None:

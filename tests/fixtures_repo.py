@@ -71,6 +71,17 @@ def target_python(project: Project, before: str, *, then: str | None = None) -> 
     return str(wrapper)
 
 
+# A failure after the upload that nothing judged before the run could foresee (a bounds or compile problem
+# fails before the target is touched): the target's python refuses to compile, so what follows is the restore.
+AFTER_UPLOAD_FAILS = ["upload", "remote_compile"]
+COMPILE_REFUSED = "compile refused by the test"
+
+
+def refusing_python(project: Project) -> str:
+    """The target's python for AFTER_UPLOAD_FAILS: the agent starts, remote_compile exits 3."""
+    return target_python(project, f"echo '{COMPILE_REFUSED}' >&2; exit 3")
+
+
 def age_lock(repo: Path) -> None:
     """Backdate the heartbeat of the lock a killed run left, as if its TTL had passed (recover takes over only
     a stale lock). The killed run's agent exited when its stdin closed, so nothing beats it again."""
@@ -78,6 +89,16 @@ def age_lock(repo: Path) -> None:
     if heartbeat.exists():
         old = time.time() - 24 * 3600
         os.utime(heartbeat, (old, old))
+
+
+def wait_until_lock_stale(repo: Path, ttl_s: float, seconds: float = 60) -> None:
+    """Wait, as a person would, until the heartbeat of the lock a cut run left is older than its TTL: the cut
+    run's agent beats until its end of the link notices, so backdating could race its last beat."""
+    heartbeat = repo / ".git" / "deployer.lock" / "heartbeat"
+    deadline = time.monotonic() + seconds
+    while heartbeat.exists() and time.time() - heartbeat.stat().st_mtime <= ttl_s + 0.5:
+        assert time.monotonic() < deadline, "the cut run's agent never stopped beating"
+        time.sleep(0.1)
 
 
 def hold_lock(project: Project) -> Path:

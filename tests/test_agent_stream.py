@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_repo import ORIGINAL_A, Project
+from fixtures_repo import ORIGINAL_A, Project, wait_until_lock_stale
 
 # A correctness bound, not a performance target: today's reply timeouts are 35 s and more.
 FAST_S = 10.0
@@ -134,7 +134,8 @@ def test_a_broken_agent_stream_before_any_change_fails_the_run_at_once_with_exit
 def test_a_broken_agent_stream_after_the_upload_fails_at_once_and_recover_restores(target: Project,
                                                                                    mode: str) -> None:
     # The reply after the upload's put of pkg/a.py: remote_compile's, once the target holds the new bytes.
-    target.write_inventory(python=stand_in(target, mode, after='/pkg/a.py","sha256"'))
+    # A short lock TTL: recover takes the lock over once the cut run's heartbeat is that old.
+    target.write_inventory(python=stand_in(target, mode, after='/pkg/a.py","sha256"'), lock_ttl_s=2)
     target.playbook()
     result, elapsed, rss_kb = apply_measured(target)
     # The usual restore is tried over the same, broken, stream: it cannot run, and the message says how to end it.
@@ -145,6 +146,7 @@ def test_a_broken_agent_stream_after_the_upload_fails_at_once_and_recover_restor
     assert rss_kb < RSS_LIMIT_KB, f"deployer peaked at {rss_kb // 1024} MiB"
     run_id = next(Path(target.runs).iterdir()).name
     target.write_inventory()  # a sound agent again
+    wait_until_lock_stale(target.repo, 2)
     recovered = target.deployer("recover", run_id)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert target.file("pkg/a.py") == ORIGINAL_A

@@ -12,7 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, target_python, tree_snapshot
+from fixtures_repo import (
+    AFTER_UPLOAD_FAILS,
+    COMPILE_REFUSED,
+    FIXED_A,
+    ORIGINAL_A,
+    ORIGINAL_B,
+    Project,
+    git,
+    refusing_python,
+    target_python,
+    tree_snapshot,
+)
 
 from deployer.diffs import DiffStat, FileStat
 from deployer.steps.git import BoundsParams, DiffBounds
@@ -141,7 +152,8 @@ def test_an_unchanged_file_beside_a_changed_one_is_left_out_of_the_commit(target
 def test_new_file_is_removed_with_its_new_directories_on_failure(target: Project) -> None:
     target.write("fix/new_mod.py", "NEW = 1\n")
     target.playbook(files=[{"src": "fix/new_mod.py", "dest": "pkg/deep/er/new_mod.py", "create": True}],
-                    steps=["upload", {"diff_bounds": {"files": 5}}])
+                    steps=AFTER_UPLOAD_FAILS)
+    target.write_inventory(python=refusing_python(target))
     snapshot = tree_snapshot(target.repo)
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
@@ -342,9 +354,10 @@ def test_allow_dirty_restores_the_bytes_and_keeps_the_users_staging(target: Proj
     (target.repo / "pkg/a.py").write_text(ORIGINAL_A + "# staged by hand\n")
     git(target.repo, "add", "pkg/a.py")
     staged = git(target.repo, "diff", "--cached")
-    target.playbook(steps=["upload", {"diff_bounds": {"files": 7}}])
+    target.playbook(steps=AFTER_UPLOAD_FAILS)
+    target.write_inventory(python=refusing_python(target))
     result = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
-    assert result.returncode == 1
+    assert result.returncode == 1 and COMPILE_REFUSED in result.stderr
     assert target.file("pkg/a.py") == ORIGINAL_A + "# staged by hand\n"
     assert git(target.repo, "diff", "--cached") == staged
 
@@ -361,7 +374,8 @@ def test_shipped_and_restored_files_keep_their_owner(target: Project) -> None:
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     assert (target.repo / "pkg/a.py").stat().st_uid == 4321
     target.write("fix/b.py", "VALUE = 3\n")
-    target.playbook(files=[{"src": "fix/b.py", "dest": "pkg/b.py"}], steps=["upload", {"diff_bounds": {"files": 9}}])
+    target.playbook(files=[{"src": "fix/b.py", "dest": "pkg/b.py"}], steps=AFTER_UPLOAD_FAILS)
+    target.write_inventory(python=refusing_python(target))
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1  # restored
     assert target.file("pkg/b.py") == "VALUE = 2\n"
     assert (target.repo / "pkg/b.py").stat().st_uid == 4321

@@ -22,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git, init_repo, work_tree
+from fixtures_repo import (
+    FIXED_A,
+    ORIGINAL_A,
+    ORIGINAL_B,
+    Project,
+    age_lock,
+    git,
+    init_repo,
+    wait_until_lock_stale,
+    work_tree,
+)
 from fixtures_services import Stack
 from fixtures_ssh import SSHD
 
@@ -263,12 +273,7 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
     run = newest_run(project)
     relay.arm(None, rst=False)
-    # The cut run's agent beats until sshd notices the dead link; a person waits for the TTL, so does this.
-    heartbeat = project.repo / ".git" / "deployer.lock" / "heartbeat"
-    deadline = time.monotonic() + 60
-    while heartbeat.exists() and time.time() - heartbeat.stat().st_mtime <= 2.5:
-        assert time.monotonic() < deadline, "the cut run's agent never stopped beating"
-        time.sleep(0.1)
+    wait_until_lock_stale(project.repo, 2)
     recovered = project.deployer("recover", run.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     state = json.loads((run / "state.json").read_text())

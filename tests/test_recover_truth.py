@@ -66,6 +66,21 @@ def test_a_recover_ends_a_run_killed_before_its_lock_so_that_its_log_verifies(ta
     assert_second_recover_changes_nothing(target, run)
 
 
+def test_a_recover_ends_a_run_killed_before_its_log_named_its_host(target: Project) -> None:
+    # Killed between its first state record and its run_start line: only state.json says which host it was for.
+    script, marker = gate(target, "agent-start")
+    target.write_inventory(python=str(script))
+    target.playbook()
+    run = start_and_kill(target, lambda: marker.exists() and any(target.runs.glob("*/state.json")),
+                         "the agent's start")
+    kill_marker(marker)
+    target.write_inventory()
+    (run / "events.jsonl").write_bytes(b"")
+    first = ok(target.deployer("recover", run.name))
+    assert f"run {run.name} -> failed_restored" in first.stdout, first.stdout
+    ok(target.deployer("runs", "verify", run.name))
+
+
 def test_a_recover_by_host_releases_the_lock_of_a_run_killed_before_its_intent_record(
         target: Project, stack: Stack) -> None:
     # An absent metric keeps the baseline polling: the run holds its lock, and has written no intent record.

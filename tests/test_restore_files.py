@@ -256,5 +256,6 @@ def test_a_restore_command_that_fails_stops_the_restore_naming_it_and_how_to_fin
     said = str(caught.value)
     assert said.startswith(f"restoring the target failed: step '?' failed: {what}\n  command: "), said
     assert f"{tool}: refused by the test" in said
-    assert said.endswith(f". The files pkg/a.py, pkg/new/c.py may hold the new bytes; HEAD should be {before}. "
-                         "Finish it with: deployer recover t"), said
+    assert said.endswith(f". The files pkg/a.py, pkg/new/c.py may hold the new bytes, and HEAD may be this run's "
+                         f"commit ({TRAILER}) on top of {before[:12]}. `deployer recover t` reads the target and "
+                         "finishes it"), said

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, work_tree
+from fixtures_repo import (
+    AFTER_UPLOAD_FAILS,
+    COMPILE_REFUSED,
+    FIXED_A,
+    ORIGINAL_A,
+    Project,
+    git,
+    refusing_python,
+    work_tree,
+)
 
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
@@ -109,7 +118,9 @@ def test_a_file_changed_while_the_restore_runs_is_reported_not_called_restored(
         target: Project, tmp_path: Path) -> None:
     target.write("fix/b.py", "VALUE = 2\n")
     target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
-                    steps=["upload", {"diff_bounds": {"files": 9}}])
+                    steps=AFTER_UPLOAD_FAILS)
+    python = refusing_python(target)
+    target.write_inventory(python=python)
     # The restore looks for the upload's temp files (find) after writing the pre-run bytes back, and reads
     # every file back after that: the writer strikes in between.
     writer_before(target, tmp_path / "bin", "find", "*' -name '*")
@@ -117,10 +128,12 @@ def test_a_file_changed_while_the_restore_runs_is_reported_not_called_restored(
     assert result.returncode == 6, result.stderr
     run_id = sorted(target.runs.iterdir())[-1].name
     # The failure that started the restore comes first, then what the restore left and how to finish it.
-    assert result.stderr == (
-        "error: fix.yaml:9:3: step 'diff_bounds' failed: files 2 outside 9 (2 files changed, 6 insertions(+), "
-        "2 deletions(-))\nThe restore after it failed: after the restore, pkg/a.py, pkg/b.py still differ from their "
-        f"pre-run bytes (did something else write them meanwhile?). Finish it with: deployer recover {run_id}\n")
+    assert result.stderr.startswith(f"error: fix.yaml:9:3: step 'remote_compile' failed: the target's {python} "
+                                    "cannot compile the shipped files\n"), result.stderr
+    assert result.stderr.endswith(
+        "\nThe restore after it failed: after the restore, pkg/a.py, pkg/b.py still differ from their pre-run bytes "
+        f"(did something else write them meanwhile?). Finish it with: deployer recover {run_id}\n"), result.stderr
+    assert COMPILE_REFUSED in result.stderr
     assert target.file("pkg/a.py") == OTHER_A and target.file("pkg/b.py") == OTHER_B
 
 
@@ -131,13 +144,13 @@ def test_a_dests_directory_removed_during_the_restore_is_made_again_with_the_pre
     git(target.repo, "add", "pkg/sub/c.py")
     git(target.repo, "commit", "-q", "-m", "sub")
     target.write("fix/c.py", "C = 2\n")
-    target.playbook(files=[{"src": "fix/c.py", "dest": "pkg/sub/c.py"}],
-                    steps=["upload", {"diff_bounds": {"files": 9}}])
+    target.playbook(files=[{"src": "fix/c.py", "dest": "pkg/sub/c.py"}], steps=AFTER_UPLOAD_FAILS)
+    target.write_inventory(python=refusing_python(target))
     # The restore lists the index (ls-files -s) right before it writes the pre-run bytes back: the directory
     # goes away then.
     before_program(target, tmp_path / "bin", "git", "*' ls-files -s '*", "rm -rf pkg/sub")
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1, result.stderr
-    assert "step 'diff_bounds' failed" in result.stderr
+    assert "step 'remote_compile' failed" in result.stderr and COMPILE_REFUSED in result.stderr
     assert target.file("pkg/sub/c.py") == "C = 1\n"
     assert git(target.repo, "status", "--porcelain") == ""

@@ -26,7 +26,8 @@ def shown_state(run: Run) -> str:
         status = str(end.get("status") or "")
         return _BY_STATUS.get(status, status or Phase.interrupted.value)
     reached = {t.phase for t in record.state.history} if record else set()
-    if (phase == Phase.failed_restored.value and run.first("step_start") is None
+    # A step that failed before the target was touched (a fix that does not compile) failed; it refused nothing.
+    if (phase == Phase.failed_restored.value and run.first("step_start") is None and run.first("judged_here") is None
             and not reached & (set(FORWARD) - {Phase.preparing, Phase.locked})):
         return REFUSED
     return phase
