@@ -18,8 +18,9 @@ from deployer.lock import read_state
 from deployer.run.state import Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Action, Effect
-from deployer.steps.git import git, names, touched_by
+from deployer.steps.git import EndNote, git, names, read_end_note, touched_by
 from deployer.transport.base import ExecResult, Transport
+from deployer.untrusted import shown
 
 # The old build must not face the storm that proved the fix: restarts and metric checks only.
 VERIFY = (Effect.restarts, Effect.verifies)
@@ -101,6 +102,8 @@ def target_problems(ctx: Context, run: Run) -> list[str]:
         if not deploy.log.startswith("sha256:") or runlog.anchored_lines(data, anchor) is None:
             problems.append(f"commit {deploy.commit[:12]} on the target has Deployer-Log {deploy.log or '(none)'}, "
                             "which matches no beginning of this log: the log was rewritten after that commit")
+    if own:
+        problems += end_problems(ctx, run, own[0].commit, data)
     before, after = run.git.get("before"), run.git.get("after")
     if not after:
         if own:
@@ -120,6 +123,36 @@ def target_problems(ctx: Context, run: Run) -> list[str]:
         problems.append(f"the log names the files {', '.join(files)}, but commit {found.commit[:12]} "
                         f"touched {', '.join(touched)}")
     return problems
+
+
+def end_problems(ctx: Context, run: Run, newest: str, data: bytes) -> list[str]:
+    """The run's end against the note on its newest commit: the note holds the sha256 of the log when the
+    release was sent and the end that release proves. Lines after run_end (rollback and recover links) are
+    not the note's: they are vouched for by the runs they name."""
+    end = run.end or {}
+    raw = read_end_note(ctx, newest)
+    if raw is None:
+        if end.get("anchor") == "notes":
+            return [f"commit {newest[:12]} on the target has no end note (refs/notes/deployer), but the log says "
+                    "its run wrote one: the note was removed, or the log was moved to another run"]
+        ctx.emit("end_unanchored", message=f"the end of run {run.run_id}'s log is not anchored on the target (no "
+                 f"note on its commit {newest[:12]}: a run from before end notes, or one cut before its release); "
+                 "its log is checked against the target up to that commit only")
+        return []
+    note = EndNote.parse(raw)
+    if note is None:
+        return [f"the end note on commit {newest[:12]} is not deployer's: {shown(raw)}"]
+    end_line = next((i for i, event in enumerate(run.events) if event.get("type") == "run_end"), None)
+    covered = runlog.anchored_lines(data, note.log_sha256)
+    claimed = (note.status, note.exit_code, note.phase)
+    if covered is None or end_line is None or covered > end_line or \
+            claimed != (end.get("status"), end.get("exit_code"), str(end.get("phase"))):
+        return [f"the end note on commit {newest[:12]} says run {run.run_id} ended {note.status} (exit "
+                f"{note.exit_code}, phase {note.phase}) with its log at sha256:{note.log_sha256}, but this log "
+                f"ends {end.get('status')} (exit {end.get('exit_code')}, phase {end.get('phase')})"
+                f"{'' if covered is not None else ' and has no such beginning'}: the log was rewritten after "
+                "the run's release"]
+    return []
 
 
 def check_recorded(ctx: Context, run: Run, target: Target) -> None:
