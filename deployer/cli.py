@@ -187,6 +187,8 @@ def pin_notice(event: dict[str, Any]) -> None:
 
     if event.get("type") == "host_key_pinned":
         ui.show_notice(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
+    if event.get("type") == "end_unanchored":
+        ui.show_notice(str(event["message"]))
 
 
 def build_engine(playbook_path: str, host_name: str, loaded: Inventory, runs_dir: str | None,

@@ -40,7 +40,7 @@ from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunSta
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
-from deployer.steps.git import git, log_anchor, revert_files, trailers
+from deployer.steps.git import EndNote, end_note_argv, git, log_anchor, revert_files, trailers
 from deployer.transport.base import Transport, sha256_hex
 
 Connector = Callable[[EventBus], Transport]
@@ -51,17 +51,19 @@ def operator_id() -> str:
 
 
 def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settled: Context | None,
-            sent: Callable[[], None] | None = None) -> str | None:
-    """Clear the intent record (once the run is settled), release the lock and close the connection.
+            sent: Released | None = None, note: Note | None = None) -> tuple[str | None, bool]:
+    """Clear the intent record (once the run is settled), release the lock, write the end note behind them
+    (when given) and close the connection: one round trip.
 
     `sent`: the check of a release already sent behind the run's last batch (skipped when that failed).
-    Never raises; says what it had to leave. An interrupted run keeps its intent record on the target:
-    it stops every later apply until `deployer recover` has ended it."""
-    left = None
+    Never raises; says what it had to leave, and whether the end note was written. An interrupted run keeps
+    its intent record on the target: it stops every later apply until `deployer recover` has ended it."""
+    left, noted = None, False
     if lock is not None:
         try:
-            if not _done(sent):
-                send_release(lock, transport, settled.git_dir if settled else None)()
+            done = _done(sent)
+            noted = send_release(lock, transport, settled.git_dir if settled else None, note=note)() \
+                if done is None else done
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
             bus.emit("lock_release_failed", path=lock.path, error=str(exc))
@@ -73,32 +75,42 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
                     f"remove it with: deployer lock release --host {bus.host} --force")
     with contextlib.suppress(Exception):
         transport.close()
-    return left
+    return left, noted
+
+
+Note = tuple[tuple[str, ...], str]  # the end note's argv and the repo it runs in
+Released = Callable[[], bool]  # raises if the release failed or was skipped; says whether the end note was written
 
 
 def send_release(lock: DeployLock, transport: Transport, git_dir: str | None,
-                 after: Pending[Any] | None = None) -> Callable[[], None]:
-    """Send the intent record's removal (with a git dir: the run is settled) and the lock's release, to run only
-    if `after` succeeded when given; the returned check raises if either failed or was skipped."""
+                 after: Pending[Any] | None = None, note: Note | None = None) -> Released:
+    """Send the intent record's removal (with a git dir: the run is settled), the lock's release and the end
+    note, to run only if `after` succeeded when given. The note runs only if the lock was removed, so a note
+    on the target says the run ended as it claims; the returned check raises if the release failed or was
+    skipped, and says whether the note was written."""
     cleared = intent.remove(transport, git_dir, after=after) if git_dir else None
-    released = lock.send_release(after=after)
+    noting: list[Pending[Any]] = []
+    then = None if note is None else (lambda removed: noting.append(
+        transport.submit_run(note[0], cwd=note[1], timeout=30, after=removed)))
+    released = lock.send_release(after=after, then=then)
 
-    def check() -> None:
+    def check() -> bool:
         released()
         if cleared is not None:
             cleared()
+        return bool(noting) and noting[0].result().ok
     return check
 
 
-def _done(sent: Callable[[], None] | None) -> bool:
-    """A release sent behind the run's last batch went through (False: none sent, or the agent skipped it)."""
+def _done(sent: Released | None) -> bool | None:
+    """Whether a release sent behind the run's last batch wrote its end note (None: none sent, or the agent
+    skipped it)."""
     if sent is None:
-        return False
+        return None
     try:
-        sent()
+        return sent()
     except RequestSkipped:
-        return False
-    return True
+        return None
 
 
 def target_state(ctx: Context) -> str:
@@ -232,7 +244,7 @@ class Engine:
     _reads: Reads | None = field(default=None, init=False, repr=False)  # preflight's, sent with the lock
     _intent: Pending[Any] | None = field(default=None, init=False, repr=False)  # the intent record, sent ahead
     _held: DeployLock | None = field(default=None, init=False, repr=False)  # the run's lock, once taken
-    _released: Callable[[], None] | None = field(default=None, init=False, repr=False)  # see _close_behind
+    _released: Released | None = field(default=None, init=False, repr=False)  # see _close_behind
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -348,6 +360,8 @@ class Engine:
         lock: DeployLock | None = None
         left: str | None = None
         status, exit_code, error = "successful", 0, None
+        ended = ("successful", 0)  # what the body ended with: the end note's claim
+        noted = False
         try:
             transport = self.connect(bus)
             try:
@@ -361,14 +375,18 @@ class Engine:
                 record.advance(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded,
                                utc_now())
             except (Exception, KeyboardInterrupt) as exc:
-                self._settle(record, as_failure(exc))
+                failed = as_failure(exc)
+                self._settle(record, failed)
+                ended = ("canceled" if isinstance(failed, Interrupted) else "failed", failed.exit_code)
                 if isinstance(exc, RecordRefused) and lock is not None:
                     bus.emit("lock_kept", path=lock.path)
                     lock = None  # left with the refused record, as its message says
                 raise
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
-                left = release(lock, transport, bus, ctx if record.state.terminal else None, self._released)
+                settled = ctx if record.state.terminal else None
+                note = self._end_note(settled, log, EndNote(log.sha256(), *ended, record.state.phase.value))
+                left, noted = release(lock, transport, bus, settled, self._released, note)
             if left:
                 raise DeployerError(left)
         except (Exception, KeyboardInterrupt) as exc:
@@ -384,12 +402,28 @@ class Engine:
             bus.step = None
             commits = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
             facts = ctx.facts.record() if ctx else {}
+            anchored = {"anchor": "notes"} if noted else {}  # the end note is on the target: verify requires it
             bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=record.state.phase,
-                     files=facts.get("files") or (ctx.dests if ctx else []), facts=facts)
+                     files=facts.get("files") or (ctx.dests if ctx else []), facts=facts, **anchored)
             log.close()
             self._log = None
         return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts,
                          record.state.phase.value)
+
+    @staticmethod
+    def _end_note(ctx: Context | None, log: RunLogWriter, note: EndNote, commit: str | None = None) -> Note | None:
+        """The end note for the newest commit this run made (None: it made none, or it is not settled). Its log
+        hash is of the log so far, on disk first: the note may name these bytes. Recover's git_after is the cut
+        run's commit, not its own: recover writes no note (see the README's run log section)."""
+        if ctx is None or ctx.record is None:
+            return None
+        kind = ctx.record.state.kind
+        made = commit or (ctx.facts.rollback_commit if kind == "apply" else None) or \
+            (ctx.git_after if kind != "recover" else None)
+        if not made:
+            return None
+        log.sync()
+        return end_note_argv(ctx, made, note), ctx.repo
 
     @staticmethod
     def _settle(record: RunRecord, failure: DeployerError) -> None:
@@ -591,7 +625,12 @@ class Engine:
             return
 
         def behind(batch: Pending[Any]) -> None:
-            self._released = send_release(lock, ctx.transport, ctx.git_dir, after=batch)
+            # The batch proved HEAD is the run's commit; a note behind a release that went through says the
+            # run succeeded: nothing the run does after the reply can fail it on the target.
+            assert self._log is not None
+            note = self._end_note(ctx, self._log, EndNote(self._log.sha256(), "successful", 0, Phase.succeeded.value),
+                                  "HEAD")
+            self._released = send_release(lock, ctx.transport, ctx.git_dir, after=batch, note=note)
         ctx.closing = behind
 
     @staticmethod

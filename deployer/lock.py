@@ -241,14 +241,17 @@ class DeployLock:
         """Stop the heartbeat and remove the lock if it is still ours: one round trip."""
         self.send_release()()
 
-    def send_release(self, after: Pending[Any] | None = None) -> Callable[[], None]:
+    def send_release(self, after: Pending[Any] | None = None,
+                     then: Callable[[Pending[Any]], None] | None = None) -> Callable[[], None]:
         """Send the release now (run only if `after` succeeded, when given); the returned check raises
-        if it failed or was skipped."""
+        if it failed or was skipped. `then` sends more right behind the lock's removal, given its reply."""
         from deployer.agent.client import Beat
 
         stopped = self.transport.submit(Beat(self.heartbeat, 0), after=after)
         removed = self.transport.submit_run(("sh", "-c", _REMOVE_OURS, "deployer-unlock", self.path, self.name),
                                             timeout=TIMEOUT_S, after=after)
+        if then is not None:
+            then(removed)
 
         def check() -> None:
             stopped.result()

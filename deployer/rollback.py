@@ -18,8 +18,9 @@ from deployer.lock import read_state
 from deployer.run.state import Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Action, Effect
-from deployer.steps.git import git, names, touched_by
+from deployer.steps.git import EndNote, git, names, read_end_note, touched_by
 from deployer.transport.base import ExecResult, Transport
+from deployer.untrusted import shown
 
 # The old build must not face the storm that proved the fix: restarts and metric checks only.
 VERIFY = (Effect.restarts, Effect.verifies)
@@ -87,12 +88,13 @@ def _mentioning(ctx: Context, run_id: str) -> list[Deploy]:
     return _deploys(lambda argv: ctx.run(argv, timeout=120), "--fixed-strings", f"--grep={run_id}")
 
 
-def target_problems(ctx: Context, run: Run) -> list[str]:
+def target_problems(ctx: Context, run: Run, notices: list[str] | None = None) -> list[str]:
     """Where the run's log and the target's history disagree; empty when the history vouches for the log.
 
     The run's commits (trailer Deployer-Run) must anchor a beginning of this log (trailer Deployer-Log),
     and the commit the log names must be one of them, with the log's `before` as its parent and exactly
-    the log's files."""
+    the log's files; the note on the newest of them must vouch for the log's end (see end_problems: without
+    one, `notices` says the end is not anchored)."""
     data = (run.dir / runlog.EVENTS).read_bytes()
     own = [d for d in _mentioning(ctx, run.run_id) if d.run_id == run.run_id]
     problems = []
@@ -119,7 +121,38 @@ def target_problems(ctx: Context, run: Run) -> list[str]:
     if files != touched:
         problems.append(f"the log names the files {', '.join(files)}, but commit {found.commit[:12]} "
                         f"touched {', '.join(touched)}")
-    return problems
+    return problems + end_problems(ctx, run, own[0].commit, data, notices)
+
+
+def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list[str] | None = None) -> list[str]:
+    """The run's end against the note on its newest commit: the note holds the sha256 of the log when the
+    release was sent and the end that release proves. Lines after run_end (rollback and recover links) are
+    not the note's: they are vouched for by the runs they name."""
+    end = run.end or {}
+    raw = read_end_note(ctx, newest)
+    if raw is None:
+        if end.get("anchor") == "notes":
+            return [f"commit {newest[:12]} on the target has no end note (refs/notes/deployer), but the log says "
+                    "its run wrote one: the note was removed, or the log was moved to another run"]
+        if notices is not None:
+            notices.append(f"the end of run {run.run_id}'s log is not anchored on the target (no note on its "
+                           f"commit {newest[:12]}: a run from before end notes, or one cut before its release); its "
+                           "log is checked against the target up to that commit only")
+        return []
+    note = EndNote.parse(raw)
+    if note is None:
+        return [f"the end note on commit {newest[:12]} is not deployer's: {shown(raw)}"]
+    end_line = next((i for i, event in enumerate(run.events) if event.get("type") == "run_end"), None)
+    covered = runlog.anchored_lines(data, note.log_sha256)
+    claimed = (note.status, note.exit_code, note.phase)
+    if covered is None or end_line is None or covered > end_line or \
+            claimed != (end.get("status"), end.get("exit_code"), str(end.get("phase"))):
+        return [f"the end note on commit {newest[:12]} says run {run.run_id} ended {note.status} (exit "
+                f"{note.exit_code}, phase {note.phase}) with its log at sha256:{note.log_sha256}, but this log "
+                f"ends {end.get('status')} (exit {end.get('exit_code')}, phase {end.get('phase')})"
+                f"{'' if covered is not None else ' and has no such beginning'}: the log was rewritten after "
+                "the run's release"]
+    return []
 
 
 def check_recorded(ctx: Context, run: Run, target: Target) -> None:
@@ -225,7 +258,12 @@ def verify_on_target(engine: Engine, run: Run) -> list[str]:
     """`runs verify --target`: where the run's log and the target's history disagree."""
     bus = engine.new_bus()
     with engine.connect(bus) as transport:
-        return target_problems(engine.context("<verify>", bus, transport), run)
+        ctx = engine.context("<verify>", bus, transport)
+        notices: list[str] = []
+        problems = target_problems(ctx, run, notices)
+    for notice in notices:
+        bus.emit("end_unanchored", message=notice)
+    return problems
 
 
 def plan(engine: Engine, run: Run) -> PlanReport:

@@ -48,6 +48,19 @@ def rechain(project: Project, run_id: str, edit: Callable[[list[dict[str, Any]]]
     log_path(project, run_id).write_bytes(b"".join(lines))
 
 
+def refused_on_target(project: Project, run_id: str, head: str, said: str) -> str:
+    """A re-chained log verifies alone, but not against the target (exit 5, its stderr returned); rollback and its
+    plan refuse it with exit 5 saying `said`, and the target is left as it was."""
+    assert project.deployer("runs", "verify", run_id).returncode == 0  # the chain alone cannot tell
+    checked = project.deployer("runs", "verify", run_id, "--target")
+    assert checked.returncode == 5 and said in checked.stderr, checked.stderr
+    for command in (("rollback", run_id), ("plan", "--rollback", run_id)):
+        result = project.deployer(*command)
+        assert result.returncode == 5 and said in result.stderr, result.stderr
+    assert project.head() == head and project.file("pkg/a.py") == FIXED_A
+    return checked.stderr
+
+
 def run_end(events: list[dict[str, Any]]) -> dict[str, Any]:
     return next(e for e in events if e["type"] == "run_end")
 
@@ -211,17 +224,10 @@ def test_a_log_rechained_wholesale_is_caught_against_the_targets_history(target:
     def forge(events: list[dict[str, Any]]) -> None:
         events[0]["operator"] = "someone-else@elsewhere"
     rechain(target, run_id, forge)
-    assert target.deployer("runs", "verify", run_id).returncode == 0  # the chain alone cannot tell
-    checked = target.deployer("runs", "verify", run_id, "--target")
-    assert checked.returncode == 5 and "Deployer-Log" in checked.stderr
+    checked = refused_on_target(target, run_id, head, "Deployer-Log")
     said = re.search(r"commit [0-9a-f]{12} on the target has Deployer-Log sha256:[0-9a-f]{64}, which matches no "
-                     r"beginning of this log: the log was rewritten after that commit\n", checked.stderr)
-    assert said, checked.stderr
-    for command in (("rollback", run_id), ("plan", "--rollback", run_id)):
-        result = target.deployer(*command)
-        assert result.returncode == 5, result.stderr
-        assert "Deployer-Log" in result.stderr
-    assert target.head() == head and target.file("pkg/a.py") == FIXED_A
+                     r"beginning of this log: the log was rewritten after that commit\n", checked)
+    assert said, checked
 
 
 @pytest.mark.parametrize("field", ["before", "after", "files"])

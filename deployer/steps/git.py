@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from pydantic import field_validator
 
@@ -209,6 +211,43 @@ def trailers(**pairs: str) -> str:
 def log_anchor(ctx: Context) -> str:
     """The Deployer-Log trailer's value: it ties the run log written so far to the target's history."""
     return f"sha256:{ctx.facts.log_sha256 or '<the run log up to this step>'}"
+
+
+NOTES_REF = "deployer"  # refs/notes/deployer: the end anchors, one note on the newest commit of each run
+_END_NOTE = re.compile(r"deployer-end sha256:([0-9a-f]{64}) status=([a-z_]+) exit_code=(\d+) phase=([a-z_]+)\n?")
+
+
+@dataclass(frozen=True)
+class EndNote:
+    """What a run's note on its newest commit says: the sha256 of its log when the release was sent, and the
+    end the release proves (the note is written only behind a release that went through)."""
+
+    log_sha256: str
+    status: str
+    exit_code: int
+    phase: str
+
+    def text(self) -> str:
+        return (f"deployer-end sha256:{self.log_sha256} status={self.status} exit_code={self.exit_code} "
+                f"phase={self.phase}\n")
+
+    @classmethod
+    def parse(cls, text: str) -> EndNote | None:
+        """None when the target's note is not of this form (it is the target's word: checked, never trusted)."""
+        found = _END_NOTE.fullmatch(text)
+        return cls(found[1], found[2], int(found[3]), found[4]) if found else None
+
+
+def end_note_argv(ctx: Context, commit: str, note: EndNote) -> tuple[str, ...]:
+    """The note that anchors a run's end in the target's own storage (a commit of refs/notes/deployer, made
+    with the commit's identity). Never -f: a note already there is another run's, and stays."""
+    return git(*identity_args(ctx), "notes", "--ref", NOTES_REF, "add", "-m", note.text(), commit)
+
+
+def read_end_note(ctx: Context, commit: str) -> str | None:
+    """The raw note on commit under refs/notes/deployer; None when it has none."""
+    shown = ctx.run(git("notes", "--ref", NOTES_REF, "show", commit), timeout=30)
+    return shown.out if shown.ok else None
 
 
 class Commit(Step):
