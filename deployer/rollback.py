@@ -19,8 +19,8 @@ from deployer.run.state import Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Action, Effect
 from deployer.steps.git import EndNote, git, names, read_end_note, touched_by
+from deployer.text import shown
 from deployer.transport.base import ExecResult, Transport
-from deployer.untrusted import shown
 
 # The old build must not face the storm that proved the fix: restarts and metric checks only.
 VERIFY = (Effect.restarts, Effect.verifies)
