@@ -281,6 +281,8 @@ def report(console: Console, result: RunResult, as_json: bool) -> None:
         ui.show_result(console, result)
         if result.error:
             ui.show_error(result.error)
+        if result.warning:
+            ui.show_warning(result.warning)
     sys.exit(result.exit_code)
 
 

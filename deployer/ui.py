@@ -184,7 +184,8 @@ def plan_json(report: PlanReport) -> dict[str, Any]:
 
 def result_json(result: RunResult) -> dict[str, Any]:
     return {"run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
-            "error": result.error, "git": {"before": result.git_before, "after": result.git_after},
+            "error": result.error, "warning": result.warning,
+            "git": {"before": result.git_before, "after": result.git_after},
             "run_dir": str(result.run_dir), "facts": result.facts}
 
 
@@ -241,6 +242,11 @@ def show_error(message: str) -> None:
 def say(text: str) -> None:
     """One plain line on stdout, through the same console as every other line (so escaped like them)."""
     make_console().print(text, markup=False, highlight=False)
+
+
+def show_warning(message: str) -> None:
+    """What a run that ended as its record says could not make sure of (on stderr, so --json stays clean)."""
+    make_console(stderr=True).print(f"warning: {message}", markup=False, highlight=False, style="yellow")
 
 
 def show_notice(message: str) -> None:

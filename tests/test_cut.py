@@ -45,12 +45,19 @@ class CuttingRelay:
         self.relayed = 0
         self.first: list[socket.socket] = []
         self.connections = 0
+        self.answers_left: int | None = None  # answers from the target still let through before a cut
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, budget: int | None, *, rst: bool) -> None:
         with self.lock:
             self.budget, self.rst, self.relayed, self.first, self.connections = budget, rst, 0, [], 0
+            self.answers_left = None
+
+    def cut_after_answer(self) -> None:
+        """Let the target's next answer through whole, then cut: whatever it sends after that is lost."""
+        with self.lock:
+            self.answers_left = 1
 
     def _accept(self) -> None:
         while True:
@@ -65,9 +72,11 @@ class CuttingRelay:
                 if cuttable:
                     self.first = [client, upstream]
             for src, dst, delay in ((client, upstream, 0.0), (upstream, client, self.delay_s)):
-                threading.Thread(target=self._pipe, args=(src, dst, cuttable, delay), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(src, dst, cuttable, delay, src is upstream),
+                                 daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, cuttable: bool, delay: float) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, cuttable: bool, delay: float,
+              answers: bool = False) -> None:
         try:
             while data := src.recv(16384):
                 time.sleep(delay)
@@ -82,6 +91,13 @@ class CuttingRelay:
                             return
                         self.relayed += len(data)
                 dst.sendall(data)
+                if cuttable and answers:
+                    with self.lock:
+                        if self.answers_left is not None:
+                            self.answers_left -= 1
+                            if self.answers_left <= 0:
+                                self._cut_locked()
+                                return
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass
@@ -95,6 +111,9 @@ class CuttingRelay:
             with contextlib.suppress(OSError):
                 if self.rst:  # linger 0: close sends RST, as a dropped NAT entry or a reboot does
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    # A thread blocked reading the socket holds it open: wake it (sending nothing), so the
+                    # close below is the last one and the RST goes out now.
+                    sock.shutdown(socket.SHUT_RD)
                 else:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
@@ -275,3 +294,46 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     assert (state["phase"], state["git_after"]) == ("failed_committed", project.head())
     verified = project.deployer("runs", "verify", run.name, "--target")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_release_whose_reply_is_lost_after_the_commit_exits_0_saying_its_outcome_is_unknown(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    from test_recover import gate, kill_marker
+
+    project, _ = cut_target
+    base = project.head()
+    # The commit is the last step: the release goes right behind its batch. A post-commit hook holds the batch
+    # until the relay is set to let exactly its answer through: the release's answer is lost with the link.
+    script, marker = gate(project, "post-commit")
+    project.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                     steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    relay.arm(None, rst=True)
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the post-commit hook never ran"
+            time.sleep(0.02)
+        relay.cut_after_answer()
+        kill_marker(marker)  # the hook ends: the commit's batch answers, then the release runs
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_marker(marker)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    run = newest_run(project)
+    assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
+    assert f"Deployer-Run: {run.name}" in git(project.repo, "log", "-1", "--format=%B")
+    # The record says succeeded, and so does the exit code; what is unknown is said, not guessed.
+    assert phase_of(run) == "succeeded"
+    assert proc.returncode == 0, out + err
+    assert "was left on the target" not in err and "its reply was lost" in err, err
+    assert "deployer lock status --host box" in err, err
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["type"] for e in events][-2:] == ["lock_release_unknown", "run_end"]
+    assert events[-1]["status"] == "successful" and events[-1]["exit_code"] == 0
+    relay.arm(None, rst=False)
+    status = project.deployer("lock", "status", "--host", "box")
+    assert status.returncode in (0, 3), status.stdout + status.stderr
