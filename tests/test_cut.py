@@ -337,3 +337,51 @@ def test_a_release_whose_reply_is_lost_after_the_commit_exits_0_saying_its_outco
     relay.arm(None, rst=False)
     status = project.deployer("lock", "status", "--host", "box")
     assert status.returncode in (0, 3), status.stdout + status.stderr
+
+
+def test_a_fleet_host_cut_mid_upload_is_reported_interrupted_with_the_recover_command(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay, sshd: SSHD, tmp_path: Path) -> None:
+    project, _ = cut_target
+    # A second host straight to sshd, beside the one behind the relay: a fleet of two.
+    other = tmp_path / "other" / "repo"
+    init_repo(other, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B, "README": "r\n"})
+    known = tmp_path / "known_hosts"
+    known.write_text(known.read_text() + f"[127.0.0.1]:{sshd.port} {sshd.host_pubkey_line}\n")
+    hosts = {"box": project.host, "plain": {**project.host, "port": sshd.port, "repo": str(other)}}
+    project.inventory.write_text(json.dumps({"hosts": hosts}))
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                     steps=["upload", "remote_compile", {"commit": {"message": "pkg: answer is 42"}}])
+    base = project.head()
+    relay.arm(None, rst=False)
+    proc = project.popen("apply", "fix.yaml", "--host", "box,plain", "--json")
+    try:
+        deadline = time.monotonic() + 60
+        while not (project.file("pkg/a.py") == FIXED_A and project.file("pkg/b.py") == FIXED_B):
+            assert time.monotonic() < deadline and proc.poll() is None, "the upload never landed"
+            time.sleep(0.005)
+        relay.cut()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    report = json.loads(out)
+    fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
+    for row in (report["hosts"], fleet["hosts"]):
+        # The host behind the cut link holds the new bytes, its intent record and lock: interrupted, as its
+        # record says; `status` stays what it was, for scripts that read it.
+        assert (row["box"]["state"], row["box"]["status"]) == ("interrupted", "failed"), row
+        assert (row["plain"]["state"], row["plain"]["status"]) == ("succeeded", "successful"), row
+    assert (project.repo / ".git" / "deployer" / "inflight.json").exists()
+    assert f"deployer recover {report['fleet_id']}" in report["error"], report["error"]
+    shown = project.deployer("runs", "show", report["fleet_id"])
+    assert "interrupted" in shown.stdout, shown.stdout
+    listed = project.deployer("runs", "list")
+    assert "box:interrupted" in listed.stdout and "plain:succeeded" in listed.stdout, listed.stdout
+    relay.arm(None, rst=False)
+    age_lock(project.repo)
+    recovered = project.deployer("recover", report["fleet_id"])
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert project.head() == base and project.file("pkg/a.py") == ORIGINAL_A
+    fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
+    assert fleet["hosts"]["box"]["state"] == "failed_restored", fleet["hosts"]["box"]
