@@ -22,7 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git, init_repo, work_tree
+from fixtures_repo import (
+    FIXED_A,
+    ORIGINAL_A,
+    ORIGINAL_B,
+    Project,
+    act_when,
+    age_lock,
+    git,
+    init_repo,
+    recovered_keeping_its_commit,
+    work_tree,
+)
 from fixtures_services import Stack
 from fixtures_ssh import SSHD
 
@@ -251,34 +262,33 @@ def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_targe
     assert all(code != 0 for where, _, code, _ in outcomes if where not in ("85%", "97%"))
 
 
-def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recover_records_it(
-        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
-    from test_recover import gate, kill_marker
+def held_after_its_commit(project: Project) -> Path:
+    """The playbook ends with a commit whose post-commit hook holds the batch (git made the commit) until the
+    marker's pid is killed; the marker, once the hook is there."""
+    from test_recover import gate
 
-    project, _ = cut_target
-    base = project.head()
-    # A post-commit hook holds the commit's batch after git made the commit: the link is cut right there.
     script, marker = gate(project, "post-commit")
     project.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
     project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
                      steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    return marker
+
+
+def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recover_records_it(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    from test_recover import kill_marker
+
+    project, _ = cut_target
+    base = project.head()
+    # A post-commit hook holds the commit's batch after git made the commit: the link is cut right there.
+    marker = held_after_its_commit(project)
     project.write_inventory(lock_ttl_s=2)  # recover waits for the cut run's heartbeat to go stale: not long
     relay.arm(None, rst=True)
-    proc = project.popen("apply", "fix.yaml", "--host", "box")
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the post-commit hook never ran"
-            time.sleep(0.02)
-        relay.cut()
-        _, err = proc.communicate(timeout=120)
-    finally:
-        kill_marker(marker)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+    cut = act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists, lambda _: relay.cut(),
+                   "the post-commit hook", cleanup=lambda: kill_marker(marker))
+    err = cut.stderr
     assert project.head() != base, "the commit did not land before the cut"
-    assert proc.returncode == 6, err
+    assert cut.returncode == 6, err
     assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
     run = newest_run(project)
     relay.arm(None, rst=False)
@@ -288,47 +298,32 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     while heartbeat.exists() and time.time() - heartbeat.stat().st_mtime <= 2.5:
         assert time.monotonic() < deadline, "the cut run's agent never stopped beating"
         time.sleep(0.1)
-    recovered = project.deployer("recover", run.name)
-    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    state = json.loads((run / "state.json").read_text())
-    assert (state["phase"], state["git_after"]) == ("failed_committed", project.head())
-    verified = project.deployer("runs", "verify", run.name, "--target")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    recovered_keeping_its_commit(project, run)
 
 
 def test_a_release_whose_reply_is_lost_after_the_commit_exits_0_saying_its_outcome_is_unknown(
         cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
-    from test_recover import gate, kill_marker
+    from test_recover import kill_marker
 
     project, _ = cut_target
     base = project.head()
     # The commit is the last step: the release goes right behind its batch. A post-commit hook holds the batch
     # until the relay is set to let exactly its answer through: the release's answer is lost with the link.
-    script, marker = gate(project, "post-commit")
-    project.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
-    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
-                     steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    marker = held_after_its_commit(project)
     relay.arm(None, rst=True)
-    proc = project.popen("apply", "fix.yaml", "--host", "box")
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the post-commit hook never ran"
-            time.sleep(0.02)
+
+    def answer_then_cut(_: object) -> None:
         relay.cut_after_answer()
         kill_marker(marker)  # the hook ends: the commit's batch answers, then the release runs
-        out, err = proc.communicate(timeout=120)
-    finally:
-        kill_marker(marker)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+    ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists, answer_then_cut,
+                     "the post-commit hook", cleanup=lambda: kill_marker(marker))
+    out, err = ended.stdout, ended.stderr
     run = newest_run(project)
     assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
     assert f"Deployer-Run: {run.name}" in git(project.repo, "log", "-1", "--format=%B")
     # The record says succeeded, and so does the exit code; what is unknown is said, not guessed.
     assert phase_of(run) == "succeeded"
-    assert proc.returncode == 0, out + err
+    assert ended.returncode == 0, out + err
     assert "was left on the target" not in err and "its reply was lost" in err, err
     assert "deployer lock status --host box" in err, err
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
@@ -353,19 +348,10 @@ def test_a_fleet_host_cut_mid_upload_is_reported_interrupted_with_the_recover_co
                      steps=["upload", "remote_compile", {"commit": {"message": "pkg: answer is 42"}}])
     base = project.head()
     relay.arm(None, rst=False)
-    proc = project.popen("apply", "fix.yaml", "--host", "box,plain", "--json")
-    try:
-        deadline = time.monotonic() + 60
-        while not (project.file("pkg/a.py") == FIXED_A and project.file("pkg/b.py") == FIXED_B):
-            assert time.monotonic() < deadline and proc.poll() is None, "the upload never landed"
-            time.sleep(0.005)
-        relay.cut()
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-    report = json.loads(out)
+    cut = act_when(project, ("apply", "fix.yaml", "--host", "box,plain", "--json"),
+                   lambda: project.file("pkg/a.py") == FIXED_A and project.file("pkg/b.py") == FIXED_B,
+                   lambda _: relay.cut(), "the upload")
+    report = json.loads(cut.stdout)
     fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
     for row in (report["hosts"], fleet["hosts"]):
         # The host behind the cut link holds the new bytes, its intent record and lock: interrupted, as its

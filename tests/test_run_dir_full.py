@@ -14,12 +14,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures_repo import ORIGINAL_A, Project, git, target_python, work_tree
+from fixtures_repo import (
+    ORIGINAL_A,
+    Project,
+    act_when,
+    git,
+    recovered_keeping_its_commit,
+    target_python,
+    work_tree,
+)
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -100,22 +107,13 @@ def gated(project: Project, name: str) -> tuple[str, Path, Path]:
 
 def fill_at_gate(project: Project, entered: Path, go: Path) -> subprocess.CompletedProcess[str]:
     """Run the apply, fill the runs dir once the run waits at the gate, let it go on; its outcome."""
-    proc = project.popen("apply", "fix.yaml", "--host", "box")
-    try:
-        deadline = time.monotonic() + 60
-        while not entered.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the run never reached the gate"
-            time.sleep(0.02)
-        filler = fill(project.runs)
+    def fill_then_go(_: object) -> None:
+        fill(project.runs)
         go.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        go.touch()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-    filler.unlink()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), entered.exists, fill_then_go, "the gate",
+                     cleanup=go.touch)
+    (project.runs / "filler").unlink()
+    return ended
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
@@ -183,9 +181,4 @@ def test_a_runs_dir_that_fills_during_a_commit_that_lands_keeps_the_commit_and_r
     assert f"The commit {target.head()} stays on the target" in result.stderr, result.stderr
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
     assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
-    recovered = target.deployer("recover", run.name)
-    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    state = json.loads((run / "state.json").read_text())
-    assert (state["phase"], state["git_after"]) == ("failed_committed", target.head())
-    verified = target.deployer("runs", "verify", run.name, "--target")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    recovered_keeping_its_commit(target, run)

@@ -4,9 +4,8 @@ names it: a `notice:` with the `deployer recover` that ends its log (read from t
 from __future__ import annotations
 
 import signal
-import time
 
-from fixtures_repo import Project
+from fixtures_repo import Project, act_when
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -17,18 +16,8 @@ def killed_before_the_lock(project: Project) -> str:
     wrapper = project.write("venv/bin/python", f"#!/bin/sh\ntouch '{entered}'\nsleep 60\n")
     wrapper.chmod(0o755)
     project.write_inventory(python=str(wrapper))
-    proc = project.popen("apply", "fix.yaml", "--host", "box")
-    try:
-        deadline = time.monotonic() + 60
-        while not entered.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the agent's start was never reached"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+    act_when(project, ("apply", "fix.yaml", "--host", "box"), entered.exists,
+             lambda proc: proc.send_signal(signal.SIGKILL), "the agent's start")
     project.write_inventory()
     return project.newest_run()
 
