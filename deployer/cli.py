@@ -274,6 +274,18 @@ def apply_one(engine: Engine, accept_new_host_key: bool, as_json: bool) -> None:
         opening.discard()
 
 
+def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
+    """A killed run of this machine on these hosts is named before the next apply there (it left no trace on
+    the target to stop it)."""
+    from deployer import ui
+    from deployer.run.unended import unended_runs
+
+    for host in hosts:
+        for run_id in unended_runs(runs_dir, host):
+            ui.show_notice(f"run {run_id} on {host} never ended (killed?): its log has no run_end, so "
+                           f"`runs verify` fails until it is ended with: deployer recover {run_id}")
+
+
 def report(console: Console, result: RunResult, as_json: bool) -> None:
     from deployer import ui
 
@@ -283,6 +295,8 @@ def report(console: Console, result: RunResult, as_json: bool) -> None:
         ui.show_result(console, result)
         if result.error:
             ui.show_error(result.error)
+        if result.warning:
+            ui.show_warning(result.warning)
     sys.exit(result.exit_code)
 
 
@@ -352,6 +366,8 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 
     loaded, hosts = select_hosts(host_name, limit, inventory)
     units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+    if not dry_run:
+        notice_unended(runlog.runs_dir_from(runs_dir), hosts)
     if len(hosts) == 1:  # one host: a plain run, as before fleets existed
         engine = build_engine(playbook, hosts[0], loaded, runs_dir, accept_new_host_key, allow_dirty)
         if dry_run:

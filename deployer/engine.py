@@ -30,13 +30,23 @@ from deployer.errors import (
     RequestSkipped,
     RollbackFailed,
     StepFailed,
+    TransportError,
     VerificationFailed,
 )
 from deployer.lock import DeployLock, LockState, force_release, read_state
 from deployer.preflight import Reads, preflight, projected_stat, send_reads
 from deployer.run import intent
 from deployer.run.restore import restore_files
-from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord, RunState, ensure_headroom, git_blob_id
+from deployer.run.state import (
+    PAST_COMMIT,
+    FileRecord,
+    Phase,
+    RunRecord,
+    RunRecordError,
+    RunState,
+    ensure_headroom,
+    git_blob_id,
+)
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
@@ -66,13 +76,21 @@ def release(lock: DeployLock | None, transport: Transport, bus: EventBus, settle
                 if done is None else done
             bus.emit("lock_released", path=lock.path)
         except DeployerError as exc:
-            bus.emit("lock_release_failed", path=lock.path, error=str(exc))
-            # An unsettled run's lock is recover's to take over, with its intent record; a settled one's is spare.
-            left = (f"The deploy lock {lock.path} (and the intent record) stay on the target ({exc}); "
-                    f"deployer recover {lock.info['run_id']} takes them over once this run's heartbeat is stale"
-                    if settled is None else
-                    f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
-                    f"remove it with: deployer lock release --host {bus.host} --force")
+            if settled is not None and isinstance(exc, TransportError):
+                # Sent, and its reply lost with the link: the release may well have run. Say that, no more.
+                bus.emit("lock_release_unknown", path=lock.path, error=str(exc))
+                left = (f"The release of the deploy lock {lock.path} and the intent record was sent, but its reply "
+                        f"was lost ({exc}): whether they are still on the target is unknown. Check with: "
+                        f"deployer lock status --host {bus.host}")
+            else:
+                bus.emit("lock_release_failed", path=lock.path, error=str(exc))
+                # An unsettled run's lock is recover's to take over, with its intent record; a settled one's is
+                # spare.
+                left = (f"The deploy lock {lock.path} (and the intent record) stay on the target ({exc}); "
+                        f"deployer recover {lock.info['run_id']} takes them over once this run's heartbeat is "
+                        "stale" if settled is None else
+                        f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
+                        f"remove it with: deployer lock release --host {bus.host} --force")
     with contextlib.suppress(Exception):
         transport.close()
     return left, noted
@@ -201,6 +219,10 @@ class LogSink:
         self.log, self.cancel = log, cancel
         self.broken: OSError | None = None
 
+    def resume(self) -> None:
+        """Write again (the run's end): a disk that was full may have room by now."""
+        self.broken = None
+
     def __call__(self, event: dict[str, Any]) -> None:
         if self.broken is not None:
             return
@@ -224,6 +246,7 @@ class RunResult:
     git_after: str | None
     facts: dict[str, Any]
     phase: str = Phase.preparing.value
+    warning: str | None = None  # what a run that ended as its record says could not make sure of (the release)
 
 
 @dataclass
@@ -245,6 +268,8 @@ class Engine:
     _intent: Pending[Any] | None = field(default=None, init=False, repr=False)  # the intent record, sent ahead
     _held: DeployLock | None = field(default=None, init=False, repr=False)  # the run's lock, once taken
     _released: Released | None = field(default=None, init=False, repr=False)  # see _close_behind
+    # The settled phase the target holds that the run's record here could not be moved to (a full disk).
+    _unrecorded: tuple[Phase, dict[str, Any], RunRecordError] | None = field(default=None, init=False, repr=False)
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -337,7 +362,7 @@ class Engine:
 
         reads: the body starts with prepare(), whose preflight reads are sent with the lock (one round trip)."""
         run_id = new_run_id()
-        self._held, self._released = None, None
+        self._held, self._released, self._unrecorded = None, None, None
         ensure_headroom(self.runs_dir, 0)
         log = self._log = RunLogWriter(self.runs_dir, run_id)
         record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
@@ -359,7 +384,7 @@ class Engine:
         ctx: Context | None = None
         lock: DeployLock | None = None
         left: str | None = None
-        status, exit_code, error = "successful", 0, None
+        status, exit_code, error, warning = "successful", 0, None, None
         ended = ("successful", 0)  # what the body ended with: the end note's claim
         noted = False
         try:
@@ -372,8 +397,7 @@ class Engine:
                 lock = self._lock(ctx, reads)
                 self._held = lock
                 body(ctx, log)
-                record.advance(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded,
-                               utc_now())
+                self._end(record, Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded)
             except (Exception, KeyboardInterrupt) as exc:
                 failed = as_failure(exc)
                 self._settle(record, failed)
@@ -384,11 +408,15 @@ class Engine:
                 raise
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
-                settled = ctx if record.state.terminal else None
-                note = self._end_note(settled, log, EndNote(log.sha256(), *ended, record.state.phase.value))
-                left, noted = release(lock, transport, bus, settled, self._released, note)
-            if left:
+                # A recover that did not end its cut run leaves that run's intent record for the next try.
+                settled = (record.state.terminal or self._unrecorded is not None) and not (
+                    self.adopt_lock_of is not None and record.state.phase != Phase.succeeded)
+                held = self._unrecorded[0] if self._unrecorded else record.state.phase  # what the target holds
+                note = self._end_note(ctx if settled else None, log, EndNote(log.sha256(), *ended, held.value))
+                left, noted = release(lock, transport, bus, ctx if settled else None, self._released, note)
+            if left and not settled:
                 raise DeployerError(left)
+            warning = left  # the run ended as its record says; only its release is in doubt
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
             self._settle(record, failure)  # a failure to connect never reached the inner handler
@@ -400,15 +428,21 @@ class Engine:
                 error += f"\nThe run log could not be written: {sink.broken.strerror or sink.broken}"
         finally:
             bus.step = None
+            if unrecorded := self._record_end(record, sink):
+                if error:
+                    error += f"\n{unrecorded}"
+                else:
+                    warning = f"{warning}\n{unrecorded}" if warning else unrecorded
             commits = {"before": ctx.git_before if ctx else None, "after": ctx.git_after if ctx else None}
             facts = ctx.facts.record() if ctx else {}
+            phase = self._unrecorded[0] if self._unrecorded else record.state.phase  # what the target holds
             anchored = {"anchor": "notes"} if noted else {}  # the end note is on the target: verify requires it
-            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=record.state.phase,
+            bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=phase,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts, **anchored)
             log.close()
             self._log = None
         return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts,
-                         record.state.phase.value)
+                         phase.value, warning)
 
     @staticmethod
     def _end_note(ctx: Context | None, log: RunLogWriter, note: EndNote, commit: str | None = None) -> Note | None:
@@ -425,15 +459,39 @@ class Engine:
         log.sync()
         return end_note_argv(ctx, made, note), ctx.repo
 
-    @staticmethod
-    def _settle(record: RunRecord, failure: DeployerError) -> None:
+    def _end(self, record: RunRecord, phase: Phase, **fields: Any) -> None:
+        """Settle the record in the phase the target now holds. A record that cannot be written here (a full
+        disk) leaves the target no less consistent: the run clears its intent record all the same, and tries
+        the record again at its end."""
+        try:
+            record.advance(phase, utc_now(), **fields)
+        except RunRecordError as exc:
+            self._unrecorded = (phase, fields, exc)
+
+    def _record_end(self, record: RunRecord, sink: LogSink) -> str | None:
+        """At the run's end, the record and the log get their end if there is room again; else what to do."""
+        sink.resume()  # the run_end is worth a try: a full disk may have room again
+        if self._unrecorded is None:
+            return None
+        phase, fields, exc = self._unrecorded
+        with contextlib.suppress(RunRecordError):
+            record.advance(phase, utc_now(), **fields)
+            self._unrecorded = None
+            return None
+        return (f"The target is consistent ({phase.value}), but {exc}: the record here still says "
+                f"{record.state.phase.value}. Once the runs dir has room, `deployer recover {record.state.run_id}` "
+                "ends the record and the log")
+
+    def _settle(self, record: RunRecord, failure: DeployerError) -> None:
         """A run that stops leaves a phase that says what the target holds; never a forward phase."""
-        if record.state.terminal or record.state.phase == Phase.interrupted:
+        if record.state.terminal or record.state.phase == Phase.interrupted or self._unrecorded is not None:
             return
         if record.state.phase in (Phase.preparing, Phase.locked):  # nothing was changed
-            record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+            self._end(record, Phase.failed_restored, error=str(failure))
         else:  # the step's own handling did not get to say: the target may be in between
-            record.advance(Phase.interrupted, utc_now(), error=str(failure))
+            # Unwritable (a full disk), the record keeps its forward phase: it too says the target may be there.
+            with contextlib.suppress(RunRecordError):
+                record.advance(Phase.interrupted, utc_now(), error=str(failure))
 
     def _lock(self, ctx: Context, reads: bool = False) -> DeployLock:
         """Take the lock and read the intent record (and, with `reads`, send preflight's reads right behind
@@ -608,7 +666,8 @@ class Engine:
                     stop_running(ctx)
                 self._drain_prefetched(ctx)
                 failure = self._intent_failure(ctx) or failure
-                if record.state.git_after is not None:  # the run's commit is on the target
+                # The run's commit is on the target (the record may have failed to say so: a full disk).
+                if record.state.git_after is not None or ctx.git_after is not None:
                     raise self._after_commit_failure(ctx, failure) from None
                 self._restore(ctx, failure)
                 raise failure from None
@@ -662,7 +721,7 @@ class Engine:
         record = ctx.record
         assert record is not None
         if record.state.phase in (Phase.preparing, Phase.locked):
-            record.advance(Phase.failed_restored, utc_now())
+            self._end(record, Phase.failed_restored)
             return
         ctx.bus.step = "restore"
         stop_running(ctx)
@@ -675,7 +734,7 @@ class Engine:
         ctx.emit("restore", restored=done.restored, removed=done.removed, temps=done.temps,
                  undid_commit=done.undid_commit, head=ctx.git_before)
         ctx.facts.restored = done.restored + done.removed
-        record.advance(Phase.failed_restored, utc_now())
+        self._end(record, Phase.failed_restored)
 
     def _after_commit_failure(self, ctx: Context, failure: DeployerError) -> DeployerError:
         """Past the commit: roll back (on_failure: rollback) or say exactly what stays on the target."""
@@ -683,7 +742,7 @@ class Engine:
         record = ctx.record
         assert record is not None
         if self.playbook.model.on_failure != "rollback":
-            record.advance(Phase.failed_committed, utc_now(), error=str(failure))
+            self._end(record, Phase.failed_committed, error=str(failure))
             return kind(f"{failure}\nThe commit {ctx.git_after} stays on the target (on_failure: restore only "
                         f"undoes failures before the commit). {target_state(ctx)}\n"
                         f"To undo it: deployer rollback {ctx.run_id}")
@@ -698,7 +757,7 @@ class Engine:
             record.advance(Phase.interrupted, utc_now())
             return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}\n{target_state(ctx)}\n"
                                   f"Finish it with: deployer recover {ctx.run_id} --rollback")
-        record.advance(Phase.rolled_back, utc_now(), rollback_commit=revert)
+        self._end(record, Phase.rolled_back, rollback_commit=revert)
         restarted = "; services restarted" if any(s.effect == Effect.restarts for s in self.steps) else ""
         return kind(f"{failure}\nRolled back: commit {revert[:12]} restores "
                     f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}{restarted}")

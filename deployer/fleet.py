@@ -28,6 +28,7 @@ from deployer.context import CancelToken, Listener
 from deployer.engine import Engine, RunResult, as_failure
 from deployer.errors import ConfigError, ConnectError, DeployerError, Interrupted
 from deployer.run import recover as recovery
+from deployer.run.shown import REFUSED, shown_state_of
 from deployer.run.state import Phase, RunRecord
 from deployer.runlog import EVENTS, list_runs, new_run_id, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
@@ -67,6 +68,7 @@ class HostRun:
     host: str
     batch: int
     status: str = UNTOUCHED  # untouched | running | successful | failed | canceled
+    state: str = UNTOUCHED  # untouched | running | the README's state of the sub-run, from its record
     run_id: str | None = None
     exit_code: int | None = None
     error: str | None = None
@@ -220,7 +222,7 @@ class FleetRunner:
         self.record.save()
 
     def _start(self, host: str) -> None:
-        self.record.state.hosts[host].status = "running"
+        self.record.state.hosts[host].status = self.record.state.hosts[host].state = "running"
         self.record.save()
         self.emit("host_status", host=host, status="running")
 
@@ -253,12 +255,13 @@ class FleetRunner:
 
     def _ended(self, host: str, result: RunResult | DeployerError, elapsed: float) -> None:
         run = self.record.state.hosts[host]
-        if isinstance(result, DeployerError):
-            run.status, run.exit_code, run.error = "failed", result.exit_code, str(result)
+        if isinstance(result, DeployerError):  # no run was started: nothing of it reached the host
+            run.status, run.state, run.exit_code, run.error = "failed", REFUSED, result.exit_code, str(result)
         else:
             run.run_id, run.status, run.exit_code, run.error = (result.run_id, result.status, result.exit_code,
                                                                  result.error)
             run.phase, run.git_before, run.git_after = result.phase, result.git_before, result.git_after
+            run.state = shown_state_of(self.record.dir.parent, result.run_id, result.phase)
         run.elapsed_s = round(elapsed, 3)
         self.record.save()
         self.emit("host_status", host=host, status=run.status, run_id=run.run_id, exit_code=run.exit_code,
@@ -288,6 +291,11 @@ def finish(record: FleetRecord, cancel: CancelToken) -> None:
         state.error = f"{len(failed)} of {len(state.hosts)} host(s) failed; first: {first.host}: {first.error}"
     else:
         state.status, state.exit_code = "successful", 0
+    if cut := [run for run in state.hosts.values() if run.state == Phase.interrupted.value]:
+        state.error = (f"{state.error}\n" if state.error else "") + (
+            f"interrupted on {', '.join(f'{run.host} (run {run.run_id})' for run in cut)}: the target may hold part "
+            f"of the run, its intent record and lock; end {'it' if len(cut) == 1 else 'them'} with: "
+            f"deployer recover {state.fleet_id}")
     state.ended = utc_now()
     record.save()
 
@@ -525,6 +533,7 @@ def recover_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str]
             entry.error = f"the fleet run was cut; recovered by fleet run {done.fleet_id}"
         if record is not None:
             entry.phase = record.state.phase.value
+            entry.state = shown_state_of(runs_dir, run_id, entry.phase)
     if original.state.status == "running":
         original.state.status, original.state.exit_code, original.state.ended = "failed", 1, utc_now()
         original.state.error = f"the fleet run was cut; recovered by fleet run {done.fleet_id}"

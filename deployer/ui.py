@@ -183,14 +183,21 @@ def plan_json(report: PlanReport) -> dict[str, Any]:
 
 
 def result_json(result: RunResult) -> dict[str, Any]:
-    return {"run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
-            "error": result.error, "git": {"before": result.git_before, "after": result.git_after},
+    from deployer.run.shown import shown_state_of
+
+    return {"run_id": result.run_id, "state": shown_state_of(result.run_dir.parent, result.run_id, result.phase),
+            "status": result.status, "exit_code": result.exit_code,
+            "error": result.error, "warning": result.warning,
+            "git": {"before": result.git_before, "after": result.git_after},
             "run_dir": str(result.run_dir), "facts": result.facts}
 
 
 def show_result(console: Console, result: RunResult) -> None:
+    from deployer.run.shown import shown_state_of
+
     style = "green" if result.status == "successful" else "red"
-    console.print(f"run {result.run_id}: [{style}]{result.status}[/{style}] (exit {result.exit_code})")
+    state = shown_state_of(result.run_dir.parent, result.run_id, result.phase)
+    console.print(f"run {result.run_id}: [{style}]{state}[/{style}] (exit {result.exit_code})")
     if result.git_after:
         console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
     for line in fact_lines(result.facts):
@@ -241,6 +248,11 @@ def show_error(message: str) -> None:
 def say(text: str) -> None:
     """One plain line on stdout, through the same console as every other line (so escaped like them)."""
     make_console().print(text, markup=False, highlight=False)
+
+
+def show_warning(message: str) -> None:
+    """What a run that ended as its record says could not make sure of (on stderr, so --json stays clean)."""
+    make_console(stderr=True).print(f"warning: {message}", markup=False, highlight=False, style="yellow")
 
 
 def show_notice(message: str) -> None:
@@ -589,9 +601,9 @@ def show_fleet(console: Console, state: FleetState) -> None:
     for name, run in state.hosts.items():
         rolled = f"{run.rollback_status} {run.rollback_run_id or ''}".strip() if run.rollback_status else "-"
         error = (run.error or "").splitlines()[0] if run.error else ""
-        rows.append((name, str(run.batch + 1), run.status, run.run_id or "-", str(run.git_after or "-")[:12],
+        rows.append((name, str(run.batch + 1), run.state, run.run_id or "-", str(run.git_after or "-")[:12],
                      "-" if run.elapsed_s is None else f"{run.elapsed_s:.1f}s", rolled, error))
-    columns(console, ("host", "batch", "status", "run", "commit", "time", "rollback", "error"), rows)
+    columns(console, ("host", "batch", "state", "run", "commit", "time", "rollback", "error"), rows)
     style = "green" if state.status == "successful" else "red"
     console.print(f"fleet run {state.fleet_id} ({state.kind}): [{style}]{state.status}[/{style}] "
                   f"(exit {state.exit_code})")
@@ -604,6 +616,6 @@ def show_fleet(console: Console, state: FleetState) -> None:
 
 def show_fleets(console: Console, fleets: list[FleetState]) -> None:
     rows = [(f.fleet_id, f.status, f.kind + (f" of {f.of_fleet}" if f.of_fleet else ""), f.playbook,
-             " ".join(f"{h}:{r.status}{'/rolled-back' if r.rollback_status == 'successful' else ''}"
+             " ".join(f"{h}:{r.state}{'/rolled-back' if r.rollback_status == 'successful' else ''}"
                       for h, r in f.hosts.items())) for f in fleets]
     columns(console, ("fleet run", "status", "kind", "playbook", "hosts"), rows)

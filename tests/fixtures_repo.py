@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,39 @@ def wait_until_lock_stale(repo: Path, ttl_s: float, seconds: float = 60) -> None
     while heartbeat.exists() and time.time() - heartbeat.stat().st_mtime <= ttl_s + 0.5:
         assert time.monotonic() < deadline, "the cut run's agent never stopped beating"
         time.sleep(0.1)
+
+
+def act_when(project: Project, args: Sequence[str], reached: Callable[[], bool],
+             act: Callable[[subprocess.Popen[str]], None], what: str, *,
+             cleanup: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `deployer *args`; once `reached()` (polled, within a minute) do `act` (given the deployer's process),
+    and let the run end: its outcome.
+    `cleanup` runs whatever happens (a gate to open); a run still going then is killed."""
+    proc = project.popen(*args)
+    try:
+        deadline = time.monotonic() + 60
+        while not reached():
+            assert time.monotonic() < deadline and proc.poll() is None, f"{what} never came"
+            time.sleep(0.01)
+        act(proc)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if cleanup is not None:
+            cleanup()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def recovered_keeping_its_commit(project: Project, run: Path) -> None:
+    """`recover RUN` exits 0 and records HEAD as the cut run's commit; its log then verifies against the target."""
+    recovered = project.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    state = json.loads((run / "state.json").read_text())
+    assert (state["phase"], state["git_after"]) == ("failed_committed", project.head())
+    verified = project.deployer("runs", "verify", run.name, "--target")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def hold_lock(project: Project) -> Path:

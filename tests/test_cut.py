@@ -27,9 +27,11 @@ from fixtures_repo import (
     ORIGINAL_A,
     ORIGINAL_B,
     Project,
+    act_when,
     age_lock,
     git,
     init_repo,
+    recovered_keeping_its_commit,
     wait_until_lock_stale,
     work_tree,
 )
@@ -55,12 +57,19 @@ class CuttingRelay:
         self.relayed = 0
         self.first: list[socket.socket] = []
         self.connections = 0
+        self.answers_left: int | None = None  # answers from the target still let through before a cut
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, budget: int | None, *, rst: bool) -> None:
         with self.lock:
             self.budget, self.rst, self.relayed, self.first, self.connections = budget, rst, 0, [], 0
+            self.answers_left = None
+
+    def cut_after_answer(self) -> None:
+        """Let the target's next answer through whole, then cut: whatever it sends after that is lost."""
+        with self.lock:
+            self.answers_left = 1
 
     def _accept(self) -> None:
         while True:
@@ -75,9 +84,11 @@ class CuttingRelay:
                 if cuttable:
                     self.first = [client, upstream]
             for src, dst, delay in ((client, upstream, 0.0), (upstream, client, self.delay_s)):
-                threading.Thread(target=self._pipe, args=(src, dst, cuttable, delay), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(src, dst, cuttable, delay, src is upstream),
+                                 daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, cuttable: bool, delay: float) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, cuttable: bool, delay: float,
+              answers: bool = False) -> None:
         try:
             while data := src.recv(16384):
                 time.sleep(delay)
@@ -92,6 +103,13 @@ class CuttingRelay:
                             return
                         self.relayed += len(data)
                 dst.sendall(data)
+                if cuttable and answers:
+                    with self.lock:
+                        if self.answers_left is not None:
+                            self.answers_left -= 1
+                            if self.answers_left <= 0:
+                                self._cut_locked()
+                                return
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass
@@ -105,6 +123,9 @@ class CuttingRelay:
             with contextlib.suppress(OSError):
                 if self.rst:  # linger 0: close sends RST, as a dropped NAT entry or a reboot does
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    # A thread blocked reading the socket holds it open: wake it (sending nothing), so the
+                    # close below is the last one and the RST goes out now.
+                    sock.shutdown(socket.SHUT_RD)
                 else:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
@@ -242,41 +263,107 @@ def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_targe
     assert all(code != 0 for where, _, code, _ in outcomes if where not in ("85%", "97%"))
 
 
-def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recover_records_it(
-        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
-    from test_recover import gate, kill_marker
+def held_after_its_commit(project: Project) -> Path:
+    """The playbook ends with a commit whose post-commit hook holds the batch (git made the commit) until the
+    marker's pid is killed; the marker, once the hook is there."""
+    from test_recover import gate
 
-    project, _ = cut_target
-    base = project.head()
-    # A post-commit hook holds the commit's batch after git made the commit: the link is cut right there.
     script, marker = gate(project, "post-commit")
     project.hook("post-commit", f"#!/bin/sh\nexec {script}\n")
     project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
                      steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    return marker
+
+
+def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recover_records_it(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    from test_recover import kill_marker
+
+    project, _ = cut_target
+    base = project.head()
+    # A post-commit hook holds the commit's batch after git made the commit: the link is cut right there.
+    marker = held_after_its_commit(project)
     project.write_inventory(lock_ttl_s=2)  # recover waits for the cut run's heartbeat to go stale: not long
     relay.arm(None, rst=True)
-    proc = project.popen("apply", "fix.yaml", "--host", "box")
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the post-commit hook never ran"
-            time.sleep(0.02)
-        relay.cut()
-        _, err = proc.communicate(timeout=120)
-    finally:
-        kill_marker(marker)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+    cut = act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists, lambda _: relay.cut(),
+                   "the post-commit hook", cleanup=lambda: kill_marker(marker))
+    err = cut.stderr
     assert project.head() != base, "the commit did not land before the cut"
-    assert proc.returncode == 6, err
+    assert cut.returncode == 6, err
     assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
     run = newest_run(project)
     relay.arm(None, rst=False)
     wait_until_lock_stale(project.repo, 2)
-    recovered = project.deployer("recover", run.name)
+    recovered_keeping_its_commit(project, run)
+
+
+def test_a_release_whose_reply_is_lost_after_the_commit_exits_0_saying_its_outcome_is_unknown(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    from test_recover import kill_marker
+
+    project, _ = cut_target
+    base = project.head()
+    # The commit is the last step: the release goes right behind its batch. A post-commit hook holds the batch
+    # until the relay is set to let exactly its answer through: the release's answer is lost with the link.
+    marker = held_after_its_commit(project)
+    relay.arm(None, rst=True)
+
+    def answer_then_cut(_: object) -> None:
+        relay.cut_after_answer()
+        kill_marker(marker)  # the hook ends: the commit's batch answers, then the release runs
+    ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists, answer_then_cut,
+                     "the post-commit hook", cleanup=lambda: kill_marker(marker))
+    out, err = ended.stdout, ended.stderr
+    run = newest_run(project)
+    assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
+    assert f"Deployer-Run: {run.name}" in git(project.repo, "log", "-1", "--format=%B")
+    # The record says succeeded, and so does the exit code; what is unknown is said, not guessed.
+    assert phase_of(run) == "succeeded"
+    assert ended.returncode == 0, out + err
+    assert "was left on the target" not in err and "its reply was lost" in err, err
+    assert "deployer lock status --host box" in err, err
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["type"] for e in events][-2:] == ["lock_release_unknown", "run_end"]
+    assert events[-1]["status"] == "successful" and events[-1]["exit_code"] == 0
+    relay.arm(None, rst=False)
+    status = project.deployer("lock", "status", "--host", "box")
+    assert status.returncode in (0, 3), status.stdout + status.stderr
+
+
+def test_a_fleet_host_cut_mid_upload_is_reported_interrupted_with_the_recover_command(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay, sshd: SSHD, tmp_path: Path) -> None:
+    project, _ = cut_target
+    # A second host straight to sshd, beside the one behind the relay: a fleet of two.
+    other = tmp_path / "other" / "repo"
+    init_repo(other, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B, "README": "r\n"})
+    known = tmp_path / "known_hosts"
+    known.write_text(known.read_text() + f"[127.0.0.1]:{sshd.port} {sshd.host_pubkey_line}\n")
+    hosts = {"box": project.host, "plain": {**project.host, "port": sshd.port, "repo": str(other)}}
+    project.inventory.write_text(json.dumps({"hosts": hosts}))
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                     steps=["upload", "remote_compile", {"commit": {"message": "pkg: answer is 42"}}])
+    base = project.head()
+    relay.arm(None, rst=False)
+    cut = act_when(project, ("apply", "fix.yaml", "--host", "box,plain", "--json"),
+                   lambda: project.file("pkg/a.py") == FIXED_A and project.file("pkg/b.py") == FIXED_B,
+                   lambda _: relay.cut(), "the upload")
+    report = json.loads(cut.stdout)
+    fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
+    for row in (report["hosts"], fleet["hosts"]):
+        # The host behind the cut link holds the new bytes, its intent record and lock: interrupted, as its
+        # record says; `status` stays what it was, for scripts that read it.
+        assert (row["box"]["state"], row["box"]["status"]) == ("interrupted", "failed"), row
+        assert (row["plain"]["state"], row["plain"]["status"]) == ("succeeded", "successful"), row
+    assert (project.repo / ".git" / "deployer" / "inflight.json").exists()
+    assert f"deployer recover {report['fleet_id']}" in report["error"], report["error"]
+    shown = project.deployer("runs", "show", report["fleet_id"])
+    assert "interrupted" in shown.stdout, shown.stdout
+    listed = project.deployer("runs", "list")
+    assert "box:interrupted" in listed.stdout and "plain:succeeded" in listed.stdout, listed.stdout
+    relay.arm(None, rst=False)
+    age_lock(project.repo)
+    recovered = project.deployer("recover", report["fleet_id"])
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    state = json.loads((run / "state.json").read_text())
-    assert (state["phase"], state["git_after"]) == ("failed_committed", project.head())
-    verified = project.deployer("runs", "verify", run.name, "--target")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert project.head() == base and project.file("pkg/a.py") == ORIGINAL_A
+    fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
+    assert fleet["hosts"]["box"]["state"] == "failed_restored", fleet["hosts"]["box"]

@@ -1,17 +1,32 @@
 """Local disk trouble never strands the target: a run log that stops growing mid-run (the kernel refuses the
 write with EFBIG under a file-size limit on deployer, as a full disk refuses it with ENOSPC) stops the run
 at its next safe point; the target gets its pre-run bytes back and the run exits 1 saying why, never with a
-traceback. Over SSH, so the limit applies to deployer and not to the agent on the target."""
+traceback. Over SSH, so the limit applies to deployer and not to the agent on the target.
+
+A runs dir that is really full (a small tmpfs, filled while the run waits at a gate on the target) cannot take
+the record's last word either: the target is still made consistent, its intent record and lock cleared, and
+`deployer recover` ends the record and the log once there is room."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from fixtures_repo import ORIGINAL_A, Project, git, work_tree
+from fixtures_repo import (
+    ORIGINAL_A,
+    Project,
+    act_when,
+    git,
+    recovered_keeping_its_commit,
+    target_python,
+    work_tree,
+)
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -58,3 +73,112 @@ def test_a_run_log_that_cannot_grow_stops_the_run_restores_the_target_and_exits_
     assert json.loads((run / "state.json").read_text())["phase"] == "failed_restored"
     # The log ends with its last whole event: no torn line.
     assert (run / "events.jsonl").read_bytes().endswith(b"\n")
+
+
+# -- a runs dir that is really full: a small tmpfs, filled while the run waits at a gate ----------------------
+
+@pytest.fixture
+def small_runs(target: Project) -> Iterator[Path]:
+    """The project's runs dir on a tmpfs of its own (room for the headroom check, not much more)."""
+    target.runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(target.runs)], check=True)
+    try:
+        yield target.runs
+    finally:
+        subprocess.run(["umount", "-l", str(target.runs)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write until the file system says ENOSPC: nothing more fits, as on a full disk."""
+    filler = directory / "filler"
+    chunk = b"\0" * 65536
+    with filler.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+        for _ in range(1024):  # 64 MiB at most: more than the mount holds
+            out.write(chunk)
+    return filler
+
+
+def gated(project: Project, name: str) -> tuple[str, Path, Path]:
+    """A shell snippet that says it was reached, then waits (bounded) for the test to let it go on."""
+    entered, go = project.root / f"{name}-entered", project.root / f"{name}-go"
+    return (f"touch '{entered}'\ni=0\nwhile [ ! -e '{go}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+            entered, go)
+
+
+def fill_at_gate(project: Project, entered: Path, go: Path) -> subprocess.CompletedProcess[str]:
+    """Run the apply, fill the runs dir once the run waits at the gate, let it go on; its outcome."""
+    def fill_then_go(_: object) -> None:
+        fill(project.runs)
+        go.touch()
+    ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), entered.exists, fill_then_go, "the gate",
+                     cleanup=go.touch)
+    (project.runs / "filler").unlink()
+    return ended
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_runs_dir_that_fills_after_the_intent_record_restores_the_target_and_leaves_no_intent_record(
+        target: Project, small_runs: Path) -> None:
+    snippet, entered, go = gated(target, "compile")
+    target.write_inventory(python=target_python(target, snippet))
+    target.playbook()
+    base, before = target.head(), work_tree(target.repo)
+    result = fill_at_gate(target, entered, go)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert target.head() == base and work_tree(target.repo) == before
+    # The target is consistent again: the intent record (there for recovery only) and the lock are gone.
+    assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
+    assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
+    [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
+    assert f"deployer recover {run.name}" in result.stderr and "consistent (failed_restored)" in result.stderr
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_runs_dir_that_fills_during_a_refused_commit_restores_and_recover_ends_it_on_a_target_moved_on(
+        target: Project, small_runs: Path) -> None:
+    snippet, entered, go = gated(target, "commit")
+    target.hook("pre-commit", f"#!/bin/sh\n{snippet}\nexit 1\n")  # the runs dir is full when it refuses
+    target.playbook(steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    base, before = target.head(), work_tree(target.repo)
+    result = fill_at_gate(target, entered, go)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert target.head() == base and work_tree(target.repo) == before
+    assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
+    assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
+    [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
+    assert json.loads((run / "state.json").read_text())["phase"] == "committing"  # it could not say more
+    assert f"deployer recover {run.name}" in result.stderr and "consistent (failed_restored)" in result.stderr
+    # The target moves on (the next apply is not stopped); recover then ends the cut run's record and log and
+    # leaves the new commit alone: the run's commit never happened.
+    target.hook("pre-commit", "#!/bin/sh\nexit 0\n")
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    moved, tree = target.head(), work_tree(target.repo)
+    recovered = target.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert target.head() == moved and work_tree(target.repo) == tree
+    assert json.loads((run / "state.json").read_text())["phase"] == "failed_restored"
+    verified = target.deployer("runs", "verify", run.name)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_runs_dir_that_fills_during_a_commit_that_lands_keeps_the_commit_and_releases_the_target(
+        target: Project, small_runs: Path) -> None:
+    snippet, entered, go = gated(target, "commit")
+    target.hook("pre-commit", f"#!/bin/sh\n{snippet}\n")
+    target.playbook(steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    base = target.head()
+    result = fill_at_gate(target, entered, go)
+    # The commit and the release sent right behind it landed: the run undoes nothing without its lock.
+    assert result.returncode == 5, result.stdout + result.stderr
+    [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
+    assert git(target.repo, "rev-parse", "HEAD~1").strip() == base
+    assert f"Deployer-Run: {run.name}" in git(target.repo, "log", "-1", "--format=%B")
+    assert f"The commit {target.head()} stays on the target" in result.stderr, result.stderr
+    assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
+    assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
+    recovered_keeping_its_commit(target, run)

@@ -44,3 +44,15 @@ def test_runs_show_names_the_state_and_prints_no_python_none(target: Project) ->
     assert shown.returncode == 0, shown.stderr
     assert f"run {run_id}  state refused  host box" in shown.stdout
     assert "None" not in shown.stdout and "git: before -  after -" in shown.stdout
+
+
+def test_the_end_of_an_apply_names_the_runs_state_and_json_keeps_its_status(target: Project) -> None:
+    target.playbook()
+    done = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert done.returncode == 0, done.stderr
+    assert f"run {target.newest_run()}: succeeded (exit 0)" in done.stdout, done.stdout
+    hold_lock(target)
+    refused = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert refused.returncode == 3 and f"run {target.newest_run()}: refused (exit 3)" in refused.stdout
+    report = json.loads(target.deployer("apply", "fix.yaml", "--host", "box", "--json").stdout)
+    assert (report["state"], report["status"], report["exit_code"]) == ("refused", "failed", 3)

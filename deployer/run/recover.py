@@ -100,6 +100,11 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
                 found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
                                                       verify=VERIFY)
                 outcome = Phase.rolled_back
+        elif pending is None:
+            # No intent record and no commit: the agent let none of the run's changes through, or the run undid
+            # them before it cleared the record (its own record here could not say so: a full disk). The target
+            # may have moved on since; restoring the run's pre-run bytes would undo someone else's work.
+            outcome = Phase.failed_restored
         else:
             done = restore_files(ctx, files, before, trailer, record)
             found.restored, found.removed, found.temps = done.restored, done.removed, done.temps

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import ValidationError
 
+from deployer.errors import DeployerError
 from deployer.run.state import FORWARD, Phase, RunRecord
-from deployer.runlog import Run
+from deployer.runlog import Run, read_run
 
 REFUSED = "refused"  # stopped before its first step, having changed nothing (lock held, already rolled back...)
 # Records without a phase (a `lock release`, logs from before phases were kept) say only how they ended.
@@ -31,3 +34,12 @@ def shown_state(run: Run) -> str:
             and not reached & (set(FORWARD) - {Phase.preparing, Phase.locked})):
         return REFUSED
     return phase
+
+
+def shown_state_of(runs_dir: Path, run_id: str, phase: str) -> str:
+    """shown_state of a run that just ended (a fleet's host, the end of an apply); `phase`, the one it ended
+    in, when its log cannot be read (a full disk)."""
+    try:
+        return shown_state(read_run(runs_dir, run_id))
+    except DeployerError:
+        return phase

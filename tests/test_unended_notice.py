@@ -1,0 +1,37 @@
+"""A run killed before it took the target's lock leaves nothing there to stop the next apply, which therefore
+names it: a `notice:` with the `deployer recover` that ends its log (read from this machine's runs dir only)."""
+
+from __future__ import annotations
+
+import signal
+
+from fixtures_repo import Project, act_when
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
+
+
+def killed_before_the_lock(project: Project) -> str:
+    """An apply killed while the target's python is still starting its agent: no lock, nothing changed."""
+    entered = project.root / "python-entered"
+    wrapper = project.write("venv/bin/python", f"#!/bin/sh\ntouch '{entered}'\nsleep 60\n")
+    wrapper.chmod(0o755)
+    project.write_inventory(python=str(wrapper))
+    act_when(project, ("apply", "fix.yaml", "--host", "box"), entered.exists,
+             lambda proc: proc.send_signal(signal.SIGKILL), "the agent's start")
+    project.write_inventory()
+    return project.newest_run()
+
+
+def test_the_next_apply_names_a_killed_run_of_this_host_with_its_recover_command(target: Project) -> None:
+    target.playbook()
+    killed = killed_before_the_lock(target)
+    assert not (target.repo / ".git" / "deployer.lock").exists()
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert f"notice: run {killed} on box never ended" in applied.stderr, applied.stderr
+    assert f"deployer recover {killed}" in applied.stderr
+    # Once recover has ended it, the next apply says nothing of it.
+    recovered = target.deployer("recover", killed)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    again = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
+    assert killed not in again.stderr, again.stderr
