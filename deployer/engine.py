@@ -666,6 +666,11 @@ class Engine:
                     stop_running(ctx)
                 self._drain_prefetched(ctx)
                 failure = self._intent_failure(ctx) or failure
+                if isinstance(failure, RunRecordError) and self._released_with_note():
+                    # The commit was the last step and the release behind it ran with the end note: the target
+                    # holds a finished run, as the note says. Only the record here is behind; execute says so.
+                    self._end(record, Phase.succeeded, git_after=ctx.git_after)
+                    return
                 # The run's commit is on the target (the record may have failed to say so: a full disk).
                 if record.state.git_after is not None or ctx.git_after is not None:
                     raise self._after_commit_failure(ctx, failure) from None
@@ -673,6 +678,13 @@ class Engine:
                 raise failure from None
             finally:
                 ctx.on_sent = None
+
+    def _released_with_note(self) -> bool:
+        """Whether the release sent behind the commit's batch ran and wrote the end note claiming success."""
+        try:
+            return bool(_done(self._released))
+        except DeployerError:
+            return False
 
     def _close_behind(self, ctx: Context, step: Step) -> None:
         """A run whose last step is its commit releases in the commit's round trip: the release goes right

@@ -26,8 +26,8 @@ from deployer.run import intent
 from deployer.run.restore import remove_temps, restore_files, run_commits
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
-from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
-from deployer.steps.git import git
+from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, read_run, utc_now
+from deployer.steps.git import EndNote, git, read_end_note
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
@@ -44,6 +44,7 @@ class Recovered:
     temps: list[str] = field(default_factory=list)
     rollback_commit: str | None = None
     dests: list[str] = field(default_factory=list)
+    end_note: EndNote | None = None  # the cut run's end as its note on the target proves it (its log has none)
     lock_released: bool = False  # the cut run's lock, taken over from it
 
     def summary(self) -> str:
@@ -92,7 +93,10 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         if commits:
             found.commit = ctx.git_after = commit = commits[0]
             found.temps = remove_temps(ctx, files)
-            outcome = Phase.failed_committed
+            # A run whose release went through behind its commit wrote its end note: it finished, though its
+            # record and log here could not say so (a full disk). The note counts once it names this log.
+            found.end_note = _proved_end(ctx, engine.runs_dir, run_id, commit)
+            outcome = Phase.succeeded if found.end_note is not None else Phase.failed_committed
             cut_rolling_back = len(commits) > 1 or (record is not None and record.state.phase == Phase.rolling_back)
             if rollback or cut_rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
@@ -148,6 +152,19 @@ def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:
     return not (runs_dir / run_id / EVENTS).is_file() or read_run(runs_dir, run_id).end is not None
 
 
+def _proved_end(ctx: Context, runs_dir: Path, run_id: str, commit: str) -> EndNote | None:
+    """The success the note on the run's commit proves, when the run's log here has no end and the note names
+    a beginning of it (the note is the target's word: only a note that vouches for this very log counts)."""
+    path = runs_dir / run_id / EVENTS
+    if not path.is_file() or read_run(runs_dir, run_id).end is not None:
+        return None
+    note = EndNote.parse(read_end_note(ctx, commit) or "")
+    if note is None or note.phase != Phase.succeeded.value or anchored_lines(path.read_bytes(),
+                                                                               note.log_sha256) is None:
+        return None
+    return note
+
+
 def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | None = None) -> Phase:
     """The cut run's record moved to what the target shows; returns the phase it ends in."""
     if record is None:
@@ -171,8 +188,10 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
     writer = RunLogWriter.reopen(runs_dir, run_id)
     try:
         if run.end is None:
+            # The end its note proves, word for word; else as its record ended, without an exit code of its own.
             status = "successful" if found.outcome == Phase.succeeded else "failed"
-            writer.write({"type": "run_end", "status": status, "exit_code": None, "phase": found.outcome,
+            status, code = (found.end_note.status, found.end_note.exit_code) if found.end_note else (status, None)
+            writer.write({"type": "run_end", "status": status, "exit_code": code, "phase": found.outcome,
                           "error": "the run was cut; it was ended by deployer recover", "ended_by": result.run_id,
                           "git": {"before": result.git_before, "after": found.commit},
                           "files": found.dests, "facts": {}})
