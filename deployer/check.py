@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from deployer import lock as locks
 from deployer.command import Masker
-from deployer.config import Host, Playbook, Unit
-from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
+from deployer.config.models import Host, Playbook, Unit
 from deployer.errors import ConnectError, DeployerError, HostKeyError
-from deployer.fleet import DEFAULT_PARALLEL
-from deployer.preflight import preflight, projected_stat
+from deployer.fleet.runner import DEFAULT_PARALLEL
+from deployer.fleet.unit import steps_for
+from deployer.run import lock as locks
+from deployer.run.preflight import preflight, projected_stat
 from deployer.steps.base import Step
+from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.metrics import MetricStep, scrape
 from deployer.steps.services import manager_for
 from deployer.transport.base import Transport
-from deployer.unit import steps_for
 
 Status = Literal["ok", "warn", "fail", "skip"]
 Connector = Callable[[EventBus], Transport]

@@ -21,10 +21,10 @@ from click.shell_completion import CompletionItem
 # command imports the core (pydantic, paramiko, rich) when it runs.
 if TYPE_CHECKING:
     from deployer import runlog
-    from deployer.config import Host, Inventory
-    from deployer.context import CancelToken, Listener
-    from deployer.engine import Engine, PlanReport, RunResult
-    from deployer.fleet import FleetCancel, FleetState
+    from deployer.config.models import Host, Inventory
+    from deployer.fleet.runner import FleetCancel, FleetState
+    from deployer.run.engine import Engine, PlanReport, RunResult
+    from deployer.steps.context import CancelToken, Listener
     from deployer.transport.base import Transport
     from deployer.ui import Console
 
@@ -60,7 +60,6 @@ def failures_to_exit_codes(func: F) -> F:
 
 def stop(exit_code: int, error: str, as_json: bool) -> NoReturn:
     from deployer import ui
-
     if as_json:
         fail_json(exit_code, error)
     ui.show_error(error)
@@ -110,7 +109,7 @@ def run() -> NoReturn:
 # -- completion: names read from the inventory and the runs dir, never from a target ----------------
 
 def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from deployer.config import find_inventory, load_inventory
+    from deployer.config.models import find_inventory, load_inventory
     from deployer.errors import DeployerError
 
     try:
@@ -123,7 +122,6 @@ def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     from deployer import runlog
-
     root = runlog.runs_dir_from(ctx.params.get("runs_dir"))
     if not root.is_dir():
         return []
@@ -164,7 +162,6 @@ def main() -> None:
 def cancel_on_signals(token: CancelToken) -> Iterator[None]:
     """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now."""
     from deployer import ui
-
     def handler(signum: int, frame: FrameType | None) -> None:
         if token.cancelled:
             raise KeyboardInterrupt
@@ -184,7 +181,6 @@ def cancel_on_signals(token: CancelToken) -> Iterator[None]:
 def pin_notice(event: dict[str, Any]) -> None:
     """Pinning a host key is an explicit choice: say so on every command, as a notice (it is no error)."""
     from deployer import ui
-
     if event.get("type") == "host_key_pinned":
         ui.show_notice(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
     if event.get("type") == "end_unanchored":
@@ -195,8 +191,8 @@ def build_engine(playbook_path: str, host_name: str, loaded: Inventory, runs_dir
                  accept_new_host_key: bool, allow_dirty: bool = False) -> Engine:
     """The engine for one host that select_hosts named in loaded."""
     from deployer import runlog
-    from deployer.engine import Engine
-    from deployer.playbook import load_playbook
+    from deployer.config.playbook import load_playbook
+    from deployer.run.engine import Engine
     from deployer.transport.factory import open_transport
 
     host = loaded.hosts[host_name]
@@ -209,8 +205,8 @@ def build_engine(playbook_path: str, host_name: str, loaded: Inventory, runs_dir
 
 def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tuple[Inventory, list[str]]:
     """The inventory and the hosts --host (a host, group, unit, comma list or glob) and --limit name."""
-    from deployer import targets
-    from deployer.config import find_inventory, load_inventory
+    from deployer.config import targets
+    from deployer.config.models import find_inventory, load_inventory
 
     loaded = load_inventory(find_inventory(inventory))
     return loaded, targets.resolve(loaded, host_spec, limit=limit)
@@ -220,8 +216,8 @@ def fleet_engines(playbook_path: str, loaded: Inventory, hosts: list[str], runs_
                   accept_new_host_key: bool, allow_dirty: bool) -> dict[str, Engine]:
     """One engine per host, sharing the playbook (loaded once) and nothing else."""
     from deployer import runlog
-    from deployer.engine import Engine
-    from deployer.playbook import load_playbook
+    from deployer.config.playbook import load_playbook
+    from deployer.run.engine import Engine
     from deployer.transport.factory import open_transport
 
     playbook, steps = load_playbook(Path(playbook_path))
@@ -239,7 +235,6 @@ def show_plan(report: PlanReport, as_json: bool) -> None:
     """The plan; exit 1 when the projected change breaks the playbook's bounds or does not compile here, so a CI
     job can gate on it."""
     from deployer import ui
-
     failed = "; ".join(report.failed_here) or None
     if as_json:
         emit_json({**ui.plan_json(report), "exit_code": 1 if failed else 0, "error": failed})
@@ -252,7 +247,6 @@ def show_plan(report: PlanReport, as_json: bool) -> None:
 def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
     """Run with the live step view and signal handling, then report and exit with the run's code."""
     from deployer import ui
-
     console = ui.make_console()
     view = ui.StepView(console, quiet=as_json)
     engine.listeners.append(view)
@@ -288,7 +282,6 @@ def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
 
 def report(console: Console, result: RunResult, as_json: bool) -> None:
     from deployer import ui
-
     if as_json:
         emit_json(ui.result_json(result))
     else:
@@ -315,10 +308,11 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     """Dry run: diffs, the projected diff --stat and the exact commands (every host of a group); changes nothing.
 
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
-    from deployer import rollback as rollbacks
-    from deployer import runlog, targets
+    from deployer import runlog
+    from deployer.config import targets
     from deployer.errors import ConfigError
-    from deployer.fleet import for_units
+    from deployer.fleet.runner import for_units
+    from deployer.run import rollback as rollbacks
 
     if rollback_of:
         run = runlog.read_run(runlog.runs_dir_from(runs_dir), rollback_of)
@@ -362,8 +356,8 @@ def parallel_option(func: F) -> F:
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
-    from deployer import runlog, targets
-
+    from deployer import runlog
+    from deployer.config import targets
     loaded, hosts = select_hosts(host_name, limit, inventory)
     units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
     if not dry_run:
@@ -375,8 +369,8 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         else:
             apply_one(engine, accept_new_host_key, as_json)
         return
-    from deployer.fleet import FleetApply, for_units
-    from deployer.playbook import parse_playbook
+    from deployer.config.playbook import parse_playbook
+    from deployer.fleet.runner import FleetApply, for_units
 
     engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty)
     if dry_run:
@@ -392,7 +386,6 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 def show_plans(reports: list[PlanReport], as_json: bool) -> None:
     """Every host's plan; exit 1 when any host's projected change breaks the bounds or does not compile."""
     from deployer import ui
-
     failed = [f"{r.host_name}: {problem}" for r in reports for problem in r.failed_here]
     if as_json:
         emit_json({"hosts": [ui.plan_json(r) for r in reports], "exit_code": 1 if failed else 0,
@@ -409,7 +402,6 @@ def run_fleet(hosts: list[str], cancel: FleetCancel, as_json: bool, listeners: l
               run: Callable[[], FleetState]) -> None:
     """A fleet run with its live view and signal handling; then the per-host table, and its exit code."""
     from deployer import ui
-
     console = ui.make_console()
     view = ui.FleetView(console, hosts, quiet=as_json)
     listeners.append(view)
@@ -436,7 +428,7 @@ def runs() -> None:
 def runs_list(runs_dir: str | None, as_json: bool) -> None:
     """List recorded runs, oldest first."""
     from deployer import runlog, ui
-    from deployer.fleet import list_fleets
+    from deployer.fleet.runner import list_fleets
     from deployer.run.shown import shown_state
 
     root = runlog.runs_dir_from(runs_dir)
@@ -463,7 +455,7 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
 def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts)."""
     from deployer import runlog, ui
-    from deployer.fleet import FleetRecord, is_fleet
+    from deployer.fleet.runner import FleetRecord, is_fleet
 
     root = runlog.runs_dir_from(runs_dir)
     if is_fleet(root, run_id):
@@ -488,15 +480,14 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
     """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered."""
     from deployer import runlog, ui
-    from deployer.fleet import is_fleet, verify_fleet
+    from deployer.fleet.runner import is_fleet, verify_fleet
 
     root = runlog.runs_dir_from(runs_dir)
 
     def verify_one(runs_path: Path, one: str) -> list[str]:
         found = runlog.verify(runs_path, one)
         if on_target:
-            from deployer import rollback as rollbacks
-
+            from deployer.run import rollback as rollbacks
             run = runlog.read_run(runs_path, one)
             found += rollbacks.verify_on_target(engine_for_run(run, None, inventory, runs_dir, False), run)
         return found
@@ -526,10 +517,10 @@ def engine_for_run(run: runlog.Run, host_override: str | None, inventory: str | 
                    accept_new_host_key: bool) -> Engine:
     """An engine on the run's host, with the run's own copy of its playbook."""
     from deployer import runlog
-    from deployer.config import find_inventory, get_host, load_inventory
-    from deployer.context import LoadedPlaybook
-    from deployer.engine import Engine
-    from deployer.playbook import parse_playbook
+    from deployer.config.models import find_inventory, get_host, load_inventory
+    from deployer.config.playbook import parse_playbook
+    from deployer.run.engine import Engine
+    from deployer.steps.context import LoadedPlaybook
     from deployer.transport.factory import open_transport
 
     host_name = host_override or recorded_host(run)
@@ -560,11 +551,12 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     """Revert RUN_ID's files to before the run by a new commit, restart, verify again.
 
     RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
-    from deployer import rollback as rollbacks
-    from deployer import runlog, targets
-    from deployer.config import find_inventory, load_inventory
+    from deployer import runlog
+    from deployer.config import targets
+    from deployer.config.models import find_inventory, load_inventory
     from deployer.errors import ConfigError
-    from deployer.fleet import FleetCancel, FleetRecord, is_fleet, rollback_fleet
+    from deployer.fleet.runner import FleetCancel, FleetRecord, is_fleet, rollback_fleet
+    from deployer.run import rollback as rollbacks
 
     if list_only:
         if not host_name:
@@ -594,7 +586,6 @@ def sub_run_engine(root: Path, inventory: str | None, runs_dir: str | None,
                    accept_new_host_key: bool) -> Callable[[str, str], Engine]:
     """For a fleet's follow-up: the engine of one sub-run, on its host, with its own playbook copy."""
     from deployer import runlog
-
     def make(host: str, run_id: str) -> Engine:
         return engine_for_run(runlog.read_run(root, run_id), host, inventory, runs_dir, accept_new_host_key)
     return make
@@ -603,8 +594,8 @@ def sub_run_engine(root: Path, inventory: str | None, runs_dir: str | None,
 def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) -> tuple[Host, Transport]:
     """A connection to an inventory host outside any run (listing, lock inspection)."""
     from deployer.command import Masker
-    from deployer.config import find_inventory, get_host, load_inventory
-    from deployer.context import EventBus
+    from deployer.config.models import find_inventory, get_host, load_inventory
+    from deployer.steps.context import EventBus
     from deployer.transport.factory import open_transport
 
     inventory_path = find_inventory(inventory)
@@ -615,9 +606,8 @@ def open_host(host_name: str, inventory: str | None, accept_new_host_key: bool) 
 
 
 def list_host_deploys(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    from deployer import rollback as rollbacks
     from deployer import ui
-
+    from deployer.run import rollback as rollbacks
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         deploys = rollbacks.list_deploys(transport, host.repo)
@@ -640,9 +630,8 @@ def lock() -> None:
 @failures_to_exit_codes
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
-    from deployer import lock as locks
     from deployer import ui
-
+    from deployer.run import lock as locks
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
         git_dir = git_dir_of(transport, host)
@@ -672,9 +661,9 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
 def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: str | None,
                  accept_new_host_key: bool, as_json: bool) -> None:
     """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
-    from deployer import lock as locks
     from deployer import runlog, ui
-    from deployer.engine import operator_id
+    from deployer.run import lock as locks
+    from deployer.run.engine import operator_id
 
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
@@ -715,8 +704,8 @@ def git_dir_of(transport: Transport, host: Host) -> str:
 def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
     from deployer import ui
-    from deployer.context import CancelToken
     from deployer.demo.run import run_demo, stop_kept_stacks
+    from deployer.steps.context import CancelToken
 
     if stop_kept:
         chosen = Path(workdir) if workdir else None
@@ -749,7 +738,7 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
     """`deployer demo --fleet`: the fleet run's live view and per-host table, then each unit's gauge."""
     from deployer import ui
     from deployer.demo.run import fleet_hosts, run_fleet_demo
-    from deployer.fleet import FleetCancel
+    from deployer.fleet.runner import FleetCancel
 
     console = ui.make_console()
     view = ui.FleetView(console, fleet_hosts(), quiet=as_json)
@@ -787,7 +776,7 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
          message: str | None, inventory: str | None, as_json: bool) -> None:
     """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
     from deployer import ui
-    from deployer.config import find_inventory, get_host, load_inventory
+    from deployer.config.models import find_inventory, get_host, load_inventory
     from deployer.scaffold import write_playbook
 
     host = None
@@ -825,9 +814,10 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 
     Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
     the first host, in selection order, that has one)."""
-    from deployer import targets, ui
+    from deployer import ui
     from deployer.check import check_hosts
-    from deployer.playbook import load_playbook
+    from deployer.config import targets
+    from deployer.config.playbook import load_playbook
     from deployer.transport.factory import open_transport
 
     loaded, hosts = select_hosts(host_name, None, inventory)
@@ -855,7 +845,7 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 @failures_to_exit_codes
 def schema(kind: str, as_json: bool) -> None:
     """Print the JSON Schema of a playbook or an inventory (for editors: see the README)."""
-    from deployer.schema import schema_for
+    from deployer.config.schema import schema_for
 
     emit_json(schema_for(kind))
 
@@ -877,7 +867,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
     from deployer import runlog, ui
     from deployer.errors import ConfigError
-    from deployer.fleet import FleetCancel, FleetRecord, cut_sub_runs, is_fleet, recover_fleet
+    from deployer.fleet.runner import FleetCancel, FleetRecord, cut_sub_runs, is_fleet, recover_fleet
     from deployer.run import recover as recovery
 
     if not run_id and not host_name:
@@ -932,9 +922,9 @@ def nothing_to_recover(message: str, as_json: bool, **ids: str | None) -> None:
 def bare_engine(host_name: str, inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Engine:
     """An engine with no playbook: for recovering a run whose run dir is on another machine."""
     from deployer import runlog
-    from deployer.config import Playbook, find_inventory, get_host, load_inventory
-    from deployer.context import LoadedPlaybook
-    from deployer.engine import Engine
+    from deployer.config.models import Playbook, find_inventory, get_host, load_inventory
+    from deployer.run.engine import Engine
+    from deployer.steps.context import LoadedPlaybook
     from deployer.transport.factory import open_transport
 
     inventory_path = find_inventory(inventory)
@@ -964,8 +954,8 @@ def pending_run(engine: Engine) -> str | None:
     """The run the host's intent record names, else the run whose lock was left (killed before its intent
     record); None when the target holds neither."""
     from deployer.errors import DeployerError
-    from deployer.lock import read_state
     from deployer.run import intent
+    from deployer.run.lock import read_state
     from deployer.runlog import is_run_id
 
     with engine.connect(engine.new_bus()) as transport:

@@ -19,9 +19,9 @@ import git
 import yaml
 
 from deployer import diffs
-from deployer.config import Host, check_repo_relative
+from deployer.config.models import Host, check_repo_relative
+from deployer.config.playbook import BINARY_PROBE
 from deployer.errors import ConfigError
-from deployer.playbook import BINARY_PROBE
 
 SYMLINK, SUBMODULE = "120000", "160000"
 

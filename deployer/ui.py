@@ -17,17 +17,17 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer import runlog
-from deployer.action import Kind
 from deployer.errors import DeployerError
+from deployer.steps.action import Kind
 from deployer.steps.services import pid_text as one_pid
 from deployer.text import visible
 
 if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a plain apply
     from deployer.check import CheckReport, GroupReport
     from deployer.demo.run import DemoOutcome, FleetDemoOutcome
-    from deployer.engine import PlanReport, RunResult
-    from deployer.fleet import FleetState
-    from deployer.rollback import Deploy
+    from deployer.fleet.runner import FleetState
+    from deployer.run.engine import PlanReport, RunResult
+    from deployer.run.rollback import Deploy
     from deployer.runlog import Run
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}

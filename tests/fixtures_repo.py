@@ -22,8 +22,8 @@ import yaml
 from fixtures_netns import Netns
 
 from deployer.command import Masker
-from deployer.config import FileSpec, Host, Playbook
-from deployer.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.config.models import FileSpec, Host, Playbook
+from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
 from deployer.transport.factory import open_transport
 
 ORIGINAL_A = "def answer():\n    return 41\n"
@@ -85,7 +85,7 @@ def refusing_python(project: Project) -> str:
 def age_lock(repo: Path) -> None:
     """Backdate the heartbeat of the lock a killed run left, as if its TTL had passed (recover takes over only
     a stale lock). The killed run's agent exited when its stdin closed, so nothing beats it again."""
-    heartbeat = repo / ".git" / "deployer.lock" / "heartbeat"
+    heartbeat = repo / ".git" / "deployer.run.lock" / "heartbeat"
     if heartbeat.exists():
         old = time.time() - 24 * 3600
         os.utime(heartbeat, (old, old))
@@ -94,7 +94,7 @@ def age_lock(repo: Path) -> None:
 def wait_until_lock_stale(repo: Path, ttl_s: float, seconds: float = 60) -> None:
     """Wait, as a person would, until the heartbeat of the lock a cut run left is older than its TTL: the cut
     run's agent beats until its end of the link notices, so backdating could race its last beat."""
-    heartbeat = repo / ".git" / "deployer.lock" / "heartbeat"
+    heartbeat = repo / ".git" / "deployer.run.lock" / "heartbeat"
     deadline = time.monotonic() + seconds
     while heartbeat.exists() and time.time() - heartbeat.stat().st_mtime <= ttl_s + 0.5:
         assert time.monotonic() < deadline, "the cut run's agent never stopped beating"
@@ -136,7 +136,7 @@ def recovered_keeping_its_commit(project: Project, run: Path) -> None:
 
 def hold_lock(project: Project) -> Path:
     """The target's deploy lock held by a live-looking run of someone else (fresh heartbeat); its dir."""
-    lock = project.repo / ".git" / "deployer.lock"
+    lock = project.repo / ".git" / "deployer.run.lock"
     lock.mkdir()
     (lock / "info.json").write_text(json.dumps({"run_id": "20260101T000000.000Z-abcdef", "operator": "alice@ops",
                                                 "pid": 4242, "ttl_s": 600}))

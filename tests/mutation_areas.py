@@ -34,7 +34,7 @@ AREAS = {
         {"deployer/run/restore.py": ("sha256", "run_commits", "pre_run_bytes", "restore_files",
                                      "clear_stale_index_lock", "_staged_by_run", "_undo_own_commit", "_keep_owner",
                                      "remove_temps"),
-         "deployer/engine.py": ("Engine._restore", "stop_running")},
+         "deployer/run/engine.py": ("Engine.restore", "stop_running")},
         ("tests/test_restore_files.py",
          "tests/test_chain.py::test_remote_compile_error_restores_the_files_and_commits_nothing[local]",
          "tests/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
@@ -75,9 +75,9 @@ AREAS = {
     # Rollback: trusting the log only as far as the target's history vouches for it, refusing what changed
     # since or was rolled back already, and the engine's on_failure rollback after the commit.
     "rollback": Area(
-        {"deployer/rollback.py": ("Target.of", "target_problems", "check_recorded", "refuse_if_rolled_back", "check",
-                                  "already_reverted"),
-         "deployer/engine.py": ("Engine._after_commit_failure",)},
+        {"deployer/run/rollback.py": ("Target.of", "target_problems", "check_recorded", "refuse_if_rolled_back",
+                                      "check", "already_reverted"),
+         "deployer/run/engine.py": ("Engine._after_commit_failure",)},
         ("tests/test_safety_git.py", "tests/test_rollback_lock.py", "tests/test_readme_claims.py",
          "tests/test_rollback_refusals.py",
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "

@@ -300,7 +300,7 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
     assert proc.returncode == 130, out + err
     assert target.file("pkg/a.py") == ORIGINAL_A
     assert target.head() == head
-    assert not (target.repo / ".git" / "deployer.lock").exists()
+    assert not (target.repo / ".git" / "deployer.run.lock").exists()
     assert last_run_end(target)["status"] == "canceled"
     events = [json.loads(x) for x in (run_dirs(target)[-1] / "events.jsonl").read_text().splitlines()]
     canceled = [e for e in events if e["type"] == "step_end" and e["status"] == "canceled"]

@@ -27,7 +27,7 @@ def group(tmp_path: Path, sshd: SSHD) -> Project:
         hosts[name] = {"transport": "ssh", "address": sshd.host, "port": sshd.port, "user": sshd.user,
                        "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts),
                        "ssh_config": "/dev/null", "repo": str(repo), "python": sys.executable}
-    lock = tmp_path / "h2" / "repo" / ".git" / "deployer.lock"
+    lock = tmp_path / "h2" / "repo" / ".git" / "deployer.run.lock"
     lock.mkdir()
     (lock / "info.json").write_text(json.dumps({"run_id": HOLDER, "operator": "alice@ops", "pid": 4242,
                                                 "ttl_s": 600}))

@@ -18,7 +18,7 @@ import pytest
 from fixtures_repo import Project, tree_snapshot
 from fixtures_services import GAUGE, metrics_text
 
-from deployer.playbook import load_playbook
+from deployer.config.playbook import load_playbook
 
 REPO = Path(__file__).resolve().parents[1]
 

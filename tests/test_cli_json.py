@@ -115,7 +115,7 @@ def test_a_successful_host_key_pin_prints_a_notice_not_an_error(target: Project,
 def test_help_does_not_import_the_core(tmp_path: Path) -> None:
     probe = ("import sys; from deployer.cli import main\n"
              "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('pydantic', 'rich', 'paramiko', 'deployer.engine') if m in sys.modules))")
+             "print(sorted(m for m in ('pydantic', 'rich', 'paramiko', 'deployer.run.engine') if m in sys.modules))")
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr

@@ -188,7 +188,7 @@ def phase_of(run: Path) -> str:
 def assert_consistent(project: Project, run: Path, base: str, before: dict[str, str]) -> str:
     """Either exactly as before, or exactly the run's commit on top of base; returns which."""
     git_dir = project.repo / ".git"
-    assert not (git_dir / "deployer.lock").exists(), "lock left"
+    assert not (git_dir / "deployer.run.lock").exists(), "lock left"
     assert not (git_dir / "deployer" / "inflight.json").exists(), "intent record left"
     assert [p for p in project.repo.rglob("*deployer*.tmp")] == []
     assert git(project.repo, "status", "--porcelain", "--untracked-files=all") == ""

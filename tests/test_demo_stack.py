@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployer.storm import MAX_CONCURRENCY, MAX_REQUESTS, StormResult, run_storm
+from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, StormResult, run_storm
 
 REPO = Path(__file__).resolve().parents[1]
 STACK_SRC = REPO / "deployer" / "demo" / "stack"

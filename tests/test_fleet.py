@@ -400,7 +400,7 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
     for host in ("h1", "h3"):
         assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
         assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
-        assert not (repo(fleet, host) / ".git" / "deployer.lock").exists()
+        assert not (repo(fleet, host) / ".git" / "deployer.run.lock").exists()
     # As for a single run: a second recover finds nothing to do, says so, exits 0 and writes nothing.
     logs = {p: p.read_bytes() for p in fleet.runs.glob("*/events.jsonl")}
     again = fleet.deployer("recover", fleet_id)
@@ -471,8 +471,8 @@ def test_a_unit_in_a_rollout_is_one_batch_entry_and_rollback_fleet_restarts_it_a
 def demo_unit(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Iterator[tuple[Project, dict[str, Any]]]:
     """The demo's buggy stack split over two hosts: prefill and router on h1 (one sshd), decode on h3 (the
     other sshd), each host its own copy of the repo; unit pd-1 with h1 as its metrics host."""
-    from deployer.context import CancelToken
     from deployer.demo.run import DemoStack, wait_healthy
+    from deployer.steps.context import CancelToken
 
     stacks = {host: DemoStack(tmp_path / host) for host in ("h1", "h3")}
     for stack in stacks.values():
@@ -537,7 +537,7 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
 
 
 def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project) -> None:
-    from deployer.lock import LOCK_NAME
+    from deployer.run.lock import LOCK_NAME
 
     slow_remote_compile(fleet, 2)
     fleet.playbook(steps=BOUNDED)

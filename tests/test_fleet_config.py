@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from deployer import targets
-from deployer.config import Inventory, load_inventory
+from deployer.config import targets
+from deployer.config.models import Inventory, load_inventory
+from deployer.config.playbook import parse_playbook
 from deployer.errors import ConfigError
-from deployer.playbook import parse_playbook
 
 HOSTS = """\
 hosts:
@@ -165,7 +165,7 @@ def test_a_selection_taking_part_of_a_unit_is_refused(good: Inventory) -> None:
 
 def test_in_a_unit_co_restart_names_unit_services_and_each_host_gets_its_part(tmp_path: Path,
                                                                               good: Inventory) -> None:
-    from deployer.unit import UnitRestart, steps_for
+    from deployer.fleet.unit import UnitRestart, steps_for
 
     (tmp_path / "a.py").write_text("x = 1\n")
     path = tmp_path / "fix.yaml"

@@ -47,12 +47,12 @@ def backdate(path: Path, seconds: float) -> None:
 def hand_made_lock(project: Project, info: dict[str, object]) -> tuple[Path, Path]:
     """A complete lock as a run makes it: its own directory (info.json, heartbeat) and the link naming it."""
     git_dir = project.repo / ".git"
-    own = git_dir / f"deployer.lock.{RUN}"
+    own = git_dir / f"deployer.run.lock.{RUN}"
     own.mkdir()
     (own / "info.json").write_text(json.dumps(info))
     (own / "heartbeat").touch()
-    (git_dir / "deployer.lock").symlink_to(own.name)
-    return git_dir / "deployer.lock", own / "heartbeat"
+    (git_dir / "deployer.run.lock").symlink_to(own.name)
+    return git_dir / "deployer.run.lock", own / "heartbeat"
 
 
 def ours(**fields: object) -> dict[str, object]:
@@ -78,7 +78,7 @@ def test_a_recover_refuses_to_take_over_a_live_run_whose_lock_names_a_dead_pid(t
     try:
         wait_for(lambda: reached.exists() or proc.poll() is not None, "run A's remote_compile")
         assert proc.poll() is None, proc.communicate()
-        info_path = target.repo / ".git" / "deployer.lock" / "info.json"
+        info_path = target.repo / ".git" / "deployer.run.lock" / "info.json"
         info = json.loads(info_path.read_text())
         info["pid"] = dead_pid()  # same user@hostname as the recover below: only the heartbeat says A is live
         info_path.write_text(json.dumps(info))
@@ -119,7 +119,7 @@ def test_a_recover_takes_over_a_lock_only_once_its_heartbeat_is_older_than_its_t
     intent_for(target)
     # Everything but the heartbeat says the run is gone: our operator, a dead pid, a lock made long ago.
     backdate(lock, 10 * TTL_S)
-    backdate(lock.parent / f"deployer.lock.{RUN}", 10 * TTL_S)
+    backdate(lock.parent / f"deployer.run.lock.{RUN}", 10 * TTL_S)
     backdate(heartbeat, TTL_S - 10)
     other = str(target.root / "other-runs")
     fresh = target.deployer("recover", "--host", "box", "--runs-dir", other)
@@ -135,7 +135,7 @@ def test_a_lock_with_a_fresh_heartbeat_is_not_stale_however_old_the_lock_itself_
     target.write_inventory(lock_ttl_s=TTL_S)
     lock, heartbeat = hand_made_lock(target, ours())
     backdate(lock, 10 * TTL_S)
-    backdate(lock.parent / f"deployer.lock.{RUN}", 10 * TTL_S)
+    backdate(lock.parent / f"deployer.run.lock.{RUN}", 10 * TTL_S)
     backdate(heartbeat, TTL_S - 10)
     shown = status(target)
     assert f"held by run {RUN}" in shown and "STALE" not in shown, shown
@@ -153,7 +153,7 @@ def test_a_lock_whose_heartbeat_is_older_than_its_ttl_is_stale_however_young_the
 
 def test_a_lock_being_taken_and_stale_is_advised_with_the_real_host_name(target: Project) -> None:
     target.write_inventory(lock_ttl_s=TTL_S)
-    lock = target.repo / ".git" / "deployer.lock"
+    lock = target.repo / ".git" / "deployer.run.lock"
     lock.mkdir()
     backdate(lock, TTL_S + 10)
     shown = status(target)

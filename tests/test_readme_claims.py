@@ -326,7 +326,7 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
     reader.join(timeout=10)
     assert proc.returncode == 130, "".join(lines)
     assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
-    assert not (target.repo / ".git" / "deployer.lock").exists()
+    assert not (target.repo / ".git" / "deployer.run.lock").exists()
     logged = events(target)
     end = next(e for e in logged if e["type"] == "run_end")
     assert end["status"] == "canceled"

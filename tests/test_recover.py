@@ -77,7 +77,7 @@ def start_and_kill(project: Project, reached: Callable[[], bool], what: str, *ex
 
 def assert_settled(project: Project, run: Path) -> None:
     git_dir = project.repo / ".git"
-    assert not (git_dir / "deployer.lock").exists(), "the lock is still there"
+    assert not (git_dir / "deployer.run.lock").exists(), "the lock is still there"
     assert not (git_dir / "deployer" / "inflight.json").exists(), "the intent record is still there"
     temps = [p.name for p in project.repo.rglob("*.tmp") if "deployer" in p.name]
     assert temps == []

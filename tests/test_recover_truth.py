@@ -54,7 +54,7 @@ def test_a_recover_ends_a_run_killed_before_its_lock_so_that_its_log_verifies(ta
                          "the agent's start")
     kill_marker(marker)
     target.write_inventory()
-    assert kinds(run, "run_end") == [] and not (target.repo / ".git" / "deployer.lock").exists()
+    assert kinds(run, "run_end") == [] and not (target.repo / ".git" / "deployer.run.lock").exists()
     assert target.deployer("runs", "verify", run.name).returncode == 5
     first = ok(target.deployer("recover", run.name))
     assert f"run {run.name} -> failed_restored" in first.stdout, first.stdout
@@ -86,7 +86,7 @@ def test_a_recover_by_host_releases_the_lock_of_a_run_killed_before_its_intent_r
     # An absent metric keeps the baseline polling: the run holds its lock, and has written no intent record.
     target.playbook(steps=[{"baseline": {"metric": "absent_metric", "within_s": 120, "interval_s": 0.1}},
                            "local_compile", "upload", {"commit": {"message": "m"}}])
-    lock = target.repo / ".git" / "deployer.lock"
+    lock = target.repo / ".git" / "deployer.run.lock"
     elsewhere = ["--runs-dir", str(target.root / "other-runs")]
     proc = target.popen("apply", "fix.yaml", "--host", "box")
     try:

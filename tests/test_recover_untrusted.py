@@ -39,7 +39,7 @@ class Cut:
         self.project = project
         self.git_dir = project.repo / ".git"
         self.record = self.git_dir / "deployer" / "inflight.json"
-        self.lock = self.git_dir / "deployer.lock"
+        self.lock = self.git_dir / "deployer.run.lock"
         self.outside = project.root / "outside"
         self.outside.mkdir()
         self.victim = self.outside / "victim.py"
@@ -65,7 +65,7 @@ class Cut:
             "run_id": RUN, "operator": f"{getpass.getuser()}@{socket.gethostname()}", "host": "box",
             "started": "2025-01-01T00:00:00.000Z", "head_before": self.project.head(),
             "trailer": f"Deployer-Run: {RUN}", "files": list(files)}, indent=1))
-        own = self.git_dir / f"deployer.lock.{RUN}"
+        own = self.git_dir / f"deployer.run.lock.{RUN}"
         own.mkdir()
         (own / "info.json").write_text(json.dumps({"run_id": RUN, "operator": "someone@elsewhere", "pid": 1,
                                                    "host": "box", "ttl_s": 120, "started": "2025-01-01T00:00:00"}))

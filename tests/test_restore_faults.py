@@ -203,7 +203,7 @@ def test_a_commit_touching_more_than_the_shipped_files_is_undone_while_the_run_h
     target.hook("pre-commit", "#!/bin/sh\necho '# hook' >> pkg/b.py\ngit add pkg/b.py\n")
     calls, bindir = tmp_path / "git-calls", tmp_path / "bin"
     bindir.mkdir()
-    lock = target.repo / ".git" / "deployer.lock"
+    lock = target.repo / ".git" / "deployer.run.lock"
     (bindir / "git").write_text(f'#!/bin/sh\nstate=free; [ -L "{lock}" ] && state=locked\n'
                                 f'for a in "$@"; do [ "$a" = commit ] && state="$state commit"; done\n'
                                 f'echo "$state" >> "{calls}"\nexec {shutil.which("git")} "$@"\n')

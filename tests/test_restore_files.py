@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git
 
-from deployer.context import Context
 from deployer.errors import RollbackFailed
 from deployer.run.restore import restore_files
 from deployer.run.state import FileRecord, RunRecord, RunState, git_blob_id
+from deployer.steps.context import Context
 from deployer.steps.git import trailers
 
 TRAILER = trailers(Deployer_Run="t")

@@ -124,7 +124,7 @@ def test_a_second_apply_exits_3_naming_the_holder_and_the_lock_goes_away(target:
     python, entered, gate = gated_python(target)
     target.write_inventory(python=python)
     target.playbook()
-    lock = target.repo / ".git" / "deployer.lock" / "info.json"
+    lock = target.repo / ".git" / "deployer.run.lock" / "info.json"
     first = target.popen("apply", "fix.yaml", "--host", "box")
     try:
         # remote_compile runs after the upload, under the lock: the first run is parked there.
@@ -155,7 +155,7 @@ def test_a_second_apply_exits_3_naming_the_holder_and_the_lock_goes_away(target:
 def test_a_failed_run_releases_the_lock(target: Project) -> None:
     target.playbook(steps=["upload", {"diff_bounds": {"files": 9}}])
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1
-    assert not (target.repo / ".git" / "deployer.lock").exists()
+    assert not (target.repo / ".git" / "deployer.run.lock").exists()
 
 
 def test_sigkill_leaves_a_parseable_log_and_a_lock_that_turns_stale(target: Project) -> None:
@@ -242,7 +242,7 @@ def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
     assert proc.returncode == 130, out + err
     assert "Rolled back" in err
     assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == pre_tree
-    assert not (project.repo / ".git" / "deployer.lock").exists()
+    assert not (project.repo / ".git" / "deployer.run.lock").exists()
     end = next(e for e in events(project) if e["type"] == "run_end")
     assert end["status"] == "canceled" and end["facts"]["rollback_commit"] == project.head()
 
@@ -265,7 +265,7 @@ def test_a_rollback_that_was_cut_off_after_its_commit_can_be_finished(stack: Sta
 
 
 def test_a_lock_path_that_cannot_be_created_is_not_reported_as_held(target: Project) -> None:
-    (target.repo / ".git" / "deployer.lock").write_text("not a lock directory\n")
+    (target.repo / ".git" / "deployer.run.lock").write_text("not a lock directory\n")
     target.playbook()
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1, result.stderr

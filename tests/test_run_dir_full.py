@@ -66,7 +66,7 @@ def test_a_run_log_that_cannot_grow_stops_the_run_restores_the_target_and_exits_
     assert "could not be written" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert target.head() == base and target.file("pkg/a.py") == ORIGINAL_A and work_tree(target.repo) == before
     assert git(target.repo, "status", "--porcelain") == ""
-    assert not (target.repo / ".git" / "deployer.lock").exists()
+    assert not (target.repo / ".git" / "deployer.run.lock").exists()
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists()
     run = max(p for p in target.runs.iterdir() if (p / "state.json").is_file())
     assert json.loads((run / "state.json").read_text())["phase"] == "failed_restored"
@@ -128,7 +128,7 @@ def test_a_runs_dir_that_fills_after_the_intent_record_restores_the_target_and_l
     assert target.head() == base and work_tree(target.repo) == before
     # The target is consistent again: the intent record (there for recovery only) and the lock are gone.
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
-    assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
+    assert not (target.repo / ".git" / "deployer.run.lock").exists(), result.stderr
     [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
     assert f"deployer recover {run.name}" in result.stderr and "consistent (failed_restored)" in result.stderr
     applied = target.deployer("apply", "fix.yaml", "--host", "box")
@@ -146,7 +146,7 @@ def test_a_runs_dir_that_fills_during_a_refused_commit_restores_and_recover_ends
     assert result.returncode == 1, result.stdout + result.stderr
     assert target.head() == base and work_tree(target.repo) == before
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
-    assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
+    assert not (target.repo / ".git" / "deployer.run.lock").exists(), result.stderr
     [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
     assert json.loads((run / "state.json").read_text())["phase"] == "committing"  # it could not say more
     assert f"deployer recover {run.name}" in result.stderr and "consistent (failed_restored)" in result.stderr
@@ -181,7 +181,7 @@ def test_a_runs_dir_that_fills_during_a_commit_that_lands_keeps_the_commit_and_r
     assert git(target.repo, "rev-parse", "HEAD~1").strip() == base
     assert f"Deployer-Run: {run.name}" in git(target.repo, "log", "-1", "--format=%B")
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists(), result.stderr
-    assert not (target.repo / ".git" / "deployer.lock").exists(), result.stderr
+    assert not (target.repo / ".git" / "deployer.run.lock").exists(), result.stderr
     # With room again, recover ends the record here as the target has it, and the log verifies there.
     recovered = target.deployer("recover", run.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, tree_snapshot
 
-from deployer.context import Context
 from deployer.errors import StepFailed
-from deployer.preflight import refuse_unsafe_dests
+from deployer.run.preflight import refuse_unsafe_dests
 from deployer.runlog import GENESIS, RunLogWriter, seal
+from deployer.steps.context import Context
 
 FIXED_B = "VALUE = 2\n"
 CONN = "python/sglang/srt/disaggregation/common/conn.py"

@@ -81,7 +81,7 @@ def test_a_lock_whose_info_is_not_written_yet_is_being_taken_never_stale(target:
     target.playbook()
     # What an older deployer leaves for a moment between its mkdir and writing info.json; made half a TTL
     # ago: old enough to have an age without waiting on the clock, and still not stale.
-    lock = target.repo / ".git" / "deployer.lock"
+    lock = target.repo / ".git" / "deployer.run.lock"
     lock.mkdir()
     young = time.time() - ttl / 2
     os.utime(lock, (young, young))
@@ -96,7 +96,7 @@ def test_a_lock_whose_info_is_not_written_yet_is_being_taken_never_stale(target:
 
 def test_staleness_counts_from_the_locks_own_mtime_plus_its_ttl(target: Project) -> None:
     target.write_inventory(lock_ttl_s=TTL_S)
-    lock = target.repo / ".git" / "deployer.lock"
+    lock = target.repo / ".git" / "deployer.run.lock"
     lock.mkdir()
     # A complete lock without a heartbeat file yet: young by its own mtime, so alive.
     (lock / "info.json").write_text(json.dumps({"run_id": "R1", "operator": "op", "pid": 1, "ttl_s": TTL_S}))
@@ -118,7 +118,7 @@ def test_a_run_cut_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run
     TCP link itself (a relay that cuts); the target side dies with it in both cases."""
     target.playbook()
     git_dir = target.repo / ".git"
-    with contextlib.ExitStack() as stack, gate(target, request, "ln", "deployer.lock.") as gatedir:
+    with contextlib.ExitStack() as stack, gate(target, request, "ln", "deployer.run.lock.") as gatedir:
         relay = None
         if target.host["transport"] == "ssh":
             relay = stack.enter_context(relayed(request.getfixturevalue("sshd"), tmp_path, after=1 << 40))
@@ -142,16 +142,16 @@ def test_a_run_cut_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run
                  what="the parked lock command to die with its run")
         (gatedir / "armed").unlink()
     target.write_inventory()
-    assert not os.path.lexists(git_dir / "deployer.lock")
-    [stray] = [p for p in git_dir.iterdir() if p.name.startswith("deployer.lock.")]
-    assert json.loads((stray / "info.json").read_text())["run_id"] == stray.name.removeprefix("deployer.lock.")
+    assert not os.path.lexists(git_dir / "deployer.run.lock")
+    [stray] = [p for p in git_dir.iterdir() if p.name.startswith("deployer.run.lock.")]
+    assert json.loads((stray / "info.json").read_text())["run_id"] == stray.name.removeprefix("deployer.run.lock.")
     status = target.deployer("lock", "status", "--host", "box")
     assert status.returncode == 0 and "unlocked" in status.stdout
     assert str(stray) in status.stdout and "the next run that takes the lock removes it" in status.stdout
     applied = target.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 0, applied.stderr
     assert target.file("pkg/a.py") == FIXED_A
-    assert not [p for p in git_dir.iterdir() if p.name.startswith("deployer.lock")]
+    assert not [p for p in git_dir.iterdir() if p.name.startswith("deployer.run.lock")]
     run_id = sorted(target.runs.iterdir())[-1].name
     [acquired] = [e for e in run_events(target, run_id) if e["type"] == "lock_acquired"]
     assert acquired["removed_strays"] == [str(stray)]

@@ -162,7 +162,7 @@ def test_a_cut_connection_says_exactly_what_it_left(target: Project, sshd: SSHD,
     assert "restoring the target failed" in err and "may hold the new bytes" in err
     assert "deploy lock" in err and "stay on the target" in err and "deployer recover" in err
     assert target.file("pkg/a.py") == FIXED_A  # what the message says it left, it left
-    assert (target.repo / ".git" / "deployer.lock").is_dir()
+    assert (target.repo / ".git" / "deployer.run.lock").is_dir()
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)

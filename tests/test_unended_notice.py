@@ -25,7 +25,7 @@ def killed_before_the_lock(project: Project) -> str:
 def test_the_next_apply_names_a_killed_run_of_this_host_with_its_recover_command(target: Project) -> None:
     target.playbook()
     killed = killed_before_the_lock(target)
-    assert not (target.repo / ".git" / "deployer.lock").exists()
+    assert not (target.repo / ".git" / "deployer.run.lock").exists()
     applied = target.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert f"notice: run {killed} on box never ended" in applied.stderr, applied.stderr

@@ -28,13 +28,13 @@ from typing import Any, TypeVar
 
 import yaml
 
-from deployer.config import Host, Inventory, Unit, resolve_env
-from deployer.context import CancelToken, EventBus, Listener
-from deployer.engine import Engine, RunResult
+from deployer.config.models import Host, Inventory, Unit, resolve_env
+from deployer.config.playbook import load_playbook
 from deployer.errors import ConfigError, DeployerError
-from deployer.fleet import FleetApply, FleetCancel, FleetState
-from deployer.playbook import load_playbook
+from deployer.fleet.runner import FleetApply, FleetCancel, FleetState
+from deployer.run.engine import Engine, RunResult
 from deployer.runlog import read_run
+from deployer.steps.context import CancelToken, EventBus, Listener
 from deployer.transport.base import Transport
 from deployer.transport.local import LocalTransport
 

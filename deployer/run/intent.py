@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from deployer.agent.client import Pending, Put, PutReply
-from deployer.config import check_repo_relative
+from deployer.config.models import check_repo_relative
 from deployer.errors import DeployerError, RecordRefused
 from deployer.run.state import FileRecord
 from deployer.steps.git import trailers

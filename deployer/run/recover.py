@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer.context import Context
-from deployer.engine import Engine, RunResult
 from deployer.errors import ConfigError
-from deployer.rollback import VERIFY
 from deployer.run import intent
+from deployer.run.engine import Engine, RunResult
 from deployer.run.restore import remove_temps, restore_files, run_commits
+from deployer.run.rollback import VERIFY
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, read_run, utc_now
+from deployer.steps.context import Context
 from deployer.steps.git import EndNote, git, read_end_note
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"

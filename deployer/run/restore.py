@@ -11,9 +11,9 @@ import hashlib
 import posixpath
 from dataclasses import dataclass, field
 
-from deployer.context import Context
 from deployer.errors import DeployerError, RollbackFailed
 from deployer.run.state import FileRecord, RunRecord
+from deployer.steps.context import Context
 from deployer.steps.git import git
 
 # A git command killed mid-way (a timeout, a cut run's agent exiting) leaves index.lock behind, and then

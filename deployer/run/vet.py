@@ -16,11 +16,11 @@ import hashlib
 import posixpath
 
 from deployer.agent.client import Stat, StatEntry
-from deployer.context import Context, Submitted
 from deployer.errors import DeployerError, StepFailed
-from deployer.preflight import GIT_DIRS, refuse_unsafe_dests
 from deployer.run.intent import Intent, path_in, refused
+from deployer.run.preflight import GIT_DIRS, refuse_unsafe_dests
 from deployer.run.state import FileRecord
+from deployer.steps.context import Context, Submitted
 from deployer.steps.git import git, names
 
 

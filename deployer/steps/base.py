@@ -6,10 +6,10 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Any, ClassVar
 
-from deployer.action import Action
-from deployer.config import Host, Strict
-from deployer.context import Context, Submitted
+from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
+from deployer.steps.action import Action
+from deployer.steps.context import Context, Submitted
 
 __all__ = ["Action", "Effect", "NoParams", "Step"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from deployer.config import Strict
-from deployer.context import NOTHING, Context, Submitted
+from deployer.config.models import Strict
 from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
+from deployer.steps.context import NOTHING, Context, Submitted
 
 # compile() is what py_compile does, without writing a .pyc into the target's tree.
 REMOTE_SCRIPT = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"

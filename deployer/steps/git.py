@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from pydantic import field_validator
 
-from deployer.action import Bound as Values
-from deployer.config import Strict
-from deployer.context import NOTHING, Context, Submitted
+from deployer.config.models import Strict
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import StepFailed
+from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
+from deployer.steps.context import NOTHING, Context, Submitted
 
 Bound = int | tuple[int, int]
 # What only the run knows, in the commit message the plan shows.

@@ -7,11 +7,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 
-from deployer.config import Host, LoopbackUrl, Strict
-from deployer.context import NOTHING, Context
+from deployer.config.models import Host, LoopbackUrl, Strict
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
-from deployer.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
+from deployer.steps.context import NOTHING, Context
+from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
 
 class StormParams(Strict):

@@ -15,12 +15,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from deployer.action import Action
 from deployer.agent.client import HttpResult
-from deployer.config import Host, Strict, Url
-from deployer.context import NOTHING, Context
+from deployer.config.models import Host, Strict, Url
 from deployer.errors import StepFailed
+from deployer.steps.action import Action
 from deployer.steps.base import Effect, Step
+from deployer.steps.context import NOTHING, Context
 from deployer.steps.load import StormParams, storm, storm_actions
 from deployer.transport.base import Transport
 

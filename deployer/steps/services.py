@@ -17,11 +17,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from deployer.action import Action, Bound
-from deployer.config import Host, Service, Strict, resolve_env
-from deployer.context import NOTHING, Context
+from deployer.config.models import Host, Service, Strict, resolve_env
 from deployer.errors import StepFailed
+from deployer.steps.action import Action, Bound
 from deployer.steps.base import Effect, Step
+from deployer.steps.context import NOTHING, Context
 
 # Detached start: own session (so a stop can signal the whole group), output to the log,
 # stdin closed, and the PID written before the shell returns. The log holds whatever the service

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from deployer.config import Strict
-from deployer.context import Context
+from deployer.config.models import Strict
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
+from deployer.steps.context import Context
 from deployer.steps.git import git, owner_and_mode_kept
 from deployer.transport.base import sha256_hex
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deployer.config import Host
+from deployer.config.models import Host
 from deployer.errors import ConfigError
 from deployer.transport.base import Transport
 from deployer.transport.local import LocalTransport

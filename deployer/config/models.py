@@ -23,9 +23,9 @@ from pydantic import (
     model_validator,
 )
 
-from deployer import yamlsrc
+from deployer.config import yamlsrc
 from deployer.errors import ConfigError
-from deployer.storm import LOOPBACK_HOSTS
+from deployer.steps.storm import LOOPBACK_HOSTS
 
 
 class Strict(BaseModel):
@@ -83,7 +83,7 @@ def check_url(url: str) -> str:
 
 
 def check_loopback_url(url: str) -> str:
-    """Where a storm may be sent: the target's own loopback, over plain http (deployer.storm's rule)."""
+    """Where a storm may be sent: the target's own loopback, over plain http (deployer.steps.storm's rule)."""
     check_url(url)
     parts = urlsplit(url)
     if parts.scheme != "http":

@@ -1,12 +1,12 @@
 """The deploy lock on the target, inside the repo's .git directory, never seen half-taken.
 
 A run writes its whole lock (`info.json`: who, which run, since when; `heartbeat`, whose mtime
-the running apply refreshes) into a directory of its own, `deployer.lock.<run id>`, and only
-then publishes it by creating the symlink `deployer.lock -> deployer.lock.<run id>`. Creating a
+the running apply refreshes) into a directory of its own, `deployer.run.lock.<run id>`, and only
+then publishes it by creating the symlink `deployer.run.lock -> deployer.run.lock.<run id>`. Creating a
 symlink is atomic and fails whatever already sits at that name (a live lock, an older
 deployer's lock directory, a stray file), where rename(2) would silently replace an empty
 directory. So the lock is either absent or complete. A run cut between the two leaves only a
-`deployer.lock.<run id>` directory that no link names; `lock status` shows it and the next run
+`deployer.run.lock.<run id>` directory that no link names; `lock status` shows it and the next run
 that takes the lock removes it.
 
 Ages are measured with the target's own clock, so a skewed operator clock cannot make a live
@@ -35,7 +35,7 @@ from deployer.transport.base import ExecResult, Transport
 if TYPE_CHECKING:
     from deployer.agent.client import Pending, Request
 
-LOCK_NAME = "deployer.lock"
+LOCK_NAME = "deployer.run.lock"
 TIMEOUT_S = 30.0
 # Exit codes of _TAKE beyond 0 (taken) and 1 (failed; its stderr says why).
 HELD, VANISHED = 3, 4
@@ -55,12 +55,12 @@ _TAKE = (
 _AGE_SCRIPT = ('date +%s; stat -c %Y -- "$1/heartbeat" 2>/dev/null || echo -; '
                '{ [ -L "$1" ] || [ -d "$1" ]; } && stat -c %Y -- "$1" || echo -')
 # Lock directories beside the lock that the lock does not name: cut-off attempts or releases.
-_STRAYS = ('cd -- "$1" || exit 1; target=$(readlink -- deployer.lock 2>/dev/null); '
-           'for d in deployer.lock.*; do [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != "$target" ] '
+_STRAYS = ('cd -- "$1" || exit 1; target=$(readlink -- deployer.run.lock 2>/dev/null); '
+           'for d in deployer.run.lock.*; do [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != "$target" ] '
            '&& printf "%s\\0" "$d"; done; exit 0')
 # Removes the lock ($1): the link first (atomic: from then on the lock is free), then what it named.
 _REMOVE = ('lock=$1; if [ -L "$lock" ]; then target=$(readlink -- "$lock"); rm -f -- "$lock" || exit 1; '
-           'case $target in deployer.lock.*) rm -rf -- "$(dirname -- "$lock")/$target";; esac; '
+           'case $target in deployer.run.lock.*) rm -rf -- "$(dirname -- "$lock")/$target";; esac; '
            'else rm -rf -- "$lock"; fi')
 # The same, only while the lock is still ours ($2: our directory's name): a forced release may have handed it on.
 _REMOVE_OURS = '[ "$(readlink -- "$1")" = "$2" ] || exit 0; ' + _REMOVE

@@ -11,13 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deployer import diffs, runlog
-from deployer.context import CancelToken, Context
-from deployer.engine import Engine, FilePlan, PlanReport, RunResult, target_state
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
-from deployer.lock import read_state
+from deployer.run.engine import Engine, FilePlan, PlanReport, RunResult, target_state
+from deployer.run.lock import read_state
 from deployer.run.state import Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Action, Effect
+from deployer.steps.context import CancelToken, Context
 from deployer.steps.git import EndNote, git, names, read_end_note, touched_by
 from deployer.text import shown
 from deployer.transport.base import ExecResult, Transport

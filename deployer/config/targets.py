@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from deployer.config import Inventory
+from deployer.config.models import Inventory
 from deployer.errors import ConfigError
 
 GLOB_CHARS = "*?["

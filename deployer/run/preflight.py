@@ -13,11 +13,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer import diffs, yamlsrc
+from deployer import diffs
 from deployer.agent.client import Get, Pending, Stat, StatEntry
-from deployer.config import check_repo_relative
-from deployer.context import Change, Context, Submitted
+from deployer.config import yamlsrc
+from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
+from deployer.steps.context import Change, Context, Submitted
 from deployer.steps.git import git, names
 
 STEP = "preflight"

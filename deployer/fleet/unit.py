@@ -22,15 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployer.config import Host, Unit
-from deployer.context import CancelToken, Context
-from deployer.engine import Engine, RunResult, target_state
+from deployer.config.models import Host, Unit
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
-from deployer.rollback import VERIFY, Target, check, check_recorded, link_rollback
+from deployer.run.engine import Engine, RunResult, target_state
+from deployer.run.rollback import VERIFY, Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps import services
 from deployer.steps.base import Effect, Step
+from deployer.steps.context import CancelToken, Context
 from deployer.steps.git import git
 from deployer.steps.services import CoRestart
 
@@ -153,7 +153,7 @@ class UnitRun:
             self.ctxs[host] = ctx
             locked.set()
             try:
-                # As deployer.rollback.rollback checks, before any host of the unit changes.
+                # As deployer.run.rollback.rollback checks, before any host of the unit changes.
                 ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
                 check_recorded(ctx, run, target)
                 check(ctx, target, force=force)
@@ -199,13 +199,13 @@ class UnitRun:
             self._meet(barrier, ctx, "every host of the unit locked")
             try:
                 engine.prepare(ctx, log)
-                engine._run_steps(ctx, before)  # a failure restores this host and raises
+                engine.run_steps(ctx, before)  # a failure restores this host and raises
             except DeployerError:
                 barrier.abort()
                 raise
             self._meet(barrier, ctx, "every host of the unit shipped and within bounds")
             try:
-                engine._run_steps(ctx, commit)
+                engine.run_steps(ctx, commit)
             except DeployerError:
                 barrier.abort()
                 raise
@@ -230,7 +230,7 @@ class UnitRun:
             engine, record = self.engines[ctx.host_name], ctx.record
             assert record is not None
             if record.state.git_after is None:
-                engine._restore(ctx, failure)
+                engine.restore(ctx, failure)
                 raise failure from None
             # Committed while another host could not; no service was restarted yet, so none is again.
             raise self._settle_failure([ctx], failure, []) from None
@@ -258,7 +258,7 @@ class UnitRun:
     def _run_unit_step(self, step: Step, prefix: str = "") -> None:
         if not prefix:  # a rollback stays in rolling_back through its restart and checks
             for host in self.hosts:
-                self.engines[host]._enter(self.ctxs[host], step.effect)
+                self.engines[host].enter(self.ctxs[host], step.effect)
         if isinstance(step, CoRestart):
             self.restart(step, prefix + step.name)
         elif step.kind in UNIT_CHECKS:

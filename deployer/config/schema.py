@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployer.config import Inventory, Playbook
+from deployer.config.models import Inventory, Playbook
 from deployer.steps import KINDS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

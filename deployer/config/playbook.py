@@ -6,12 +6,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deployer import yamlsrc
-from deployer.config import Playbook, validate
-from deployer.context import LoadedPlaybook
+from deployer.config import yamlsrc
+from deployer.config.models import Playbook, validate
 from deployer.errors import ConfigError
 from deployer.steps import KINDS
 from deployer.steps.base import Step
+from deployer.steps.context import LoadedPlaybook
 
 
 def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:

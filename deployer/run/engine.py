@@ -19,8 +19,7 @@ import deployer
 from deployer import diffs
 from deployer.agent.client import Get, Pending
 from deployer.command import Masker
-from deployer.config import Host
-from deployer.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
+from deployer.config.models import Host
 from deployer.errors import (
     ConfigError,
     DeployerError,
@@ -33,9 +32,9 @@ from deployer.errors import (
     TransportError,
     VerificationFailed,
 )
-from deployer.lock import DeployLock, LockState, force_release, read_state
-from deployer.preflight import Reads, preflight, projected_stat, send_reads
 from deployer.run import intent
+from deployer.run.lock import DeployLock, LockState, force_release, read_state
+from deployer.run.preflight import Reads, preflight, projected_stat, send_reads
 from deployer.run.restore import restore_files
 from deployer.run.state import (
     PAST_COMMIT,
@@ -50,6 +49,7 @@ from deployer.run.state import (
 from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
+from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
 from deployer.steps.git import EndNote, end_note_argv, git, log_anchor, revert_files, trailers
 from deployer.transport.base import Transport, sha256_hex
 
@@ -316,7 +316,7 @@ class Engine:
 
         def body(ctx: Context, log: RunLogWriter) -> None:
             self.prepare(ctx, log)
-            self._run_steps(ctx)
+            self.run_steps(ctx)
         # A patch is applied here to copies of the target's files, read one by one: no reads to send ahead.
         return self.execute(body, reads=self.playbook.patch is None)
 
@@ -638,7 +638,7 @@ class Engine:
             self._log.sync()  # a trailer may name these bytes: on disk first
             ctx.facts.log_sha256 = self._log.sha256()
 
-    def _run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
+    def run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
         """The chain (or a part of it: a unit runs its hosts' chains in phases); each step's declared effect
         moves the run's phase, written before the step acts."""
         record = ctx.record
@@ -653,7 +653,7 @@ class Engine:
             # The phase moves and the step run under one handler: a forced stop (a second signal) between
             # steps must undo the target just as one inside a step does.
             try:
-                self._enter(ctx, step.effect)
+                self.enter(ctx, step.effect)
                 self.run_step(ctx, step, step.name)
                 if unrecorded := self._intent_failure(ctx):
                     raise unrecorded
@@ -674,7 +674,7 @@ class Engine:
                 # The run's commit is on the target (the record may have failed to say so: a full disk).
                 if record.state.git_after is not None or ctx.git_after is not None:
                     raise self._after_commit_failure(ctx, failure) from None
-                self._restore(ctx, failure)
+                self.restore(ctx, failure)
                 raise failure from None
             finally:
                 ctx.on_sent = None
@@ -715,7 +715,7 @@ class Engine:
         ctx.prefetched.clear()
         ctx.bus.step = None
 
-    def _enter(self, ctx: Context, effect: Effect) -> None:
+    def enter(self, ctx: Context, effect: Effect) -> None:
         record = ctx.record
         assert record is not None
         phase = ENTER.get(effect)
@@ -727,7 +727,7 @@ class Engine:
         if first_change:
             self._write_intent(ctx)
 
-    def _restore(self, ctx: Context, failure: DeployerError) -> None:
+    def restore(self, ctx: Context, failure: DeployerError) -> None:
         """Before the commit, after failure: every dest back to its pre-run bytes, owner and mode (from the run
         dir). A restore that fails too says so after the failure that started it."""
         record = ctx.record

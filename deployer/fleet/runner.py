@@ -22,18 +22,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer import rollback as rollbacks
-from deployer.config import Rollout, Unit
-from deployer.context import CancelToken, Listener
-from deployer.engine import Engine, RunResult, as_failure
+from deployer.config.models import Rollout, Unit
 from deployer.errors import ConfigError, ConnectError, DeployerError, Interrupted
+from deployer.fleet.unit import ABORTED, UnitRun, steps_for
 from deployer.run import recover as recovery
+from deployer.run import rollback as rollbacks
+from deployer.run.engine import Engine, RunResult, as_failure
 from deployer.run.shown import REFUSED, shown_state_of
 from deployer.run.state import Phase, RunRecord
 from deployer.runlog import EVENTS, list_runs, new_run_id, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
 from deployer.steps.base import Effect
-from deployer.unit import ABORTED, UnitRun, steps_for
+from deployer.steps.context import CancelToken, Listener
 
 FLEET = "fleet.json"
 DEFAULT_PARALLEL = 16

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployer.action import EVENT, Action, Bound, Kind
 from deployer.command import Masker, shell_line
-from deployer.config import Host, Playbook
+from deployer.config.models import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed, TransportError
 from deployer.run.state import RunRecord
+from deployer.steps.action import EVENT, Action, Bound, Kind
 from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, WHOLE_OUTPUT_BYTES, ExecResult, Transport
 
 if TYPE_CHECKING:
