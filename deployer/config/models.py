@@ -25,7 +25,9 @@ from pydantic import (
 
 from deployer.config import yamlsrc
 from deployer.errors import ConfigError
-from deployer.steps.storm import LOOPBACK_HOSTS
+
+# The target's own loopback: the only place a storm (and a host's endpoint) may point.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class Strict(BaseModel):

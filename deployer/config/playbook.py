@@ -9,9 +9,9 @@ from typing import Any
 from deployer.config import yamlsrc
 from deployer.config.models import Playbook, validate
 from deployer.errors import ConfigError
-from deployer.steps import KINDS
 from deployer.steps.base import Step
 from deployer.steps.context import LoadedPlaybook
+from deployer.steps.kinds import KINDS
 
 
 def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:

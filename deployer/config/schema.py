@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployer.config.models import Inventory, Playbook
-from deployer.steps import KINDS
+from deployer.steps.kinds import KINDS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

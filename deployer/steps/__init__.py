@@ -1,15 +1,2 @@
-"""Step kinds by name; a playbook's `steps:` list refers to them."""
-
-from __future__ import annotations
-
-from deployer.steps.base import Step
-from deployer.steps.compile import LocalCompile, RemoteCompile
-from deployer.steps.git import Commit, DiffBounds
-from deployer.steps.load import Storm
-from deployer.steps.metrics import Baseline, Drain
-from deployer.steps.services import CoRestart
-from deployer.steps.upload import Upload
-
-KINDS: dict[str, type[Step]] = {cls.kind: cls for cls in (
-    LocalCompile, Upload, RemoteCompile, DiffBounds, Commit, CoRestart, Baseline, Storm, Drain,
-)}
+"""The step kinds (one module each; `kinds.KINDS` names them), what a step sees of the run (`context`), its
+actions as data (`action`), and the load generator behind `storm` and `baseline` (`storm`)."""

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from deployer.config.models import LOOPBACK_HOSTS
+
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DEFAULT_MAX_NEW_TOKENS = 8
 _ABORT_ALL_TIMEOUT_S = 5.0
 
