@@ -15,7 +15,9 @@ from pathlib import Path
 
 import paramiko
 
-from deployer.agent.client import AgentClient, ChannelPipe, Put, Run, Stat, bootstrap_command
+from deployer.agent.client import AgentClient, bootstrap_command
+from deployer.agent.protocol import Put, Run, Stat
+from deployer.transport.pipes import ChannelPipe
 
 COMPILE = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
 

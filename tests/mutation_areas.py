@@ -51,8 +51,8 @@ AREAS = {
     # request that carries the sha256, and the upload step.
     "upload": Area(
         {"deployer/agent/agent.py": ("Agent.op_put", "Agent._make_parents", "Agent._put_into", "_sha256_file"),
-         "deployer/agent/client.py": ("Put.fields", "Put.parse"),
-         "deployer/transport/base.py": ("sha256_hex", "Transport.put"),
+         "deployer/agent/protocol.py": ("Put.fields", "Put.parse", "sha256_hex"),
+         "deployer/transport/base.py": ("Transport.put",),
          "deployer/steps/upload.py": ("Upload.actions", "Upload.run")},
         ("tests/test_upload_verify.py", "tests/test_upload_faults.py", "tests/test_agent_protocol.py",
          "tests/test_ssh_transport.py",

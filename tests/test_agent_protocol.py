@@ -29,21 +29,10 @@ import pytest
 from fixtures_ssh import SSHD, CountingProxy
 
 from deployer.agent import agent as agent_mod
-from deployer.agent.client import (
-    AgentClient,
-    Batch,
-    ChannelPipe,
-    Get,
-    Http,
-    OpFailure,
-    Put,
-    Run,
-    Stat,
-    agent_source,
-    bootstrap_argv,
-    bootstrap_command,
-)
+from deployer.agent.client import AgentClient, agent_source, bootstrap_argv, bootstrap_command
+from deployer.agent.protocol import Batch, Get, Http, OpFailure, Put, Run, Stat
 from deployer.errors import RequestSkipped, TransportError
+from deployer.transport.pipes import ChannelPipe
 
 HEADER = struct.Struct(">I")
 DEADLINE_S = 15.0

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git, tree_snapshot
 
+from deployer.agent.protocol import Stat
 from deployer.errors import StepFailed
 from deployer.run.preflight import refuse_unsafe_dests
 from deployer.runlog import GENESIS, RunLogWriter, seal
@@ -83,7 +84,7 @@ def test_resolved_dests_are_read_nul_delimited_so_a_newline_cannot_shift_the_ans
     # The loader refuses a newline in a dest; the check on the target must not depend on that.
     crafted = [f"a\n{target.repo}/zzz", "out/victim.txt"]
     # The agent answers one structured entry per path: an odd name cannot shift the others.
-    repo, *seen = context.transport.stat([str(target.repo), *(context.in_repo(d) for d in crafted)])
+    repo, *seen = context.transport.call(Stat((str(target.repo), *(context.in_repo(d) for d in crafted))))
     git_dir = os.path.realpath(target.repo / ".git")
     with pytest.raises(StepFailed) as refused:
         refuse_unsafe_dests(crafted, repo, [git_dir, git_dir], seen)

@@ -18,9 +18,10 @@ from fixtures_repo import FIXED_A, ORIGINAL_A, Project, target_python
 from fixtures_services import Stack
 from fixtures_ssh import SSHD, CountingProxy, connect
 
+from deployer.agent.protocol import Captured
 from deployer.demo.run import http_status
 from deployer.errors import OutputTruncated, TransportError
-from deployer.transport.base import CAPTURE_BYTES, Captured, Transport
+from deployer.transport.base import CAPTURE_BYTES, Transport
 from deployer.transport.local import LocalTransport
 
 TTL_S = 5

@@ -20,7 +20,7 @@ import pytest
 from fixtures_ssh import SSHD, connect
 
 from deployer.agent import agent as agent_mod
-from deployer.agent.client import Put
+from deployer.agent.protocol import Put
 from deployer.errors import TransportError
 from deployer.run.restore import TEMP_GLOB
 
@@ -50,7 +50,7 @@ def test_an_upload_whose_bytes_do_not_match_their_sha256_is_refused_and_leaves_t
 
 CUT_WRITE = """
 import resource, sys
-from deployer.agent.client import Put
+from deployer.agent.protocol import Put
 from deployer.errors import TransportError
 from deployer.transport.local import LocalTransport
 # Files may not grow past 4 KiB in this process: the write is cut short (EFBIG; Python ignores SIGXFSZ).

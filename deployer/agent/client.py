@@ -14,39 +14,43 @@ and kills what it was running).
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import functools
-import io
 import json
 import struct
-import subprocess
 import sys
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
+from deployer.agent.protocol import (
+    DEFAULT_TIMEOUT_S,
+    ENVELOPE,
+    IO_TIMEOUT_S,
+    Batch,
+    BatchResult,
+    ExecResult,
+    Get,
+    Hello,
+    HelloRequest,
+    Http,
+    HttpResult,
+    Put,
+    PutReply,
+    Request,
+    Run,
+    Stat,
+    StatEntry,
+    sha256_hex,
+)
 from deployer.command import quote
 from deployer.errors import AgentLost, RequestSkipped, TransportError
-from deployer.transport.base import DEFAULT_TIMEOUT_S, Captured, ExecResult, PutResult, sha256_hex
+from deployer.transport.pipes import CHUNK, Pipe, local_pipe
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
 HEADER = struct.Struct(">I")
 MAX_REPLY = 256 << 20  # a reply larger than this is a broken stream, not data
-# What a reply may hold besides the bytes asked for (a `run`'s tails, a `get`'s file, an `http` body: each bounded
-# by the request): its own fields, an error message, a put's or a hello's result. A reply larger than the largest
-# any request in flight may get is a broken stream, refused from its length before it is read.
-ENVELOPE = 64 << 10
-STAT_ENTRY = 16 << 10  # one stat entry: a path, its real path and link target (PATH_MAX each), an error
 MAX_DEPTH = 10  # the agent's deepest reply (batch > results > reply > result > entries > entry) is 7 deep
-IO_TIMEOUT_S = 60.0  # our wait for a reply to an op that runs nothing (put, get, stat)
-REPLY_MARGIN_S = 5.0  # beyond a command's own timeout: the agent's kill grace plus transit
-CLOSE_WAIT_S = 5.0
-STDERR_TAIL = 4096
-CHUNK = 65536
 
 T = TypeVar("T")
 
@@ -70,419 +74,6 @@ def bootstrap_argv(python: str) -> list[str]:
 def bootstrap_command(python: str, prefix: Sequence[str] = ()) -> str:
     """The shell line an exec channel runs; prefix is e.g. ("sudo", "-n", "--")."""
     return quote([*prefix, *bootstrap_argv(python)])
-
-
-# -- pipes -----------------------------------------------------------------------------------
-
-
-class Pipe(Protocol):
-    """A byte pipe to the agent's stdin and from its stdout."""
-
-    def read(self, size: int) -> bytes:
-        """Up to size bytes as soon as any arrive; b"" at end of stream."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def close(self) -> None:
-        """Close our sending side (the agent sees EOF and exits), then release the pipe."""
-
-    def stderr_tail(self) -> str:
-        """The last of what the agent wrote on stderr (why it died, when it did)."""
-
-
-class _TailBuffer:
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._lock = threading.Lock()
-
-    def add(self, chunk: bytes) -> None:
-        with self._lock:
-            self._data += chunk
-            del self._data[:-STDERR_TAIL]
-
-    def text(self) -> str:
-        with self._lock:
-            return self._data.decode("utf-8", "replace")
-
-
-class ProcessPipe:
-    """The stdin/stdout of a local agent subprocess."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        self.proc = proc
-        self._stdin = proc.stdin
-        # read1 on the buffered objects, not os.read on their fds: closing a buffered object
-        # waits for a read in progress, so a closed fd number is never read after reuse.
-        self._stdout = cast(io.BufferedReader, proc.stdout)  # what Popen makes with the default bufsize
-        self._stderr = _TailBuffer()
-        stderr = cast(io.BufferedReader, proc.stderr)
-        threading.Thread(target=_drain, args=(lambda: stderr.read1(CHUNK), self._stderr),
-                         name="agent-stderr", daemon=True).start()
-
-    def read(self, size: int) -> bytes:
-        return self._stdout.read1(size)
-
-    def write(self, data: bytes) -> None:
-        self._stdin.write(data)
-        self._stdin.flush()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # already broken: the agent is gone or going
-            self._stdin.close()
-        try:
-            self.proc.wait(CLOSE_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(CLOSE_WAIT_S)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-
-    def stderr_tail(self) -> str:
-        return self._stderr.text()
-
-
-def local_pipe(argv: Sequence[str], name: str) -> ProcessPipe:
-    """argv as a local process in a session of its own (a ^C meant for us must not kill the agent
-    mid-op; it exits when we close its stdin)."""
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    except OSError as exc:
-        raise TransportError(f"{name}: cannot start the agent with {argv[0]}: {exc}") from None
-    return ProcessPipe(proc)
-
-
-class ChannelPipe:
-    """A paramiko exec channel (or anything with recv/sendall/shutdown_write/close, such as a
-    socket) whose remote end already runs `bootstrap_command`."""
-
-    def __init__(self, channel: Any) -> None:
-        self._chan = channel
-        self._stderr = _TailBuffer()
-        if hasattr(channel, "recv_stderr"):
-            threading.Thread(target=_drain, args=(lambda: channel.recv_stderr(CHUNK), self._stderr),
-                             name="agent-stderr", daemon=True).start()
-
-    def read(self, size: int) -> bytes:
-        data: bytes = self._chan.recv(size)
-        return data
-
-    def write(self, data: bytes) -> None:
-        self._chan.sendall(data)
-
-    def close(self) -> None:
-        # The connection may be gone, or go while this runs: then there is nothing left to tell the far end.
-        for step in (self._chan.shutdown_write, self._chan.close):
-            with contextlib.suppress(OSError, EOFError):
-                step()
-
-    def stderr_tail(self) -> str:
-        return self._stderr.text()
-
-
-def _drain(read: Any, sink: _TailBuffer) -> None:
-    try:
-        while chunk := read():
-            sink.add(chunk)
-    except (OSError, ValueError, EOFError):
-        return
-
-
-# -- typed requests and results ----------------------------------------------------------------
-
-
-class Request(ABC, Generic[T]):
-    """One op as data: what goes on the wire, how its result is read, how long we wait."""
-
-    op: ClassVar[str]
-
-    @abstractmethod
-    def fields(self) -> dict[str, Any]: ...
-
-    @abstractmethod
-    def parse(self, result: dict[str, Any]) -> T: ...
-
-    def reply_timeout(self) -> float:
-        return IO_TIMEOUT_S
-
-    def max_reply(self) -> int:
-        """The largest reply frame this request can get from our agent."""
-        return ENVELOPE
-
-    def wire(self) -> dict[str, Any]:
-        return {"op": self.op, **self.fields()}
-
-
-@dataclass(frozen=True)
-class Run(Request[ExecResult]):
-    """argv without a shell, in a session of its own; check=False keeps a batch going past a
-    non-zero exit."""
-
-    op: ClassVar[str] = "run"
-    argv: Sequence[str]
-    cwd: str | None = None
-    env: Mapping[str, str] | None = None
-    stdin: bytes | None = None
-    timeout: float = DEFAULT_TIMEOUT_S
-    tail: int = 1 << 20
-    check: bool = True
-    expect_stdout: bytes | None = None  # the exact output that counts as success (a batch stops otherwise)
-
-    def fields(self) -> dict[str, Any]:
-        return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env or {}),
-                "stdin": None if self.stdin is None else _b64(self.stdin),
-                "timeout": self.timeout, "tail": self.tail, "check": self.check,
-                "expect_stdout": None if self.expect_stdout is None else _b64(self.expect_stdout)}
-
-    def parse(self, result: dict[str, Any]) -> ExecResult:
-        # The agent kept the tail of each stream and counted every byte: reading a cut stream whole raises.
-        return ExecResult(tuple(self.argv), None if result["timed_out"] else result["exit_code"],
-                          Captured(_unb64(result["stdout"]), result["stdout_bytes"]),
-                          Captured(_unb64(result["stderr"]), result["stderr_bytes"]), result["duration_s"],
-                          timed_out=result["timed_out"])
-
-    def reply_timeout(self) -> float:
-        return self.timeout + REPLY_MARGIN_S
-
-    def max_reply(self) -> int:
-        return 2 * _b64_size(self.tail) + ENVELOPE
-
-
-@dataclass(frozen=True)
-class PutReply(PutResult):
-    mode: int = 0o644
-    uid: int = -1
-    gid: int = -1
-    replaced: bool = False
-    owner_kept: bool | None = None  # None: there was no previous owner to keep
-    created_dirs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Put(Request[PutReply]):
-    """Atomic replace; mode=None keeps the replaced file's mode (0644 for a new file)."""
-
-    op: ClassVar[str] = "put"
-    path: str
-    data: bytes = field(repr=False)
-    mode: int | None = None
-    keep_owner: bool = True
-    mkdirs: bool = False
-
-    def fields(self) -> dict[str, Any]:
-        return {"path": self.path, "data": _b64(self.data), "sha256": sha256_hex(self.data),
-                "mode": self.mode, "keep_owner": self.keep_owner, "mkdirs": self.mkdirs}
-
-    def parse(self, result: dict[str, Any]) -> PutReply:
-        return PutReply(dest=result["path"], sha256=result["sha256"], size=result["size"], mode=result["mode"],
-                        uid=result["uid"], gid=result["gid"], replaced=result["replaced"],
-                        owner_kept=result["owner_kept"], created_dirs=tuple(result["created_dirs"]))
-
-
-@dataclass(frozen=True)
-class Get(Request[bytes | None]):
-    """The file's bytes, None when absent; a file over max_bytes is an error."""
-
-    op: ClassVar[str] = "get"
-    path: str
-    max_bytes: int = 16 << 20
-
-    def fields(self) -> dict[str, Any]:
-        return {"path": self.path, "max_bytes": self.max_bytes}
-
-    def parse(self, result: dict[str, Any]) -> bytes | None:
-        return _unb64(result["data"]) if result["exists"] else None
-
-    def max_reply(self) -> int:
-        return _b64_size(self.max_bytes) + ENVELOPE
-
-
-@dataclass(frozen=True)
-class StatEntry:
-    path: str
-    exists: bool | None  # None: could not be examined (see error)
-    type: str | None = None  # file, dir, symlink, other (of the path itself, not followed)
-    size: int | None = None
-    mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
-    mtime: float | None = None
-    realpath: str | None = None
-    link: str | None = None  # a symlink's target as written
-    sha256: str | None = None  # when asked for, of what the path resolves to if a regular file
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Stat(Request[list[StatEntry]]):
-    op: ClassVar[str] = "stat"
-    paths: Sequence[str]
-    sha256: bool = False
-
-    def fields(self) -> dict[str, Any]:
-        return {"paths": list(self.paths), "sha256": self.sha256}
-
-    def parse(self, result: dict[str, Any]) -> list[StatEntry]:
-        return [StatEntry(**entry) for entry in result["entries"]]
-
-    def max_reply(self) -> int:
-        return ENVELOPE + STAT_ENTRY * len(self.paths)
-
-
-@dataclass(frozen=True)
-class HttpResult:
-    url: str
-    status: int | None  # None: no response (refused, timed out); see error
-    body: bytes = b""
-    truncated: bool = False
-    content_type: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not None and self.status < 400
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-
-@dataclass(frozen=True)
-class Http(Request[HttpResult]):
-    """GET on the target's own loopback; check=False keeps a batch going past a bad status."""
-
-    op: ClassVar[str] = "http"
-    url: str
-    timeout: float = 10.0
-    max_bytes: int = 4 << 20
-    check: bool = True
-
-    def fields(self) -> dict[str, Any]:
-        return {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check}
-
-    def parse(self, result: dict[str, Any]) -> HttpResult:
-        return HttpResult(url=result["url"], status=result["status"], body=_unb64(result.get("body", "")),
-                          truncated=result.get("truncated", False), content_type=result.get("content_type"),
-                          error=result.get("error"))
-
-    def reply_timeout(self) -> float:
-        return self.timeout + REPLY_MARGIN_S
-
-    def max_reply(self) -> int:
-        return _b64_size(self.max_bytes) + ENVELOPE
-
-
-@dataclass(frozen=True)
-class Beat(Request[bool]):
-    """Touch path every interval_s seconds while the agent lives (0 stops); True when it was touched now."""
-
-    op: ClassVar[str] = "beat"
-    path: str
-    interval_s: float
-
-    def fields(self) -> dict[str, Any]:
-        return {"path": self.path, "interval_s": self.interval_s}
-
-    def parse(self, result: dict[str, Any]) -> bool:
-        return bool(result["touched"])
-
-
-@dataclass(frozen=True)
-class Cancel(Request[int]):
-    """Kill the commands the agent runs now (served out of turn); how many it killed."""
-
-    op: ClassVar[str] = "cancel"
-
-    def fields(self) -> dict[str, Any]:
-        return {}
-
-    def parse(self, result: dict[str, Any]) -> int:
-        return int(result["killed"])
-
-
-@dataclass(frozen=True)
-class Hello:
-    version: str
-    sha256: str
-    python: str
-    executable: str
-    pid: int
-    uid: int
-    gid: int
-    euid: int
-
-
-@dataclass(frozen=True)
-class _HelloRequest(Request[Hello]):
-    op: ClassVar[str] = "hello"
-
-    def fields(self) -> dict[str, Any]:
-        return {}
-
-    def parse(self, result: dict[str, Any]) -> Hello:
-        return Hello(**result)
-
-
-@dataclass(frozen=True)
-class OpFailure:
-    """An op the agent refused or could not carry out (inside a batch)."""
-
-    type: str
-    message: str
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """results[i] answers requests[i], up to and including the first failure; later ones did not run."""
-
-    results: list[Any]
-    failed: int | None
-
-    @property
-    def ok(self) -> bool:
-        return self.failed is None
-
-
-@dataclass(frozen=True)
-class Batch(Request[BatchResult]):
-    """Requests run in order on the target; the first failure (an op error, a `run` exiting
-    non-zero or timing out, an `http` without response or with status >= 400, unless that
-    request has check=False) stops it. One round trip for all of them."""
-
-    op: ClassVar[str] = "batch"
-    requests: Sequence[Request[Any]]
-
-    def fields(self) -> dict[str, Any]:
-        return {"requests": [request.wire() for request in self.requests]}
-
-    def parse(self, result: dict[str, Any]) -> BatchResult:
-        parsed: list[Any] = []
-        for request, reply in zip(self.requests, result["results"], strict=False):
-            if reply["ok"]:
-                parsed.append(request.parse(reply["result"]))
-            else:
-                parsed.append(OpFailure(reply["error"]["type"], reply["error"]["message"]))
-        return BatchResult(parsed, result["failed"])
-
-    def reply_timeout(self) -> float:
-        return sum(request.reply_timeout() for request in self.requests) + REPLY_MARGIN_S
-
-    def max_reply(self) -> int:
-        return sum(request.max_reply() for request in self.requests) + ENVELOPE
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text, validate=True)
-
-
-def _b64_size(size: int) -> int:
-    return 4 * ((size + 2) // 3)
 
 
 def _envelope_problem(reply: object) -> str | None:
@@ -590,7 +181,7 @@ class AgentClient:
         self._reader.start()
         self._hello_timeout = timeout
         try:
-            self._hello = self._enqueue(_HelloRequest(), prefix=agent_source(), timeout=timeout)
+            self._hello = self._enqueue(HelloRequest(), prefix=agent_source(), timeout=timeout)
         except BaseException:
             self.close()
             raise

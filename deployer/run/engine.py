@@ -17,7 +17,8 @@ from typing import Any
 
 import deployer
 from deployer import diffs
-from deployer.agent.client import Get, Pending
+from deployer.agent.client import Pending
+from deployer.agent.protocol import Get, sha256_hex
 from deployer.command import Masker
 from deployer.config.models import Host
 from deployer.errors import (
@@ -51,7 +52,7 @@ from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
 from deployer.steps.git import EndNote, end_note_argv, git, log_anchor, revert_files, trailers
-from deployer.transport.base import Transport, sha256_hex
+from deployer.transport.base import Transport
 
 Connector = Callable[[EventBus], Transport]
 

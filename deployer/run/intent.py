@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from deployer.agent.client import Pending, Put, PutReply
+from deployer.agent.client import Pending
+from deployer.agent.protocol import Put, PutReply
 from deployer.config.models import check_repo_relative
 from deployer.errors import DeployerError, RecordRefused
 from deployer.run.state import FileRecord

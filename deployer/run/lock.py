@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from deployer.agent.protocol import ExecResult
 from deployer.errors import DeployerError, LockHeld
 from deployer.text import printable, shown
-from deployer.transport.base import ExecResult, Transport
+from deployer.transport.base import Transport
 
 if TYPE_CHECKING:
-    from deployer.agent.client import Pending, Request
+    from deployer.agent.client import Pending
+    from deployer.agent.protocol import Request
 
 LOCK_NAME = "deployer.run.lock"
 TIMEOUT_S = 30.0
@@ -187,7 +189,7 @@ class DeployLock:
 
         `then` are reads to run right after the take in the same round trip; their results are returned.
         `behind` sends more of them (read-only) before this waits for any reply; its caller reads them."""
-        from deployer.agent.client import Beat
+        from deployer.agent.protocol import Beat
 
         try:
             taking = self.transport.submit_run(("sh", "-c", _TAKE, "deployer-lock", self.path, self.dir, self.name),
@@ -245,7 +247,7 @@ class DeployLock:
                      then: Callable[[Pending[Any]], None] | None = None) -> Callable[[], None]:
         """Send the release now (run only if `after` succeeded, when given); the returned check raises
         if it failed or was skipped. `then` sends more right behind the lock's removal, given its reply."""
-        from deployer.agent.client import Beat
+        from deployer.agent.protocol import Beat
 
         stopped = self.transport.submit(Beat(self.heartbeat, 0), after=after)
         removed = self.transport.submit_run(("sh", "-c", _REMOVE_OURS, "deployer-unlock", self.path, self.name),

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployer import diffs
-from deployer.agent.client import Get, Pending, Stat, StatEntry
+from deployer.agent.client import Pending
+from deployer.agent.protocol import Get, Stat, StatEntry
 from deployer.config import yamlsrc
 from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed

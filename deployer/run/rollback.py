@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deployer import diffs, runlog
+from deployer.agent.protocol import ExecResult
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
 from deployer.run.engine import Engine, FilePlan, PlanReport, RunResult, target_state
 from deployer.run.lock import read_state
@@ -20,7 +21,7 @@ from deployer.steps.base import Action, Effect
 from deployer.steps.context import CancelToken, Context
 from deployer.steps.git import EndNote, git, names, read_end_note, touched_by
 from deployer.text import shown
-from deployer.transport.base import ExecResult, Transport
+from deployer.transport.base import Transport
 
 # The old build must not face the storm that proved the fix: restarts and metric checks only.
 VERIFY = (Effect.restarts, Effect.verifies)

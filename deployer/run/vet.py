@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 
-from deployer.agent.client import Stat, StatEntry
+from deployer.agent.protocol import Stat, StatEntry
 from deployer.errors import DeployerError, StepFailed
 from deployer.run.intent import Intent, path_in, refused
 from deployer.run.preflight import GIT_DIRS, refuse_unsafe_dests

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from deployer.command import shell_line
 
 if TYPE_CHECKING:
-    from deployer.agent.client import Request
+    from deployer.agent.protocol import Request
 
 # `<pid of decode>`: words, never shell syntax (a launch script's `</dev/null & echo $! >` is not one).
 PLACEHOLDER = re.compile(r"<[a-z][\w .-]*>")
@@ -116,7 +116,7 @@ class Action:
                 capture: int) -> Request[Any]:
         """The agent request that does it (placeholders bound first). A request carries a check flag only
         when the action may fail the step: in a batch, anything else must not stop the requests after it."""
-        from deployer.agent.client import Get, Http, Put, Run
+        from deployer.agent.protocol import Get, Http, Put, Run
 
         if self.kind == Kind.run:
             return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deployer.agent.protocol import DEFAULT_TIMEOUT_S, ExecResult
 from deployer.command import Masker, shell_line
 from deployer.config.models import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed, TransportError
 from deployer.run.state import RunRecord
 from deployer.steps.action import EVENT, Action, Bound, Kind
-from deployer.transport.base import CAPTURE_BYTES, DEFAULT_TIMEOUT_S, WHOLE_OUTPUT_BYTES, ExecResult, Transport
+from deployer.transport.base import CAPTURE_BYTES, WHOLE_OUTPUT_BYTES, Transport
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
@@ -159,7 +160,7 @@ class Submitted:
 
 def outcome(result: Any) -> str:
     """What one doing of an action came to, in a word or two: equal outcomes of a poll are counted together."""
-    from deployer.agent.client import HttpResult
+    from deployer.agent.protocol import HttpResult
 
     if isinstance(result, ExecResult):
         return "timed out" if result.timed_out else f"exit {result.exit_code}"
@@ -303,7 +304,7 @@ class Context:
     def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
         """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).
         It stops at the first action whose failure fails the step: the results end there."""
-        from deployer.agent.client import Batch, OpFailure
+        from deployer.agent.protocol import Batch, OpFailure
 
         requests = [action.bind(bound).request(timeout=timeout, capture=CAPTURE_BYTES) for action, bound in calls]
         pending = self.transport.submit(Batch(requests))

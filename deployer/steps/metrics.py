@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from deployer.agent.client import HttpResult
+from deployer.agent.protocol import HttpResult
 from deployer.config.models import Host, Strict, Url
 from deployer.errors import StepFailed
 from deployer.steps.action import Action

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from deployer.agent.protocol import sha256_hex
 from deployer.config.models import Strict
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import Context
 from deployer.steps.git import git, owner_and_mode_kept
-from deployer.transport.base import sha256_hex
 
 
 class UploadParams(Strict):

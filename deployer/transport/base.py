@@ -1,133 +1,36 @@
-"""The interface every transport implements, and the results it returns."""
+"""The interface every transport implements: a pipe to the agent, and the calls made through it."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from deployer.command import quote
-from deployer.errors import OutputTruncated
-
-if TYPE_CHECKING:
-    from deployer.agent.client import AgentClient, Hello, HttpResult, Pending, Pipe, Request, StatEntry
+from deployer.agent.client import AgentClient, Pending, bootstrap_argv
+from deployer.agent.protocol import (
+    DEFAULT_TIMEOUT_S,
+    Cancel,
+    ExecResult,
+    Get,
+    Hello,
+    Http,
+    HttpResult,
+    Put,
+    PutResult,
+    Request,
+    Run,
+)
+from deployer.transport.pipes import Pipe
 
 T = TypeVar("T")
-DEFAULT_TIMEOUT_S = 120.0
 # What each output stream of a command may hold before only its tail is kept (memory stays bounded
 # whatever a command prints); a caller that needs more says so with run(capture=...).
 CAPTURE_BYTES = 8 << 20
 # capture=None: everything, up to what one agent reply carries.
 WHOLE_OUTPUT_BYTES = 32 << 20
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-class Stream:
-    """One output stream as it arrives: its byte count, and its last `limit` bytes (None: all)."""
-
-    def __init__(self, limit: int | None) -> None:
-        self.limit = limit
-        self.total = 0
-        self._chunks: deque[bytes] = deque()
-        self._kept = 0
-
-    def feed(self, data: bytes) -> None:
-        self.total += len(data)
-        self._chunks.append(data)
-        self._kept += len(data)
-        # Drop whole chunks that lie entirely before the tail; the last cut happens in captured().
-        while self.limit is not None and self._chunks and self._kept - len(self._chunks[0]) >= self.limit:
-            self._kept -= len(self._chunks.popleft())
-
-    def captured(self) -> Captured:
-        data = b"".join(self._chunks)
-        if self.limit is not None and len(data) > self.limit:
-            data = data[-self.limit:]
-        return Captured(data, self.total)
-
-
-@dataclass(frozen=True)
-class Captured:
-    """What was kept of one stream: all of it, or its tail when `total` is larger."""
-
-    kept: bytes
-    total: int
-
-    @property
-    def text(self) -> str:
-        return self.kept.decode("utf-8", "replace")
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.kept)
-
-    @classmethod
-    def whole(cls, data: bytes) -> Captured:
-        return cls(data, len(data))
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """What one command did. Never raised: callers decide what a non-zero exit means.
-
-    `stdout`/`stderr` are the whole output or an error, never a silent tail: a caller that reads
-    them after a command printed more than its capture limit gets OutputTruncated. Tails for people (logs,
-    messages) come from `out_stream`/`err_stream`, which never raise."""
-
-    argv: tuple[str, ...]
-    exit_code: int | None  # None when the command was killed for outliving its timeout
-    out_stream: Captured
-    err_stream: Captured
-    duration_s: float
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-    @property
-    def stdout(self) -> bytes:
-        return self._whole(self.out_stream, "stdout")
-
-    def _whole(self, stream: Captured, name: str) -> bytes:
-        if stream.truncated:
-            raise OutputTruncated(f"{quote(self.argv)} printed {stream.total} bytes on {name}, more than the "
-                                  f"{len(stream.kept)} kept, and all of it was needed")
-        return stream.kept
-
-    @property
-    def stderr(self) -> bytes:
-        return self._whole(self.err_stream, "stderr")
-
-    @property
-    def out(self) -> str:
-        return self.stdout.decode("utf-8", "replace")
-
-    @property
-    def err(self) -> str:
-        """stderr for messages: whole, or its tail marked as one."""
-        text = self.err_stream.text
-        if self.err_stream.truncated:
-            return f"[first {self.err_stream.total - len(self.err_stream.kept)} bytes not kept] {text}"
-        return text
-
-    def describe_exit(self) -> str:
-        return "timed out" if self.timed_out else f"exited {self.exit_code}"
-
-
-@dataclass(frozen=True)
-class PutResult:
-    dest: str
-    sha256: str
-    size: int
 
 
 @dataclass
@@ -173,8 +76,6 @@ class Transport(ABC):
 
     def agent(self) -> AgentClient:
         """The target's agent, started on first use (sudo -n when the host says become)."""
-        from deployer.agent.client import AgentClient, bootstrap_argv
-
         with self._agent_lock:
             # Started once: a dead agent (a lost link) fails every later call, never a silent second start.
             if self._agent is None:
@@ -223,8 +124,6 @@ class Transport(ABC):
                    after: Pending[Any] | None = None) -> Pending[ExecResult]:
         """run() without waiting: the agent runs requests in the order sent, so a phase's commands
         can all be sent at once and cost one round trip."""
-        from deployer.agent.client import Run
-
         return self.submit(Run(tuple(argv), cwd=cwd, env=env, stdin=stdin, timeout=timeout,
                                tail=capture or WHOLE_OUTPUT_BYTES), after=after)
 
@@ -232,34 +131,19 @@ class Transport(ABC):
             timeout: float = DEFAULT_TIMEOUT_S) -> PutResult:
         """Atomically replace dest: temp file beside it, fsync, sha256 checked there, owner and mode
         kept (mode=None: the replaced file's, 0644 for a new one), rename; missing directories made."""
-        from deployer.agent.client import Put
-
         return self.call(Put(dest, data, mode=mode, keep_owner=True, mkdirs=True), timeout)
 
     def get(self, path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
         """The bytes of path, or None when it does not exist."""
-        from deployer.agent.client import Get
-
         return self.call(Get(path), timeout)
-
-    def stat(self, paths: Sequence[str], *, sha256: bool = False,
-             timeout: float = DEFAULT_TIMEOUT_S) -> list[StatEntry]:
-        """Type, size, owner, mode, real path (and sha256) of many paths in one request."""
-        from deployer.agent.client import Stat
-
-        return self.call(Stat(tuple(paths), sha256=sha256), timeout)
 
     def http(self, url: str, *, timeout: float = 5.0) -> HttpResult:
         """GET on the target's own loopback (health, /metrics): no tunnel, one round trip."""
-        from deployer.agent.client import Http
-
         return self.call(Http(url, timeout=timeout, check=False))
 
     def cancel(self) -> int:
         """Kill whatever the agent runs now (an interrupted step's command), so the requests of a restore
         are not queued behind it; how many commands it killed. Nothing to do before the agent started."""
-        from deployer.agent.client import Cancel
-
         with self._agent_lock:
             agent = self._agent
         return 0 if agent is None else agent.call(Cancel(), timeout=10.0)

@@ -11,7 +11,7 @@ from deployer.transport.base import Transport
 from deployer.transport.local import LocalTransport
 
 if TYPE_CHECKING:
-    from deployer.agent.client import Hello
+    from deployer.agent.protocol import Hello
 
 
 class Emitter(Protocol):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from deployer.agent.client import Pipe, local_pipe
 from deployer.transport.base import Transport, TransportInfo
+from deployer.transport.pipes import Pipe, local_pipe
 
 
 class LocalTransport(Transport):

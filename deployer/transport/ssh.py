@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from deployer.agent.client import ChannelPipe, Pipe
 from deployer.command import quote
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
 from deployer.transport.base import Transport, TransportInfo
 from deployer.transport.paramiko_lean import allow_match_exec, paramiko
+from deployer.transport.pipes import ChannelPipe, Pipe
 
 # paramiko reports every refused tunnel connection (a service still starting) on stderr through
 # logging's last-resort handler; those outcomes reach callers as errors already.

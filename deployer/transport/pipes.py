@@ -1,0 +1,131 @@
+"""Byte pipes to a Python on the target: what a transport provides and the agent client speaks over."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
+
+from deployer.errors import TransportError
+
+CLOSE_WAIT_S = 5.0
+STDERR_TAIL = 4096
+CHUNK = 65536
+
+
+class Pipe(Protocol):
+    """A byte pipe to the agent's stdin and from its stdout."""
+
+    def read(self, size: int) -> bytes:
+        """Up to size bytes as soon as any arrive; b"" at end of stream."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None:
+        """Close our sending side (the agent sees EOF and exits), then release the pipe."""
+
+    def stderr_tail(self) -> str:
+        """The last of what the agent wrote on stderr (why it died, when it did)."""
+
+
+class _TailBuffer:
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._lock = threading.Lock()
+
+    def add(self, chunk: bytes) -> None:
+        with self._lock:
+            self._data += chunk
+            del self._data[:-STDERR_TAIL]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._data.decode("utf-8", "replace")
+
+
+class ProcessPipe:
+    """The stdin/stdout of a local agent subprocess."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self.proc = proc
+        self._stdin = proc.stdin
+        # read1 on the buffered objects, not os.read on their fds: closing a buffered object
+        # waits for a read in progress, so a closed fd number is never read after reuse.
+        self._stdout = cast(io.BufferedReader, proc.stdout)  # what Popen makes with the default bufsize
+        self._stderr = _TailBuffer()
+        stderr = cast(io.BufferedReader, proc.stderr)
+        threading.Thread(target=_drain, args=(lambda: stderr.read1(CHUNK), self._stderr),
+                         name="agent-stderr", daemon=True).start()
+
+    def read(self, size: int) -> bytes:
+        return self._stdout.read1(size)
+
+    def write(self, data: bytes) -> None:
+        self._stdin.write(data)
+        self._stdin.flush()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # already broken: the agent is gone or going
+            self._stdin.close()
+        try:
+            self.proc.wait(CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(CLOSE_WAIT_S)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def stderr_tail(self) -> str:
+        return self._stderr.text()
+
+
+def local_pipe(argv: Sequence[str], name: str) -> ProcessPipe:
+    """argv as a local process in a session of its own (a ^C meant for us must not kill the agent
+    mid-op; it exits when we close its stdin)."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise TransportError(f"{name}: cannot start the agent with {argv[0]}: {exc}") from None
+    return ProcessPipe(proc)
+
+
+class ChannelPipe:
+    """A paramiko exec channel (or anything with recv/sendall/shutdown_write/close, such as a
+    socket) whose remote end already runs `bootstrap_command`."""
+
+    def __init__(self, channel: Any) -> None:
+        self._chan = channel
+        self._stderr = _TailBuffer()
+        if hasattr(channel, "recv_stderr"):
+            threading.Thread(target=_drain, args=(lambda: channel.recv_stderr(CHUNK), self._stderr),
+                             name="agent-stderr", daemon=True).start()
+
+    def read(self, size: int) -> bytes:
+        data: bytes = self._chan.recv(size)
+        return data
+
+    def write(self, data: bytes) -> None:
+        self._chan.sendall(data)
+
+    def close(self) -> None:
+        # The connection may be gone, or go while this runs: then there is nothing left to tell the far end.
+        for step in (self._chan.shutdown_write, self._chan.close):
+            with contextlib.suppress(OSError, EOFError):
+                step()
+
+    def stderr_tail(self) -> str:
+        return self._stderr.text()
+
+
+def _drain(read: Any, sink: _TailBuffer) -> None:
+    try:
+        while chunk := read():
+            sink.add(chunk)
+    except (OSError, ValueError, EOFError):
+        return
