@@ -1,8 +1,8 @@
-"""Our side of the agent protocol: start the agent over a byte pipe, then typed calls.
+"""Our end of the agent: start it over a byte pipe, send it requests, match its replies to them.
 
-A transport's only job is a byte pipe to a Python on the target (deployer/transport: a local
-subprocess, or one SSH exec channel running `bootstrap_argv(python)`); everything above the pipe
-is shared.
+A transport's only job is a byte pipe to a Python on the target (deployer/transport/pipes.py: a local
+subprocess, or one SSH exec channel running `bootstrap_argv(python)`); the requests and what their
+replies parse into are deployer/agent/protocol.py; everything above the pipe is shared.
 
 Start-up costs no round trip of its own after the exec: the bootstrap, the agent's source and a
 `hello` go out in one write, and the first requests may follow at once (`start(wait=False)`):
