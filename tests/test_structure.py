@@ -6,6 +6,7 @@ between imports), as a command or a test would."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,36 @@ def test_every_module_imports_first_without_an_import_cycle() -> None:
                            cwd=REPO)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "", probe.stdout
+
+
+def imported_modules(path: Path, names: set[str]) -> set[str]:
+    """The deployer modules a file imports anywhere in it, inside functions too (where a circle hides)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                   else [f"{node.module}.{alias.name}" for alias in node.names]
+                   if isinstance(node, ast.ImportFrom) and node.module else [])
+        for target in targets:
+            while target and target not in names:  # `from pkg.mod import name`: the module is pkg.mod
+                target = target.rpartition(".")[0]
+            if target and target != "deployer":
+                found.add(target)
+    return found
+
+
+def test_no_module_reaches_back_to_a_module_that_imports_it_even_inside_a_function() -> None:
+    names = set(modules())
+    edges = {name: imported_modules(REPO / (name.replace(".", "/") + ".py"), names) - {name}
+             for name in names if (REPO / (name.replace(".", "/") + ".py")).is_file()}
+    circles = []
+    for start in sorted(edges):
+        # Every module reachable from start; start among them is a circle through it.
+        seen, todo = set(), list(edges[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(edges.get(name, ()))
+        if start in seen:
+            circles.append(start)
+    assert circles == [], f"modules on an import circle: {circles}"
