@@ -163,6 +163,18 @@ def test_deployers_git_commands_run_no_fsmonitor_program_the_repo_configures(
     assert target.file("pkg/a.py") == FIXED_A
 
 
+def test_check_runs_no_fsmonitor_program_the_repo_configures(target: Project, tmp_path: Path) -> None:
+    marker = tmp_path / "fsmonitor-ran"
+    hook = target.write("fsmonitor.sh", f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    hook.chmod(0o755)
+    git(target.repo, "config", "core.fsmonitor", str(hook))
+    marker.unlink(missing_ok=True)  # the test's own git calls may have run it
+    target.playbook()
+    result = target.deployer("check", "--host", "box", "fix.yaml")
+    assert "HEAD" in result.stdout, result.stdout + result.stderr
+    assert not marker.exists()
+
+
 def test_commit_skips_the_targets_hooks_unless_the_commit_step_says_hooks_true(
         target: Project, tmp_path: Path) -> None:
     marker = tmp_path / "post-commit-ran"
