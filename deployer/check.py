@@ -20,6 +20,7 @@ from deployer.errors import ConnectError, DeployerError, HostKeyError
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
+from deployer.run.gitops import GIT_DIR, git, names
 from deployer.run.preflight import preflight, projected_stat
 from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
@@ -156,13 +157,13 @@ def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlayb
     report.add("python", "ok" if version.ok else "fail",
                f"{host.python}: Python {version.out.strip()}" if version.ok
                else f"{host.python} does not run: {(version.err or version.out).strip()[-200:]}", 1)
-    git_dir = ctx.run(("git", "rev-parse", "--absolute-git-dir"), timeout=30)
+    git_dir = ctx.run(GIT_DIR, timeout=30)
     if not git_dir.ok:
         report.add("repo", "fail", f"{host.repo} is not a git checkout: {git_dir.err.strip()[-200:]}", 2)
         return
     ctx.git_dir = git_dir.out.strip()
     report.add("repo", "ok", host.repo)
-    head = ctx.run(("git", "log", "-1", "--format=%H %s"), timeout=30)
+    head = ctx.run(git("log", "-1", "--format=%H %s"), timeout=30)
     report.add("HEAD", "ok" if head.ok else "fail", head.out.strip() or head.err.strip(), 1)
     dests = _dests(playbook)
     _check_dirt(report, ctx, dests)
@@ -197,9 +198,9 @@ def _dests(playbook: tuple[LoadedPlaybook, list[Step]] | None) -> list[str]:
 
 
 def _check_dirt(report: CheckReport, ctx: Context, dests: list[str]) -> None:
-    status = ctx.run(("git", "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no"),
+    status = ctx.run(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no"),
                      timeout=30)
-    dirty = sorted({entry[3:] for entry in status.out.split("\0") if len(entry) > 3})
+    dirty = sorted({entry[3:] for entry in names(status.out) if len(entry) > 3})
     blocking = [d for d in dirty if d in dests]
     if blocking:
         report.add("dirty files", "fail", f"uncommitted changes in the playbook's files: {', '.join(blocking)} "
@@ -262,8 +263,8 @@ def _check_dests(report: CheckReport, ctx: Context, loaded: LoadedPlaybook) -> N
     if not specs:
         report.add("dests", "skip", f"a patch ({loaded.model.patch}): `deployer plan` checks that it applies")
         return
-    listed = ctx.run(("git", "ls-files", "-z", "--", *(s.dest for s in specs)), timeout=30)
-    tracked = set(filter(None, listed.out.split("\0")))
+    listed = ctx.run(git("ls-files", "-z", "--", *(s.dest for s in specs)), timeout=30)
+    tracked = set(names(listed.out))
     missing = [s.dest for s in specs if s.dest not in tracked and not getattr(s, "create", False)]
     if missing:
         report.add("dests", "fail", f"not tracked by git on the target: {', '.join(missing)} "

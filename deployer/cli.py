@@ -631,10 +631,11 @@ def lock() -> None:
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
     from deployer import ui
+    from deployer.run import gitops
     from deployer.run import lock as locks
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
-        git_dir = git_dir_of(transport, host)
+        git_dir = gitops.git_dir(transport, host.repo)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
         strays = locks.strays(transport, git_dir)
     if as_json:
@@ -662,12 +663,13 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
                  accept_new_host_key: bool, as_json: bool) -> None:
     """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
     from deployer import runlog, ui
+    from deployer.run import gitops
     from deployer.run import lock as locks
     from deployer.run.engine import operator_id
 
     host, transport = open_host(host_name, inventory, accept_new_host_key)
     with transport:
-        git_dir = git_dir_of(transport, host)
+        git_dir = gitops.git_dir(transport, host.repo)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
         if state is None:
             emit_json({"host": host_name, "released": None}) if as_json else ui.say(f"{host_name}: not locked")
@@ -682,15 +684,6 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         emit_json({"host": host_name, "released": state.info, "run_id": run_id})
     else:
         ui.say(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
-
-
-def git_dir_of(transport: Transport, host: Host) -> str:
-    from deployer.errors import ConfigError
-
-    result = transport.run(("git", "rev-parse", "--absolute-git-dir"), cwd=host.repo, timeout=30)
-    if not result.ok:
-        raise ConfigError(f"{host.repo} is not a git checkout on the target: {result.err.strip()}")
-    return result.out.strip()
 
 
 @main.command()
@@ -954,12 +947,12 @@ def pending_run(engine: Engine) -> str | None:
     """The run the host's intent record names, else the run whose lock was left (killed before its intent
     record); None when the target holds neither."""
     from deployer.errors import DeployerError
-    from deployer.run import intent
+    from deployer.run import gitops, intent
     from deployer.run.lock import read_state
     from deployer.runlog import is_run_id
 
     with engine.connect(engine.new_bus()) as transport:
-        git_dir = git_dir_of(transport, engine.host)
+        git_dir = gitops.git_dir(transport, engine.host.repo)
         pending = intent.read(transport, git_dir, engine.host_name)
         if pending is not None:
             return pending.run_id

@@ -5,6 +5,7 @@ Every test runs over a local host and over the real sshd (the `target` fixture),
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -150,18 +151,54 @@ def test_a_dest_inside_the_common_git_dir_of_a_linked_worktree_is_refused(target
     assert (worktree.parent / ".git" / "config").read_text() == config_before
 
 
+@pytest.mark.parametrize("command", ["apply", "check"])  # check read the target with raw git once
 def test_deployers_git_commands_run_no_fsmonitor_program_the_repo_configures(
-        target: Project, tmp_path: Path) -> None:
+        target: Project, tmp_path: Path, command: str) -> None:
     marker = tmp_path / "fsmonitor-ran"
     hook = target.write("fsmonitor.sh", f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     hook.chmod(0o755)
     git(target.repo, "config", "core.fsmonitor", str(hook))
     marker.unlink(missing_ok=True)  # the test's own git calls may have run it
     target.playbook()
-    result = target.deployer("apply", "fix.yaml", "--host", "box")
-    assert result.returncode == 0, result.stderr
+    result = target.deployer(command, "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stdout + result.stderr
     assert not marker.exists()
-    assert target.file("pkg/a.py") == FIXED_A
+    assert target.file("pkg/a.py") == (FIXED_A if command == "apply" else ORIGINAL_A)
+
+
+DEPLOYER = Path(__file__).resolve().parents[1] / "deployer"
+GITOPS = DEPLOYER / "run" / "gitops.py"
+
+
+def raw_git_argvs(source: str) -> list[int]:
+    """Lines of the tuple and list literals that start with "git", except those handed straight to subprocess:
+    those run git here, on the operator's machine (a scratch diff, `git apply --check`, the demo's repo)."""
+    tree = ast.parse(source)
+    local = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
+             and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)
+             and call.func.value.id == "subprocess"}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Tuple | ast.List) and node.elts and isinstance(node.elts[0], ast.Constant)
+            and node.elts[0].value == "git" and id(node) not in local]
+
+
+def test_no_module_but_gitops_builds_a_raw_git_argv_for_the_target() -> None:
+    # A source check, not a run over a target: it is about where argv are built, whatever runs them.
+    assert raw_git_argvs(GITOPS.read_text()), "the scan finds nothing: it no longer sees git()'s own argv"
+    assert raw_git_argvs('ctx.run(["git", "status"])\nsubprocess.run(["git", "apply"])\n') == [1]
+    raw = {f"{path.relative_to(DEPLOYER.parent)}:{line}" for path in sorted(DEPLOYER.rglob("*.py"))
+           if path != GITOPS for line in raw_git_argvs(path.read_text())}
+    assert not raw, f"build these with deployer.run.gitops.git(): {', '.join(sorted(raw))}"
+
+
+def test_a_commits_files_are_listed_by_one_argv_that_never_guesses_renames() -> None:
+    # A source check: recover once listed them with its own copy, which had lost --no-renames.
+    from deployer.run.gitops import touched_argv
+
+    assert "--no-renames" in touched_argv("HEAD")
+    built = sorted(f"{path.relative_to(DEPLOYER.parent)}" for path in DEPLOYER.rglob("*.py")
+                   if '"diff-tree"' in path.read_text())
+    assert built == ["deployer/run/gitops.py"], built
 
 
 def test_commit_skips_the_targets_hooks_unless_the_commit_step_says_hooks_true(

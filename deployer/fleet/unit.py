@@ -25,13 +25,13 @@ from typing import Any
 from deployer.config.models import Host, Unit
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
 from deployer.run.engine import Engine, RunResult, target_state
+from deployer.run.gitops import head
 from deployer.run.rollback import VERIFY, Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps import services
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import CancelToken, Context
-from deployer.steps.git import git
 from deployer.steps.services import CoRestart
 
 Body = Callable[[Context, RunLogWriter], None]
@@ -154,7 +154,7 @@ class UnitRun:
             locked.set()
             try:
                 # As deployer.run.rollback.rollback checks, before any host of the unit changes.
-                ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+                ctx.git_before = head(ctx)
                 check_recorded(ctx, run, target)
                 check(ctx, target, force=force)
                 ctx.facts.files = target.files

@@ -34,6 +34,7 @@ from deployer.errors import (
     VerificationFailed,
 )
 from deployer.run import intent
+from deployer.run.gitops import GIT_DIR, HEAD
 from deployer.run.lock import DeployLock, LockState, force_release, read_state
 from deployer.run.preflight import Reads, preflight, projected_stat, send_reads
 from deployer.run.restore import restore_files
@@ -51,7 +52,7 @@ from deployer.runlog import RunLogWriter, new_run_id, utc_now
 from deployer.steps import services
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook, Submitted
-from deployer.steps.git import EndNote, end_note_argv, git, log_anchor, revert_files, trailers
+from deployer.steps.git import EndNote, end_note_argv, log_anchor, revert_files, trailers
 from deployer.transport.base import Transport
 
 Connector = Callable[[EventBus], Transport]
@@ -135,7 +136,7 @@ def _done(sent: Released | None) -> bool | None:
 def target_state(ctx: Context) -> str:
     """Where the target stands now, read from it, for a message that must say what was left."""
     try:
-        head = ctx.run(git("rev-parse", "HEAD"), timeout=30).out.strip() or "unknown"
+        head = ctx.run(HEAD, timeout=30).out.strip() or "unknown"
         notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
                  ctx.facts.rollback_commit: "the revert commit"}
         parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
@@ -499,7 +500,7 @@ class Engine:
         the take: the agent runs them once the lock is ours). The git dir is almost always <repo>/.git: the
         lock is taken there in the same round trip that asks git, and taken again only when git says otherwise."""
         guess = posixpath.join(ctx.repo, ".git")
-        found = ctx.submit(git("rev-parse", "--absolute-git-dir"), timeout=30)
+        found = ctx.submit(GIT_DIR, timeout=30)
         behind = (lambda: self._send_reads(ctx)) if reads else None
         try:
             try:

@@ -19,14 +19,10 @@ from deployer.agent.protocol import Get, Stat, StatEntry
 from deployer.config import yamlsrc
 from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
+from deployer.run.gitops import HEAD, git, git_dirs_argv, names
 from deployer.steps.context import Change, Context, Submitted
-from deployer.steps.git import git, names
 
 STEP = "preflight"
-
-
-# The real paths of the git dir and of the common git dir (a linked worktree's), NUL-terminated.
-GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
 
 
 @dataclass
@@ -58,9 +54,8 @@ def send_reads(ctx: Context) -> Reads:
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
     return Reads(
         new=new, paths=paths,
-        git_dirs=ctx.submit(("sh", "-c", GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
-                            quiet=True),
-        head=ctx.submit(git("rev-parse", "HEAD"), timeout=30),
+        git_dirs=ctx.submit(git_dirs_argv(ctx.repo), timeout=30, quiet=True),
+        head=ctx.submit(HEAD, timeout=30),
         listed=ctx.submit(git("ls-files", "-z", "--", *dests), timeout=30),
         # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
         status=ctx.submit(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",

@@ -21,13 +21,14 @@ from typing import Any
 from deployer.errors import ConfigError
 from deployer.run import intent
 from deployer.run.engine import Engine, RunResult
+from deployer.run.gitops import touched_by
 from deployer.run.restore import remove_temps, restore_files, run_commits
 from deployer.run.rollback import VERIFY
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, read_run, utc_now
 from deployer.steps.context import Context
-from deployer.steps.git import EndNote, git, read_end_note
+from deployer.steps.git import EndNote, read_end_note
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
@@ -100,7 +101,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             cut_rolling_back = len(commits) > 1 or (record is not None and record.state.phase == Phase.rolling_back)
             if rollback or cut_rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
-                dests = _committed(ctx, commit)
+                dests = touched_by(ctx, commit, timeout=30)
                 found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
                                                       verify=VERIFY)
                 outcome = Phase.rolled_back
@@ -137,12 +138,6 @@ def _what_to_undo(ctx: Context, record: RunRecord | None,
         return record.state.files, record.state.git_before, record.state.trailer
     assert pending is not None  # the caller returns early when neither says what the run changed
     return vetted(ctx, pending), pending.head_before, pending.trailer
-
-
-def _committed(ctx: Context, commit: str) -> list[str]:
-    listed = ctx.check(git("diff-tree", "--no-commit-id", "--name-only", "-r", "-z", commit),
-                       "cannot list the run's commit", timeout=30).out
-    return sorted(filter(None, listed.split("\0")))
 
 
 def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:

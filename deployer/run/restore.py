@@ -12,9 +12,9 @@ import posixpath
 from dataclasses import dataclass, field
 
 from deployer.errors import DeployerError, RollbackFailed
+from deployer.run.gitops import git, head
 from deployer.run.state import FileRecord, RunRecord
 from deployer.steps.context import Context
-from deployer.steps.git import git
 
 # A git command killed mid-way (a timeout, a cut run's agent exiting) leaves index.lock behind, and then
 # every later git command that writes the index fails. It is stale when no git process works in the repo.
@@ -68,9 +68,9 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
     """Back to `before`: drop the run's own commit, unstage, rewrite or remove each file, clear temps."""
     done = Restored()
     try:
-        head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
-        if head != before:
-            done.undid_commit = _undo_own_commit(ctx, head, before, trailer)
+        now = head(ctx)
+        if now != before:
+            done.undid_commit = _undo_own_commit(ctx, now, before, trailer)
         clear_stale_index_lock(ctx)
         staged = _staged_by_run(ctx, files)
         if staged:

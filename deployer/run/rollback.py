@@ -14,12 +14,13 @@ from deployer import diffs, runlog
 from deployer.agent.protocol import ExecResult
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
 from deployer.run.engine import Engine, FilePlan, PlanReport, RunResult, target_state
+from deployer.run.gitops import GIT_DIR, git, head, names, touched_by
 from deployer.run.lock import read_state
 from deployer.run.state import Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Action, Effect
 from deployer.steps.context import CancelToken, Context
-from deployer.steps.git import EndNote, git, names, read_end_note, touched_by
+from deployer.steps.git import EndNote, read_end_note
 from deployer.text import shown
 from deployer.transport.base import Transport
 
@@ -223,7 +224,7 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     target = Target.of(run)
 
     def body(ctx: Context, log: RunLogWriter) -> None:
-        ctx.git_before = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
+        ctx.git_before = head(ctx)
         check_recorded(ctx, run, target)
         check(ctx, target, force=force)
         ctx.facts.files = target.files
@@ -275,14 +276,14 @@ def plan(engine: Engine, run: Run) -> PlanReport:
         ctx = engine.context("<dry-run>", bus, transport)
         check_recorded(ctx, run, target)
         files = [_file_plan(transport, engine.host.repo, target, dest) for dest in target.files]
-        head = ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=30).out.strip()
-        git_dir = ctx.run(git("rev-parse", "--absolute-git-dir"), timeout=30).out.strip()
+        now = head(ctx)
+        git_dir = ctx.run(GIT_DIR, timeout=30).out.strip()
         lock = read_state(transport, git_dir, engine.host.lock_ttl_s, engine.host_name) if git_dir else None
     stat = diffs.DiffStat(tuple(f.stat for f in files))
     steps = [("rollback", [Action(f"commit {', '.join(target.files)} as of {target.before[:12]} with trailers "
                                   f"Deployer-Run, Deployer-Log and Deployer-Rollback-Of: {run.run_id}")])]
     steps += [(s.name, [Action(f"again after the revert: {s.kind}")]) for s in engine.steps if s.effect in VERIFY]
-    return PlanReport(engine.host_name, engine.host.repo, head, files, stat, {}, steps, lock)
+    return PlanReport(engine.host_name, engine.host.repo, now, files, stat, {}, steps, lock)
 
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:

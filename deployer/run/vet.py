@@ -17,11 +17,11 @@ import posixpath
 
 from deployer.agent.protocol import Stat, StatEntry
 from deployer.errors import DeployerError, StepFailed
+from deployer.run.gitops import git, git_dirs_argv, names
 from deployer.run.intent import Intent, path_in, refused
-from deployer.run.preflight import GIT_DIRS, refuse_unsafe_dests
+from deployer.run.preflight import refuse_unsafe_dests
 from deployer.run.state import FileRecord
 from deployer.steps.context import Context, Submitted
-from deployer.steps.git import git, names
 
 
 def vetted(ctx: Context, pending: Intent) -> list[FileRecord]:
@@ -38,8 +38,7 @@ def vetted(ctx: Context, pending: Intent) -> list[FileRecord]:
                 raise refused(where, ctx.host_name, f"files[{index}].new_dirs", directory,
                               f"not a directory of dest {rec.dest!r} inside the work tree")
     dirs = sorted({d for rec in pending.files for d in _ancestors(ctx, rec.dest)})
-    found = ctx.submit(("sh", "-c", GIT_DIRS, "deployer-git-dirs", ctx.repo, *git("rev-parse")), timeout=30,
-                       quiet=True)
+    found = ctx.submit(git_dirs_argv(ctx.repo), timeout=30, quiet=True)
     stats = ctx.transport.submit(Stat((ctx.repo, *paths, *dirs), sha256=True))
     blobs: dict[str, Submitted] = {
         rec.dest: ctx.submit(git("cat-file", "blob", f"{pending.head_before}:{rec.dest}"), timeout=60, quiet=True,

@@ -12,6 +12,7 @@ from pydantic import field_validator
 from deployer.config.models import Strict
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import StepFailed
+from deployer.run.gitops import HEAD, git, head, names, touched_argv
 from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import NOTHING, Context, Submitted
@@ -20,21 +21,6 @@ Bound = int | tuple[int, int]
 # What only the run knows, in the commit message the plan shows.
 RUN_ID = "<run id>"
 LOG_SHA256 = "<sha256 of the run log up to this step>"
-
-
-def git(*args: str, hooks: bool = False) -> tuple[str, ...]:
-    """argv of a git command on the target: every git command deployer runs there is built here.
-
-    The repo's config can name programs that git runs as a side effect (core.fsmonitor, hooks);
-    deployer must not run them by surprise, so fsmonitor is always off and hooks are off unless asked
-    for. Pathspecs are literal: a dest like `pkg/*.py` names one file, never a pattern."""
-    no_hooks = () if hooks else ("-c", "core.hooksPath=/dev/null")
-    return ("git", "-c", "core.fsmonitor=false", *no_hooks, "--literal-pathspecs", *args)
-
-
-def names(out: str) -> list[str]:
-    """The paths of a `-z` listing."""
-    return [name for name in out.split("\0") if name]
 
 
 def _check_bound(value: Bound | None) -> Bound | None:
@@ -164,12 +150,6 @@ def commit_argv(message: str, dests: Sequence[str], *, hooks: bool, identity: Se
     return git(*identity, "commit", "-q", *verify, "-m", message, "--", *dests, hooks=hooks)
 
 
-def touched_by(ctx: Context, commit: str, timeout: float = 60.0) -> list[str]:
-    out = ctx.check(git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", commit),
-                    "cannot list the commit's files", timeout=timeout).out
-    return sorted(names(out))
-
-
 def commit_actions(ctx: Context, dests: Sequence[str], message: str, *, hooks: bool = False,
                    add: bool = False) -> list[Action]:
     """A commit of exactly dests, and the reads that prove it: what the plan shows and what the run sends,
@@ -180,11 +160,10 @@ def commit_actions(ctx: Context, dests: Sequence[str], message: str, *, hooks: b
             Action.run("commit", "commit exactly those files",
                        commit_argv(message, dests, hooks=hooks, identity=identity_args(ctx)), ctx.repo,
                        failure="git commit failed"),
-            Action.run("head", "read the new HEAD", git("rev-parse", "HEAD"), ctx.repo, failure="cannot read HEAD"),
+            Action.run("head", "read the new HEAD", HEAD, ctx.repo, failure="cannot read HEAD"),
             # Exactly the dests, in git's (bytewise) order, or the batch stops here: checked on the target, so
             # what is sent behind the batch (the release of a run that ends here) never follows a wrong commit.
-            Action.run("files", "list the files the commit holds",
-                       git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", "HEAD"), ctx.repo,
+            Action.run("files", "list the files the commit holds", touched_argv("HEAD"), ctx.repo,
                        failure="cannot list the commit's files",
                        expect=b"".join(dest.encode() + b"\0" for dest in sorted(dests)))]
 
@@ -196,12 +175,12 @@ def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: flo
     One round trip: add, commit, and the reads that prove it run as one batch that stops at a failure."""
     actions = commit_actions(ctx, dests, message, hooks=hooks, add=add)
     *_, head_out, touched = ctx.act_all([(action, bound) for action in actions], timeout=timeout)
-    head = str(head_out.out).strip()
+    made = str(head_out.out).strip()
     files = sorted(names(touched.out))
     if set(files) != set(dests):
-        raise StepFailed(ctx.bus.step or "commit", f"commit {head[:12]} touched {', '.join(files)} "
+        raise StepFailed(ctx.bus.step or "commit", f"commit {made[:12]} touched {', '.join(files)} "
                          f"instead of exactly {', '.join(sorted(dests))}")
-    return head
+    return made
 
 
 def trailers(**pairs: str) -> str:
@@ -293,7 +272,7 @@ def revert_files(ctx: Context, before: str, dests: Sequence[str], message: str, 
     todo = names(ctx.check(git("diff", "--name-only", "--no-renames", "-z", before, "HEAD", "--", *dests),
                            "cannot compare HEAD with the run's starting commit", timeout=timeout).out)
     if not todo:
-        return ctx.check(git("rev-parse", "HEAD"), "cannot read HEAD", timeout=timeout).out.strip()
+        return head(ctx, timeout)
     existed = [d for d in todo if ctx.run(git("cat-file", "-e", f"{before}:{d}"), timeout=timeout).ok]
     absent = [d for d in todo if d not in existed]
     if existed:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from deployer.agent.protocol import sha256_hex
 from deployer.config.models import Strict
 from deployer.errors import StepFailed
+from deployer.run.gitops import git
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import Context
-from deployer.steps.git import git, owner_and_mode_kept
+from deployer.steps.git import owner_and_mode_kept
 
 
 class UploadParams(Strict):

@@ -1,0 +1,62 @@
+"""Every git command deployer runs on a target is built here, hardened once: fsmonitor off, hooks off unless
+asked for, literal pathspecs. The reads several rooms share (HEAD, the git dir, a commit's files) live here too,
+so a caller cannot build them without the hardening."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from deployer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from deployer.steps.context import Context
+    from deployer.transport.base import Transport
+
+
+def git(*args: str, hooks: bool = False) -> tuple[str, ...]:
+    """argv of a git command on the target.
+
+    The repo's config can name programs that git runs as a side effect (core.fsmonitor, hooks);
+    deployer must not run them by surprise, so fsmonitor is always off and hooks are off unless asked
+    for. Pathspecs are literal: a dest like `pkg/*.py` names one file, never a pattern."""
+    no_hooks = () if hooks else ("-c", "core.hooksPath=/dev/null")
+    return ("git", "-c", "core.fsmonitor=false", *no_hooks, "--literal-pathspecs", *args)
+
+
+def names(out: str) -> list[str]:
+    """The paths of a `-z` listing."""
+    return [name for name in out.split("\0") if name]
+
+
+HEAD = git("rev-parse", "HEAD")
+GIT_DIR = git("rev-parse", "--absolute-git-dir")
+# The real paths of the git dir and of the common git dir (a linked worktree's), NUL-terminated.
+_GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
+
+
+def git_dirs_argv(repo: str) -> tuple[str, ...]:
+    """argv that prints the real git dir and common git dir of repo (a dest inside either is refused)."""
+    return ("sh", "-c", _GIT_DIRS, "deployer-git-dirs", repo, *git("rev-parse"))
+
+
+def head(ctx: Context, timeout: float = 30.0) -> str:
+    """The target's HEAD, or StepFailed."""
+    return ctx.check(HEAD, "cannot read HEAD", timeout=timeout).out.strip()
+
+
+def git_dir(transport: Transport, repo: str) -> str:
+    """repo's absolute git dir on the target, or ConfigError: it is not a git checkout."""
+    result = transport.run(GIT_DIR, cwd=repo, timeout=30)
+    if not result.ok:
+        raise ConfigError(f"{repo} is not a git checkout on the target: {result.err.strip()}")
+    return result.out.strip()
+
+
+def touched_argv(commit: str) -> tuple[str, ...]:
+    """argv listing the files commit changed (-z; a rename is its two paths, never one guessed move)."""
+    return git("diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "-z", commit)
+
+
+def touched_by(ctx: Context, commit: str, timeout: float = 60.0) -> list[str]:
+    out = ctx.check(touched_argv(commit), "cannot list the commit's files", timeout=timeout).out
+    return sorted(names(out))
