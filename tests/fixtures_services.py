@@ -7,13 +7,15 @@ drain (or not). The scrape, the parse and the restarts are all real.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import signal
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +25,44 @@ from deployer.demo.run import free_port
 from deployer.demo.run import process_alive as alive
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
+
+
+class Served:
+    """A real HTTP server on 127.0.0.1 (a thread of this test process), answering every GET with `answer(path)`
+    and counting the requests it answered."""
+
+    def __init__(self, answer: Callable[[str], bytes]) -> None:
+        self.hits = 0
+        served = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                served.hits += 1
+                body = answer(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def served(answer: Callable[[str], bytes]) -> Iterator[Served]:
+    server = Served(answer)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def metrics_text(value: float, name: str = GAUGE) -> str:

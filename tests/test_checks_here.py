@@ -7,63 +7,33 @@ for it. The scrapes are counted by a real HTTP server on 127.0.0.1 that the agen
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fixtures_repo import Project, tree_snapshot
-from fixtures_services import GAUGE, metrics_text
+from fixtures_services import GAUGE, Served, metrics_text, served
 
 from deployer.config.playbook import load_playbook
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-class CountingMetrics:
-    """/metrics on 127.0.0.1 that counts every request it answers."""
-
-    def __init__(self) -> None:
-        self.hits = 0
-        counter = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                counter.hits += 1
-                body = metrics_text(1.0).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def metrics() -> Iterator[CountingMetrics]:
-    served = CountingMetrics()
-    try:
-        yield served
-    finally:
-        served.close()
+def metrics() -> Iterator[Served]:
+    with served(lambda path: metrics_text(1.0).encode()) as server:
+        yield server
 
 
-def baseline_first(target: Project, metrics: CountingMetrics, bounds: dict[str, object]) -> None:
+def url_of(server: Served) -> str:
+    return f"http://127.0.0.1:{server.port}/metrics"
+
+
+def baseline_first(target: Project, metrics: Served, bounds: dict[str, object]) -> None:
     target.playbook(steps=[
-        {"baseline": {"metric": GAUGE, "url": metrics.url, "interval_s": 0.1, "stable_polls": 1}},
+        {"baseline": {"metric": GAUGE, "url": url_of(metrics), "interval_s": 0.1, "stable_polls": 1}},
         "local_compile", "upload", "remote_compile", {"diff_bounds": bounds},
         {"commit": {"message": "pkg: answer is 42"}}])
 
@@ -75,7 +45,7 @@ def step_starts(target: Project) -> list[str]:
 
 
 def test_a_fix_that_does_not_compile_fails_before_a_baseline_listed_first_reaches_the_target(
-        target: Project, metrics: CountingMetrics) -> None:
+        target: Project, metrics: Served) -> None:
     target.write("fix/a.py", "def answer(:\n    return 42\n")
     baseline_first(target, metrics, {"files": 1})
     snapshot = tree_snapshot(target.repo)
@@ -94,7 +64,7 @@ def test_a_fix_that_does_not_compile_fails_before_a_baseline_listed_first_reache
 
 
 def test_a_projected_diff_outside_the_bounds_fails_before_a_baseline_listed_first(
-        target: Project, metrics: CountingMetrics) -> None:
+        target: Project, metrics: Served) -> None:
     baseline_first(target, metrics, {"files": 3})
     snapshot = tree_snapshot(target.repo)
     result = target.deployer("apply", "fix.yaml", "--host", "box")
@@ -104,7 +74,7 @@ def test_a_projected_diff_outside_the_bounds_fails_before_a_baseline_listed_firs
     assert tree_snapshot(target.repo) == snapshot
 
 
-def test_a_fix_within_its_bounds_still_runs_the_baseline_first(target: Project, metrics: CountingMetrics) -> None:
+def test_a_fix_within_its_bounds_still_runs_the_baseline_first(target: Project, metrics: Served) -> None:
     baseline_first(target, metrics, {"files": 1, "insertions": [1, 10], "deletions": [0, 2]})
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stderr

@@ -8,7 +8,6 @@ rollback (exit 6), a second signal, `become` through a whole apply, short secret
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import signal
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
-from fixtures_services import GAUGE, Stack, events, wait_dead
+from fixtures_services import GAUGE, Stack, events, served, wait_dead
 
 
 def newest_run(project: Project) -> str:
@@ -171,26 +170,8 @@ def test_a_services_own_stop_command_is_used_instead_of_signals(stack: Stack) ->
 @contextlib.contextmanager
 def metrics_server(text: str) -> Iterator[str]:
     """A real HTTP server on 127.0.0.1 answering /metrics with text; yields its URL."""
-    body = text.encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(lambda path: text.encode()) as server:
+        yield f"http://127.0.0.1:{server.port}/metrics"
 
 
 TWO_WORKERS = (f"# TYPE {GAUGE} gauge\n"

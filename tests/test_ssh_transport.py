@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import os
 import re
 import shutil
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from fixtures_services import served
 from fixtures_ssh import SSHD, CountingProxy, connect, fingerprint_of
 
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
@@ -380,22 +380,8 @@ def test_use_after_close_or_connection_loss_is_a_transport_error(sshd: SSHD) -> 
 
 @pytest.fixture
 def http_server() -> Iterator[int]:
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = f"hello from {self.path}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with served(lambda path: f"hello from {path}".encode()) as server:
+        yield server.port
 
 
 def _fetch(port: int, path: str) -> str:
