@@ -21,7 +21,7 @@ from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
 from deployer.run.gitops import GIT_DIR, git, names
-from deployer.run.preflight import preflight, projected_stat
+from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.metrics import MetricStep, scrape
@@ -182,15 +182,15 @@ def _check_judged(report: CheckReport, ctx: Context, steps: list[Step]) -> None:
     if not judging:
         return
     try:
-        stat = projected_stat(ctx, preflight(ctx, allow_dirty=True))
+        projected = lazy_projection(ctx, preflight(ctx, allow_dirty=True))
     except DeployerError as exc:
         report.add("preflight", "fail", str(exc), exc.exit_code)
         return
     for step in judging:
-        problems = step.judge_here(ctx, stat)
+        problems = step.judge_here(ctx, projected)
         report.add(step.judges, "fail" if problems else "ok",
                    f"{step.where}: {step.name}: {'; '.join(problems)}" if problems else f"{step.name}: ok "
-                   f"(projected: {stat.summary()})", 1)
+                   f"(projected: {projected().summary()})", 1)
 
 
 def _dests(playbook: tuple[LoadedPlaybook, list[Step]] | None) -> list[str]:

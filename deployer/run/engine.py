@@ -36,7 +36,7 @@ from deployer.errors import (
 from deployer.run import intent
 from deployer.run.gitops import GIT_DIR, HEAD
 from deployer.run.lock import DeployLock, LockState, force_release, read_state
-from deployer.run.preflight import Reads, preflight, projected_stat, send_reads
+from deployer.run.preflight import Reads, lazy_projection, preflight, projected_stat, send_reads
 from deployer.run.restore import restore_files
 from deployer.run.state import (
     PAST_COMMIT,
@@ -200,7 +200,6 @@ class PlanReport:
         return [f"{label}: FAIL — {'; '.join(problems)}" for label, problems in self.judged.items() if problems]
 
 
-
 # The phase a step's effect moves the run into before the step runs, and the one it leaves it in after.
 ENTER = {Effect.changes_files: Phase.changing, Effect.commits: Phase.committing, Effect.restarts: Phase.restarting,
          Effect.verifies: Phase.verifying, Effect.loads: Phase.verifying}
@@ -303,8 +302,8 @@ class Engine:
             head = preflight(ctx, allow_dirty=True)
             files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)),
                               diffs.numstat(c.dest, head[c.dest], c.new), c.old is not None) for c in ctx.changes]
-            stat = projected_stat(ctx, head)
-            judged = {s.judges: s.judge_here(ctx, stat) for s in self.steps if s.judges}
+            stat = projected_stat(ctx, head, {f.dest: f.stat for f in files})
+            judged = {s.judges: s.judge_here(ctx, lambda: stat) for s in self.steps if s.judges}
             assert ctx.git_dir is not None and ctx.git_before is not None
             lock = read_state(transport, ctx.git_dir, self.host.lock_ttl_s, self.host_name)
             steps = [(s.name, [mask_action(bus.masker, a) for a in s.plan(ctx)]) for s in self.steps]
@@ -326,7 +325,7 @@ class Engine:
         """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
         sent, self._reads = self._reads, None
         head = preflight(ctx, allow_dirty=self.allow_dirty, sent=sent)
-        self._judge_here(ctx, projected_stat(ctx, head))
+        self._judge_here(ctx, lazy_projection(ctx, head))
         ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
         self._keep_before(ctx)
         log.attach("shipped.diff", ctx.bus.masker("".join(
@@ -334,7 +333,7 @@ class Engine:
         ctx.bus.step = None
         ctx.emit("status", status="running")
 
-    def _judge_here(self, ctx: Context, projected: diffs.DiffStat) -> None:
+    def _judge_here(self, ctx: Context, projected: Callable[[], diffs.DiffStat]) -> None:
         """What can fail without the target fails before the run touches it (a baseline's storm included),
         in the playbook's own words: the first such step is named as the failed one."""
         for step in self.steps:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import posixpath
 import subprocess
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,12 +67,21 @@ def send_reads(ctx: Context) -> Reads:
         olds=[ctx.transport.submit(Get(path)) for path in paths])
 
 
-def projected_stat(ctx: Context, head: dict[str, bytes | None]) -> diffs.DiffStat:
+def projected_stat(ctx: Context, head: dict[str, bytes | None],
+                   known: Mapping[str, diffs.FileStat] | None = None) -> diffs.DiffStat:
     """The diff the run will make, from preflight's reads: counted against HEAD as diff_bounds and the commit
     count it (under --allow-dirty the work tree differs); git diff lists no file whose bytes are already
-    there, nor does this."""
-    return diffs.DiffStat(tuple(diffs.numstat(c.dest, head[c.dest], c.new) for c in ctx.changes
-                                if c.dest not in ctx.facts.unchanged))
+    there, nor does this. Each count is a local `git diff --no-index`: `known` are counts already made (the
+    plan's, per file), not made again."""
+    known = known or {}
+    return diffs.DiffStat(tuple(known[c.dest] if c.dest in known else diffs.numstat(c.dest, head[c.dest], c.new)
+                                for c in ctx.changes if c.dest not in ctx.facts.unchanged))
+
+
+def lazy_projection(ctx: Context, head: dict[str, bytes | None]) -> Callable[[], diffs.DiffStat]:
+    """projected_stat, counted the first time a step asks for it (only diff_bounds does): an apply without
+    bounds spawns no local git for it."""
+    return functools.cache(lambda: projected_stat(ctx, head))
 
 
 def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> dict[str, bytes | None]:

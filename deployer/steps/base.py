@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -60,10 +61,11 @@ class Step(ABC):
         """What this step needs from the inventory host and does not get (checked before connecting)."""
         return None
 
-    def judge_here(self, ctx: Context, projected: DiffStat) -> list[str]:
-        """What would fail this step, judged from the shipped bytes and the target's HEAD alone (`projected`
-        is the diff the plan projects): the engine asks before the run touches the target, whatever the
-        step's place in the playbook, so a broken fix never costs a storm. Only steps that set `judges`."""
+    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+        """What would fail this step, judged from the shipped bytes and the target's HEAD alone (`projected()`
+        is the diff the plan projects, counted on first call): the engine asks before the run touches the
+        target, whatever the step's place in the playbook, so a broken fix never costs a storm. Only steps that
+        set `judges`."""
         return []
 
     @abstractmethod

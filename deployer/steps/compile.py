@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from deployer.config.models import Strict
 from deployer.diffs import DiffStat
@@ -39,7 +40,7 @@ class LocalCompile(Step):
         version = ".".join(map(str, sys.version_info[:2]))
         return [Action(f"compile {dest} here (Python {version})", key=f"compile:{dest}") for dest in python_dests(ctx)]
 
-    def judge_here(self, ctx: Context, projected: DiffStat) -> list[str]:
+    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
         return [error for dest in python_dests(ctx) if (error := compile_error(ctx, dest))]
 
     def run(self, ctx: Context) -> str:

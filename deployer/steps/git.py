@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -58,8 +58,8 @@ class DiffBounds(Step):
     judges = "bounds"
     params: BoundsParams
 
-    def judge_here(self, ctx: Context, projected: DiffStat) -> list[str]:
-        return self.judge(projected, unchanged_dests(ctx))
+    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+        return self.judge(projected(), unchanged_dests(ctx))
 
     def judge(self, stat: DiffStat, unchanged: Sequence[str] = ()) -> list[str]:
         """Every bound the stat breaks; zero changes always breaks one."""
