@@ -6,9 +6,13 @@ Local target only: every rollback command goes through the same agent whichever 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -217,6 +221,9 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
             time.sleep(0.02)
         proc.kill()
         proc.communicate(timeout=30)
+        # The rollback's start of prefill, held at the gate, dies with the run: released, it would become a
+        # server the cut run never recorded, which recover cannot tell from one started by hand (issue 20).
+        kill_waiting_at(gate)
     finally:
         gate.touch()
         if proc.poll() is None:
@@ -226,6 +233,20 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
     subjects = git(project.repo, "log", "--format=%s", "-3").splitlines()
     assert subjects == [f"Roll back answer fix (run {run_id})", "m", "initial"], subjects
     return run_id
+
+
+def kill_waiting_at(gate: Path) -> None:
+    """SIGKILL every process whose command line names the gate (the start wrapper waiting for it)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            waiting = str(gate).encode() in (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if waiting:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 @pytest.mark.parametrize("flags", [(), ("--rollback",)], ids=["recover", "recover-rollback"])
