@@ -35,14 +35,14 @@ AREAS = {
                                      "clear_stale_index_lock", "_staged_by_run", "_undo_own_commit", "_keep_owner",
                                      "remove_temps"),
          "deployer/run/engine.py": ("Engine.restore", "stop_running")},
-        ("tests/test_restore_files.py",
-         "tests/test_chain.py::test_remote_compile_error_restores_the_files_and_commits_nothing[local]",
-         "tests/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
-         "tests/test_chain.py::test_allow_dirty_restores_the_bytes_and_keeps_the_users_staging[local]",
-         "tests/test_chain.py::test_shipped_and_restored_files_keep_their_owner[local]",
-         "tests/test_chain.py::test_a_signal_after_upload_restores_the_target_and_exits_130[local-2]",
-         "tests/test_restore_faults.py", "tests/test_recover.py", "tests/test_readme_claims.py",
-         "tests/test_upload_faults.py",
+        ("tests/run/test_restore_files.py",
+         "tests/run/test_chain.py::test_remote_compile_error_restores_the_files_and_commits_nothing[local]",
+         "tests/run/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
+         "tests/run/test_chain.py::test_allow_dirty_restores_the_bytes_and_keeps_the_users_staging[local]",
+         "tests/run/test_chain.py::test_shipped_and_restored_files_keep_their_owner[local]",
+         "tests/run/test_chain.py::test_a_signal_after_upload_restores_the_target_and_exits_130[local-2]",
+         "tests/run/test_restore_faults.py", "tests/run/test_recover.py", "tests/cli/test_readme_claims.py",
+         "tests/transport/test_upload_faults.py",
          "-k", "local and (restore or pre_run or recover or killed or second_signal or removed or owner or refuses) "
                "and not co_restart and not secrets and not observing"),
         # number: every number there is a timeout (30 for 31 changes nothing a test can see in time).
@@ -54,12 +54,12 @@ AREAS = {
          "deployer/agent/protocol.py": ("Put.fields", "Put.parse", "sha256_hex"),
          "deployer/transport/base.py": ("Transport.put",),
          "deployer/steps/upload.py": ("Upload.actions", "Upload.run")},
-        ("tests/test_upload_verify.py", "tests/test_upload_faults.py", "tests/test_agent_protocol.py",
-         "tests/test_ssh_transport.py",
-         "tests/test_chain.py::test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files[local]",
-         "tests/test_chain.py::test_patch_mode_applies_with_git_apply[local]",
-         "tests/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
-         "tests/test_chain.py::test_shipped_and_restored_files_keep_their_owner[local]",
+        ("tests/transport/test_upload_verify.py", "tests/transport/test_upload_faults.py", "tests/agent/test_agent_protocol.py",
+         "tests/transport/test_ssh_transport.py",
+         "tests/run/test_chain.py::test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files[local]",
+         "tests/run/test_chain.py::test_patch_mode_applies_with_git_apply[local]",
+         "tests/run/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
+         "tests/run/test_chain.py::test_shipped_and_restored_files_keep_their_owner[local]",
          "-k", "put or upload or corrupt or cut_write or a_local_write or apply or new_file or large_payload "
                "or bad_requests or any_mode or become_wraps or verify_on_disk or keep_their_owner "
                "or give_the_file_back")),
@@ -69,7 +69,7 @@ AREAS = {
                                        "SSHTransport._connect", "SSHTransport._changed_key_message",
                                        "SSHTransport._unknown_key_message", "SSHTransport._missing_host_key",
                                        "SSHTransport._pin", "_HostKeyGate.missing_host_key", "_ends_with_newline")},
-        ("tests/test_ssh_transport.py", "tests/test_ssh_apply.py", "tests/test_cli_json.py",
+        ("tests/transport/test_ssh_transport.py", "tests/run/test_ssh_apply.py", "tests/cli/test_cli_json.py",
          "-k", "host_key or known_hosts or bastion or accept or proxy_jump or fingerprint or become_wraps "
                "or use_after_close or silent_server or agent_authenticates or default_keys")),
     # Rollback: trusting the log only as far as the target's history vouches for it, refusing what changed
@@ -78,8 +78,8 @@ AREAS = {
         {"deployer/run/rollback.py": ("Target.of", "target_problems", "check_recorded", "refuse_if_rolled_back",
                                       "check", "already_reverted"),
          "deployer/run/engine.py": ("Engine._after_commit_failure",)},
-        ("tests/test_safety_git.py", "tests/test_rollback_lock.py", "tests/test_readme_claims.py",
-         "tests/test_rollback_refusals.py",
+        ("tests/run/test_safety_git.py", "tests/run/test_rollback_lock.py", "tests/cli/test_readme_claims.py",
+         "tests/run/test_rollback_refusals.py",
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "
                "rolling_back or cut_off) and not co_restart and not second_apply and not failed_run_releases "
                "and not sigkill_leaves and not secret and not lock_path and not keeps_the_files_owner "
@@ -88,7 +88,7 @@ AREAS = {
     # Run-log verify: the seal, chain, sequence, truncation and artifact checks.
     "run-log-verify": Area(
         {"deployer/runlog.py": ("verify", "_seal_intact", "_check_links", "_check_artifact")},
-        ("tests/test_runlog_tamper.py",), disable=""),  # as its recorded run was made
+        ("tests/run/test_runlog_tamper.py",), disable=""),  # as its recorded run was made
 }
 
 

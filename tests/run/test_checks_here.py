@@ -18,7 +18,7 @@ from fixtures_services import GAUGE, Served, metrics_text, served
 
 from deployer.config.playbook import load_playbook
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

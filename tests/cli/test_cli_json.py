@@ -124,7 +124,7 @@ def test_help_does_not_import_the_core(tmp_path: Path) -> None:
 
 # -- schema and completion --------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def schema(kind: str) -> dict[str, object]:

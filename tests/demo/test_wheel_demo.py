@@ -21,7 +21,7 @@ from fixtures_services import wait_dead
 
 from deployer.demo.run import process_alive
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*argv: str | Path, cwd: Path, env: dict[str, str] | None = None,

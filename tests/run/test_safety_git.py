@@ -166,7 +166,7 @@ def test_deployers_git_commands_run_no_fsmonitor_program_the_repo_configures(
     assert target.file("pkg/a.py") == (FIXED_A if command == "apply" else ORIGINAL_A)
 
 
-DEPLOYER = Path(__file__).resolve().parents[1] / "deployer"
+DEPLOYER = Path(__file__).resolve().parents[2] / "deployer"
 GITOPS = DEPLOYER / "run" / "gitops.py"
 
 

@@ -210,7 +210,7 @@ MEMORY_PROBE = textwrap.dedent("""
 def test_50_mb_of_output_keeps_memory_bounded_on_both_sides() -> None:
     # A process of its own, so the peak RSS measured is this run's and nobody else's.
     probe = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout)
     assert (seen["bytes"], seen["kept"], seen["exit"]) == (50_000_000, 65536, 0)
