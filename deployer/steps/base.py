@@ -12,7 +12,7 @@ from deployer.diffs import DiffStat
 from deployer.steps.action import Action
 from deployer.steps.context import Context, Submitted
 
-__all__ = ["Action", "Effect", "NoParams", "Step"]
+__all__ = ["Action", "Effect", "NoParams", "Scope", "Step"]
 
 
 class NoParams(Strict):
@@ -30,10 +30,20 @@ class Effect(str, Enum):
     loads = "loads"  # sends load that provokes the bug: proof for a fix, never repeated on a rolled-back build
 
 
+class Scope(str, Enum):
+    """Where a step runs when the host is one of a unit's (a service split across hosts, restarted as one):
+    fleets follow these, never step kinds."""
+
+    each_host = "each_host"  # every host of the unit runs it in its own run
+    metrics_host = "metrics_host"  # once, on the unit's metrics host: it reads or loads the unit's service
+    unit = "unit"  # across the unit's hosts as one (co_restart: stops in reverse order, starts in order)
+
+
 class Step(ABC):
     kind: ClassVar[str]
     Params: ClassVar[type[Strict]] = NoParams
     effect: ClassVar[Effect] = Effect.observes
+    scope: ClassVar[Scope] = Scope.each_host
     # In a playbook that uploads, these kinds must come earlier / later than this step.
     after: ClassVar[tuple[str, ...]] = ()
     before: ClassVar[tuple[str, ...]] = ()

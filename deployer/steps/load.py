@@ -9,7 +9,7 @@ from pydantic import Field
 
 from deployer.config.models import Host, LoopbackUrl, Strict
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Effect, Step
+from deployer.steps.base import Action, Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
@@ -71,6 +71,7 @@ def storm(ctx: Context, params: StormParams) -> str:
 
 class Storm(Step):
     kind = "storm"
+    scope = Scope.metrics_host
     effect = Effect.loads
     Params = StormParams
     params: StormParams

@@ -19,7 +19,7 @@ from deployer.agent.protocol import HttpResult
 from deployer.config.models import Host, Strict, Url
 from deployer.errors import StepFailed
 from deployer.steps.action import Action
-from deployer.steps.base import Effect, Step
+from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.load import StormParams, storm, storm_actions
 from deployer.transport.base import Transport
@@ -148,6 +148,7 @@ class Baseline(MetricStep):
     """Record the metric before the fix (after a storm, to show the symptom); it gates nothing."""
 
     kind = "baseline"
+    scope = Scope.metrics_host
     Params = BaselineParams
     params: BaselineParams
 
@@ -192,6 +193,7 @@ class Drain(MetricStep):
     """The symptom must be gone: the metric meets the bound over consecutive polls in time."""
 
     kind = "drain"
+    scope = Scope.metrics_host
     effect = Effect.verifies
     Params = DrainParams
     params: DrainParams

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from deployer.config.models import Host, Service, Strict, resolve_env
 from deployer.errors import StepFailed
 from deployer.steps.action import Action, Bound
-from deployer.steps.base import Effect, Step
+from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
 
 # Detached start: own session (so a stop can signal the whole group), output to the log,
@@ -389,6 +389,7 @@ class CoRestartParams(Strict):
 
 class CoRestart(Step):
     kind = "co_restart"
+    scope = Scope.unit
     effect = Effect.restarts
     Params = CoRestartParams
     params: CoRestartParams
