@@ -22,7 +22,8 @@ from click.shell_completion import CompletionItem
 if TYPE_CHECKING:
     from deployer import runlog
     from deployer.config.models import Host, Inventory
-    from deployer.fleet.runner import FleetCancel, FleetState
+    from deployer.fleet.record import FleetState
+    from deployer.fleet.runner import FleetCancel
     from deployer.run.engine import Engine, PlanReport, RunResult
     from deployer.steps.context import CancelToken, Listener
     from deployer.transport.base import Transport
@@ -311,7 +312,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     from deployer import runlog
     from deployer.config import targets
     from deployer.errors import ConfigError
-    from deployer.fleet.runner import for_units
+    from deployer.fleet.apply import for_units
     from deployer.run import rollback as rollbacks
 
     if rollback_of:
@@ -370,7 +371,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
             apply_one(engine, accept_new_host_key, as_json)
         return
     from deployer.config.playbook import parse_playbook
-    from deployer.fleet.runner import FleetApply, for_units
+    from deployer.fleet.apply import FleetApply, for_units
 
     engines = fleet_engines(playbook, loaded, hosts, runs_dir, accept_new_host_key, allow_dirty)
     if dry_run:
@@ -428,7 +429,7 @@ def runs() -> None:
 def runs_list(runs_dir: str | None, as_json: bool) -> None:
     """List recorded runs, oldest first."""
     from deployer import runlog, ui
-    from deployer.fleet.runner import list_fleets
+    from deployer.fleet.record import list_fleets
     from deployer.run.shown import shown_state
 
     root = runlog.runs_dir_from(runs_dir)
@@ -455,7 +456,7 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
 def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts)."""
     from deployer import runlog, ui
-    from deployer.fleet.runner import FleetRecord, is_fleet
+    from deployer.fleet.record import FleetRecord, is_fleet
 
     root = runlog.runs_dir_from(runs_dir)
     if is_fleet(root, run_id):
@@ -480,7 +481,8 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
     """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered."""
     from deployer import runlog, ui
-    from deployer.fleet.runner import is_fleet, verify_fleet
+    from deployer.fleet.followup import verify_fleet
+    from deployer.fleet.record import is_fleet
 
     root = runlog.runs_dir_from(runs_dir)
 
@@ -555,7 +557,9 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     from deployer.config import targets
     from deployer.config.models import find_inventory, load_inventory
     from deployer.errors import ConfigError
-    from deployer.fleet.runner import FleetCancel, FleetRecord, is_fleet, rollback_fleet
+    from deployer.fleet.followup import rollback_fleet
+    from deployer.fleet.record import FleetRecord, is_fleet
+    from deployer.fleet.runner import FleetCancel
     from deployer.run import rollback as rollbacks
 
     if list_only:
@@ -860,7 +864,9 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
     from deployer import runlog, ui
     from deployer.errors import ConfigError
-    from deployer.fleet.runner import FleetCancel, FleetRecord, cut_sub_runs, is_fleet, recover_fleet
+    from deployer.fleet.followup import cut_sub_runs, recover_fleet
+    from deployer.fleet.record import FleetRecord, is_fleet
+    from deployer.fleet.runner import FleetCancel
     from deployer.run import recover as recovery
 
     if not run_id and not host_name:

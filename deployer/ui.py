@@ -25,7 +25,7 @@ from deployer.text import visible
 if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a plain apply
     from deployer.check import CheckReport, GroupReport
     from deployer.demo.run import DemoOutcome, FleetDemoOutcome
-    from deployer.fleet.runner import FleetState
+    from deployer.fleet.record import FleetState
     from deployer.run.engine import PlanReport, RunResult
     from deployer.run.rollback import Deploy
     from deployer.runlog import Run

@@ -31,7 +31,9 @@ import yaml
 from deployer.config.models import Host, Inventory, Unit, resolve_env
 from deployer.config.playbook import load_playbook
 from deployer.errors import ConfigError, DeployerError
-from deployer.fleet.runner import FleetApply, FleetCancel, FleetState
+from deployer.fleet.apply import FleetApply
+from deployer.fleet.record import FleetState
+from deployer.fleet.runner import FleetCancel
 from deployer.run.engine import Engine, RunResult
 from deployer.runlog import read_run
 from deployer.steps.context import CancelToken, EventBus, Listener

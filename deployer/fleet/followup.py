@@ -1,0 +1,217 @@
+"""What follows a fleet run: rolling back the hosts that committed (within the run, for `on_failure:
+rollback_fleet`, or later as `deployer rollback FLEET_ID`), recovering its cut sub-runs (`deployer recover
+FLEET_ID`), and verifying every sub-run's log. A follow-up is a fleet run of its own; both records name each other.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from deployer.config.models import Unit
+from deployer.errors import ConfigError, ConnectError, DeployerError
+from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state, sub_runs
+from deployer.fleet.runner import FleetCancel, FleetRunner, HostTask, UnitTask, finish, tagged
+from deployer.fleet.strategies import Together
+from deployer.fleet.unit import UnitRun
+from deployer.run import recover as recovery
+from deployer.run import rollback as rollbacks
+from deployer.run.engine import Engine, RunResult
+from deployer.run.shown import shown_state_of
+from deployer.run.state import RunRecord
+from deployer.runlog import EVENTS, read_run, utc_now
+from deployer.runlog import verify as runlog_problems
+from deployer.steps.context import CancelToken, Listener
+
+
+def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine],
+                    units: dict[str, Unit], *, force: bool) -> None:
+    """Every host of the fleet run that holds its run's commit: a revert commit, restart, checks again;
+    the hosts of a unit reverted together and the unit restarted as one."""
+    committed = {run.host: run for run in record.state.hosts.values() if run.committed and run.host in engines}
+    runner.emit("fleet_rollback", hosts=list(committed))
+
+    def report(host: str, result: RunResult | DeployerError) -> None:
+        run = committed[host]
+        if isinstance(result, DeployerError):
+            run.rollback_status, run.rollback_error = "failed", str(result)
+        else:
+            run.rollback_run_id, run.rollback_status, run.rollback_error = (result.run_id, result.status,
+                                                                            result.error)
+        record.save()
+        runner.emit("host_status", host=host, status=f"rollback {run.rollback_status}", run_id=run.rollback_run_id,
+                    error=run.rollback_error)
+
+    def one(host: str) -> None:
+        engine = engines[host]
+        engine.cancel = CancelToken()  # the rollback must finish even when a signal stopped the fleet
+        runner.emit("host_status", host=host, status="rolling back")
+        try:
+            result: RunResult | DeployerError = rollbacks.rollback(
+                engine, read_run(engine.runs_dir, str(committed[host].run_id)), force=force)
+        except DeployerError as exc:
+            result = exc
+        report(host, result)
+
+    def unit(name: str, hosts: list[str]) -> None:
+        for host in hosts:
+            engines[host].cancel = CancelToken()
+            runner.emit("host_status", host=host, status="rolling back")
+        runs = {h: read_run(engines[h].runs_dir, str(committed[h].run_id)) for h in hosts}
+        UnitRun(name, units[name], {h: engines[h] for h in hosts}, "restore").rollback(runs, force=force,
+                                                                                       on_result=report)
+
+    work: list[Callable[[], None]] = []
+    in_units: set[str] = set()
+    for name, members in record.state.units.items():
+        hosts = [h for h in members if h in committed]
+        in_units.update(hosts)
+        if hosts:
+            work.append(functools.partial(unit, name, hosts))
+    work += [functools.partial(one, host) for host in committed if host not in in_units]
+    with ThreadPoolExecutor(max_workers=max(1, runner.parallel), thread_name_prefix="deployer-rollback") as pool:
+        list(pool.map(lambda item: item(), work))
+
+
+def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str], task: HostTask, *,
+              parallel: int, listeners: list[Listener], cancel: FleetCancel,
+              units: dict[str, list[str]] | None = None, unit_task: UnitTask | None = None) -> FleetRecord:
+    """A fleet run of its own (rollback, recover) over some hosts of an earlier one; both name each other."""
+    strategy, units = Together(), units or {}
+    state = new_state(kind, original.state.playbook, original.state.operator, hosts, strategy.batches(hosts, units),
+                      parallel, of_fleet=original.state.fleet_id, units=units)
+    record = FleetRecord.create(runs_dir, state)
+    if kind == "rollback":
+        original.state.rolled_back_by.append(state.fleet_id)
+        original.save()
+    runner = FleetRunner(record, strategy, parallel, cancel, listeners)
+    runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind=kind)
+    runner.run(task, unit_task)
+    finish(record, cancel)
+    runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)
+    return record
+
+
+def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *,
+                   hosts: list[str] | None, force: bool, parallel: int, listeners: list[Listener],
+                   cancel: FleetCancel, units: dict[str, Unit]) -> FleetState:
+    """`deployer rollback FLEET_ID`: roll back each host (or each of `hosts`) whose sub-run committed."""
+    original = FleetRecord.load(runs_dir, fleet_id)
+    if hosts is not None and (unknown := sorted(set(hosts) - set(original.state.hosts))):
+        raise ConfigError(f"fleet run {fleet_id} did not run on {', '.join(unknown)} "
+                          f"(its hosts: {', '.join(original.state.hosts)})")
+    runs = {run.host: run.run_id for run in original.state.hosts.values()
+            if run.committed and run.rollback_status != "successful" and (hosts is None or run.host in hosts)}
+    if not runs:
+        raise ConfigError(f"fleet run {fleet_id} left no commit to roll back"
+                          f"{' on ' + ', '.join(hosts) if hosts else ''} (see 'deployer runs list')")
+
+    def task(host: str, fleet_id: str) -> RunResult:
+        run_id = runs[host]
+        assert run_id is not None
+        engine = tagged(engine_for(host, run_id), fleet_id, listeners)
+        return rollbacks.rollback(engine, read_run(runs_dir, run_id), force=force)
+
+    def unit_task(name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
+        members = [h for h in original.state.units[name] if h in runs]
+        engines = {h: tagged(engine_for(h, str(runs[h])), fleet_id, listeners) for h in members}
+        UnitRun(name, units[name], engines, "restore").rollback(
+            {h: read_run(runs_dir, str(runs[h])) for h in members}, force=force, on_result=report)
+
+    chosen_units = {name: [h for h in members if h in runs] for name, members in original.state.units.items()
+                    if any(h in runs for h in members)}
+    for name, chosen in chosen_units.items():
+        left = [h for h in original.state.units[name] if h not in chosen and original.state.hosts[h].committed
+                and original.state.hosts[h].rollback_status != "successful"]
+        if left:
+            raise ConfigError(f"--host takes part of unit {name} ({', '.join(original.state.units[name])}) but "
+                              f"not {', '.join(left)}: a unit is rolled back and restarted whole")
+    missing = sorted(set(chosen_units) - set(units))
+    if missing:
+        raise ConfigError(f"unit {', '.join(missing)} of fleet run {fleet_id} is no longer in the inventory; "
+                          "roll its hosts back one by one with: deployer rollback RUN_ID")
+    done = follow_up("rollback", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
+                     cancel=cancel, units=chosen_units, unit_task=unit_task)
+    for name, run in done.state.hosts.items():  # the original says which of its hosts were rolled back, by what
+        if run.status == "successful":
+            original.state.hosts[name].rollback_run_id = run.run_id
+            original.state.hosts[name].rollback_status = "successful"
+    original.save()
+    return done.state
+
+
+def needs_recovery(runs_dir: Path, run_id: str) -> bool:
+    """The sub-run was cut: its record stops short of a settled phase, or its log of its run_end."""
+    if not (runs_dir / run_id / EVENTS).is_file():
+        return False
+    return not recovery.ended(runs_dir, run_id, RunRecord.load(runs_dir / run_id))
+
+
+def cut_sub_runs(runs_dir: Path, fleet_id: str) -> dict[str, str]:
+    """Host -> its sub-run of the fleet that `recover FLEET_ID` has to end (empty: nothing to recover)."""
+    return {host: run_id for host, run_id in sub_runs(runs_dir, fleet_id).items()
+            if needs_recovery(runs_dir, run_id)}
+
+
+def recover_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *, rollback: bool,
+                  parallel: int, listeners: list[Listener], cancel: FleetCancel) -> FleetState:
+    """`deployer recover FLEET_ID`: recover each sub-run that was cut (its record is not settled)."""
+    original = FleetRecord.load(runs_dir, fleet_id)
+    cut = sub_runs(runs_dir, fleet_id)
+    runs = cut_sub_runs(runs_dir, fleet_id)
+    if not runs:
+        raise ConfigError(f"fleet run {fleet_id}: no sub-run needs recovering (every host's record is settled)")
+
+    def task(host: str, follow_id: str) -> RunResult:
+        run_id = runs[host]
+        assert run_id is not None
+        engine = tagged(engine_for(host, run_id), follow_id, listeners)
+        return recovery.recover(engine, run_id, rollback=rollback)[0]
+
+    done = follow_up("recover", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
+                     cancel=cancel).state
+    # The cut fleet's record learns what its hosts' runs were and where recover left them.
+    for host, run_id in cut.items():
+        entry = original.state.hosts[host]
+        record = RunRecord.load(runs_dir / run_id)
+        entry.run_id = run_id
+        if entry.status == "running":
+            entry.status = "failed"
+            entry.error = f"the fleet run was cut; recovered by fleet run {done.fleet_id}"
+        if record is not None:
+            entry.phase = record.state.phase.value
+            entry.state = shown_state_of(runs_dir, run_id, entry.phase)
+    if original.state.status == "running":
+        original.state.status, original.state.exit_code, original.state.ended = "failed", 1, utc_now()
+        original.state.error = f"the fleet run was cut; recovered by fleet run {done.fleet_id}"
+    original.save()
+    return done
+
+
+def verify_fleet(runs_dir: Path, fleet_id: str,
+                 verify_run: Callable[[Path, str], list[str]]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Problems per host: each sub-run's own log, and that it says it belongs to this fleet; and, apart, the
+    hosts whose history could not be read (unreachable is not tampered)."""
+    state = FleetRecord.load(runs_dir, fleet_id).state
+    problems: dict[str, list[str]] = {}
+    unreachable: dict[str, str] = {}
+    for name, run in state.hosts.items():
+        if run.run_id is None:
+            if run.status != UNTOUCHED:
+                problems[name] = [f"{name} is recorded as {run.status} but names no run"]
+            continue
+        try:
+            found = verify_run(runs_dir, run.run_id)
+            tag = read_run(runs_dir, run.run_id).start.get("fleet")
+        except ConnectError as exc:
+            unreachable[name] = str(exc)
+            found, tag = runlog_problems(runs_dir, run.run_id), read_run(runs_dir, run.run_id).start.get("fleet")
+        except DeployerError as exc:
+            found, tag = [str(exc)], fleet_id
+        if tag != fleet_id:
+            found.append(f"run {run.run_id} does not name fleet {fleet_id} in its run_start (names {tag!r})")
+        if found:
+            problems[name] = [f"run {run.run_id}: {p}" for p in found]
+    return problems, unreachable

@@ -1,0 +1,137 @@
+"""fleet.json: what a fleet run is and was, in its own directory of the runs dir beside its hosts' sub-runs.
+
+Each host's run dir stays where a single-host run puts it, so `runs verify`, `rollback` and `recover` work per
+host; the fleet itself is `<runs>/<fleet id>/fleet.json`, naming its sub-runs and their status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deployer.errors import ConfigError
+from deployer.run.state import Phase
+from deployer.runlog import list_runs, new_run_id, utc_now
+
+FLEET = "fleet.json"
+UNTOUCHED = "untouched"
+
+
+@dataclass
+class HostRun:
+    """One host of a fleet run, as fleet.json records it."""
+
+    host: str
+    batch: int
+    status: str = UNTOUCHED  # untouched | running | successful | failed | canceled
+    state: str = UNTOUCHED  # untouched | running | the README's state of the sub-run, from its record
+    run_id: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    phase: str | None = None
+    git_before: str | None = None
+    git_after: str | None = None
+    elapsed_s: float | None = None
+    rollback_run_id: str | None = None
+    rollback_status: str | None = None
+    rollback_error: str | None = None
+
+    @property
+    def committed(self) -> bool:
+        """The host's run left its commit on the target (not already undone by its own on_failure)."""
+        return bool(self.git_after) and self.phase not in (Phase.rolled_back.value, Phase.failed_restored.value)
+
+
+@dataclass
+class FleetState:
+    fleet_id: str
+    kind: str  # apply | rollback | recover
+    playbook: str
+    operator: str
+    started: str
+    parallel: int
+    hosts: dict[str, HostRun]
+    batches: list[list[str]]
+    status: str = "running"  # running | successful | failed | canceled
+    exit_code: int | None = None
+    error: str | None = None
+    ended: str | None = None
+    stopped_after_batch: int | None = None  # the batch after which no further batch started
+    of_fleet: str | None = None  # rollback/recover: the fleet run it acts on
+    rolled_back_by: list[str] = field(default_factory=list)
+    units: dict[str, list[str]] = field(default_factory=dict)
+
+    def untouched(self) -> list[str]:
+        return [name for name, run in self.hosts.items() if run.status == UNTOUCHED]
+
+    def failed(self) -> list[str]:
+        return [name for name, run in self.hosts.items() if run.status in ("failed", "canceled")]
+
+
+def new_state(kind: str, playbook: str, operator: str, hosts: list[str], batches: list[list[str]], parallel: int,
+              **extra: Any) -> FleetState:
+    index = {host: number for number, batch in enumerate(batches) for host in batch}
+    return FleetState(fleet_id=new_run_id(), kind=kind, playbook=playbook, operator=operator, started=utc_now(),
+                      parallel=parallel, hosts={h: HostRun(h, index[h]) for h in hosts}, batches=batches, **extra)
+
+
+class FleetRecord:
+    """fleet.json in its own directory of the runs dir, rewritten whole (atomically) on every change."""
+
+    def __init__(self, runs_dir: Path, state: FleetState) -> None:
+        self.dir = runs_dir / state.fleet_id
+        self.state = state
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, runs_dir: Path, state: FleetState) -> FleetRecord:
+        record = cls(runs_dir, state)
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        record.dir.mkdir(mode=0o700)
+        record.save()
+        return record
+
+    @classmethod
+    def load(cls, runs_dir: Path, fleet_id: str) -> FleetRecord:
+        path = runs_dir / fleet_id / FLEET
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"no fleet run {fleet_id!r} in {runs_dir} ({exc})") from None
+        hosts = {name: HostRun(**run) for name, run in data.pop("hosts").items()}
+        return cls(runs_dir, FleetState(hosts=hosts, **data))
+
+    def save(self) -> None:
+        with self._lock:
+            tmp = self.dir / f".{FLEET}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(asdict(self.state), out, indent=1)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.dir / FLEET)
+
+
+def is_fleet(runs_dir: Path, run_id: str) -> bool:
+    return (runs_dir / run_id / FLEET).is_file()
+
+
+def list_fleets(runs_dir: Path) -> list[FleetState]:
+    if not runs_dir.is_dir():
+        return []
+    return [FleetRecord.load(runs_dir, p.name).state for p in sorted(runs_dir.iterdir()) if (p / FLEET).is_file()]
+
+
+def sub_runs(runs_dir: Path, fleet_id: str) -> dict[str, str]:
+    """Host -> its apply sub-run of the fleet, from the run logs themselves: a fleet killed mid-run never
+    wrote the ids of the runs it had started into fleet.json."""
+    found = {}
+    for run in list_runs(runs_dir):
+        start = run.start
+        if start.get("fleet") == fleet_id and not start.get("rollback_of") and not start.get("recover_of"):
+            found[str(start.get("host"))] = run.run_id
+    return found

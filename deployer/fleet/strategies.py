@@ -1,0 +1,72 @@
+"""Rollout strategies: which hosts of a fleet run go next, and when no further hosts start.
+
+The runner asks a strategy for its batches once, up front (fleet.json records them, and each host its batch),
+then, before each batch, whether it starts. A new strategy (issue 22's router-drained rolling restart) is one
+class here and one branch of `strategy_for`, where a playbook's `rollout:` picks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+from deployer.config.models import Rollout
+from deployer.errors import Interrupted
+from deployer.fleet.record import FleetState
+from deployer.steps.context import CancelToken
+
+
+class Strategy(ABC):
+    @abstractmethod
+    def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
+        """The hosts in the batches they start in; a unit's hosts are worked on together, so in one batch."""
+
+    @abstractmethod
+    def proceed(self, number: int, state: FleetState, cancel: CancelToken) -> bool:
+        """Whether batch `number` starts, given how the earlier ones went (False: no further batch starts)."""
+
+
+class Batches(Strategy):
+    """The playbook's `rollout:`: its batch sizes in order (the first batch is the canary), a pause between
+    batches, and no further batch once more hosts than `max_failures` failed."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
+        return unit_batches(self.rollout.split(hosts), units)
+
+    def proceed(self, number: int, state: FleetState, cancel: CancelToken) -> bool:
+        if number and self.rollout.pause_s:
+            with contextlib.suppress(Interrupted):  # a signal ends the pause; the runner sees the cancel
+                cancel.wait(self.rollout.pause_s)
+        return len(state.failed()) <= self.rollout.max_failures
+
+
+class Together(Strategy):
+    """Every host in one batch, whatever fails: a rollback or recover of a fleet run ends each host it names."""
+
+    def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
+        return [hosts]
+
+    def proceed(self, number: int, state: FleetState, cancel: CancelToken) -> bool:
+        return True
+
+
+def strategy_for(rollout: Rollout) -> Strategy:
+    """The one place a playbook's `rollout:` chooses how its fleet run spreads over the hosts."""
+    return Batches(rollout)
+
+
+def unit_batches(batches: list[list[str]], units: Mapping[str, list[str]]) -> list[list[str]]:
+    """The batches with each unit's hosts together, in the batch of its earliest host."""
+    where = {host: number for number, batch in enumerate(batches) for host in batch}
+    moved = [list(batch) for batch in batches]
+    for hosts in units.values():
+        target = min(where[h] for h in hosts)
+        for host in hosts:
+            if where[host] != target:
+                moved[where[host]].remove(host)
+                moved[target].append(host)
+    return [batch for batch in moved if batch]
