@@ -60,7 +60,8 @@ def parse_gpus(out: str) -> dict[int, GpuMemory]:
 
 def parse_apps(out: str) -> list[GpuApp]:
     """`nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`."""
-    return [GpuApp(_number(pid, "compute app", "a pid"), None if used.startswith("[") else _number(used, f"pid {pid} memory"))
+    return [GpuApp(_number(pid, "compute app", "a pid"),
+                   None if used.startswith("[") else _number(used, f"pid {pid} memory"))
             for pid, used in _rows(out, 2, "nvidia-smi --query-compute-apps")]
 
 
