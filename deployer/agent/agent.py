@@ -16,7 +16,7 @@ JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, an
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
 
-Ops: hello, run, put, get, stat, http, batch, beat (see each `op_*` below), and cancel, which the
+Ops: hello, run, put, get, stat, http, batch, beat, procs, signal (see each `op_*` below), and cancel, which the
 reader serves out of turn (see `_cancelled`). The agent never listens
 on a socket. It exits when its stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT),
 killing the process group of any command still running and dropping requests not yet started:
@@ -70,6 +70,9 @@ LEADER_EXIT_GRACE_S = 1.0
 # After a kill, how long to keep draining what the dying group still writes.
 KILL_GRACE_S = 2.0
 CHUNK = 65536
+SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+CMDLINE_MAX = 4096
 FILE_TYPES = ((stat_mod.S_ISREG, "file"), (stat_mod.S_ISDIR, "dir"), (stat_mod.S_ISLNK, "symlink"))
 
 
@@ -173,6 +176,7 @@ class Agent:
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
+            "procs": self.op_procs, "signal": self.op_signal,
         }
 
     # -- the loop ------------------------------------------------------------------------
@@ -558,6 +562,58 @@ class Agent:
                 raise OpError("bad_request", f"every path must be absolute without NUL: {path!r}")
         return {"entries": [_stat_one(path, want_hash) for path in paths]}
 
+    def op_procs(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The processes in any of `sessions`, `groups` or `pids`, and those holding a TCP socket that listens
+        on one of `ports` (any address, IPv4 or IPv6). A service is a process tree: its children may change
+        their process group, or be reparented to init, and still hold its port and its GPUs. A listening
+        socket whose owner this agent may not see (another user's, without root) is named in `unowned`."""
+        sessions, groups, pids = (set(_int_list(req, name)) for name in ("sessions", "groups", "pids"))
+        ports = set(_int_list(req, "ports"))
+        inodes = _listening_inodes(ports) if ports else {}
+        unowned = dict(inodes)
+        found: list[dict[str, Any]] = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            info = _proc_info(int(name))
+            if info is None:
+                continue
+            held = _sockets_held(info["pid"], inodes) if inodes else set()
+            for inode in held:
+                unowned.pop(inode, None)
+            if info["sid"] in sessions or info["pgid"] in groups or info["pid"] in pids or held:
+                info["listens"] = sorted({inodes[inode] for inode in held})
+                info["cmdline"] = _cmdline(info["pid"])
+                found.append(info)
+        found.sort(key=lambda proc: proc["pid"])
+        return {"procs": found, "unowned": sorted(set(unowned.values()))}
+
+    def op_signal(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send `sig` to each of `procs` ({pid, start}) that is still the process that started then: a pid
+        recycled since it was listed is never signalled. Per pid: signalled, gone or denied."""
+        name = _field(req, "sig", str, required=True)
+        if name not in SIGNALS:
+            raise OpError("bad_request", "sig must be one of {}".format(", ".join(sorted(SIGNALS))))
+        targets = _field(req, "procs", list, required=True)
+        outcomes: dict[str, str] = {}
+        for target in targets:
+            if not isinstance(target, dict) or not isinstance(target.get("pid"), int) \
+                    or not isinstance(target.get("start"), str) or target["pid"] <= 1:
+                raise OpError("bad_request", "each of procs must be {pid: int > 1, start: str}")
+            pid = target["pid"]
+            now = _proc_info(pid)
+            if now is None or now["start"] != target["start"] or now["state"] == "Z":
+                outcomes[str(pid)] = "gone"
+                continue
+            try:
+                os.kill(pid, SIGNALS[name])
+                outcomes[str(pid)] = "signalled"
+            except ProcessLookupError:
+                outcomes[str(pid)] = "gone"
+            except PermissionError:
+                outcomes[str(pid)] = "denied"
+        return {"outcomes": outcomes}
+
     def op_http(self, req: dict[str, Any]) -> dict[str, Any]:
         """GET on this host's loopback. No response at all is `status: null` plus `error`."""
         import http.client  # here, not at the top: it is a fifth of the agent's start-up, and most runs never fetch
@@ -719,6 +775,71 @@ def _touch(path: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def _int_list(req: dict[str, Any], name: str) -> list[int]:
+    values: list[int] = _field(req, name, list, [])
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise OpError("bad_request", f"{name} must be a list of positive integers")
+    return values
+
+
+def _proc_info(pid: int) -> dict[str, Any] | None:
+    """/proc/PID/stat read after the command name (which may hold spaces and parens); None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 22:
+        return None
+    return {"pid": pid, "state": fields[0].decode(), "ppid": int(fields[1]), "pgid": int(fields[2]),
+            "sid": int(fields[3]), "start": fields[19].decode(), "rss_kb": int(fields[21]) * PAGE_KB, "uid": uid}
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read(CMDLINE_MAX)
+    except OSError:
+        return []
+    return [part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def _listening_inodes(ports: set[int]) -> dict[int, int]:
+    """inode -> port of every TCP socket in LISTEN (state 0A) on one of ports, from /proc/net/tcp{,6}."""
+    found: dict[int, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                lines = handle.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":
+                continue
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if port in ports and fields[9] != "0":
+                found[int(fields[9])] = port
+    return found
+
+
+def _sockets_held(pid: int, inodes: dict[int, int]) -> set[int]:
+    held: set[int] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return held
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            held.add(int(link[8:-1]))
+    return held
 
 
 def _kill_group(pgid: int) -> None:

@@ -28,6 +28,9 @@ SGLANG_DEMO_TOKEN_S             0.005   simulated decode time per output token
 SGLANG_DEMO_STARTUP_S           0.3     warm-up after binding, during which /health answers 503
 SGLANG_DEMO_BOOTSTRAP_TIMEOUT_S 30      a prefill room whose decode side never registers fails
                                         after this long
+SGLANG_DEMO_STOP_HANG_S         0       after SIGTERM the server goes on serving this long before it
+                                        stops (upstream drains in-flight requests with no deadline)
+SGLANG_DEMO_SCHEDULER_OWN_GROUP 0       1: the scheduler child leaves the server's process group
 =============================== ======= ==============================================================
 
 ``/abort_request {"abort_all": true}`` re-fails every request the prefill scheduler still holds,
@@ -65,6 +68,8 @@ class Knobs:
     token_s: float = 0.005
     startup_s: float = 0.3
     bootstrap_timeout_s: float = 30.0
+    stop_hang_s: float = 0.0
+    scheduler_own_group: bool = False
 
     @classmethod
     def from_env(cls) -> Knobs:
@@ -81,4 +86,6 @@ class Knobs:
             bootstrap_timeout_s=_read(
                 "SGLANG_DEMO_BOOTSTRAP_TIMEOUT_S", d.bootstrap_timeout_s, minimum=0.1
             ),
+            stop_hang_s=_read("SGLANG_DEMO_STOP_HANG_S", d.stop_hang_s, minimum=0.0),
+            scheduler_own_group=bool(_read("SGLANG_DEMO_SCHEDULER_OWN_GROUP", 0, minimum=0)),
         )

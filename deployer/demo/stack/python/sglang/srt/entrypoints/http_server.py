@@ -35,6 +35,7 @@ from sglang.srt.disaggregation.common.conn import TransferInfo
 from sglang.srt.disaggregation.decode import BootstrapClient, DecodeReq, DecodeRequests
 from sglang.srt.disaggregation.nixl.conn import NixlKVManager
 from sglang.srt.disaggregation.prefill import PrefillScheduler
+from sglang.srt.managers.scheduler import fork_scheduler
 
 GAUGE_HELP = {
     "sglang:num_running_reqs": "The number of running requests.",
@@ -449,6 +450,8 @@ def launch_server(args: argparse.Namespace) -> int:
         for server in servers:
             server.server_close()
         return 1
+    # Forked before any thread starts; it holds the bound sockets, as upstream's children may.
+    scheduler = fork_scheduler(mode, knobs.scheduler_own_group)
     for server in servers:
         serve_in_background(server)
     extra = f", bootstrap 127.0.0.1:{args.disaggregation_bootstrap_port}" if mode == "prefill" else ""
@@ -466,6 +469,9 @@ def launch_server(args: argparse.Namespace) -> int:
     stop.wait()
     print(f"[{mode}] stopping", flush=True)
     app.ready = False
+    if knobs.stop_hang_s:
+        time.sleep(knobs.stop_hang_s)  # a drain with no deadline: the stop's grace runs out first
     shutdown_servers(servers)
     app.stop_engine()
+    scheduler.stop()
     return 0
