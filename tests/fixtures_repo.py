@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_netns import Netns
+from pydantic import TypeAdapter
 
 from deployer.command import Masker
-from deployer.config.models import FileSpec, Host, Playbook
+from deployer.config.models import AnyHost, FileSpec, Playbook
 from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
 from deployer.transport.factory import open_transport
 
@@ -257,7 +258,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
 @pytest.fixture
 def context(target: Project) -> Iterator[Context]:
     """A Context on the target, for calling deployer's functions directly (with inputs the loader would refuse)."""
-    host = Host.model_validate(target.host)
+    host = TypeAdapter(AnyHost).validate_python(target.host)
     bus = EventBus(Masker(), target.host_name)
     model = Playbook(name="t", files=[FileSpec(src="a.py", dest="pkg/a.py")], steps=["upload"])
     playbook = LoadedPlaybook(path=target.root / "fix.yaml", raw=b"", model=model, sources={}, patch=None)

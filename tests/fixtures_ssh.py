@@ -29,7 +29,7 @@ from typing import NoReturn
 import pytest
 
 from deployer.demo.run import free_port
-from deployer.transport.ssh import SSHTransport
+from deployer.transport.ssh.transport import SSHTransport
 
 START_DEADLINE_S = 10.0
 SFTP_SERVER_CANDIDATES = (

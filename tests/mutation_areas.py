@@ -66,10 +66,13 @@ AREAS = {
                "or give_the_file_back")),
     # Host keys: known_hosts, reject / accept-new, the pin, a changed key, every ProxyJump hop's key.
     "host-key": Area(
-        {"deployer/transport/ssh.py": ("fingerprint", "host_entry", "_Endpoint.entry", "SSHTransport.__init__",
-                                       "SSHTransport._connect", "SSHTransport._changed_key_message",
-                                       "SSHTransport._unknown_key_message", "SSHTransport._missing_host_key",
-                                       "SSHTransport._pin", "_HostKeyGate.missing_host_key", "_ends_with_newline")},
+        {"deployer/transport/ssh/hostkeys.py": ("fingerprint", "KnownHosts.guard", "KnownHosts.changed_key_message",
+                                                "KnownHosts._unknown_key_message", "KnownHosts._missing_host_key",
+                                                "KnownHosts._pin", "_HostKeyGate.missing_host_key",
+                                                "_ends_with_newline"),
+         "deployer/transport/ssh/config.py": ("host_entry", "Endpoint.entry", "known_hosts_file"),
+         "deployer/transport/ssh/connect.py": ("Link.__init__", "Link._connect"),
+         "deployer/transport/ssh/transport.py": ("SSHTransport.__init__",)},
         ("tests/transport/test_ssh_transport.py", "tests/run/test_ssh_apply.py", "tests/cli/test_cli_json.py",
          "-k", "host_key or known_hosts or bastion or accept or proxy_jump or fingerprint or become_wraps "
                "or use_after_close or silent_server or agent_authenticates or default_keys")),

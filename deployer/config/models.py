@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import posixpath
 import shlex
-import typing
 import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
-    ValidationError,
+    Tag,
     field_validator,
     model_validator,
 )
 
 from deployer.config import yamlsrc
+from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
 # The target's own loopback: the only place a storm (and a host's endpoint) may point.
@@ -130,15 +130,9 @@ class Service(Strict):
 
 
 class Host(Strict):
-    transport: Literal["ssh", "local"] = "ssh"
-    address: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    ssh_config: str | None = None  # default ~/.ssh/config; the host name (or address) may be an alias there
-    host_key_policy: Literal["reject", "accept-new"] = "reject"
-    connect_timeout_s: float = Field(default=10.0, gt=0)  # TCP connect, handshake, login, each channel open
+    """What every host has, whatever reaches it; each transport kind's model adds its own fields."""
+
+    transport: str  # each kind's model narrows it to its own name (the union's tag)
     repo: str
     python: str = "python3"
     metrics: Url | None = None
@@ -160,6 +154,42 @@ class Host(Strict):
         return [v.resolve() for env in envs for v in env.values() if isinstance(v, SecretValue) and v.secret]
 
 
+class SshHost(Host):
+    """A host over SSH, the kind a host without `transport:` is."""
+
+    transport: Literal["ssh"] = "ssh"
+    address: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    ssh_config: str | None = None  # default ~/.ssh/config; the host name (or address) may be an alias there
+    host_key_policy: Literal["reject", "accept-new"] = "reject"
+    connect_timeout_s: float = Field(default=10.0, gt=0)  # TCP connect, handshake, login, each channel open
+
+
+class LocalHost(Host):
+    """A directory on this machine (the demo, most tests): nothing to connect to."""
+
+    transport: Literal["local"]  # no default: a dumped inventory must keep saying it (ssh is the default)
+
+
+def transport_of(data: Any) -> str:
+    """The kind a host is: its `transport:`, ssh when it has none (and for what is not a mapping, so that
+    SshHost says what is wrong with it)."""
+    found = data.get("transport", "ssh") if isinstance(data, dict) else getattr(data, "transport", "ssh")
+    return found if isinstance(found, str) else repr(found)
+
+
+# One member per transport kind (transport/kinds.py opens each); a new kind is its model and one line here.
+AnyHost = Annotated[
+    Annotated[SshHost, Tag("ssh")]
+    | Annotated[LocalHost, Tag("local")],
+    Discriminator(transport_of, custom_error_type=UNKNOWN_KIND, custom_error_context={"key": "transport"},
+                  custom_error_message="Input should be 'ssh' or 'local'"),
+]
+
+
 def resolve_env(env: dict[str, EnvValue]) -> dict[str, str]:
     return {k: v.resolve() if isinstance(v, SecretValue) else v for k, v in env.items()}
 
@@ -178,7 +208,7 @@ class Unit(Strict):
 
 
 class Inventory(Strict):
-    hosts: dict[str, Host]
+    hosts: dict[str, AnyHost]
     groups: dict[str, list[str]] = Field(default_factory=dict)  # name -> hosts, groups or units
     units: dict[str, Unit] = Field(default_factory=dict)
 
@@ -285,66 +315,6 @@ class Playbook(Strict):
         if len(set(dests)) != len(dests):
             raise ValueError("two files have the same dest")
         return self
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def validate(model: type[M], data: Any, doc: yamlsrc.Document, base: yamlsrc.Loc = ()) -> M:
-    """Validate data with the model; errors name file:line:column and the field."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_errors(exc, doc, base, model)) from None
-
-
-def format_errors(exc: ValidationError, doc: yamlsrc.Document, base: yamlsrc.Loc = (),
-                  model: type[BaseModel] | None = None) -> str:
-    lines: list[tuple[yamlsrc.Mark, str]] = []
-    for error in exc.errors():
-        kept: list[str | int] = list(base)
-        raw = error["loc"]
-        for i, part in enumerate(raw):
-            # Union branches add type names to the location; keep only real keys.
-            candidate = (*kept, part)
-            if candidate in doc.marks or (i == len(raw) - 1 and error["type"] == "missing"):
-                kept.append(part)
-        field = ".".join(str(p) for p in kept) or "(top level)"
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown key" + did_you_mean(str(raw[-1]), known_keys(model, raw) if model else [])
-        elif error["type"] == "value_error":
-            message = str(error.get("ctx", {}).get("error", message))
-        elif error["type"] == "missing":
-            message = "required field is missing"
-        lines.append((doc.mark(tuple(kept)), f"{field}: {message}"))
-    return yamlsrc.in_line_order(lines)
-
-
-def did_you_mean(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def known_keys(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
-    """The keys the model takes where loc's last key stands (the models on the way found by field)."""
-    current = model
-    for part in loc[:-1]:
-        field = current.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:  # a list index or a mapping's own key (a host name): same model below
-            continue
-        nested = _model_in(field.annotation)
-        if nested is None:
-            return []
-        current = nested
-    return list(current.model_fields)
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model inside an annotation such as `Host`, `list[FileSpec]`, `dict[str, Host] | None`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return next((m for arg in typing.get_args(annotation) if (m := _model_in(arg)) is not None), None)
 
 
 def find_inventory(explicit: str | None) -> Path:

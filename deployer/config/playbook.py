@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from deployer.config import yamlsrc
-from deployer.config.models import Playbook, validate
+from deployer.config.models import Playbook
+from deployer.config.validation import validate
 from deployer.errors import ConfigError
 from deployer.steps.base import Step
 from deployer.steps.context import LoadedPlaybook

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from deployer.config.models import Host, Inventory, Unit, resolve_env
+from deployer.config.models import Inventory, LocalHost, Unit, resolve_env
 from deployer.config.playbook import load_playbook
 from deployer.errors import ConfigError, DeployerError
 from deployer.fleet.apply import FleetApply
@@ -98,7 +98,7 @@ class DemoStack:
     def url(self, service: str, path: str) -> str:
         return f"http://127.0.0.1:{self.ports[service]}{path}"
 
-    def host(self) -> Host:
+    def host(self) -> LocalHost:
         py = sys.executable
         p = self.ports
         common = ["--model-path", "demo-model", "--disaggregation-transfer-backend", "nixl",
@@ -120,7 +120,7 @@ class DemoStack:
             facts["metrics"] = self.url(gauge, "/metrics")
         if "router" in self.runs:  # where a storm goes
             facts["endpoint"] = self.url("router", "")
-        return Host.model_validate({
+        return LocalHost.model_validate({
             "transport": "local", "repo": str(self.repo), "python": py, "env": {"PYTHONDONTWRITEBYTECODE": "1"},
             "services": services, "lock_ttl_s": 60, **facts})
 

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from deployer.config.models import Host
-from deployer.errors import ConfigError
 from deployer.transport.base import Transport
-from deployer.transport.local import LocalTransport
+from deployer.transport.kinds import Emitter, opener
 
 if TYPE_CHECKING:
     from deployer.agent.protocol import Hello
 
 
-class Emitter(Protocol):
-    def emit(self, kind: str, /, **data: Any) -> None: ...
-
-
 def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: bool = False) -> Transport:
-    transport = _open(name, host, bus, accept_new_host_key)
+    transport = opener(host.transport)(name, host, bus, accept_new_host_key)
 
     def started(hello: Hello) -> None:
         # Which agent ran, by the sha256 of its source, as whom and under which python.
@@ -28,24 +23,6 @@ def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: 
 
     transport.on_agent = started
     return transport
-
-
-def _open(name: str, host: Host, bus: Emitter, accept_new_host_key: bool) -> Transport:
-    if host.transport == "local":
-        return LocalTransport(name, python=host.python, become=host.become)
-    from deployer.transport.ssh import SSHTransport  # paramiko is slow to import; local runs skip it
-
-    def pinned(entry: str, key_type: str, fingerprint: str) -> None:
-        bus.emit("host_key_pinned", entry=entry, key_type=key_type, fingerprint=fingerprint)
-
-    address = host.address or name
-    if not address:
-        raise ConfigError(f"host {name!r} has no address")
-    return SSHTransport(name=name, address=address, port=host.port, user=host.user,
-                        identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
-                        connect_timeout=host.connect_timeout_s,
-                        host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
-                        become=host.become, on_host_key_pinned=pinned, python=host.python)
 
 
 class Opening:
@@ -60,8 +37,7 @@ class Opening:
         self._bus: Emitter | None = None
         self._outcome: Transport | BaseException | None = None
         self._claimed = False
-        if host.transport == "ssh":
-            import deployer.transport.ssh  # noqa: F401  here, so the thread spends its time waiting, not importing
+        opener(host.transport)  # its module imported here, so the thread spends its time waiting, not importing
         self._thread = threading.Thread(target=self._open, name=f"open-{name}", daemon=True)
         self._thread.start()
 

@@ -6,9 +6,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from deployer.transport.base import Transport, TransportInfo
 from deployer.transport.pipes import Pipe, local_pipe
+
+if TYPE_CHECKING:
+    from deployer.config.models import LocalHost
+    from deployer.transport.kinds import Emitter
+
+
+def open_host(name: str, host: LocalHost, bus: Emitter, accept_new_host_key: bool) -> LocalTransport:
+    """The registry's opener for `transport: local` (transport/kinds.py): no link, no host key."""
+    return LocalTransport(name, python=host.python, become=host.become)
 
 
 class LocalTransport(Transport):

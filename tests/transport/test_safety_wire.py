@@ -169,7 +169,7 @@ if spec["kind"] == "local":
     from deployer.transport.local import LocalTransport
     transport = LocalTransport()
 else:
-    from deployer.transport.ssh import SSHTransport
+    from deployer.transport.ssh.transport import SSHTransport
     transport = SSHTransport(**spec["ssh"])
 transport.run(["true"], timeout=30)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

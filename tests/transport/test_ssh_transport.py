@@ -22,7 +22,8 @@ from fixtures_services import served
 from fixtures_ssh import SSHD, CountingProxy, connect, fingerprint_of
 
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
-from deployer.transport.ssh import SSHTransport, _parse_jump
+from deployer.transport.ssh.config import _parse_jump
+from deployer.transport.ssh.transport import SSHTransport
 
 MiB = 1024 * 1024
 

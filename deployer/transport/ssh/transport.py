@@ -1,0 +1,155 @@
+"""A target reached over SSH: one authenticated paramiko connection, one exec channel for the agent.
+
+The constructor connects eagerly, so an unreachable host, a refused host key or a failed login
+surfaces at preflight, before any step has run. The agent (deployer/agent) then runs on one exec
+channel of that connection and carries every command, upload and check; port forwards (for a
+storm) are further channels. There are no reconnects: a lost connection is a TransportError
+rather than a silent second handshake, and the agent exits when its channel closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deployer.command import quote
+from deployer.errors import ConfigError, TransportError
+from deployer.transport.base import Transport, TransportInfo
+from deployer.transport.pipes import ChannelPipe, Pipe
+from deployer.transport.ssh.config import known_hosts_file, load_config, proxy_jumps, resolve
+from deployer.transport.ssh.connect import Link, describe
+from deployer.transport.ssh.forward import Forward, close_quietly
+from deployer.transport.ssh.hostkeys import HostKeyPinned, HostKeyPolicy, KnownHosts, fingerprint
+from deployer.transport.ssh.paramiko_lean import paramiko
+
+if TYPE_CHECKING:
+    from deployer.config.models import SshHost
+    from deployer.transport.kinds import Emitter
+
+# paramiko reports every refused tunnel connection (a service still starting) on stderr through
+# logging's last-resort handler; those outcomes reach callers as errors already.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+KEEPALIVE_S = 30
+
+
+def open_host(name: str, host: SshHost, bus: Emitter, accept_new_host_key: bool) -> SSHTransport:
+    """The registry's opener for `transport: ssh` (transport/kinds.py)."""
+
+    def pinned(entry: str, key_type: str, fingerprint: str) -> None:
+        bus.emit("host_key_pinned", entry=entry, key_type=key_type, fingerprint=fingerprint)
+
+    address = host.address or name
+    if not address:
+        raise ConfigError(f"host {name!r} has no address")
+    return SSHTransport(name=name, address=address, port=host.port, user=host.user,
+                        identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
+                        connect_timeout=host.connect_timeout_s,
+                        host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
+                        become=host.become, on_host_key_pinned=pinned, python=host.python)
+
+
+class SSHTransport(Transport):
+    """One host through a single SSH connection: the agent's exec channel, and port forwards."""
+
+    def __init__(self, *, name: str, address: str, port: int | None = None,
+                 user: str | None = None, identity_file: str | None = None,
+                 known_hosts: str | None = None, host_key_policy: HostKeyPolicy = "reject",
+                 ssh_config: str | None = None, connect_timeout: float,
+                 become: bool = False, on_host_key_pinned: HostKeyPinned | None = None,
+                 python: str = "python3") -> None:
+        super().__init__(python=python, become=become)
+        if host_key_policy not in ("reject", "accept-new"):
+            raise ConfigError(f"{name}: host_key_policy must be 'reject' or 'accept-new', "
+                              f"not {host_key_policy!r}")
+        self.name = name
+        self._connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._forwards: dict[tuple[str, int], Forward] = {}
+        self._closed = False
+
+        config = load_config(ssh_config)
+        if identity_file is not None and not os.path.isfile(os.path.expanduser(identity_file)):
+            raise ConfigError(f"{name}: identity file {identity_file} does not exist")
+        target = resolve(config, address, port=port, user=user,
+                         identity_files=(identity_file,) if identity_file else None)
+        self._known_hosts = known_hosts_file(config, address, known_hosts)
+        jumps = proxy_jumps(config, address, fallback_identities=target.identity_files)
+        self.target = target
+
+        self._link = Link(name, target, jumps,
+                          KnownHosts(name, self._known_hosts, host_key_policy, on_host_key_pinned),
+                          connect_timeout)
+        self._transport = self._link.transport
+        self._transport.set_keepalive(KEEPALIVE_S)
+        extra = {"address": address, "hostname": target.hostname, "port": str(target.port),
+                 "user": target.user, "known_hosts": self._known_hosts}
+        if jumps:
+            extra["proxy_jump"] = ",".join(hop.where for hop in jumps)
+            extra["proxy_jump_host_keys"] = ",".join(self._link.jump_fingerprints)
+        if become:
+            extra["become"] = "sudo"
+        self.info = TransportInfo(
+            kind="ssh", target=name,
+            host_key_fingerprint=fingerprint(self._transport.get_remote_server_key()),
+            extra=extra)
+
+    def _pipe(self, argv: Sequence[str]) -> Pipe:
+        """One exec channel on the shared connection, running argv: the agent's pipe."""
+        chan = self._open_channel()
+        try:
+            self._exec_bounded(chan, quote(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            close_quietly(chan)
+            raise TransportError(f"{self.name}: could not start the agent: {describe(exc)}") from None
+        return ChannelPipe(chan)
+
+    def _open_channel(self, timeout: float | None = None) -> paramiko.Channel:
+        if self._closed:
+            raise TransportError(f"{self.name}: transport is closed")
+        if not self._transport.is_active():
+            raise TransportError(f"{self.name}: SSH connection to {self.target.where} was lost")
+        try:
+            return self._transport.open_session(timeout=min(self._connect_timeout, timeout or self._connect_timeout))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
+                                 f"{describe(exc)}") from None
+
+    def _exec_bounded(self, chan: paramiko.Channel, line: str) -> None:
+        """exec_command waits for the server's reply without a timeout; a target that stopped
+        answering (a partition, a frozen sshd) would hang the run. Past connect_timeout the
+        connection is closed: it is unusable anyway, and every waiter then fails at once."""
+        timer = threading.Timer(self._connect_timeout, self._transport.close)
+        timer.daemon = True
+        timer.start()
+        try:
+            chan.exec_command(line)
+        finally:
+            timer.cancel()
+        if not self._transport.is_active():
+            raise paramiko.SSHException(f"no answer from the target within {self._connect_timeout:g}s")
+
+    def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
+        key = (remote_host, remote_port)
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"{self.name}: transport is closed")
+            existing = self._forwards.get(key)
+            if existing is None or existing.stopped:
+                existing = Forward(self._transport, remote_host, remote_port, self._connect_timeout)
+                self._forwards[key] = existing
+            return existing.local_port
+
+    def _close_link(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            forwards = list(self._forwards.values())
+            self._forwards.clear()
+        for fwd in forwards:
+            fwd.close()
+        self._link.close()

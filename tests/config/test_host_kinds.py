@@ -1,0 +1,92 @@
+"""One host model per transport kind, chosen by `transport:` (ssh when absent): each kind takes only its own keys,
+the inventory format is unchanged, and the JSON Schema says the same as the models."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployer.config.models import AnyHost, Inventory, LocalHost, SshHost, load_inventory
+from deployer.config.schema import schema_for
+from deployer.demo.run import DemoStack, fleet_stacks, fleet_units, unit_ports
+from deployer.errors import ConfigError
+from deployer.transport.kinds import KINDS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def inventory_error(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(path)
+    return str(caught.value).replace(str(path), "hosts.yaml")
+
+
+def test_a_host_without_transport_is_ssh_and_a_local_one_is_local(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  gpu: {address: a.example, port: 2222, repo: /r}\n"
+                    "  demo: {transport: local, repo: /d}\n  named: {transport: ssh, repo: /n}\n")
+    hosts = load_inventory(path).hosts
+    assert isinstance(hosts["gpu"], SshHost) and hosts["gpu"].port == 2222
+    assert isinstance(hosts["named"], SshHost)
+    assert isinstance(hosts["demo"], LocalHost) and hosts["demo"].repo == "/d"
+
+
+def test_a_local_host_with_an_ssh_key_is_refused_at_that_key_saying_whose_key_it_is(tmp_path: Path) -> None:
+    error = inventory_error(tmp_path, "hosts:\n  demo:\n    transport: local\n    repo: /r\n    port: 22\n")
+    assert error == "hosts.yaml:5:11: hosts.demo.port: unknown key for transport: local ('port' is a key of " \
+                    "transport: ssh only)"
+
+
+def test_a_host_named_like_a_kind_is_judged_by_its_own_kind(tmp_path: Path) -> None:
+    error = inventory_error(tmp_path, "hosts:\n  ssh:\n    transport: local\n    repo: /r\n    user: root\n")
+    assert error.startswith("hosts.yaml:5:11: hosts.ssh.user: unknown key for transport: local")
+    error = inventory_error(tmp_path, "hosts:\n  local:\n    repo: /r\n    adress: a\n")
+    assert error == "hosts.yaml:4:13: hosts.local.adress: unknown key (did you mean 'address'?)"
+
+
+def test_a_key_no_kind_takes_still_suggests_the_close_one(tmp_path: Path) -> None:
+    error = inventory_error(tmp_path, "hosts:\n  demo:\n    transport: local\n    repo: /r\n    pyhton: x\n")
+    assert error == "hosts.yaml:5:13: hosts.demo.pyhton: unknown key (did you mean 'python'?)"
+
+
+def test_an_unknown_transport_is_refused_at_its_key(tmp_path: Path) -> None:
+    error = inventory_error(tmp_path, "hosts:\n  box:\n    repo: /r\n    transport: docker\n")
+    assert error == "hosts.yaml:4:16: hosts.box.transport: Input should be 'ssh' or 'local'"
+
+
+def test_every_host_kind_has_a_transport_that_opens_it() -> None:
+    members, _discriminator = typing.get_args(AnyHost)
+    tags = {typing.get_args(member)[1].tag for member in typing.get_args(members)}
+    assert tags == set(KINDS) == {"ssh", "local"}
+
+
+def demo_inventories(tmp_path: Path) -> list[dict[str, object]]:
+    """The inventories `deployer demo` and `deployer demo --fleet` write, as they write them."""
+    one = Inventory(hosts={"demo": DemoStack(tmp_path / "one", unit_ports(1)[0]).host()})
+    fleet = Inventory(hosts={n: s.host() for n, s in fleet_stacks(tmp_path / "fleet").items()}, units=fleet_units())
+    return [yaml.safe_load(yaml.safe_dump(i.model_dump(exclude_defaults=True), sort_keys=False)) for i in (one, fleet)]
+
+
+def test_the_demo_inventories_stay_local_when_written_and_read_back(tmp_path: Path) -> None:
+    for index, data in enumerate(demo_inventories(tmp_path)):
+        path = tmp_path / f"written-{index}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        assert {type(h) for h in load_inventory(path).hosts.values()} == {LocalHost}
+
+
+def test_the_inventory_schema_takes_the_example_and_demo_inventories_and_refuses_what_the_models_refuse(
+        tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = schema_for("inventory")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for data in [yaml.safe_load((REPO / "hosts.yaml").read_text()), *demo_inventories(tmp_path)]:
+        jsonschema.validate(data, schema)
+    for bad in ({"transport": "local", "repo": "/r", "port": 22}, {"transport": "docker", "repo": "/r"},
+                {"repo": "/r", "adress": "a"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"hosts": {"h": bad}}, schema)
