@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
@@ -91,6 +91,21 @@ class Step(ABC):
     def live_checks(self, ctx: Context) -> list[LiveCheck]:
         """What `deployer check` reads for this step, live and read-only (a metric step: its gauge now)."""
         return []
+
+    # -- a step of scope `unit` spans a unit's hosts as one, and implements these -------------------------
+
+    def members_in(self, unit: str, members: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Which of a unit's (host, service) members the step works on, in unit order (ConfigError: it names a
+        service the unit lacks)."""
+        raise NotImplementedError(f"{self.kind} does not span a unit")
+
+    def part(self, services: list[str]) -> Step:
+        """The step as one host of a unit runs it in its own run (its plan, its check): that host's services."""
+        raise NotImplementedError(f"{self.kind} does not span a unit")
+
+    def across(self, members: Sequence[tuple[Context, str]], name: str, **tags: str) -> dict[str, str]:
+        """Do it on members (each host's connection and a service) as one, tags on its events; each host's summary."""
+        raise NotImplementedError(f"{self.kind} does not span a unit")
 
     @abstractmethod
     def plan(self, ctx: Context) -> list[Action]:
