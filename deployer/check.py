@@ -24,7 +24,6 @@ from deployer.run.gitops import GIT_DIR, git, names
 from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
-from deployer.steps.metrics import MetricStep, scrape
 from deployer.steps.services import manager_for
 from deployer.transport.base import Transport
 
@@ -247,15 +246,8 @@ def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlay
         report.add("metrics", "ok" if answer == 200 else "fail",
                    f"{url} answers {answer}" if answer else f"{url} does not answer", 1)
     for step in playbook[1] if playbook else []:
-        if not isinstance(step, MetricStep):
-            continue
-        target = step.params.url or url
-        if target is None:
-            continue  # the playbook check above already names the missing URL
-        reading = scrape(ctx.transport, target, step.params)
-        report.add(f"metric ({step.name})", "ok" if reading.value is not None else "fail",
-                   f"{step.params.metric} = {reading.value:g}" if reading.value is not None
-                   else f"inconclusive: {reading.problem}", 1)
+        for row in step.live_checks(ctx):
+            report.add(row.name, "ok" if row.ok else "fail", row.detail, 1)
 
 
 def _check_dests(report: CheckReport, ctx: Context, loaded: LoadedPlaybook) -> None:

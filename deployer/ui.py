@@ -19,7 +19,7 @@ from rich.text import Text
 from deployer import runlog
 from deployer.errors import DeployerError
 from deployer.steps.action import Kind
-from deployer.steps.services import pid_text as one_pid
+from deployer.steps.services.manager import pid_text as one_pid
 from deployer.text import visible
 
 if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a plain apply

@@ -22,21 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployer.config.models import Host, Unit
-from deployer.errors import ConfigError, DeployerError, RollbackFailed, VerificationFailed
+from deployer.config.models import Unit
+from deployer.errors import DeployerError, RollbackFailed, VerificationFailed
 from deployer.run.engine import Engine, RunResult, target_state
 from deployer.run.gitops import head
 from deployer.run.rollback import VERIFY, Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.runlog import Run, RunLogWriter, utc_now
-from deployer.steps import services
-from deployer.steps.base import Effect, Step
+from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import CancelToken, Context
-from deployer.steps.services import CoRestart
 
 Body = Callable[[Context, RunLogWriter], None]
-# Steps that observe the unit as a whole: they read its metrics host (and its endpoint), once.
-UNIT_CHECKS = ("baseline", "storm", "drain")
 
 
 ABORTED = "another host of the unit failed"  # how a host stopped by another host's failure says so
@@ -46,35 +42,14 @@ class UnitAborted(DeployerError):
     """Another host of the unit failed: this host stops too (restored, or rolled back with the unit)."""
 
 
-class UnitRestart(CoRestart):
-    """co_restart in a unit: the unit restarts its services across hosts as one (UnitRun.restart); on one
-    host the step names that host's part, which is what its plan shows and its run log describes."""
-
-    def __init__(self, step: CoRestart, here: list[str]) -> None:
-        super().__init__(step.params, step.name, step.where)
-        self.here = here
-
-    def check_host(self, host_name: str, host: Host) -> str | None:
-        return None  # checked against the unit's services when the unit is formed
-
-    def names(self, ctx: Context) -> list[str]:
-        return self.here
-
-
 def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]:
     """The steps a host of a unit runs in its own run: the unit's checks only on its metrics host, and
     co_restart as its part of the unit's restart."""
     kept: list[Step] = []
     for step in steps:
-        if isinstance(step, CoRestart):
-            chosen = step.params.services
-            unknown = [n for n in chosen or [] if n not in {service for _, service in unit.members()}]
-            if unknown:
-                raise ConfigError(f"{step.where}: {step.name}: unit {name} has no service {', '.join(unknown)} "
-                                  f"(it has: {', '.join(unit.services)})")
-            kept.append(UnitRestart(step, [s for h, s in unit.members() if h == host and (chosen is None
-                                                                                          or s in chosen)]))
-        elif step.kind not in UNIT_CHECKS or host == (unit.metrics or unit.hosts()[0]):
+        if step.scope == Scope.unit:
+            kept.append(step.part([s for h, s in step.members_in(name, unit.members()) if h == host]))
+        elif step.scope == Scope.each_host or host == (unit.metrics or unit.hosts()[0]):
             kept.append(step)
     return kept
 
@@ -259,52 +234,33 @@ class UnitRun:
         if not prefix:  # a rollback stays in rolling_back through its restart and checks
             for host in self.hosts:
                 self.engines[host].enter(self.ctxs[host], step.effect)
-        if isinstance(step, CoRestart):
+        if step.scope == Scope.unit:
             self.restart(step, prefix + step.name)
-        elif step.kind in UNIT_CHECKS:
+        elif step.scope == Scope.metrics_host:
             host = self.metrics_host
             self.engines[host].run_step(self.ctxs[host], step, prefix + step.name)
         else:
             for host in self.hosts:
                 self.engines[host].run_step(self.ctxs[host], step, prefix + step.name)
 
-    def members(self, step: CoRestart) -> list[tuple[Context, str]]:
-        chosen = step.params.services
-        return [(self.ctxs[host], service) for host, service in self.unit.members()
-                if host in self.ctxs and (chosen is None or service in chosen)]
-
-    def restart(self, step: CoRestart, name: str) -> None:
-        """co_restart across hosts: stop in reverse unit order, start in order, each healthy before the next;
-        every host's log gets its own step_start, services and PIDs, step_end."""
-        members = self.members(step)
+    def restart(self, step: Step, name: str) -> None:
+        """A step of scope unit (co_restart) across the unit's hosts, through the same code as on one host; every
+        host it involves gets its own step_start and step_end, and the unit's name on its events."""
+        members = [(self.ctxs[host], service) for host, service in step.members_in(self.name, self.unit.members())
+                   if host in self.ctxs]
         involved = list(dict.fromkeys(ctx.host_name for ctx, _ in members))
         started = time.monotonic()
         for host in involved:
             self.ctxs[host].bus.step = name
             self.ctxs[host].emit("step_start", kind=step.kind, unit=self.name)
-        managers = [(ctx, services.manager_for(ctx, service, name, step.timeout_s)) for ctx, service in members]
-        pids: dict[str, dict[str, dict[str, int | None]]] = {host: {} for host in involved}
         try:
-            old = [m.pid() for _, m in managers]
-            for (ctx, m), pid in reversed(list(zip(managers, old, strict=True))):
-                ctx.emit("service_stopped", service=m.name, pid=pid, how=m.stop(pid), unit=self.name)
-            for (ctx, m), pid in zip(managers, old, strict=True):
-                ctx.cancel.check()
-                new = m.start()
-                ctx.emit("service_started", service=m.name, pid=new, unit=self.name)
-                pids[ctx.host_name][m.name] = {"old": pid, "new": new}
-                if new == pid:
-                    raise m.fail(f"PID did not change ({pid} -> {new}): the restart did not happen")
+            summaries = step.across(members, name, unit=self.name)
         except DeployerError as exc:
             for host in involved:
                 self._end_step(host, "failed", started, error=str(exc))
             raise
         for host in involved:
-            ctx = self.ctxs[host]
-            ctx.facts.pids = pids[host]
-            ctx.emit("restart", pids=pids[host], unit=self.name)
-            self._end_step(host, "ok", started,
-                           summary=", ".join(f"{n} {p['old']}->{p['new']}" for n, p in pids[host].items()))
+            self._end_step(host, "ok", started, summary=summaries[host])
 
     def _end_step(self, host: str, status: str, started: float, **detail: str) -> None:
         ctx = self.ctxs[host]
@@ -332,7 +288,7 @@ class UnitRun:
             for ctx in ctxs:
                 ctx.facts.pids = None
             for step in post:
-                if isinstance(step, CoRestart):
+                if step.scope == Scope.unit:
                     self.restart(step, f"rollback:{step.name}")
             for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
                 if ctx.facts.pids is not None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -12,7 +13,7 @@ from deployer.diffs import DiffStat
 from deployer.steps.action import Action
 from deployer.steps.context import Context, Submitted
 
-__all__ = ["Action", "Effect", "NoParams", "Scope", "Step"]
+__all__ = ["Action", "Effect", "LiveCheck", "NoParams", "Scope", "Step"]
 
 
 class NoParams(Strict):
@@ -37,6 +38,15 @@ class Scope(str, Enum):
     each_host = "each_host"  # every host of the unit runs it in its own run
     metrics_host = "metrics_host"  # once, on the unit's metrics host: it reads or loads the unit's service
     unit = "unit"  # across the unit's hosts as one (co_restart: stops in reverse order, starts in order)
+
+
+@dataclass(frozen=True)
+class LiveCheck:
+    """A row of `deployer check`: what a step reads on the target now, and whether its run could start from it."""
+
+    name: str
+    ok: bool
+    detail: str
 
 
 class Step(ABC):
@@ -77,6 +87,25 @@ class Step(ABC):
         target, whatever the step's place in the playbook, so a broken fix never costs a storm. Only steps that
         set `judges`."""
         return []
+
+    def live_checks(self, ctx: Context) -> list[LiveCheck]:
+        """What `deployer check` reads for this step, live and read-only (a metric step: its gauge now)."""
+        return []
+
+    # -- a step of scope `unit` spans a unit's hosts as one, and implements these -------------------------
+
+    def members_in(self, unit: str, members: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Which of a unit's (host, service) members the step works on, in unit order (ConfigError: it names a
+        service the unit lacks)."""
+        raise NotImplementedError(f"{self.kind} does not span a unit")
+
+    def part(self, services: list[str]) -> Step:
+        """The step as one host of a unit runs it in its own run (its plan, its check): that host's services."""
+        raise NotImplementedError(f"{self.kind} does not span a unit")
+
+    def across(self, members: Sequence[tuple[Context, str]], name: str, **tags: str) -> dict[str, str]:
+        """Do it on members (each host's connection and a service) as one, tags on its events; each host's summary."""
+        raise NotImplementedError(f"{self.kind} does not span a unit")
 
     @abstractmethod
     def plan(self, ctx: Context) -> list[Action]:

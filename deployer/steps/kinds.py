@@ -7,7 +7,7 @@ from deployer.steps.compile import LocalCompile, RemoteCompile
 from deployer.steps.git import Commit, DiffBounds
 from deployer.steps.load import Storm
 from deployer.steps.metrics import Baseline, Drain
-from deployer.steps.services import CoRestart
+from deployer.steps.services.co_restart import CoRestart
 from deployer.steps.upload import Upload
 
 KINDS: dict[str, type[Step]] = {cls.kind: cls for cls in (

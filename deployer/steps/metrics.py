@@ -19,7 +19,7 @@ from deployer.agent.protocol import HttpResult
 from deployer.config.models import Host, Strict, Url
 from deployer.errors import StepFailed
 from deployer.steps.action import Action
-from deployer.steps.base import Effect, Scope, Step
+from deployer.steps.base import Effect, LiveCheck, Scope, Step
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.load import StormParams, storm, storm_actions
 from deployer.transport.base import Transport
@@ -129,6 +129,15 @@ class MetricStep(Step):
         if self.params.url is None and host.metrics is None:
             return f"no metrics URL: set `metrics` on host {host_name} or `url` on the step"
         return None
+
+    def live_checks(self, ctx: Context) -> list[LiveCheck]:
+        url = self.params.url or ctx.host.metrics
+        if url is None:
+            return []  # check_host already names the missing URL
+        now = scrape(ctx.transport, url, self.params)
+        return [LiveCheck(f"metric ({self.name})", now.value is not None,
+                          f"{self.params.metric} = {now.value:g}" if now.value is not None
+                          else f"inconclusive: {now.problem}")]
 
 
 class BaselineParams(MetricParams):

@@ -165,7 +165,8 @@ def test_a_selection_taking_part_of_a_unit_is_refused(good: Inventory) -> None:
 
 def test_in_a_unit_co_restart_names_unit_services_and_each_host_gets_its_part(tmp_path: Path,
                                                                               good: Inventory) -> None:
-    from deployer.fleet.unit import UnitRestart, steps_for
+    from deployer.fleet.unit import steps_for
+    from deployer.steps.services.co_restart import UnitRestart
 
     (tmp_path / "a.py").write_text("x = 1\n")
     path = tmp_path / "fix.yaml"

@@ -359,6 +359,56 @@ def test_part_of_a_unit_cannot_be_deployed_alone_and_a_unit_plans_per_host(pd_un
     assert refused.returncode == 2 and "takes part of unit 'pd-1'" in refused.stderr
 
 
+def test_a_unit_restart_does_on_each_host_exactly_what_its_plan_lists_there_in_that_order(pd_unit: Project) -> None:
+    """One co_restart routine for one host and for a unit: each host's run log records its part's planned actions,
+    in the planned order, every unconditional one included (the free-port check, the still-running check)."""
+    pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
+    plans = as_json(pd_unit.deployer("plan", "fix.yaml", "--host", "pd-1", "--json"))
+    planned = {p["host"]: next(s["actions"] for s in p["steps"] if s["name"] == "co_restart") for p in plans["hosts"]}
+    result = pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json")
+    report = as_json(result)
+    assert result.returncode == 0, report
+    for host, service in (("h1", "prefill"), ("h3", "decode")):
+        keys = [a["key"] for a in planned[host]]
+        done = [e["action"] for e in run_events(pd_unit, report["hosts"][host]["run_id"])
+                if e.get("step") == "co_restart" and "action" in e]
+        assert all(k.startswith(f"{service}.") for k in keys) and set(done) <= set(keys), (keys, done)
+        assert done == sorted(set(done), key=keys.index), f"{host}: out of plan order or twice: {done}"
+        assert {a["key"] for a in planned[host] if a["when"] is None} <= set(done), (keys, done)
+        assert {f"{service}.free", f"{service}.still"} <= set(done)
+
+
+def test_a_unit_restart_refuses_a_health_url_that_another_process_still_answers_after_the_stop(
+        pd_unit: Project) -> None:
+    """The unit gets the single host's check: after the stops, a health URL that still answers is served by a
+    process deployer did not start, which would pass the new process's health check for it; nothing starts."""
+    inventory = yaml.safe_load(pd_unit.inventory.read_text())
+    port = int(inventory["hosts"]["h3"]["services"]["decode"]["health"].rsplit(":", 1)[1].split("/")[0])
+    squatter = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                 "--directory", str(pd_unit.root / "www")], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            assert time.monotonic() < deadline and squatter.poll() is None, "the hand-started server never listened"
+            time.sleep(0.05)
+        pd_unit.playbook(steps=UNIT_STEPS)
+        report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json"))
+        assert report["exit_code"] == 5, report
+        said = " ".join(report["hosts"]["h3"]["error"].split())
+        assert f"service decode: http://127.0.0.1:{port}/health still answers after the stop" in said, said
+        assert squatter.poll() is None  # not deployer's to kill
+        for host in ("h1", "h3"):
+            events = run_events(pd_unit, report["hosts"][host]["run_id"])
+            assert not [e for e in events if e["type"] == "service_started"], host
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
 def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_nothing(pd_unit: Project) -> None:
     long_a = "".join(f"# line {i}\n" for i in range(20)) + ORIGINAL_A
     (repo(pd_unit, "h3") / "pkg/a.py").write_text(long_a)

@@ -1,0 +1,178 @@
+"""co_restart: restart coupled services together onto the new commit, and prove each restart happened.
+
+Prefill and decode cache each other's connection state, so they go down together (reverse order) and come
+up in order, each healthy before the next starts. A restart whose PID did not change did not happen.
+
+One routine (Restart) does it over its members, each service's manager on its own host's connection: one
+host's services, or a unit's services across its hosts. It is a list of stages, each one manager's part of
+one phase with the actions it plans; plan() lists those actions and run() does the stages in that order, so
+the dry run shows what the run does by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from deployer.config.models import Host, Strict
+from deployer.errors import ConfigError, StepFailed
+from deployer.steps.action import Action
+from deployer.steps.base import Effect, Scope, Step
+from deployer.steps.context import NOTHING, Context
+from deployer.steps.services import manager_for
+from deployer.steps.services.manager import Manager, Observed, pid_text
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One manager's part of one phase: the actions it plans, and what does exactly them."""
+
+    actions: list[Action]
+    do: Callable[[], None]
+
+
+@dataclass
+class Restart:
+    """co_restart's body over its members, wherever each runs; the pid bookkeeping (facts.pids, the `restart`
+    event) is written here, for each host, with the members on it."""
+
+    members: list[Manager]  # in start order
+    tags: Mapping[str, str]  # on every event it emits (a unit's name)
+    seen: dict[Manager, Observed] = field(default_factory=dict)
+    new: dict[Manager, int] = field(default_factory=dict)
+
+    def stages(self) -> list[Stage]:
+        def each(do: Callable[[Manager], None], actions: Callable[[Manager], list[Action]],
+                 order: Sequence[Manager]) -> list[Stage]:
+            return [Stage(actions(m), partial(do, m)) for m in order]
+        ms = self.members
+        return [*each(self.observe, lambda m: m.observe_actions(), ms),
+                *each(self.stop, lambda m: m.stop_actions(), ms[::-1]),
+                *each(self.free, lambda m: m.free_actions(), ms),
+                *each(self.start, lambda m: m.start_actions(), ms),
+                Stage([], self.record),
+                *each(self.confirm, lambda m: m.confirm_actions(), ms)]
+
+    def plan(self) -> list[Action]:
+        # The log tails last: each is read only by the failure (Manager.fail) that ends the run.
+        return [*(a for stage in self.stages() for a in stage.actions), *(m.log for m in self.members)]
+
+    def run(self) -> dict[str, str]:
+        """Do every stage in the plan's order; what happened, for each host."""
+        for stage in self.stages():
+            stage.do()
+        return {host: "; ".join(f"{m.name}: was {self.seen[m].describe()}; pid {pid_text(self.seen[m].pid)} -> "
+                                f"{pid_text(self.new[m])}" for m in mine) for host, mine in self.by_host().items()}
+
+    def by_host(self) -> dict[str, list[Manager]]:
+        hosts: dict[str, list[Manager]] = {}
+        for m in self.members:
+            hosts.setdefault(m.ctx.host_name, []).append(m)
+        return hosts
+
+    def observe(self, m: Manager) -> None:
+        self.seen[m] = m.observe()
+
+    def stop(self, m: Manager) -> None:
+        seen = self.seen[m]
+        how = m.stop(seen.pid)
+        m.ctx.emit("service_stopped", service=m.name, pid=seen.pid, pid_alive=seen.pid is not None,
+                   health_answering=seen.health, seen=seen.describe(), how=how, **self.tags)
+
+    def free(self, m: Manager) -> None:
+        # Something deployer does not know about (started by hand, no pid file) still serving would answer
+        # the health check for the new process, which could not even bind.
+        if m.answers_after_stop():
+            raise m.fail(f"{m.service.health} still answers after the stop, so another process serves it "
+                         f"(pid {self.seen[m].pid or 'unknown: started outside deployer'}); stop it once by hand "
+                         "or give the service a `stop` command")
+
+    def start(self, m: Manager) -> None:
+        m.ctx.cancel.check()
+        self.new[m] = m.start()
+        m.ctx.emit("service_started", service=m.name, pid=self.new[m], **self.tags)
+
+    def record(self) -> None:
+        for mine in self.by_host().values():
+            pids = {m.name: {"old": self.seen[m].pid, "new": self.new[m]} for m in mine}
+            ctx = mine[0].ctx
+            ctx.emit("restart", pids=pids, **self.tags)
+            ctx.facts.pids = pids
+
+    def confirm(self, m: Manager) -> None:
+        old, new = self.seen[m].pid, self.new[m]
+        if new == old:
+            raise m.fail(f"PID did not change ({pid_text(old)} -> {pid_text(new)}): the restart did not happen")
+        if not m.still_runs(new):
+            raise m.fail(f"pid {new} exited right after its health check passed")
+
+
+class CoRestartParams(Strict):
+    services: list[str] | None = None  # default: every service of the host, in inventory order
+    timeout_s: float = 60.0
+
+
+class CoRestart(Step):
+    kind = "co_restart"
+    scope = Scope.unit
+    effect = Effect.restarts
+    Params = CoRestartParams
+    params: CoRestartParams
+    after = ("commit",)
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        names = self.params.services if self.params.services is not None else list(host.services)
+        unknown = [n for n in names if n not in host.services]
+        if unknown or not names:
+            return (f"host {host_name} defines no service {', '.join(unknown) or '(none)'} "
+                    f"(it has: {', '.join(host.services) or 'none'})")
+        return None
+
+    def names(self, ctx: Context) -> list[str]:
+        names = self.params.services if self.params.services is not None else list(ctx.host.services)
+        unknown = [n for n in names if n not in ctx.host.services]
+        if unknown or not names:
+            raise StepFailed(self.name, f"host {ctx.host_name} defines no service {', '.join(unknown) or '(none)'} "
+                             f"(it has: {', '.join(ctx.host.services) or 'none'})")
+        return names
+
+    def restart(self, members: Sequence[tuple[Context, str]], name: str, tags: Mapping[str, str]) -> Restart:
+        return Restart([manager_for(ctx, service, name, self.timeout_s) for ctx, service in members], tags)
+
+    def plan(self, ctx: Context) -> list[Action]:
+        return self.restart([(ctx, n) for n in self.names(ctx)], self.name, NOTHING).plan()
+
+    def run(self, ctx: Context) -> str:
+        return self.across([(ctx, n) for n in self.names(ctx)], self.name)[ctx.host_name]
+
+    # -- in a unit ---------------------------------------------------------------------------------------
+
+    def members_in(self, unit: str, members: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        chosen = self.params.services
+        unknown = [n for n in chosen or [] if n not in {service for _, service in members}]
+        if unknown:
+            raise ConfigError(f"{self.where}: {self.name}: unit {unit} has no service {', '.join(unknown)} "
+                              f"(it has: {', '.join(f'{h}:{s}' for h, s in members)})")
+        return [(h, s) for h, s in members if chosen is None or s in chosen]
+
+    def part(self, services: list[str]) -> Step:
+        return UnitRestart(self.params, self.name, self.where, services)
+
+    def across(self, members: Sequence[tuple[Context, str]], name: str, **tags: str) -> dict[str, str]:
+        return self.restart(members, name, tags).run()
+
+
+class UnitRestart(CoRestart):
+    """co_restart on one host of a unit: the unit restarts its services across hosts as one (across); on one
+    host the step names that host's part, which is what its plan shows and its run log describes."""
+
+    def __init__(self, params: Strict, name: str, where: str, here: list[str]) -> None:
+        super().__init__(params, name, where)
+        self.here = here
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        return None  # checked against the unit's services when the unit is formed
+
+    def names(self, ctx: Context) -> list[str]:
+        return self.here

@@ -1,0 +1,73 @@
+"""A service systemd runs (`systemd:` in the inventory): systemctl stops and starts it, its journal is its log."""
+
+from __future__ import annotations
+
+from deployer.config.models import Service
+from deployer.steps.action import Action
+from deployer.steps.context import NOTHING, Context
+from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, answered
+
+
+class SystemdManager(Manager):
+    """A systemd unit: systemctl stops and starts it, and its main pid is the process it runs."""
+
+    def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
+        super().__init__(ctx, name, service, step, timeout)
+        assert service.systemd is not None
+        unit = service.systemd
+        main_pid = ("systemctl", "show", "-p", "MainPID", "--value", unit)
+        self.main_pid = Action.run(f"{name}.mainpid", f"read {unit}'s main pid", main_pid)
+        self.stop_unit = Action.run(f"{name}.stop", f"stop {name}", ("systemctl", "stop", unit),
+                                    failure=f"systemctl stop {unit} failed")
+        self.start_unit = Action.run(f"{name}.start", f"start {name}", ("systemctl", "start", unit),
+                                     failure=f"systemctl start {unit} failed")
+        self.up = Action.run(f"{name}.up", f"wait for {unit} to have a main pid", main_pid, repeats=True)
+        self.still = Action.run(f"{name}.still", "its main pid after every service started", main_pid)
+        self._log = Action.run(f"{name}.log", f"the end of {unit}'s journal",
+                               ("journalctl", "-u", unit, "-n", "40", "--no-pager"), when=f"{name} fails")
+
+    @classmethod
+    def manages(cls, service: Service) -> bool:
+        return service.systemd is not None
+
+    def observe_actions(self) -> list[Action]:
+        return [self.main_pid, *([] if self.health is None else [self.health])]
+
+    def stop_actions(self) -> list[Action]:
+        return [self.stop_unit]
+
+    def start_actions(self) -> list[Action]:
+        return [self.start_unit, self.up, *([] if self.up_health is None else [self.up_health])]
+
+    def confirm_actions(self) -> list[Action]:
+        return [self.still]
+
+    @property
+    def log(self) -> Action:
+        return self._log
+
+    @staticmethod
+    def pid_in(result: object) -> int | None:
+        out = getattr(result, "out", "").strip()
+        return int(out) if out.isdigit() and int(out) > 0 else None
+
+    def observe(self, health: bool = True) -> Observed:
+        ask = [(self.health, NOTHING)] if health and self.health is not None else []
+        results = self.ctx.act_all([(self.main_pid, NOTHING), *ask], timeout=PROBE_TIMEOUT_S)
+        return Observed(self.pid_in(results[0]), answered(results[1]) if ask else None)
+
+    def stop(self, pid: int | None) -> str:
+        self.ctx.act(self.stop_unit, timeout=self.timeout)
+        return "stopped"
+
+    def start(self) -> int:
+        self.ctx.act(self.start_unit, timeout=self.timeout)
+        pid = self.pid_in(self.wait_up(self.up, NOTHING))
+        assert pid is not None, "wait_up returns once the unit has a main pid"
+        return pid
+
+    def alive(self, probed: object, started: str | None) -> bool:
+        return self.pid_in(probed) is not None
+
+    def still_runs(self, pid: int) -> bool:
+        return self.pid_in(self.ctx.act(self.still, timeout=PROBE_TIMEOUT_S)) == pid
