@@ -28,17 +28,14 @@ from typing import Any, TypeVar
 
 import yaml
 
+from deployer.build import Build
 from deployer.config.models import Inventory, LocalHost, Unit, resolve_env
-from deployer.config.playbook import load_playbook
 from deployer.errors import ConfigError, DeployerError
-from deployer.fleet.apply import FleetApply
 from deployer.fleet.record import FleetState
-from deployer.fleet.runner import FleetCancel
-from deployer.run.engine import Engine, RunResult
+from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
+from deployer.run.engine import RunResult
 from deployer.runlog import read_run
-from deployer.steps.context import CancelToken, EventBus, Listener
-from deployer.transport.base import Transport
-from deployer.transport.local import LocalTransport
+from deployer.steps.context import CancelToken, Listener
 
 STACK = Path(__file__).parent / "stack"
 PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too
@@ -243,10 +240,6 @@ def wait_healthy(url: str, seconds: float, cancel: CancelToken, log: Path) -> No
         cancel.wait(0.1)
 
 
-def local(name: str) -> Callable[[EventBus], Transport]:
-    return lambda bus: LocalTransport(name)
-
-
 T = TypeVar("T")
 
 
@@ -287,9 +280,8 @@ class DemoOutcome:
 
 def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken) -> DemoOutcome:
     def deploy(directory: Path, stacks: dict[str, DemoStack]) -> DemoOutcome:
-        playbook, steps = load_playbook(PLAYBOOK)
-        engine = Engine(host_name=HOST, host=stacks[HOST].host(), playbook=playbook, steps=steps,
-                        runs_dir=directory / "runs", listeners=listeners, cancel=cancel, connect=local(HOST))
+        build = Build(directory / "runs", listeners=tuple(listeners))
+        engine = build.engines(PLAYBOOK, {HOST: stacks[HOST].host()}, cancel=cancel)[HOST]
         return DemoOutcome(stacks[HOST], engine.apply(), keep)
 
     return serve(workdir, lambda directory: {HOST: DemoStack(directory)}, {}, keep, cancel, deploy)
@@ -357,11 +349,9 @@ def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener
     units = fleet_units()
 
     def deploy(directory: Path, stacks: dict[str, DemoStack]) -> FleetDemoOutcome:
-        playbook, steps = load_playbook(PLAYBOOK)
-        engines = {name: Engine(host_name=name, host=stack.host(), playbook=playbook, steps=steps,
-                                runs_dir=directory / "runs", connect=local(name)) for name, stack in stacks.items()}
-        fleet = FleetApply(engines, directory / "runs", playbook.model.rollout, playbook.model.on_failure,
-                           cancel=cancel, listeners=listeners, units=units)
+        build = Build(directory / "runs")
+        engines = build.engines(PLAYBOOK, {name: stack.host() for name, stack in stacks.items()})
+        fleet = build.fleet_apply(engines, units, parallel=DEFAULT_PARALLEL, cancel=cancel, listeners=listeners)
         return FleetDemoOutcome(directory, stacks, fleet.run(), keep)
 
     return serve(workdir, fleet_stacks, units, keep, cancel, deploy)

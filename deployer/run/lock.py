@@ -26,8 +26,10 @@ import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deployer import runlog
 from deployer.agent.protocol import ExecResult
 from deployer.errors import DeployerError, LockHeld
 from deployer.text import printable, shown
@@ -270,3 +272,10 @@ def force_release(transport: Transport, git_dir: str) -> bool:
     if not result.ok:
         raise DeployerError(f"cannot remove {path}: {result.err.strip()}")
     return True
+
+
+def record_forced_release(runs_dir: Path, host: str, state: LockState, operator: str) -> str:
+    """A forced release as a run of its own, so the run log says who broke whose lock and how stale it was."""
+    return runlog.record_run(runs_dir, host, "lock_release", operator, [
+        {"type": "lock_force_released", "holder": state.info, "heartbeat_age_s": state.heartbeat_age_s,
+         "stale": state.stale}])

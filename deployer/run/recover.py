@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer.errors import ConfigError
-from deployer.run import intent
+from deployer.errors import ConfigError, DeployerError
+from deployer.run import gitops, intent
 from deployer.run.engine import Engine, RunResult
 from deployer.run.gitops import touched_by
+from deployer.run.lock import read_state
 from deployer.run.restore import remove_temps, restore_files, run_commits
 from deployer.run.rollback import VERIFY
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
-from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, read_run, utc_now
+from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
 
@@ -63,6 +64,24 @@ class Recovered:
         if self.lock_released:
             parts.append("its lock was released")
         return "; ".join(parts)
+
+
+def pending_run(engine: Engine) -> str | None:
+    """The run the host's intent record names, else the run whose lock was left (killed before its intent
+    record); None when the target holds neither."""
+    with engine.connect(engine.new_bus()) as transport:
+        git_dir = gitops.git_dir(transport, engine.host.repo)
+        pending = intent.read(transport, git_dir, engine.host_name)
+        if pending is not None:
+            return pending.run_id
+        lock = read_state(transport, git_dir, engine.host.lock_ttl_s, engine.host_name)
+    if lock is None:
+        return None
+    holder = lock.info.get("run_id")
+    if not isinstance(holder, str) or not is_run_id(holder):
+        raise DeployerError(f"the deploy lock {lock.path} on {engine.host_name} names no run deployer could "
+                            f"recover ({holder!a}); see: deployer lock status --host {engine.host_name}")
+    return holder
 
 
 def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, Recovered]:

@@ -226,7 +226,8 @@ def test_hosts_of_one_fleet_start_their_runs_concurrently_in_one_runs_dir(tmp_pa
 def test_the_live_view_of_64_hosts_is_a_summary_line_and_only_the_running_and_failed_hosts() -> None:
     import io
 
-    from deployer.ui import FleetView, make_console
+    from deployer.ui.console import make_console
+    from deployer.ui.live import FleetView
 
     hosts = [f"gpu-{i:02d}" for i in range(64)]
     console = make_console()

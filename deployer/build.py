@@ -1,0 +1,121 @@
+"""The one place engines, transports and fleets are made from a config.
+
+The CLI's commands and the demo both make theirs here, so a new transport kind or a new engine field is
+wired once, and every engine of a command gets the same runs dir, listeners and host-key choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployer.command import Masker
+from deployer.config.models import Host, Playbook, find_inventory, get_host, load_inventory
+from deployer.config.playbook import load_playbook, parse_playbook
+from deployer.errors import ConfigError
+from deployer.run.engine import Connector, Engine
+from deployer.run.state import RunRecord
+from deployer.steps.context import CancelToken, EventBus, Listener, LoadedPlaybook
+from deployer.transport.factory import Opening, open_transport
+
+if TYPE_CHECKING:  # a single-host run never loads the fleet modules
+    from deployer.config.models import Unit
+    from deployer.fleet.apply import FleetApply
+    from deployer.fleet.runner import FleetCancel
+    from deployer.runlog import Run
+    from deployer.steps.base import Step
+    from deployer.transport.base import Transport
+
+
+@dataclass(frozen=True)
+class Build:
+    """What every engine and connection of one command is made with."""
+
+    runs_dir: Path
+    inventory: str | None = None  # the inventory file asked for; find_inventory picks the default
+    accept_new_host_key: bool = False
+    listeners: tuple[Listener, ...] = ()  # on every engine's events, and on a bare connection's
+
+    def host(self, name: str) -> Host:
+        path = find_inventory(self.inventory)
+        return get_host(load_inventory(path), name, path)
+
+    def connector(self, name: str, host: Host) -> Connector:
+        return lambda bus: open_transport(name, host, bus, accept_new_host_key=self.accept_new_host_key)
+
+    def engine(self, name: str, host: Host, playbook: LoadedPlaybook, steps: list[Step], *,
+               allow_dirty: bool = False, cancel: CancelToken | None = None) -> Engine:
+        # Each engine its own list: a command adds its live view to the one engine it shows.
+        return Engine(host_name=name, host=host, playbook=playbook, steps=steps, listeners=list(self.listeners),
+                      runs_dir=self.runs_dir, allow_dirty=allow_dirty, connect=self.connector(name, host),
+                      cancel=cancel if cancel is not None else CancelToken())
+
+    def engines(self, playbook_path: Path, hosts: dict[str, Host], *, allow_dirty: bool = False,
+                cancel: CancelToken | None = None) -> dict[str, Engine]:
+        """One engine per host, in the order given, sharing the playbook (loaded once) and nothing else."""
+        playbook, steps = load_playbook(playbook_path)
+        return {name: self.engine(name, host, playbook, steps, allow_dirty=allow_dirty, cancel=cancel)
+                for name, host in hosts.items()}
+
+    def opening(self, engine: Engine) -> Opening:
+        """engine's connection opened, and its agent started, on a thread now, while the run sets up; the
+        engine claims it when it connects. The caller discards it if the run never did."""
+        opening = Opening(engine.host_name, engine.host, accept_new_host_key=self.accept_new_host_key)
+        engine.connect = opening
+        return opening
+
+    def for_run(self, run: Run, host_name: str | None = None) -> Engine:
+        """An engine on the run's host (or host_name), with the run's own copy of its playbook."""
+        name = host_name or recorded_host(run)
+        host = self.host(name)
+        copy = run.dir / "playbook.yaml"
+        model, steps, _ = parse_playbook(copy)
+        loaded = LoadedPlaybook(path=copy, raw=copy.read_bytes(), model=model, sources={}, patch=None)
+        return self.engine(name, host, loaded, steps)
+
+    def sub_run(self, host: str, run_id: str) -> Engine:
+        """For a fleet's follow-up: the engine of one sub-run, on its host, with its own playbook copy."""
+        from deployer.runlog import read_run
+
+        return self.for_run(read_run(self.runs_dir, run_id), host)
+
+    def to_recover(self, run: Run, host_name: str | None = None) -> Engine:
+        """The engine that recovers run. Killed before it kept its playbook's copy, the run had not reached
+        the target's lock yet, so an engine with no playbook does."""
+        if (run.dir / "playbook.yaml").is_file():
+            return self.for_run(run, host_name)
+        return self.bare(host_name or recorded_host(run))
+
+    def bare(self, name: str) -> Engine:
+        """An engine with no playbook: for recovering a run whose run dir is on another machine."""
+        host = self.host(name)
+        model = Playbook.model_construct(name="recover", description="", files=[], patch=None, steps=[],
+                                         on_failure="restore")
+        loaded = LoadedPlaybook(path=Path("(intent record on the target)"), raw=b"", model=model, sources={},
+                                patch=None)
+        return self.engine(name, host, loaded, [])
+
+    def connection(self, name: str) -> tuple[Host, Transport]:
+        """A connection to an inventory host outside any run (listing, lock inspection)."""
+        host = self.host(name)
+        bus = EventBus(Masker(host.secrets()), name)
+        bus.listeners.extend(self.listeners)
+        return host, self.connector(name, host)(bus)
+
+    def fleet_apply(self, engines: dict[str, Engine], units: dict[str, Unit], *, parallel: int,
+                    cancel: FleetCancel, listeners: list[Listener]) -> FleetApply:
+        """An apply over several hosts, as their (shared) playbook's rollout and on_failure say."""
+        from deployer.fleet.apply import FleetApply
+
+        model = next(iter(engines.values())).playbook.model
+        return FleetApply(engines, self.runs_dir, model.rollout, model.on_failure, parallel, cancel=cancel,
+                          listeners=listeners, units=units)
+
+
+def recorded_host(run: Run) -> str:
+    """The host a run was for: its run_start names it, or, killed before it wrote one, its state record."""
+    record = RunRecord.load(run.dir)
+    host = run.start.get("host") or (record.state.host if record is not None else None)
+    if not isinstance(host, str):
+        raise ConfigError(f"run {run.run_id} names no host (its log and record are empty): pass --host H")
+    return host

@@ -1,0 +1,205 @@
+"""The commands around a deploy: the lock, a playbook written from a change, the schemas, the demo."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from deployer.cli.options import accept_option, host_option, inventory_option, json_option, runs_dir_option
+from deployer.cli.output import emit_json, failures_to_exit_codes
+from deployer.cli.running import builder, cancel_on_signals
+
+
+@click.group()
+def lock() -> None:
+    """Inspect or break the deploy lock on a host."""
+
+
+@lock.command("status")
+@host_option(required=True)
+@inventory_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
+    from deployer.run import gitops
+    from deployer.run import lock as locks
+    from deployer.ui.console import say
+    host, transport = builder(inventory, None, accept_new_host_key).connection(host_name)
+    with transport:
+        git_dir = gitops.git_dir(transport, host.repo)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
+        strays = locks.strays(transport, git_dir)
+    if as_json:
+        emit_json({"host": host_name, "locked": state is not None, "exit_code": 0 if state is None else 3,
+                   "holder": None if state is None else {**state.info, "stale": state.stale,
+                                                         "heartbeat_age_s": state.heartbeat_age_s}})
+    else:
+        say(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
+        for stray in strays:
+            say(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
+                "the next run that takes the lock removes it")
+    if state is not None:
+        sys.exit(3)
+
+
+@lock.command("release")
+@host_option(required=True)
+@click.option("--force", is_flag=True, required=True, help="Required: you are breaking someone's lock.")
+@inventory_option
+@runs_dir_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: str | None,
+                 accept_new_host_key: bool, as_json: bool) -> None:
+    """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
+    from deployer.run import gitops
+    from deployer.run import lock as locks
+    from deployer.run.engine import operator_id
+    from deployer.ui.console import say, show_error
+
+    build = builder(inventory, runs_dir, accept_new_host_key)
+    host, transport = build.connection(host_name)
+    with transport:
+        git_dir = gitops.git_dir(transport, host.repo)
+        state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
+        if state is None:
+            emit_json({"host": host_name, "released": None}) if as_json else say(f"{host_name}: not locked")
+            return
+        if not state.stale:
+            show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
+        locks.force_release(transport, git_dir)
+    run_id = locks.record_forced_release(build.runs_dir, host_name, state, operator_id())
+    if as_json:
+        emit_json({"host": host_name, "released": state.info, "run_id": run_id})
+    else:
+        say(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
+
+
+@click.command()
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help="Where to create the scratch repo (default: a temp dir); with --stop, the demo to stop.")
+@click.option("--fleet", is_flag=True, help="Two prefill/decode units over four local hosts, as one fleet run.")
+@click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
+@click.option("--stop", "stop_kept", is_flag=True, help="Stop the stack a `deployer demo --keep` left running.")
+@json_option()
+@failures_to_exit_codes
+def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json: bool) -> None:
+    """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
+    from deployer.demo.run import run_demo, stop_kept_stacks
+    from deployer.steps.context import CancelToken
+    from deployer.ui.console import make_console, show_error
+    from deployer.ui.demo import show_demo, show_stopped
+    from deployer.ui.live import StepView
+    from deployer.ui.report import result_json
+
+    if stop_kept:
+        chosen = Path(workdir) if workdir else None
+        stopped = stop_kept_stacks(chosen)
+        if as_json:
+            emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
+        else:
+            show_stopped(make_console(), stopped, chosen)
+        return
+    if fleet:
+        fleet_demo(Path(workdir) if workdir else None, keep, as_json)
+        return
+    console = make_console()
+    view = StepView(console, quiet=as_json)
+    token = CancelToken()
+    if not as_json:
+        console.print("deployer demo: starting a buggy prefill/decode/router stack on 127.0.0.1 ...")
+    with cancel_on_signals(token), view:
+        outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token)
+    if as_json:
+        emit_json({**result_json(outcome.result), "workdir": str(outcome.stack.workdir)})
+    else:
+        show_demo(console, outcome)
+        if outcome.result.error:
+            show_error(outcome.result.error)
+    sys.exit(outcome.result.exit_code)
+
+
+def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
+    """`deployer demo --fleet`: the fleet run's live view and per-host table, then each unit's gauge."""
+    from deployer.demo.run import fleet_hosts, run_fleet_demo
+    from deployer.fleet.runner import FleetCancel
+    from deployer.ui.console import make_console, show_error
+    from deployer.ui.demo import show_fleet_demo
+    from deployer.ui.fleet import fleet_json, show_fleet
+    from deployer.ui.live import FleetView
+
+    console = make_console()
+    view = FleetView(console, fleet_hosts(), quiet=as_json)
+    cancel = FleetCancel()
+    if not as_json:
+        console.print("deployer demo --fleet: starting two buggy prefill/decode units over four local hosts ...")
+    with cancel_on_signals(cancel), view:
+        outcome = run_fleet_demo(workdir, keep=keep, listeners=[view], cancel=cancel)
+    state = outcome.state
+    if as_json:
+        emit_json({**fleet_json(state), "gauges": outcome.gauges(), "workdir": str(outcome.workdir)})
+    else:
+        show_fleet(console, state)
+        show_fleet_demo(console, outcome)
+        if state.error:
+            show_error(state.error)
+    sys.exit(state.exit_code or 0)
+
+
+@click.command()
+@click.option("--from", "source", required=True, type=click.Path(file_okay=False),
+              help="The local git checkout holding the fix.")
+@click.option("--base", default="HEAD", show_default=True,
+              help="Ship the changes against this ref (HEAD: the uncommitted work), or a range A..B.")
+@host_option(help="Add the steps this inventory host supports (co_restart of its services; drain with --metric).")
+@click.option("--metric", help="The gauge that shows the symptom: adds baseline and drain steps (to 0).")
+@click.option("--patch", "as_patch", is_flag=True, help="Write one patch file instead of copies of the files.")
+@click.option("-o", "--output", default="fix.yaml", show_default=True, type=click.Path(dir_okay=False),
+              help="The playbook to write (its files go beside it).")
+@click.option("--message", help="The commit message (default: the local commit's subject).")
+@inventory_option
+@json_option()
+@failures_to_exit_codes
+def init(source: str, base: str, host_name: str | None, metric: str | None, as_patch: bool, output: str,
+         message: str | None, inventory: str | None, as_json: bool) -> None:
+    """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
+    from deployer.config.models import find_inventory, get_host, load_inventory
+    from deployer.scaffold import write_playbook
+    from deployer.ui.console import say
+
+    host = None
+    if host_name:
+        inventory_path = find_inventory(inventory)
+        host = get_host(load_inventory(inventory_path), host_name, inventory_path)
+    made = write_playbook(Path(source), base=base, output=Path(output), as_patch=as_patch, message=message,
+                          host=host, metric=metric, host_name=host_name)
+    if as_json:
+        emit_json({"playbook": str(made.playbook), "written": [str(p) for p in made.written],
+                   "files": [vars(f) for f in made.files], "message": made.message, "exit_code": 0, "error": None})
+        return
+    say(f"wrote {made.playbook}: {len(made.files)} file(s), "
+        f"+{sum(f.insertions for f in made.files)} -{sum(f.deletions for f in made.files)}")
+    for f in made.files:
+        say(f"  {f.dest}  +{f.insertions} -{f.deletions}{'  (new file)' if f.new else ''}")
+    for note in made.notes:
+        say(f"note: {note}")
+    say(f"next: {made.next_step(made.playbook)}")
+
+
+@click.command()
+@click.argument("kind", type=click.Choice(["playbook", "inventory"]))
+@json_option("Accepted for symmetry: the schema is JSON already.")
+@failures_to_exit_codes
+def schema(kind: str, as_json: bool) -> None:
+    """Print the JSON Schema of a playbook or an inventory (for editors: see the README)."""
+    from deployer.config.schema import schema_for
+
+    emit_json(schema_for(kind))
+
+
+COMMANDS = (lock, demo, init, schema)

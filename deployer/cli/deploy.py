@@ -1,0 +1,343 @@
+"""The commands that work on targets: plan, apply, check, rollback, recover."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from deployer.cli.options import (
+    accept_option,
+    complete_runs,
+    host_option,
+    inventory_option,
+    json_option,
+    limit_option,
+    parallel_option,
+    runs_dir_option,
+)
+from deployer.cli.output import emit_json, failures_to_exit_codes
+from deployer.cli.running import builder, cancel_on_signals, pin_notice, report, run_fleet, run_with_view
+
+if TYPE_CHECKING:
+    from deployer.build import Build
+    from deployer.config.models import Inventory
+    from deployer.run.engine import Engine, PlanReport
+    from deployer.steps.context import Listener
+
+
+def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tuple[Inventory, list[str]]:
+    """The inventory and the hosts --host (a host, group, unit, comma list or glob) and --limit name."""
+    from deployer.config import targets
+    from deployer.config.models import find_inventory, load_inventory
+
+    loaded = load_inventory(find_inventory(inventory))
+    return loaded, targets.resolve(loaded, host_spec, limit=limit)
+
+
+def show_plan(report: PlanReport, as_json: bool) -> None:
+    """The plan; exit 1 when the projected change breaks the playbook's bounds or does not compile here, so a CI
+    job can gate on it."""
+    from deployer.ui.console import make_console
+    from deployer.ui.plan import plan_json
+    from deployer.ui.plan import show_plan as render
+    failed = "; ".join(report.failed_here) or None
+    if as_json:
+        emit_json({**plan_json(report), "exit_code": 1 if failed else 0, "error": failed})
+    else:
+        render(make_console(), report)
+    if failed:
+        sys.exit(1)
+
+
+def show_plans(reports: list[PlanReport], as_json: bool) -> None:
+    """Every host's plan; exit 1 when any host's projected change breaks the bounds or does not compile."""
+    from deployer.ui.console import make_console
+    from deployer.ui.plan import plan_json
+    from deployer.ui.plan import show_plan as render
+    failed = [f"{r.host_name}: {problem}" for r in reports for problem in r.failed_here]
+    if as_json:
+        emit_json({"hosts": [plan_json(r) for r in reports], "exit_code": 1 if failed else 0,
+                   "error": "; ".join(failed) or None})
+    else:
+        console = make_console()
+        for one in reports:
+            render(console, one)
+    if failed:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("playbook", type=click.Path(dir_okay=False), required=False)
+@host_option()
+@click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead.",
+              shell_complete=complete_runs)
+@inventory_option
+@runs_dir_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, inventory: str | None,
+         runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Dry run: diffs, the projected diff --stat and the exact commands (every host of a group); changes nothing.
+
+    Exits 1 when the projected change breaks the playbook's diff_bounds."""
+    from deployer import runlog
+    from deployer.config import targets
+    from deployer.errors import ConfigError
+    from deployer.fleet.apply import for_units
+    from deployer.run import rollback as rollbacks
+
+    build = builder(inventory, runs_dir, accept_new_host_key)
+    if rollback_of:
+        run = runlog.read_run(build.runs_dir, rollback_of)
+        show_plan(rollbacks.plan(build.for_run(run, host_name), run), as_json)
+        return
+    if not playbook or not host_name:
+        raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts})
+    if len(hosts) == 1:
+        show_plan(engines[hosts[0]].plan(), as_json)
+        return
+    for_units(engines, {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)})
+    show_plans([engine.plan() for engine in engines.values()], as_json)
+
+
+@click.command()
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@host_option(required=True, help="A host, group or unit, a comma list, or a glob (gpu-*); several hosts make "
+                                 "a fleet run.")
+@limit_option
+@parallel_option
+@inventory_option
+@runs_dir_option
+@accept_option
+@click.option("--allow-dirty", is_flag=True, help="Ship even over uncommitted changes in the target files.")
+@click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
+@json_option()
+@failures_to_exit_codes
+def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
+          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
+    """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
+    from deployer.config import targets
+    build = builder(inventory, runs_dir, accept_new_host_key)
+    loaded, hosts = select_hosts(host_name, limit, inventory)
+    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+    if not dry_run:
+        notice_unended(build.runs_dir, hosts)
+    engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts}, allow_dirty=allow_dirty)
+    if len(hosts) == 1:  # one host: a plain run, as before fleets existed
+        engine = engines[hosts[0]]
+        if dry_run:
+            show_plan(engine.plan(), as_json)
+        else:
+            apply_one(build, engine, as_json)
+        return
+    from deployer.fleet.apply import for_units
+    from deployer.fleet.runner import FleetCancel
+
+    if dry_run:
+        for_units(engines, units)
+        show_plans([engine.plan() for engine in engines.values()], as_json)
+        return
+    fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[])
+    run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
+
+
+def apply_one(build: Build, engine: Engine, as_json: bool) -> None:
+    """A single-host apply whose connection opens while the rest of the run sets up (checked config first)."""
+    engine.check_host()  # a config problem stops the run before anything connects
+    opening = build.opening(engine)
+    try:
+        run_with_view(engine, as_json, engine.apply)
+    finally:
+        opening.discard()
+
+
+def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
+    """A killed run of this machine on these hosts is named before the next apply there (it left no trace on
+    the target to stop it)."""
+    from deployer.run.unended import unended_runs
+    from deployer.ui.console import show_notice
+
+    for host in hosts:
+        for run_id in unended_runs(runs_dir, host):
+            show_notice(f"run {run_id} on {host} never ended (killed?): its log has no run_end, so "
+                        f"`runs verify` fails until it is ended with: deployer recover {run_id}")
+
+
+@click.command()
+@click.argument("playbook", type=click.Path(dir_okay=False), required=False)
+@host_option(required=True, help="A host, group or unit, a comma list, or a glob (gpu-*): one row per host.")
+@parallel_option
+@inventory_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, accept_new_host_key: bool,
+          as_json: bool) -> None:
+    """Can I deploy here now? Read-only on the target: host key, auth, python, repo, lock, services, metrics.
+
+    --accept-new-host-key pins an unknown key into the local known_hosts (said in a notice).
+
+    Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
+    the first host, in selection order, that has one)."""
+    from deployer.check import check_hosts
+    from deployer.config import targets
+    from deployer.config.playbook import load_playbook
+    from deployer.ui.check import show_check, show_check_group
+    from deployer.ui.console import make_console
+
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    steps = load_playbook(Path(playbook)) if playbook else None
+    group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps,
+                        connect=builder(inventory, None, accept_new_host_key).connector,
+                        units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
+                        listeners=[pin_notice], parallel=parallel)
+    if len(hosts) == 1:  # one host: its own report, as before groups existed
+        (result,) = group.reports
+        emit_json(result.as_json()) if as_json else show_check(make_console(), result)
+    elif as_json:
+        emit_json(group.as_json())
+    else:
+        show_check_group(make_console(), group)
+    sys.exit(group.exit_code)
+
+
+@click.command()
+@click.argument("run_id", required=False, shell_complete=complete_runs)
+@host_option(help="Host (default: the run's host; required with --list); for a fleet run, the hosts to roll "
+                  "back (default: every host that committed).")
+@click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
+@click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
+@parallel_option
+@inventory_option
+@runs_dir_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
+             inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Revert RUN_ID's files to before the run by a new commit, restart, verify again.
+
+    RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
+    from deployer import runlog
+    from deployer.config import targets
+    from deployer.config.models import find_inventory, load_inventory
+    from deployer.errors import ConfigError
+    from deployer.fleet.followup import rollback_fleet
+    from deployer.fleet.record import FleetRecord, is_fleet
+    from deployer.fleet.runner import FleetCancel
+    from deployer.run import rollback as rollbacks
+
+    build = builder(inventory, runs_dir, accept_new_host_key)
+    if list_only:
+        if not host_name:
+            raise ConfigError("--list needs --host")
+        list_host_deploys(build, host_name, as_json)
+        return
+    if not run_id:
+        raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
+    root = build.runs_dir
+    if is_fleet(root, run_id):
+        fleet_id = run_id
+        loaded = load_inventory(find_inventory(inventory))
+        chosen = targets.resolve(loaded, host_name) if host_name else None
+        hosts = chosen or list(FleetRecord.load(root, fleet_id).state.hosts)
+        cancel = FleetCancel()
+        listeners: list[Listener] = [pin_notice]
+        run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
+            root, fleet_id, build.sub_run, hosts=chosen, force=force, parallel=parallel, listeners=listeners,
+            cancel=cancel, units=dict(loaded.units)))
+        return
+    run = runlog.read_run(root, run_id)
+    engine = build.for_run(run, host_name)
+    run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
+
+
+def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:
+    from deployer.run import rollback as rollbacks
+    from deployer.ui.console import make_console
+    from deployer.ui.report import show_deploys
+    host, transport = build.connection(host_name)
+    with transport:
+        deploys = rollbacks.list_deploys(transport, host.repo)
+    if as_json:
+        emit_json({"host": host_name, "deploys": [vars(d) for d in deploys], "exit_code": 0, "error": None})
+    else:
+        show_deploys(make_console(), deploys)
+
+
+@click.command()
+@click.argument("run_id", required=False, shell_complete=complete_runs)
+@host_option(help="Host (default: the run's host); alone, recovers the run its intent record names.")
+@click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, verify.")
+@parallel_option
+@inventory_option
+@runs_dir_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel: int, inventory: str | None,
+            runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
+
+    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
+    from deployer import runlog
+    from deployer.errors import ConfigError
+    from deployer.fleet.followup import cut_sub_runs, recover_fleet
+    from deployer.fleet.record import FleetRecord, is_fleet
+    from deployer.fleet.runner import FleetCancel
+    from deployer.run import recover as recovery
+    from deployer.ui.console import make_console, say
+    from deployer.ui.live import StepView
+
+    if not run_id and not host_name:
+        raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
+    build = builder(inventory, runs_dir, accept_new_host_key)
+    runs_path = build.runs_dir
+    if run_id and is_fleet(runs_path, run_id):
+        fleet_id = run_id
+        if not cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0
+            nothing_to_recover(f"fleet run {fleet_id}: nothing to recover (every host's record and log ended)",
+                               as_json, fleet_id=fleet_id)
+            return
+        cancel = FleetCancel()
+        listeners: list[Listener] = [pin_notice]
+        run_fleet(list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel, as_json, listeners,
+                  lambda: recover_fleet(runs_path, fleet_id, build.sub_run, rollback=roll_back, parallel=parallel,
+                                        listeners=listeners, cancel=cancel))
+        return
+    if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
+        engine = build.to_recover(runlog.read_run(runs_path, run_id), host_name)
+    elif host_name:
+        engine = build.bare(host_name)
+        run_id = run_id or recovery.pending_run(engine)
+        if run_id is None:  # as `recover RUN` says of a run with nothing left: exit 0
+            nothing_to_recover(f"{host_name}: {recovery.NOTHING}", as_json, host=host_name, run_id=None)
+            return
+    else:
+        raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
+                          "intent record")
+    console = make_console()
+    view = StepView(console, quiet=as_json)
+    engine.listeners.append(view)
+    with cancel_on_signals(engine.cancel), view:
+        result, found = recovery.recover(engine, run_id, rollback=roll_back)
+    if not as_json and result.exit_code == 0:
+        say(found.summary())
+    report(console, result, as_json)
+
+
+def nothing_to_recover(message: str, as_json: bool, **ids: str | None) -> None:
+    """Nothing was left to end: exit 0, as `recover RUN` of a settled run says."""
+    if as_json:
+        emit_json({**ids, "exit_code": 0, "error": None, "message": message})
+    else:
+        click.echo(message)
+
+
+COMMANDS = (plan, apply, check, rollback, recover)

@@ -1,0 +1,123 @@
+"""`deployer runs`: the recorded runs, listed, shown and verified."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from deployer.cli.options import complete_runs, inventory_option, json_option, runs_dir_option
+from deployer.cli.output import emit_json, failures_to_exit_codes
+from deployer.cli.running import builder
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@click.group()
+def runs() -> None:
+    """Inspect run logs."""
+
+
+@runs.command("list")
+@runs_dir_option
+@json_option()
+@failures_to_exit_codes
+def runs_list(runs_dir: str | None, as_json: bool) -> None:
+    """List recorded runs, oldest first."""
+    from deployer import runlog
+    from deployer.fleet.record import list_fleets
+    from deployer.run.shown import shown_state
+    from deployer.ui.console import make_console
+    from deployer.ui.fleet import fleet_json, show_fleets
+    from deployer.ui.report import show_runs
+
+    root = runlog.runs_dir_from(runs_dir)
+    found, fleets = runlog.list_runs(root), list_fleets(root)
+    if as_json:
+        emit_json({"runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
+                             "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
+                             "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
+                             "git": r.git} for r in found],
+                   "fleets": [fleet_json(f) for f in fleets]})
+    else:
+        console = make_console()
+        show_runs(console, found)
+        if fleets:
+            console.print()
+            show_fleets(console, fleets)
+
+
+@runs.command("show")
+@click.argument("run_id", shell_complete=complete_runs)
+@runs_dir_option
+@json_option("Print the raw events.")
+@failures_to_exit_codes
+def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
+    """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts)."""
+    from deployer import runlog
+    from deployer.fleet.record import FleetRecord, is_fleet
+    from deployer.ui.console import make_console
+    from deployer.ui.fleet import fleet_json, show_fleet
+    from deployer.ui.report import show_run
+
+    root = runlog.runs_dir_from(runs_dir)
+    if is_fleet(root, run_id):
+        state = FleetRecord.load(root, run_id).state
+        emit_json(fleet_json(state)) if as_json else show_fleet(make_console(), state)
+        return
+    run = runlog.read_run(root, run_id)
+    if as_json:
+        emit_json(run.events)
+    else:
+        show_run(make_console(), run)
+
+
+@runs.command("verify")
+@click.argument("run_id", shell_complete=complete_runs)
+@runs_dir_option
+@click.option("--target", "on_target", is_flag=True,
+              help="Also compare the log with the run's commits on its host (Deployer-Log trailers).")
+@inventory_option
+@json_option()
+@failures_to_exit_codes
+def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
+    """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered."""
+    from deployer import runlog
+    from deployer.fleet.followup import verify_fleet
+    from deployer.fleet.record import is_fleet
+    from deployer.ui.console import say, show_error
+
+    root = runlog.runs_dir_from(runs_dir)
+
+    def verify_one(runs_path: Path, one: str) -> list[str]:
+        found = runlog.verify(runs_path, one)
+        if on_target:
+            from deployer.run import rollback as rollbacks
+            run = runlog.read_run(runs_path, one)
+            found += rollbacks.verify_on_target(builder(inventory, runs_dir, False).for_run(run), run)
+        return found
+
+    unreachable: dict[str, str] = {}
+    if is_fleet(root, run_id):
+        per_host, unreachable = verify_fleet(root, run_id, verify_one)
+        problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]
+    else:
+        problems = verify_one(root, run_id)
+    # A tampered log (5) outweighs a host whose history could not be read (4, as for a single run).
+    exit_code = 5 if problems else 4 if unreachable else 0
+    errors = problems + [f"{host}: not verified against the target: {why}" for host, why in unreachable.items()]
+    if as_json:
+        emit_json({"run_id": run_id, "problems": problems, "unreachable": unreachable, "exit_code": exit_code,
+                   "error": "; ".join(errors) or None})
+    if exit_code:
+        if not as_json:
+            for problem in errors:
+                show_error(problem)
+        sys.exit(exit_code)
+    if not as_json:
+        say(f"run {run_id}: log verifies")
+
+
+COMMANDS = (runs,)

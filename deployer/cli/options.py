@@ -1,0 +1,66 @@
+"""The options the commands share, and their shell completion: names read from the inventory and the runs
+dir, never from a target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from click.shell_completion import CompletionItem
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    from deployer.config.models import find_inventory, load_inventory
+    from deployer.errors import DeployerError
+
+    try:
+        inventory = load_inventory(find_inventory(ctx.params.get("inventory")))
+    except DeployerError:
+        return []
+    names = [*inventory.hosts, *inventory.groups, *inventory.units]
+    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+
+
+def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    from deployer import runlog
+    root = runlog.runs_dir_from(ctx.params.get("runs_dir"))
+    if not root.is_dir():
+        return []
+    return [CompletionItem(p.name) for p in sorted(root.iterdir())
+            if p.name.startswith(incomplete) and ((p / runlog.EVENTS).is_file() or (p / "fleet.json").is_file())]
+
+
+def host_option(required: bool = False, help: str = "Inventory host name.") -> Callable[[F], F]:
+    return click.option("--host", "host_name", required=required, help=help, shell_complete=complete_hosts)
+
+
+def inventory_option(func: F) -> F:
+    return click.option("-i", "--inventory", type=click.Path(dir_okay=False), is_eager=True,
+                        help="Inventory file (default $DEPLOYER_INVENTORY, then ./hosts.yaml).")(func)
+
+
+def runs_dir_option(func: F) -> F:
+    return click.option("--runs-dir", type=click.Path(file_okay=False), is_eager=True,
+                        help="Run log directory (default $DEPLOYER_RUNS_DIR, then .deployer/runs).")(func)
+
+
+def accept_option(func: F) -> F:
+    return click.option("--accept-new-host-key", is_flag=True,
+                        help="Pin an unknown SSH host key into known_hosts (a changed key is always refused).")(func)
+
+
+def json_option(help: str = "Print one machine-readable JSON object (also on failure).") -> Callable[[F], F]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def limit_option(func: F) -> F:
+    return click.option("--limit", help="Narrow --host to the hosts this also names (same forms).",
+                        shell_complete=complete_hosts)(func)
+
+
+def parallel_option(func: F) -> F:
+    return click.option("--parallel", type=click.IntRange(1, 1024), default=16, show_default=True,
+                        help="Hosts worked on at once in a fleet run.")(func)

@@ -1,0 +1,107 @@
+"""What every command that works on targets shares: how it builds, its signals, its live view, its report and
+the exit code that report ends with."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from deployer.cli.output import emit_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from deployer.build import Build
+    from deployer.fleet.record import FleetState
+    from deployer.fleet.runner import FleetCancel
+    from deployer.run.engine import Engine, RunResult
+    from deployer.steps.context import CancelToken, Listener
+
+
+def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Build:
+    """What the command's engines and connections are made with, from its options."""
+    from deployer import runlog
+    from deployer.build import Build
+
+    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,))
+
+
+@contextmanager
+def cancel_on_signals(token: CancelToken) -> Iterator[None]:
+    """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now."""
+    from deployer.ui.console import show_error
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if token.cancelled:
+            raise KeyboardInterrupt
+        token.cancel(f"interrupted by {signal.Signals(signum).name}")
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            show_error(f"{signal.Signals(signum).name}: stopping at the next safe point (again to force)")
+
+    # SIGHUP too: a closed terminal or a dropped ssh session must not skip the restore.
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def pin_notice(event: dict[str, Any]) -> None:
+    """Pinning a host key is an explicit choice: say so on every command, as a notice (it is no error)."""
+    from deployer.ui.console import show_notice
+    if event.get("type") == "host_key_pinned":
+        show_notice(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
+    if event.get("type") == "end_unanchored":
+        show_notice(str(event["message"]))
+
+
+def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
+    """Run with the live step view and signal handling, then report and exit with the run's code."""
+    from deployer.ui.console import make_console
+    from deployer.ui.live import StepView
+    console = make_console()
+    view = StepView(console, quiet=as_json)
+    engine.listeners.append(view)
+    with cancel_on_signals(engine.cancel), view:
+        result = run()
+    report(console, result, as_json)
+
+
+def report(console: Console, result: RunResult, as_json: bool) -> None:
+    from deployer.ui.console import show_error, show_warning
+    from deployer.ui.report import result_json, show_result
+    if as_json:
+        emit_json(result_json(result))
+    else:
+        show_result(console, result)
+        if result.error:
+            show_error(result.error)
+        if result.warning:
+            show_warning(result.warning)
+    sys.exit(result.exit_code)
+
+
+def run_fleet(hosts: list[str], cancel: FleetCancel, as_json: bool, listeners: list[Listener],
+              run: Callable[[], FleetState]) -> None:
+    """A fleet run with its live view and signal handling; then the per-host table, and its exit code."""
+    from deployer.ui.console import make_console, show_error
+    from deployer.ui.fleet import fleet_json, show_fleet
+    from deployer.ui.live import FleetView
+    console = make_console()
+    view = FleetView(console, hosts, quiet=as_json)
+    listeners.append(view)
+    with cancel_on_signals(cancel), view:
+        state = run()
+    if as_json:
+        emit_json(fleet_json(state))
+    else:
+        show_fleet(console, state)
+        if state.error:
+            show_error(state.error)
+    sys.exit(state.exit_code or 0)

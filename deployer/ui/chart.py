@@ -1,0 +1,75 @@
+"""The metric chart: one bar per poll, the threshold marked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+BARS = "▁▂▃▄▅▆▇█"
+CHART_WIDTH = 60  # polls shown per series; a longer drain shows its last polls
+
+
+@dataclass(frozen=True)
+class Series:
+    step: str
+    metric: str
+    values: list[float | None]
+    op: str | None = None  # the drain's condition, e.g. "<=" ...
+    to: float | None = None  # ... this bound
+
+    def met(self, value: float | None) -> bool:
+        if value is None or self.op is None or self.to is None:
+            return False
+        return {"<=": value <= self.to, ">=": value >= self.to, "==": value == self.to}[self.op]
+
+
+def metric_series(events: list[dict[str, Any]]) -> list[Series]:
+    """The baseline and drain samples of a run, in poll order, with each drain's bound."""
+    start = next((e for e in events if e.get("type") == "run_start"), {})
+    bounds = {s.get("name"): s.get("params", {}) for s in start.get("steps", []) if s.get("kind") == "drain"}
+    found: dict[tuple[str, str], list[float | None]] = {}
+    for event in events:
+        if event.get("type") == "sample" and event.get("step"):
+            found.setdefault((str(event["step"]), str(event.get("metric"))), []).append(event.get("value"))
+    series = []
+    for (step, metric), values in found.items():
+        params = bounds.get(step.removeprefix("rollback:"), {})
+        series.append(Series(step, metric, values, params.get("op", "<=") if params else None, params.get("to")))
+    return series
+
+
+def sparkline(values: list[float | None], top: float) -> str:
+    return "".join("?" if v is None else BARS[0 if top <= 0 else max(0, min(len(BARS) - 1, round(v / top * 7)))]
+                   for v in values)
+
+
+def show_chart(console: Console, events: list[dict[str, Any]]) -> None:
+    """Each series as bars scaled to the largest sample; under a drain, ✓ marks the polls within its bound."""
+    series = metric_series(events)
+    if not series:
+        return
+    top = max((v for s in series for v in s.values if v is not None), default=0.0)
+    console.print(f"  samples (one bar per poll, full bar = {num(top)}):", markup=False, highlight=False)
+    width = max(len(s.step) for s in series)
+    bars = max(min(len(s.values), CHART_WIDTH) for s in series)
+    for s in series:
+        values = s.values[-CHART_WIDTH:]
+        label = f"    {s.step:<{width}}  "
+        line = Text(label)
+        for value in values:
+            style = "" if s.op is None else "green" if s.met(value) else "red"
+            line.append(sparkline([value], top), style=style if console.is_terminal else "")
+        line.append(" " * (bars - len(values)))
+        shown = " ".join("?" if v is None else num(v) for v in values[-8:])
+        line.append(f"  {s.metric}: {'... ' if len(values) > 8 else ''}{shown}")
+        console.print(line, highlight=False)
+        if s.op is not None and s.to is not None:
+            marks = "".join("✓" if s.met(v) else "·" for v in values)
+            console.print(f"{' ' * len(label)}{marks}  ✓ = {s.op} {num(s.to)}", markup=False, highlight=False)
+
+
+def num(value: object) -> str:
+    return "?" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

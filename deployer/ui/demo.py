@@ -1,0 +1,86 @@
+"""The demo's reports: the gauge before and after, the samples, what to run next; what --stop stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from deployer.ui.chart import num, show_chart
+from deployer.ui.report import events_of, pid_text
+
+if TYPE_CHECKING:  # the demo is not loaded by any other command
+    from deployer.demo.run import DemoOutcome, FleetDemoOutcome
+
+
+def show_demo(console: Console, outcome: DemoOutcome) -> None:
+    from deployer.demo.run import GAUGE
+
+    result, stack = outcome.result, outcome.stack
+    facts = result.facts
+    drain = facts.get("drain", {}).get(GAUGE, {})
+    before = facts.get("baseline", {}).get(GAUGE)
+    after = drain.get("final")
+    inventory, runs = stack.workdir / "hosts.yaml", stack.workdir / "runs"
+    console.rule("demo report")
+    rows = [
+        ("gauge", f"{GAUGE}: {num(before)} before the fix -> {num(after)} after"),
+        ("pids", pid_text(facts) or "-"),
+        ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"),
+        ("run", f"{result.run_id}: {result.status}"),
+        ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),
+        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}" if result.git_after
+         else "- (the run made no commit: nothing to roll back)"),
+    ]
+    for key, value in rows:
+        console.print(f"  {key:<9} {value}", markup=False, highlight=False)
+    show_chart(console, events_of(result))
+    if outcome.kept:
+        console.print("  the stack is still running (--keep):", markup=False)
+        for name in ("router", "prefill", "decode"):
+            console.print(f"    {name:<8} {stack.url(name, '')}  (metrics {stack.url(name, '/metrics')})",
+                          markup=False, highlight=False)
+        console.print(f"  stop it with: deployer demo --stop --workdir {stack.workdir}", markup=False,
+                      highlight=False)
+    else:
+        console.print("  every process the demo started has been stopped", markup=False)
+
+
+def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
+    """After the fleet table: each unit's gauge before and after, its samples, and what to run next."""
+    from deployer.demo.run import FLEET, GAUGE
+
+    inventory, runs, fleet_id = outcome.workdir / "hosts.yaml", outcome.runs, outcome.state.fleet_id
+    console.rule("demo report")
+    events = outcome.unit_events()
+    for unit, gauge in outcome.gauges().items():
+        prefill, decode = FLEET[unit]
+        console.print(f"  {unit:<6} {GAUGE}: {num(gauge['before'])} before the fix -> {num(gauge['after'])} after "
+                      f"(prefill+router on {prefill}, decode on {decode})", markup=False, highlight=False)
+        show_chart(console, events[unit])
+    committed = any(run.git_after for run in outcome.state.hosts.values())
+    for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
+                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}" if committed
+                        else "- (no host made a commit: nothing to roll back)")):
+        console.print(f"  {key:<9} {value}", markup=False, highlight=False)
+    if outcome.kept:
+        console.print("  the stacks are still running (--keep):", markup=False)
+        for unit, (prefill, _) in FLEET.items():
+            console.print(f"    {unit:<8} router {outcome.stacks[prefill].url('router', '')}  "
+                          f"(metrics {outcome.stacks[prefill].url('prefill', '/metrics')})",
+                          markup=False, highlight=False)
+        console.print(f"  stop them with: deployer demo --stop --workdir {outcome.workdir}", markup=False,
+                      highlight=False)
+    else:
+        console.print("  every process the demo started has been stopped", markup=False)
+
+
+def show_stopped(console: Console, stopped: dict[Path, dict[str, int]], workdir: Path | None) -> None:
+    if not stopped:
+        where = f"in {workdir}" if workdir else "in the temp dir"
+        console.print(f"nothing was kept {where} (only a `deployer demo --keep` is stopped): stopped nothing",
+                      markup=False, highlight=False)
+    for workdir, pids in stopped.items():
+        shown = ", ".join(f"{name} {pid}" for name, pid in pids.items()) or "nothing was running"
+        console.print(f"{workdir}: stopped {shown}", markup=False, highlight=False)

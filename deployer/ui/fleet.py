@@ -1,0 +1,43 @@
+"""A fleet run's report: one row per host, and the fleets list."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from deployer.ui.console import columns
+
+if TYPE_CHECKING:  # the fleet modules are not loaded by a single-host run
+    from deployer.fleet.record import FleetState
+
+
+def fleet_json(state: FleetState) -> dict[str, Any]:
+    return {**asdict(state), "untouched": state.untouched()}
+
+
+def show_fleet(console: Console, state: FleetState) -> None:
+    """The per-host table at the end of a fleet run."""
+    rows = []
+    for name, run in state.hosts.items():
+        rolled = f"{run.rollback_status} {run.rollback_run_id or ''}".strip() if run.rollback_status else "-"
+        error = (run.error or "").splitlines()[0] if run.error else ""
+        rows.append((name, str(run.batch + 1), run.state, run.run_id or "-", str(run.git_after or "-")[:12],
+                     "-" if run.elapsed_s is None else f"{run.elapsed_s:.1f}s", rolled, error))
+    columns(console, ("host", "batch", "state", "run", "commit", "time", "rollback", "error"), rows)
+    style = "green" if state.status == "successful" else "red"
+    console.print(f"fleet run {state.fleet_id} ({state.kind}): [{style}]{state.status}[/{style}] "
+                  f"(exit {state.exit_code})")
+    untouched = state.untouched()
+    if untouched:
+        console.print(f"never touched: {', '.join(untouched)}", markup=False, highlight=False)
+    if state.rolled_back_by:
+        console.print(f"rolled back by fleet run {', '.join(state.rolled_back_by)}", markup=False)
+
+
+def show_fleets(console: Console, fleets: list[FleetState]) -> None:
+    rows = [(f.fleet_id, f.status, f.kind + (f" of {f.of_fleet}" if f.of_fleet else ""), f.playbook,
+             " ".join(f"{h}:{r.state}{'/rolled-back' if r.rollback_status == 'successful' else ''}"
+                      for h, r in f.hosts.items())) for f in fleets]
+    columns(console, ("fleet run", "status", "kind", "playbook", "hosts"), rows)

@@ -1,0 +1,193 @@
+"""The live views: one host's steps, and a fleet's hosts, redrawn on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
+
+
+NOTICES = {
+    "lock_acquired": lambda e: f"[lock] acquired {e['path']}",
+    "restore": lambda e: (f"[restore] restored {', '.join(e['restored']) or 'nothing'}; "
+                          f"removed {', '.join(e['removed']) or 'nothing'}; HEAD {str(e['head'])[:12]}"),
+    "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} their content "
+                           f"at {e['restores'][:12]}"),
+}
+
+
+V = TypeVar("V", bound="LiveView")
+
+
+class LiveView:
+    """A view that redraws itself on a terminal (rich Live) and prints plain lines otherwise."""
+
+    live: Live | None = None
+
+    def _go_live(self, console: Console, quiet: bool, render: Callable[[], Any], per_second: int) -> None:
+        # get_renderable: each refresh rebuilds the view, so a running step's clock ticks.
+        if console.is_terminal and not quiet:
+            self.live = Live(console=console, refresh_per_second=per_second, transient=False, get_renderable=render)
+
+    def __enter__(self: V) -> V:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.refresh()
+            self.live.__exit__(None, None, None)
+
+
+def detail_of(event: dict[str, Any]) -> str:
+    """A step's one-line outcome: its summary, else the first line of its error (an empty one is no line)."""
+    return str(event.get("summary") or next(iter(str(event.get("error") or "").splitlines()), ""))
+
+
+class StepView(LiveView):
+    """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
+
+    def __init__(self, console: Console, *, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.rows: dict[str, list[Any]] = {}
+        self._go_live(console, quiet, self._table, 8)
+
+    def _table(self) -> Table:
+        table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+        for name in ("step", "status", "time", "detail"):
+            table.add_column(name)
+        for step, (status, started, duration, detail) in self.rows.items():
+            shown = duration if duration is not None else time.monotonic() - started
+            table.add_row(step, Text(status, style=STATUS_STYLE.get(status, "")), f"{shown:5.1f}s",
+                          Text(detail, overflow="fold"))
+        return table
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        kind, step = event.get("type"), event.get("step")
+        if kind == "step_start" and step:
+            self.rows[step] = ["running", time.monotonic(), None, ""]
+            self._line(f"[{step}] started")
+        elif kind == "step_end" and step and step in self.rows:
+            row = self.rows[step]
+            row[0], row[2] = event["status"], event.get("duration_s", 0.0)
+            row[3] = detail_of(event)
+            self._line(f"[{step}] {event['status']} {row[2]:.2f}s {row[3]}")
+        elif kind == "sample" and step and step in self.rows:
+            self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
+            self._line(f"[{step}] sample {event.get('metric')} = {event.get('value')}")
+        elif kind in NOTICES:
+            self._line(NOTICES[kind](event))
+        if self.live is not None:
+            self.live.refresh()
+
+    def _line(self, text: str) -> None:
+        if self.live is None:
+            self.console.print(text, markup=False, highlight=False)
+
+
+
+# -- fleets: one row per host, readable at 64 hosts ----------------------------------------------------
+
+FLEET_ROWS = 16  # the live view lists at most this many running or failed hosts under its summary line
+HOST_STYLE = {**STATUS_STYLE, "successful": "green", "waiting": "dim", "untouched": "dim",
+              "rolling back": "yellow"}
+
+
+@dataclass
+class HostRow:
+    status: str = "waiting"
+    step: str = ""
+    started: float | None = None
+    elapsed: float | None = None
+    detail: str = ""
+
+    def clock(self) -> float:
+        if self.elapsed is not None:
+            return self.elapsed
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+
+class FleetView(LiveView):
+    """Listens to every host's events: a summary line plus the running and failed hosts on a terminal,
+    one plain line per host change otherwise. Engines call it from their threads."""
+
+    def __init__(self, console: Console, hosts: list[str], *, quiet: bool = False) -> None:
+        self.console, self.quiet = console, quiet
+        self.rows = {host: HostRow() for host in hosts}
+        self.note = ""
+        self._lock = threading.Lock()
+        self._go_live(console, quiet, self._render, 4)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for row in self.rows.values():
+            counts[row.status] = counts.get(row.status, 0) + 1
+        shown = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        return f"fleet: {len(self.rows)} hosts: {shown}{'; ' + self.note if self.note else ''}"
+
+    def _render(self) -> Table:
+        with self._lock:
+            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold", title=self.summary(),
+                          title_justify="left")
+            for name in ("host", "status", "step", "time", "detail"):
+                table.add_column(name)
+            busy = [(h, r) for h, r in self.rows.items() if r.status not in ("waiting", "successful", "untouched")]
+            for host, row in busy[:FLEET_ROWS]:
+                table.add_row(host, Text(row.status, style=HOST_STYLE.get(row.status, "")), row.step,
+                              f"{row.clock():5.1f}s", Text(row.detail, overflow="ellipsis", no_wrap=True))
+            if len(busy) > FLEET_ROWS:
+                table.add_row(f"... {len(busy) - FLEET_ROWS} more", "", "", "", "")
+            return table
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        kind, host = event.get("type"), event.get("host")
+        with self._lock:
+            line = self._apply(kind, host, event)
+        if line and self.live is None:
+            self.console.print(line, markup=False, highlight=False)
+        if self.live is not None:
+            self.live.refresh()
+
+    def _apply(self, kind: object, host: object, event: dict[str, Any]) -> str | None:
+        row = self.rows.get(str(host)) if host is not None else None
+        if kind == "batch_start":
+            self.note = f"batch {event['batch'] + 1}"
+            return f"[fleet] batch {event['batch'] + 1}: {', '.join(event['hosts'])}"
+        if kind == "fleet_stopped":
+            self.note = f"stopped: {event['failed']} failed"
+            return (f"[fleet] {event['failed']} host(s) failed: no further batch starts; never touched: "
+                    f"{', '.join(event['untouched']) or 'none'}")
+        if kind == "fleet_rollback":
+            return f"[fleet] rolling back {', '.join(event['hosts']) or 'no host'}"
+        if row is None:
+            return None
+        if kind == "host_status":
+            row.status = str(event["status"])
+            if row.status in ("running", "rolling back"):
+                row.started, row.elapsed, row.step = time.monotonic(), None, ""
+            else:
+                row.elapsed = event.get("elapsed_s", row.clock())
+                row.detail = (event.get("error") or "").splitlines()[0] if event.get("error") else row.detail
+            ran = f" run {event['run_id']}" if event.get("run_id") else ""
+            return f"[{host}] {row.status}{ran}"
+        if kind == "step_start" and event.get("step"):
+            row.step = str(event["step"])
+        elif kind == "step_end" and event.get("step"):
+            row.detail = detail_of(event)
+            return f"[{host}] {event['step']} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"
+        return None

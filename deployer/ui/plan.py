@@ -1,0 +1,61 @@
+"""The dry run as a person reads it, and as its --json document."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from deployer.steps.action import Kind
+
+if TYPE_CHECKING:
+    from deployer.run.engine import PlanReport
+
+
+def show_plan(console: Console, report: PlanReport) -> None:
+    console.print(f"[bold]plan[/bold] for host {escape(f'{report.host_name}: {report.repo} at {report.head[:12]}')}")
+    if report.lock is not None:
+        console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
+    if report.dirty:
+        console.print(f"[red]uncommitted changes on the target:[/red] {escape(', '.join(report.dirty))} "
+                      "(apply refuses unless --allow-dirty)")
+    for plan in report.files:
+        console.rule(Text(f"{plan.dest}{'' if plan.exists else ' (new file)'}"))
+        if console.is_terminal:
+            from rich.syntax import Syntax  # pygments: only a plan shows diffs
+
+            console.print(Syntax(plan.diff, "diff", theme="ansi_dark", background_color="default"))
+        else:
+            console.print(plan.diff, markup=False, highlight=False, end="")
+    console.rule("projected git diff --stat")
+    for line in report.stat.lines():
+        console.print(line, markup=False, highlight=False)
+    if report.bounds is None:
+        console.print("bounds: none set (the playbook has no diff_bounds step)")
+    elif report.bounds:
+        console.print(f"[red]bounds: FAIL[/red] — {escape('; '.join(report.bounds))}")
+    else:
+        console.print("[green]bounds: ok[/green]")
+    if report.judged.get("compile"):
+        console.print(f"[red]compile: FAIL[/red] — {escape('; '.join(report.judged['compile']))}")
+    elif "compile" in report.judged:
+        console.print("[green]compile: ok[/green] (the shipped Python compiles here)")
+    console.rule("steps")
+    for number, (name, actions) in enumerate(report.steps, 1):
+        console.print(f"{number}. [bold]{escape(name)}[/bold]")
+        for action in actions:
+            console.print(f"     {action.render()}", markup=False, highlight=False)
+    console.print("dry run: nothing was changed on the target")
+
+
+def plan_json(report: PlanReport) -> dict[str, Any]:
+    return {"host": report.host_name, "repo": report.repo, "head": report.head,
+            "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
+                       "new": not f.exists, "diff": f.diff} for f in report.files],
+            "stat": report.stat.summary(), "bounds": report.bounds, "compile": report.judged.get("compile"),
+            "dirty": report.dirty,
+            "lock": report.lock.info if report.lock else None,
+            "steps": [{"name": n, "actions": [a.describe() for a in acts],
+                       "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in report.steps]}

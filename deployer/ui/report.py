@@ -1,0 +1,134 @@
+"""A run's report: its outcome and facts, the runs list, one run's log, the deploys on a host."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from deployer import runlog
+from deployer.errors import DeployerError
+from deployer.steps.services.manager import pid_text as one_pid
+from deployer.ui.chart import num, show_chart
+from deployer.ui.console import columns
+from deployer.ui.live import detail_of
+
+if TYPE_CHECKING:  # the rollback module is not loaded by a plain apply
+    from deployer.run.engine import RunResult
+    from deployer.run.rollback import Deploy
+    from deployer.runlog import Run
+
+
+def result_json(result: RunResult) -> dict[str, Any]:
+    from deployer.run.shown import shown_state_of
+
+    return {"run_id": result.run_id, "state": shown_state_of(result.run_dir.parent, result.run_id, result.phase),
+            "status": result.status, "exit_code": result.exit_code,
+            "error": result.error, "warning": result.warning,
+            "git": {"before": result.git_before, "after": result.git_after},
+            "run_dir": str(result.run_dir), "facts": result.facts}
+
+
+def show_result(console: Console, result: RunResult) -> None:
+    from deployer.run.shown import shown_state_of
+
+    style = "green" if result.status == "successful" else "red"
+    state = shown_state_of(result.run_dir.parent, result.run_id, result.phase)
+    console.print(f"run {result.run_id}: [{style}]{state}[/{style}] (exit {result.exit_code})")
+    if result.git_after:
+        console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
+    for line in fact_lines(result.facts):
+        console.print(f"  {line}", markup=False, highlight=False)
+    show_chart(console, events_of(result))
+    console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
+
+
+def events_of(result: RunResult) -> list[dict[str, Any]]:
+    """The run's events as its log holds them (the samples for the chart are there)."""
+    try:
+        return runlog.read_run(result.run_dir.parent, result.run_id).events
+    except DeployerError:
+        return []
+
+
+def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
+    return ", ".join(f"{name} {one_pid(p['old'])} -> {one_pid(p['new'])}" for name, p in facts.get(key, {}).items())
+
+
+def fact_lines(facts: dict[str, Any]) -> list[str]:
+    """The run's facts as short lines for people (the JSON summary keeps them as data)."""
+    lines = []
+    if facts.get("diffstat"):
+        lines.append(f"diff: {facts['diffstat']}")
+    for metric, value in facts.get("baseline", {}).items():
+        lines.append(f"baseline: {metric} = {num(value)}")
+    for metric, drain in facts.get("drain", {}).items():
+        lines.append(f"drain: {metric} {num(drain.get('baseline'))} -> {num(drain.get('final'))}")
+    for storm in facts.get("storms", []):
+        lines.append(f"storm: sent {storm['sent']}, completed {storm['completed']}, aborted {storm['aborted']}, "
+                     f"errors {storm['errors']}")
+    if facts.get("pids"):
+        lines.append(f"pids: {pid_text(facts)}")
+    if facts.get("restored"):
+        lines.append(f"restored to pre-run bytes: {', '.join(facts['restored'])}")
+    if facts.get("rollback_commit"):
+        lines.append(f"rollback commit: {facts['rollback_commit']}")
+    if facts.get("rollback_pids"):
+        lines.append(f"pids after the rollback: {pid_text(facts, 'rollback_pids')}")
+    return lines
+
+
+
+def show_runs(console: Console, runs: list[Run]) -> None:
+    from deployer.run.shown import shown_state
+
+    rows = []
+    for run in runs:
+        start = run.start
+        kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
+        rows.append((run.run_id, shown_state(run), _field(start.get("host")), _field(run.git.get("after"))[:12],
+                     kind, _field(start.get("playbook_name"))))
+    columns(console, ("run", "state", "host", "commit", "kind", "playbook"), rows)
+
+
+def _field(value: object) -> str:
+    """A recorded value for people: a missing one is `-`, never Python's None."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def show_run(console: Console, run: Run) -> None:
+    from deployer.run.shown import shown_state
+
+    start, end = run.start, run.end or {}
+    state = shown_state(run)
+    console.print(f"run {run.run_id}  state {state}  host {_field(start.get('host'))}  "
+                  f"operator {_field(start.get('operator'))}  deployer {_field(start.get('version'))}",
+                  markup=False, highlight=False)
+    console.print(f"playbook {_field(start.get('playbook'))} (sha256 {_field(start.get('playbook_sha256'))[:16]})",
+                  markup=False, highlight=False)
+    if not end:
+        console.print(f"no run_end: the run is still going, or it was cut while {state} "
+                      f"(deployer recover {run.run_id})", markup=False, highlight=False)
+    if start.get("rollback_of"):
+        console.print(f"rollback of run {start['rollback_of']}", markup=False, highlight=False)
+    for link in run.all("rolled_back_by"):
+        console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')})", markup=False,
+                      highlight=False)
+    git = run.git
+    console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
+                  highlight=False)
+    for event in run.events:
+        if event.get("type") == "step_end":
+            detail = detail_of(event)
+            console.print(f"  {_field(event.get('step')):<16} {_field(event.get('status')):<9} "
+                          f"{event.get('duration_s') or 0:>7.2f}s "
+                          f"{detail}", markup=False, highlight=False)
+    show_chart(console, run.events)
+    if end.get("error"):
+        console.print(end["error"], markup=False, highlight=False, style="red")
+
+
+def show_deploys(console: Console, deploys: list[Deploy]) -> None:
+    rows = [(d.commit[:12], d.date[:16].replace("T", " "), d.run_id, d.rollback_of or "-", d.subject)
+            for d in deploys]
+    columns(console, ("commit", "date", "run", "rollback of", "subject"), rows)
