@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from deployer import runlog
     from deployer.config.models import Host, Inventory
     from deployer.fleet.runner import FleetCancel, FleetState
-    from deployer.run.engine import Engine, PlanReport, RunResult
+    from deployer.run.engine import Engine, RunResult
+    from deployer.run.plan import PlanReport
     from deployer.steps.context import CancelToken, Listener
     from deployer.transport.base import Transport
     from deployer.ui import Console

@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the demo, fleet and rollback modules are not loaded by a pl
     from deployer.check import CheckReport, GroupReport
     from deployer.demo.run import DemoOutcome, FleetDemoOutcome
     from deployer.fleet.runner import FleetState
-    from deployer.run.engine import PlanReport, RunResult
+    from deployer.run.engine import RunResult
+    from deployer.run.plan import PlanReport
     from deployer.run.rollback import Deploy
     from deployer.runlog import Run
 
