@@ -24,7 +24,7 @@ from deployer.config.models import Host
 from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, StepFailed
 from deployer.run import undo
 from deployer.run.ending import Ending
-from deployer.run.lease import Lease, end_note, run_trailer
+from deployer.run.lease import Lease, Note, end_note, run_trailer
 from deployer.run.plan import PlanReport, plan
 from deployer.run.preflight import lazy_projection, preflight
 from deployer.run.state import (
@@ -356,7 +356,6 @@ class Engine:
             finally:
                 ctx.on_sent = None
 
-
     def _close_behind(self, ctx: Context, step: Step) -> None:
         """A run whose last step is its commit releases in the commit's round trip: the release goes right
         behind the commit's batch and the agent runs it only if the whole batch succeeded (the commit
@@ -367,7 +366,7 @@ class Engine:
                 self.playbook.model.on_failure == "rollback":
             return
 
-        def note() -> tuple[tuple[str, ...], str] | None:
+        def note() -> Note | None:
             # The batch proved HEAD is the run's commit; a note behind a release that went through says the
             # run succeeded: nothing the run does after the reply can fail it on the target.
             assert self._log is not None
@@ -398,7 +397,6 @@ class Engine:
         if first_change:
             assert self._lease is not None
             self._lease.write_intent(ctx)
-
 
     def restore(self, ctx: Context, failure: DeployerError) -> None:
         """Before the commit, after failure: every dest back to its pre-run bytes (see undo.restore)."""
