@@ -367,7 +367,7 @@ def test_a_unit_restart_does_on_each_host_exactly_what_its_plan_lists_there_in_t
     assert result.returncode == 0, report
     for host, service in (("h1", "prefill"), ("h3", "decode")):
         keys = [a["key"] for a in planned[host]]
-        done = [e["action"] for e in run_events(pd_unit, report["hosts"][host]["run_id"])
+        done = [e["action"] for e in pd_unit.events(report["hosts"][host]["run_id"])
                 if e.get("step") == "co_restart" and "action" in e]
         assert all(k.startswith(f"{service}.") for k in keys) and set(done) <= set(keys), (keys, done)
         assert done == sorted(set(done), key=keys.index), f"{host}: out of plan order or twice: {done}"
@@ -399,7 +399,7 @@ def test_a_unit_restart_refuses_a_health_url_that_another_process_still_answers_
         assert f"service decode: http://127.0.0.1:{port}/health still answers after the stop" in said, said
         assert squatter.poll() is None  # not deployer's to kill
         for host in ("h1", "h3"):
-            events = run_events(pd_unit, report["hosts"][host]["run_id"])
+            events = pd_unit.events(report["hosts"][host]["run_id"])
             assert not [e for e in events if e["type"] == "service_started"], host
     finally:
         squatter.kill()
