@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from fixtures_repo import tree_snapshot
-from fixtures_services import GAUGE, Stack, events
+from fixtures_services import GAUGE, Stack
 
 from deployer.steps.action import Action
 
@@ -39,7 +39,7 @@ def test_plan_rollback_lists_the_commands_the_rollback_then_runs(stack: Stack) -
     assert [a["key"] for a in planned["rollback"]][-3:] == ["commit", "head", "files"]
 
     assert project.deployer("rollback", applied).returncode == 0
-    log = events(project)
+    log = project.events()
     # The revert: exactly the planned git commands, in order, each as planned once its placeholders are bound.
     reverted = [e for e in log if e["type"] == "command" and e.get("step") == "rollback" and e.get("action")]
     assert [e["action"] for e in reverted] == [a["key"] for a in planned["rollback"]]
