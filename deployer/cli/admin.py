@@ -95,7 +95,6 @@ def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json:
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_demo, show_stopped
     from deployer.ui.live import StepView
-    from deployer.ui.report import result_json
 
     if stop_kept:
         chosen = Path(workdir) if workdir else None
@@ -116,7 +115,7 @@ def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json:
     with cancel_on_signals(token), view:
         outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token)
     if as_json:
-        emit_json({**result_json(outcome.result), "workdir": str(outcome.stack.workdir)})
+        emit_json({**outcome.result.document(), "workdir": str(outcome.stack.workdir)})
     else:
         show_demo(console, outcome)
         if outcome.result.error:
@@ -130,7 +129,7 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
     from deployer.fleet.runner import FleetCancel
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_fleet_demo
-    from deployer.ui.fleet import fleet_json, show_fleet
+    from deployer.ui.fleet import show_fleet
     from deployer.ui.live import FleetView
 
     console = make_console()
@@ -142,7 +141,7 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
         outcome = run_fleet_demo(workdir, keep=keep, listeners=[view], cancel=cancel)
     state = outcome.state
     if as_json:
-        emit_json({**fleet_json(state), "gauges": outcome.gauges(), "workdir": str(outcome.workdir)})
+        emit_json({**state.document(), "gauges": outcome.gauges(), "workdir": str(outcome.workdir)})
     else:
         show_fleet(console, state)
         show_fleet_demo(console, outcome)

@@ -42,11 +42,10 @@ def show_plan(report: PlanReport, as_json: bool) -> None:
     """The plan; exit 1 when the projected change breaks the playbook's bounds or does not compile here, so a CI
     job can gate on it."""
     from deployer.ui.console import make_console
-    from deployer.ui.plan import plan_json
     from deployer.ui.plan import show_plan as render
     failed = "; ".join(report.failed_here) or None
     if as_json:
-        emit_json({**plan_json(report), "exit_code": 1 if failed else 0, "error": failed})
+        emit_json({**report.document(), "exit_code": 1 if failed else 0, "error": failed})
     else:
         render(make_console(), report)
     if failed:
@@ -56,11 +55,10 @@ def show_plan(report: PlanReport, as_json: bool) -> None:
 def show_plans(reports: list[PlanReport], as_json: bool) -> None:
     """Every host's plan; exit 1 when any host's projected change breaks the bounds or does not compile."""
     from deployer.ui.console import make_console
-    from deployer.ui.plan import plan_json
     from deployer.ui.plan import show_plan as render
     failed = [f"{r.host_name}: {problem}" for r in reports for problem in r.failed_here]
     if as_json:
-        emit_json({"hosts": [plan_json(r) for r in reports], "exit_code": 1 if failed else 0,
+        emit_json({"hosts": [r.document() for r in reports], "exit_code": 1 if failed else 0,
                    "error": "; ".join(failed) or None})
     else:
         console = make_console()

@@ -30,7 +30,7 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
     from deployer.fleet.record import list_fleets
     from deployer.run.shown import shown_state
     from deployer.ui.console import make_console
-    from deployer.ui.fleet import fleet_json, show_fleets
+    from deployer.ui.fleet import show_fleets
     from deployer.ui.report import show_runs
 
     root = runlog.runs_dir_from(runs_dir)
@@ -40,7 +40,7 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
                              "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
                              "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
                              "git": r.git} for r in found],
-                   "fleets": [fleet_json(f) for f in fleets]})
+                   "fleets": [f.document() for f in fleets]})
     else:
         console = make_console()
         show_runs(console, found)
@@ -59,13 +59,13 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     from deployer import runlog
     from deployer.fleet.record import FleetRecord, is_fleet
     from deployer.ui.console import make_console
-    from deployer.ui.fleet import fleet_json, show_fleet
+    from deployer.ui.fleet import show_fleet
     from deployer.ui.report import show_run
 
     root = runlog.runs_dir_from(runs_dir)
     if is_fleet(root, run_id):
         state = FleetRecord.load(root, run_id).state
-        emit_json(fleet_json(state)) if as_json else show_fleet(make_console(), state)
+        emit_json(state.document()) if as_json else show_fleet(make_console(), state)
         return
     run = runlog.read_run(root, run_id)
     if as_json:

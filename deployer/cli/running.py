@@ -75,9 +75,9 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
 
 def report(console: Console, result: RunResult, as_json: bool) -> None:
     from deployer.ui.console import show_error, show_warning
-    from deployer.ui.report import result_json, show_result
+    from deployer.ui.report import show_result
     if as_json:
-        emit_json(result_json(result))
+        emit_json(result.document())
     else:
         show_result(console, result)
         if result.error:
@@ -91,7 +91,7 @@ def run_fleet(hosts: list[str], cancel: FleetCancel, as_json: bool, listeners: l
               run: Callable[[], FleetState]) -> None:
     """A fleet run with its live view and signal handling; then the per-host table, and its exit code."""
     from deployer.ui.console import make_console, show_error
-    from deployer.ui.fleet import fleet_json, show_fleet
+    from deployer.ui.fleet import show_fleet
     from deployer.ui.live import FleetView
     console = make_console()
     view = FleetView(console, hosts, quiet=as_json)
@@ -99,7 +99,7 @@ def run_fleet(hosts: list[str], cancel: FleetCancel, as_json: bool, listeners: l
     with cancel_on_signals(cancel), view:
         state = run()
     if as_json:
-        emit_json(fleet_json(state))
+        emit_json(state.document())
     else:
         show_fleet(console, state)
         if state.error:

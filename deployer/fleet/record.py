@@ -65,6 +65,10 @@ class FleetState:
     rolled_back_by: list[str] = field(default_factory=list)
     units: dict[str, list[str]] = field(default_factory=dict)
 
+    def document(self) -> dict[str, Any]:
+        """fleet.json as `--json` prints it, with the hosts never touched."""
+        return {**asdict(self), "untouched": self.untouched()}
+
     def untouched(self) -> list[str]:
         return [name for name, run in self.hosts.items() if run.status == UNTOUCHED]
 

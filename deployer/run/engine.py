@@ -106,6 +106,15 @@ class RunResult:
     phase: str = Phase.preparing.value
     warning: str | None = None  # what a run that ended as its record says could not make sure of (the release)
 
+    def document(self) -> dict[str, Any]:
+        """The run's outcome as `--json` prints it."""
+        from deployer.run.shown import shown_state_of
+
+        return {"run_id": self.run_id, "state": shown_state_of(self.run_dir.parent, self.run_id, self.phase),
+                "status": self.status, "exit_code": self.exit_code, "error": self.error, "warning": self.warning,
+                "git": {"before": self.git_before, "after": self.git_after}, "run_dir": str(self.run_dir),
+                "facts": self.facts}
+
 
 @dataclass
 class Engine:

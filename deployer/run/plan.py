@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from deployer import diffs
 from deployer.command import Masker
 from deployer.run.lock import LockState, read_state
 from deployer.run.preflight import preflight, projected_stat
+from deployer.steps.action import Kind
 from deployer.steps.base import Action, Step
 from deployer.steps.context import Context
 
@@ -42,6 +44,16 @@ class PlanReport:
     def failed_here(self) -> list[str]:
         """Every problem the plan found, each under what judged it: what makes `plan` exit 1."""
         return [f"{label}: FAIL — {'; '.join(problems)}" for label, problems in self.judged.items() if problems]
+
+    def document(self) -> dict[str, Any]:
+        """The plan as `plan --json` prints it."""
+        return {"host": self.host_name, "repo": self.repo, "head": self.head,
+                "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
+                           "new": not f.exists, "diff": f.diff} for f in self.files],
+                "stat": self.stat.summary(), "bounds": self.bounds, "compile": self.judged.get("compile"),
+                "dirty": self.dirty, "lock": self.lock.info if self.lock else None,
+                "steps": [{"name": n, "actions": [a.describe() for a in acts],
+                           "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in self.steps]}
 
 
 def masked(masker: Masker, actions: Sequence[Action]) -> list[Action]:

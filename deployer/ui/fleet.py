@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -11,10 +10,6 @@ from deployer.ui.console import columns
 
 if TYPE_CHECKING:  # the fleet modules are not loaded by a single-host run
     from deployer.fleet.record import FleetState
-
-
-def fleet_json(state: FleetState) -> dict[str, Any]:
-    return {**asdict(state), "untouched": state.untouched()}
 
 
 def show_fleet(console: Console, state: FleetState) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
-
-from deployer.steps.action import Kind
 
 if TYPE_CHECKING:
     from deployer.run.plan import PlanReport
@@ -49,13 +47,3 @@ def show_plan(console: Console, report: PlanReport) -> None:
             console.print(f"     {action.render()}", markup=False, highlight=False)
     console.print("dry run: nothing was changed on the target")
 
-
-def plan_json(report: PlanReport) -> dict[str, Any]:
-    return {"host": report.host_name, "repo": report.repo, "head": report.head,
-            "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
-                       "new": not f.exists, "diff": f.diff} for f in report.files],
-            "stat": report.stat.summary(), "bounds": report.bounds, "compile": report.judged.get("compile"),
-            "dirty": report.dirty,
-            "lock": report.lock.info if report.lock else None,
-            "steps": [{"name": n, "actions": [a.describe() for a in acts],
-                       "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in report.steps]}

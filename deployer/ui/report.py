@@ -19,16 +19,6 @@ if TYPE_CHECKING:  # the rollback module is not loaded by a plain apply
     from deployer.runlog import Run
 
 
-def result_json(result: RunResult) -> dict[str, Any]:
-    from deployer.run.shown import shown_state_of
-
-    return {"run_id": result.run_id, "state": shown_state_of(result.run_dir.parent, result.run_id, result.phase),
-            "status": result.status, "exit_code": result.exit_code,
-            "error": result.error, "warning": result.warning,
-            "git": {"before": result.git_before, "after": result.git_after},
-            "run_dir": str(result.run_dir), "facts": result.facts}
-
-
 def show_result(console: Console, result: RunResult) -> None:
     from deployer.run.shown import shown_state_of
 
