@@ -36,7 +36,7 @@ from deployer.errors import (
 from deployer.run import intent
 from deployer.run.gitops import GIT_DIR, HEAD
 from deployer.run.lock import DeployLock, LockState, force_release, read_state
-from deployer.run.preflight import Reads, lazy_projection, preflight, projected_stat, send_reads
+from deployer.run.preflight import Reads, lazy_projection, preflight, projected_stat, refuse_unready, send_reads
 from deployer.run.restore import restore_files
 from deployer.run.state import (
     PAST_COMMIT,
@@ -325,6 +325,7 @@ class Engine:
         """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
         sent, self._reads = self._reads, None
         head = preflight(ctx, allow_dirty=self.allow_dirty, sent=sent)
+        refuse_unready(ctx, self.steps)
         self._judge_here(ctx, lazy_projection(ctx, head))
         ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
         self._keep_before(ctx)
