@@ -32,6 +32,19 @@ FIXED_A = "def answer():\n    return 42\n\n\ndef extra():\n    return 'new'\n"
 ORIGINAL_B = "VALUE = 1\n"
 
 
+def deployer_env(**extra: str) -> dict[str, str]:
+    """This process's environment less any DEPLOYER_* setting (a test names each one it means), colour off."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")} | {"NO_COLOR": "1", **extra}
+
+
+def deployer(*args: str, cwd: Path, env: dict[str, str] | None = None,
+             timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`python -m deployer *args` run to its end in cwd, stdin closed; env defaults to deployer_env()."""
+    return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=cwd,
+                          env=deployer_env() if env is None else env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
                           text=True).stdout
@@ -171,6 +184,11 @@ class Project:
     def newest_run(self) -> str:
         return sorted(self.runs.iterdir())[-1].name
 
+    def events(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """The run log of run_id (by default the newest run), one dict per line."""
+        log = self.runs / (run_id or self.newest_run()) / "events.jsonl"
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
     def applied(self, **playbook: Any) -> str:
         """fix.yaml written with these playbook fields and applied successfully; the run's id."""
         self.playbook(**playbook)
@@ -201,16 +219,16 @@ class Project:
         body.update(extra)
         return self.write(name, yaml.safe_dump(body, sort_keys=False))
 
+    def env(self) -> dict[str, str]:
+        """The environment deployer runs in for this project: its inventory and runs dir, then extra_env."""
+        return deployer_env(**{"DEPLOYER_INVENTORY": str(self.inventory), "DEPLOYER_RUNS_DIR": str(self.runs),
+                               **self.extra_env})
+
     def deployer(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "DEPLOYER_INVENTORY": str(self.inventory),
-               "DEPLOYER_RUNS_DIR": str(self.runs), "NO_COLOR": "1", **self.extra_env}
-        return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=self.root, env=env,
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return deployer(*args, cwd=self.root, env=self.env(), timeout=timeout)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "DEPLOYER_INVENTORY": str(self.inventory),
-               "DEPLOYER_RUNS_DIR": str(self.runs), "NO_COLOR": "1", **self.extra_env}
-        return subprocess.Popen([sys.executable, "-m", "deployer", *args], cwd=self.root, env=env,
+        return subprocess.Popen([sys.executable, "-m", "deployer", *args], cwd=self.root, env=self.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL)
 

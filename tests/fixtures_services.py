@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import json
 import os
 import signal
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from fixtures_repo import Project
+from polling import within
 
 from deployer.demo.run import free_port
 from deployer.demo.run import process_alive as alive
@@ -105,6 +104,13 @@ class Stack:
         self.project.write_inventory(services=chosen,
                                      metrics=f"http://127.0.0.1:{self.ports['prefill']}/metrics")
 
+    def start_services(self) -> None:
+        """Every service started by deployer (its pid files are deployer's): fix.yaml is co_restart alone,
+        applied once."""
+        self.project.playbook(steps=[{"co_restart": {}}])
+        started = self.project.deployer("apply", "fix.yaml", "--host", "box")
+        assert started.returncode == 0, started.stdout + started.stderr
+
     def pids(self) -> dict[str, int]:
         state = self.project.repo / ".git" / "deployer"
         return {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
@@ -124,16 +130,4 @@ def stack(target: Project) -> Iterator[Stack]:
 
 
 def wait_dead(pid: int, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def events(project: Project) -> list[dict[str, Any]]:
-    run = sorted(project.runs.iterdir())[-1]
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-
-
+    return within(lambda: not alive(pid), seconds, interval_s=0.05)

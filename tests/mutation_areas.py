@@ -34,7 +34,7 @@ AREAS = {
         {"deployer/run/restore.py": ("sha256", "run_commits", "pre_run_bytes", "restore_files",
                                      "clear_stale_index_lock", "_staged_by_run", "_undo_own_commit", "_keep_owner",
                                      "remove_temps"),
-         "deployer/run/engine.py": ("Engine.restore", "stop_running")},
+         "deployer/run/undo.py": ("restore", "stop_running")},
         ("tests/run/test_restore_files.py",
          "tests/run/test_chain.py::test_remote_compile_error_restores_the_files_and_commits_nothing[local]",
          "tests/run/test_chain.py::test_new_file_is_removed_with_its_new_directories_on_failure[local]",
@@ -81,7 +81,7 @@ AREAS = {
     "rollback": Area(
         {"deployer/run/rollback.py": ("Target.of", "target_problems", "check_recorded", "refuse_if_rolled_back",
                                       "check", "already_reverted"),
-         "deployer/run/engine.py": ("Engine._after_commit_failure",)},
+         "deployer/run/undo.py": ("after_commit_failure",)},
         ("tests/run/test_safety_git.py", "tests/run/test_rollback_lock.py", "tests/cli/test_readme_claims.py",
          "tests/run/test_rollback_refusals.py",
          "-k", "local and (rollback or rolled_back or rechained or on_failure or forged or refuse_a_log or "

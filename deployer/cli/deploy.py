@@ -24,7 +24,8 @@ from deployer.cli.running import builder, cancel_on_signals, pin_notice, report,
 if TYPE_CHECKING:
     from deployer.build import Build
     from deployer.config.models import Inventory
-    from deployer.run.engine import Engine, PlanReport
+    from deployer.run.engine import Engine
+    from deployer.run.plan import PlanReport
     from deployer.steps.context import Listener
 
 

@@ -24,10 +24,11 @@ from typing import Any
 
 from deployer.config.models import Unit
 from deployer.errors import DeployerError, RollbackFailed, VerificationFailed
-from deployer.run.engine import Engine, RunResult, target_state
+from deployer.run.engine import Engine, RunResult
 from deployer.run.gitops import head
 from deployer.run.rollback import VERIFY, Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
+from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import CancelToken, Context

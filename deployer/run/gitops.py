@@ -4,6 +4,7 @@ so a caller cannot build them without the hardening."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from deployer.errors import ConfigError
@@ -60,3 +61,14 @@ def touched_argv(commit: str) -> tuple[str, ...]:
 def touched_by(ctx: Context, commit: str, timeout: float = 60.0) -> list[str]:
     out = ctx.check(touched_argv(commit), "cannot list the commit's files", timeout=timeout).out
     return sorted(names(out))
+
+
+def differ_argv(commit: str, other: str | None, files: Sequence[str]) -> tuple[str, ...]:
+    """argv listing which of files differ between commit and other (None: the work tree), -z, renames as their
+    two paths."""
+    return git("diff", "--name-only", "--no-renames", "-z", commit, *((other,) if other else ()), "--", *files)
+
+
+def exists_argv(name: str) -> tuple[str, ...]:
+    """argv that succeeds only when the object git names so (`<commit>^{commit}`, `<commit>:<path>`) exists."""
+    return git("cat-file", "-e", name)

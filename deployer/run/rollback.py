@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from deployer import diffs, runlog
 from deployer.agent.protocol import ExecResult
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
-from deployer.run.engine import Engine, FilePlan, PlanReport, RunResult, target_state
-from deployer.run.gitops import GIT_DIR, git, head, names, touched_by
+from deployer.run.engine import Engine, RunResult
+from deployer.run.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
 from deployer.run.lock import read_state
+from deployer.run.plan import FilePlan, PlanReport, masked
 from deployer.run.state import Phase
+from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
-from deployer.steps.base import Action, Effect
+from deployer.steps.base import Effect
 from deployer.steps.context import CancelToken, Context
 from deployer.steps.git import EndNote, read_end_note
 from deployer.text import shown
@@ -159,7 +161,7 @@ def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list
 
 def check_recorded(ctx: Context, run: Run, target: Target) -> None:
     """The run's commit is in HEAD's history, the history vouches for the log, and it was not undone already."""
-    if not ctx.run(git("cat-file", "-e", f"{target.after}^{{commit}}"), timeout=30).ok or \
+    if not ctx.run(exists_argv(f"{target.after}^{{commit}}"), timeout=30).ok or \
             not ctx.run(git("merge-base", "--is-ancestor", target.after, "HEAD"), timeout=30).ok:
         raise StepFailed(STEP, f"commit {target.after[:12]} is not in the history of {ctx.repo} on "
                          f"{ctx.host_name}; it was never deployed there, or the history was rewritten")
@@ -209,9 +211,7 @@ def check(ctx: Context, target: Target, *, force: bool) -> None:
 
 def _differ(ctx: Context, commit: str, other: str | None, files: list[str]) -> list[str]:
     """The files that differ between commit and other (None: the work tree)."""
-    against = (other,) if other else ()
-    return names(ctx.check(git("diff", "--name-only", "--no-renames", "-z", commit, *against, "--", *files),
-                           "cannot compare the run's files", timeout=30).out)
+    return names(ctx.check(differ_argv(commit, other, files), "cannot compare the run's files", timeout=30).out)
 
 
 def already_reverted(ctx: Context, target: Target) -> bool:
@@ -269,20 +269,23 @@ def verify_on_target(engine: Engine, run: Run) -> list[str]:
 
 
 def plan(engine: Engine, run: Run) -> PlanReport:
-    """What the rollback would change, read from the target without changing it."""
+    """What the rollback would change and run, read from the target without changing it: the revert's
+    actions from the walk the rollback makes (its reads done, its changes listed), then the actions of the
+    steps it runs again, under the step names its run log records them by."""
     target = Target.of(run)
     bus = engine.new_bus()
     with engine.connect(bus) as transport:
         ctx = engine.context("<dry-run>", bus, transport)
         check_recorded(ctx, run, target)
         files = [_file_plan(transport, engine.host.repo, target, dest) for dest in target.files]
-        now = head(ctx)
+        now = ctx.git_before = head(ctx)
         git_dir = ctx.run(GIT_DIR, timeout=30).out.strip()
         lock = read_state(transport, git_dir, engine.host.lock_ttl_s, engine.host_name) if git_dir else None
+        ctx.git_dir = git_dir or None
+        bus.step = "rollback"
+        steps = [("rollback", masked(bus.masker, engine.reverting(target.before, target.files, run.run_id).plan(ctx)))]
+        steps += [(f"rollback:{s.name}", masked(bus.masker, s.plan(ctx))) for s in engine.checks_after_revert(VERIFY)]
     stat = diffs.DiffStat(tuple(f.stat for f in files))
-    steps = [("rollback", [Action(f"commit {', '.join(target.files)} as of {target.before[:12]} with trailers "
-                                  f"Deployer-Run, Deployer-Log and Deployer-Rollback-Of: {run.run_id}")])]
-    steps += [(s.name, [Action(f"again after the revert: {s.kind}")]) for s in engine.steps if s.effect in VERIFY]
     return PlanReport(engine.host_name, engine.host.repo, now, files, stat, {}, steps, lock)
 
 

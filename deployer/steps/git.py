@@ -12,7 +12,7 @@ from pydantic import field_validator
 from deployer.config.models import Strict
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import StepFailed
-from deployer.run.gitops import HEAD, git, head, names, touched_argv
+from deployer.run.gitops import HEAD, git, names, touched_argv
 from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import NOTHING, Context, Submitted
@@ -187,11 +187,6 @@ def trailers(**pairs: str) -> str:
     return "\n".join(f"{key.replace('_', '-')}: {value}" for key, value in pairs.items())
 
 
-def log_anchor(ctx: Context) -> str:
-    """The Deployer-Log trailer's value: it ties the run log written so far to the target's history."""
-    return f"sha256:{ctx.facts.log_sha256 or '<the run log up to this step>'}"
-
-
 NOTES_REF = "deployer"  # refs/notes/deployer: the end anchors, one note on the newest commit of each run
 _END_NOTE = re.compile(r"deployer-end sha256:([0-9a-f]{64}) status=([a-z_]+) exit_code=(\d+) phase=([a-z_]+)\n?")
 
@@ -261,27 +256,6 @@ class Commit(Step):
         ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=changed, unchanged=unchanged)
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
         return f"commit {ctx.git_after[:12]}{note}"
-
-
-def revert_files(ctx: Context, before: str, dests: Sequence[str], message: str, timeout: float = 60.0) -> str:
-    """A new commit that gives dests their content at `before` (removing those absent there).
-
-    Safe to repeat after any partial attempt: only files whose HEAD content differs from `before` are
-    touched, and when there are none (an interrupted rollback got that far) HEAD is returned as it is.
-    A rollback must be able to finish, so the target's commit hooks never run here."""
-    todo = names(ctx.check(git("diff", "--name-only", "--no-renames", "-z", before, "HEAD", "--", *dests),
-                           "cannot compare HEAD with the run's starting commit", timeout=timeout).out)
-    if not todo:
-        return head(ctx, timeout)
-    existed = [d for d in todo if ctx.run(git("cat-file", "-e", f"{before}:{d}"), timeout=timeout).ok]
-    absent = [d for d in todo if d not in existed]
-    if existed:
-        with owner_and_mode_kept(ctx, existed, timeout):
-            ctx.check(git("checkout", before, "--", *existed), "cannot restore the files from git", timeout=timeout)
-    if absent:  # --ignore-unmatch: an earlier attempt may have removed them already
-        ctx.check(git("rm", "-q", "-f", "--ignore-unmatch", "--", *absent), "cannot remove the run's new files",
-                  timeout=timeout)
-    return commit_staged(ctx, todo, message, timeout)
 
 
 Ownership = tuple[int, int, int]  # uid, gid, permission bits

@@ -11,7 +11,7 @@ from rich.text import Text
 from deployer.steps.action import Kind
 
 if TYPE_CHECKING:
-    from deployer.run.engine import PlanReport
+    from deployer.run.plan import PlanReport
 
 
 def show_plan(console: Console, report: PlanReport) -> None:

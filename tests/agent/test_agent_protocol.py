@@ -27,6 +27,7 @@ from typing import Any
 import paramiko
 import pytest
 from fixtures_ssh import SSHD, CountingProxy
+from polling import wait_for
 
 from deployer.agent import agent as agent_mod
 from deployer.agent.client import AgentClient, agent_source, bootstrap_argv, bootstrap_command
@@ -116,22 +117,14 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_until(predicate: Any, what: str, deadline_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {deadline_s}s: {what}")
-
-
 def read_pid(path: Path) -> int:
-    wait_until(lambda: path.exists() and path.read_text().strip(), f"{path} written")
+    wait_for(lambda: path.exists() and path.read_text().strip(), f"{path} written", DEADLINE_S)
     return int(path.read_text().split()[0])
 
 
 def pids(path: Path, count: int) -> list[int]:
-    wait_until(lambda: path.exists() and len(path.read_text().split()) >= count, f"{count} pids in {path}")
+    wait_for(lambda: path.exists() and len(path.read_text().split()) >= count, f"{count} pids in {path}",
+             DEADLINE_S)
     return [int(word) for word in path.read_text().split()]
 
 
@@ -228,7 +221,7 @@ def test_a_timeout_kills_the_whole_process_group(client: AgentClient, tmp_path: 
     assert result.timed_out and result.exit_code is None
     assert time.monotonic() - started < 10
     shell, grandchild = pids(pidfile, 2)
-    wait_until(lambda: gone(shell) and gone(grandchild), "the shell and its sleeping child are gone")
+    wait_for(lambda: gone(shell) and gone(grandchild), "the shell and its sleeping child are gone", DEADLINE_S)
 
 
 def test_a_daemon_left_holding_the_output_does_not_hold_the_reply(client: AgentClient, tmp_path: Path) -> None:
@@ -322,7 +315,7 @@ def test_eof_on_stdin_ends_the_agent_and_the_command_it_was_running(tmp_path: Pa
     pending = agent.submit(Run(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"], timeout=300))
     child = read_pid(pidfile)
     agent.close()
-    wait_until(lambda: gone(agent_pid) and gone(child), "agent and its running command are gone")
+    wait_for(lambda: gone(agent_pid) and gone(child), "agent and its running command are gone", DEADLINE_S)
     with pytest.raises(TransportError, match="closed"):
         pending.result(5)
 
@@ -630,7 +623,8 @@ def test_a_cut_ssh_connection_leaves_no_agent_process_on_the_target(sshd: SSHD, 
         child = read_pid(pidfile)
         assert not gone(agent_pid) and not gone(child)
         proxy.close()  # the network fails: no goodbye reaches either side
-        wait_until(lambda: gone(agent_pid) and gone(child), "the agent and its command died with the connection")
+        wait_for(lambda: gone(agent_pid) and gone(child), "the agent and its command died with the connection",
+                 DEADLINE_S)
         with pytest.raises(TransportError):
             pending.result(10)
     finally:

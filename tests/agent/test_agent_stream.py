@@ -93,8 +93,7 @@ def stand_in(project: Project, mode: str, after: str | None = None) -> str:
 def apply_measured(project: Project) -> tuple[subprocess.CompletedProcess[str], float, int]:
     """apply, its wall time and its peak RSS in KiB."""
     rss = project.root / "rss_kb"
-    env = {**os.environ, "DEPLOYER_INVENTORY": str(project.inventory), "DEPLOYER_RUNS_DIR": str(project.runs),
-           "NO_COLOR": "1", **project.extra_env}
+    env = project.env()
     started = time.monotonic()
     argv = [sys.executable, "-c", MEASURED, str(rss), "apply", "fix.yaml", "--host", "box"]
     # A session of its own: on a timeout the deployer under the wrapper (and its agent) go too.

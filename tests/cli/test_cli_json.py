@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import click
 import pytest
-from fixtures_repo import Project
+from fixtures_repo import Project, deployer, deployer_env
 from fixtures_services import GAUGE, Stack
 from fixtures_ssh import SSHD
 
@@ -45,12 +44,6 @@ def leaf_commands(group: click.Group, prefix: str = "") -> dict[str, click.Comma
     return found
 
 
-def deployer(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")} | {"NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
-
-
 def test_every_command_takes_json_and_the_failure_table_covers_them_all() -> None:
     commands = leaf_commands(main)
     assert set(commands) == set(FAILING)
@@ -61,7 +54,7 @@ def test_every_command_takes_json_and_the_failure_table_covers_them_all() -> Non
 @pytest.mark.parametrize("name", sorted(FAILING))
 def test_a_failing_command_given_json_prints_exactly_one_json_object(name: str, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
-    result = deployer(tmp_path, *FAILING[name], "--json")
+    result = deployer(*FAILING[name], "--json", cwd=tmp_path, timeout=60)
     assert result.returncode != 0, result.stdout
     report = json.loads(result.stdout)  # the whole of stdout is one JSON document
     assert isinstance(report, dict)
@@ -70,7 +63,7 @@ def test_a_failing_command_given_json_prints_exactly_one_json_object(name: str, 
 
 
 def test_a_click_usage_error_given_json_is_a_json_object_with_exit_2(tmp_path: Path) -> None:
-    result = deployer(tmp_path, "plan", "--no-such-option", "--json")
+    result = deployer("plan", "--no-such-option", "--json", cwd=tmp_path, timeout=60)
     assert result.returncode == 2
     report = json.loads(result.stdout)
     assert report["exit_code"] == 2 and "--no-such-option" in report["error"]
@@ -128,7 +121,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def schema(kind: str) -> dict[str, object]:
-    result = deployer(REPO, "schema", kind)
+    result = deployer("schema", kind, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout)
     assert isinstance(loaded, dict)
@@ -159,10 +152,9 @@ def test_the_playbook_schema_rejects_an_unknown_step_and_an_unknown_key() -> Non
 
 
 def complete(cwd: Path, words: str, env: dict[str, str] | None = None) -> list[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")} | (env or {}) | {
-        "_DEPLOYER_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1)}
-    result = subprocess.run([sys.executable, "-m", "deployer"], cwd=cwd, env=full, capture_output=True, text=True,
-                            timeout=60, stdin=subprocess.DEVNULL)
+    full = deployer_env(**{**(env or {}), "_DEPLOYER_COMPLETE": "bash_complete", "COMP_WORDS": words,
+                           "COMP_CWORD": str(len(words.split(" ")) - 1)})
+    result = deployer(cwd=cwd, env=full, timeout=60)
     assert result.returncode == 0, result.stderr
     return [line.split(",", 1)[1] for line in result.stdout.splitlines()]
 

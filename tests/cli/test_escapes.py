@@ -30,8 +30,7 @@ def on_pty(project: Project, *args: str, timeout: float = 120) -> tuple[int, str
     """The CLI run with stdout and stderr on a pseudo-terminal (rich sees a terminal); its exit code and output."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
-    env = {**os.environ, "DEPLOYER_INVENTORY": str(project.inventory), "DEPLOYER_RUNS_DIR": str(project.runs),
-           "TERM": "xterm-256color", **project.extra_env}
+    env = {**project.env(), "TERM": "xterm-256color"}
     env.pop("NO_COLOR", None)
     env.pop("CI", None)  # rich treats CI as "not interactive"; this test wants the terminal path
     proc = subprocess.Popen([sys.executable, "-m", "deployer", *args], cwd=project.root, env=env,

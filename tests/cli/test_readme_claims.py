@@ -22,18 +22,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
-from fixtures_services import GAUGE, Stack, events, served, wait_dead
-
-
-def newest_run(project: Project) -> str:
-    return sorted(project.runs.iterdir())[-1].name
-
-
-def start_services(project: Project) -> None:
-    project.playbook(steps=["co_restart"])
-    first = project.deployer("apply", "fix.yaml", "--host", "box")
-    assert first.returncode == 0, first.stderr
-
+from fixtures_services import GAUGE, Stack, served, wait_dead
 
 # -- co_restart's refusals ----------------------------------------------------------------------
 
@@ -153,7 +142,7 @@ def test_a_services_own_stop_command_is_used_instead_of_signals(stack: Stack) ->
     prefill["stop"] = ["sh", "-c", f"echo stop >> '{stops}'; "
                                    f"[ ! -f '{pidfile}' ] || kill -s USR1 -- \"-$(cat '{pidfile}')\" || true"]
     stack.configure(prefill=prefill, decode=stack.service("decode"))
-    start_services(project)
+    stack.start_services()
     old = stack.pids()["prefill"]
     started = time.monotonic()
     result = project.deployer("apply", "fix.yaml", "--host", "box")
@@ -161,7 +150,7 @@ def test_a_services_own_stop_command_is_used_instead_of_signals(stack: Stack) ->
     assert time.monotonic() - started < 30  # far inside the 60 s grace a TERM would have waited out
     assert stops.read_text() == "stop\nstop\n"  # once per apply
     assert wait_dead(old)
-    stopped = next(e for e in events(project) if e["type"] == "service_stopped" and e["service"] == "prefill")
+    stopped = next(e for e in project.events() if e["type"] == "service_stopped" and e["service"] == "prefill")
     assert stopped["how"] == "stopped" and stopped["pid"] == old
 
 
@@ -197,7 +186,7 @@ def test_drain_aggregates_and_compares_as_asked(target: Project, drain: dict[str
                                           "stable_polls": 2, **drain}}])
         result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert (result.returncode == 0) == passes, result.stderr
-    values = {e["value"] for e in events(target) if e["type"] == "sample"}
+    values = {e["value"] for e in target.events() if e["type"] == "sample"}
     assert values == {3.0 if drain["aggregate"] == "max" else 5.0}
     if not passes:
         assert f"did not reach {drain['op']} {drain['to']}" in result.stderr
@@ -210,7 +199,7 @@ def test_an_unparseable_metric_is_inconclusive_and_fails(target: Project) -> Non
         result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1, result.stderr
     assert "inconclusive: unparseable metrics" in " ".join(result.stderr.split())
-    assert {e["value"] for e in events(target) if e["type"] == "sample"} == {None}
+    assert {e["value"] for e in target.events() if e["type"] == "sample"} == {None}
 
 
 # -- rollback and signals -------------------------------------------------------------------------
@@ -219,7 +208,7 @@ def test_an_unparseable_metric_is_inconclusive_and_fails(target: Project) -> Non
 def logged_events(project: Project) -> list[dict[str, Any]]:
     """The newest run's events so far; none while its log is not there yet."""
     try:
-        return events(project)
+        return project.events()
     except (FileNotFoundError, IndexError):
         return []
 
@@ -230,7 +219,7 @@ def fail_a_rollback(stack: Stack) -> tuple[str, str]:
     Returns (HEAD before, stderr)."""
     project = stack.project
     before = project.head()
-    start_services(project)
+    stack.start_services()
     project.playbook(steps=["upload", {"commit": {"message": "fix"}},
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 3}}],
                      on_failure="rollback")
@@ -255,12 +244,12 @@ def test_a_rollback_that_fails_exits_6_and_names_the_head_it_left(stack: Stack) 
     project = stack.project
     before, said = fail_a_rollback(stack)
     assert "The rollback failed too" in said and "index.lock" in said
-    run_id = newest_run(project)
+    run_id = project.newest_run()
     head = project.head()
     assert git(project.repo, "rev-parse", "HEAD~1").strip() == before
     assert f"Deployer-Run: {run_id}" in git(project.repo, "log", "-1", "--format=%B")
     assert f"Target now: HEAD {head[:12]} (this run's commit)" in said
-    end = next(e for e in events(project) if e["type"] == "run_end")
+    end = next(e for e in project.events() if e["type"] == "run_end")
     assert end["exit_code"] == 6 and end["status"] == "failed"
 
 
@@ -308,7 +297,7 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
     assert proc.returncode == 130, "".join(lines)
     assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
-    logged = events(target)
+    logged = target.events()
     end = next(e for e in logged if e["type"] == "run_end")
     assert end["status"] == "canceled"
     # The forced stop killed the remote_compile still running on the target, so the restore was not queued behind it.
@@ -330,10 +319,10 @@ def test_become_carries_a_whole_apply_through_sudo(target: Project, sshd: Any) -
     # One agent, started under sudo -n; every command the run logged went through it.
     calls = sudo_log.read_text()[len(before):].splitlines()
     assert len(calls) == 1 and calls[0].startswith("-n -- "), calls
-    assert [e for e in events(target) if e["type"] == "command"]
-    [agent] = [e for e in events(target) if e["type"] == "agent"]
+    assert [e for e in target.events() if e["type"] == "command"]
+    [agent] = [e for e in target.events() if e["type"] == "agent"]
     assert agent["euid"] == 0 and len(agent["sha256"]) == 64
-    connected = next(e for e in events(target) if e["type"] == "connected")
+    connected = next(e for e in target.events() if e["type"] == "connected")
     assert connected["transport"]["extra"]["become"] == "sudo"
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
 
 
@@ -25,11 +26,6 @@ def git_out(repo: Path, *args: str) -> str:
 
 def all_gone(pids: list[int]) -> bool:
     return all(wait_dead(pid) for pid in pids)
-
-
-def deployer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=240, stdin=subprocess.DEVNULL)
 
 
 def test_demo_shows_the_bug_fixes_it_and_cleans_up(tmp_path: Path) -> None:

@@ -19,12 +19,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import within
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, StormResult, run_storm
@@ -82,16 +83,6 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str, str]
         return None
     finally:
         conn.close()
-
-
-def poll_until(check: Callable[[], bool], deadline_s: float, interval_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        if check():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
 
 
 def free_ports(n: int) -> list[int]:
@@ -171,7 +162,7 @@ class Stack:
             answer = http_get(port, "/health", timeout=1.0)
             return answer is not None and answer[0] == 200
 
-        if not poll_until(healthy, START_DEADLINE_S):
+        if not within(healthy, START_DEADLINE_S, interval_s=0.05):
             raise StartFailed(f"{name} not healthy within {START_DEADLINE_S}s:\n{self.log(name)}")
 
     def stop(self) -> dict[str, int | None]:
@@ -320,7 +311,7 @@ class TestBuggyBuild:
             samples.append(stack.inflight())
             return len(samples) >= 4 and len(set(samples[-4:])) == 1
 
-        assert poll_until(settled, 15.0, interval_s=0.3), f"inflight gauge never settled: {samples}"
+        assert within(settled, 15.0, interval_s=0.3), f"inflight gauge never settled: {samples}"
         stuck = samples[-1]
         for _ in range(5):  # and it stays there
             time.sleep(0.3)
@@ -385,7 +376,7 @@ class TestBuggyBuild:
             assert conn.getresponse().status == 200
         finally:
             conn.close()
-        assert poll_until(lambda: stack.inflight() == 0, 10.0, interval_s=0.1), stack.logs()
+        assert within(lambda: stack.inflight() == 0, 10.0, interval_s=0.1), stack.logs()
 
 
 # --- the fixed build ---------------------------------------------------------------------------
@@ -409,7 +400,7 @@ class TestFixedBuild:
             zeros = zeros + 1 if samples[-1] == 0 else 0
             return zeros >= 4
 
-        assert poll_until(drained_and_stable, 10.0, interval_s=0.2), (
+        assert within(drained_and_stable, 10.0, interval_s=0.2), (
             f"inflight gauge did not drain to a stable 0: {samples}\n{stack.logs()}"
         )
 
@@ -470,7 +461,7 @@ def test_server_answers_503_while_warming_up_and_exits_0_on_sigterm(tmp_path: Pa
                 statuses.append(answer[0])
             return bool(statuses) and statuses[-1] == 200
 
-        assert poll_until(answered_200, START_DEADLINE_S), f"{statuses}\n{stack.log('decode')}"
+        assert within(answered_200, START_DEADLINE_S, interval_s=0.05), f"{statuses}\n{stack.log('decode')}"
         assert statuses[0] == 503, statuses
         started = time.monotonic()
         codes = stack.stop()

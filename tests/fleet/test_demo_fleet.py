@@ -7,20 +7,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
 UNITS = {"pd-1": ["gpu-a", "gpu-b"], "pd-2": ["gpu-c", "gpu-d"]}  # prefill host (the unit's metrics), decode host
-
-
-def deployer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deployer", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=240, stdin=subprocess.DEVNULL)
 
 
 def host_pids(workdir: Path) -> dict[str, dict[str, int]]:

@@ -287,10 +287,6 @@ def pd_unit(fleet: Project) -> Iterator[Project]:
                 os.killpg(int(pidfile.read_text()), signal.SIGKILL)
 
 
-def run_events(project: Project, run_id: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (project.runs / run_id / "events.jsonl").read_text().splitlines()]
-
-
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 UNIT_STEPS = [*BOUNDED, "co_restart", {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 1}}]
 
@@ -301,7 +297,7 @@ def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_ho
     report = as_json(result)
     assert result.returncode == 0, report
     assert report["units"] == {"pd-1": ["h1", "h3"]} and list(report["hosts"]) == ["h1", "h3"]
-    prefill, decode = (run_events(pd_unit, report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+    prefill, decode = (pd_unit.events(report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
 
     def at(events: list[dict[str, Any]], kind: str) -> str:
         return str(next(e["time"] for e in events if e["type"] == kind))
@@ -320,14 +316,14 @@ def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_ho
     undone = pd_unit.deployer("rollback", report["fleet_id"], "--json")
     rolled = as_json(undone)
     assert undone.returncode == 0 and rolled["units"] == {"pd-1": ["h1", "h3"]}, rolled
-    prefill, decode = (run_events(pd_unit, rolled["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+    prefill, decode = (pd_unit.events(rolled["hosts"][h]["run_id"]) for h in ("h1", "h3"))
     assert at(decode, "service_stopped") <= at(prefill, "service_stopped") <= at(prefill, "service_started") \
         <= at(decode, "service_started")
     assert [e["step"] for e in prefill if e["type"] == "step_end" and e["status"] == "ok"][-2:] == \
         ["rollback:co_restart", "rollback:drain"]
     for host in ("h1", "h3"):
         assert (repo(pd_unit, host) / "pkg/a.py").read_text() == ORIGINAL_A
-        original = run_events(pd_unit, report["hosts"][host]["run_id"])
+        original = pd_unit.events(report["hosts"][host]["run_id"])
         assert original[-1]["type"] == "rolled_back_by" and original[-1]["by"] == rolled["hosts"][host]["run_id"]
 
 
@@ -344,7 +340,7 @@ def test_a_unit_that_fails_its_drain_rolls_back_and_restarts_every_host_of_the_u
         sub = report["hosts"][host]
         assert sub["phase"] == "rolled_back" and "Rolled back every host of the unit (h1, h3)" in sub["error"]
         assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
-        events = run_events(pd_unit, sub["run_id"])
+        events = pd_unit.events(sub["run_id"])
         assert [e["status"] for e in events if e["type"] == "step_end" and e["step"] == "rollback:co_restart"] \
             == ["ok"]
 
@@ -371,7 +367,7 @@ def test_a_unit_restart_does_on_each_host_exactly_what_its_plan_lists_there_in_t
     assert result.returncode == 0, report
     for host, service in (("h1", "prefill"), ("h3", "decode")):
         keys = [a["key"] for a in planned[host]]
-        done = [e["action"] for e in run_events(pd_unit, report["hosts"][host]["run_id"])
+        done = [e["action"] for e in pd_unit.events(report["hosts"][host]["run_id"])
                 if e.get("step") == "co_restart" and "action" in e]
         assert all(k.startswith(f"{service}.") for k in keys) and set(done) <= set(keys), (keys, done)
         assert done == sorted(set(done), key=keys.index), f"{host}: out of plan order or twice: {done}"
@@ -403,7 +399,7 @@ def test_a_unit_restart_refuses_a_health_url_that_another_process_still_answers_
         assert f"service decode: http://127.0.0.1:{port}/health still answers after the stop" in said, said
         assert squatter.poll() is None  # not deployer's to kill
         for host in ("h1", "h3"):
-            events = run_events(pd_unit, report["hosts"][host]["run_id"])
+            events = pd_unit.events(report["hosts"][host]["run_id"])
             assert not [e for e in events if e["type"] == "service_started"], host
     finally:
         squatter.kill()
@@ -424,7 +420,7 @@ def test_a_unit_host_failing_before_its_commit_restores_every_host_and_restarts_
     for host in ("h1", "h3"):
         assert git(repo(pd_unit, host), "rev-parse", "HEAD").strip() == heads[host]
         assert git(repo(pd_unit, host), "status", "--porcelain").strip() == ""
-        events = run_events(pd_unit, report["hosts"][host]["run_id"])
+        events = pd_unit.events(report["hosts"][host]["run_id"])
         assert not [e for e in events if e["type"] == "service_started"]
 
 
@@ -491,7 +487,7 @@ def test_parallel_counts_every_host_of_a_unit(pd_unit: Project) -> None:
     assert report["status"] == "successful", report
     spans = []
     for host in HOSTS:
-        events = run_events(pd_unit, report["hosts"][host]["run_id"])
+        events = pd_unit.events(report["hosts"][host]["run_id"])
         spans.append((events[0]["time"], events[-1]["time"]))
     busiest = max(sum(start <= moment < end for start, end in spans) for moment, _ in spans)
     assert busiest == 2, spans  # never more than --parallel; and the unit's two hosts did run together
@@ -506,7 +502,7 @@ def test_a_unit_in_a_rollout_is_one_batch_entry_and_rollback_fleet_restarts_it_a
     report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "all", "--json"))
     assert report["batches"] == [["h1", "h3"], ["h2"], ["h4"]] and report["untouched"] == ["h4"], report
     assert report["exit_code"] == 1 and "diff_bounds" in report["hosts"]["h2"]["error"]
-    prefill, decode = ([e for e in run_events(pd_unit, report["hosts"][h]["rollback_run_id"])
+    prefill, decode = ([e for e in pd_unit.events(report["hosts"][h]["rollback_run_id"])
                         if e.get("step") == "rollback:co_restart"] for h in ("h1", "h3"))
 
     def at(events: list[dict[str, Any]], kind: str) -> str:
@@ -569,7 +565,7 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
     result = project.deployer("apply", str(PLAYBOOK), "--host", "pd-1", "--json", timeout=180)
     report = as_json(result)
     assert result.returncode == 0, report
-    h1, h3 = (run_events(project, report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+    h1, h3 = (project.events(report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
     end = next(e for e in h1 if e["type"] == "run_end")
     assert end["facts"]["baseline"][GAUGE] >= 1  # the bug showed under the storm, before the fix
     assert end["facts"]["drain"][GAUGE]["final"] == 0  # the same storm drains on the fixed unit
@@ -627,5 +623,5 @@ def test_a_unit_host_whose_commit_fails_rolls_back_the_hosts_that_committed_with
     assert git(repo(pd_unit, "h1"), "rev-list", "--count", f"{heads['h1']}..HEAD").strip() == "2"
     for host in ("h1", "h3"):
         assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
-        events = run_events(pd_unit, report["hosts"][host]["run_id"])
+        events = pd_unit.events(report["hosts"][host]["run_id"])
         assert not [e for e in events if e["type"] in ("service_stopped", "service_started")]

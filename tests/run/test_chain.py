@@ -33,17 +33,13 @@ def run_dirs(project: Project) -> list[Path]:
     return sorted(p for p in project.runs.iterdir()) if project.runs.exists() else []
 
 
-def last_run_events(project: Project) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (run_dirs(project)[-1] / "events.jsonl").read_text().splitlines()]
-
-
 def last_run_end(project: Project) -> dict[str, object]:
-    return next(e for e in last_run_events(project) if e["type"] == "run_end")
+    return next(e for e in project.events() if e["type"] == "run_end")
 
 
 def uploaded(project: Project) -> list[tuple[object, object]]:
     """What the run log says the upload step put on the target: sha256 and size of each file, in order."""
-    return [(e["sha256"], e["size"]) for e in last_run_events(project) if e["type"] == "uploaded"]
+    return [(e["sha256"], e["size"]) for e in project.events() if e["type"] == "uploaded"]
 
 
 def test_apply_ships_compiles_bounds_and_commits_exactly_the_shipped_files(target: Project) -> None:

@@ -177,10 +177,6 @@ def reset(project: Project, stack: Stack, base: str) -> None:
     (project.repo / "pkg/a.py").chmod(0o640)
 
 
-def newest_run(project: Project) -> Path:
-    return max((p for p in project.runs.iterdir() if (p / "state.json").is_file()), key=lambda p: p.name)
-
-
 def phase_of(run: Path) -> str:
     return str(json.loads((run / "state.json").read_text())["phase"])
 
@@ -222,7 +218,7 @@ def cut_and_recover(project: Project, relay: CuttingRelay, *, budget: int | None
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    run = newest_run(project)
+    run = project.runs / project.newest_run()
     left = phase_of(run)
     age_lock(project.repo)
     relay.arm(None, rst=False)
@@ -252,7 +248,7 @@ def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_targe
 
         def reached(phase: str = phase) -> bool:
             with contextlib.suppress(ValueError, OSError, json.JSONDecodeError):
-                return phase_of(newest_run(project)) == phase
+                return phase_of(project.runs / project.newest_run()) == phase
             return False
 
         run, left, code = cut_and_recover(project, relay, budget=None, rst=phase == "committing", when=reached)
@@ -291,7 +287,7 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     assert project.head() != base, "the commit did not land before the cut"
     assert cut.returncode == 6, err
     assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
-    run = newest_run(project)
+    run = project.runs / project.newest_run()
     relay.arm(None, rst=False)
     wait_until_lock_stale(project.repo, 2)
     recovered_keeping_its_commit(project, run)
@@ -314,7 +310,7 @@ def test_a_release_whose_reply_is_lost_after_the_commit_exits_0_saying_its_outco
     ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists, answer_then_cut,
                      "the post-commit hook", cleanup=lambda: kill_marker(marker))
     out, err = ended.stdout, ended.stderr
-    run = newest_run(project)
+    run = project.runs / project.newest_run()
     assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
     assert f"Deployer-Run: {run.name}" in git(project.repo, "log", "-1", "--format=%B")
     # The record says succeeded, and so does the exit code; what is unknown is said, not guessed.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import Project, git
-from test_safety_git import read_events, rechain, refused_on_target, run_end
+from test_safety_git import rechain, refused_on_target, run_end
 
 # The default playbook ends with its commit (the release rides behind the commit's batch); the other has a step
 # after the commit, so the release (and the note) go in the run's last round trip of their own.
@@ -30,7 +30,7 @@ def flip(events: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("steps", [COMMIT_LAST, STEP_AFTER], ids=["commit-last", "step-after-commit"])
 def test_a_genuine_run_writes_its_end_note_and_verifies_on_the_target(target: Project, steps: Any) -> None:
     run_id = target.applied(steps=steps)
-    end = run_end(read_events(target, run_id))
+    end = run_end(target.events(run_id))
     assert end["anchor"] == "notes"
     assert note(target).startswith("deployer-end sha256:") and "status=successful exit_code=0 phase=succeeded" in \
         note(target)

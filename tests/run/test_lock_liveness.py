@@ -14,22 +14,15 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python
+from polling import wait_for
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
 RUN = "20250101T000000.000Z-abcdef"
 TTL_S = 60
-
-
-def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def dead_pid() -> int:

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, work_tree
 from fixtures_services import GAUGE, Stack
+from polling import wait_for
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
@@ -30,14 +30,6 @@ GATE_SCRIPT = """#!/bin/sh
 echo $$ > "{marker}"
 while :; do sleep 0.05; done
 """
-
-
-def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def gate(project: Project, name: str) -> tuple[Path, Path]:

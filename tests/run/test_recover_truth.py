@@ -15,17 +15,14 @@ from typing import Any
 
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, target_python, work_tree
 from fixtures_services import Stack
-from test_recover import gate, kill_marker, killed_after_its_commit, start_and_kill, state_of, wait_for
+from polling import wait_for
+from test_recover import gate, kill_marker, killed_after_its_commit, start_and_kill, state_of
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
 
-def events_of(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-
-
-def kinds(run: Path, kind: str) -> list[dict[str, Any]]:
-    return [e for e in events_of(run) if e["type"] == kind]
+def kinds(project: Project, run: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in project.events(run.name) if e["type"] == kind]
 
 
 def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> subprocess.CompletedProcess[str]:
@@ -54,12 +51,12 @@ def test_a_recover_ends_a_run_killed_before_its_lock_so_that_its_log_verifies(ta
                          "the agent's start")
     kill_marker(marker)
     target.write_inventory()
-    assert kinds(run, "run_end") == [] and not (target.repo / ".git" / "deployer.run.lock").exists()
+    assert kinds(target, run, "run_end") == [] and not (target.repo / ".git" / "deployer.run.lock").exists()
     assert target.deployer("runs", "verify", run.name).returncode == 5
     first = ok(target.deployer("recover", run.name))
     assert f"run {run.name} -> failed_restored" in first.stdout, first.stdout
     ok(target.deployer("runs", "verify", run.name))
-    [end], [link] = kinds(run, "run_end"), kinds(run, "recovered_by")
+    [end], [link] = kinds(target, run, "run_end"), kinds(target, run, "recovered_by")
     assert (end["phase"], end["ended_by"], link["outcome"]) == ("failed_restored", link["by"], "failed_restored")
     assert state_of(run)["phase"] == "failed_restored"
     assert work_tree(target.repo) == tree and target.head() == head
@@ -141,18 +138,18 @@ def test_a_recover_refuses_a_commit_that_only_quotes_the_runs_trailer_and_ends_a
             proc.kill()
             proc.communicate(timeout=30)
     assert proc.returncode == 6 and "not by this run's commit" in err, err
-    assert len(kinds(run, "run_end")) == 1 and state_of(run)["phase"] == "interrupted"
+    assert len(kinds(target, run, "run_end")) == 1 and state_of(run)["phase"] == "interrupted"
     target.write_inventory()
     refused = ok(target.deployer("recover", run.name), 6)
     assert "not by this run's commit" in refused.stderr
     state = state_of(run)
     assert state["git_after"] is None and state["phase"] == "interrupted" and target.head() == foreign
-    assert kinds(run, "recovered_by") == []
+    assert kinds(target, run, "recovered_by") == []
     # The operator takes the other commit off; now recover restores, and adds no second run_end.
     git(target.repo, "reset", "-q", "--soft", head)
     ok(target.deployer("recover", run.name))
     assert work_tree(target.repo) == tree and target.file("pkg/a.py") == ORIGINAL_A
-    assert len(kinds(run, "run_end")) == 1 and len(kinds(run, "recovered_by")) == 1
+    assert len(kinds(target, run, "run_end")) == 1 and len(kinds(target, run, "recovered_by")) == 1
     assert state_of(run)["phase"] == "failed_restored"
     ok(target.deployer("runs", "verify", run.name))
     assert_second_recover_changes_nothing(target, run)
@@ -171,5 +168,5 @@ def test_a_recover_removes_the_upload_temp_files_when_the_runs_commit_exists(tar
     assert [t for t in temps if t.exists()] == []
     assert target.file("pkg/a.py") == FIXED_A
     assert state_of(run)["git_after"] == target.head()
-    assert len(kinds(run, "run_end")) == 1
+    assert len(kinds(target, run, "run_end")) == 1
     assert_second_recover_changes_nothing(target, run)

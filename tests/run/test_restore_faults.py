@@ -6,7 +6,6 @@ The faults are real git and real processes: a reference-transaction hook (runs e
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -44,18 +43,13 @@ rm -f "$tmp"
 UP_TO_COMMIT: list[Any] = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}}]
 
 
-def last_run(project: Project) -> list[dict[str, Any]]:
-    run = sorted(project.runs.iterdir())[-1]
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-
-
 def assert_restored(project: Project, head: str) -> None:
     """Pre-run bytes, pre-run HEAD, nothing staged, nothing modified."""
     assert project.file("pkg/a.py") == ORIGINAL_A
     assert project.head() == head
     assert git(project.repo, "diff", "--cached", "--name-only") == ""
     assert git(project.repo, "status", "--porcelain", "--untracked-files=no") == ""
-    events = last_run(project)
+    events = project.events()
     end = next(e for e in events if e["type"] == "run_end")
     assert end["status"] == "failed" and end["facts"]["restored"] == ["pkg/a.py"]
     # The restore's own event and commands are logged under the step "restore".
@@ -89,7 +83,7 @@ def kill_commit_after_git_made_it(project: Project) -> tuple[str, str]:
 def test_a_commit_killed_after_git_made_it_is_undone(target: Project) -> None:
     head, output = kill_commit_after_git_made_it(target)
     # git had moved the branch to the run's commit before it was killed: the restore dropped it.
-    undo = [e for e in last_run(target) if e["type"] == "command" and f"reset -q --soft {head}" in e["command"]]
+    undo = [e for e in target.events() if e["type"] == "command" and f"reset -q --soft {head}" in e["command"]]
     assert [e["exit_code"] for e in undo] == [0], "the run's own commit was never undone"
     assert target.head() == head and target.file("pkg/a.py") == ORIGINAL_A, output
     assert "Deployer-Run" not in git(target.repo, "log", "--format=%B")
@@ -128,7 +122,7 @@ def test_a_step_past_its_timeout_is_killed_and_the_target_restored(target: Proje
     assert result.returncode == 1, result.stderr
     assert kind in result.stderr
     assert "did not finish within 1s, killed" in result.stderr
-    failed = [e for e in last_run(target) if e["type"] == "step_end" and e["status"] == "failed"]
+    failed = [e for e in target.events() if e["type"] == "step_end" and e["status"] == "failed"]
     assert [e["step"] for e in failed] == [kind]
     assert_restored(target, head)
 
@@ -187,7 +181,7 @@ def test_an_intent_record_the_target_cannot_hold_lets_no_change_through(target: 
     assert result.returncode == 1, result.stderr
     assert "cannot record the run's intent on the target" in result.stderr
     # The uploads were sent with the record, in the same round trip; the agent skipped them.
-    events = last_run(target)
+    events = target.events()
     assert not [e for e in events if e["type"] == "uploaded"]
     assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
     assert not list((target.repo / "pkg").glob(".*.tmp"))

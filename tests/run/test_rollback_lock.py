@@ -10,15 +10,12 @@ import time
 from pathlib import Path
 
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python, tree_snapshot
-from fixtures_services import GAUGE, Stack, alive, events
+from fixtures_services import GAUGE, Stack, alive
+from polling import wait_for
 
 FULL_STEPS = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
               {"commit": {"message": "pkg: answer is 42"}}, "co_restart",
               {"drain": {"metric": GAUGE, "to": 5, "interval_s": 0.2, "within_s": 10}}]
-
-
-def newest_run(project: Project) -> str:
-    return sorted(project.runs.iterdir())[-1].name
 
 
 def slow_python(project: Project, seconds: float) -> str:
@@ -36,19 +33,12 @@ def gated_python(project: Project) -> tuple[str, Path, Path]:
     return wrapper, entered, gate
 
 
-def wait_for(predicate: object, seconds: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stack) -> None:
     project = stack.project
     project.playbook(steps=FULL_STEPS)
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
-    applied = newest_run(project)
+    applied = project.newest_run()
     deployed_pids = stack.pids()
     assert project.file("pkg/a.py") == FIXED_A
 
@@ -60,13 +50,13 @@ def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stac
 
     result = project.deployer("rollback", applied)
     assert result.returncode == 0, result.stderr + result.stdout
-    rollback_id = newest_run(project)
+    rollback_id = project.newest_run()
     assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == pre_tree
     message = git(project.repo, "log", "-1", "--format=%B")
     assert f"Deployer-Run: {rollback_id}" in message and f"Deployer-Rollback-Of: {applied}" in message
     new_pids = stack.pids()
     assert all(new_pids[n] != deployed_pids[n] and alive(new_pids[n]) for n in new_pids)
-    ran = [(e["step"], e["status"]) for e in events(project) if e["type"] == "step_end"]
+    ran = [(e["step"], e["status"]) for e in project.events() if e["type"] == "step_end"]
     assert ("rollback:co_restart", "ok") in ran and ("rollback:drain", "ok") in ran
 
     assert f"rolled back by run {rollback_id}" in project.deployer("runs", "show", applied).stdout
@@ -91,13 +81,13 @@ def test_rollback_refuses_unknown_uncommitted_and_foreign_runs(target: Project) 
 
     target.playbook(steps=["upload", {"diff_bounds": {"files": 7}}, {"commit": {"message": "m"}}])
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 1
-    failed = target.deployer("rollback", newest_run(target))
+    failed = target.deployer("rollback", target.newest_run())
     assert failed.returncode == 2 and "made no commit (status failed); there is nothing to roll back. A run that " \
         "failed before its commit restored the target itself.\n" in failed.stderr, failed.stderr
 
     target.playbook()
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
-    applied = newest_run(target)
+    applied = target.newest_run()
     git(target.repo, "reset", "-q", "--hard", "HEAD~1")
     head = target.head()
     foreign = target.deployer("rollback", applied)
@@ -108,7 +98,7 @@ def test_rollback_refuses_unknown_uncommitted_and_foreign_runs(target: Project) 
 def test_rollback_refuses_files_changed_since_unless_forced(target: Project) -> None:
     target.playbook()
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
-    applied = newest_run(target)
+    applied = target.newest_run()
     (target.repo / "pkg/a.py").write_text(FIXED_A + "# later hotfix\n")
     git(target.repo, "commit", "-q", "-am", "later hotfix by hand")
     head = target.head()
@@ -128,7 +118,7 @@ def test_a_second_apply_exits_3_naming_the_holder_and_the_lock_goes_away(target:
     first = target.popen("apply", "fix.yaml", "--host", "box")
     try:
         # remote_compile runs after the upload, under the lock: the first run is parked there.
-        wait_for(entered.exists, what="the first run's remote_compile")
+        wait_for(entered.exists, seconds=30, what="the first run's remote_compile")
         holder = json.loads(lock.read_text())["run_id"]
         assert target.file("pkg/a.py") == FIXED_A
         head, status_before = target.head(), git(target.repo, "status", "--porcelain")
@@ -162,8 +152,8 @@ def test_sigkill_leaves_a_parseable_log_and_a_lock_that_turns_stale(target: Proj
     target.write_inventory(python=slow_python(target, 30), lock_ttl_s=1)
     target.playbook()
     proc = target.popen("apply", "fix.yaml", "--host", "box")
-    wait_for(lambda: target.file("pkg/a.py") == FIXED_A, what="the upload")
-    run_id = newest_run(target)
+    wait_for(lambda: target.file("pkg/a.py") == FIXED_A, seconds=30, what="the upload")
+    run_id = target.newest_run()
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     for line in (target.runs / run_id / "events.jsonl").read_text().splitlines():
@@ -234,16 +224,16 @@ def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
     proc = project.popen("apply", "fix.yaml", "--host", "box")
 
     def draining() -> bool:
-        return project.runs.exists() and any(e["type"] == "sample" for e in events(project))
+        return project.runs.exists() and any(e["type"] == "sample" for e in project.events())
 
-    wait_for(draining, what="the drain step")
+    wait_for(draining, seconds=30, what="the drain step")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
     assert "Rolled back" in err
     assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == pre_tree
     assert not (project.repo / ".git" / "deployer.run.lock").exists()
-    end = next(e for e in events(project) if e["type"] == "run_end")
+    end = next(e for e in project.events() if e["type"] == "run_end")
     assert end["status"] == "canceled" and end["facts"]["rollback_commit"] == project.head()
 
 
@@ -251,7 +241,7 @@ def test_a_rollback_that_was_cut_off_after_its_commit_can_be_finished(stack: Sta
     project = stack.project
     project.playbook(steps=FULL_STEPS)
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
-    applied = newest_run(project)
+    applied = project.newest_run()
     # What a rollback killed between its revert commit and its restart leaves behind.
     before = json.loads((project.runs / applied / "events.jsonl").read_text().splitlines()[-1])["git"]["before"]
     git(project.repo, "checkout", before, "--", "pkg/a.py")

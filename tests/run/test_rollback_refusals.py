@@ -29,10 +29,6 @@ BOTH_STEPS = ["upload", {"diff_bounds": {"files": 2}}, {"commit": {"message": "m
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
 
-def read_events(project: Project, run_id: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (project.runs / run_id / "events.jsonl").read_text().splitlines()]
-
-
 def run_end(events: list[dict[str, Any]]) -> dict[str, Any]:
     return next(e for e in events if e["type"] == "run_end")
 
@@ -40,7 +36,7 @@ def run_end(events: list[dict[str, Any]]) -> dict[str, Any]:
 def rewrite_run_end(project: Project, run_id: str, **git_and_files: Any) -> None:
     """Rewrite the run_end of a log and recompute every hash, as someone rechaining it wholesale would:
     the log still verifies on its own, so only the target's history can tell."""
-    events = read_events(project, run_id)
+    events = project.events(run_id)
     end = run_end(events)
     for key, value in git_and_files.items():
         if key == "files":
@@ -188,7 +184,7 @@ def test_an_on_failure_rollback_restarts_the_services_again_and_says_so(stack: S
         in failed.stderr, failed.stderr
     assert project.file("pkg/a.py") == ORIGINAL_A
     # The rollback's own restart: new PIDs after the forward restart's, serving the reverted code.
-    restarts = [e["pids"] for e in read_events(project, project.newest_run()) if e["type"] == "restart"]
+    restarts = [e["pids"] for e in project.events() if e["type"] == "restart"]
     assert len(restarts) == 2, restarts
     forward, rolled_back = restarts
     assert all(rolled_back[n]["old"] == forward[n]["new"] != rolled_back[n]["new"] for n in forward)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,8 +56,7 @@ def test_a_run_log_that_cannot_grow_stops_the_run_restores_the_target_and_exits_
     base, before = target.head(), work_tree(target.repo)
     limit = log_size_after_upload(target) + 16  # the next event no longer fits: the upload has landed
     git(target.repo, "reset", "-q", "--hard", base)
-    env = {**os.environ, "DEPLOYER_INVENTORY": str(target.inventory), "DEPLOYER_RUNS_DIR": str(target.runs),
-           "NO_COLOR": "1"}
+    env = target.env()
     result = subprocess.run([sys.executable, "-c", LIMITED, str(limit), "apply", "fix.yaml", "--host", "box"],
                             cwd=target.root, env=env, capture_output=True, text=True, timeout=120,
                             stdin=subprocess.DEVNULL)

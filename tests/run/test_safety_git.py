@@ -32,13 +32,9 @@ def log_path(project: Project, run_id: str) -> Path:
     return project.runs / run_id / "events.jsonl"
 
 
-def read_events(project: Project, run_id: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log_path(project, run_id).read_text().splitlines()]
-
-
 def rechain(project: Project, run_id: str, edit: Callable[[list[dict[str, Any]]], None]) -> None:
     """Edit a run log and recompute every hash, as someone rewriting it wholesale would."""
-    events = read_events(project, run_id)
+    events = project.events(run_id)
     edit(events)
     prev, lines = GENESIS, []
     for event in events:
@@ -241,7 +237,7 @@ def test_the_commit_carries_the_sha256_of_the_log_up_to_its_step_start(target: P
 def test_rollback_and_its_plan_refuse_a_log_that_fails_verify(target: Project) -> None:
     run_id = target.applied()
     path = log_path(target, run_id)
-    before = run_end(read_events(target, run_id))["git"]["before"]
+    before = run_end(target.events(run_id))["git"]["before"]
     path.write_text(path.read_text().replace(f'"before": "{before}"', f'"before": "{"0" * 40}"')
                     .replace('"playbook_name": "answer fix"', '"playbook_name": "answer fiX"'))  # a second line
     head = target.head()
@@ -351,7 +347,7 @@ def test_a_rollback_cut_off_before_its_commit_finishes_on_the_next_attempt(targe
     target.write("fix/new.py", "NEW = 1\n")
     pre_tree = git(target.repo, "rev-parse", "HEAD^{tree}").strip()
     run_id = target.applied(files=NEW_FILES, steps=NEW_STEPS)
-    before = run_end(read_events(target, run_id))["git"]["before"]
+    before = run_end(target.events(run_id))["git"]["before"]
     # What a rollback killed between its `git checkout`/`git rm` and its commit leaves behind.
     git(target.repo, "checkout", before, "--", "pkg/a.py")
     git(target.repo, "rm", "-q", "-f", "--", "pkg/new/new.py")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, target_python
-from fixtures_services import GAUGE, Stack, events
+from fixtures_services import GAUGE, Stack
 from fixtures_ssh import SSHD, CountingProxy
 
 
@@ -29,7 +29,7 @@ def test_one_apply_uses_exactly_one_tcp_connection(target: Project, sshd: SSHD, 
         result = target.deployer("apply", "fix.yaml", "--host", "box")
         assert result.returncode == 0, result.stderr
         assert target.file("pkg/a.py") == FIXED_A
-        commands = [e for e in events(target) if e["type"] == "command"]
+        commands = [e for e in target.events() if e["type"] == "command"]
         assert len(commands) > 10  # many commands, besides uploads, health checks and scrapes ...
         assert proxy.accepted == 1  # ... over one SSH connection
     finally:
@@ -69,16 +69,16 @@ def test_unknown_host_key_exits_4_with_the_fingerprint_and_runs_nothing(target: 
     assert result.returncode == 4, result.stderr
     assert sshd.host_fingerprint in result.stderr and "accept-new" in result.stderr
     assert target.file("pkg/a.py") == ORIGINAL_A
-    assert not [e for e in events(target) if e["type"] == "command"]
+    assert not [e for e in target.events() if e["type"] == "command"]
     assert empty.read_text() == ""
 
     pinned = target.deployer("apply", "fix.yaml", "--host", "box", "--accept-new-host-key")
     assert pinned.returncode == 0, pinned.stderr
     assert f"[127.0.0.1]:{sshd.port}" in empty.read_text()
     assert pinned.stderr.count("pinned a new host key") == 1
-    logged = [e for e in events(target) if e["type"] == "host_key_pinned"]
+    logged = [e for e in target.events() if e["type"] == "host_key_pinned"]
     assert logged and logged[0]["fingerprint"] in sshd.host_fingerprint
-    connected = next(e for e in events(target) if e["type"] == "connected")
+    connected = next(e for e in target.events() if e["type"] == "connected")
     assert connected["transport"]["host_key_fingerprint"].endswith(sshd.host_fingerprint.split()[-1])
 
     again = target.deployer("plan", "fix.yaml", "--host", "box", "--json")  # reject policy, key now known
@@ -103,7 +103,7 @@ def test_the_host_name_can_be_an_ssh_config_alias(target: Project, sshd: SSHD, t
     result = target.deployer("apply", "fix.yaml", "--host", "gpu-alias")
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/a.py") == FIXED_A
-    connected = next(e for e in events(target) if e["type"] == "connected")
+    connected = next(e for e in target.events() if e["type"] == "connected")
     assert connected["transport"]["extra"]["port"] == str(sshd.port)
 
 

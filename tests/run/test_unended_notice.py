@@ -11,12 +11,14 @@ pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
 
 def killed_before_the_lock(project: Project) -> str:
-    """An apply killed while the target's python is still starting its agent: no lock, nothing changed."""
+    """An apply killed while the target's python is still starting its agent (which it opens while the run
+    dir is being made: both must have happened): no lock, nothing changed."""
     entered = project.root / "python-entered"
     wrapper = project.write("venv/bin/python", f"#!/bin/sh\ntouch '{entered}'\nsleep 60\n")
     wrapper.chmod(0o755)
     project.write_inventory(python=str(wrapper))
-    act_when(project, ("apply", "fix.yaml", "--host", "box"), entered.exists,
+    act_when(project, ("apply", "fix.yaml", "--host", "box"),
+             lambda: entered.exists() and any(project.runs.glob("*/state.json")),
              lambda proc: proc.send_signal(signal.SIGKILL), "the agent's start")
     project.write_inventory()
     return project.newest_run()

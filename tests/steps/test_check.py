@@ -23,15 +23,9 @@ def files_but_service_logs(repo: Path) -> dict[str, str]:
     return {k: v for k, v in tree_snapshot(repo).items() if not k.endswith(".log")}
 
 
-def start_services(stack: Stack) -> None:
-    stack.project.playbook(name="restart.yaml", steps=[{"co_restart": {}}])
-    started = stack.project.deployer("apply", "restart.yaml", "--host", "box")
-    assert started.returncode == 0, started.stdout + started.stderr
-
-
 @pytest.mark.parametrize("target", ["ssh", "local"], indirect=True)
 def test_check_on_a_ready_host_answers_every_question_and_exits_0(stack: Stack) -> None:
-    start_services(stack)
+    stack.start_services()
     project = stack.project
     project.playbook(steps=["local_compile", "upload", {"drain": {"metric": GAUGE, "to": 5}}])
     before = files_but_service_logs(project.repo)

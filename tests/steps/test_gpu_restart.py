@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fixtures_repo import Project, work_tree
-from fixtures_services import Stack, alive, events, wait_dead
+from fixtures_services import Stack, alive, wait_dead
 
 READINGS = Path(__file__).resolve().parents[1] / "data" / "nvidia_smi"
 H200 = READINGS / "linux-x86_64__nvidia-h200__590.48.01"
@@ -37,10 +37,7 @@ def stand_in(project: Project, *readings: str | Path) -> Path:
 def running(stack: Stack, **prefill: Any) -> dict[str, int]:
     """Both services started by a first restart (no GPUs yet), then the inventory's prefill given `prefill`:
     the old servers' pids."""
-    project = stack.project
-    project.playbook(steps=[{"co_restart": {}}])
-    first = project.deployer("apply", "fix.yaml", "--host", "box")
-    assert first.returncode == 0, first.stdout + first.stderr
+    stack.start_services()
     stack.configure(prefill=stack.service("prefill", **prefill), decode=stack.service("decode"))
     return stack.pids()
 
@@ -68,7 +65,7 @@ def test_a_service_with_gpus_starts_only_after_nvidia_smi_reads_them_released(st
     assert result.returncode == 0, result.stdout + result.stderr
     new = stack.pids()
     assert new["prefill"] != old["prefill"] and new["decode"] != old["decode"]
-    evs = events(project)
+    evs = project.events()
     waits = [e for e in evs if e["type"] == "service_phase" and e["phase"] == "waiting_gpu"]
     assert [(e["service"], e["detail"], e["budget_s"]) for e in waits] == [
         ("prefill", LOADED, 30), ("prefill", "GPU 0: 0 of 143771 MiB used", 30)]
@@ -100,7 +97,7 @@ def test_gpus_still_held_fail_the_restart_after_gpu_wait_s_naming_what_holds_the
             f"still holds GPU memory: pid {old['prefill']} (28234 MiB); not started (stopped by this restart): "
             "prefill, decode") in result.stderr
     assert wait_dead(old["prefill"]) and wait_dead(old["decode"])
-    evs = events(project)
+    evs = project.events()
     assert not [e for e in evs if e["type"] == "service_started" or e.get("action") == "prefill.launch"]
     assert [e["detail"] for e in evs if e["type"] == "service_phase"][-1].endswith("(28234 MiB)")
     assert int((gpu_bin / "query-gpu.count").read_text()) >= 2
@@ -137,7 +134,7 @@ def test_a_service_with_gpus_on_a_host_without_nvidia_smi_is_refused_before_anyt
     assert "nothing on the target was changed" in result.stderr
     assert (project.head(), work_tree(project.repo)) == (head, before)
     assert stack.pids() == old and all(alive(pid) for pid in old.values())
-    assert not [e for e in events(project) if e["type"] in ("uploaded", "service_stopped")]
+    assert not [e for e in project.events() if e["type"] in ("uploaded", "service_stopped")]
 
     checked = project.deployer("check", "--host", "box", "--json")
     assert checked.returncode == 1, checked.stdout + checked.stderr

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import ALL_TRANSPORTS, FIXED_A, Project, git, tree_snapshot
-from fixtures_services import GAUGE, Stack, alive, events, free_port, wait_dead
+from fixtures_services import GAUGE, Stack, alive, free_port, wait_dead
 
 
 def restart_only(project: Project, **extra: Any) -> None:
@@ -35,10 +35,10 @@ def test_co_restart_changes_every_pid_and_restarts_in_order(stack: Stack) -> Non
     assert set(new) == {"prefill", "decode"}
     assert all(new[name] != old[name] for name in new)
     assert all(wait_dead(pid) for pid in old.values())
-    order = [(e["type"], e["service"]) for e in events(project) if e["type"] in ("service_stopped", "service_started")]
+    order = [(e["type"], e["service"]) for e in project.events() if e["type"] in ("service_stopped", "service_started")]
     assert order == [("service_stopped", "decode"), ("service_stopped", "prefill"),
                      ("service_started", "prefill"), ("service_started", "decode")]
-    restart = next(e for e in events(project) if e["type"] == "restart")
+    restart = next(e for e in project.events() if e["type"] == "restart")
     assert restart["pids"]["prefill"] == {"old": old["prefill"], "new": new["prefill"]}
 
 
@@ -81,13 +81,8 @@ def test_a_stop_that_ignores_term_is_killed_after_the_grace_period(stack: Stack)
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started >= 1.5
     assert wait_dead(old)
-    stopped = next(e for e in events(project) if e["type"] == "service_stopped" and e["service"] == "prefill")
+    stopped = next(e for e in project.events() if e["type"] == "service_stopped" and e["service"] == "prefill")
     assert stopped["how"] == "killed after 1.5s grace"
-
-
-def start_services(project: Project) -> None:
-    restart_only(project)
-    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
 
 
 def drain_playbook(project: Project, **drain: Any) -> None:
@@ -115,7 +110,7 @@ def wait_for_sample(project: Project, proc: subprocess.Popen[str], seconds: floa
 @pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
     project = stack.project
-    start_services(project)
+    stack.start_services()
     drain_playbook(project, within_s=120)
     proc = project.popen("apply", "fix.yaml", "--host", "box")
     try:
@@ -127,13 +122,13 @@ def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, out + err
-    values = [e["value"] for e in events(project) if e["type"] == "sample"]
+    values = [e["value"] for e in project.events() if e["type"] == "sample"]
     assert values[0] == 3.0 and values[-3:] == [0.0, 0.0, 0.0]
 
 
 def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
     project = stack.project
-    start_services(project)
+    stack.start_services()
     drain_playbook(project, metric="sglang:no_such_gauge", within_s=1.5)
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
@@ -143,12 +138,12 @@ def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
 @pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     project = stack.project
-    start_services(project)
+    stack.start_services()
     drain_playbook(project, within_s=1.5, labels={"tp_rank": "0"})
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1
     # However many polls a busy machine fits in 1.5 s, the message lists the ones logged.
-    values = [e["value"] for e in events(project) if e["type"] == "sample"]
+    values = [e["value"] for e in project.events() if e["type"] == "sample"]
     assert values and set(values) == {3.0}
     shown = ", ".join("3" for _ in values[-8:])
     assert f"did not reach <= 0 for 3 polls within 1.5s (last samples: {shown})" in result.stderr
@@ -204,7 +199,7 @@ def answers(stack: Stack) -> dict[str, str]:
 def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> None:
     project = stack.project
     code_serving(stack)
-    start_services(project)
+    stack.start_services()
     assert answers(stack) == {"prefill": "41", "decode": "41"}
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=["local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
@@ -222,7 +217,7 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
     assert git(project.repo, "status", "--porcelain") == ""
     # The rollback's own restart: the forward co_restart's new PIDs are the rollback's old ones,
     # and they were replaced again by processes that loaded the reverted code.
-    facts = next(e for e in events(project) if e["type"] == "run_end")["facts"]
+    facts = next(e for e in project.events() if e["type"] == "run_end")["facts"]
     forward, back = facts["pids"], facts["rollback_pids"]
     after_pids = stack.pids()
     for name in ("prefill", "decode"):
@@ -236,7 +231,7 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
 def test_a_storm_and_a_baseline_reach_the_targets_loopback_through_the_connection(stack: Stack) -> None:
     project = stack.project
     code_serving(stack)
-    start_services(project)
+    stack.start_services()
     port = stack.ports["prefill"]
     project.write_inventory(**{**yaml.safe_load(project.inventory.read_text())["hosts"]["box"],
                                "endpoint": f"http://127.0.0.1:{port}"})
@@ -247,16 +242,16 @@ def test_a_storm_and_a_baseline_reach_the_targets_loopback_through_the_connectio
                                           "storm": {"requests": 20, "concurrency": 4, "client_timeout_s": 5}}}])
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stderr
-    storm = next(e for e in events(project) if e["type"] == "storm")
+    storm = next(e for e in project.events() if e["type"] == "storm")
     assert (storm["sent"], storm["completed"], storm["errors"]) == (20, 20, 0), storm
     assert (stack.www / "posts").read_text().splitlines() == ["/generate"] * 20
-    baseline = next(e for e in events(project) if e["type"] == "run_end")["facts"]["baseline"]
+    baseline = next(e for e in project.events() if e["type"] == "run_end")["facts"]["baseline"]
     assert baseline == {GAUGE: 3.0}
 
 
 def test_a_failed_check_after_the_commit_without_rollback_keeps_the_commit_and_says_so(stack: Stack) -> None:
     project = stack.project
-    start_services(project)
+    stack.start_services()
     before = project.head()
     project.playbook(steps=["upload", {"commit": {"message": "fix"}}, "co_restart",
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1}}])
@@ -273,7 +268,7 @@ def test_a_failed_check_after_the_commit_without_rollback_keeps_the_commit_and_s
            "commit)" in message
     assert f"To undo it: deployer rollback {run_id}" in message
     assert "Rolled back" not in result.stderr
-    end = next(e for e in events(project) if e["type"] == "run_end")
+    end = next(e for e in project.events() if e["type"] == "run_end")
     assert end["git"] == {"before": before, "after": head} and "restored" not in end["facts"]
 
 
@@ -339,13 +334,13 @@ def systemd_restarts(project: Project, units: Path) -> None:
     calls = [c.split()[0] for c in (units / "calls.log").read_text().splitlines()
              if c.split()[0] in ("stop", "start")]
     assert calls[-2:] == ["stop", "start"]
-    restart = next(e for e in events(project) if e["type"] == "restart")
+    restart = next(e for e in project.events() if e["type"] == "restart")
     assert restart["pids"]["decode"] == {"old": old, "new": new}
 
 
 def test_a_recycled_pid_in_a_stale_pid_file_is_never_signalled(stack: Stack) -> None:
     project = stack.project
-    start_services(project)
+    stack.start_services()
     state = project.repo / ".git" / "deployer"
     os.killpg(int((state / "prefill.pid").read_text()), signal.SIGKILL)
     # The dead service's number now names an unrelated process (a recycled PID).
@@ -355,7 +350,7 @@ def test_a_recycled_pid_in_a_stale_pid_file_is_never_signalled(stack: Stack) -> 
         result = project.deployer("apply", "fix.yaml", "--host", "box")
         assert result.returncode == 0, result.stderr
         assert bystander.poll() is None, "deployer signalled a process that was not its service"
-        restart = next(e for e in events(project) if e["type"] == "restart")
+        restart = next(e for e in project.events() if e["type"] == "restart")
         assert restart["pids"]["prefill"]["old"] is None
     finally:
         bystander.kill()
@@ -379,7 +374,7 @@ def test_a_stop_reaches_the_services_child_processes(stack: Stack) -> None:
     # A worker child beside the server, like SGLang's scheduler processes.
     prefill["start"] = ["sh", "-c", 'sleep 777 & exec "$@"', "sh", *prefill["start"]]
     stack.configure(prefill=prefill)
-    start_services(project)
+    stack.start_services()
     leader = stack.pids()["prefill"]
     members = group_members(leader)
     assert len(members) == 2, members  # the server and its sleeping child

@@ -17,6 +17,7 @@ import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, target_python
 from fixtures_services import Stack
 from fixtures_ssh import SSHD, CountingProxy, connect
+from polling import wait_for
 
 from deployer.agent.protocol import Captured
 from deployer.demo.run import http_status
@@ -25,17 +26,6 @@ from deployer.transport.base import CAPTURE_BYTES, Transport
 from deployer.transport.local import LocalTransport
 
 TTL_S = 5
-
-
-def wait_for(predicate: object, seconds: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def run_events(project: Project, run_id: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (project.runs / run_id / "events.jsonl").read_text().splitlines()]
 
 
 def remote_bin(project: Project, request: pytest.FixtureRequest) -> Path:
@@ -126,7 +116,8 @@ def test_a_run_cut_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run
             target.write_inventory(port=relay.port, known_hosts=str(tmp_path / "relay_known_hosts"))
         first = target.popen("apply", "fix.yaml", "--host", "box")
         try:
-            wait_for(lambda: (gatedir / "pid").exists(), what="the run to reach the link that publishes its lock")
+            wait_for(lambda: (gatedir / "pid").exists(), seconds=30,
+                     what="the run to reach the link that publishes its lock")
         finally:
             if relay is None:
                 first.kill()  # SIGKILL: the deployer dies between writing its lock and publishing it
@@ -140,7 +131,7 @@ def test_a_run_cut_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run
         parked = int((gatedir / "pid").read_text())
         wait_for(lambda: not os.path.exists(f"/proc/{parked}") or
                  Path(f"/proc/{parked}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z",
-                 what="the parked lock command to die with its run")
+                 seconds=30, what="the parked lock command to die with its run")
         (gatedir / "armed").unlink()
     target.write_inventory()
     assert not os.path.lexists(git_dir / "deployer.run.lock")
@@ -154,7 +145,7 @@ def test_a_run_cut_while_taking_the_lock_leaves_no_lock_and_a_stray_the_next_run
     assert target.file("pkg/a.py") == FIXED_A
     assert not [p for p in git_dir.iterdir() if p.name.startswith("deployer.run.lock")]
     run_id = sorted(target.runs.iterdir())[-1].name
-    [acquired] = [e for e in run_events(target, run_id) if e["type"] == "lock_acquired"]
+    [acquired] = [e for e in target.events(run_id) if e["type"] == "lock_acquired"]
     assert acquired["removed_strays"] == [str(stray)]
 
 
@@ -301,7 +292,7 @@ def test_a_service_log_is_private_to_its_owner(stack: Stack) -> None:
 
 def stopped_events(project: Project) -> dict[str, dict[str, object]]:
     run_id = sorted(project.runs.iterdir())[-1].name
-    return {str(e["service"]): e for e in run_events(project, run_id) if e["type"] == "service_stopped"}
+    return {str(e["service"]): e for e in project.events(run_id) if e["type"] == "service_stopped"}
 
 
 def test_co_restart_reports_the_observed_state_and_a_missing_pid_as_none(stack: Stack) -> None:
@@ -327,7 +318,8 @@ def test_a_service_answering_without_a_pid_deployer_knows_is_reported_as_answeri
     outsider = subprocess.Popen(stack.service("prefill")["start"], start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: http_status(stack.service("prefill")["health"]) == 200, what="the outside server")
+        wait_for(lambda: http_status(stack.service("prefill")["health"]) == 200, seconds=30,
+                 what="the outside server")
         project.playbook(steps=["co_restart"])
         result = project.deployer("apply", "fix.yaml", "--host", "box")
         assert result.returncode != 0 and "still answers after the stop" in result.stderr
@@ -414,7 +406,7 @@ def test_an_upload_on_a_frozen_link_fails_within_its_step_timeout(target: Projec
         try:
             def upload_ended() -> dict[str, object] | None:
                 runs = sorted(target.runs.iterdir()) if target.runs.exists() else []
-                ends = [e for e in run_events(target, runs[-1].name)
+                ends = [e for e in target.events(runs[-1].name)
                         if e["type"] == "step_end" and e["step"] == "upload"] if runs else []
                 return ends[0] if ends else None
             wait_for(upload_ended, seconds=40, what="the upload step to end")

@@ -20,6 +20,7 @@ import paramiko
 import pytest
 from fixtures_services import served
 from fixtures_ssh import SSHD, CountingProxy, connect, fingerprint_of
+from polling import within
 
 from deployer.errors import ConfigError, ConnectError, HostKeyError, TransportError
 from deployer.transport.ssh.config import _parse_jump
@@ -48,16 +49,6 @@ def _injections(marker_dir: Path) -> list[str]:
     return [f"$(touch {marker_dir}/X)", f"`touch {marker_dir}/Y`", f"';touch {marker_dir}/Z;'"]
 
 
-def _wait_until(predicate: object, deadline_s: float) -> bool:
-    assert callable(predicate)
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return bool(predicate())
-
-
 def _accepted_logins(sshd: SSHD) -> int:
     return sshd.log().count("Accepted publickey")
 
@@ -71,7 +62,7 @@ def _assert_refused_before_login(sshd: SSHD, logins: int, preauth_closes: int) -
     """sshd logged the client hanging up before authentication, and no login since `logins`.
 
     sshd writes its log asynchronously: wait for the close line (a login would have come before it)."""
-    assert _wait_until(lambda: _closed_before_auth(sshd) > preauth_closes, 10.0), sshd.log()[-2000:]
+    assert within(lambda: _closed_before_auth(sshd) > preauth_closes, 10.0, interval_s=0.1), sshd.log()[-2000:]
     assert _accepted_logins(sshd) == logins
 
 
@@ -233,7 +224,7 @@ def test_timeout_kills_the_whole_remote_process_group(ssh_transport: SSHTranspor
     def gone() -> bool:
         return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1
 
-    assert _wait_until(gone, 5.0), subprocess.run(["pgrep", "-af", marker], capture_output=True,
+    assert within(gone, 5.0, interval_s=0.1), subprocess.run(["pgrep", "-af", marker], capture_output=True,
                                                   text=True).stdout
 
 
@@ -246,7 +237,7 @@ def test_timeout_kills_under_become_too(sshd: SSHD) -> None:
     def gone() -> bool:
         return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1
 
-    assert _wait_until(gone, 5.0)
+    assert within(gone, 5.0, interval_s=0.1)
 
 
 def test_ten_mebibytes_interleaved_on_stdout_and_stderr_do_not_deadlock(

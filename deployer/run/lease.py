@@ -1,0 +1,278 @@
+"""The run's lease on the target: the deploy lock (a cut run's taken over by its recover), the intent record
+sent ahead of the first change, and their release, with the end note written behind it.
+
+One Lease per run: the engine holds it, and nothing else reaches into the lock or the pending intent."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployer.agent.client import Pending
+from deployer.agent.protocol import Get
+from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
+from deployer.run import intent
+from deployer.run.gitops import GIT_DIR
+from deployer.run.lock import DeployLock, force_release, read_state
+from deployer.run.preflight import Reads, send_reads
+from deployer.run.state import Phase
+from deployer.runlog import RunLogWriter, utc_now
+from deployer.steps.context import Context, EventBus, Submitted
+from deployer.steps.git import EndNote, end_note_argv, trailers
+from deployer.transport.base import Transport
+
+Note = tuple[tuple[str, ...], str]  # the end note's argv and the repo it runs in
+Released = Callable[[], bool]  # raises if the release failed or was skipped; says whether the end note was written
+
+
+def run_trailer(run_id: str) -> str:
+    return trailers(Deployer_Run=run_id)
+
+
+def end_note(ctx: Context | None, log: RunLogWriter, note: EndNote, commit: str | None = None) -> Note | None:
+    """The end note for the newest commit this run made (None: it made none, or it is not settled). Its log
+    hash is of the log so far, on disk first: the note may name these bytes. Recover's git_after is the cut
+    run's commit, not its own: recover writes no note (see the README's run log section)."""
+    if ctx is None or ctx.record is None:
+        return None
+    kind = ctx.record.state.kind
+    made = commit or (ctx.facts.rollback_commit if kind == "apply" else None) or \
+        (ctx.git_after if kind != "recover" else None)
+    if not made:
+        return None
+    log.sync()
+    return end_note_argv(ctx, made, note), ctx.repo
+
+
+def _send_release(lock: DeployLock, transport: Transport, git_dir: str | None,
+                  after: Pending[Any] | None = None, note: Note | None = None) -> Released:
+    """Send the intent record's removal (with a git dir: the run is settled), the lock's release and the end
+    note, to run only if `after` succeeded when given. The note runs only if the lock was removed, so a note
+    on the target says the run ended as it claims; the returned check raises if the release failed or was
+    skipped, and says whether the note was written."""
+    cleared = intent.remove(transport, git_dir, after=after) if git_dir else None
+    noting: list[Pending[Any]] = []
+    then = None if note is None else (lambda removed: noting.append(
+        transport.submit_run(note[0], cwd=note[1], timeout=30, after=removed)))
+    released = lock.send_release(after=after, then=then)
+
+    def check() -> bool:
+        released()
+        if cleared is not None:
+            cleared()
+        return bool(noting) and noting[0].result().ok
+    return check
+
+
+def _done(sent: Released | None) -> bool | None:
+    """Whether a release sent behind the run's last batch wrote its end note (None: none sent, or the agent
+    skipped it)."""
+    if sent is None:
+        return None
+    try:
+        return sent()
+    except RequestSkipped:
+        return None
+
+
+@dataclass
+class Lease:
+    host_name: str
+    ttl_s: float
+    operator: str
+    adopt_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
+    lock: DeployLock | None = None  # the run's lock, once taken (None again when a refused record keeps it)
+    _reads: Reads | None = field(default=None, repr=False)  # preflight's, sent with the lock
+    _intent: Pending[Any] | None = field(default=None, repr=False)  # the intent record, sent ahead
+    _released: Released | None = field(default=None, repr=False)  # see release_behind
+
+    # -- taking it ---------------------------------------------------------------------------------------
+
+    def take(self, ctx: Context, reads: bool = False) -> DeployLock:
+        """Take the lock and read the intent record (and, with `reads`, send preflight's reads right behind
+        the take: the agent runs them once the lock is ours). The git dir is almost always <repo>/.git: the
+        lock is taken there in the same round trip that asks git, and taken again only when git says otherwise."""
+        guess = posixpath.join(ctx.repo, ".git")
+        found = ctx.submit(GIT_DIR, timeout=30)
+        behind = (lambda: self._send_reads(ctx)) if reads else None
+        try:
+            try:
+                lock, raw = self._take(ctx, guess, behind)
+            except DeployerError:
+                if _git_dir(ctx, found) == guess:
+                    raise
+                lock = None
+            git_dir = _git_dir(ctx, found)
+            if lock is not None and git_dir != guess:
+                lock.release()
+                lock = None
+            if lock is None:  # the reads sent behind the wrong lock are sent again behind the right one
+                lock, raw = self._take(ctx, git_dir, behind)
+        except BaseException:
+            self._drop_reads()
+            raise
+        ctx.git_dir = git_dir
+        ctx.emit("lock_acquired", path=lock.path, ttl_s=lock.ttl_s, removed_strays=lock.removed)
+        try:
+            pending = intent.parse(raw, git_dir, self.host_name)
+        except DeployerError as exc:
+            if isinstance(exc, RecordRefused) and self.adopt_of is not None:
+                raise  # recover keeps the lock with the record it refuses: a person looks at both
+            lock.release()
+            raise LockHeld(str(exc)) from None
+        if pending is not None and pending.run_id not in (ctx.run_id, self.adopt_of):
+            lock.release()
+            raise LockHeld(f"run {pending.run_id} of {pending.operator} was interrupted on {self.host_name} "
+                           f"(started {pending.started}); nothing was changed. End it first with: "
+                           f"deployer recover {pending.run_id} --host {self.host_name}")
+        self.lock = lock
+        return lock
+
+    def sent_reads(self) -> Reads | None:
+        """Preflight's reads sent behind the take, handed over once."""
+        sent, self._reads = self._reads, None
+        return sent
+
+    def _send_reads(self, ctx: Context) -> None:
+        self._drop_reads()
+        self._reads = send_reads(ctx)
+
+    def _drop_reads(self) -> None:
+        """Reads sent behind a lock that was not taken ran all the same: log them, use nothing."""
+        if self._reads is not None:
+            self._reads.drain()
+            self._reads = None
+
+    def _take(self, ctx: Context, git_dir: str,
+              behind: Callable[[], None] | None = None) -> tuple[DeployLock, bytes | None]:
+        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
+                                                   "pid": os.getpid(), "host": self.host_name}, self.ttl_s)
+        assert ctx.record is not None
+        ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
+        # The intent record is read right after the take, in the same round trip.
+        then = [Get(intent.path_in(git_dir))]
+        try:
+            raw, = lock.acquire(then, behind)
+        except LockHeld as held:
+            if not self._adopt(ctx, git_dir):
+                raise LockHeld(f"{held}{self._interrupted_hint(ctx, git_dir)}") from None
+            raw, = lock.acquire(then, behind)
+        return lock, raw
+
+    def _adopt(self, ctx: Context, git_dir: str) -> bool:
+        """Recover takes over the lock of the run it recovers, once that run is surely gone: its heartbeat is
+        older than its TTL. Nothing else counts: the pid in the lock's info is the target's word, not proof."""
+        state = read_state(ctx.transport, git_dir, self.ttl_s, self.host_name)
+        if state is None or self.adopt_of is None or state.info.get("run_id") != self.adopt_of:
+            return False
+        if not state.stale:
+            raise LockHeld(f"run {self.adopt_of} still holds the lock and its heartbeat is fresh "
+                           f"({state.describe()}); recover it once it has stopped (its heartbeat goes stale "
+                           f"{state.ttl_s:.0f}s after its last beat)")
+        force_release(ctx.transport, git_dir)
+        ctx.emit("lock_adopted", of_run=self.adopt_of, holder=state.info)
+        return True
+
+    def _interrupted_hint(self, ctx: Context, git_dir: str) -> str:
+        """Recover is the way out of a held lock whose run is gone (it refuses to take a live one)."""
+        holder = None
+        with contextlib.suppress(DeployerError):
+            pending = intent.read(ctx.transport, git_dir, self.host_name)
+            state = read_state(ctx.transport, git_dir, self.ttl_s, self.host_name)
+            holder = pending.run_id if pending is not None else state.info.get("run_id") if state else None
+        if not holder:
+            return ""
+        return (f"\nIf run {holder} is gone (killed, disconnected), end it with: "
+                f"deployer recover {holder} --host {self.host_name}")
+
+    # -- the intent record ---------------------------------------------------------------------------------
+
+    def write_intent(self, ctx: Context) -> None:
+        """Sent with the first change, ahead of it: the agent lets no change through unless it holds."""
+        record = ctx.record
+        assert record is not None and ctx.git_dir is not None and ctx.git_before is not None
+        self._intent = intent.write_ahead(ctx.transport, ctx.git_dir, intent.Intent(
+            run_id=ctx.run_id, operator=self.operator, host=self.host_name, started=record.state.history[0].time,
+            head_before=ctx.git_before, trailer=run_trailer(ctx.run_id), files=record.state.files))
+
+    def intent_failure(self, ctx: Context) -> DeployerError | None:
+        """Wait for the intent record sent ahead of the first change (None: it is on the target)."""
+        sent, self._intent = self._intent, None
+        if sent is None:
+            return None
+        ctx.transport.lift_gate()
+        assert ctx.git_dir is not None
+        try:
+            sent.result()
+        except DeployerError as exc:
+            return DeployerError(f"cannot record the run's intent on the target ({exc}); the agent let none of "
+                                 "the run's changes through")
+        ctx.emit("intent_recorded", path=intent.path_in(ctx.git_dir))
+        return None
+
+    # -- releasing it --------------------------------------------------------------------------------------
+
+    def release_behind(self, ctx: Context, note: Callable[[], Note | None]) -> None:
+        """The release sent right behind the next batch (the run's last: its commit), to run only if the whole
+        batch succeeded; `note` is the end note to write behind it, made once the batch is sent."""
+        lock = self.lock
+        assert lock is not None
+
+        def behind(batch: Pending[Any]) -> None:
+            self._released = _send_release(lock, ctx.transport, ctx.git_dir, after=batch, note=note())
+        ctx.closing = behind
+
+    def released_with_note(self) -> bool:
+        """Whether the release sent behind the commit's batch ran and wrote the end note claiming success."""
+        try:
+            return bool(_done(self._released))
+        except DeployerError:
+            return False
+
+    def keep(self, bus: EventBus) -> None:
+        """A refused record keeps the lock on the target, as the refusal's message says."""
+        if self.lock is not None:
+            bus.emit("lock_kept", path=self.lock.path)
+            self.lock = None
+
+    def release(self, transport: Transport, bus: EventBus, settled: Context | None,
+                note: Note | None = None) -> tuple[str | None, bool]:
+        """Clear the intent record (once the run is settled), release the lock, write the end note behind them
+        (when given) and close the connection: one round trip (or none, when it went behind the commit).
+
+        Never raises; says what it had to leave, and whether the end note was written. An interrupted run keeps
+        its intent record on the target: it stops every later apply until `deployer recover` has ended it."""
+        left, noted, lock = None, False, self.lock
+        if lock is not None:
+            try:
+                done = _done(self._released)
+                noted = _send_release(lock, transport, settled.git_dir if settled else None, note=note)() \
+                    if done is None else done
+                bus.emit("lock_released", path=lock.path)
+            except DeployerError as exc:
+                if settled is not None and isinstance(exc, TransportError):
+                    # Sent, and its reply lost with the link: the release may well have run. Say that, no more.
+                    bus.emit("lock_release_unknown", path=lock.path, error=str(exc))
+                    left = (f"The release of the deploy lock {lock.path} and the intent record was sent, but its reply "
+                            f"was lost ({exc}): whether they are still on the target is unknown. Check with: "
+                            f"deployer lock status --host {bus.host}")
+                else:
+                    bus.emit("lock_release_failed", path=lock.path, error=str(exc))
+                    # An unsettled run's lock is recover's to take over, with its intent record; a settled one's is
+                    # spare.
+                    left = (f"The deploy lock {lock.path} (and the intent record) stay on the target ({exc}); "
+                            f"deployer recover {lock.info['run_id']} takes them over once this run's heartbeat is "
+                            "stale" if settled is None else
+                            f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
+                            f"remove it with: deployer lock release --host {bus.host} --force")
+        with contextlib.suppress(Exception):
+            transport.close()
+        return left, noted
+
+
+def _git_dir(ctx: Context, found: Submitted) -> str:
+    return found.check(f"{ctx.repo} is not a git checkout on the target").out.strip()

@@ -1,0 +1,66 @@
+"""The dry run of one host: only reads on the target, and what apply would change, count and run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from deployer import diffs
+from deployer.command import Masker
+from deployer.run.lock import LockState, read_state
+from deployer.run.preflight import preflight, projected_stat
+from deployer.steps.base import Action, Step
+from deployer.steps.context import Context
+
+
+@dataclass
+class FilePlan:
+    dest: str
+    diff: str
+    stat: diffs.FileStat
+    exists: bool
+
+
+@dataclass
+class PlanReport:
+    host_name: str
+    repo: str
+    head: str
+    files: list[FilePlan]
+    stat: diffs.DiffStat
+    judged: dict[str, list[str]]  # what steps judge before the target is touched ("bounds", "compile"): problems
+    steps: list[tuple[str, list[Action]]]
+    lock: LockState | None
+    dirty: list[str] = field(default_factory=list)
+
+    @property
+    def bounds(self) -> list[str] | None:
+        """None: the playbook bounds nothing; [] within bounds."""
+        return self.judged.get("bounds")
+
+    @property
+    def failed_here(self) -> list[str]:
+        """Every problem the plan found, each under what judged it: what makes `plan` exit 1."""
+        return [f"{label}: FAIL — {'; '.join(problems)}" for label, problems in self.judged.items() if problems]
+
+
+def masked(masker: Masker, actions: Sequence[Action]) -> list[Action]:
+    """Actions as a plan shows them: secrets masked in everything they show or send."""
+    return [action.mapped(masker) for action in actions]
+
+
+def plan(ctx: Context, steps: Sequence[Step]) -> PlanReport:
+    """Preflight's reads, the projected diff, what the steps judge before the target is touched, and each
+    step's actions."""
+    bus = ctx.bus
+    bus.step = "preflight"
+    head = preflight(ctx, allow_dirty=True)
+    files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)),
+                      diffs.numstat(c.dest, head[c.dest], c.new), c.old is not None) for c in ctx.changes]
+    stat = projected_stat(ctx, head, {f.dest: f.stat for f in files})
+    judged = {s.judges: s.judge_here(ctx, lambda: stat) for s in steps if s.judges}
+    assert ctx.git_dir is not None and ctx.git_before is not None
+    lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
+    shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]
+    return PlanReport(ctx.host_name, ctx.repo, ctx.git_before, files, stat, judged, shown, lock,
+                      list(ctx.facts.dirty))
