@@ -25,6 +25,7 @@ from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.services import manager_for
+from deployer.steps.services.gpu import GpuWait, gpu_list
 from deployer.transport.base import Transport
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -235,6 +236,10 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
             f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
         well = pid is not None and (not service.health or answer == 200)
         report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
+        if service.gpus:  # what apply's preflight refuses (CoRestart.refusals), read the same way
+            problem = GpuWait(manager_for(ctx, name)).problem()
+            report.add(f"gpus {name}", "fail" if problem else "ok",
+                       problem or f"nvidia-smi lists {gpu_list(service.gpus)}", 1)
 
 
 def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None) -> None:

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -117,8 +118,27 @@ class Service(Strict):
     stop_grace_s: float = Field(default=10.0, ge=0)
     cwd: str | None = None
     env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
+    # The GPUs (nvidia-smi indices) the service loads onto: a restart starts it only once they are released.
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    gpu_free_mib: int | None = Field(default=None, gt=0)  # MiB free on each; None: used within 1 GiB of idle
+    gpu_wait_s: float = Field(default=120.0, gt=0)  # a killed server's memory can take a while to be freed
 
     _split = field_validator("start", "stop", mode="before")(_argv)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, gpus: list[int]) -> list[int]:
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"names a GPU twice: {gpus}")
+        return gpus
+
+    @field_validator("gpu_free_mib", "gpu_wait_s")
+    @classmethod
+    def _only_with_gpus(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # Validated only when given: a GPU setting on a service without `gpus:` would silently do nothing.
+        if not info.data.get("gpus"):
+            raise ValueError(f"'{info.field_name}' needs 'gpus' (the GPU indices to wait for) on the same service")
+        return value
 
     @model_validator(mode="after")
     def _one_manager(self) -> Service:

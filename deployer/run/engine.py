@@ -26,7 +26,7 @@ from deployer.run import undo
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer
 from deployer.run.plan import PlanReport, plan
-from deployer.run.preflight import lazy_projection, preflight
+from deployer.run.preflight import lazy_projection, preflight, refuse_unready
 from deployer.run.state import (
     PAST_COMMIT,
     FileRecord,
@@ -177,6 +177,7 @@ class Engine:
         """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
         assert self._lease is not None
         head = preflight(ctx, allow_dirty=self.allow_dirty, sent=self._lease.sent_reads())
+        refuse_unready(ctx, self.steps)
         self._judge_here(ctx, lazy_projection(ctx, head))
         ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
         self._keep_before(ctx)

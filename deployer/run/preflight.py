@@ -11,9 +11,10 @@ import functools
 import posixpath
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deployer import diffs
 from deployer.agent.client import Pending
@@ -23,6 +24,9 @@ from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.run.gitops import HEAD, git, git_dirs_argv, names
 from deployer.steps.context import Change, Context, Submitted
+
+if TYPE_CHECKING:
+    from deployer.steps.base import Step
 
 STEP = "preflight"
 
@@ -126,6 +130,13 @@ def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> 
     ctx.emit("preflight", head=ctx.git_before, git_dir=ctx.git_dir, dirty=dirty, files=[
         {"dest": c.dest, "exists": c.old is not None, "tracked": c.tracked} for c in ctx.changes])
     return {c.dest: head_bytes.get(c.dest) for c in ctx.changes}
+
+
+def refuse_unready(ctx: Context, steps: Sequence[Step]) -> None:
+    """What a step needs the target to offer and it lacks (Step.refusals), before anything changes."""
+    problems = [f"{s.where}: {s.name}: {p}" if s.where else f"{s.name}: {p}" for s in steps for p in s.refusals(ctx)]
+    if problems:
+        raise StepFailed(STEP, "; ".join(problems) + " (nothing on the target was changed)")
 
 
 def _new_bytes(ctx: Context) -> dict[str, bytes]:

@@ -88,6 +88,11 @@ class Step(ABC):
         set `judges`."""
         return []
 
+    def refusals(self, ctx: Context) -> list[str]:
+        """What the target lacks for this step's run, read live and read-only right after preflight (nvidia-smi
+        for a service with `gpus:`): any refuses the run before anything changes (exit 1)."""
+        return []
+
     def live_checks(self, ctx: Context) -> list[LiveCheck]:
         """What `deployer check` reads for this step, live and read-only (a metric step: its gauge now)."""
         return []

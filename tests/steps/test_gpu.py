@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.steps.gpu import GpuApp, GpuMemory, judge, parse_apps, parse_gpus
+from deployer.steps.services.gpu import GpuApp, GpuMemory, judge, parse_apps, parse_gpus
 
 READINGS = Path(__file__).resolve().parents[1] / "data" / "nvidia_smi"
 CAPTURES = {"h200": "linux-x86_64__nvidia-h200__590.48.01", "h100": "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01",

@@ -1,7 +1,9 @@
 """co_restart: restart coupled services together onto the new commit, and prove each restart happened.
 
 Prefill and decode cache each other's connection state, so they go down together (reverse order) and come
-up in order, each healthy before the next starts. A restart whose PID did not change did not happen.
+up in order, each healthy before the next starts. A restart whose PID did not change did not happen. A
+service with `gpus:` starts only once its GPUs are released (services/gpu.py): a new server loading onto
+memory the old one still holds dies of out-of-memory.
 
 One routine (Restart) does it over its members, each service's manager on its own host's connection: one
 host's services, or a unit's services across its hosts. It is a list of stages, each one manager's part of
@@ -21,6 +23,7 @@ from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services import manager_for
+from deployer.steps.services.gpu import GpuWait
 from deployer.steps.services.manager import Manager, Observed, pid_text
 
 
@@ -41,6 +44,10 @@ class Restart:
     tags: Mapping[str, str]  # on every event it emits (a unit's name)
     seen: dict[Manager, Observed] = field(default_factory=dict)
     new: dict[Manager, int] = field(default_factory=dict)
+    gpus: dict[Manager, GpuWait] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gpus = {m: GpuWait(m) for m in self.members if m.service.gpus}
 
     def stages(self) -> list[Stage]:
         def each(do: Callable[[Manager], None], actions: Callable[[Manager], list[Action]],
@@ -50,7 +57,7 @@ class Restart:
         return [*each(self.observe, lambda m: m.observe_actions(), ms),
                 *each(self.stop, lambda m: m.stop_actions(), ms[::-1]),
                 *each(self.free, lambda m: m.free_actions(), ms),
-                *each(self.start, lambda m: m.start_actions(), ms),
+                *(stage for m in ms for stage in self.starting(m)),
                 Stage([], self.record),
                 *each(self.confirm, lambda m: m.confirm_actions(), ms)]
 
@@ -88,6 +95,20 @@ class Restart:
                          f"(pid {self.seen[m].pid or 'unknown: started outside deployer'}); stop it once by hand "
                          "or give the service a `stop` command")
 
+    def starting(self, m: Manager) -> list[Stage]:
+        """Its GPUs released (when it has any), then its start: each start waits for its own GPUs."""
+        wait = [Stage(self.gpus[m].actions(), partial(self.released, m))] if m in self.gpus else []
+        return [*wait, Stage(m.start_actions(), partial(self.start, m))]
+
+    def released(self, m: Manager) -> None:
+        if (problem := self.gpus[m].wait(old_tree(m, self.seen[m]))) is not None:
+            raise m.fail(f"{problem}; {self.left_down()}")
+
+    def left_down(self) -> str:
+        """What a failure between the stops and the last start leaves: the services stopped and not started."""
+        down = [m.name for m in self.members if m not in self.new]
+        return f"not started (stopped by this restart): {', '.join(down)}"
+
     def start(self, m: Manager) -> None:
         m.ctx.cancel.check()
         self.new[m] = m.start()
@@ -106,6 +127,13 @@ class Restart:
             raise m.fail(f"PID did not change ({pid_text(old)} -> {pid_text(new)}): the restart did not happen")
         if not m.still_runs(new):
             raise m.fail(f"pid {new} exited right after its health check passed")
+
+
+def old_tree(m: Manager, seen: Observed) -> set[int]:
+    """The old server's processes: the whole tree where its manager records one (`old_tree`), else the pid
+    observe found; what may still hold its GPUs."""
+    tree: set[int] = set(getattr(m, "old_tree", None) or ())
+    return tree | ({seen.pid} if seen.pid is not None else set())
 
 
 class CoRestartParams(Strict):
@@ -136,6 +164,10 @@ class CoRestart(Step):
             raise StepFailed(self.name, f"host {ctx.host_name} defines no service {', '.join(unknown) or '(none)'} "
                              f"(it has: {', '.join(ctx.host.services) or 'none'})")
         return names
+
+    def refusals(self, ctx: Context) -> list[str]:
+        waits = [GpuWait(m) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx)) if m.service.gpus]
+        return [problem for wait in waits if (problem := wait.problem()) is not None]
 
     def restart(self, members: Sequence[tuple[Context, str]], name: str, tags: Mapping[str, str]) -> Restart:
         return Restart([manager_for(ctx, service, name, self.timeout_s) for ctx, service in members], tags)
