@@ -117,6 +117,9 @@ class Service(Strict):
     stop_grace_s: float = Field(default=10.0, ge=0)
     cwd: str | None = None
     env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
+    # port: whatever listens on the health URL's port is the service (started by hand, by a launcher), with its
+    # session and process group, when deployer's own record names no live process.
+    adopt: Literal["port"] | None = None
 
     _split = field_validator("start", "stop", mode="before")(_argv)
 
@@ -126,6 +129,8 @@ class Service(Strict):
             raise ValueError("give exactly one of 'start' (a command) or 'systemd' (a unit name)")
         if self.start is not None and not self.start:
             raise ValueError("'start' is empty")
+        if self.adopt is not None and (self.health is None or self.start is None):
+            raise ValueError("'adopt: port' needs 'start' and a 'health' URL: the process on its port is adopted")
         return self
 
 
