@@ -355,7 +355,7 @@ class Context:
             data = dict(path=result.dest, sha256=result.sha256, size=result.size)
         elif action.kind == Kind.procs:
             data = dict(line=self.shown_action(action, bound), procs=[
-                {"pid": p.pid, "sid": p.sid, "pgid": p.pgid, "listens": list(p.listens),
+                {"pid": p.pid, "sid": p.sid, "pgid": p.pgid, "state": p.state, "listens": list(p.listens),
                  "cmdline": visible(shell_line(p.cmdline), multiline=False)} for p in result.procs],
                 unowned=list(result.unowned))
         elif action.kind == Kind.signal:

@@ -80,8 +80,10 @@ def test_a_restart_kills_a_scheduler_that_left_the_group_ignores_term_and_holds_
     killed = [e for e in events if e["type"] == "signal" and e.get("action") == "prefill.kill"]
     assert killed, "the run log records no KILL of the old tree"
     assert set(killed[0]["signalled"]) == {str(pid) for pid in tree}
-    [stopped] = [e for e in events if e["type"] == "service_stopped"]
-    assert "scheduler" in stopped["how"] or "launch_server" in stopped["how"], stopped["how"]
+    [listing] = [e for e in events if e["type"] == "procs" and e.get("action") == "prefill.stopping"]
+    alive = [p for p in listing["procs"] if p["state"] != "Z"]
+    assert {p["pid"] for p in alive} == set(tree)  # what was KILLed, with its command line
+    assert all("sglang.launch_server" in p["cmdline"] for p in alive), listing
     assert [e["phase"] for e in events if e["type"] == "service_phase"][:1] == ["stopping"]
 
 
@@ -108,7 +110,8 @@ def test_a_child_in_the_same_group_that_ignores_term_is_killed_before_the_restar
     assert in_sessions({old}) == [], "the child that ignored TERM outlived the stop"
     assert time.monotonic() - began < 60
     events = run_events(target)
-    [stopped] = [e for e in events if e["type"] == "service_stopped"]
-    assert "sleep 600" in stopped["how"], stopped["how"]
+    [listing] = [e for e in events if e["type"] == "procs" and e.get("action") == "web.stopping"]
+    assert [p["cmdline"] for p in listing["procs"] if p["state"] != "Z"] == ["sleep 600"], listing
+    assert any(e["type"] == "signal" and e.get("action") == "web.kill" for e in events)
     # The leader went on TERM; the wait for the rest of its tree is a phase of its own.
     assert [e["phase"] for e in events if e["type"] == "service_phase"][:2] == ["stopping", "waiting_tree"]

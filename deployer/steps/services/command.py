@@ -106,13 +106,14 @@ class CommandManager(Manager):
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
                                  failure=f"cannot start {name}")
         # A launcher may exit once it has backgrounded the server: the service is then what serves its port.
-        self.up = Action.procs(f"{name}.up", f"wait for {new}'s session to keep running{on_port}",
-                               {"sessions": new, **port}, repeats=True)
+        # By pid too: until setsid has run in it, the launched process is not yet in a session of its own.
+        self.up = Action.procs(f"{name}.up", f"wait for {new} or its session to keep running{on_port}",
+                               {"sessions": new, "pids": new, **port}, repeats=True)
         self.note = Action.put(f"{name}.note", f"keep the start time of {name}'s process, so a recycled pid is "
                                f"never taken for {name}", self.startfile)
         self.repoint = Action.put(f"{name}.repoint", f"record the process serving port {self.port} as {name}",
                                   self.pidfile, when="the launched process exited and another serves the port")
-        self.reap_list = Action.procs(f"{name}.reap_list", f"list what {new} launched", {"sessions": new},
+        self.reap_list = Action.procs(f"{name}.reap_list", f"list what {new} launched", {"sessions": new, "pids": new},
                                       when=f"{name} never came up")
         self.reap = Action.signal(f"{name}.reap", f"KILL what {new} launched", "KILL", f"<launched by {name}>",
                                   when=f"{name} never came up")
@@ -203,7 +204,7 @@ class CommandManager(Manager):
             raise self.fail("the stop did not end its tree: " + "; ".join(
                 [*([f"survived SIGKILL: {', '.join(survivors)}"] if survivors else []),
                  *([f"port {self.port} is held by {', '.join(held)}"] if held else [])]))
-        return f"killed after {self.service.stop_grace_s:g}s grace: {', '.join(proc_line(p) for p in mine)}"
+        return f"killed after {self.service.stop_grace_s:g}s grace"  # whom: the kill's signal and procs events
 
 
     def _gone(self, probe: Action, selectors: Bound, pid: int, seconds: float, began: float) -> Processes | None:
