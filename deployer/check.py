@@ -26,6 +26,7 @@ from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.services import manager_for
 from deployer.steps.services.gpu import GpuWait, gpu_list
+from deployer.steps.services.manager import not_ours
 from deployer.transport.base import Transport
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -226,14 +227,17 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
         report.add("services", "skip", "the inventory defines none")
     for name, service in ctx.host.services.items():
         try:
-            pid = manager_for(ctx, name).pid()
+            seen = manager_for(ctx, name).observe(health=False)
         except DeployerError as exc:
             report.add(f"service {name}", "fail", f"cannot read its state: {exc}", 1)
             continue
+        pid = seen.pid
         answer = ctx.transport.http(service.health, timeout=2.0).status if service.health else None
-        running = f"pid {pid} alive" if pid else "not running"
+        running = f"running (adopted, pid {pid})" if seen.adopted else f"pid {pid} alive" if pid else "not running"
         health = "no health URL" if not service.health else (
             f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
+        if pid is None and answer == 200 and service.health:
+            health = not_ours(ctx.host_name, name, service.health)
         well = pid is not None and (not service.health or answer == 200)
         report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
         if service.gpus:  # what apply's preflight refuses (CoRestart.refusals), read the same way

@@ -122,6 +122,9 @@ class Service(Strict):
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     gpu_free_mib: int | None = Field(default=None, gt=0)  # MiB free on each; None: used within 1 GiB of idle
     gpu_wait_s: float = Field(default=120.0, gt=0)  # a killed server's memory can take a while to be freed
+    # port: whatever listens on the health URL's port is the service (started by hand, by a launcher), with its
+    # session and process group, when deployer's own record names no live process.
+    adopt: Literal["port"] | None = None
 
     _split = field_validator("start", "stop", mode="before")(_argv)
 
@@ -146,6 +149,8 @@ class Service(Strict):
             raise ValueError("give exactly one of 'start' (a command) or 'systemd' (a unit name)")
         if self.start is not None and not self.start:
             raise ValueError("'start' is empty")
+        if self.adopt is not None and (self.health is None or self.start is None):
+            raise ValueError("'adopt: port' needs 'start' and a 'health' URL: the process on its port is adopted")
         return self
 
 

@@ -30,11 +30,15 @@ class Kind(str, Enum):
     get = "get"  # read a file on the target
     put = "put"  # replace a file on the target atomically
     http = "http"  # a request to a URL as the target sees it
+    procs = "procs"  # list processes: of sessions, process groups, pids, and listeners on TCP ports
+    signal = "signal"  # a signal to listed processes, each only while it is still the process listed
     local = "local"  # work done on this machine
 
 
 # The run-log event that records an action of each kind.
-EVENT = {Kind.run: "command", Kind.get: "get", Kind.put: "uploaded", Kind.http: "http", Kind.local: "local"}
+EVENT = {Kind.run: "command", Kind.get: "get", Kind.put: "uploaded", Kind.http: "http", Kind.procs: "procs",
+         Kind.signal: "signal", Kind.local: "local"}
+SELECTORS = ("sessions", "groups", "pids", "ports")  # what a procs action lists, each a comma-separated list
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,18 @@ class Action:
     def http(cls, key: str, what: str, url: str, **extra: Any) -> Action:
         return cls(what, kind=Kind.http, key=key, target=url, **extra)
 
+    @classmethod
+    def procs(cls, key: str, what: str, selectors: Mapping[str, str], **extra: Any) -> Action:
+        """`procs sessions=<session of prefill> ports=30000`: each selector a comma-separated list (or a
+        placeholder the run binds to one)."""
+        assert set(selectors) <= set(SELECTORS), selectors
+        return cls(what, kind=Kind.procs, key=key, argv=tuple(f"{k}={v}" for k, v in selectors.items()), **extra)
+
+    @classmethod
+    def signal(cls, key: str, what: str, sig: str, procs: str, **extra: Any) -> Action:
+        """`signal KILL <tree of prefill>`: procs is `pid:start,...` (a placeholder the run binds)."""
+        return cls(what, kind=Kind.signal, key=key, argv=(sig, procs), **extra)
+
     def command(self) -> str:
         """A command's line exactly as the run log records it when the action runs."""
         assert self.kind == Kind.run
@@ -80,6 +96,8 @@ class Action:
             return self.command()
         if self.kind == Kind.http:
             return f"{self.method} {self.target}"
+        if self.kind in (Kind.procs, Kind.signal):
+            return " ".join((self.kind.value, *self.argv))
         return f"{self.kind.value} {self.target}" if self.target else self.what
 
     def render(self) -> str:
@@ -116,7 +134,7 @@ class Action:
                 capture: int) -> Request[Any]:
         """The agent request that does it (placeholders bound first). A request carries a check flag only
         when the action may fail the step: in a batch, anything else must not stop the requests after it."""
-        from deployer.agent.protocol import Get, Http, Put, Run
+        from deployer.agent.protocol import Get, Http, Procs, Put, Run, Signal
 
         if self.kind == Kind.run:
             return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,
@@ -128,4 +146,22 @@ class Action:
             return Put(self.target, data, keep_owner=True, mkdirs=True)
         if self.kind == Kind.http and self.method == "GET":
             return Http(self.target, timeout=timeout, check=bool(self.failure))
+        if self.kind == Kind.procs:
+            chosen = dict(selector.split("=", 1) for selector in self.argv)
+            return Procs(**{name: numbers(chosen.get(name, "")) for name in SELECTORS})
+        if self.kind == Kind.signal:
+            sig, listed = self.argv
+            return Signal(sig, [(number(pid), start) for pid, start in
+                                (entry.split(":", 1) for entry in listed.split(",") if entry)])
         raise ValueError(f"the agent does not do {self.line()!r}")
+
+
+def number(text: str) -> int:
+    """A pid or port the run bound: digits only (an unbound placeholder, or anything else, is refused)."""
+    if not text.isdigit():
+        raise ValueError(f"not a number: {text!r}")
+    return int(text)
+
+
+def numbers(listed: str) -> list[int]:
+    return [number(part) for part in listed.split(",") if part]

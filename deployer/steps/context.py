@@ -18,6 +18,7 @@ from deployer.config.models import Host, Playbook
 from deployer.errors import DeployerError, Interrupted, StepFailed, TransportError
 from deployer.run.state import RunRecord
 from deployer.steps.action import EVENT, Action, Bound, Kind
+from deployer.text import visible
 from deployer.transport.base import CAPTURE_BYTES, WHOLE_OUTPUT_BYTES, Transport
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ class Submitted:
 
 def outcome(result: Any) -> str:
     """What one doing of an action came to, in a word or two: equal outcomes of a poll are counted together."""
-    from deployer.agent.protocol import HttpResult
+    from deployer.agent.protocol import HttpResult, Processes
 
     if isinstance(result, ExecResult):
         return "timed out" if result.timed_out else f"exit {result.exit_code}"
@@ -168,6 +169,8 @@ def outcome(result: Any) -> str:
         return "no answer" if result.status is None else str(result.status)
     if isinstance(result, bytes):
         return "present"
+    if isinstance(result, Processes):
+        return f"{len(result.procs)} processes" if result.procs else "none"
     return "absent" if result is None else "done"
 
 
@@ -350,6 +353,13 @@ class Context:
                         size=None if result is None else len(result))
         elif action.kind == Kind.put:
             data = dict(path=result.dest, sha256=result.sha256, size=result.size)
+        elif action.kind == Kind.procs:
+            data = dict(line=self.shown_action(action, bound), procs=[
+                {"pid": p.pid, "sid": p.sid, "pgid": p.pgid, "state": p.state, "listens": list(p.listens),
+                 "cmdline": visible(shell_line(p.cmdline), multiline=False)} for p in result.procs],
+                unowned=list(result.unowned))
+        elif action.kind == Kind.signal:
+            data = dict(line=self.shown_action(action, bound), signalled={str(k): v for k, v in result.items()})
         elif action.kind == Kind.local:
             data = dict(what=action.what)
         if action.key:

@@ -20,7 +20,8 @@ from deployer.steps.context import CancelToken
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 # The run-log events that record an action done, and the kind of action each records.
-RECORDS = {"command": "run", "get": "get", "uploaded": "put", "http": "http", "storm": "http", "local": "local"}
+RECORDS = {"command": "run", "get": "get", "uploaded": "put", "http": "http", "storm": "http", "procs": "procs",
+           "signal": "signal", "local": "local"}
 
 EXACT = ("remote_compile", "diff_bounds", "commit")
 
@@ -84,6 +85,8 @@ def logged_line(event: dict[str, Any]) -> str:
         return str(event["command"])
     if kind == "http":
         return f"{event['method']} {event['url']}"
+    if kind in ("procs", "signal"):
+        return str(event["line"])
     return str(event["what"]) if kind == "local" else f"{kind} {event['path']}"
 
 

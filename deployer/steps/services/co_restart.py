@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from deployer.config.models import Host, Strict
+from deployer.diffs import DiffStat
 from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services import manager_for
 from deployer.steps.services.gpu import GpuWait
-from deployer.steps.services.manager import Manager, Observed, pid_text
+from deployer.steps.services.manager import Manager, Observed, not_ours, pid_text
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,9 @@ class Restart:
 
 
 def old_tree(m: Manager, seen: Observed) -> set[int]:
-    """The old server's processes: the whole tree where its manager records one (`old_tree`), else the pid
-    observe found; what may still hold its GPUs."""
-    tree: set[int] = set(getattr(m, "old_tree", None) or ())
-    return tree | ({seen.pid} if seen.pid is not None else set())
+    """The old server's processes (the tree its stop ended, and the pid observe found): what may still hold its
+    GPUs."""
+    return m.old_tree | ({seen.pid} if seen.pid is not None else set())
 
 
 class CoRestartParams(Strict):
@@ -148,6 +148,14 @@ class CoRestart(Step):
     Params = CoRestartParams
     params: CoRestartParams
     after = ("commit",)
+    judges = "services"
+
+    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+        """Before the run changes anything: a service whose health answers while no process of deployer's (nor
+        an adopted one) runs it would make the restart fail after the commit, so the run is refused now."""
+        found = [(m, m.observe()) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx))]
+        return [f"service {m.name}: {not_ours(ctx.host_name, m.name, m.service.health or '')}" for m, seen in found
+                if seen.pid is None and seen.health]
 
     def check_host(self, host_name: str, host: Host) -> str | None:
         names = self.params.services if self.params.services is not None else list(host.services)

@@ -1,34 +1,64 @@
 """A service deployer starts itself (`start:` in the inventory): detached in its own session, its pid in a
-pid file, stopped by its `stop` command or by signalling its whole process group."""
+pid file. A service is a process tree: its stop signals every process of the session (and group) it runs in,
+KILLs what outlives `stop_grace_s`, and is done only when none of them lives and its port is free."""
 
 from __future__ import annotations
 
 import posixpath
 import time
 
+from deployer.agent.protocol import Processes, ProcInfo
 from deployer.config.models import Service, resolve_env
-from deployer.steps.action import Action
+from deployer.errors import StepFailed
+from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.manager import (
     LOG_TAIL,
     PROBE_TIMEOUT_S,
+    STOP_POLL_S,
     Manager,
     Observed,
-    Proc,
+    Phase,
     answered,
+    holders,
+    listed,
     new_pid_of,
     pid_of,
+    proc_line,
     runs,
 )
 
-# Detached start: own session (so a stop can signal the whole group), output to the log,
-# stdin closed, and the PID written before the shell returns. The log holds whatever the service
+# Detached start: own session (so a stop finds every process of it, whatever group a child moves to),
+# output to the log, stdin closed, and the PID written before the shell returns; it prints the pid and the
+# log's size before this start, where this start's output begins. The log holds whatever the service
 # prints, secrets included: 0600, even when an older deployer made it 0644; the umask is changed
 # only for creating it, so the service keeps its own.
 LAUNCH = ('log=$1; pidfile=$2; shift 2; (umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
-          'nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; echo $!')
-STOP_POLL_S = 0.1
+          'offset=$(wc -c <"$log"); nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; '
+          'echo $! $offset')
+# This start's output only: from its offset, the last LOG_TAIL bytes.
+TAIL = 'tail -c "+$1" -- "$2" | tail -c "$3"'
 KILL_WAIT_S = 10.0  # how long a KILLed process may take to disappear
+
+
+def sessions_of(name: str) -> str:
+    return f"<sessions of {name}>"
+
+
+def groups_of(name: str) -> str:
+    return f"<groups of {name}>"
+
+
+def tree_of(name: str) -> str:
+    return f"<tree of {name}>"
+
+
+def log_start_of(name: str) -> str:
+    return f"<log start of {name}>"
+
+
+def living(found: Processes) -> list[ProcInfo]:
+    return [p for p in found.procs if p.alive]
 
 
 class CommandManager(Manager):
@@ -41,30 +71,33 @@ class CommandManager(Manager):
         self.logfile = posixpath.join(state, f"{name}.log")
         self.startfile = posixpath.join(state, f"{name}.started")
         self.cwd = posixpath.join(ctx.repo, service.cwd or "")
-        old, new = pid_of(name), new_pid_of(name)
+        old, new, tree = pid_of(name), new_pid_of(name), tree_of(name)
         grace = f"{service.stop_grace_s:g}s"
+        port = {} if self.port is None else {"ports": str(self.port)}
+        on_port = "" if self.port is None else f" and whoever listens on port {self.port}"
         self.read_pid = Action.get(f"{name}.pidfile", f"read {name}'s pid", self.pidfile)
         self.read_started = Action.get(f"{name}.started", "and the start time of the process it names", self.startfile)
         self.stat = Action.get(f"{name}.stat", f"is {old} running (and the process the pid file meant)",
                                f"/proc/{old}/stat", when="the pid file names a pid")
+        self.listener = None if service.adopt is None else Action.procs(
+            f"{name}.listener", f"who listens on port {self.port}: adopted as {name}", port,
+            when="the pid file names no live process")
         self.stop_command = None if service.stop is None else Action.run(
             f"{name}.stop", f"stop {name}", tuple(service.stop), self.cwd, failure=f"the stop command of {name} failed")
-        # The service leads its own process group (setsid): signal the group, so workers die too.
-        # `-s SIG --` is the one spelling every kill accepts (dash's builtin rejects `-TERM -- -PID`).
-        self.signals = {
-            (sig, group): Action.run(f"{name}.{sig.lower()}{'' if group else '_pid'}",
-                                     f"stop {name}: {sig} its {'process group' if group else 'process alone'}",
-                                     ("kill", "-s", sig, "--", f"-{old}" if group else old), when=when)
-            for sig, group, when in (
-                ("TERM", True, f"{old} is running" + (" after the stop command" if service.stop else "")),
-                ("TERM", False, "it leads no process group"),
-                ("KILL", True, f"it still runs after {grace}"),
-                ("KILL", False, "it leads no process group"))
-            if sig == "KILL" or not service.stop}
-        self.stopping = Action.get(f"{name}.stopping", f"wait up to {grace} for {old} to exit", f"/proc/{old}/stat",
-                                   repeats=True, when=f"{old} is running")
-        self.dying = Action.get(f"{name}.dying", f"wait up to {KILL_WAIT_S:g}s for the KILLed {old} to go",
-                                f"/proc/{old}/stat", repeats=True, when="it was KILLed")
+        self.leader = Action.procs(f"{name}.leader", f"find {old}{on_port}: the sessions and groups they run in are "
+                                   f"{name}'s tree", {"pids": old, **port}, when=f"{old} is running")
+        selectors = {"sessions": sessions_of(name), "groups": groups_of(name), **port}
+        self.tree = Action.procs(f"{name}.tree", f"list {tree}: every process of those sessions and groups"
+                                 f"{on_port}", selectors, when=f"{old} is running")
+        self.term = None if service.stop else Action.signal(f"{name}.term", f"stop {name}: TERM every process of "
+                                                            "its tree", "TERM", tree, when=f"{old} is running")
+        freed = "" if self.port is None else f" and port {self.port} to be free"
+        self.stopping = Action.procs(f"{name}.stopping", f"wait up to {grace} for {tree} to exit{freed}", selectors,
+                                     repeats=True, when=f"{old} is running")
+        self.kill = Action.signal(f"{name}.kill", f"KILL every process of {tree} still alive", "KILL", tree,
+                                  when=f"any still runs after {grace}")
+        self.dying = Action.procs(f"{name}.dying", f"wait up to {KILL_WAIT_S:g}s for the KILLed to go", selectors,
+                                  repeats=True, when="it was KILLed")
         assert service.start is not None
         self.mkdir = Action.run(f"{name}.mkdir", "create deployer's state dir", ("mkdir", "-p", "--", state),
                                 failure="cannot create deployer's state dir")
@@ -72,30 +105,40 @@ class CommandManager(Manager):
                                  ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, *service.start),
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
                                  failure=f"cannot start {name}")
-        self.born = Action.get(f"{name}.born", f"read when {new} started", f"/proc/{new}/stat")
-        self.note = Action.put(f"{name}.note", f"keep that start time, so a recycled {new} is never taken for {name}",
-                               self.startfile)
-        self.up = Action.get(f"{name}.up", f"wait for {new} to keep running", f"/proc/{new}/stat", repeats=True)
+        # A launcher may exit once it has backgrounded the server: the service is then what serves its port.
+        # By pid too: until setsid has run in it, the launched process is not yet in a session of its own.
+        self.up = Action.procs(f"{name}.up", f"wait for {new} or its session to keep running{on_port}",
+                               {"sessions": new, "pids": new, **port}, repeats=True)
+        self.note = Action.put(f"{name}.note", f"keep the start time of {name}'s process, so a recycled pid is "
+                               f"never taken for {name}", self.startfile)
+        self.repoint = Action.put(f"{name}.repoint", f"record the process serving port {self.port} as {name}",
+                                  self.pidfile, when="the launched process exited and another serves the port")
+        self.reap_list = Action.procs(f"{name}.reap_list", f"list what {new} launched", {"sessions": new, "pids": new},
+                                      when=f"{name} never came up")
+        self.reap = Action.signal(f"{name}.reap", f"KILL what {new} launched", "KILL", f"<launched by {name}>",
+                                  when=f"{name} never came up")
         self.still = Action.get(f"{name}.still", f"{new} still runs after every service started", f"/proc/{new}/stat")
-        self._log = Action.run(f"{name}.log", f"the tail of {name}'s output", ("tail", "-c", str(LOG_TAIL), "--",
-                                                                               self.logfile), when=f"{name} fails")
+        self._log = Action.run(f"{name}.log", f"the tail of {name}'s output since it was started",
+                               ("sh", "-c", TAIL, "deployer-log", log_start_of(name), self.logfile, str(LOG_TAIL)),
+                               when=f"{name} fails")
         self.started_at = ""  # the start time of the process start() launched
+        self.log_from = "1"  # where this start's output begins in the log (1: before a start, all of it)
 
     @classmethod
     def manages(cls, service: Service) -> bool:
         return service.start is not None
 
     def observe_actions(self) -> list[Action]:
-        return [self.read_pid, self.read_started, self.stat, *([] if self.health is None else [self.health])]
+        return [self.read_pid, self.read_started, self.stat, *([] if self.listener is None else [self.listener]),
+                *([] if self.health is None else [self.health])]
 
     def stop_actions(self) -> list[Action]:
-        signal = self.signals.get
-        return [a for a in (self.stop_command, signal(("TERM", True)), signal(("TERM", False)), self.stopping,
-                            signal(("KILL", True)), signal(("KILL", False)), self.dying) if a is not None]
+        return [a for a in (self.stop_command, self.leader, self.tree, self.term, self.stopping, self.kill,
+                            self.dying) if a is not None]
 
     def start_actions(self) -> list[Action]:
-        return [self.mkdir, self.launch, self.born, self.note, self.up, *([] if self.up_health is None else
-                                                                          [self.up_health])]
+        return [self.mkdir, self.launch, self.up, *([] if self.up_health is None else [self.up_health]),
+                self.note, self.repoint, self.reap_list, self.reap]
 
     def confirm_actions(self) -> list[Action]:
         return [self.still]
@@ -104,64 +147,126 @@ class CommandManager(Manager):
     def log(self) -> Action:
         return self._log
 
+    def log_bound(self) -> Bound:
+        return {log_start_of(self.name): self.log_from}
+
     def observe(self, health: bool = True) -> Observed:
         recorded, started = self.ctx.act_all([(self.read_pid, NOTHING), (self.read_started, NOTHING)],
                                              timeout=PROBE_TIMEOUT_S)
         text = recorded.decode(errors="replace").strip() if recorded else ""
         ask = [(self.health, NOTHING)] if health and self.health is not None else []
-        if not text.isdigit():
-            return Observed(None, answered(self.ctx.act_all(ask, timeout=PROBE_TIMEOUT_S)[0]) if ask else None)
-        results = self.ctx.act_all([(self.stat, {pid_of(self.name): text}), *ask], timeout=PROBE_TIMEOUT_S)
-        # A pid file can outlive its process, and the number then name another one: the start time tells.
-        meant = None if started is None else started.decode(errors="replace").strip()
-        return Observed(int(text) if runs(results[0], meant) else None, answered(results[1]) if ask else None)
+        pid = None
+        if text.isdigit():
+            # A pid file can outlive its process, and the number then name another one: the start time tells.
+            meant = None if started is None else started.decode(errors="replace").strip()
+            stat = self.ctx.act(self.stat, {pid_of(self.name): text}, timeout=PROBE_TIMEOUT_S)
+            pid = int(text) if runs(stat, meant) else None
+        adopted = None
+        if pid is None and self.listener is not None and self.port is not None:
+            found = self.ctx.act(self.listener, timeout=PROBE_TIMEOUT_S)
+            adopted = next((p.pid for p in found.procs if p.alive and self.port in p.listens), None)
+        answer = answered(self.ctx.act_all(ask, timeout=PROBE_TIMEOUT_S)[0]) if ask else None
+        return Observed(pid if adopted is None else adopted, answer, adopted is not None)
+
+    # -- the stop: the whole tree, and the port ----------------------------------------------------------
 
     def stop(self, pid: int | None) -> str:
+        self.old_tree = set()
         if self.stop_command is not None:
             self.ctx.act(self.stop_command, timeout=self.timeout)
         if pid is None:
             return "ran its stop command; no live pid to wait for" if self.stop_command else "no live pid to signal"
-        if self.stop_command is None:
-            self._signal("TERM", pid)
-        if self._gone(self.stopping, pid, self.service.stop_grace_s):
-            return "stopped"
-        self._signal("KILL", pid)
-        if not self._gone(self.dying, pid, KILL_WAIT_S):
-            raise self.fail(f"pid {pid} survived SIGKILL")
-        return f"killed after {self.service.stop_grace_s:g}s grace"
+        began = time.monotonic()
+        found = self.ctx.act(self.leader, {pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
+        # The service's process and whoever serves its port: the sessions and groups they run in are its tree
+        # (the launch is setsid, so the pid leads its session; an adopted one brings its own).
+        heads = [p for p in found.procs if p.alive and (p.pid == pid or p.listens)]
+        selectors = {sessions_of(self.name): ",".join(sorted({str(p.sid) for p in heads if p.sid > 1})),
+                     groups_of(self.name): ",".join(sorted({str(p.pgid) for p in heads if p.pgid > 1}))}
+        tree = living(self.ctx.act(self.tree, selectors, timeout=PROBE_TIMEOUT_S))
+        self.old_tree = {p.pid for p in tree}
+        self.phase(Phase.stopping, began, self.service.stop_grace_s, pid=pid,
+                   detail=f"{len(tree)} processes of its tree")
+        if self.term is not None:
+            self.ctx.act(self.term, {tree_of(self.name): listed(tree)}, timeout=PROBE_TIMEOUT_S)
+        left = self._gone(self.stopping, selectors, pid, self.service.stop_grace_s, began)
+        if not left:
+            return f"stopped its tree ({len(tree)} processes)"
+        # KILL only what is of its tree: a stranger that took the port since is named, never signalled.
+        ours = {*selectors[sessions_of(self.name)].split(","), *selectors[groups_of(self.name)].split(",")}
+        mine = [p for p in living(left) if str(p.sid) in ours or str(p.pgid) in ours or p.pid in self.old_tree]
+        self.ctx.act(self.kill, {tree_of(self.name): listed(mine)}, timeout=PROBE_TIMEOUT_S)
+        self.old_tree |= {p.pid for p in mine}
+        left = self._gone(self.dying, selectors, pid, KILL_WAIT_S, began)
+        if left:
+            survivors = [proc_line(p) for p in left.procs if p.alive and not p.listens]
+            held = [] if self.port is None else holders(left, self.port)
+            raise self.fail("the stop did not end its tree: " + "; ".join(
+                [*([f"survived SIGKILL: {', '.join(survivors)}"] if survivors else []),
+                 *([f"port {self.port} is held by {', '.join(held)}"] if held else [])]))
+        return f"killed after {self.service.stop_grace_s:g}s grace"  # whom: the kill's signal and procs events
 
-    def _signal(self, sig: str, pid: int) -> None:
-        bound = {pid_of(self.name): str(pid)}
-        if not self.ctx.act(self.signals[sig, True], bound, timeout=30).ok:
-            self.ctx.act(self.signals[sig, False], bound, timeout=30)
 
-    def _gone(self, probe: Action, pid: int, seconds: float) -> bool:
-        """Poll until the process is gone (True) or `seconds` have passed (False): one round trip a round."""
+    def _gone(self, probe: Action, selectors: Bound, pid: int, seconds: float, began: float) -> Processes | None:
+        """Poll until no process of the tree lives and the port is free (None), or `seconds` have passed (what
+        is still there): one round trip a round."""
         deadline = time.monotonic() + seconds
+        waiting = False
         with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
-            while runs(poll.round([(probe, {pid_of(self.name): str(pid)})])[0]):
+            while True:
+                found = poll.round([(probe, selectors)])[0]
+                if not living(found) and not found.unowned:
+                    return None
                 if time.monotonic() >= deadline:
-                    return False
+                    return found  # type: ignore[no-any-return]
+                if not waiting and all(p.pid != pid for p in living(found)):
+                    waiting = True  # the leader is gone; the rest of its tree (or its port) is not
+                    self.phase(Phase.waiting_tree, began, self.service.stop_grace_s, pid=pid,
+                               detail=", ".join(proc_line(p) for p in living(found)))
                 self.ctx.cancel.wait(STOP_POLL_S)
-        return True
+
+    # -- the start ---------------------------------------------------------------------------------------
 
     def start(self) -> int:
         _, launch = self.ctx.act_all([(self.mkdir, NOTHING), (self.launch, NOTHING)], timeout=self.timeout)
-        launched = str(launch.out).strip()
-        if not launched.isdigit():
-            raise self.fail(f"the launch printed no pid: {launched[:80]!r}")
+        printed = str(launch.out).split()
+        if len(printed) != 2 or not all(word.isdigit() for word in printed):
+            raise self.fail(f"the launch printed no pid: {str(launch.out)[:80]!r}")
+        launched, offset = printed
+        self.log_from = str(int(offset) + 1)
         bound = {new_pid_of(self.name): launched}
-        born = Proc.of(self.ctx.act(self.born, bound, timeout=PROBE_TIMEOUT_S))
-        if born is None:
-            raise self.fail("exited during start-up")
-        self.started_at = born.started
+        try:
+            found = self.wait_up(self.up, bound)
+        except StepFailed:
+            self._reap(bound)
+            raise
+        assert isinstance(found, Processes)
+        server = self.server(found, int(launched))
+        self.started_at = server.start
         # Remembered so a recycled PID is never mistaken for the service.
-        self.ctx.act(self.note, bound, data=born.started.encode(), timeout=self.timeout)
-        self.wait_up(self.up, bound, born.started)
-        return int(launched)
+        self.ctx.act(self.note, data=server.start.encode(), timeout=self.timeout)
+        if server.pid != int(launched):
+            self.ctx.act(self.repoint, data=f"{server.pid}\n".encode(), timeout=self.timeout)
+        return server.pid
+
+    def server(self, found: Processes, launched: int) -> ProcInfo:
+        """The service's process once it answers: the one serving its port (a launcher's server), else the
+        launched one."""
+        alive = living(found)
+        serving = [p for p in alive if self.port in p.listens]
+        first = next((p for p in serving if p.pid == launched), None) or min(serving, key=lambda p: p.pid,
+                                                                             default=None)
+        chosen = first or next((p for p in alive if p.pid == launched), None) or min(alive, key=lambda p: p.pid)
+        return chosen
+
+    def _reap(self, bound: Bound) -> None:
+        """A start that never came up leaves nothing running: KILL every process of the session it launched."""
+        left = living(self.ctx.act(self.reap_list, bound, timeout=PROBE_TIMEOUT_S))
+        if left:
+            self.ctx.act(self.reap, {f"<launched by {self.name}>": listed(left)}, timeout=PROBE_TIMEOUT_S)
 
     def alive(self, probed: object, started: str | None) -> bool:
-        return isinstance(probed, bytes) and runs(probed, started)
+        return isinstance(probed, Processes) and bool(living(probed))
 
     def still_runs(self, pid: int) -> bool:
         return runs(self.ctx.act(self.still, {new_pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S),

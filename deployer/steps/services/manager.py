@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+from urllib.parse import urlsplit
 
+from deployer.agent.protocol import Processes, ProcInfo
+from deployer.command import shell_line
 from deployer.config.models import Service
 from deployer.errors import StepFailed
 from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
+from deployer.text import visible
 
 LOG_TAIL = 3000
 START_POLL_S = 0.2
+STOP_POLL_S = 0.1
 PROBE_TIMEOUT_S = 5.0  # a health check, a /proc read or a systemctl query
 
 
@@ -72,9 +78,12 @@ class Observed:
 
     pid: int | None  # the live process deployer's record names; None: no record, or it names a dead one
     health: bool | None  # its health URL answered 200; None: the service has no health URL
+    adopted: bool = False  # pid is the process listening on its health port (`adopt: port`), not a record's
 
     def describe(self) -> str:
         text = f"pid {self.pid} alive" if self.pid is not None else "no live pid"
+        if self.adopted:
+            text += " (adopted)"
         if self.health is not None:
             text += ", health " + ("answering" if self.health else "not answering")
         return text
@@ -86,6 +95,29 @@ def pid_text(pid: int | None) -> str:
 
 def answered(result: object) -> bool:
     return getattr(result, "status", None) == 200
+
+
+def not_ours(host: str, name: str, url: str) -> str:
+    """A service whose health answers while no process of deployer's (nor an adopted one) runs it."""
+    return (f"{url} answers 200, but no process deployer started (or adopted) runs {name}: add \"adopt: port\" "
+            f"to hosts.{host}.services.{name} in the inventory, or stop it once by hand")
+
+
+def proc_line(proc: ProcInfo) -> str:
+    """A process as a message names it: its pid and its command line, control characters escaped."""
+    return f"pid {proc.pid} ({visible(shell_line(proc.cmdline), multiline=False) or '?'})"
+
+
+def listed(procs: Iterable[ProcInfo]) -> str:
+    """`pid:start,...`, what a signal action is bound to: each process named with its start time, so a pid
+    recycled since the listing is never signalled."""
+    return ",".join(f"{p.pid}:{p.start}" for p in procs)
+
+
+def holders(found: Processes, port: int) -> list[str]:
+    """Who keeps `port` listening, as a message names them (empty: the port is free)."""
+    named = [proc_line(p) for p in found.procs if p.alive and port in p.listens]
+    return named + (["a process this agent may not see"] if port in found.unowned else [])
 
 
 class Manager(ABC):
@@ -100,6 +132,11 @@ class Manager(ABC):
             f"{name}.free", f"after the stops nothing may answer for {name} (else another process serves it)", url)
         self.up_health = None if url is None else Action.http(
             f"{name}.up_health", f"wait up to {wait} for {name} to answer 200", url, repeats=True)
+        self.port = None if url is None else urlsplit(url).port or 80
+        self.port_free = None if self.port is None else Action.procs(
+            f"{name}.port_free", f"wait up to {service.stop_grace_s:g}s for port {self.port} to be free",
+            {"ports": str(self.port)}, repeats=True)
+        self.old_tree: set[int] = set()  # the pids of the tree the stop ended (the GPU wait looks for them)
 
     @classmethod
     @abstractmethod
@@ -185,7 +222,23 @@ class Manager(ABC):
         self.ctx.emit("service_phase", service=self.name, phase=phase.value,
                       elapsed_s=round(time.monotonic() - started, 1), budget_s=budget_s, **fields)
 
+    def wait_port_free(self) -> None:
+        """After the stop: nothing may still listen on its port (a child that outlived the stop holds it, and
+        the new process could not bind), within stop_grace_s; else fail naming who holds it."""
+        if self.port_free is None or self.port is None:
+            return
+        deadline = time.monotonic() + self.service.stop_grace_s
+        with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
+            while held := holders(poll.round([(self.port_free, NOTHING)])[0], self.port):
+                if time.monotonic() >= deadline:
+                    raise self.fail(f"port {self.port} is still held after the stop by {', '.join(held)}")
+                self.ctx.cancel.wait(STOP_POLL_S)
+
+    def log_bound(self) -> Bound:
+        """The values the log tail is read with (where this start's output begins)."""
+        return NOTHING
+
     def fail(self, message: str) -> StepFailed:
-        tail = self.ctx.act(self.log, timeout=30).out_stream.text
+        tail = self.ctx.act(self.log, self.log_bound(), timeout=30).out_stream.text
         return StepFailed(self.step, f"service {self.name}: {message}",
                           stderr_tail=self.ctx.bus.masker.tail(tail, LOG_TAIL))

@@ -34,7 +34,8 @@ class SystemdManager(Manager):
         return [self.main_pid, *([] if self.health is None else [self.health])]
 
     def stop_actions(self) -> list[Action]:
-        return [self.stop_unit]
+        # systemctl stop ends the unit's whole cgroup; the port check proves nothing outside it kept the port.
+        return [self.stop_unit, *([] if self.port_free is None else [self.port_free])]
 
     def start_actions(self) -> list[Action]:
         return [self.start_unit, self.up, *([] if self.up_health is None else [self.up_health])]
@@ -58,6 +59,7 @@ class SystemdManager(Manager):
 
     def stop(self, pid: int | None) -> str:
         self.ctx.act(self.stop_unit, timeout=self.timeout)
+        self.wait_port_free()
         return "stopped"
 
     def start(self) -> int:

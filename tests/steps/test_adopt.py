@@ -1,0 +1,110 @@
+"""Servers deployer did not start: refused before any change unless adopted (`adopt: port`), launchers that
+background the server and exit, and a failing start that shows only its own output. Real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fixtures_repo import ORIGINAL_B, Project
+from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
+
+from deployer.demo.run import free_port
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
+
+
+@pytest.fixture
+def started() -> Iterator[set[int]]:
+    sids: set[int] = set()
+    yield sids
+    kill_sessions(sids)
+
+
+def web(target: Project, port: int, **extra: object) -> None:
+    (target.root / "health").write_text("ok\n")
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(target.root)]
+    target.write_inventory(services={"web": {"start": server, "health": f"http://127.0.0.1:{port}/health",
+                                             "stop_grace_s": 2, "health_timeout_s": 20, **extra}})
+
+
+def by_hand(target: Project, port: int, started: set[int]) -> subprocess.Popen[bytes]:
+    """A server an operator started from a shell of their own (its own session, as tmux gives it), no pid file."""
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                             str(target.root)], start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    started.add(proc.pid)
+    return proc
+
+
+def test_a_server_started_by_hand_is_refused_before_any_change_and_adopted_with_adopt_port(
+        target: Project, started: set[int]) -> None:
+    port = free_port()
+    web(target, port)
+    restart_playbook(target, "pkg/b.py", "VALUE = 2\n")
+    hand = by_hand(target, port, started)
+    head = target.head()
+    refused = target.deployer("apply", "fix.yaml", "--host", "box")
+    # Before: the run went ahead, committed, then failed in co_restart.
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert 'add "adopt: port" to hosts.box.services.web' in refused.stderr
+    assert target.head() == head and target.file("pkg/b.py") == ORIGINAL_B
+    checked = target.deployer("check", "--host", "box")
+    assert "not running" in checked.stdout and 'add "adopt: port"' in checked.stdout, checked.stdout
+
+    web(target, port, adopt="port")
+    checked = target.deployer("check", "--host", "box")
+    assert f"running (adopted, pid {hand.pid})" in checked.stdout, checked.stdout
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    new = recorded_pid(target.repo, "web")
+    assert new is not None and new != hand.pid
+    started.add(new)
+    assert hand.wait(timeout=10) is not None
+
+
+def test_a_launcher_that_backgrounds_the_server_and_exits_is_restarted_through_the_server(
+        target: Project, started: set[int]) -> None:
+    port = free_port()
+    web(target, port)
+    server = f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {target.root}"
+    target.write_inventory(services={"web": {"start": ["sh", "-c", f"nohup {server} >/dev/null 2>&1 & exit 0"],
+                                             "health": f"http://127.0.0.1:{port}/health", "stop_grace_s": 2,
+                                             "health_timeout_s": 20}})
+    restart_playbook(target, "pkg/b.py", "VALUE = 2\n")
+    first = target.deployer("apply", "fix.yaml", "--host", "box")
+    # Before: "exited during start-up" (the launcher's exit), while its server served 200.
+    assert first.returncode == 0, first.stdout + first.stderr
+    served = recorded_pid(target.repo, "web")
+    assert served is not None and b"http.server" in Path(f"/proc/{served}/cmdline").read_bytes()
+    started.add(served)
+    target.write("fix/touched.py", "VALUE = 3\n")
+    second = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert served not in in_sessions({served}), "the second restart did not stop the launched server"
+    again = recorded_pid(target.repo, "web")
+    assert again not in (None, served)
+    started.add(again or 0)
+
+
+def test_a_failing_start_shows_its_own_output_not_an_older_starts_traceback(target: Project,
+                                                                           started: set[int]) -> None:
+    port = free_port()
+    crash = "import sys; print('Traceback (most recent call last): OLD CRASH', file=sys.stderr); sys.exit(1)"
+    web(target, port)
+    target.write_inventory(services={"web": {"start": [sys.executable, "-c", crash],
+                                             "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 5}})
+    restart_playbook(target, "pkg/b.py", "VALUE = 2\n")
+    first = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert first.returncode != 0 and "OLD CRASH" in first.stderr, first.stderr
+    other = "import sys; print('second start: config missing', file=sys.stderr); sys.exit(2)"
+    target.write_inventory(services={"web": {"start": [sys.executable, "-c", other],
+                                             "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 5}})
+    target.write("fix/touched.py", "VALUE = 3\n")
+    second = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode != 0 and "second start: config missing" in second.stderr, second.stderr
+    # Before: the tail of a log appended across starts showed the older crash as this failure's cause.
+    assert "OLD CRASH" not in second.stderr
