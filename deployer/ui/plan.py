@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -12,9 +13,10 @@ from deployer.steps.action import Kind
 
 if TYPE_CHECKING:
     from deployer.run.engine import PlanReport
+    from deployer.steps.services.budgets import Timing
 
 
-def show_plan(console: Console, report: PlanReport) -> None:
+def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = ()) -> None:
     console.print(f"[bold]plan[/bold] for host {escape(f'{report.host_name}: {report.repo} at {report.head[:12]}')}")
     if report.lock is not None:
         console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
@@ -47,15 +49,22 @@ def show_plan(console: Console, report: PlanReport) -> None:
         console.print(f"{number}. [bold]{escape(name)}[/bold]")
         for action in actions:
             console.print(f"     {action.render()}", markup=False, highlight=False)
+    if timings:
+        console.rule("time to healthy (this machine's runs)")
+    for timing in timings:
+        style = "yellow" if timing.short else "green"
+        console.print(f"[{style}]{'warn' if timing.short else 'ok'}[/{style}] "
+                      f"{escape(f'{timing.service}: {timing.describe()}')}")
     console.print("dry run: nothing was changed on the target")
 
 
-def plan_json(report: PlanReport) -> dict[str, Any]:
+def plan_json(report: PlanReport, timings: Sequence[Timing] = ()) -> dict[str, Any]:
     return {"host": report.host_name, "repo": report.repo, "head": report.head,
             "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
                        "new": not f.exists, "diff": f.diff} for f in report.files],
             "stat": report.stat.summary(), "bounds": report.bounds, "compile": report.judged.get("compile"),
             "dirty": report.dirty,
             "lock": report.lock.info if report.lock else None,
+            "time_to_healthy": [{**vars(t), "short": t.short} for t in timings],
             "steps": [{"name": n, "actions": [a.describe() for a in acts],
                        "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in report.steps]}
