@@ -42,6 +42,10 @@ class Restart:
     seen: dict[Manager, Observed] = field(default_factory=dict)
     new: dict[Manager, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for m in self.members:  # the events each manager emits itself carry them too
+            m.tags = self.tags
+
     def stages(self) -> list[Stage]:
         def each(do: Callable[[Manager], None], actions: Callable[[Manager], list[Action]],
                  order: Sequence[Manager]) -> list[Stage]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -127,6 +128,7 @@ class Manager(ABC):
     def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
         self.timeout = timeout  # for the start and stop commands themselves
+        self.tags: Mapping[str, str] = NOTHING  # on each event it emits (a unit's name): the restart sets them
         url, wait = service.health, f"{service.health_timeout_s:g}s"
         self.health = None if url is None else Action.http(f"{name}.health", f"is {name} answering", url)
         self.free = None if url is None else Action.http(
@@ -215,7 +217,8 @@ class Manager(ABC):
                 elif self.up_health is None or answered(results[1]):
                     seconds = round(time.monotonic() - begun, 1)
                     self.phase(Phase.healthy, begun, budget, pid=pid, health=story.last)
-                    self.ctx.emit("service_healthy", service=self.name, seconds=seconds, budget_s=budget, pid=pid)
+                    self.ctx.emit("service_healthy", service=self.name, seconds=seconds, budget_s=budget, pid=pid,
+                                  **self.tags)
                     return results[0]
                 elif time.monotonic() - begun >= budget:
                     problem = f"{self.service.health} did not answer 200 within {budget:g}s"
@@ -257,7 +260,7 @@ class Manager(ABC):
         `started` is the monotonic time the phase began; fields: pid, health (the last answer: a status, or
         "no answer"), detail (one line: what it waits for)."""
         self.ctx.emit("service_phase", service=self.name, phase=phase.value,
-                      elapsed_s=round(time.monotonic() - started, 1), budget_s=budget_s, **fields)
+                      elapsed_s=round(time.monotonic() - started, 1), budget_s=budget_s, **fields, **self.tags)
 
     def fail(self, message: str) -> StepFailed:
         tail = self.ctx.act(self.log, timeout=30).out_stream.text
