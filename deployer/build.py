@@ -35,6 +35,7 @@ class Build:
     inventory: str | None = None  # the inventory file asked for; find_inventory picks the default
     accept_new_host_key: bool = False
     listeners: tuple[Listener, ...] = ()  # on every engine's events, and on a bare connection's
+    health_timeout_s: float | None = None  # every service's health budget for this command (--health-timeout)
 
     def host(self, name: str) -> Host:
         path = find_inventory(self.inventory)
@@ -46,9 +47,20 @@ class Build:
     def engine(self, name: str, host: Host, playbook: LoadedPlaybook, steps: list[Step], *,
                allow_dirty: bool = False, cancel: CancelToken | None = None) -> Engine:
         # Each engine its own list: a command adds its live view to the one engine it shows.
-        return Engine(host_name=name, host=host, playbook=playbook, steps=steps, listeners=list(self.listeners),
-                      runs_dir=self.runs_dir, allow_dirty=allow_dirty, connect=self.connector(name, host),
-                      cancel=cancel if cancel is not None else CancelToken())
+        engine = Engine(host_name=name, host=self.budgeted(host), playbook=playbook, steps=steps,
+                        listeners=list(self.listeners), runs_dir=self.runs_dir, allow_dirty=allow_dirty,
+                        connect=self.connector(name, host), cancel=cancel if cancel is not None else CancelToken())
+        if self.health_timeout_s is not None:  # the run log says the budgets were not the inventory's
+            engine.run_tags["health_timeout_s"] = self.health_timeout_s
+        return engine
+
+    def budgeted(self, host: Host) -> Host:
+        """host with every service's health budget replaced by --health-timeout's, when given."""
+        if self.health_timeout_s is None:
+            return host
+        services = {name: service.model_copy(update={"health_timeout_s": self.health_timeout_s})
+                    for name, service in host.services.items()}
+        return host.model_copy(update={"services": services})
 
     def engines(self, playbook_path: Path, hosts: dict[str, Host], *, allow_dirty: bool = False,
                 cancel: CancelToken | None = None) -> dict[str, Engine]:

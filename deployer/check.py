@@ -25,6 +25,7 @@ from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.services import manager_for
+from deployer.steps.services.budgets import last_times
 from deployer.steps.services.gpu import GpuWait, gpu_list
 from deployer.steps.services.manager import not_ours
 from deployer.transport.base import Transport
@@ -97,22 +98,26 @@ class GroupReport:
 
 def check_hosts(hosts: dict[str, Host], playbook: tuple[LoadedPlaybook, list[Step]] | None, *,
                 connect: Callable[[str, Host], Connector], units: dict[str, Unit] | None = None,
-                listeners: list[Listener] | None = None, parallel: int = DEFAULT_PARALLEL) -> GroupReport:
+                listeners: list[Listener] | None = None, parallel: int = DEFAULT_PARALLEL,
+                runs_dir: Path | None = None) -> GroupReport:
     """Every host checked as `check_host` checks one, their connections opened concurrently; a host of a
-    unit against its part of the playbook (its own services' restart; the checks on the metrics host)."""
+    unit against its part of the playbook (its own services' restart; the checks on the metrics host).
+    runs_dir: where each service's last time to healthy is read from."""
     def one(name: str) -> CheckReport:
         mine = playbook
         for unit_name, unit in (units or {}).items():
             if playbook is not None and name in unit.hosts():
                 mine = (playbook[0], steps_for(playbook[1], unit_name, unit, name))
-        return check_host(name, hosts[name], mine, connect=connect(name, hosts[name]), listeners=listeners)
+        return check_host(name, hosts[name], mine, connect=connect(name, hosts[name]), listeners=listeners,
+                          runs_dir=runs_dir)
 
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts))), thread_name_prefix="deployer-check") as pool:
         return GroupReport(list(pool.map(one, hosts)))
 
 
 def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[Step]] | None, *,
-               connect: Connector, listeners: list[Listener] | None = None) -> CheckReport:
+               connect: Connector, listeners: list[Listener] | None = None,
+               runs_dir: Path | None = None) -> CheckReport:
     report = CheckReport(host_name)
     if playbook is not None:
         problems = [f"{s.where}: {s.name}: {p}" for s in playbook[1] if (p := s.check_host(host_name, host))]
@@ -139,6 +144,8 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
             report.add("auth", "ok", f"logged in to {info.target}")
         ctx = _context(host_name, host, transport, bus, playbook)
         _check_target(report, ctx, playbook)
+    if runs_dir is not None:
+        _check_budgets(report, host_name, host, runs_dir)
     return report
 
 
@@ -244,6 +251,12 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
             problem = GpuWait(manager_for(ctx, name)).problem()
             report.add(f"gpus {name}", "fail" if problem else "ok",
                        problem or f"nvidia-smi lists {gpu_list(service.gpus)}", 1)
+
+
+def _check_budgets(report: CheckReport, host_name: str, host: Host, runs_dir: Path) -> None:
+    """Each service's last time to healthy against its budget: a budget below it is a warning."""
+    for timing in last_times(runs_dir, host_name, host):
+        report.add(f"service {timing.service} start", "warn" if timing.short else "ok", timing.describe())
 
 
 def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None) -> None:

@@ -11,6 +11,7 @@ import click
 from deployer.cli.options import (
     accept_option,
     complete_runs,
+    health_timeout_option,
     host_option,
     inventory_option,
     json_option,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from deployer.run.engine import Engine
     from deployer.run.plan import PlanReport
     from deployer.steps.context import Listener
+    from deployer.steps.services.budgets import Timing
 
 
 def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tuple[Inventory, list[str]]:
@@ -38,32 +40,42 @@ def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tu
     return loaded, targets.resolve(loaded, host_spec, limit=limit)
 
 
-def show_plan(report: PlanReport, as_json: bool) -> None:
+def timings_of(build: Build, engine: Engine) -> list[Timing]:
+    """The last time to healthy of each of the engine's services, from this machine's runs."""
+    from deployer.steps.services.budgets import last_times
+
+    return last_times(build.runs_dir, engine.host_name, engine.host)
+
+
+def show_plan(report: PlanReport, as_json: bool, timings: list[Timing]) -> None:
     """The plan; exit 1 when the projected change breaks the playbook's bounds or does not compile here, so a CI
     job can gate on it."""
     from deployer.ui.console import make_console
     from deployer.ui.plan import show_plan as render
     failed = "; ".join(report.failed_here) or None
     if as_json:
-        emit_json({**report.document(), "exit_code": 1 if failed else 0, "error": failed})
+        emit_json({**report.document(), "time_to_healthy": [t.document() for t in timings],
+                   "exit_code": 1 if failed else 0, "error": failed})
     else:
-        render(make_console(), report)
+        render(make_console(), report, timings)
     if failed:
         sys.exit(1)
 
 
-def show_plans(reports: list[PlanReport], as_json: bool) -> None:
+def show_plans(build: Build, engines: dict[str, Engine], as_json: bool) -> None:
     """Every host's plan; exit 1 when any host's projected change breaks the bounds or does not compile."""
     from deployer.ui.console import make_console
     from deployer.ui.plan import show_plan as render
-    failed = [f"{r.host_name}: {problem}" for r in reports for problem in r.failed_here]
+    reports = [(engine.plan(), timings_of(build, engine)) for engine in engines.values()]
+    failed = [f"{r.host_name}: {problem}" for r, _ in reports for problem in r.failed_here]
     if as_json:
-        emit_json({"hosts": [r.document() for r in reports], "exit_code": 1 if failed else 0,
+        emit_json({"hosts": [{**r.document(), "time_to_healthy": [one.document() for one in t]} for r, t in reports],
+                   "exit_code": 1 if failed else 0,
                    "error": "; ".join(failed) or None})
     else:
         console = make_console()
-        for one in reports:
-            render(console, one)
+        for one, timings in reports:
+            render(console, one, timings)
     if failed:
         sys.exit(1)
 
@@ -92,17 +104,18 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     build = builder(inventory, runs_dir, accept_new_host_key)
     if rollback_of:
         run = runlog.read_run(build.runs_dir, rollback_of)
-        show_plan(rollbacks.plan(build.for_run(run, host_name), run), as_json)
+        engine = build.for_run(run, host_name)
+        show_plan(rollbacks.plan(engine, run), as_json, timings_of(build, engine))
         return
     if not playbook or not host_name:
         raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
     loaded, hosts = select_hosts(host_name, None, inventory)
     engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts})
     if len(hosts) == 1:
-        show_plan(engines[hosts[0]].plan(), as_json)
+        show_plan(engines[hosts[0]].plan(), as_json, timings_of(build, engines[hosts[0]]))
         return
     for_units(engines, {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)})
-    show_plans([engine.plan() for engine in engines.values()], as_json)
+    show_plans(build, engines, as_json)
 
 
 @click.command()
@@ -116,13 +129,15 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @accept_option
 @click.option("--allow-dirty", is_flag=True, help="Ship even over uncommitted changes in the target files.")
 @click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
+@health_timeout_option
 @json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
-          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, as_json: bool) -> None:
+          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool,
+          health_timeout_s: float | None, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
     from deployer.config import targets
-    build = builder(inventory, runs_dir, accept_new_host_key)
+    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
     loaded, hosts = select_hosts(host_name, limit, inventory)
     units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
     if not dry_run:
@@ -131,7 +146,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
     if len(hosts) == 1:  # one host: a plain run, as before fleets existed
         engine = engines[hosts[0]]
         if dry_run:
-            show_plan(engine.plan(), as_json)
+            show_plan(engine.plan(), as_json, timings_of(build, engine))
         else:
             apply_one(build, engine, as_json)
         return
@@ -140,7 +155,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 
     if dry_run:
         for_units(engines, units)
-        show_plans([engine.plan() for engine in engines.values()], as_json)
+        show_plans(build, engines, as_json)
         return
     fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[])
     run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
@@ -173,17 +188,20 @@ def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
 @host_option(required=True, help="A host, group or unit, a comma list, or a glob (gpu-*): one row per host.")
 @parallel_option
 @inventory_option
+@runs_dir_option
 @accept_option
 @json_option()
 @failures_to_exit_codes
-def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, accept_new_host_key: bool,
-          as_json: bool) -> None:
-    """Can I deploy here now? Read-only on the target: host key, auth, python, repo, lock, services, metrics.
+def check(playbook: str | None, host_name: str, parallel: int, inventory: str | None, runs_dir: str | None,
+          accept_new_host_key: bool, as_json: bool) -> None:
+    """Can I deploy here now? Read-only on the target: host key, auth, python, repo, lock, services, metrics,
+    and each service's last time to healthy (from the runs dir) against its health budget.
 
     --accept-new-host-key pins an unknown key into the local known_hosts (said in a notice).
 
     Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
     the first host, in selection order, that has one)."""
+    from deployer import runlog
     from deployer.check import check_hosts
     from deployer.config import targets
     from deployer.config.playbook import load_playbook
@@ -195,7 +213,7 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
     group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps,
                         connect=builder(inventory, None, accept_new_host_key).connector,
                         units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
-                        listeners=[pin_notice], parallel=parallel)
+                        listeners=[pin_notice], parallel=parallel, runs_dir=runlog.runs_dir_from(runs_dir))
     if len(hosts) == 1:  # one host: its own report, as before groups existed
         (result,) = group.reports
         emit_json(result.as_json()) if as_json else show_check(make_console(), result)
@@ -216,10 +234,12 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 @inventory_option
 @runs_dir_option
 @accept_option
+@health_timeout_option
 @json_option()
 @failures_to_exit_codes
 def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
-             inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+             inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None,
+             as_json: bool) -> None:
     """Revert RUN_ID's files to before the run by a new commit, restart, verify again.
 
     RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
@@ -232,7 +252,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     from deployer.fleet.runner import FleetCancel
     from deployer.run import rollback as rollbacks
 
-    build = builder(inventory, runs_dir, accept_new_host_key)
+    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
     if list_only:
         if not host_name:
             raise ConfigError("--list needs --host")
@@ -278,10 +298,11 @@ def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:
 @inventory_option
 @runs_dir_option
 @accept_option
+@health_timeout_option
 @json_option()
 @failures_to_exit_codes
 def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel: int, inventory: str | None,
-            runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+            runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None, as_json: bool) -> None:
     """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
 
     RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
@@ -296,7 +317,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
 
     if not run_id and not host_name:
         raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
-    build = builder(inventory, runs_dir, accept_new_host_key)
+    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
     runs_path = build.runs_dir
     if run_id and is_fleet(runs_path, run_id):
         fleet_id = run_id

@@ -61,6 +61,12 @@ def limit_option(func: F) -> F:
                         shell_complete=complete_hosts)(func)
 
 
+def health_timeout_option(func: F) -> F:
+    return click.option("--health-timeout", "health_timeout_s", type=click.FloatRange(0, min_open=True),
+                        metavar="S", help="Every service's health budget, in seconds, for this run only (instead of "
+                        "the inventory's health_timeout_s); recorded in the run log.")(func)
+
+
 def parallel_option(func: F) -> F:
     return click.option("--parallel", type=click.IntRange(1, 1024), default=16, show_default=True,
                         help="Hosts worked on at once in a fleet run.")(func)

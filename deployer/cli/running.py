@@ -23,12 +23,13 @@ if TYPE_CHECKING:
     from deployer.steps.context import CancelToken, Listener
 
 
-def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Build:
+def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool,
+            health_timeout_s: float | None = None) -> Build:
     """What the command's engines and connections are made with, from its options."""
     from deployer import runlog
     from deployer.build import Build
 
-    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,))
+    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,), health_timeout_s)
 
 
 @contextmanager

@@ -182,6 +182,6 @@ def finish(record: FleetRecord, cancel: CancelToken) -> None:
 
 def tagged(engine: Engine, fleet_id: str, listeners: list[Listener]) -> Engine:
     """A host's engine as a sub-run of the fleet: its run_start names the fleet, its events reach the fleet's."""
-    engine.run_tags = {"fleet": fleet_id}
+    engine.run_tags = {**engine.run_tags, "fleet": fleet_id}
     engine.listeners.extend(listeners)
     return engine

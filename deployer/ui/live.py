@@ -54,6 +54,26 @@ def detail_of(event: dict[str, Any]) -> str:
     return str(event.get("summary") or next(iter(str(event.get("error") or "").splitlines()), ""))
 
 
+@dataclass
+class ServiceRow:
+    """One service's wait as its newest `service_phase` event told it; its clock runs on from there."""
+
+    event: dict[str, Any]
+    seen: float  # monotonic time the event came
+
+    def clock(self) -> float:
+        elapsed = float(self.event.get("elapsed_s") or 0.0)
+        return elapsed if self.event.get("phase") == "healthy" else elapsed + time.monotonic() - self.seen
+
+
+def phase_text(event: dict[str, Any], elapsed: float) -> str:
+    """`prefill loading: pid 4242, health 503, 12.0s of 600s`: a service's wait in one line."""
+    parts = [f"pid {event['pid']}" if event.get("pid") is not None else "",
+             f"health {event['health']}" if event.get("health") else "",
+             f"{elapsed:.1f}s" + (f" of {event['budget_s']:g}s" if event.get("budget_s") else "")]
+    return f"{event['service']} {event['phase']}: {', '.join(p for p in parts if p)}"
+
+
 class StepView(LiveView):
     """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
 
@@ -61,6 +81,7 @@ class StepView(LiveView):
         self.console = console
         self.quiet = quiet
         self.rows: dict[str, list[Any]] = {}
+        self.services: dict[tuple[str, str], ServiceRow] = {}  # (step, service): its newest phase
         self._go_live(console, quiet, self._table, 8)
 
     def _table(self) -> Table:
@@ -71,6 +92,9 @@ class StepView(LiveView):
             shown = duration if duration is not None else time.monotonic() - started
             table.add_row(step, Text(status, style=STATUS_STYLE.get(status, "")), f"{shown:5.1f}s",
                           Text(detail, overflow="fold"))
+            for (of_step, _), row in self.services.items():
+                if of_step == step and status == "running":  # a step's waits, under it while it runs
+                    table.add_row("", "", "", Text(phase_text(row.event, row.clock()), overflow="fold"))
         return table
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -88,6 +112,9 @@ class StepView(LiveView):
         elif kind == "sample" and step and step in self.rows:
             self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
             self._line(f"[{step}] sample {event.get('metric')} = {event.get('value')}")
+        elif kind == "service_phase" and step:
+            self.services[step, str(event["service"])] = ServiceRow(event, time.monotonic())
+            self._line(f"[{step}] {phase_text(event, float(event.get('elapsed_s') or 0.0))}")
         elif kind in NOTICES:
             self._line(NOTICES[kind](event))
         if self.live is not None:

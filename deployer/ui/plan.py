@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -10,9 +11,10 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from deployer.run.plan import PlanReport
+    from deployer.steps.services.budgets import Timing
 
 
-def show_plan(console: Console, report: PlanReport) -> None:
+def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = ()) -> None:
     console.print(f"[bold]plan[/bold] for host {escape(f'{report.host_name}: {report.repo} at {report.head[:12]}')}")
     if report.lock is not None:
         console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
@@ -45,5 +47,11 @@ def show_plan(console: Console, report: PlanReport) -> None:
         console.print(f"{number}. [bold]{escape(name)}[/bold]")
         for action in actions:
             console.print(f"     {action.render()}", markup=False, highlight=False)
+    if timings:
+        console.rule("time to healthy (this machine's runs)")
+    for timing in timings:
+        style = "yellow" if timing.short else "green"
+        console.print(f"[{style}]{'warn' if timing.short else 'ok'}[/{style}] "
+                      f"{escape(f'{timing.service}: {timing.describe()}')}")
     console.print("dry run: nothing was changed on the target")
 

@@ -49,6 +49,8 @@ class Restart:
 
     def __post_init__(self) -> None:
         self.gpus = {m: GpuWait(m) for m in self.members if m.service.gpus}
+        for m in self.members:  # the events each manager emits itself carry them too
+            m.tags = self.tags
 
     def stages(self) -> list[Stage]:
         def each(do: Callable[[Manager], None], actions: Callable[[Manager], list[Action]],
@@ -63,8 +65,9 @@ class Restart:
                 *each(self.confirm, lambda m: m.confirm_actions(), ms)]
 
     def plan(self) -> list[Action]:
-        # The log tails last: each is read only by the failure (Manager.fail) that ends the run.
-        return [*(a for stage in self.stages() for a in stage.actions), *(m.log for m in self.members)]
+        # The failure's reads last (memory, log tail): each is done only by the failure that ends the run.
+        return [*(a for stage in self.stages() for a in stage.actions),
+                *(a for m in self.members for a in m.failure_reads())]
 
     def run(self) -> dict[str, str]:
         """Do every stage in the plan's order; what happened, for each host."""

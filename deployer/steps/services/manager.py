@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -20,13 +20,14 @@ from deployer.command import shell_line
 from deployer.config.models import Service
 from deployer.errors import StepFailed
 from deployer.steps.action import Action, Bound
-from deployer.steps.context import NOTHING, Context
+from deployer.steps.context import NOTHING, Context, outcome
 from deployer.text import visible
 
 LOG_TAIL = 3000
 START_POLL_S = 0.2
 STOP_POLL_S = 0.1
 PROBE_TIMEOUT_S = 5.0  # a health check, a /proc read or a systemctl query
+PHASE_REPEAT_S = 10.0  # a wait's phase is said again this often, so a plain log shows it is still waiting
 
 
 class Phase(str, Enum):
@@ -89,6 +90,37 @@ class Observed:
         return text
 
 
+class Story:
+    """What a health URL answered over one start: each answer counted, in the order first seen."""
+
+    def __init__(self, url: str | None) -> None:
+        self.path = (urlsplit(url).path or url) if url else ""
+        self.counts: dict[str, int] = {}
+        self.last: str | None = None  # the newest answer: a status, or "no answer"
+
+    def add(self, result: object) -> None:
+        self.last = outcome(result)
+        self.counts[self.last] = self.counts.get(self.last, 0) + 1
+
+    def told(self, seconds: float) -> str:
+        """`/health: no answer x1, 503 x59 over 60 s`."""
+        answers = ", ".join(f"{said} x{times}" for said, times in self.counts.items())
+        return f"{self.path}: {answers or 'never asked'} over {seconds:.0f} s"
+
+
+def rss_kib(status: bytes | None) -> int | None:
+    """VmRSS from a /proc/PID/status the target sent: a number of kB, or None."""
+    for line in (status or b"").decode(errors="replace").splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "VmRSS:" and words[1].isdigit():
+            return int(words[1])
+    return None
+
+
+def size_text(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+
+
 def pid_text(pid: int | None) -> str:
     return "(none)" if pid is None else str(pid)
 
@@ -126,6 +158,7 @@ class Manager(ABC):
     def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
         self.timeout = timeout  # for the start and stop commands themselves
+        self.tags: Mapping[str, str] = NOTHING  # on each event it emits (a unit's name): the restart sets them
         url, wait = service.health, f"{service.health_timeout_s:g}s"
         self.health = None if url is None else Action.http(f"{name}.health", f"is {name} answering", url)
         self.free = None if url is None else Action.http(
@@ -137,6 +170,9 @@ class Manager(ABC):
             f"{name}.port_free", f"wait up to {service.stop_grace_s:g}s for port {self.port} to be free",
             {"ports": str(self.port)}, repeats=True)
         self.old_tree: set[int] = set()  # the pids of the tree the stop ended (the GPU wait looks for them)
+        new = new_pid_of(name)
+        self.memory = Action.get(f"{name}.memory", f"how much memory {new} holds", f"/proc/{new}/status",
+                                 when=f"{name} runs but does not answer in time")
 
     @classmethod
     @abstractmethod
@@ -167,6 +203,10 @@ class Manager(ABC):
     def log(self) -> Action:
         """The tail of its output, read when it fails."""
 
+    def failure_reads(self) -> list[Action]:
+        """What a failed start reads to tell its story: the new process's memory, and the log's tail."""
+        return [self.memory, self.log]
+
     # -- doing them -------------------------------------------------------------------------------------
 
     @abstractmethod
@@ -191,24 +231,59 @@ class Manager(ABC):
 
     def wait_up(self, probe: Action, bound: Bound, started: str | None = None) -> object:
         """Poll the process (probe) and the health URL in one round trip a round, until both say yes; the
-        probe's last result."""
-        deadline = time.monotonic() + self.service.health_timeout_s
+        probe's last result. Each phase (starting, loading, healthy) is a `service_phase` event, again on
+        each new health answer and every PHASE_REPEAT_S; a failure says what health answered all along."""
+        budget = self.service.health_timeout_s
+        begun = time.monotonic()
+        story = Story(self.service.health)
         calls = [(probe, bound), *([] if self.up_health is None else [(self.up_health, NOTHING)])]
+        self.phase(Phase.starting, begun, budget, pid=self.probed_pid(None, bound))
+        shown: tuple[Phase, str | None] = (Phase.starting, None)
+        said = begun
         # The poll is recorded when it ends: before the log tail a failure reads, as the plan orders them.
         with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
             while True:
                 results = poll.round(calls)
+                pid = self.probed_pid(results[0], bound)
+                if self.up_health is not None:
+                    story.add(results[1])
                 if not self.alive(results[0], started):
-                    problem = "exited during start-up"
+                    problem = f"exited during start-up after {time.monotonic() - begun:.1f}s"
                 elif self.up_health is None or answered(results[1]):
+                    seconds = round(time.monotonic() - begun, 1)
+                    self.phase(Phase.healthy, begun, budget, pid=pid, health=story.last)
+                    self.ctx.emit("service_healthy", service=self.name, seconds=seconds, budget_s=budget, pid=pid,
+                                  **self.tags)
                     return results[0]
-                elif time.monotonic() >= deadline:
-                    problem = f"{self.service.health} did not answer 200 within {self.service.health_timeout_s:g}s"
+                elif time.monotonic() - begun >= budget:
+                    problem = f"{self.service.health} did not answer 200 within {budget:g}s"
                 else:
+                    now = time.monotonic()
+                    if (Phase.loading, story.last) != shown or now - said >= PHASE_REPEAT_S:
+                        shown, said = (Phase.loading, story.last), now
+                        self.phase(Phase.loading, begun, budget, pid=pid, health=story.last,
+                                   detail=f"waiting for {self.service.health} to answer 200")
                     self.ctx.cancel.wait(START_POLL_S)
                     continue
                 break
-        raise self.fail(problem)
+        alive = self.alive(results[0], started)
+        told = [story.told(time.monotonic() - begun)] if self.up_health is not None else []
+        if alive and pid is not None:
+            told.append(self.memory_of(pid))
+        raise self.fail("; ".join([problem, *told]))
+
+    def probed_pid(self, probed: object, bound: Bound) -> int | None:
+        """The new process's pid, as the start bound it (or, for a manager that learns it by polling, as the
+        probe's result says)."""
+        text = bound.get(new_pid_of(self.name), "")
+        return int(text) if text.isdigit() else None
+
+    def memory_of(self, pid: int) -> str:
+        """`pid N alive, RSS 3.1 GB`: how much the process that does not answer holds (a model loading, or a
+        server stuck after loading), from its /proc/PID/status (input: read, never trusted)."""
+        status = self.ctx.act(self.memory, {new_pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
+        rss = rss_kib(status)
+        return f"pid {pid} alive, RSS {'unknown' if rss is None else size_text(rss * 1024)}"
 
     @abstractmethod
     def alive(self, probed: object, started: str | None) -> bool:
@@ -220,7 +295,7 @@ class Manager(ABC):
         `started` is the monotonic time the phase began; fields: pid, health (the last answer: a status, or
         "no answer"), detail (one line: what it waits for)."""
         self.ctx.emit("service_phase", service=self.name, phase=phase.value,
-                      elapsed_s=round(time.monotonic() - started, 1), budget_s=budget_s, **fields)
+                      elapsed_s=round(time.monotonic() - started, 1), budget_s=budget_s, **fields, **self.tags)
 
     def wait_port_free(self) -> None:
         """After the stop: nothing may still listen on its port (a child that outlived the stop holds it, and

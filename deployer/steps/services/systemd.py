@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deployer.config.models import Service
-from deployer.steps.action import Action
+from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, answered
 
@@ -67,6 +67,9 @@ class SystemdManager(Manager):
         pid = self.pid_in(self.wait_up(self.up, NOTHING))
         assert pid is not None, "wait_up returns once the unit has a main pid"
         return pid
+
+    def probed_pid(self, probed: object, bound: Bound) -> int | None:
+        return self.pid_in(probed)
 
     def alive(self, probed: object, started: str | None) -> bool:
         return self.pid_in(probed) is not None
