@@ -243,8 +243,9 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
         running = f"running (adopted, pid {pid})" if seen.adopted else f"pid {pid} alive" if pid else "not running"
         health = "no health URL" if not service.health else (
             f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
-        if pid is None and answer == 200 and service.health:
-            health = not_ours(ctx.host_name, name, service.health)
+        if pid is None and answer == 200 and service.health:  # running, just not deployer's: never "not running"
+            running, health = "served by a process deployer did not start", not_ours(ctx.host_name, name,
+                                                                                       service.health)
         well = pid is not None and (not service.health or answer == 200)
         report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
         if service.gpus:  # what apply's preflight refuses (CoRestart.refusals), read the same way

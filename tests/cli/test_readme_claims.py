@@ -39,11 +39,16 @@ def test_co_restart_refuses_a_health_url_that_still_answers_after_the_stop(stack
             assert time.monotonic() < deadline and squatter.poll() is None, "the hand-started server never listened"
             time.sleep(0.05)
         project.playbook(steps=["co_restart"])
+        head = project.head()
         result = project.deployer("apply", "fix.yaml", "--host", "box")
         assert result.returncode == 1, result.stderr
         said = " ".join(result.stderr.split())
-        assert f"http://127.0.0.1:{port}/health still answers after the stop" in said
-        assert "started outside deployer" in said
+        # Refused before any change (the restart would stop nothing and find the port taken), with the line to add.
+        assert (f"http://127.0.0.1:{port}/health answers 200, but no process deployer started (or adopted) runs "
+                'prefill: add "adopt: port" to hosts.box.services.prefill in the inventory') in said
+        assert "nothing on it was changed" in said
+        assert project.head() == head
+        assert not [e for e in project.events() if e["type"] in ("service_stopped", "uploaded")]
         assert squatter.poll() is None  # not deployer's to kill
         assert "prefill" not in stack.pids()  # and nothing was started in its place
     finally:

@@ -377,8 +377,8 @@ def test_a_unit_restart_does_on_each_host_exactly_what_its_plan_lists_there_in_t
 
 def test_a_unit_restart_refuses_a_health_url_that_another_process_still_answers_after_the_stop(
         pd_unit: Project) -> None:
-    """The unit gets the single host's check: after the stops, a health URL that still answers is served by a
-    process deployer did not start, which would pass the new process's health check for it; nothing starts."""
+    """The unit gets the single host's check: a health URL served by a process deployer did not start (which
+    would pass the new process's health check for it) refuses the unit before any host changes."""
     inventory = yaml.safe_load(pd_unit.inventory.read_text())
     port = int(inventory["hosts"]["h3"]["services"]["decode"]["health"].rsplit(":", 1)[1].split("/")[0])
     squatter = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
@@ -394,9 +394,12 @@ def test_a_unit_restart_refuses_a_health_url_that_another_process_still_answers_
             time.sleep(0.05)
         pd_unit.playbook(steps=UNIT_STEPS)
         report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json"))
-        assert report["exit_code"] == 5, report
+        assert report["exit_code"] == 1, report
         said = " ".join(report["hosts"]["h3"]["error"].split())
-        assert f"service decode: http://127.0.0.1:{port}/health still answers after the stop" in said, said
+        assert (f"service decode: http://127.0.0.1:{port}/health answers 200, but no process deployer started "
+                "(or adopted) runs decode") in said, said
+        assert all(report["hosts"][h]["phase"] == "failed_restored" or report["hosts"][h]["git_after"] is None
+                   for h in ("h1", "h3")), report
         assert squatter.poll() is None  # not deployer's to kill
         for host in ("h1", "h3"):
             events = pd_unit.events(report["hosts"][host]["run_id"])

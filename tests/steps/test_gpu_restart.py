@@ -74,7 +74,8 @@ def test_a_service_with_gpus_starts_only_after_nvidia_smi_reads_them_released(st
     polled = index(evs, action="prefill.gpu_memory")
     assert evs[polled]["count"] == 3 and evs[polled]["outcomes"] == [["exit 0", 3]]
     assert index(evs, action="prefill.gpu_apps") < index(evs, action="prefill.launch")
-    assert index(evs, type="service_stopped", service="prefill") < index(evs, type="service_phase") < polled
+    waited = index(evs, type="service_phase", phase="waiting_gpu")
+    assert index(evs, type="service_stopped", service="prefill") < waited < polled
     assert polled < index(evs, action="prefill.launch") < index(evs, type="service_started", service="prefill")
     assert (gpu_bin / "query-gpu.count").read_text() == "3\n"
     assert (gpu_bin / "query-compute-apps.count").read_text() == "3\n"

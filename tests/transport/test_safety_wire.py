@@ -322,10 +322,13 @@ def test_a_service_answering_without_a_pid_deployer_knows_is_reported_as_answeri
                  what="the outside server")
         project.playbook(steps=["co_restart"])
         result = project.deployer("apply", "fix.yaml", "--host", "box")
-        assert result.returncode != 0 and "still answers after the stop" in result.stderr
-        seen = stopped_events(project)["prefill"]
-        assert seen["seen"] == "no live pid, health answering" and seen["health_answering"] is True
-        assert seen["how"] == "no live pid to signal"
+        said = " ".join(result.stderr.split())
+        assert result.returncode == 1 and "answers 200, but no process deployer started (or adopted) runs prefill" \
+            in said, result.stderr
+        assert "prefill" not in stopped_events(project)  # refused before the restart stopped anything
+        checked = project.deployer("check", "--host", "box")
+        row = next(line for line in checked.stdout.splitlines() if "service prefill" in line)
+        assert "not running" not in row and 'add "adopt: port"' in " ".join(checked.stdout.split()), checked.stdout
     finally:
         outsider.kill()
         outsider.wait()

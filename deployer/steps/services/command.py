@@ -133,7 +133,7 @@ class CommandManager(Manager):
                 *([] if self.health is None else [self.health])]
 
     def stop_actions(self) -> list[Action]:
-        return [a for a in (self.stop_command, self.leader, self.tree, self.term, self.stopping, self.kill,
+        return [a for a in (self.leader, self.tree, self.stop_command, self.term, self.stopping, self.kill,
                             self.dying) if a is not None]
 
     def start_actions(self) -> list[Action]:
@@ -172,11 +172,12 @@ class CommandManager(Manager):
 
     def stop(self, pid: int | None) -> str:
         self.old_tree = set()
-        if self.stop_command is not None:
-            self.ctx.act(self.stop_command, timeout=self.timeout)
         if pid is None:
+            if self.stop_command is not None:
+                self.ctx.act(self.stop_command, timeout=self.timeout)
             return "ran its stop command; no live pid to wait for" if self.stop_command else "no live pid to signal"
         began = time.monotonic()
+        # The tree is listed before anything is stopped: once its leader is gone, its session no longer shows.
         found = self.ctx.act(self.leader, {pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
         # The service's process and whoever serves its port: the sessions and groups they run in are its tree
         # (the launch is setsid, so the pid leads its session; an adopted one brings its own).
@@ -187,11 +188,13 @@ class CommandManager(Manager):
         self.old_tree = {p.pid for p in tree}
         self.phase(Phase.stopping, began, self.service.stop_grace_s, pid=pid,
                    detail=f"{len(tree)} processes of its tree")
+        if self.stop_command is not None:
+            self.ctx.act(self.stop_command, timeout=self.timeout)
         if self.term is not None:
             self.ctx.act(self.term, {tree_of(self.name): listed(tree)}, timeout=PROBE_TIMEOUT_S)
         left = self._gone(self.stopping, selectors, pid, self.service.stop_grace_s, began)
         if not left:
-            return f"stopped its tree ({len(tree)} processes)"
+            return "stopped"  # which processes: the tree's procs event and the stopping phase
         # KILL only what is of its tree: a stranger that took the port since is named, never signalled.
         ours = {*selectors[sessions_of(self.name)].split(","), *selectors[groups_of(self.name)].split(",")}
         mine = [p for p in living(left) if str(p.sid) in ours or str(p.pgid) in ours or p.pid in self.old_tree]
