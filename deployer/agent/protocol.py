@@ -23,7 +23,6 @@ DEFAULT_TIMEOUT_S = 120.0
 # any request in flight may get is a broken stream, refused from its length before it is read.
 ENVELOPE = 64 << 10
 STAT_ENTRY = 16 << 10  # one stat entry: a path, its real path and link target (PATH_MAX each), an error
-PROCS_REPLY = 32 << 20  # a process table: thousands of processes, each cmdline cut at 4 KiB
 IO_TIMEOUT_S = 60.0  # our wait for a reply to an op that runs nothing (put, get, stat)
 REPLY_MARGIN_S = 5.0  # beyond a command's own timeout: the agent's kill grace plus transit
 
@@ -315,70 +314,6 @@ class Cancel(Request[int]):
 
     def parse(self, result: dict[str, Any]) -> int:
         return int(result["killed"])
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    """A process on the target as its agent read it from /proc."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    start: str  # clock ticks since boot: with the pid it names one process, even after the pid is reused
-    state: str
-    uid: int
-    rss_kb: int
-    cmdline: tuple[str, ...]
-    listens: tuple[int, ...] = ()  # the asked-for ports it holds a listening socket on
-
-    @property
-    def alive(self) -> bool:
-        """Not a zombie: an unreaped orphan holds no port, no memory and no GPU."""
-        return self.state != "Z"
-
-
-@dataclass(frozen=True)
-class Processes:
-    procs: tuple[ProcInfo, ...]
-    unowned: tuple[int, ...]  # asked-for ports that listen, held by a process this agent may not see
-
-
-@dataclass(frozen=True)
-class Procs(Request[Processes]):
-    """The processes of some sessions, process groups or pids, and those listening on some TCP ports."""
-
-    op: ClassVar[str] = "procs"
-    sessions: Sequence[int] = ()
-    groups: Sequence[int] = ()
-    pids: Sequence[int] = ()
-    ports: Sequence[int] = ()
-
-    def fields(self) -> dict[str, Any]:
-        return {"sessions": list(self.sessions), "groups": list(self.groups), "pids": list(self.pids),
-                "ports": list(self.ports)}
-
-    def parse(self, result: dict[str, Any]) -> Processes:
-        return Processes(tuple(ProcInfo(**{**p, "cmdline": tuple(p["cmdline"]), "listens": tuple(p["listens"])})
-                               for p in result["procs"]), tuple(result["unowned"]))
-
-    def max_reply(self) -> int:
-        return PROCS_REPLY
-
-
-@dataclass(frozen=True)
-class Signal(Request[dict[int, str]]):
-    """A signal to each (pid, start) still that process; per pid: signalled, gone or denied."""
-
-    op: ClassVar[str] = "signal"
-    sig: str
-    procs: Sequence[tuple[int, str]]
-
-    def fields(self) -> dict[str, Any]:
-        return {"sig": self.sig, "procs": [{"pid": pid, "start": start} for pid, start in self.procs]}
-
-    def parse(self, result: dict[str, Any]) -> dict[int, str]:
-        return {int(pid): outcome for pid, outcome in result["outcomes"].items()}
 
 
 @dataclass(frozen=True)

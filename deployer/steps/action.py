@@ -134,7 +134,8 @@ class Action:
                 capture: int) -> Request[Any]:
         """The agent request that does it (placeholders bound first). A request carries a check flag only
         when the action may fail the step: in a batch, anything else must not stop the requests after it."""
-        from deployer.agent.protocol import Get, Http, Procs, Put, Run, Signal
+        from deployer.agent.processes import Procs, Signal
+        from deployer.agent.protocol import Get, Http, Put, Run
 
         if self.kind == Kind.run:
             return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,

@@ -161,7 +161,8 @@ class Submitted:
 
 def outcome(result: Any) -> str:
     """What one doing of an action came to, in a word or two: equal outcomes of a poll are counted together."""
-    from deployer.agent.protocol import HttpResult, Processes
+    from deployer.agent.processes import Processes
+    from deployer.agent.protocol import HttpResult
 
     if isinstance(result, ExecResult):
         return "timed out" if result.timed_out else f"exit {result.exit_code}"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from deployer.agent.client import AgentClient
-from deployer.agent.protocol import Procs, Signal
+from deployer.agent.processes import Procs, Signal
 from deployer.errors import DeployerError
 
 DEADLINE_S = 15.0

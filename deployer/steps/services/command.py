@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import time
 
-from deployer.agent.protocol import Processes, ProcInfo
+from deployer.agent.processes import Processes, ProcInfo
 from deployer.config.models import Service, resolve_env
 from deployer.errors import StepFailed
 from deployer.steps.action import Action, Bound

@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-from deployer.agent.protocol import Processes, ProcInfo
+from deployer.agent.processes import Processes, ProcInfo
 from deployer.command import shell_line
 from deployer.config.models import Service
 from deployer.errors import StepFailed
