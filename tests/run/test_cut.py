@@ -37,6 +37,7 @@ from fixtures_repo import (
 )
 from fixtures_services import Stack
 from fixtures_ssh import SSHD
+from polling import within
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
@@ -172,6 +173,10 @@ def cut_target(tmp_path: Path, sshd: SSHD, relay: CuttingRelay) -> Iterator[tupl
 def reset(project: Project, stack: Stack, base: str) -> None:
     """Back to the base commit with no service running, for the next cut point."""
     stack.kill_all()
+    # The cut run's agent may still finish a git command it had started (it stops at its stdin's end): wait
+    # for its index.lock to go. One that stays is a finding, not a race.
+    lock = project.repo / ".git" / "index.lock"
+    assert within(lambda: not lock.exists(), 10), "a git index.lock outlived the cut run and its recover"
     git(project.repo, "reset", "-q", "--hard", base)
     os.chown(project.repo / "pkg/a.py", 12345, 12346)
     (project.repo / "pkg/a.py").chmod(0o640)

@@ -53,7 +53,8 @@ def test_a_server_started_by_hand_is_refused_before_any_change_and_adopted_with_
     assert 'add "adopt: port" to hosts.box.services.web' in refused.stderr
     assert target.head() == head and target.file("pkg/b.py") == ORIGINAL_B
     checked = target.deployer("check", "--host", "box")
-    assert "not running" in checked.stdout and 'add "adopt: port"' in checked.stdout, checked.stdout
+    assert "served by a process deployer did not start" in checked.stdout and 'add "adopt: port"' in checked.stdout, \
+        checked.stdout
 
     web(target, port, adopt="port")
     checked = target.deployer("check", "--host", "box")

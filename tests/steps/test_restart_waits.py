@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from fixtures_repo import Project
-from fixtures_services import Stack, events, free_port
+from fixtures_services import Stack, free_port
 
 from deployer.demo.run import STACK
 
@@ -37,8 +37,6 @@ def restart_only(project: Project) -> None:
     project.playbook(steps=[{"co_restart": {}}])
 
 
-def last_run_events(project: Project) -> list[dict[str, Any]]:
-    return events(project)
 
 
 # -- item 4: the failure says what health answered, and whether the process lives -------------------------
@@ -56,7 +54,7 @@ def test_a_server_whose_health_stays_503_past_its_budget_fails_with_the_answers_
     assert int(told.group(3)) >= 3 and int(told.group(4)) >= 3  # polled for the whole budget, 503 each time
     assert int(told.group(5)) == stack.pids()["decode"]
     assert int(told.group(6)) >= 5  # a python interpreter with an HTTP server loaded holds some memory
-    polled = next(e for e in last_run_events(stack.project) if e.get("action") == "decode.up_health")
+    polled = next(e for e in stack.project.events() if e.get("action") == "decode.up_health")
     assert sum(times for _, times in polled["outcomes"]) == polled["count"]
     assert ["503", int(told.group(3))] in polled["outcomes"]  # the message counts what the run log recorded
 
@@ -89,7 +87,7 @@ def test_plain_output_of_an_apply_shows_loading_with_the_pid_and_health_answers_
         result.stdout
     healthy = re.search(rf"\[co_restart\] decode healthy: pid {pid}, health 200, (\d+\.\d)s of 30s", result.stdout)
     assert healthy, result.stdout
-    recorded = [e for e in events(stack.project) if e["type"] == "service_healthy"]
+    recorded = [e for e in stack.project.events() if e["type"] == "service_healthy"]
     assert [(e["service"], e["pid"], e["budget_s"]) for e in recorded] == [("decode", pid, 30)]
     assert 2.0 <= recorded[0]["seconds"] < 30 and recorded[0]["seconds"] == float(healthy.group(1))
 
@@ -100,7 +98,7 @@ def test_check_and_plan_show_the_last_time_to_healthy_and_warn_when_the_budget_i
     restart_only(project)
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     run_id = project.newest_run()
-    seconds = next(e for e in events(project) if e["type"] == "service_healthy")["seconds"]
+    seconds = next(e for e in project.events() if e["type"] == "service_healthy")["seconds"]
     said = f"last healthy after {seconds:g}s (run {run_id})"
     checked = project.deployer("check", "--host", "box", "--json")
     row = next(c for c in json.loads(checked.stdout)["checks"] if c["name"] == "service prefill start")
@@ -125,12 +123,12 @@ def test_health_timeout_overrides_every_budget_for_one_run_and_the_run_log_recor
     cut = project.deployer("apply", "fix.yaml", "--host", "box", "--health-timeout", "2")
     assert cut.returncode == 1, cut.stdout + cut.stderr
     assert "service decode: http://127.0.0.1:" in cut.stderr and "did not answer 200 within 2s" in cut.stderr
-    start = next(e for e in events(project) if e["type"] == "run_start")
+    start = next(e for e in project.events() if e["type"] == "run_start")
     assert start["health_timeout_s"] == 2
-    assert {e["budget_s"] for e in events(project) if e["type"] == "service_phase"} == {2}
+    assert {e["budget_s"] for e in project.events() if e["type"] == "service_phase"} == {2}
     # The inventory's budget, without the option, fits the same server.
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
-    assert "health_timeout_s" not in next(e for e in events(project) if e["type"] == "run_start")
+    assert "health_timeout_s" not in next(e for e in project.events() if e["type"] == "run_start")
 
 
 def test_rollback_and_recover_take_the_health_budget_too(target: Project) -> None:
