@@ -114,6 +114,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         commits = run_commits(ctx, before, trailer)
         if commits:
             found.commit = ctx.git_after = commit = commits[0]
+            ctx.facts.files = found.dests  # the log names the kept commit and its files (runs verify --target)
             found.temps = remove_temps(ctx, files)
             # A run whose release went through behind its commit wrote its end note: it finished, though its
             # record and log here could not say so (a full disk). The note counts once it names this log.

@@ -74,11 +74,11 @@ def restart(engine: Engine, services: list[str]) -> RunResult:
 
 
 def restarted_services(engine: Engine) -> list[str]:
-    """The services the engine's co_restart steps restart, in order."""
+    """The services the engine's co_restart steps restart, in order (one naming none: the host's every one)."""
     names: list[str] = []
     for step in engine.steps:
         if isinstance(step, CoRestart):
-            names += [n for n in step.params.services or [] if n not in names]
+            names += [n for n in (step.params.services or list(engine.host.services)) if n not in names]
     return names
 
 
