@@ -44,7 +44,10 @@ def restart_playbook(services: list[str], checks_from: Path | None, *, name: str
     chain: list[Step] = [*(restart if services else []), *checks]
     data = {"name": name, "description": description,
             "steps": [{s.kind: s.params.model_dump(mode="json")} for s in chain]}
-    model, raw = Playbook.model_validate(data), yaml.safe_dump(data, sort_keys=False)
+    raw = yaml.safe_dump(data, sort_keys=False)
+    # With nothing to run (a recover on a host without services) no playbook loads; the copy still says so.
+    model = Playbook.model_validate(data) if chain else Playbook.model_construct(
+        name=name, description=description, files=[], patch=None, steps=[], on_failure="restore")
     path = checks_from if checks_from is not None else Path(WHERE)
     return LoadedPlaybook(path=path, raw=raw.encode(), model=model, sources={}, patch=None), chain
 
