@@ -108,6 +108,18 @@ class Build:
                                                                           f"{' '.join(chosen)}")
         return self.engine(name, host, loaded, steps)
 
+    def restart_unit(self, name: str, unit: Unit, services: list[str],
+                     checks_from: Path | None = None) -> dict[str, Engine]:
+        """`deployer restart --host UNIT`: one engine per host of the unit, each with its part of the unit's
+        restart (services: default every one of the unit) and the checks on the unit's metrics host."""
+        from deployer.fleet.unit import steps_for
+
+        chosen = services or list(dict.fromkeys(service for _, service in unit.members()))
+        engines = {host: self.restart(host, chosen, checks_from) for host in unit.hosts()}
+        for host, engine in engines.items():
+            engine.steps = steps_for(engine.steps, name, unit, host)
+        return engines
+
     def connection(self, name: str) -> tuple[Host, Transport]:
         """A connection to an inventory host outside any run (listing, lock inspection)."""
         host = self.host(name)
