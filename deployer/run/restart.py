@@ -22,7 +22,7 @@ from deployer.runlog import RunLogWriter, utc_now
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context, LoadedPlaybook
 from deployer.steps.services import manager_for
-from deployer.steps.services.co_restart import CoRestart, CoRestartParams
+from deployer.steps.services.co_restart import CoRestart, CoRestartParams, services_restarted
 from deployer.text import shown
 
 WHERE = "(deployer restart)"
@@ -77,12 +77,8 @@ def restart(engine: Engine, services: list[str]) -> RunResult:
 
 
 def restarted_services(engine: Engine) -> list[str]:
-    """The services the engine's co_restart steps restart, in order (one naming none: the host's every one)."""
-    names: list[str] = []
-    for step in engine.steps:
-        if isinstance(step, CoRestart):
-            names += [n for n in (step.params.services or list(engine.host.services)) if n not in names]
-    return names
+    """The services the engine's restart steps restart, in order."""
+    return services_restarted(engine.steps, engine.host)
 
 
 def left_down(ctx: Context, services: list[str]) -> str:
