@@ -104,8 +104,9 @@ class Build:
 
         host = self.host(name)
         chosen = services or list(host.services)
+        with_checks = f" -p {checks_from}" if checks_from is not None else ""
         loaded, steps = restart_playbook(chosen, checks_from, description=f"deployer restart --host {name} "
-                                                                          f"{' '.join(chosen)}")
+                                                                          f"{' '.join(chosen)}{with_checks}")
         return self.engine(name, host, loaded, steps)
 
     def restart_unit(self, name: str, unit: Unit, services: list[str],

@@ -34,7 +34,7 @@ def restart_playbook(services: list[str], checks_from: Path | None, *, name: str
     then the post-commit checks of the playbook at checks_from, with its co_restart's budget."""
     timeout_s, checks = CoRestartParams().timeout_s, []
     if checks_from is not None:
-        model, steps, _ = parse_playbook(checks_from)
+        _, steps, _ = parse_playbook(checks_from)
         restarts = [s for s in steps if s.effect == Effect.restarts]
         if restarts:
             timeout_s = restarts[0].timeout_s
@@ -48,8 +48,8 @@ def restart_playbook(services: list[str], checks_from: Path | None, *, name: str
     # With nothing to run (a recover on a host without services) no playbook loads; the copy still says so.
     model = Playbook.model_validate(data) if chain else Playbook.model_construct(
         name=name, description=description, files=[], patch=None, steps=[], on_failure="restore")
-    path = checks_from if checks_from is not None else Path(WHERE)
-    return LoadedPlaybook(path=path, raw=raw.encode(), model=model, sources={}, patch=None), chain
+    # Its path names no file: what it ran is its copy in the run dir (playbook_sha256 is of those bytes).
+    return LoadedPlaybook(path=Path(WHERE), raw=raw.encode(), model=model, sources={}, patch=None), chain
 
 
 def restart(engine: Engine, services: list[str]) -> RunResult:
