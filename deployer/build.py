@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deployer.command import Masker
-from deployer.config.models import Host, Playbook, find_inventory, get_host, load_inventory
+from deployer.config.models import Host, find_inventory, get_host, load_inventory
 from deployer.config.playbook import load_playbook, parse_playbook
 from deployer.errors import ConfigError
 from deployer.run.engine import Connector, Engine
@@ -99,13 +99,39 @@ class Build:
         return self.bare(host_name or recorded_host(run))
 
     def bare(self, name: str) -> Engine:
-        """An engine with no playbook: for recovering a run whose run dir is on another machine."""
+        """An engine without the cut run's playbook: for recovering a run whose run dir is on another machine.
+        Its playbook (kept in the recover's run dir) restarts every service of the host: what a rollback
+        restarts and verifies after its revert."""
+        from deployer.run.restart import restart_playbook
+
         host = self.host(name)
-        model = Playbook.model_construct(name="recover", description="", files=[], patch=None, steps=[],
-                                         on_failure="restore")
-        loaded = LoadedPlaybook(path=Path("(intent record on the target)"), raw=b"", model=model, sources={},
-                                patch=None)
-        return self.engine(name, host, loaded, [])
+        loaded, steps = restart_playbook(list(host.services), None, name="recover",
+                                         description="recover from the intent record on the target")
+        return self.engine(name, host, loaded, steps)
+
+    def restart(self, name: str, services: list[str], checks_from: Path | None = None) -> Engine:
+        """`deployer restart`: an engine whose playbook restarts services (none named: every service of the
+        host) and runs the checks that the playbook at checks_from runs after its commit."""
+        from deployer.run.restart import restart_playbook
+
+        host = self.host(name)
+        chosen = services or list(host.services)
+        with_checks = f" -p {checks_from}" if checks_from is not None else ""
+        loaded, steps = restart_playbook(chosen, checks_from, description=f"deployer restart --host {name} "
+                                                                          f"{' '.join(chosen)}{with_checks}")
+        return self.engine(name, host, loaded, steps)
+
+    def restart_unit(self, name: str, unit: Unit, services: list[str],
+                     checks_from: Path | None = None) -> dict[str, Engine]:
+        """`deployer restart --host UNIT`: one engine per host of the unit, each with its part of the unit's
+        restart (services: default every one of the unit) and the checks on the unit's metrics host."""
+        from deployer.fleet.unit import steps_for
+
+        chosen = services or list(dict.fromkeys(service for _, service in unit.members()))
+        engines = {host: self.restart(host, chosen, checks_from) for host in unit.hosts()}
+        for host, engine in engines.items():
+            engine.steps = steps_for(engine.steps, name, unit, host)
+        return engines
 
     def connection(self, name: str) -> tuple[Host, Transport]:
         """A connection to an inventory host outside any run (listing, lock inspection)."""

@@ -10,7 +10,7 @@ from deployer.config import yamlsrc
 from deployer.config.models import Playbook
 from deployer.config.validation import validate
 from deployer.errors import ConfigError
-from deployer.steps.base import Step
+from deployer.steps.base import Effect, Step
 from deployer.steps.context import LoadedPlaybook
 from deployer.steps.kinds import KINDS
 
@@ -21,7 +21,12 @@ def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{path}:1:1: a playbook is a mapping (name, files or patch, steps)")
     model = validate(Playbook, doc.data, doc)
-    return model, build_steps(model.steps, doc), doc
+    steps = build_steps(model.steps, doc)
+    shipping = [s for s in steps if s.effect in (Effect.changes_files, Effect.commits)]
+    if shipping and not model.files and model.patch is None:
+        raise ConfigError(f"{shipping[0].where}: {shipping[0].name}: give exactly one of 'files' or 'patch' "
+                          "(a playbook without either only restarts and checks services)")
+    return model, steps, doc
 
 
 def load_playbook(path: Path) -> tuple[LoadedPlaybook, list[Step]]:

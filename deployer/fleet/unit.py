@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployer.config.models import Unit
-from deployer.errors import DeployerError, RollbackFailed, VerificationFailed
+from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
 from deployer.run.engine import Engine, RunResult
 from deployer.run.gitops import head
+from deployer.run.restart import left_down
 from deployer.run.rollback import VERIFY, Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.run.undo import target_state
@@ -87,6 +88,37 @@ class UnitRun:
         for host, result in results.items():
             link_rollback(runs[host], result)
         return results
+
+    def restart_only(self, on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
+        """`deployer restart --host UNIT`: every host locked, then the unit's restart and checks as one, as after
+        its commits (no file changes); each host's run is of kind restart."""
+        return self._drive(self._restart_body, {host: {"kind": "restart"} for host in self.hosts}, on_result)
+
+    def _restart_body(self, host: str, barrier: threading.Barrier, locked: threading.Event) -> Body:
+        def body(ctx: Context, log: RunLogWriter) -> None:
+            self.ctxs[host] = ctx
+            locked.set()
+            ctx.git_before = head(ctx)
+            self._meet(barrier, ctx, "every host of the unit locked")
+            if host == self.hosts[0]:
+                try:
+                    for step in self.engines[self.metrics_host].steps:
+                        self._run_unit_step(step)
+                except DeployerError as failure:
+                    # No file changed: every host's record ends settled, whatever its services do now.
+                    for one in self.ctxs.values():
+                        assert one.record is not None
+                        one.bus.step = None
+                        one.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+                    self.failure = failure if isinstance(failure, Interrupted) else VerificationFailed(
+                        f"unit {self.name}: {failure}\n" + "\n".join(
+                            left_down(c, [s for h, s in self.unit.members() if h == c.host_name])
+                            for c in self.ctxs.values()))
+            barrier.wait()
+            self.through.add(host)
+            if self.failure is not None:
+                raise self.failure
+        return body
 
     def _drive(self, make_body: Callable[[str, threading.Barrier, threading.Event], Body],
                start: dict[str, dict[str, Any]],

@@ -216,11 +216,13 @@ class Engine:
 
         reads: the body starts with prepare(), whose preflight reads are sent with the lock (one round trip)."""
         run_id = new_run_id()
+        # A run's kind is in its record and its run_start (`runs list`): a rollback, a recover, a restart, an apply.
+        kind = start.pop("kind", None) or ("rollback" if start.get("rollback_of") else
+                                           "recover" if start.get("recover_of") else "apply")
         ensure_headroom(self.runs_dir, 0)
         log = self._log = RunLogWriter(self.runs_dir, run_id)
         record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
-                                             kind="rollback" if start.get("rollback_of") else
-                                             "recover" if start.get("recover_of") else "apply",
+                                             kind=kind,
                                              repo=self.host.repo, trailer=run_trailer(run_id),
                                              rollback_of=start.get("rollback_of")), before_write=log.sync)
         lease = self._lease = Lease(self.host_name, self.host.lock_ttl_s, self.operator, self.adopt_lock_of)
@@ -233,7 +235,7 @@ class Engine:
                  playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
                  playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
                  steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure,
-                 **self.run_tags, **start)
+                 kind=kind, **self.run_tags, **start)
         # The copy is masked like everything else written here; playbook_sha256 names the original.
         log.attach("playbook.yaml", bus.masker(self.playbook.raw.decode("utf-8", "replace")).encode())
         ctx: Context | None = None

@@ -18,16 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer.errors import ConfigError, DeployerError
+from deployer.errors import ConfigError, DeployerError, Interrupted, VerificationFailed
 from deployer.run import gitops, intent
 from deployer.run.engine import Engine, RunResult
 from deployer.run.gitops import touched_by
 from deployer.run.lock import read_state
+from deployer.run.restart import left_down, restarted_services
 from deployer.run.restore import remove_temps, restore_files, run_commits
 from deployer.run.rollback import VERIFY
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
+from deployer.steps.base import Effect
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
 
@@ -112,6 +114,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         commits = run_commits(ctx, before, trailer)
         if commits:
             found.commit = ctx.git_after = commit = commits[0]
+            ctx.facts.files = found.dests  # the log names the kept commit and its files (runs verify --target)
             found.temps = remove_temps(ctx, files)
             # A run whose release went through behind its commit wrote its end note: it finished, though its
             # record and log here could not say so (a full disk). The note counts once it names this log.
@@ -124,6 +127,8 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
                 found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
                                                       verify=VERIFY)
                 outcome = Phase.rolled_back
+            elif record is not None and _cut_restarting(record):
+                outcome = _finish(engine, ctx, record, found)
         elif pending is None:
             # No intent record and no commit: the agent let none of the run's changes through, or the run undid
             # them before it cleared the record (its own record here could not say so: a full disk). The target
@@ -138,15 +143,48 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
                  restored=found.restored, removed=found.removed, temps=found.temps,
                  rollback_commit=found.rollback_commit, lock_released=found.lock_released)
 
+    if rollback and record is not None and record.state.terminal and record.state.git_after and \
+            record.state.phase != Phase.rolled_back and ended(engine.runs_dir, run_id, record):
+        raise ConfigError(f"run {run_id} already ended ({record.state.phase.value}): recover has nothing of it to "
+                          f"finish. To undo its commit {record.state.git_after[:12]}: deployer rollback {run_id}")
     engine.adopt_lock_of = run_id
     engine.listeners.append(adopted)
     try:
         result = engine.execute(body, recover_of=run_id)
     finally:
         engine.listeners.remove(adopted)
-    if result.exit_code == 0 and found.outcome is not None:
+    if found.outcome is not None:  # settled, even when the services it restarted stay down
         _link(engine.runs_dir, run_id, result, found)
     return result, found
+
+
+def _cut_restarting(record: RunRecord) -> bool:
+    """The run was cut in its restart or its checks (a kill leaves the phase; a stop, interrupted after it)."""
+    phases = [t.phase for t in record.state.history if t.phase != Phase.interrupted]
+    return bool(phases) and phases[-1] in (Phase.restarting, Phase.verifying)
+
+
+def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -> Phase:
+    """What the cut run had left after its commit: its restart and checks, run again as the run would have.
+    Services that stay down settle the run as failed_committed all the same (its commit kept, its intent record
+    cleared, so `deployer restart` may run), and the failure names them with the command that tries again."""
+    steps = engine.steps
+    commit_at = next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1)
+    try:
+        for step in steps[commit_at + 1:]:
+            if step.effect in VERIFY:
+                engine.run_step(ctx, step, step.name)
+    except DeployerError as failure:
+        ctx.bus.step = None
+        if isinstance(failure, Interrupted):
+            raise
+        found.outcome = _settle_original(record, Phase.failed_committed, found.commit)
+        assert ctx.git_dir is not None
+        intent.remove(ctx.transport, ctx.git_dir)()
+        raise VerificationFailed(f"{failure}\nrun {found.run_id} keeps its commit {str(found.commit)[:12]} "
+                                 f"(failed_committed). {left_down(ctx, restarted_services(engine))}") from None
+    ctx.bus.step = None
+    return Phase.succeeded
 
 
 def _what_to_undo(ctx: Context, record: RunRecord | None,

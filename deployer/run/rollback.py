@@ -113,9 +113,12 @@ def target_problems(ctx: Context, run: Run, notices: list[str] | None = None) ->
             problems.append(f"the log records no commit, but the target's history has "
                             f"{', '.join(d.commit[:12] for d in own)} made by this run")
         return problems
-    found = next((d for d in own if d.commit == after), None)
+    # A recover's log names the commit of the run it recovered (its own commits are only a revert's).
+    owner = str(run.start.get("recover_of") or run.run_id)
+    made = own if owner == run.run_id else [d for d in _mentioning(ctx, owner) if d.run_id == owner]
+    found = next((d for d in made if d.commit == after), None)
     if found is None:
-        return [*problems, f"the log's commit {str(after)[:12]} is not a commit of run {run.run_id} in the history "
+        return [*problems, f"the log's commit {str(after)[:12]} is not a commit of run {owner} in the history "
                            f"of HEAD on {ctx.host_name}"]
     if found.parent != before:
         problems.append(f"the log says the run started from {str(before)[:12]}, but its commit "
@@ -125,6 +128,8 @@ def target_problems(ctx: Context, run: Run, notices: list[str] | None = None) ->
     if files != touched:
         problems.append(f"the log names the files {', '.join(files)}, but commit {found.commit[:12]} "
                         f"touched {', '.join(touched)}")
+    if not own:  # a recover that kept the commit made none itself, and writes no end note (see lease.end_note)
+        return problems
     return problems + end_problems(ctx, run, own[0].commit, data, notices)
 
 

@@ -108,7 +108,7 @@ class RunState(BaseModel):
     run_id: str
     host: str
     operator: str
-    kind: str = "apply"  # apply | rollback
+    kind: str = "apply"  # apply | rollback | recover | restart
     phase: Phase = Phase.preparing
     repo: str
     git_dir: str | None = None

@@ -31,6 +31,7 @@ FAILING = {
     "check": ["check", "--host", "nowhere"],
     "schema": ["schema", "no-such-kind"],
     "recover": ["recover", "no-such-run"],
+    "restart": ["restart", "--host", "nowhere"],
 }
 
 
@@ -165,7 +166,7 @@ def test_completion_offers_commands_host_names_and_run_ids(tmp_path: Path) -> No
     for run_id in ("20260101T000000.000Z-aaaaaa", "20260102T000000.000Z-bbbbbb"):
         (tmp_path / "runs" / run_id).mkdir(parents=True)
         (tmp_path / "runs" / run_id / "events.jsonl").write_text("")
-    assert complete(tmp_path, "deployer r") == ["recover", "rollback", "runs"]
+    assert complete(tmp_path, "deployer r") == ["recover", "restart", "rollback", "runs"]
     assert complete(tmp_path, "deployer plan --host gpu") == ["gpu-a", "gpu-b"]
     assert complete(tmp_path, "deployer check -i other.yaml --host ") == ["elsewhere"]
     assert complete(tmp_path, "deployer apply fix.yaml --host ", {"DEPLOYER_INVENTORY": "other.yaml"}) == [

@@ -219,3 +219,13 @@ class UnitRestart(CoRestart):
 
     def names(self, ctx: Context) -> list[str]:
         return self.here
+
+
+def services_restarted(steps: Sequence[Step], host: Host) -> list[str]:
+    """The services the co_restart steps among steps restart on host, in order (one naming none: every one of
+    the host's): what a failed restart reads again to say which are down."""
+    names: list[str] = []
+    for step in steps:
+        if isinstance(step, CoRestart):
+            names += [n for n in (step.params.services or list(host.services)) if n not in names]
+    return names

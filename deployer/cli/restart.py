@@ -1,0 +1,87 @@
+"""`deployer restart`: bring services back without changing a file, as a run of its own."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from deployer.cli.options import accept_option, host_option, inventory_option, json_option, runs_dir_option
+from deployer.cli.output import emit_json, failures_to_exit_codes
+from deployer.cli.running import builder, cancel_on_signals, run_with_view
+
+if TYPE_CHECKING:
+    from deployer.config.models import Unit
+    from deployer.run.engine import Engine
+
+
+@click.command()
+@click.argument("services", nargs=-1)
+@host_option(required=True, help="A host, or a unit (its services restart as one: stop in reverse, start in "
+                                 "order).")
+@click.option("-p", "--playbook", "checks_from", type=click.Path(dir_okay=False),
+              help="Also run the checks (drain...) this playbook runs after its commit.")
+@inventory_option
+@runs_dir_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, inventory: str | None,
+            runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
+    """Restart SERVICES (default: every service of the host) with co_restart's proofs, under the host's lock.
+
+    A run of its own (kind restart in `runs list`): its record and log, no file changed. Exits as apply does:
+    3 when the lock is held, 5 when a service does not come back (the services still down are named, with the
+    command that tries again)."""
+    from deployer.cli.deploy import select_hosts
+    from deployer.errors import ConfigError
+    from deployer.run.restart import restart as run_restart
+
+    build = builder(inventory, runs_dir, accept_new_host_key)
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    checks = Path(checks_from) if checks_from else None
+    if host_name in loaded.units:
+        unit = loaded.units[host_name]
+        restart_unit(build.restart_unit(host_name, unit, list(services), checks), host_name, unit, as_json)
+        return
+    if len(hosts) != 1:
+        raise ConfigError(f"--host {host_name} names {len(hosts)} hosts ({', '.join(hosts)}) that are no unit; "
+                          "restart one host (or one unit) at a time")
+    engine = build.restart(hosts[0], list(services), checks)
+    engine.check_host()  # an unknown service is refused before anything connects
+    run_with_view(engine, as_json, lambda: run_restart(engine, list(services)))
+
+
+def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool) -> None:
+    """A unit's restart as one (each host its own run, lock and log); each host's report, then the exit code
+    of the first host, in unit order, that failed."""
+    from deployer.fleet.unit import UnitRun
+    from deployer.steps.context import CancelToken
+    from deployer.ui.console import make_console, show_error
+    from deployer.ui.report import result_json, show_result
+
+    run = UnitRun(name, unit, engines, "restore")
+    cancel = CancelToken()
+    for engine in engines.values():
+        engine.cancel = cancel
+    with cancel_on_signals(cancel):
+        done = run.restart_only()
+    results = {host: done[host] for host in engines if host in done}  # unit order, not the order they ended
+    failed = [r for r in results.values() if r.exit_code]
+    exit_code = failed[0].exit_code if failed else 0 if len(results) == len(engines) else 1
+    if as_json:
+        emit_json({"unit": name, "hosts": {h: result_json(r) for h, r in results.items()}, "exit_code": exit_code,
+                   "error": failed[0].error if failed else None})
+    else:
+        console = make_console()
+        for host, result in results.items():
+            console.print(f"{host}:", markup=False, highlight=False)
+            show_result(console, result)
+        if failed and failed[0].error:
+            show_error(failed[0].error)
+    sys.exit(exit_code)
+
+
+COMMANDS = (restart,)

@@ -1,0 +1,99 @@
+"""`deployer restart`: the services of a host restarted with every proof co_restart gives, as a run of its own
+(its lock, record and log: kind restart), changing no file; and what recover says when services stay down.
+
+The run's playbook is made here: one co_restart over the chosen services, then the checks (effect verifies) a
+playbook given with -p runs after its commit. Its copy in the run dir is that playbook, so the run's record
+is complete (`runs verify --target` loads it like any other)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import yaml
+
+from deployer.config.models import Playbook
+from deployer.config.playbook import parse_playbook
+from deployer.errors import DeployerError, Interrupted, VerificationFailed
+from deployer.run.engine import Engine, RunResult
+from deployer.run.gitops import head
+from deployer.run.state import Phase
+from deployer.runlog import RunLogWriter, utc_now
+from deployer.steps.base import Effect, Step
+from deployer.steps.context import Context, LoadedPlaybook
+from deployer.steps.services import manager_for
+from deployer.steps.services.co_restart import CoRestart, CoRestartParams, services_restarted
+from deployer.text import shown
+
+WHERE = "(deployer restart)"
+
+
+def restart_playbook(services: list[str], checks_from: Path | None, *, name: str = "restart",
+                     description: str = "") -> tuple[LoadedPlaybook, list[Step]]:
+    """The playbook a restart (or a recover that restarts) runs: co_restart over services (none: no restart),
+    then the post-commit checks of the playbook at checks_from, with its co_restart's budget."""
+    timeout_s, checks = CoRestartParams().timeout_s, []
+    if checks_from is not None:
+        _, steps, _ = parse_playbook(checks_from)
+        restarts = [s for s in steps if s.effect == Effect.restarts]
+        if restarts:
+            timeout_s = restarts[0].timeout_s
+        commit_at = next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1)
+        checks = [s for s in steps[commit_at + 1:] if s.effect == Effect.verifies]
+    restart = [CoRestart(CoRestartParams(services=services, timeout_s=timeout_s), "co_restart", WHERE)]
+    chain: list[Step] = [*(restart if services else []), *checks]
+    data = {"name": name, "description": description,
+            "steps": [{s.kind: s.params.model_dump(mode="json")} for s in chain]}
+    raw = yaml.safe_dump(data, sort_keys=False)
+    # With nothing to run (a recover on a host without services) no playbook loads; the copy still says so.
+    model = Playbook.model_validate(data) if chain else Playbook.model_construct(
+        name=name, description=description, files=[], patch=None, steps=[], on_failure="restore")
+    # Its path names no file: what it ran is its copy in the run dir (playbook_sha256 is of those bytes).
+    return LoadedPlaybook(path=Path(WHERE), raw=raw.encode(), model=model, sources={}, patch=None), chain
+
+
+def restart(engine: Engine, services: list[str]) -> RunResult:
+    """Run the engine's restart playbook under the host's lock; a failure names the services left down."""
+
+    def body(ctx: Context, log: RunLogWriter) -> None:
+        ctx.git_before = head(ctx)
+        ctx.bus.step = None
+        ctx.emit("status", status="running")
+        try:
+            for step in engine.steps:
+                engine.enter(ctx, step.effect)
+                engine.run_step(ctx, step, step.name)
+        except DeployerError as failure:
+            # Nothing was changed on disk: the record ends settled (its intent record cleared), whatever the
+            # services do now; the message says which are down and how to try again.
+            assert ctx.record is not None
+            ctx.bus.step = None
+            ctx.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+            if isinstance(failure, Interrupted):
+                raise
+            raise VerificationFailed(f"{failure}\n{left_down(ctx, restarted_services(engine))}") from None
+
+    return engine.execute(body, kind="restart", services=services)
+
+
+def restarted_services(engine: Engine) -> list[str]:
+    """The services the engine's restart steps restart, in order."""
+    return services_restarted(engine.steps, engine.host)
+
+
+def left_down(ctx: Context, services: list[str]) -> str:
+    """Which of services are down now (read on the target), and the exact command that brings them back."""
+    down: dict[str, str] = {}
+    for name in services:
+        try:
+            seen = manager_for(ctx, name).observe()
+        except DeployerError as exc:
+            down[name] = f"not observed: {shown(str(exc))}"
+            continue
+        if seen.health is False or (seen.health is None and seen.pid is None):
+            down[name] = seen.describe()
+    if not down:
+        return f"Every service answers its health check now ({', '.join(services)})."
+    again = shlex.join(["deployer", "restart", "--host", ctx.host_name, *down])
+    return (f"Down on {ctx.host_name}: {'; '.join(f'{n} ({why})' for n, why in down.items())}. "
+            f"Bring them back with: {again}")

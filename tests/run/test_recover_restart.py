@@ -1,0 +1,110 @@
+"""`recover` finishes what a run cut in its restart left: the services restarted and checked as the run would
+have, or a failure that names the services still down and the exact `deployer restart` command. Real services,
+a real SIGKILL of the apply (local and over a real sshd)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, act_when, age_lock
+from fixtures_services import GAUGE, Stack
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
+
+CHAIN: list[Any] = ["local_compile", "upload", "remote_compile",
+                    {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},
+                    {"commit": {"message": "pkg: answer is 42"}}, {"co_restart": {}},
+                    {"drain": {"metric": GAUGE, "to": 0, "within_s": 30, "interval_s": 0.1}}]
+
+
+def state_of(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "state.json").read_text()))
+
+
+def killed_in_its_restart(target: Project, stack: Stack) -> Path:
+    """An apply SIGKILLed once co_restart has stopped a service; then every service is down (as a kill that
+    took the services with it leaves them)."""
+    stack.start_services()
+    target.playbook(steps=CHAIN)
+    before = set(target.runs.iterdir())
+
+    def stopped() -> bool:
+        runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()]
+        return any('"type": "service_stopped"' in (p / "events.jsonl").read_text() for p in runs)
+
+    cut = act_when(target, ["apply", "fix.yaml", "--host", "box"], stopped,
+                   lambda proc: proc.send_signal(signal.SIGKILL), "co_restart's first stop")
+    assert cut.returncode == -signal.SIGKILL
+    stack.kill_all()
+    age_lock(target.repo)
+    run = next(iter(set(target.runs.iterdir()) - before))
+    assert state_of(run)["phase"] == "restarting"
+    return run
+
+
+def healthy(stack: Stack) -> bool:
+    return all(stack.fetch(f"http://127.0.0.1:{port}/health") == "ok\n" for port in stack.ports.values())
+
+
+def test_a_run_cut_in_its_restart_is_finished_by_recover_services_healthy_and_checks_run(
+        target: Project, stack: Stack) -> None:
+    run = killed_in_its_restart(target, stack)
+    stack.set_gauge(0.0)
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert healthy(stack) and target.file("pkg/a.py") == FIXED_A
+    assert state_of(run)["phase"] == "succeeded"
+    recover_id = target.newest_run()
+    ran = [e["step"] for e in target.events(recover_id) if e["type"] == "step_end" and e["status"] == "ok"]
+    assert ran == ["co_restart", "drain"]
+    for one in (run.name, recover_id):
+        verified = target.deployer("runs", "verify", one, "--target")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    again = target.deployer("recover", run.name)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout
+
+
+def test_recover_whose_restart_cannot_succeed_exits_5_naming_the_service_and_the_restart_command(
+        target: Project, stack: Stack) -> None:
+    run = killed_in_its_restart(target, stack)
+    stack.configure(prefill=stack.service("prefill", start=[sys.executable, "-c", "raise SystemExit(3)"],
+                                          health_timeout_s=3), decode=stack.service("decode"))
+    failed = target.deployer("recover", run.name)
+    assert failed.returncode == 5, failed.stdout + failed.stderr
+    assert "Down on box: prefill (" in failed.stderr
+    assert "Bring them back with: deployer restart --host box prefill" in failed.stderr
+    # The cut run is settled (its commit kept), so the printed command is not refused by its intent record.
+    assert state_of(run)["phase"] == "failed_committed"
+    stack.configure()
+    stack.set_gauge(0.0)
+    back = target.deployer("restart", "--host", "box", "prefill", "decode")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert healthy(stack)
+    assert target.deployer("runs", "verify", run.name).returncode == 0
+
+
+def test_recover_rollback_from_a_machine_without_the_run_dir_restarts_and_verifies(target: Project,
+                                                                                  stack: Stack) -> None:
+    killed_in_its_restart(target, stack)
+    elsewhere = target.root / "other-runs"
+    done = target.deployer("recover", "--host", "box", "--rollback", "--runs-dir", str(elsewhere))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert target.file("pkg/a.py") == ORIGINAL_A and healthy(stack)
+    recover_id = sorted(p.name for p in elsewhere.iterdir())[-1]
+    events = [json.loads(line) for line in (elsewhere / recover_id / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["type"] == "step_end"][-1] == "rollback:co_restart"
+    verified = target.deployer("runs", "verify", recover_id, "--target", "--runs-dir", str(elsewhere))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_recover_rollback_of_a_run_that_already_ended_points_to_deployer_rollback(target: Project) -> None:
+    run_id = target.applied()
+    head = target.head()
+    pointed = target.deployer("recover", run_id, "--rollback")
+    assert pointed.returncode == 2, pointed.stdout + pointed.stderr
+    assert f"To undo its commit {head[:12]}: deployer rollback {run_id}" in pointed.stderr
+    assert target.head() == head
