@@ -60,7 +60,7 @@ def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: boo
     from deployer.fleet.unit import UnitRun
     from deployer.steps.context import CancelToken
     from deployer.ui.console import make_console, show_error
-    from deployer.ui.report import result_json, show_result
+    from deployer.ui.report import show_result
 
     run = UnitRun(name, unit, engines, "restore")
     cancel = CancelToken()
@@ -72,7 +72,7 @@ def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: boo
     failed = [r for r in results.values() if r.exit_code]
     exit_code = failed[0].exit_code if failed else 0 if len(results) == len(engines) else 1
     if as_json:
-        emit_json({"unit": name, "hosts": {h: result_json(r) for h, r in results.items()}, "exit_code": exit_code,
+        emit_json({"unit": name, "hosts": {h: r.document() for h, r in results.items()}, "exit_code": exit_code,
                    "error": failed[0].error if failed else None})
     else:
         console = make_console()

@@ -12,13 +12,15 @@ pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
 def killed_before_the_lock(project: Project) -> str:
     """An apply killed while the target's python is still starting its agent (which it opens while the run
-    dir is being made: both must have happened): no lock, nothing changed."""
+    begins its log: both must have happened, since a run with no log line yet names no host): no lock,
+    nothing changed."""
     entered = project.root / "python-entered"
     wrapper = project.write("venv/bin/python", f"#!/bin/sh\ntouch '{entered}'\nsleep 60\n")
     wrapper.chmod(0o755)
     project.write_inventory(python=str(wrapper))
     act_when(project, ("apply", "fix.yaml", "--host", "box"),
-             lambda: entered.exists() and any(project.runs.glob("*/state.json")),
+             lambda: entered.exists() and any('"run_start"' in log.read_text()
+                                              for log in project.runs.glob("*/events.jsonl")),
              lambda proc: proc.send_signal(signal.SIGKILL), "the agent's start")
     project.write_inventory()
     return project.newest_run()
