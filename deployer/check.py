@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deployer.command import Masker
-from deployer.config.models import Host, Playbook, Unit
-from deployer.errors import ConnectError, DeployerError, HostKeyError
+from deployer.config.models import Container, Host, Playbook, Unit
+from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
@@ -136,9 +136,24 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
         else:
             report.add("host key", "ok", f"pinned: {info.host_key_fingerprint}")
             report.add("auth", "ok", f"logged in to {info.target}")
+        if host.container is not None and not _check_container(report, transport, host.container):
+            return report
         ctx = _context(host_name, host, transport, bus, playbook)
         _check_target(report, ctx, playbook)
     return report
+
+
+def _check_container(report: CheckReport, transport: Transport, container: Container) -> bool:
+    """The agent started in the container: no probe of its own, the start's failure says what is wrong
+    (an engine not installed, a container absent or stopped) as apply would."""
+    try:
+        hello = transport.agent().verified()
+    except AgentLost as exc:
+        report.refused("container", exc)
+        return False
+    report.add("container", "ok", f"{container.engine} container {container.name}: the agent runs in it "
+               f"(pid {hello.pid} there)")
+    return True
 
 
 def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,
