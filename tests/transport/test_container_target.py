@@ -4,12 +4,15 @@ transport (locally, and over the real sshd), against a real podman container (fi
 from __future__ import annotations
 
 import dataclasses
+import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_containers import CONTAINER_REPO, PODMAN_DOCKER, Box, fill_repo
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project
+from polling import wait_for
 
 FILES = {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B}
 
@@ -41,6 +44,37 @@ def test_apply_ships_into_the_containers_repo_and_rollback_undoes_it(target: Pro
     rolled = project.deployer("rollback", run_id)
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
     assert container.read(f"{CONTAINER_REPO}/pkg/a.py") == ORIGINAL_A
+
+
+def test_a_run_cut_after_its_commit_is_recovered_in_the_container(target: Project, container: Box) -> None:
+    project = in_container(target, container)
+    marker, git_dir = "/srv/post-commit.reached", f"{CONTAINER_REPO}/.git"
+    # The post-commit hook blocks (in the container) once git made the commit: the deployer is killed there.
+    container.sh(f"printf '#!/bin/sh\\necho $$ > {marker}\\nwhile :; do sleep 0.05; done\\n' "
+                 f"> {git_dir}/hooks/post-commit && chmod +x {git_dir}/hooks/post-commit")
+    before = container.git("rev-parse", "HEAD").strip()
+    project.playbook(steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True}}])
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        wait_for(lambda: container.read(marker) or proc.poll() is not None, "the post-commit hook")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        container.sh(f"kill -9 $(cat {marker}) 2>/dev/null || true")
+    run = sorted(project.runs.iterdir())[0]
+    # recover takes over only a stale lock: the killed run's heartbeat, backdated (its agent has exited).
+    container.sh(f"touch -d '2 days ago' {git_dir}/deployer.run.lock/heartbeat")
+    recovered = project.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert json.loads((run / "state.json").read_text())["phase"] == "failed_committed"
+    assert container.git("rev-parse", "HEAD~1").strip() == before
+    assert f"Deployer-Run: {run.name}" in container.git("log", "-1", "--format=%B")
+    assert container.read(f"{CONTAINER_REPO}/pkg/a.py") == FIXED_A
+    assert container.read(f"{git_dir}/deployer/inflight.json") is None, "the intent record is still there"
+    assert container.sh(f"test -e {git_dir}/deployer.run.lock && echo held || true") == "", "the lock is still there"
 
 
 def test_check_reports_the_container_the_agent_runs_in(target: Project, container: Box) -> None:
