@@ -240,8 +240,9 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
     if not ctx.host.services:
         report.add("services", "skip", "the inventory defines none")
     for name, service in ctx.host.services.items():
+        manager = manager_for(ctx, name)
         try:
-            pid = manager_for(ctx, name).pid()
+            pid = manager.pid()
         except DeployerError as exc:
             report.add(f"service {name}", "fail", f"cannot read its state: {exc}", 1)
             continue
@@ -251,6 +252,8 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
             f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
         well = pid is not None and (not service.health or answer == 200)
         report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
+        if warning := getattr(manager, "warning", None):  # what its manager saw wrong (a container without init)
+            report.add(f"service {name}", "warn", warning)
         if service.gpus:  # what apply's preflight refuses (CoRestart.refusals), read the same way
             problem = GpuWait(manager_for(ctx, name)).problem()
             report.add(f"gpus {name}", "fail" if problem else "ok",

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from polling import wait_for
 
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n'
 # The repo inside the container (in its writable layer): no such path on the host.
@@ -98,3 +101,54 @@ def fill_repo(box: Box, files: dict[str, str]) -> None:
                    f"{CONTAINER_REPO}/{rel}", stdin=text)
     box.sh(f"cd {CONTAINER_REPO} && git add -A && git commit -qm initial")
     assert not Path(CONTAINER_REPO).exists(), "the container's repo must not be on the host"
+
+
+@dataclass
+class Served:
+    """A container whose PID 1 (or its init's child) is an HTTP server on the host's loopback."""
+
+    box: Box
+    health: str
+
+    def state(self) -> tuple[int, str]:
+        """Its main pid (the host's namespace) and start time, as the engine says."""
+        pid, started = self.box.podman("inspect", "--format", "{{.State.Pid}}\t{{.State.StartedAt}}",
+                                       self.box.name).stdout.strip().split("\t")
+        return int(pid), started
+
+
+@pytest.fixture
+def serving_container(podman_env: dict[str, str]) -> Iterator[Callable[..., Served]]:
+    """Makes containers that serve `python3 -m http.server` on a free port of the host's network (with
+    podman's --init when asked, else the interpreter is PID 1); each removed by name after the test."""
+    made: list[Box] = []
+
+    def serve(*, init: bool) -> Served:
+        box = Box(f"deployer-test-{uuid.uuid4().hex[:12]}", podman_env)
+        made.append(box)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        started = box.podman("run", "-d", "--name", box.name, "--network", "host", *(["--init"] if init else []),
+                             "--rootfs", "/:O", "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                             "--directory", "/", check=False)
+        if started.returncode != 0:
+            _unavailable(f"podman run failed: {started.stderr.strip()[-500:]}")
+        health = f"http://127.0.0.1:{port}/"
+        wait_for(lambda: _answers(health), f"{box.name} serving {health}")
+        return Served(box, health)
+
+    try:
+        yield serve
+    finally:
+        for box in made:
+            box.remove()
+
+
+def _answers(url: str) -> bool:
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+    try:
+        with direct.open(url, timeout=2) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False

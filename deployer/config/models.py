@@ -107,48 +107,6 @@ def _argv(value: str | list[str] | None) -> list[str] | None:
     return shlex.split(value)
 
 
-class Service(Strict):
-    """A process on the target that the patch's code runs in."""
-
-    start: list[str] | None = None
-    stop: list[str] | None = None
-    systemd: str | None = None
-    health: Url | None = None
-    health_timeout_s: float = Field(default=60.0, gt=0)
-    stop_grace_s: float = Field(default=10.0, ge=0)
-    cwd: str | None = None
-    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
-    # The GPUs (nvidia-smi indices) the service loads onto: a restart starts it only once they are released.
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    gpu_free_mib: int | None = Field(default=None, gt=0)  # MiB free on each; None: used within 1 GiB of idle
-    gpu_wait_s: float = Field(default=120.0, gt=0)  # a killed server's memory can take a while to be freed
-
-    _split = field_validator("start", "stop", mode="before")(_argv)
-
-    @field_validator("gpus")
-    @classmethod
-    def _distinct_gpus(cls, gpus: list[int]) -> list[int]:
-        if len(set(gpus)) != len(gpus):
-            raise ValueError(f"names a GPU twice: {gpus}")
-        return gpus
-
-    @field_validator("gpu_free_mib", "gpu_wait_s")
-    @classmethod
-    def _only_with_gpus(cls, value: float | None, info: ValidationInfo) -> float | None:
-        # Validated only when given: a GPU setting on a service without `gpus:` would silently do nothing.
-        if not info.data.get("gpus"):
-            raise ValueError(f"'{info.field_name}' needs 'gpus' (the GPU indices to wait for) on the same service")
-        return value
-
-    @model_validator(mode="after")
-    def _one_manager(self) -> Service:
-        if (self.start is None) == (self.systemd is None):
-            raise ValueError("give exactly one of 'start' (a command) or 'systemd' (a unit name)")
-        if self.start is not None and not self.start:
-            raise ValueError("'start' is empty")
-        return self
-
-
 # What docker and podman accept as a container's name (or id): a name here cannot be read as an option.
 CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -173,6 +131,57 @@ class Container(Strict):
     @property
     def command(self) -> str:
         return self.engine_path or self.engine
+
+
+class Service(Strict):
+    """A process on the target that the patch's code runs in."""
+
+    start: list[str] | None = None
+    stop: list[str] | None = None
+    systemd: str | None = None
+    # The service is this container (a name: docker's; or {engine, name, engine_path}): the engine stops and
+    # starts it, its State.Pid and State.StartedAt prove the restart.
+    container: Container | None = None
+    health: Url | None = None
+    health_timeout_s: float = Field(default=60.0, gt=0)
+    stop_grace_s: float = Field(default=10.0, ge=0)
+    cwd: str | None = None
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
+    # The GPUs (nvidia-smi indices) the service loads onto: a restart starts it only once they are released.
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    gpu_free_mib: int | None = Field(default=None, gt=0)  # MiB free on each; None: used within 1 GiB of idle
+    gpu_wait_s: float = Field(default=120.0, gt=0)  # a killed server's memory can take a while to be freed
+
+    _split = field_validator("start", "stop", mode="before")(_argv)
+
+    @field_validator("container", mode="before")
+    @classmethod
+    def _container_name(cls, value: object) -> object:
+        return {"engine": "docker", "name": value} if isinstance(value, str) else value
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, gpus: list[int]) -> list[int]:
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"names a GPU twice: {gpus}")
+        return gpus
+
+    @field_validator("gpu_free_mib", "gpu_wait_s")
+    @classmethod
+    def _only_with_gpus(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # Validated only when given: a GPU setting on a service without `gpus:` would silently do nothing.
+        if not info.data.get("gpus"):
+            raise ValueError(f"'{info.field_name}' needs 'gpus' (the GPU indices to wait for) on the same service")
+        return value
+
+    @model_validator(mode="after")
+    def _one_manager(self) -> Service:
+        if sum(way is not None for way in (self.start, self.systemd, self.container)) != 1:
+            raise ValueError("give exactly one of 'start' (a command), 'systemd' (a unit name) or 'container' "
+                             "(a container's name)")
+        if self.start is not None and not self.start:
+            raise ValueError("'start' is empty")
+        return self
 
 
 class Host(Strict):
