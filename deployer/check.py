@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deployer.command import Masker
-from deployer.config.models import Container, Host, Playbook, Unit
+from deployer.config.container import Container
+from deployer.config.models import Host, Playbook, Unit
 from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for

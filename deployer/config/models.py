@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from deployer.config import yamlsrc
+from deployer.config.container import Container
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
@@ -105,32 +106,6 @@ def _argv(value: str | list[str] | None) -> list[str] | None:
     if value is None or isinstance(value, list):
         return value
     return shlex.split(value)
-
-
-# What docker and podman accept as a container's name (or id): a name here cannot be read as an option.
-CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-
-
-class Container(Strict):
-    """The container on the host that the agent runs in (`<engine> exec -i <name>`): the repo, python and every
-    path of the host are the container's. Not a transport kind: it wraps the host's own (ssh or local)."""
-
-    engine: Literal["docker", "podman"]
-    name: Annotated[str, StringConstraints(pattern=CONTAINER_NAME, max_length=253)]
-    # The engine's command on the host when it is not the first `docker`/`podman` on its PATH (a second CLI
-    # that shadows it, a podman-docker shim at /usr/bin/docker).
-    engine_path: str | None = None
-
-    @field_validator("engine_path")
-    @classmethod
-    def _absolute_engine(cls, path: str | None) -> str | None:
-        if path is not None and not posixpath.isabs(path):
-            raise ValueError("must be an absolute path on the host")
-        return path
-
-    @property
-    def command(self) -> str:
-        return self.engine_path or self.engine
 
 
 class Service(Strict):

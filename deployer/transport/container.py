@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from deployer.config.models import Container
+from deployer.config.container import Container
 from deployer.errors import AgentLost, TransportError
 from deployer.text import visible
 from deployer.transport.pipes import Pipe
