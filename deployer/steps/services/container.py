@@ -13,12 +13,13 @@ import json
 import math
 import posixpath
 import re
+import time
 from dataclasses import dataclass
 
 from deployer.config.models import Service
 from deployer.steps.action import Action
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, answered, pid_of
+from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, Phase, answered, pid_of
 from deployer.text import visible
 
 # What as PID 1 ignores TERM: an interpreter or a shell with no handler of its own (an init forwards it).
@@ -126,14 +127,20 @@ class ContainerManager(Manager):
     def stop(self, pid: int | None) -> str:
         if pid is None:
             return "the container is not running: nothing to stop"
+        # One phase for the whole stop: the engine itself sends TERM, waits the grace and KILLs.
+        self.phase(Phase.stopping, time.monotonic(), self.grace, pid=pid,
+                   detail=f"{self.box.engine} stop -t {self.grace}")
         self.ctx.act(self.stop_it, timeout=self.grace + STOP_SLACK_S)
         return f"stopped ({self.box.engine} stop -t {self.grace})"
 
     def start(self) -> int:
+        began = time.monotonic()
+        self.phase(Phase.starting, began, self.service.health_timeout_s, detail=f"{self.box.engine} start")
         self.ctx.act(self.start_it, timeout=self.timeout)
         state = State.of(self.wait_up(self.up, NOTHING))
         assert state is not None and state.live_pid is not None, "wait_up returns once the container runs"
         self.started = state
+        self.phase(Phase.healthy, began, self.service.health_timeout_s, pid=state.live_pid)
         return state.live_pid
 
     def alive(self, probed: object, started: str | None) -> bool:
