@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deployer.command import Masker
+from deployer.config.container import Container
 from deployer.config.models import Host, Playbook, Unit
-from deployer.errors import ConnectError, DeployerError, HostKeyError
+from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
@@ -142,11 +143,26 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
         else:
             report.add("host key", "ok", f"pinned: {info.host_key_fingerprint}")
             report.add("auth", "ok", f"logged in to {info.target}")
+        if host.container is not None and not _check_container(report, transport, host.container):
+            return report
         ctx = _context(host_name, host, transport, bus, playbook)
         _check_target(report, ctx, playbook)
     if runs_dir is not None:
         _check_budgets(report, host_name, host, runs_dir)
     return report
+
+
+def _check_container(report: CheckReport, transport: Transport, container: Container) -> bool:
+    """The agent started in the container: no probe of its own, the start's failure says what is wrong
+    (an engine not installed, a container absent or stopped) as apply would."""
+    try:
+        hello = transport.agent().verified()
+    except AgentLost as exc:
+        report.refused("container", exc)
+        return False
+    report.add("container", "ok", f"{container.engine} container {container.name}: the agent runs in it "
+               f"(pid {hello.pid} there)")
+    return True
 
 
 def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,
@@ -233,8 +249,9 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
     if not ctx.host.services:
         report.add("services", "skip", "the inventory defines none")
     for name, service in ctx.host.services.items():
+        manager = manager_for(ctx, name)
         try:
-            seen = manager_for(ctx, name).observe(health=False)
+            seen = manager.observe(health=False)
         except DeployerError as exc:
             report.add(f"service {name}", "fail", f"cannot read its state: {exc}", 1)
             continue
@@ -248,8 +265,10 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
                                                                                        service.health)
         well = pid is not None and (not service.health or answer == 200)
         report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
+        if manager.warning:  # what its manager saw wrong (a container without an init)
+            report.add(f"service {name}", "warn", manager.warning)
         if service.gpus:  # what apply's preflight refuses (CoRestart.refusals), read the same way
-            problem = GpuWait(manager_for(ctx, name)).problem()
+            problem = GpuWait(manager).problem()
             report.add(f"gpus {name}", "fail" if problem else "ok",
                        problem or f"nvidia-smi lists {gpu_list(service.gpus)}", 1)
 

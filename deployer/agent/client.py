@@ -60,15 +60,16 @@ def agent_source() -> bytes:
     return AGENT_FILE.read_bytes()
 
 
-def bootstrap_argv(python: str) -> list[str]:
+def bootstrap_argv(python: str, within: Sequence[str] = ()) -> list[str]:
     """The argv that starts the agent: python reads exactly len(source) bytes of stdin and
     executes them; the rest of stdin, read through the same buffered reader, is the protocol.
-    -I -S: no PYTHON* variables, user site or site hooks can change what runs."""
+    -I -S: no PYTHON* variables, user site or site hooks can change what runs. `within` is what runs
+    that python somewhere else on the host and passes stdin through (`podman exec -i NAME`)."""
     size = len(agent_source())
     code = (f"import sys;AGENT_SOURCE=sys.stdin.buffer.read({size});"
             f"len(AGENT_SOURCE)=={size} or sys.exit('deployer agent: source cut short');"
             "exec(compile(AGENT_SOURCE,'deployer-agent','exec'))")
-    return [python, "-I", "-S", "-c", code]
+    return [*within, python, "-I", "-S", "-c", code]
 
 
 def bootstrap_command(python: str, prefix: Sequence[str] = ()) -> str:

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from deployer.config import yamlsrc
+from deployer.config.container import Container
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
@@ -113,6 +114,9 @@ class Service(Strict):
     start: list[str] | None = None
     stop: list[str] | None = None
     systemd: str | None = None
+    # The service is this container (a name: docker's; or {engine, name, engine_path}): the engine stops and
+    # starts it, its State.Pid and State.StartedAt prove the restart.
+    container: Container | None = None
     health: Url | None = None
     health_timeout_s: float = Field(default=60.0, gt=0)
     stop_grace_s: float = Field(default=10.0, ge=0)
@@ -127,6 +131,11 @@ class Service(Strict):
     adopt: Literal["port"] | None = None
 
     _split = field_validator("start", "stop", mode="before")(_argv)
+
+    @field_validator("container", mode="before")
+    @classmethod
+    def _container_name(cls, value: object) -> object:
+        return {"engine": "docker", "name": value} if isinstance(value, str) else value
 
     @field_validator("gpus")
     @classmethod
@@ -145,8 +154,9 @@ class Service(Strict):
 
     @model_validator(mode="after")
     def _one_manager(self) -> Service:
-        if (self.start is None) == (self.systemd is None):
-            raise ValueError("give exactly one of 'start' (a command) or 'systemd' (a unit name)")
+        if sum(way is not None for way in (self.start, self.systemd, self.container)) != 1:
+            raise ValueError("give exactly one of 'start' (a command), 'systemd' (a unit name) or 'container' "
+                             "(a container's name)")
         if self.start is not None and not self.start:
             raise ValueError("'start' is empty")
         if self.adopt is not None and (self.health is None or self.start is None):
@@ -166,6 +176,7 @@ class Host(Strict):
     env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
     become: bool = False
     lock_ttl_s: float = Field(default=120.0, gt=0)
+    container: Container | None = None  # the agent runs in this container on the host (its paths are its own)
 
     @field_validator("repo")
     @classmethod

@@ -6,7 +6,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from deployer.agent.client import AgentClient, Pending, bootstrap_argv
@@ -43,6 +43,18 @@ class TransportInfo:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+class Within(Protocol):
+    """Where on the host the agent runs when not on the host itself (transport/container.py: a container's
+    exec): what goes in front of its bootstrap, the facts for the run log, and the pipe that says a failed
+    start in its own terms."""
+
+    def prefix(self) -> list[str]: ...
+
+    def facts(self) -> dict[str, str]: ...
+
+    def open(self, start: Callable[[Sequence[str]], Pipe], argv: Sequence[str], host: str) -> Pipe: ...
+
+
 class Transport(ABC):
     """One target, driven through the agent (deployer/agent/agent.py) that the transport starts there.
 
@@ -61,6 +73,13 @@ class Transport(ABC):
         # Told when the agent starts (the run log records which agent ran, by its sha256).
         self.on_agent: Callable[[Hello], None] | None = None
         self._gate: Pending[Any] | None = None  # see write_ahead
+        self._within: Within | None = None
+
+    def run_within(self, within: Within) -> None:
+        """Start the agent inside `within` (a container on the host) rather than on the host itself."""
+        assert self._agent is None, "the agent already runs on the host"
+        self._within = within
+        self.info.extra.update(within.facts())
 
     @abstractmethod
     def _pipe(self, argv: Sequence[str]) -> Pipe:
@@ -79,10 +98,12 @@ class Transport(ABC):
         with self._agent_lock:
             # Started once: a dead agent (a lost link) fails every later call, never a silent second start.
             if self._agent is None:
-                argv = bootstrap_argv(self.python)
-                if self.become:
+                within = self._within
+                argv = bootstrap_argv(self.python, within.prefix() if within else ())
+                if self.become:  # on the host: sudo runs the container's engine, not a sudo inside it
                     argv = ["sudo", "-n", "--", *argv]
-                agent = AgentClient(self._pipe(argv), name=self.info.target)
+                pipe = self._pipe(argv) if within is None else within.open(self._pipe, argv, self.info.target)
+                agent = AgentClient(pipe, name=self.info.target)
                 agent.on_hello = lambda hello: self.on_agent(hello) if self.on_agent is not None else None
                 # The hello is checked when the first reply is read: it shares the first requests' round trip.
                 self._agent = agent.start(wait=False)

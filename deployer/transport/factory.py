@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployer.config.models import Host
 from deployer.transport.base import Transport
+from deployer.transport.container import ContainerExec
 from deployer.transport.kinds import Emitter, opener
 
 if TYPE_CHECKING:
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
 def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: bool = False) -> Transport:
     transport = opener(host.transport)(name, host, bus, accept_new_host_key)
+    if host.container is not None:  # over whichever kind reached the host: its exec, wrapped
+        transport.run_within(ContainerExec(host.container))
 
     def started(hello: Hello) -> None:
         # Which agent ran, by the sha256 of its source, as whom and under which python.

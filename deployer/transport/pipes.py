@@ -14,6 +14,9 @@ from deployer.errors import TransportError
 CLOSE_WAIT_S = 5.0
 STDERR_TAIL = 4096
 CHUNK = 65536
+# How long a pipe whose output ended waits for the rest of its stderr (the reader of each stream runs on
+# its own): the tail read then says why the far end died, not half of it.
+STDERR_SETTLE_S = 2.0
 
 
 class Pipe(Protocol):
@@ -35,13 +38,17 @@ class _TailBuffer:
     def __init__(self) -> None:
         self._data = bytearray()
         self._lock = threading.Lock()
+        self.ended = threading.Event()  # the stream reached its end (or broke)
 
     def add(self, chunk: bytes) -> None:
         with self._lock:
             self._data += chunk
             del self._data[:-STDERR_TAIL]
 
-    def text(self) -> str:
+    def text(self, *, settle: bool = False) -> str:
+        """What the stream held last; settle: once it ended, when the output beside it has (bounded)."""
+        if settle:
+            self.ended.wait(STDERR_SETTLE_S)
         with self._lock:
             return self._data.decode("utf-8", "replace")
 
@@ -57,12 +64,15 @@ class ProcessPipe:
         # waits for a read in progress, so a closed fd number is never read after reuse.
         self._stdout = cast(io.BufferedReader, proc.stdout)  # what Popen makes with the default bufsize
         self._stderr = _TailBuffer()
+        self._output_ended = False
         stderr = cast(io.BufferedReader, proc.stderr)
         threading.Thread(target=_drain, args=(lambda: stderr.read1(CHUNK), self._stderr),
                          name="agent-stderr", daemon=True).start()
 
     def read(self, size: int) -> bytes:
-        return self._stdout.read1(size)
+        data = self._stdout.read1(size)
+        self._output_ended = not data
+        return data
 
     def write(self, data: bytes) -> None:
         self._stdin.write(data)
@@ -81,7 +91,7 @@ class ProcessPipe:
                 stream.close()
 
     def stderr_tail(self) -> str:
-        return self._stderr.text()
+        return self._stderr.text(settle=self._output_ended)
 
 
 def local_pipe(argv: Sequence[str], name: str) -> ProcessPipe:
@@ -102,12 +112,16 @@ class ChannelPipe:
     def __init__(self, channel: Any) -> None:
         self._chan = channel
         self._stderr = _TailBuffer()
+        self._output_ended = False
         if hasattr(channel, "recv_stderr"):
             threading.Thread(target=_drain, args=(lambda: channel.recv_stderr(CHUNK), self._stderr),
                              name="agent-stderr", daemon=True).start()
+        else:
+            self._stderr.ended.set()  # a socket: no stderr to wait for
 
     def read(self, size: int) -> bytes:
         data: bytes = self._chan.recv(size)
+        self._output_ended = not data
         return data
 
     def write(self, data: bytes) -> None:
@@ -120,7 +134,7 @@ class ChannelPipe:
                 step()
 
     def stderr_tail(self) -> str:
-        return self._stderr.text()
+        return self._stderr.text(settle=self._output_ended)
 
 
 def _drain(read: Any, sink: _TailBuffer) -> None:
@@ -129,3 +143,5 @@ def _drain(read: Any, sink: _TailBuffer) -> None:
             sink.add(chunk)
     except (OSError, ValueError, EOFError):
         return
+    finally:
+        sink.ended.set()

@@ -155,6 +155,8 @@ def holders(found: Processes, port: int) -> list[str]:
 class Manager(ABC):
     """How one service is observed, stopped and started on the target: its actions, and the run that does them."""
 
+    warning: str | None = None  # what observe() saw wrong with how the service runs (`check` shows it)
+
     def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
         self.timeout = timeout  # for the start and stop commands themselves

@@ -1,0 +1,98 @@
+"""The agent run inside a container on the host: `<engine> exec -i <name>` before the agent's bootstrap.
+
+Not a transport kind: it wraps the exec of any kind (ssh, local), which still brings the one pipe; inside it
+the same agent speaks the same protocol, so every step, the lock and the intent record (in the container's
+repo) work unchanged. The transport asks for it through `Within` (transport/base.py): the argv put in front
+of the bootstrap, the facts for the run log, and what a failed start means. A `kubectl exec -i` is another
+`Within`.
+
+No probe before the exec: an engine that is missing, or a container that is absent or stopped, shows as the
+exec ending before the agent said anything, and what the engine (or the host's shell) wrote on stderr says
+which. That is translated here into a sentence naming the container and the engine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from deployer.config.container import Container
+from deployer.errors import AgentLost, TransportError
+from deployer.text import visible
+from deployer.transport.pipes import Pipe
+
+# What docker and podman (4.x) print when the container exists but runs no process to exec into.
+NOT_RUNNING = ("can only create exec sessions on running containers", "is not running", "is paused",
+               "container state improper")
+NO_SUCH = ("no such container", "no container with name or id")
+
+
+class ContainerExec:
+    """`Within` for a container: the agent is `<engine> exec -i <name> <python> ...` on the host."""
+
+    def __init__(self, container: Container) -> None:
+        self.container = container
+
+    def prefix(self) -> list[str]:
+        # -i: the exec passes our stdin through (the agent's source, then the protocol); no -t: a tty
+        # would mangle the binary frames.
+        return [self.container.command, "exec", "-i", self.container.name]
+
+    def facts(self) -> dict[str, str]:
+        return {"container": self.container.name, "engine": self.container.engine,
+                "engine_command": self.container.command}
+
+    def open(self, start: Callable[[Sequence[str]], Pipe], argv: Sequence[str], host: str) -> Pipe:
+        """The host's transport starts argv; a start that fails here (a local engine that does not exist)
+        or before the agent speaks (the exec's own error) is said as the container's problem."""
+        try:
+            pipe = start(argv)
+        except TransportError as exc:  # the engine's command could not be executed at all
+            raise AgentLost(f"{host}: {self._no_engine(str(exc).removeprefix(f'{host}: '))}") from None
+        return ContainerPipe(pipe, self.explain)
+
+    def explain(self, stderr: str) -> str:
+        """What went wrong before the agent ran, from what the exec wrote on stderr."""
+        engine, name, command = self.container.engine, self.container.name, self.container.command
+        said = visible(stderr.strip(), multiline=False)[-500:]
+        low = stderr.lower()
+        # The host's shell, when the engine is not there: `sh: 1: podman: not found`, `bash: podman: command
+        # not found`, `bash: /usr/bin/podman: No such file or directory`.
+        if re.search(rf"{re.escape(command.lower())}: (?:command not found|not found|no such file or directory)",
+                     low):
+            return self._no_engine(stderr)
+        if any(marker in low for marker in NO_SUCH):
+            return f"the host has no {engine} container {name!r}: {said}"
+        if any(marker in low for marker in NOT_RUNNING):
+            return f"the {engine} container {name!r} is not running (start it: {command} start {name}): {said}"
+        return f"{command} exec -i {name} ended before the agent started: {said}"
+
+    def _no_engine(self, said: str) -> str:
+        engine, command = self.container.engine, self.container.command
+        return (f"the container engine {engine} ({command}) is not installed on the host, so container "
+                f"{self.container.name!r} cannot be reached: {visible(said.strip(), multiline=False)[-500:]}")
+
+
+class ContainerPipe:
+    """The host transport's pipe to `<engine> exec`: the same bytes, and when the exec ended before the agent
+    wrote a byte, its stderr as the sentence `explain` makes of it (the client adds it to the failure)."""
+
+    def __init__(self, pipe: Pipe, explain: Callable[[str], str]) -> None:
+        self._pipe = pipe
+        self._explain = explain
+        self._started = False
+
+    def read(self, size: int) -> bytes:
+        data = self._pipe.read(size)
+        self._started = self._started or bool(data)
+        return data
+
+    def write(self, data: bytes) -> None:
+        self._pipe.write(data)
+
+    def close(self) -> None:
+        self._pipe.close()
+
+    def stderr_tail(self) -> str:
+        tail = self._pipe.stderr_tail()
+        return tail if self._started or not tail.strip() else self._explain(tail)
