@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from deployer.config.models import Service
-from deployer.steps.action import Action
+from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, Phase, answered, pid_of
 from deployer.text import visible
@@ -121,11 +121,12 @@ class ContainerManager(Manager):
                             f"{visible(program, multiline=False)!r} without an init: it ignores TERM, so every stop "
                             f"waits out stop_grace_s ({self.grace}s) and ends in KILL (run it with --init, tini or "
                             "dumb-init)")
-            self.ctx.emit("service_warning", service=self.name, warning=self.warning)
 
     def stop(self, pid: int | None) -> str:
         if pid is None:
             return "the container is not running: nothing to stop"
+        if self.warning:  # said once, by the stop it slows down (observe also runs for check and the preflight)
+            self.ctx.emit("service_warning", service=self.name, warning=self.warning)
         # One phase for the whole stop: the engine itself sends TERM, waits the grace and KILLs.
         self.phase(Phase.stopping, time.monotonic(), self.grace, pid=pid,
                    detail=f"{self.box.engine} stop -t {self.grace}")
@@ -133,14 +134,15 @@ class ContainerManager(Manager):
         return f"stopped ({self.box.engine} stop -t {self.grace})"
 
     def start(self) -> int:
-        began = time.monotonic()
-        self.phase(Phase.starting, began, self.service.health_timeout_s, detail=f"{self.box.engine} start")
         self.ctx.act(self.start_it, timeout=self.timeout)
-        state = State.of(self.wait_up(self.up, NOTHING))
+        state = State.of(self.wait_up(self.up, NOTHING))  # wait_up shows starting, loading and healthy
         assert state is not None and state.live_pid is not None, "wait_up returns once the container runs"
         self.started = state
-        self.phase(Phase.healthy, began, self.service.health_timeout_s, pid=state.live_pid)
         return state.live_pid
+
+    def probed_pid(self, probed: object, bound: Bound) -> int | None:
+        state = State.of(probed)
+        return None if state is None else state.live_pid
 
     def alive(self, probed: object, started: str | None) -> bool:
         state = State.of(probed)
