@@ -11,6 +11,7 @@ import click
 from deployer.cli.options import (
     accept_option,
     complete_runs,
+    follow_up_options,
     health_timeout_option,
     host_option,
     inventory_option,
@@ -230,11 +231,7 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
                   "back (default: every host that committed).")
 @click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
 @click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
-@parallel_option
-@inventory_option
-@runs_dir_option
-@accept_option
-@health_timeout_option
+@follow_up_options
 @json_option()
 @failures_to_exit_codes
 def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
@@ -294,11 +291,7 @@ def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:
 @click.argument("run_id", required=False, shell_complete=complete_runs)
 @host_option(help="Host (default: the run's host); alone, recovers the run its intent record names.")
 @click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, verify.")
-@parallel_option
-@inventory_option
-@runs_dir_option
-@accept_option
-@health_timeout_option
+@follow_up_options
 @json_option()
 @failures_to_exit_codes
 def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel: int, inventory: str | None,

@@ -70,3 +70,10 @@ def health_timeout_option(func: F) -> F:
 def parallel_option(func: F) -> F:
     return click.option("--parallel", type=click.IntRange(1, 1024), default=16, show_default=True,
                         help="Hosts worked on at once in a fleet run.")(func)
+
+
+def follow_up_options(func: F) -> F:
+    """What rollback and recover share: they act on a recorded run, one host or a fleet's, with its budgets."""
+    for option in (health_timeout_option, accept_option, runs_dir_option, inventory_option, parallel_option):
+        func = option(func)
+    return func
