@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any
 
 from deployer.config.models import Service
 from deployer.errors import StepFailed
@@ -19,6 +21,17 @@ from deployer.steps.context import NOTHING, Context
 LOG_TAIL = 3000
 START_POLL_S = 0.2
 PROBE_TIMEOUT_S = 5.0  # a health check, a /proc read or a systemctl query
+
+
+class Phase(str, Enum):
+    """Where a service is in its restart, as the live view and the run log show it."""
+
+    stopping = "stopping"  # signalled (or its stop command ran); waiting for it to exit
+    waiting_tree = "waiting_tree"  # the leader is gone; waiting for the rest of its process tree and its port
+    waiting_gpu = "waiting_gpu"  # waiting for its GPUs' memory to be released
+    starting = "starting"  # launched; waiting for the process to keep running
+    loading = "loading"  # running; waiting for its health URL to answer 200
+    healthy = "healthy"  # its health URL answers 200
 
 
 def pid_of(name: str) -> str:
@@ -163,6 +176,14 @@ class Manager(ABC):
     @abstractmethod
     def alive(self, probed: object, started: str | None) -> bool:
         """What a probe's result says: the new process runs."""
+
+    def phase(self, phase: Phase, started: float, budget_s: float | None = None, **fields: Any) -> None:
+        """A `service_phase` event: the live view shows each service's phase, pid, last health answer and time
+        against its budget; plain output prints a line on each change (and every 10 s while it waits).
+        `started` is the monotonic time the phase began; fields: pid, health (the last answer: a status, or
+        "no answer"), detail (one line: what it waits for)."""
+        self.ctx.emit("service_phase", service=self.name, phase=phase.value,
+                      elapsed_s=round(time.monotonic() - started, 1), budget_s=budget_s, **fields)
 
     def fail(self, message: str) -> StepFailed:
         tail = self.ctx.act(self.log, timeout=30).out_stream.text
