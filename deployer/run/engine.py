@@ -64,6 +64,9 @@ def as_failure(exc: BaseException) -> DeployerError:
 ENTER = {Effect.changes_files: Phase.changing, Effect.commits: Phase.committing, Effect.restarts: Phase.restarting,
          Effect.verifies: Phase.verifying, Effect.loads: Phase.verifying}
 LEAVE = {Effect.changes_files: Phase.changed, Effect.commits: Phase.committed}
+# What every rollback runs again after its revert, in-run or manual: the restart and the checks (a drain).
+# The old build must not face the storm that proved the fix: never the load steps.
+VERIFY = (Effect.restarts, Effect.verifies)
 
 
 
@@ -404,7 +407,7 @@ class Engine:
         undo.restore(ctx, failure, self._ending)
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
-               verify: tuple[Effect, ...] = (Effect.restarts,)) -> str:
+               verify: tuple[Effect, ...]) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
         ctx.bus.step = "rollback"
         self._note_log_sha256(ctx)
@@ -427,7 +430,7 @@ class Engine:
     def _revert_own(self, ctx: Context) -> str:
         """on_failure: rollback, after this run's own commit failed its checks."""
         assert ctx.git_before is not None
-        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id)
+        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id, verify=VERIFY)
 
     def reverting(self, before: str, dests: list[str], rollback_of: str) -> undo.Revert:
         """The revert commit a rollback of run `rollback_of` makes: run by revert(), shown by its plan."""
