@@ -24,8 +24,17 @@ _STALE_INDEX_LOCK = (
     'case $(readlink "$p/cwd" 2>/dev/null) in "$repo"|"$repo"/*) exit 3;; esac; done; '
     'rm -f -- "$lock" && echo removed'
 )
-# Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`).
+# Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`); an
+# upload that stages for remote_compile, `.<name>.deployer-staged-<sha256>.tmp` (staged_temp).
 TEMP_GLOB = ".*deployer-*.tmp"
+
+
+def staged_temp(path: str, new_sha256: str) -> str:
+    """Where an upload stages the new bytes of path until remote_compile has compiled them: beside it (the
+    rename into place is atomic), named from the dest and its new bytes alone, so a restore or a recover
+    derives every name from the run's record and never has to trust a listing of the target."""
+    directory, name = posixpath.split(path)
+    return posixpath.join(directory, f".{name}.deployer-staged-{new_sha256[:16]}.tmp")
 
 
 @dataclass
@@ -72,6 +81,8 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
         if now != before:
             done.undid_commit = _undo_own_commit(ctx, now, before, trailer)
         clear_stale_index_lock(ctx)
+        # Temps first: a staged one in a directory the run created keeps that directory from going.
+        done.temps = remove_temps(ctx, files)
         staged = _staged_by_run(ctx, files)
         if staged:
             ctx.check(git("reset", "-q", "--", *staged), "cannot unstage the run's files", timeout=60)
@@ -88,7 +99,6 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
                 if rec.uid is not None:
                     _keep_owner(ctx, rec)
                 done.restored.append(rec.dest)
-        done.temps = remove_temps(ctx, files)
         wrong = [f.dest for f in files if sha256(ctx.transport.get(f.path)) != f.sha256]
     except DeployerError as exc:
         if isinstance(exc, RollbackFailed):
@@ -146,10 +156,12 @@ def _keep_owner(ctx: Context, rec: FileRecord) -> None:
 
 
 def remove_temps(ctx: Context, files: list[FileRecord]) -> list[str]:
-    """Temp files a cut upload left beside the dests or in deployer's state dir; only called under the lock."""
+    """Temp files a cut upload left beside the dests or in deployer's state dir (the ones found); only called
+    under the lock. The staged temps, derived from the record, are removed whether the listing shows them or not."""
     dirs = sorted({posixpath.dirname(f.path) for f in files} | {ctx.state_dir()})
     found = ctx.run(("find", *dirs, "-maxdepth", "1", "-type", "f", "-name", TEMP_GLOB, "-print0"), timeout=30)
     temps = sorted(filter(None, found.out.split("\0")))
-    if temps:
-        ctx.check(("rm", "-f", "--", *temps), "cannot remove the upload's temp files", timeout=30)
+    staged = [staged_temp(f.path, f.new_sha256) for f in files]
+    ctx.check(("rm", "-f", "--", *dict.fromkeys([*staged, *temps])), "cannot remove the upload's temp files",
+              timeout=30)
     return temps

@@ -301,13 +301,16 @@ class Context:
         wait = None if action.kind in (Kind.run, Kind.http) else timeout
         return Submitted(self, action, bound, quiet, self.transport.submit(request, wait), wait)
 
-    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
+    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float, changes: bool = False) -> list[Any]:
         """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).
-        It stops at the first action whose failure fails the step: the results end there."""
+        It stops at the first action whose failure fails the step: the results end there. changes: the batch
+        holds the step's changes, so the read-only steps after it send theirs right behind it (see sent())."""
         from deployer.agent.protocol import Batch, OpFailure
 
         requests = [action.bind(bound).request(timeout=timeout, capture=CAPTURE_BYTES) for action, bound in calls]
         pending = self.transport.submit(Batch(requests))
+        if changes:
+            self.sent()
         if self.closing is not None:  # the run's last act: what ends the run goes right behind it
             closing, self.closing = self.closing, None
             closing(pending)
@@ -321,9 +324,9 @@ class Context:
     def poll(self, timeout: float) -> Poll:
         return Poll(self, timeout)
 
-    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
+    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float, changes: bool = False) -> list[Any]:
         """act() for each, in order, in one round trip; the first that fails stops the rest and is raised."""
-        results = self.batch(calls, timeout=timeout)
+        results = self.batch(calls, timeout=timeout, changes=changes)
         for (action, bound), result in zip(calls, results, strict=False):
             self.log_action(action, bound, result)
             if action.failure and isinstance(result, ExecResult) and not result.ok:
