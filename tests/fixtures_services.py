@@ -168,11 +168,12 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_
 """
 
 
-def gauge_server(root: Path, port: int, repo: Path, www: Path) -> list[str]:
-    """The argv of a GAUGE_SERVER on port, loading repo's code; stuck.prom and drained.prom in www."""
+def gauge_server(root: Path, port: int, repo: Path, www: Path, *, follows_code: bool = True) -> list[str]:
+    """The argv of a GAUGE_SERVER on port, loading repo's code; stuck.prom and drained.prom in www (or, not
+    following the code, www/metrics whatever it loaded: the gauge the test sets with Stack.set_gauge)."""
     server = root / "gauge_server.py"
     server.write_text(GAUGE_SERVER)
     (www / "stuck.prom").write_text(metrics_text(3.0))
     (www / "drained.prom").write_text(metrics_text(0.0))
-    return [sys.executable, str(server), str(port), str(repo), str(www / "posts"), str(www / "stuck.prom"),
-            str(www / "drained.prom")]
+    gauges = ("stuck.prom", "drained.prom") if follows_code else ("metrics", "metrics")
+    return [sys.executable, str(server), str(port), str(repo), str(www / "posts"), *(str(www / g) for g in gauges)]

@@ -177,8 +177,7 @@ class PutReply(PutResult):
 
 @dataclass(frozen=True)
 class Put(Request[PutReply]):
-    """Atomic replace; mode=None keeps the replaced file's mode (0644 for a new file). With temp (a hidden
-    .tmp name beside path), stage only: the bytes, owner and mode land in temp, and path is left as it is."""
+    """Atomic replace; mode=None keeps the replaced file's mode (0644 for a new file); temp: stage only, there."""
 
     op: ClassVar[str] = "put"
     path: str
@@ -189,9 +188,8 @@ class Put(Request[PutReply]):
     temp: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        staged = {} if self.temp is None else {"temp": self.temp}
-        return {"path": self.path, "data": _b64(self.data), "sha256": sha256_hex(self.data),
-                "mode": self.mode, "keep_owner": self.keep_owner, "mkdirs": self.mkdirs, **staged}
+        return {"path": self.path, "data": _b64(self.data), "sha256": sha256_hex(self.data), "mode": self.mode,
+                "keep_owner": self.keep_owner, "mkdirs": self.mkdirs, **({"temp": self.temp} if self.temp else {})}
 
     def parse(self, result: dict[str, Any]) -> PutReply:
         return PutReply(dest=result["path"], sha256=result["sha256"], size=result["size"], mode=result["mode"],

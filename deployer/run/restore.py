@@ -81,8 +81,6 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
         if now != before:
             done.undid_commit = _undo_own_commit(ctx, now, before, trailer)
         clear_stale_index_lock(ctx)
-        # Temps first: a staged one in a directory the run created keeps that directory from going.
-        done.temps = remove_temps(ctx, files)
         staged = _staged_by_run(ctx, files)
         if staged:
             ctx.check(git("reset", "-q", "--", *staged), "cannot unstage the run's files", timeout=60)
@@ -92,13 +90,15 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
                 if current is not None:
                     ctx.check(("rm", "-f", "--", rec.path), f"cannot remove {rec.dest}", timeout=30)
                     done.removed.append(rec.dest)
-                for directory in rec.new_dirs:
-                    ctx.run(("rmdir", "--ignore-fail-on-non-empty", "--", directory), timeout=30)
             elif sha256(current) != rec.sha256:
                 ctx.transport.put(pre_run_bytes(ctx, record, before, rec), rec.path, mode=rec.mode)
                 if rec.uid is not None:
                     _keep_owner(ctx, rec)
                 done.restored.append(rec.dest)
+        done.temps = remove_temps(ctx, files)
+        # After the temps: a staged one in a directory the run created would keep that directory.
+        for directory in (d for rec in files if not rec.existed for d in rec.new_dirs):
+            ctx.run(("rmdir", "--ignore-fail-on-non-empty", "--", directory), timeout=30)
         wrong = [f.dest for f in files if sha256(ctx.transport.get(f.path)) != f.sha256]
     except DeployerError as exc:
         if isinstance(exc, RollbackFailed):
@@ -161,7 +161,9 @@ def remove_temps(ctx: Context, files: list[FileRecord]) -> list[str]:
     dirs = sorted({posixpath.dirname(f.path) for f in files} | {ctx.state_dir()})
     found = ctx.run(("find", *dirs, "-maxdepth", "1", "-type", "f", "-name", TEMP_GLOB, "-print0"), timeout=30)
     temps = sorted(filter(None, found.out.split("\0")))
-    staged = [staged_temp(f.path, f.new_sha256) for f in files]
-    ctx.check(("rm", "-f", "--", *dict.fromkeys([*staged, *temps])), "cannot remove the upload's temp files",
-              timeout=30)
+    if temps:
+        ctx.check(("rm", "-f", "--", *temps), "cannot remove the upload's temp files", timeout=30)
+    # The staged names follow from the record: gone too when the listing missed them. Unchecked: a name too
+    # long for the kernel (rm says so even with -f) was never created either, and any other survivor is listed.
+    ctx.run(("rm", "-f", "--", *(staged_temp(f.path, f.new_sha256) for f in files)), timeout=30)
     return temps

@@ -149,43 +149,12 @@ def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     assert f"did not reach <= 0 for 3 polls within 1.5s (last samples: {shown})" in result.stderr
 
 
-# A service that loads the target's code at start and says what it loaded: /health answers with
-# pkg.a.answer(), so a process that was not restarted after a revert still answers 42.
-ANSWER_SERVER = """
-import http.server, sys
-sys.path.insert(0, sys.argv[2])
-from pkg.a import answer
-www = sys.argv[3]
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = str(answer()).encode() if self.path == "/health" else open(www + "/metrics", "rb").read()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):  # a storm request: counted, answered with one finished stream event
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        with open(www + "/posts", "a") as posts:
-            posts.write(self.path + "\\n")
-        body = b'data: {"meta_info": {"finish_reason": {"type": "stop"}}}\\n\\ndata: [DONE]\\n\\n'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
-"""
-
-
 def code_serving(stack: Stack) -> None:
-    server = stack.project.write("answer_server.py", ANSWER_SERVER)
-    stack.configure(**{name: {**stack.service(name), "start": [sys.executable, str(server), str(port),
-                                                               str(stack.project.repo), str(stack.www)],
+    """Services that load the target's code at start and answer /health with pkg.a.answer() (a process not
+    restarted after a revert still answers 42), serving the gauge the test sets."""
+    stack.configure(**{name: {**stack.service(name), "start": gauge_server(stack.project.root, port,
+                                                                           stack.project.repo, stack.www,
+                                                                           follows_code=False),
                               # no __pycache__ in the target's work tree
                               "env": {"PYTHONDONTWRITEBYTECODE": "1"}}
                        for name, port in stack.ports.items()})
