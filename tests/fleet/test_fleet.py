@@ -56,6 +56,15 @@ def fleet(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Project:
     return project
 
 
+def staged_fix(repo: Path) -> bool:
+    """The fix is staged beside pkg/a.py, for remote_compile to compile before it goes live."""
+    for temp in (repo / "pkg").glob(".a.py.deployer-staged-*.tmp"):
+        with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
+            if temp.read_text() == FIXED_A:
+                return True
+    return False
+
+
 def repo(project: Project, host: str) -> Path:
     return project.root / host / "repo"
 
@@ -444,11 +453,11 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
     proc = fleet.popen("apply", "fix.yaml", "--host", "h1,h3")
     try:
         deadline = time.monotonic() + 30
-        while not all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h3")):
-            assert time.monotonic() < deadline and proc.poll() is None, "the uploads never landed"
+        while not all(staged_fix(repo(fleet, h)) for h in ("h1", "h3")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
             time.sleep(0.05)
     finally:
-        proc.kill()  # cut in the middle: both hosts hold the new bytes, a lock and an intent record
+        proc.kill()  # cut in the compile: both hosts hold the staged bytes, a lock and an intent record
         proc.communicate(timeout=30)
     for host in ("h1", "h3"):
         age_lock(repo(fleet, host))
@@ -604,8 +613,8 @@ def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(
     heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
     proc = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
     deadline = time.monotonic() + 30
-    while not all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in HOSTS):
-        assert time.monotonic() < deadline and proc.poll() is None, "the uploads never landed"
+    while not all(staged_fix(repo(fleet, h)) for h in HOSTS):
+        assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
