@@ -8,8 +8,8 @@ from collections.abc import Callable
 from deployer.config.models import Strict
 from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Effect, Step
-from deployer.steps.context import NOTHING, Context
+from deployer.steps.base import Action, Step
+from deployer.steps.context import NOTHING, Context, Submitted
 from deployer.steps.upload import compiled_there, staged
 
 # compile() is what py_compile does, without writing a .pyc into the target's tree.
@@ -68,10 +68,10 @@ INSTALL_SCRIPT = (
 class RemoteCompile(Step):
     kind = "remote_compile"
     Params = RemoteCompileParams
-    effect = Effect.changes_files  # it installs what the upload staged
+    # Observes, though it installs what the upload staged: the install finishes the upload's change (the run
+    # stays `changed`, and a failure restores the files as the upload's would), and it rides the upload's
+    # round trip as prefetch, so the reads of the steps after it (diff_bounds) see the installed files.
     after = ("upload",)
-    # Those read and commit the live tree, which holds the shipped files only once they compiled here.
-    before = ("diff_bounds", "commit")
 
     def actions(self, ctx: Context) -> list[Action]:
         temps = staged(ctx)
@@ -93,11 +93,17 @@ class RemoteCompile(Step):
     def plan(self, ctx: Context) -> list[Action]:
         return self.actions(ctx) or [Action("no Python files to compile")]
 
+    def prefetch(self, ctx: Context) -> list[Submitted]:
+        # The install only if the compile passed: the agent skips it otherwise.
+        sent: list[Submitted] = []
+        for action in self.actions(ctx):
+            sent.append(ctx.send(action, timeout=self.timeout_s, after=sent[-1] if sent else None))
+        return sent
+
     def run(self, ctx: Context) -> str:
-        actions = self.actions(ctx)
-        if not actions:
+        if not self.actions(ctx):
             return "no Python files"
-        # One round trip: the compile, then (only if it passed) the install, and the reads of the steps after.
-        ctx.act_all([(action, NOTHING) for action in actions], timeout=self.timeout_s, changes=True)
+        for submitted in self.sent(ctx) or self.prefetch(ctx):
+            submitted.check(submitted.action.failure)
         compiled = f"{len(python_dests(ctx))} file(s) compile under {ctx.host.python}"
         return f"{compiled}; {len(ctx.changes)} file(s) installed" if compiled_there(ctx) else compiled

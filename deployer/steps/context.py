@@ -293,24 +293,23 @@ class Context:
 
     def send(self, action: Action, bound: Bound = NOTHING, *, timeout: float = DEFAULT_TIMEOUT_S,
              stdin: bytes | None = None, data: bytes | None = None, quiet: bool = False,
-             capture: int | None = CAPTURE_BYTES) -> Submitted:
-        """act() without waiting (pipelining): the agent does requests in the order sent."""
+             capture: int | None = CAPTURE_BYTES, after: Submitted | None = None) -> Submitted:
+        """act() without waiting (pipelining): the agent does requests in the order sent (after: only if that
+        one succeeded)."""
         request = action.bind(bound).request(timeout=timeout, stdin=stdin, data=data,
                                              capture=capture or WHOLE_OUTPUT_BYTES)
         # A command or an HTTP request carries its own timeout; a read or a write is bounded by this one.
         wait = None if action.kind in (Kind.run, Kind.http) else timeout
-        return Submitted(self, action, bound, quiet, self.transport.submit(request, wait), wait)
+        pending = self.transport.submit(request, wait, after=None if after is None else after.pending)
+        return Submitted(self, action, bound, quiet, pending, wait)
 
-    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float, changes: bool = False) -> list[Any]:
+    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
         """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).
-        It stops at the first action whose failure fails the step: the results end there. changes: the batch
-        holds the step's changes, so the read-only steps after it send theirs right behind it (see sent())."""
+        It stops at the first action whose failure fails the step: the results end there."""
         from deployer.agent.protocol import Batch, OpFailure
 
         requests = [action.bind(bound).request(timeout=timeout, capture=CAPTURE_BYTES) for action, bound in calls]
         pending = self.transport.submit(Batch(requests))
-        if changes:
-            self.sent()
         if self.closing is not None:  # the run's last act: what ends the run goes right behind it
             closing, self.closing = self.closing, None
             closing(pending)
@@ -324,9 +323,9 @@ class Context:
     def poll(self, timeout: float) -> Poll:
         return Poll(self, timeout)
 
-    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float, changes: bool = False) -> list[Any]:
+    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
         """act() for each, in order, in one round trip; the first that fails stops the rest and is raised."""
-        results = self.batch(calls, timeout=timeout, changes=changes)
+        results = self.batch(calls, timeout=timeout)
         for (action, bound), result in zip(calls, results, strict=False):
             self.log_action(action, bound, result)
             if action.failure and isinstance(result, ExecResult) and not result.ok:

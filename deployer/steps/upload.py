@@ -63,10 +63,14 @@ class Upload(Step):
 
 def compiled_there(ctx: Context) -> bool:
     """Whole files that remote_compile compiles on the target before they go live: the upload only stages them
-    (staged), and remote_compile renames them into place once the target's python compiled those bytes.
-    A patch is applied in place by git apply, and compiled there after."""
-    kinds = (item if isinstance(item, str) else next(iter(item)) for item in ctx.playbook.model.steps)
-    return ctx.playbook.patch is None and "remote_compile" in kinds
+    (staged), and remote_compile renames them into place once the target's python compiled those bytes. Only
+    when it comes before diff_bounds and the commit, which read and commit the live tree; placed after them it
+    compiles the live files, as does a patch's (git apply writes in place)."""
+    for item in ctx.playbook.model.steps:
+        kind = item if isinstance(item, str) else next(iter(item))
+        if kind in ("diff_bounds", "commit", "remote_compile"):
+            return kind == "remote_compile" and ctx.playbook.patch is None
+    return False
 
 
 def staged(ctx: Context) -> dict[str, str]:
