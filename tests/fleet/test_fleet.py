@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git, init_repo, target_python
+from fixtures_repo import (
+    FIXED_A,
+    ORIGINAL_A,
+    ORIGINAL_B,
+    Project,
+    age_lock,
+    git,
+    init_repo,
+    staged_bytes,
+    target_python,
+)
 from fixtures_ssh import SSHD, session_sshd
 
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -54,15 +64,6 @@ def fleet(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Project:
     project.inventory.write_text(yaml.safe_dump({"hosts": hosts, "groups": {"all": list(HOSTS)}}, sort_keys=False))
     project.write("fix/a.py", FIXED_A)
     return project
-
-
-def staged_fix(repo: Path) -> bool:
-    """The fix is staged beside pkg/a.py, for remote_compile to compile before it goes live."""
-    for temp in (repo / "pkg").glob(".a.py.deployer-staged-*.tmp"):
-        with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
-            if temp.read_text() == FIXED_A:
-                return True
-    return False
 
 
 def repo(project: Project, host: str) -> Path:
@@ -453,7 +454,7 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
     proc = fleet.popen("apply", "fix.yaml", "--host", "h1,h3")
     try:
         deadline = time.monotonic() + 30
-        while not all(staged_fix(repo(fleet, h)) for h in ("h1", "h3")):
+        while not all(staged_bytes(repo(fleet, h), "pkg/a.py") == FIXED_A for h in ("h1", "h3")):
             assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
             time.sleep(0.05)
     finally:
@@ -613,7 +614,7 @@ def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(
     heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
     proc = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
     deadline = time.monotonic() + 30
-    while not all(staged_fix(repo(fleet, h)) for h in HOSTS):
+    while not all(staged_bytes(repo(fleet, h), "pkg/a.py") == FIXED_A for h in HOSTS):
         assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)

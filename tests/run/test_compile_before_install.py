@@ -22,10 +22,12 @@ STEPS = ["local_compile", "upload", "remote_compile",
 
 def watching_python(project: Project, then: str = "") -> tuple[Path, Path]:
     """The target's python: asked to compile (remote_compile's script, the file in $5), it first copies the live
-    pkg/a.py and that file aside, then does `then` (refuse, block) before compiling. Returns the two copies."""
+    pkg/a.py and that file aside, then does `then` (refuse, block) before compiling; asked to install (the
+    rename script), it leaves the file `installed`. Returns the two copies."""
     live, compiled = project.root / "live_at_compile", project.root / "compiled"
     python = target_python(project, f'case "$4" in *"compile("*) cat "{project.repo}/pkg/a.py" > "{live}"; '
-                                    f'cat "$5" > "{compiled}"; {then};; esac')
+                                    f'cat "$5" > "{compiled}"; {then};; '
+                                    f'*"os.rename("*) touch "{project.root}/installed";; esac')
     project.write_inventory(python=python)
     return live, compiled
 
@@ -45,7 +47,7 @@ def test_a_fix_the_targets_python_refuses_never_appears_in_the_live_tree(target:
     assert live.read_text() == ORIGINAL_A and compiled.read_text() == FIXED_A
     assert "cannot compile the shipped files; none of them was installed" in result.stderr
     assert work_tree(target.repo) == before and target.head() == head and temps_in(target.repo) == []
-    assert not [e for e in target.events() if e.get("action") == "install"]
+    assert not (target.root / "installed").exists(), "the install ran after a failed compile"
 
 
 def test_a_fix_goes_live_only_after_its_staged_bytes_compiled_there_in_stage_compile_install_order(
@@ -61,7 +63,7 @@ def test_a_fix_goes_live_only_after_its_staged_bytes_compiled_there_in_stage_com
     assert plan == ["stage:pkg/a.py", "compile", "install"]
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert live.read_text() == ORIGINAL_A and compiled.read_text() == FIXED_A
+    assert live.read_text() == ORIGINAL_A and compiled.read_text() == FIXED_A and (target.root / "installed").exists()
     assert (target.repo / "pkg/a.py").read_text() == FIXED_A and temps_in(target.repo) == []
     st = (target.repo / "pkg/a.py").stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12346, 0o640)  # set on the temp, kept by the rename
