@@ -8,11 +8,13 @@ Files are 0600 in a 0700 directory: the log holds commands and output from produ
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import json
 import os
 import re
 import secrets
+import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +35,11 @@ def new_run_id(now: datetime | None = None) -> str:
 def is_run_id(text: str) -> bool:
     """Shaped like new_run_id's ids: a name read from a target must be one before it names a run dir."""
     return re.fullmatch(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}", text) is not None
+
+
+def operator_id() -> str:
+    """Who runs deployer, as each run log and lock records it."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def utc_now() -> str:

@@ -96,6 +96,17 @@ def refusing_python(project: Project) -> str:
     return target_python(project, f"echo '{COMPILE_REFUSED}' >&2; exit 3")
 
 
+def staged_bytes(repo: Path, dest: str) -> str | None:
+    """What an upload staged for dest beside it (for remote_compile to compile before it goes live); None: none."""
+    path = repo / dest
+    for temp in path.parent.glob(f".{path.name}.deployer-staged-*.tmp"):
+        try:
+            return temp.read_text()
+        except FileNotFoundError:  # renamed into place meanwhile
+            continue
+    return None
+
+
 def age_lock(repo: Path) -> None:
     """Backdate the heartbeat of the lock a killed run left, as if its TTL had passed (recover takes over only
     a stale lock). The killed run's agent exited when its stdin closed, so nothing beats it again."""

@@ -14,6 +14,7 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +132,48 @@ def stack(target: Project) -> Iterator[Stack]:
 
 def wait_dead(pid: int, seconds: float = 10) -> bool:
     return within(lambda: not alive(pid), seconds, interval_s=0.05)
+
+
+# A server that answers /health with what the code it loaded at start computes (pkg.a.answer()), and whose
+# gauge follows that code: the shipped fix (answer 42) leaves the queue at 3, the original build (41) drains
+# it. So a drain after the fix fails, and only a rollback that restarts and drains again sees the old build drain.
+GAUGE_SERVER = """
+import http.server, sys
+sys.path.insert(0, sys.argv[2])
+from pkg.a import answer
+posts, metrics = sys.argv[3], sys.argv[4 if answer() == 42 else 5]
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = str(answer()).encode() if self.path == "/health" else open(metrics, "rb").read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # a storm request: counted, answered with one finished stream event
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(posts, "a") as seen:
+            seen.write(self.path + "\\n")
+        body = b'data: {"meta_info": {"finish_reason": {"type": "stop"}}}\\n\\ndata: [DONE]\\n\\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def gauge_server(root: Path, port: int, repo: Path, www: Path, *, follows_code: bool = True) -> list[str]:
+    """The argv of a GAUGE_SERVER on port, loading repo's code; stuck.prom and drained.prom in www (or, not
+    following the code, www/metrics whatever it loaded: the gauge the test sets with Stack.set_gauge)."""
+    server = root / "gauge_server.py"
+    server.write_text(GAUGE_SERVER)
+    (www / "stuck.prom").write_text(metrics_text(3.0))
+    (www / "drained.prom").write_text(metrics_text(0.0))
+    gauges = ("stuck.prom", "drained.prom") if follows_code else ("metrics", "metrics")
+    return [sys.executable, str(server), str(port), str(repo), str(www / "posts"), *(str(www / g) for g in gauges)]

@@ -443,8 +443,13 @@ class Agent:
 
     def op_put(self, req: dict[str, Any]) -> dict[str, Any]:
         """Atomically replace path: temp file beside it, write, fsync, sha256 of what is on
-        disk, owner and mode kept, rename, fsync of the directory."""
+        disk, owner and mode kept, rename, fsync of the directory. With `temp` (a name beside path that the
+        client derived), stage only: the same, into that temp, and no rename (the client renames it later)."""
         path = _abs_path(req)
+        temp = _field(req, "temp", str)
+        if temp is not None and not (os.path.dirname(temp) == os.path.dirname(path) and
+                                     os.path.basename(temp).startswith(".") and temp.endswith(".tmp")):
+            raise OpError("bad_request", f"field 'temp' must name a hidden .tmp file beside {path}, not {temp!r}")
         data = _b64(req, "data")
         if data is None:
             raise OpError("bad_request", "missing field 'data'")
@@ -458,7 +463,7 @@ class Agent:
         directory = os.path.dirname(path)
         created = self._make_parents(directory, _field(req, "mkdirs", bool, False))
         try:
-            return self._put_into(path, directory, data, expected, mode, keep_owner, created)
+            return self._put_into(path, directory, data, expected, mode, keep_owner, created, temp)
         except BaseException:
             for made in reversed(created):  # leave the tree as it was
                 with contextlib.suppress(OSError):
@@ -489,7 +494,7 @@ class Agent:
 
     @staticmethod
     def _put_into(path: str, directory: str, data: bytes, expected: str, mode: int | None,
-                  keep_owner: bool, created: list[str]) -> dict[str, Any]:
+                  keep_owner: bool, created: list[str], staged: str | None) -> dict[str, Any]:
         try:
             current: os.stat_result | None = os.lstat(path)
         except FileNotFoundError:
@@ -499,7 +504,8 @@ class Agent:
         if mode is None:
             mode = stat_mod.S_IMODE(current.st_mode) if current is not None else 0o644
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".deployer-", suffix=".tmp", dir=directory)
+            fd, tmp = tempfile.mkstemp(prefix=".deployer-", suffix=".tmp", dir=directory) if staged is None \
+                else (_create_staged(staged), staged)
         except OSError as exc:
             raise OpError("os_error", f"cannot create a temp file in {directory}: {exc.strerror}") from None
         owner_kept = None
@@ -519,7 +525,8 @@ class Agent:
                 except PermissionError:
                     owner_kept = False
             os.chmod(tmp, mode)
-            os.rename(tmp, path)
+            if staged is None:
+                os.rename(tmp, path)
         except OSError as exc:
             _unlink_quietly(tmp)
             raise OpError("os_error", f"cannot write {path}: {exc.strerror or exc}") from None
@@ -527,8 +534,9 @@ class Agent:
             _unlink_quietly(tmp)
             raise
         _fsync_dir(directory)
-        final = os.stat(path)
-        return {"path": path, "sha256": expected, "size": len(data), "mode": stat_mod.S_IMODE(final.st_mode),
+        written = path if staged is None else tmp
+        final = os.stat(written)
+        return {"path": written, "sha256": expected, "size": len(data), "mode": stat_mod.S_IMODE(final.st_mode),
                 "uid": final.st_uid, "gid": final.st_gid, "replaced": current is not None,
                 "owner_kept": owner_kept, "created_dirs": created}
 
@@ -761,6 +769,16 @@ def _fsync_dir(directory: str) -> None:
         pass  # some filesystems refuse fsync on a directory; the rename has happened
     finally:
         os.close(fd)
+
+
+def _create_staged(temp: str) -> int:
+    """A staged temp, new: one an earlier, cut try left behind (same name, so the same dest and bytes) goes
+    first; never through a symlink."""
+    if os.path.lexists(temp):
+        if not stat_mod.S_ISREG(os.lstat(temp).st_mode):
+            raise OpError("not_a_file", f"{temp} exists and is not a regular file")
+        os.unlink(temp)
+    return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 
 
 def _unlink_quietly(path: str) -> None:

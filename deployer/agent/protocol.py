@@ -176,7 +176,7 @@ class PutReply(PutResult):
 
 @dataclass(frozen=True)
 class Put(Request[PutReply]):
-    """Atomic replace; mode=None keeps the replaced file's mode (0644 for a new file)."""
+    """Atomic replace; mode=None keeps the replaced file's mode (0644 for a new file); temp: stage only, there."""
 
     op: ClassVar[str] = "put"
     path: str
@@ -184,10 +184,11 @@ class Put(Request[PutReply]):
     mode: int | None = None
     keep_owner: bool = True
     mkdirs: bool = False
+    temp: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        return {"path": self.path, "data": _b64(self.data), "sha256": sha256_hex(self.data),
-                "mode": self.mode, "keep_owner": self.keep_owner, "mkdirs": self.mkdirs}
+        return {"path": self.path, "data": _b64(self.data), "sha256": sha256_hex(self.data), "mode": self.mode,
+                "keep_owner": self.keep_owner, "mkdirs": self.mkdirs, **({"temp": self.temp} if self.temp else {})}
 
     def parse(self, result: dict[str, Any]) -> PutReply:
         return PutReply(dest=result["path"], sha256=result["sha256"], size=result["size"], mode=result["mode"],

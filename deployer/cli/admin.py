@@ -59,7 +59,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
     """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
     from deployer.run import gitops
     from deployer.run import lock as locks
-    from deployer.run.engine import operator_id
+    from deployer.runlog import operator_id
     from deployer.ui.console import say, show_error
 
     build = builder(inventory, runs_dir, accept_new_host_key)

@@ -24,10 +24,10 @@ from typing import Any
 
 from deployer.config.models import Unit
 from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
-from deployer.run.engine import Engine, RunResult
+from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import head
 from deployer.run.restart import left_down
-from deployer.run.rollback import VERIFY, Target, check, check_recorded, link_rollback
+from deployer.run.rollback import Target, check, check_recorded, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
@@ -320,9 +320,9 @@ class UnitRun:
             forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs}
             for ctx in ctxs:
                 ctx.facts.pids = None
-            for step in post:
-                if step.scope == Scope.unit:
-                    self.restart(step, f"rollback:{step.name}")
+            for step in post:  # as a manual rollback: the restart and the drain, never a storm
+                if step.effect in VERIFY:
+                    self._run_unit_step(step, prefix="rollback:")
             for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
                 if ctx.facts.pids is not None:
                     ctx.facts.rollback_pids = ctx.facts.pids

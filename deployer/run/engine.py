@@ -6,10 +6,8 @@ engine holds one Lease and one Ending per run and drives them."""
 from __future__ import annotations
 
 import contextlib
-import getpass
 import hashlib
 import itertools
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,17 +35,13 @@ from deployer.run.state import (
     ensure_headroom,
     git_blob_id,
 )
-from deployer.runlog import RunLogWriter, new_run_id, utc_now
+from deployer.runlog import RunLogWriter, new_run_id, operator_id, utc_now
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.git import LOG_SHA256, RUN_ID, EndNote
 from deployer.transport.base import Transport
 
 Connector = Callable[[EventBus], Transport]
-
-
-def operator_id() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def as_failure(exc: BaseException) -> DeployerError:
@@ -59,11 +53,13 @@ def as_failure(exc: BaseException) -> DeployerError:
     return DeployerError(f"internal error: {type(exc).__name__}: {exc} (please report this)")
 
 
-
 # The phase a step's effect moves the run into before the step runs, and the one it leaves it in after.
 ENTER = {Effect.changes_files: Phase.changing, Effect.commits: Phase.committing, Effect.restarts: Phase.restarting,
          Effect.verifies: Phase.verifying, Effect.loads: Phase.verifying}
 LEAVE = {Effect.changes_files: Phase.changed, Effect.commits: Phase.committed}
+# What every rollback runs again after its revert, in-run or manual: the restart and the checks (a drain).
+# The old build must not face the storm that proved the fix: never the load steps.
+VERIFY = (Effect.restarts, Effect.verifies)
 
 
 
@@ -416,7 +412,7 @@ class Engine:
         undo.restore(ctx, failure, self._ending)
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
-               verify: tuple[Effect, ...] = (Effect.restarts,)) -> str:
+               verify: tuple[Effect, ...]) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
         ctx.bus.step = "rollback"
         self._note_log_sha256(ctx)
@@ -439,7 +435,7 @@ class Engine:
     def _revert_own(self, ctx: Context) -> str:
         """on_failure: rollback, after this run's own commit failed its checks."""
         assert ctx.git_before is not None
-        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id)
+        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id, verify=VERIFY)
 
     def reverting(self, before: str, dests: list[str], rollback_of: str) -> undo.Revert:
         """The revert commit a rollback of run `rollback_of` makes: run by revert(), shown by its plan."""

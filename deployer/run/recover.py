@@ -20,12 +20,11 @@ from typing import Any
 
 from deployer.errors import ConfigError, DeployerError, Interrupted, VerificationFailed
 from deployer.run import gitops, intent
-from deployer.run.engine import Engine, RunResult
+from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import touched_by
 from deployer.run.lock import read_state
 from deployer.run.restart import left_down, restarted_services
 from deployer.run.restore import remove_temps, restore_files, run_commits
-from deployer.run.rollback import VERIFY
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now

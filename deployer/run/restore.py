@@ -24,8 +24,17 @@ _STALE_INDEX_LOCK = (
     'case $(readlink "$p/cwd" 2>/dev/null) in "$repo"|"$repo"/*) exit 3;; esac; done; '
     'rm -f -- "$lock" && echo removed'
 )
-# Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`).
+# Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`); an
+# upload that stages for remote_compile, `.<name>.deployer-staged-<sha256>.tmp` (staged_temp).
 TEMP_GLOB = ".*deployer-*.tmp"
+
+
+def staged_temp(path: str, new_sha256: str) -> str:
+    """Where an upload stages the new bytes of path until remote_compile has compiled them: beside it (the
+    rename into place is atomic), named from the dest and its new bytes alone, so a restore or a recover
+    derives every name from the run's record and never has to trust a listing of the target."""
+    directory, name = posixpath.split(path)
+    return posixpath.join(directory, f".{name}.deployer-staged-{new_sha256[:16]}.tmp")
 
 
 @dataclass
@@ -81,14 +90,15 @@ def restore_files(ctx: Context, files: list[FileRecord], before: str, trailer: s
                 if current is not None:
                     ctx.check(("rm", "-f", "--", rec.path), f"cannot remove {rec.dest}", timeout=30)
                     done.removed.append(rec.dest)
-                for directory in rec.new_dirs:
-                    ctx.run(("rmdir", "--ignore-fail-on-non-empty", "--", directory), timeout=30)
             elif sha256(current) != rec.sha256:
                 ctx.transport.put(pre_run_bytes(ctx, record, before, rec), rec.path, mode=rec.mode)
                 if rec.uid is not None:
                     _keep_owner(ctx, rec)
                 done.restored.append(rec.dest)
         done.temps = remove_temps(ctx, files)
+        # After the temps: a staged one in a directory the run created would keep that directory.
+        for directory in (d for rec in files if not rec.existed for d in rec.new_dirs):
+            ctx.run(("rmdir", "--ignore-fail-on-non-empty", "--", directory), timeout=30)
         wrong = [f.dest for f in files if sha256(ctx.transport.get(f.path)) != f.sha256]
     except DeployerError as exc:
         if isinstance(exc, RollbackFailed):
@@ -146,10 +156,14 @@ def _keep_owner(ctx: Context, rec: FileRecord) -> None:
 
 
 def remove_temps(ctx: Context, files: list[FileRecord]) -> list[str]:
-    """Temp files a cut upload left beside the dests or in deployer's state dir; only called under the lock."""
+    """Temp files a cut upload left beside the dests or in deployer's state dir (the ones found); only called
+    under the lock. The staged temps, derived from the record, are removed whether the listing shows them or not."""
     dirs = sorted({posixpath.dirname(f.path) for f in files} | {ctx.state_dir()})
     found = ctx.run(("find", *dirs, "-maxdepth", "1", "-type", "f", "-name", TEMP_GLOB, "-print0"), timeout=30)
     temps = sorted(filter(None, found.out.split("\0")))
     if temps:
         ctx.check(("rm", "-f", "--", *temps), "cannot remove the upload's temp files", timeout=30)
+    # The staged names follow from the record: gone too when the listing missed them. Unchecked: a name too
+    # long for the kernel (rm says so even with -f) was never created either, and any other survivor is listed.
+    ctx.run(("rm", "-f", "--", *(staged_temp(f.path, f.new_sha256) for f in files)), timeout=30)
     return temps

@@ -13,21 +13,18 @@ from dataclasses import dataclass
 from deployer import diffs, runlog
 from deployer.agent.protocol import ExecResult
 from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
-from deployer.run.engine import Engine, RunResult
+from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
 from deployer.run.lock import read_state
 from deployer.run.plan import FilePlan, PlanReport, masked
 from deployer.run.state import Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
-from deployer.steps.base import Effect
 from deployer.steps.context import CancelToken, Context
 from deployer.steps.git import EndNote, read_end_note
 from deployer.text import shown
 from deployer.transport.base import Transport
 
-# The old build must not face the storm that proved the fix: restarts and metric checks only.
-VERIFY = (Effect.restarts, Effect.verifies)
 STEP = "rollback-check"
 
 

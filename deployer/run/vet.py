@@ -7,7 +7,9 @@ crafted record cannot make recover (root, with `become`) write, remove or chown 
 - a run's new directories are the dest's own missing ancestors inside the work tree;
 - a file that existed gets back the bytes git holds for its dest at the record's HEAD, and no other owner than
   the one it has now (or, when it is gone, the owner of the directory it goes back into);
-- a file that did not exist is removed only while it holds the run's new bytes.
+- a file that did not exist is removed only while it holds the run's new bytes;
+- the staged temps it removes are named from the vetted path and new_sha256 (restore.staged_temp) and the
+  listing of TEMP_GLOB beside the dests, never from a name the record carries.
 """
 
 from __future__ import annotations

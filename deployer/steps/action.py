@@ -51,6 +51,7 @@ class Action:
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     target: str = ""  # the path of a get or put, the URL of an http request
+    stage: str = ""  # a put that only stages: the temp beside target it writes (renamed into place later)
     method: str = "GET"
     when: str | None = None  # done only then (a fallback, an escalation, a failure); None: always
     repeats: bool = False  # a poll or a storm: planned once, done as often as the run needs
@@ -98,6 +99,8 @@ class Action:
             return f"{self.method} {self.target}"
         if self.kind in (Kind.procs, Kind.signal):
             return " ".join((self.kind.value, *self.argv))
+        if self.stage:  # the file it writes: the dest is only where the rename goes later
+            return f"put {self.stage}"
         return f"{self.kind.value} {self.target}" if self.target else self.what
 
     def render(self) -> str:
@@ -122,7 +125,7 @@ class Action:
         """Every value the action shows or sends, passed through f (binding placeholders, masking secrets)."""
         return replace(self, what=f(self.what), argv=tuple(f(a) for a in self.argv),
                        cwd=None if self.cwd is None else f(self.cwd), env=tuple((k, f(v)) for k, v in self.env),
-                       target=f(self.target))
+                       target=f(self.target), stage=f(self.stage))
 
     def describe(self) -> dict[str, Any]:
         """The action in `plan --json`; a command's argv too, since its line quotes the placeholders it holds."""
@@ -144,7 +147,7 @@ class Action:
             return Get(self.target)
         if self.kind == Kind.put:
             assert data is not None, "a put sends data"
-            return Put(self.target, data, keep_owner=True, mkdirs=True)
+            return Put(self.target, data, keep_owner=True, mkdirs=True, temp=self.stage or None)
         if self.kind == Kind.http and self.method == "GET":
             return Http(self.target, timeout=timeout, check=bool(self.failure))
         if self.kind == Kind.procs:

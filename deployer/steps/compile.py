@@ -10,6 +10,7 @@ from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
 from deployer.steps.context import NOTHING, Context, Submitted
+from deployer.steps.upload import compiled_there, staged
 
 # compile() is what py_compile does, without writing a .pyc into the target's tree.
 REMOTE_SCRIPT = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
@@ -56,27 +57,53 @@ class RemoteCompileParams(Strict):
     timeout_s: float = 120.0
 
 
+# The staged temps (pairs of temp, dest) renamed into place, each directory fsynced after: the owner and mode
+# are the temps' own, set when the upload staged them. -I -S and nothing newer than Python 3: any target python.
+INSTALL_SCRIPT = (
+    "import os, sys\nargs = sys.argv[1:]\nfor tmp, dest in zip(args[::2], args[1::2]):\n    os.rename(tmp, dest)\n"
+    "for d in sorted(set(os.path.dirname(dest) for dest in args[1::2])):\n    fd = os.open(d, os.O_RDONLY)\n"
+    "    os.fsync(fd)\n    os.close(fd)\n")
+
+
 class RemoteCompile(Step):
     kind = "remote_compile"
     Params = RemoteCompileParams
+    # Observes, though it installs what the upload staged: the install finishes the upload's change (the run
+    # stays `changed`, and a failure restores the files as the upload's would), and it rides the upload's
+    # round trip as prefetch, so the reads of the steps after it (diff_bounds) see the installed files.
     after = ("upload",)
 
-    def action(self, ctx: Context) -> Action:
+    def actions(self, ctx: Context) -> list[Action]:
+        temps = staged(ctx)
         # -I -S: compiling needs the interpreter, not its site (.pth files, sitecustomize): a faster start.
-        argv = (ctx.host.python, "-I", "-S", "-c", REMOTE_SCRIPT, *python_dests(ctx))
-        return Action.run("compile", "compile on the target", argv, ctx.repo,
-                          failure=f"the target's {ctx.host.python} cannot compile the shipped files")
+        python = (ctx.host.python, "-I", "-S", "-c")
+        actions = []
+        if dests := python_dests(ctx):
+            what = "compile the staged files on the target, before they go live" if temps else "compile on the target"
+            actions.append(Action.run("compile", what, (*python, REMOTE_SCRIPT, *(temps.get(d, d) for d in dests)),
+                                      ctx.repo, failure=f"the target's {ctx.host.python} cannot compile the "
+                                      f"shipped files{'; none of them was installed' if temps else ''}"))
+        if temps:
+            pairs = [part for c in ctx.changes for part in (temps[c.dest], c.path)]
+            actions.append(Action.run("install", "rename the compiled files into place (owner and mode set when "
+                                      "staged)", (*python, INSTALL_SCRIPT, *pairs), ctx.repo,
+                                      failure="cannot rename the staged files into place"))
+        return actions
 
     def plan(self, ctx: Context) -> list[Action]:
-        return [self.action(ctx)] if python_dests(ctx) else [Action("no Python files to compile")]
+        return self.actions(ctx) or [Action("no Python files to compile")]
 
     def prefetch(self, ctx: Context) -> list[Submitted]:
-        return [ctx.send(self.action(ctx), timeout=self.timeout_s)] if python_dests(ctx) else []
+        # The install only if the compile passed: the agent skips it otherwise.
+        sent: list[Submitted] = []
+        for action in self.actions(ctx):
+            sent.append(ctx.send(action, timeout=self.timeout_s, after=sent[-1] if sent else None))
+        return sent
 
     def run(self, ctx: Context) -> str:
-        dests = python_dests(ctx)
-        if not dests:
+        if not self.actions(ctx):
             return "no Python files"
-        sent = self.sent(ctx) or self.prefetch(ctx)
-        sent[0].check(self.action(ctx).failure)
-        return f"{len(dests)} file(s) compile under {ctx.host.python}"
+        for submitted in self.sent(ctx) or self.prefetch(ctx):
+            submitted.check(submitted.action.failure)
+        compiled = f"{len(python_dests(ctx))} file(s) compile under {ctx.host.python}"
+        return f"{compiled}; {len(ctx.changes)} file(s) installed" if compiled_there(ctx) else compiled

@@ -297,13 +297,15 @@ class Context:
 
     def send(self, action: Action, bound: Bound = NOTHING, *, timeout: float = DEFAULT_TIMEOUT_S,
              stdin: bytes | None = None, data: bytes | None = None, quiet: bool = False,
-             capture: int | None = CAPTURE_BYTES) -> Submitted:
-        """act() without waiting (pipelining): the agent does requests in the order sent."""
+             capture: int | None = CAPTURE_BYTES, after: Submitted | None = None) -> Submitted:
+        """act() without waiting (pipelining): the agent does requests in the order sent (after: only if that
+        one succeeded)."""
         request = action.bind(bound).request(timeout=timeout, stdin=stdin, data=data,
                                              capture=capture or WHOLE_OUTPUT_BYTES)
         # A command or an HTTP request carries its own timeout; a read or a write is bounded by this one.
         wait = None if action.kind in (Kind.run, Kind.http) else timeout
-        return Submitted(self, action, bound, quiet, self.transport.submit(request, wait), wait)
+        pending = self.transport.submit(request, wait, after=None if after is None else after.pending)
+        return Submitted(self, action, bound, quiet, pending, wait)
 
     def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
         """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).

@@ -6,6 +6,7 @@ from deployer.agent.protocol import sha256_hex
 from deployer.config.models import Strict
 from deployer.errors import StepFailed
 from deployer.run.gitops import git
+from deployer.run.restore import staged_temp
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import Context
 from deployer.steps.git import owner_and_mode_kept
@@ -27,6 +28,11 @@ class Upload(Step):
                     Action.run("apply", "apply the patch (patch on stdin), then give the files back their owner and "
                                "mode", git("apply", "-"), ctx.repo, failure="git apply failed"),
                     *(Action.get(f"verify:{c.dest}", f"read {c.dest} back", c.path) for c in ctx.changes)]
+        if temps := staged(ctx):
+            return [Action.put(f"stage:{c.dest}", f"stage {c.dest} ({len(c.new)} bytes, sha256 "
+                               f"{sha256_hex(c.new)[:12]}) beside it, owner and mode set, sha256 checked; "
+                               "remote_compile compiles it, then renames it into place",
+                               c.path, stage=temps[c.dest]) for c in ctx.changes]
         return [Action.put(f"write:{c.dest}", f"write {c.dest} ({len(c.new)} bytes, sha256 {sha256_hex(c.new)[:12]}) "
                            "via temp file + sha256 check + rename", c.path) for c in ctx.changes]
 
@@ -52,4 +58,21 @@ class Upload(Step):
             ctx.sent()
             for put in puts:
                 put.result()
-        return f"{len(ctx.changes)} file(s) on the target"
+        return f"{len(ctx.changes)} file(s) {'staged beside their dests' if compiled_there(ctx) else 'on the target'}"
+
+
+def compiled_there(ctx: Context) -> bool:
+    """Whole files that remote_compile compiles on the target before they go live: the upload only stages them
+    (staged), and remote_compile renames them into place once the target's python compiled those bytes. Only
+    when it comes before diff_bounds and the commit, which read and commit the live tree; placed after them it
+    compiles the live files, as does a patch's (git apply writes in place)."""
+    for item in ctx.playbook.model.steps:
+        kind = item if isinstance(item, str) else next(iter(item))
+        if kind in ("diff_bounds", "commit", "remote_compile"):
+            return kind == "remote_compile" and ctx.playbook.patch is None
+    return False
+
+
+def staged(ctx: Context) -> dict[str, str]:
+    """dest -> the temp its new bytes are staged in until remote_compile installs them ({}: not staged)."""
+    return {c.dest: staged_temp(c.path, sha256_hex(c.new)) for c in ctx.changes} if compiled_there(ctx) else {}

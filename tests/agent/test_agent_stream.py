@@ -132,9 +132,9 @@ def test_a_broken_agent_stream_before_any_change_fails_the_run_at_once_with_exit
 @pytest.mark.parametrize("mode", ["huge", "list", "close"])
 def test_a_broken_agent_stream_after_the_upload_fails_at_once_and_recover_restores(target: Project,
                                                                                    mode: str) -> None:
-    # The reply after the upload's put of pkg/a.py: remote_compile's, once the target holds the new bytes.
+    # The reply after the upload's put of pkg/a.py (staged beside it for remote_compile): remote_compile's.
     # A short lock TTL: recover takes the lock over once the cut run's heartbeat is that old.
-    target.write_inventory(python=stand_in(target, mode, after='/pkg/a.py","sha256"'), lock_ttl_s=2)
+    target.write_inventory(python=stand_in(target, mode, after='/pkg/.a.py.deployer-staged-'), lock_ttl_s=2)
     target.playbook()
     result, elapsed, rss_kb = apply_measured(target)
     # The usual restore is tried over the same, broken, stream: it cannot run, and the message says how to end it.

@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git, init_repo, target_python
+from fixtures_repo import (
+    FIXED_A,
+    ORIGINAL_A,
+    ORIGINAL_B,
+    Project,
+    age_lock,
+    git,
+    init_repo,
+    staged_bytes,
+    target_python,
+)
 from fixtures_ssh import SSHD, session_sshd
 
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -327,10 +337,18 @@ def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_ho
         assert original[-1]["type"] == "rolled_back_by" and original[-1]["by"] == rolled["hosts"][host]["run_id"]
 
 
-def test_a_unit_that_fails_its_drain_rolls_back_and_restarts_every_host_of_the_unit(pd_unit: Project) -> None:
-    from fixtures_services import metrics_text
+def test_a_unit_that_fails_its_drain_rolls_back_restarts_and_drains_every_host_of_the_unit(
+        pd_unit: Project) -> None:
+    from fixtures_services import gauge_server
 
-    (pd_unit.root / "www" / "metrics").write_text(metrics_text(7.0))  # never drains
+    inventory = yaml.safe_load(pd_unit.inventory.read_text())
+    for host, service in (("h1", "prefill"), ("h3", "decode")):
+        spec = inventory["hosts"][host]["services"][service]
+        port = int(spec["health"].rsplit(":", 1)[1].split("/")[0])
+        # the fix leaves the gauge at 3, the reverted build drains it: only a drain after the revert passes
+        spec["start"] = gauge_server(pd_unit.root, port, repo(pd_unit, host), pd_unit.root / "www")
+        spec["env"] = {"PYTHONDONTWRITEBYTECODE": "1"}
+    pd_unit.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
     pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
     trees = {h: git(repo(pd_unit, h), "rev-parse", "HEAD^{tree}").strip() for h in ("h1", "h3")}
     result = pd_unit.deployer("apply", "fix.yaml", "--host", "h1,h3", "--json")
@@ -343,6 +361,11 @@ def test_a_unit_that_fails_its_drain_rolls_back_and_restarts_every_host_of_the_u
         events = pd_unit.events(sub["run_id"])
         assert [e["status"] for e in events if e["type"] == "step_end" and e["step"] == "rollback:co_restart"] \
             == ["ok"]
+    # As a manual unit rollback: the drain again after the revert, once, on the unit's metrics host.
+    prefill, decode = (pd_unit.events(report["hosts"][h]["run_id"]) for h in ("h1", "h3"))
+    ended = [(e["step"], e["status"]) for e in prefill if e["type"] == "step_end"]
+    assert ("drain", "failed") in ended and ended[-2:] == [("rollback:co_restart", "ok"), ("rollback:drain", "ok")]
+    assert not [e for e in decode if e.get("step") == "rollback:drain"]
 
 
 def test_part_of_a_unit_cannot_be_deployed_alone_and_a_unit_plans_per_host(pd_unit: Project) -> None:
@@ -434,11 +457,11 @@ def test_recover_of_a_killed_fleet_run_restores_every_cut_host(fleet: Project) -
     proc = fleet.popen("apply", "fix.yaml", "--host", "h1,h3")
     try:
         deadline = time.monotonic() + 30
-        while not all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h3")):
-            assert time.monotonic() < deadline and proc.poll() is None, "the uploads never landed"
+        while not all(staged_bytes(repo(fleet, h), "pkg/a.py") == FIXED_A for h in ("h1", "h3")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
             time.sleep(0.05)
     finally:
-        proc.kill()  # cut in the middle: both hosts hold the new bytes, a lock and an intent record
+        proc.kill()  # cut in the compile: both hosts hold the staged bytes, a lock and an intent record
         proc.communicate(timeout=30)
     for host in ("h1", "h3"):
         age_lock(repo(fleet, host))
@@ -594,8 +617,8 @@ def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(
     heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
     proc = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
     deadline = time.monotonic() + 30
-    while not all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in HOSTS):
-        assert time.monotonic() < deadline and proc.poll() is None, "the uploads never landed"
+    while not all(staged_bytes(repo(fleet, h), "pkg/a.py") == FIXED_A for h in HOSTS):
+        assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)

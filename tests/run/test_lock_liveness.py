@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, staged_bytes, target_python
 from polling import wait_for
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
@@ -78,7 +78,8 @@ def test_a_recover_refuses_to_take_over_a_live_run_whose_lock_names_a_dead_pid(t
         taken = target.deployer("recover", "--host", "box", "--runs-dir", str(target.root / "other-runs"))
         assert taken.returncode == 3, taken.stdout + taken.stderr
         assert "heartbeat is fresh" in taken.stderr
-        assert target.file("pkg/a.py") == FIXED_A  # recover restored nothing under A's feet
+        # recover removed nothing under A's feet: the fix still staged beside the untouched file
+        assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and target.file("pkg/a.py") == ORIGINAL_A
         release.touch()
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, out + err

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, target_python, tree_snapshot
-from fixtures_services import GAUGE, Stack, alive
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, staged_bytes, target_python, tree_snapshot
+from fixtures_services import GAUGE, Stack, alive, gauge_server
 from polling import wait_for
 
 FULL_STEPS = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
@@ -120,13 +120,15 @@ def test_a_second_apply_exits_3_naming_the_holder_and_the_lock_goes_away(target:
         # remote_compile runs after the upload, under the lock: the first run is parked there.
         wait_for(entered.exists, seconds=30, what="the first run's remote_compile")
         holder = json.loads(lock.read_text())["run_id"]
-        assert target.file("pkg/a.py") == FIXED_A
+        # The fix is staged beside the live file, which keeps its old bytes until the compile passed.
+        assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and target.file("pkg/a.py") == ORIGINAL_A
         head, status_before = target.head(), git(target.repo, "status", "--porcelain")
         second = target.deployer("apply", "fix.yaml", "--host", "box")
         assert second.returncode == 3
         assert f"held by run {holder}" in second.stderr and "since" in second.stderr
         # The refused run touched nothing: the first run's upload is exactly as it left it.
-        assert target.file("pkg/a.py") == FIXED_A and target.head() == head
+        assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and target.file("pkg/a.py") == ORIGINAL_A
+        assert target.head() == head
         assert git(target.repo, "status", "--porcelain") == status_before
         [second_run] = [p for p in target.runs.iterdir() if p.name != holder]
         second_events = [json.loads(x) for x in (second_run / "events.jsonl").read_text().splitlines()]
@@ -152,7 +154,7 @@ def test_sigkill_leaves_a_parseable_log_and_a_lock_that_turns_stale(target: Proj
     target.write_inventory(python=slow_python(target, 30), lock_ttl_s=1)
     target.playbook()
     proc = target.popen("apply", "fix.yaml", "--host", "box")
-    wait_for(lambda: target.file("pkg/a.py") == FIXED_A, seconds=30, what="the upload")
+    wait_for(lambda: staged_bytes(target.repo, "pkg/a.py") == FIXED_A, seconds=30, what="the upload")
     run_id = target.newest_run()
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
@@ -174,14 +176,14 @@ def test_sigkill_leaves_a_parseable_log_and_a_lock_that_turns_stale(target: Proj
     assert target.deployer("lock", "status", "--host", "box").returncode == 0
     audit = sorted(target.runs.iterdir())[-1]
     assert '"lock_force_released"' in (audit / "events.jsonl").read_text()
-    # SIGKILL allows no restore: the file holds the new bytes, and the intent record on the target stops
-    # the next apply with the exact command that ends the cut run.
-    assert target.file("pkg/a.py") == FIXED_A
+    # SIGKILL allows no restore: the new bytes stay staged beside the file (never installed: the compile was
+    # cut), and the intent record on the target stops the next apply with the exact command that ends the cut run.
+    assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and target.file("pkg/a.py") == ORIGINAL_A
     refused = target.deployer("apply", "fix.yaml", "--host", "box")
     assert refused.returncode == 3 and f"deployer recover {run_id} --host box" in refused.stderr
     recovered = target.deployer("recover", run_id)
     assert recovered.returncode == 0, recovered.stderr
-    assert target.file("pkg/a.py") == ORIGINAL_A
+    assert target.file("pkg/a.py") == ORIGINAL_A and staged_bytes(target.repo, "pkg/a.py") is None
 
 
 SECRET = "hf_Zq8sEcReT_t0ken_value"
@@ -217,13 +219,17 @@ def test_secret_from_the_environment(target: Project) -> None:
 
 def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
     project = stack.project
+    # The fix never drains, the reverted build does: the rollback drains again, as a manual one does.
+    stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                              "start": gauge_server(project.root, port, project.repo, stack.www)}
+                       for name, port in stack.ports.items()})
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=["upload", {"commit": {"message": "m"}}, "co_restart",
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 60}}],
                      on_failure="rollback")
     proc = project.popen("apply", "fix.yaml", "--host", "box")
 
-    def draining() -> bool:
+    def draining() -> bool:  # the runs dir may exist a moment before the run's own dir and log in it
         return any(project.runs.glob("*/events.jsonl")) and any(e["type"] == "sample" for e in project.events())
 
     wait_for(draining, seconds=30, what="the drain step")
@@ -235,6 +241,8 @@ def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
     assert not (project.repo / ".git" / "deployer.run.lock").exists()
     end = next(e for e in project.events() if e["type"] == "run_end")
     assert end["status"] == "canceled" and end["facts"]["rollback_commit"] == project.head()
+    assert [e["status"] for e in project.events() if e["type"] == "step_end" and e["step"] == "rollback:drain"] \
+        == ["ok"]
 
 
 def test_a_rollback_that_was_cut_off_after_its_commit_can_be_finished(stack: Stack) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import ALL_TRANSPORTS, FIXED_A, Project, git, tree_snapshot
-from fixtures_services import GAUGE, Stack, alive, free_port, wait_dead
+from fixtures_services import GAUGE, Stack, alive, free_port, gauge_server, wait_dead
 
 
 def restart_only(project: Project, **extra: Any) -> None:
@@ -149,43 +149,12 @@ def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     assert f"did not reach <= 0 for 3 polls within 1.5s (last samples: {shown})" in result.stderr
 
 
-# A service that loads the target's code at start and says what it loaded: /health answers with
-# pkg.a.answer(), so a process that was not restarted after a revert still answers 42.
-ANSWER_SERVER = """
-import http.server, sys
-sys.path.insert(0, sys.argv[2])
-from pkg.a import answer
-www = sys.argv[3]
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = str(answer()).encode() if self.path == "/health" else open(www + "/metrics", "rb").read()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):  # a storm request: counted, answered with one finished stream event
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        with open(www + "/posts", "a") as posts:
-            posts.write(self.path + "\\n")
-        body = b'data: {"meta_info": {"finish_reason": {"type": "stop"}}}\\n\\ndata: [DONE]\\n\\n'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
-"""
-
-
 def code_serving(stack: Stack) -> None:
-    server = stack.project.write("answer_server.py", ANSWER_SERVER)
-    stack.configure(**{name: {**stack.service(name), "start": [sys.executable, str(server), str(port),
-                                                               str(stack.project.repo), str(stack.www)],
+    """Services that load the target's code at start and answer /health with pkg.a.answer() (a process not
+    restarted after a revert still answers 42), serving the gauge the test sets."""
+    stack.configure(**{name: {**stack.service(name), "start": gauge_server(stack.project.root, port,
+                                                                           stack.project.repo, stack.www,
+                                                                           follows_code=False),
                               # no __pycache__ in the target's work tree
                               "env": {"PYTHONDONTWRITEBYTECODE": "1"}}
                        for name, port in stack.ports.items()})
@@ -196,14 +165,20 @@ def answers(stack: Stack) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
-def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> None:
+def test_drain_failure_after_commit_rolls_back_restarts_and_drains_the_old_build_without_a_storm(
+        stack: Stack) -> None:
     project = stack.project
-    code_serving(stack)
+    # The fix leaves the gauge at 3; the reverted build drains it: only a drain after the revert passes.
+    stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                              "start": gauge_server(project.root, port, project.repo, stack.www)}
+                       for name, port in stack.ports.items()})
+    host = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
+    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
     stack.start_services()
     assert answers(stack) == {"prefill": "41", "decode": "41"}
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=["local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
-                            "co_restart",
+                            "co_restart", {"storm": {"requests": 5, "concurrency": 1, "client_timeout_s": 5}},
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1.5}}],
                      on_failure="rollback")
     before_pids = stack.pids()
@@ -215,6 +190,11 @@ def test_drain_failure_after_commit_rolls_back_and_restarts(stack: Stack) -> Non
     run_id = sorted(project.runs.iterdir())[-1].name
     assert f"Deployer-Rollback-Of: {run_id}" in log
     assert git(project.repo, "status", "--porcelain") == ""
+    # As a manual `deployer rollback`: the restart and the drain after the revert, never the storm again.
+    ended = [(e["step"], e["status"]) for e in project.events() if e["type"] == "step_end"]
+    assert ("drain", "failed") in ended and ended[-2:] == [("rollback:co_restart", "ok"), ("rollback:drain", "ok")]
+    assert "rollback:storm" not in [step for step, _ in ended]
+    assert (stack.www / "posts").read_text().splitlines() == ["/generate"] * 5  # the forward storm alone
     # The rollback's own restart: the forward co_restart's new PIDs are the rollback's old ones,
     # and they were replaced again by processes that loaded the reverted code.
     facts = next(e for e in project.events() if e["type"] == "run_end")["facts"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 from fixtures_repo import FIXED_A, Project
@@ -57,11 +58,13 @@ def test_plan_shows_exactly_the_commands_apply_runs(target: Project) -> None:
     for step in EXACT:
         assert plan[step], f"the plan shows no command for {step}"
         assert logged[step] == plan[step], step
-    # The upload is data too: one atomic write per file in the plan, one `uploaded` event per file in the run.
+    # The upload is data too: one staged write per file in the plan (remote_compile installs them), one
+    # `uploaded` event per file in the run.
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     uploads = [e["path"] for e in events if e["type"] == "uploaded"]
     writes = [a["line"] for s in steps if s["name"] == "upload" for a in s["actions"]]
-    assert uploads == [str(target.repo / "pkg/a.py"), str(target.repo / "pkg/b.py")]
+    assert [(Path(p).parent, Path(p).name.split(".deployer-staged-")[0]) for p in uploads] == \
+        [(target.repo / "pkg", ".a.py"), (target.repo / "pkg", ".b.py")]
     assert writes == [f"put {path}" for path in uploads]
 
 

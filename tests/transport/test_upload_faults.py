@@ -129,7 +129,7 @@ def test_a_file_changed_while_the_restore_runs_is_reported_not_called_restored(
     run_id = sorted(target.runs.iterdir())[-1].name
     # The failure that started the restore comes first, then what the restore left and how to finish it.
     assert result.stderr.startswith(f"error: fix.yaml:9:3: step 'remote_compile' failed: the target's {python} "
-                                    "cannot compile the shipped files\n"), result.stderr
+                                    "cannot compile the shipped files; none of them was installed\n"), result.stderr
     assert result.stderr.endswith(
         "\nThe restore after it failed: after the restore, pkg/a.py, pkg/b.py still differ from their pre-run bytes "
         f"(did something else write them meanwhile?). Finish it with: deployer recover {run_id}\n"), result.stderr
