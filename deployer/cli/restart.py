@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.argument("services", nargs=-1)
-@host_option(required=True, help="A host, or a unit (its services restart as one: stop in reverse, start in "
-                                 "order).")
+@host_option(required=True, help="A host, a group (each host in turn, sorted; the first that fails ends it), "
+                                 "or a unit (its services restart as one: stop in reverse, start in order).")
 @click.option("-p", "--playbook", "checks_from", type=click.Path(dir_okay=False),
               help="Also run the checks (drain...) this playbook runs after its commit.")
 @inventory_option
@@ -36,7 +37,6 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
     3 when the lock is held, 5 when a service does not come back (the services still down are named, with the
     command that tries again)."""
     from deployer.cli.deploy import select_hosts
-    from deployer.errors import ConfigError
     from deployer.run.restart import restart as run_restart
 
     build = builder(inventory, runs_dir, accept_new_host_key)
@@ -46,12 +46,17 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
         unit = loaded.units[host_name]
         restart_unit(build.restart_unit(host_name, unit, list(services), checks), host_name, unit, as_json)
         return
-    if len(hosts) != 1:
-        raise ConfigError(f"--host {host_name} names {len(hosts)} hosts ({', '.join(hosts)}) that are no unit; "
-                          "restart one host (or one unit) at a time")
-    engine = build.restart(hosts[0], list(services), checks)
-    engine.check_host()  # an unknown service is refused before anything connects
-    run_with_view(engine, as_json, lambda: run_restart(engine, list(services)))
+    engines = [build.restart(host, list(services), checks) for host in sorted(hosts)]
+    for engine in engines:
+        engine.check_host()  # an unknown service is refused before anything connects, on any host
+    # A group that is no unit: one host after another, each its own run; the first that fails ends it, with its
+    # exit code (the hosts after it are left as they are).
+    for engine in engines:
+        try:
+            run_with_view(engine, as_json, partial(run_restart, engine, list(services)))
+        except SystemExit as ended:
+            if ended.code:
+                raise
 
 
 def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool) -> None:

@@ -98,7 +98,14 @@ def check_loopback_url(url: str) -> str:
     return url
 
 
+def absolute_path(path: str) -> str:
+    if not posixpath.isabs(path):
+        raise ValueError("must be an absolute path on the target")
+    return posixpath.normpath(path)
+
+
 Url = Annotated[str, AfterValidator(check_url)]
+TargetPath = Annotated[str, AfterValidator(absolute_path)]
 LoopbackUrl = Annotated[str, AfterValidator(check_loopback_url)]
 
 
@@ -129,6 +136,9 @@ class Service(Strict):
     # port: whatever listens on the health URL's port is the service (started by hand, by a launcher), with its
     # session and process group, when deployer's own record names no live process.
     adopt: Literal["port"] | None = None
+    # The pid file (absolute, on the target) the server or its launcher writes: the live process it names is the
+    # service, with its session and process group, when deployer's own record names none.
+    pidfile: TargetPath | None = None
 
     _split = field_validator("start", "stop", mode="before")(_argv)
 
@@ -161,6 +171,8 @@ class Service(Strict):
             raise ValueError("'start' is empty")
         if self.adopt is not None and (self.health is None or self.start is None):
             raise ValueError("'adopt: port' needs 'start' and a 'health' URL: the process on its port is adopted")
+        if self.pidfile is not None and self.start is None:
+            raise ValueError("'pidfile' needs 'start': deployer adopts the process it names, then starts its own")
         return self
 
 
@@ -168,7 +180,7 @@ class Host(Strict):
     """What every host has, whatever reaches it; each transport kind's model adds its own fields."""
 
     transport: str  # each kind's model narrows it to its own name (the union's tag)
-    repo: str
+    repo: TargetPath
     python: str = "python3"
     metrics: Url | None = None
     endpoint: LoopbackUrl | None = None  # the serving entry point (e.g. the router) that a storm hits
@@ -177,13 +189,6 @@ class Host(Strict):
     become: bool = False
     lock_ttl_s: float = Field(default=120.0, gt=0)
     container: Container | None = None  # the agent runs in this container on the host (its paths are its own)
-
-    @field_validator("repo")
-    @classmethod
-    def _absolute_repo(cls, repo: str) -> str:
-        if not posixpath.isabs(repo):
-            raise ValueError("must be an absolute path on the target")
-        return posixpath.normpath(repo)
 
     def secrets(self) -> list[str]:
         envs = [self.env, *(s.env for s in self.services.values())]

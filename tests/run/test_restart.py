@@ -4,13 +4,20 @@ any run's, and no file of the target changed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
-from fixtures_repo import Project, hold_lock, work_tree
+import pytest
+import yaml
+from fixtures_repo import ORIGINAL_A, Project, hold_lock, init_repo, work_tree
 from fixtures_services import GAUGE, Stack, wait_dead
+
+from deployer.demo.run import free_port
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
@@ -92,3 +99,65 @@ def test_restart_with_a_playbook_runs_its_post_commit_checks_too(target: Project
     assert drained.returncode == 0, drained.stdout + drained.stderr
     steps = [e["step"] for e in target.events() if e["type"] == "step_end"]
     assert steps == ["co_restart", "drain"]
+
+
+PAIR = ("node-b", "node-a")  # listed unsorted: the restart goes in sorted order
+
+
+def recorded(project: Project, host: str) -> int | None:
+    pidfile = project.root / host / "repo" / ".git" / "deployer" / "web.pid"
+    return int(pidfile.read_text()) if pidfile.exists() else None
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Project]:
+    """Two local hosts, each with one http.server service, in a group `pair` that is no unit."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "health").write_text("ok\n")
+    hosts = {}
+    for name in PAIR:
+        init_repo(tmp_path / name / "repo", {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
+        port = free_port()
+        server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(www)]
+        hosts[name] = {"transport": "local", "repo": str(tmp_path / name / "repo"), "python": sys.executable,
+                       "services": {"web": {"start": server, "health": f"http://127.0.0.1:{port}/health",
+                                            "health_timeout_s": 20, "stop_grace_s": 2}}}
+    project = Project(root=tmp_path, repo=tmp_path / "node-a" / "repo", host=hosts["node-a"], host_name="node-a")
+    project.inventory.write_text(yaml.safe_dump({"hosts": hosts, "groups": {"pair": list(PAIR)}}, sort_keys=False))
+    yield project
+    for name in PAIR:
+        pid = recorded(project, name)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_restart_of_a_group_restarts_each_host_in_turn_each_its_own_run(pair: Project) -> None:
+    first = pair.deployer("restart", "--host", "pair")
+    # Before: refused with exit 2 ("restart one host (or one unit) at a time").
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = {name: recorded(pair, name) for name in PAIR}
+    assert None not in before.values()
+    again = pair.deployer("restart", "--host", "pair")
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = {name: recorded(pair, name) for name in PAIR}
+    assert all(after[name] not in (None, before[name]) for name in PAIR)
+    assert all(wait_dead(pid) for pid in before.values() if pid is not None)
+    runs = json.loads(pair.deployer("runs", "list", "--json").stdout)["runs"]
+    assert [(r["kind"], r["host"], r["status"]) for r in runs[-2:]] == [
+        ("restart", "node-a", "successful"), ("restart", "node-b", "successful")]
+
+
+def test_restart_of_a_group_stops_at_the_first_host_that_fails_with_its_exit_code(pair: Project) -> None:
+    inventory = yaml.safe_load(pair.inventory.read_text())
+    inventory["hosts"]["node-a"]["services"]["web"].update(start=[sys.executable, "-c", "raise SystemExit(3)"],
+                                                            health_timeout_s=3)
+    pair.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    failed = pair.deployer("restart", "--host", "pair")
+    assert failed.returncode == 5, failed.stdout + failed.stderr
+    assert "Down on node-a: web (" in failed.stderr
+    # node-b, after it in sorted order, was never run: no run, nothing started.
+    runs = json.loads(pair.deployer("runs", "list", "--json").stdout)["runs"]
+    assert [r["host"] for r in runs] == ["node-a"]
+    assert recorded(pair, "node-b") is None

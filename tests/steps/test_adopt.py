@@ -109,3 +109,45 @@ def test_a_failing_start_shows_its_own_output_not_an_older_starts_traceback(targ
     assert second.returncode != 0 and "second start: config missing" in second.stderr, second.stderr
     # Before: the tail of a log appended across starts showed the older crash as this failure's cause.
     assert "OLD CRASH" not in second.stderr
+
+
+def test_a_server_started_by_hand_that_writes_its_pid_file_is_adopted_through_pidfile_and_restarted(
+        target: Project, started: set[int]) -> None:
+    port = free_port()
+    theirs = target.root / "run" / "web.pid"
+    theirs.parent.mkdir()
+    web(target, port, pidfile=str(theirs))
+    restart_playbook(target, "pkg/b.py", "VALUE = 2\n")
+    hand = by_hand(target, port, started)
+    theirs.write_text(f"{hand.pid}\n")  # as its launcher does
+    checked = target.deployer("check", "--host", "box")
+    # Before: "served by a process deployer did not start", and the apply refused.
+    assert f"running (adopted, pid {hand.pid})" in checked.stdout, checked.stdout
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert hand.wait(timeout=10) is not None
+    new = recorded_pid(target.repo, "web")
+    assert new is not None and new != hand.pid
+    started.add(new)
+    assert new in in_sessions({new})
+
+
+def test_a_pid_file_naming_a_dead_pid_init_or_no_number_is_not_adopted(target: Project,
+                                                                      started: set[int]) -> None:
+    port = free_port()
+    theirs = target.root / "web.pid"
+    web(target, port, pidfile=str(theirs))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=10)
+    for written in (f"{gone.pid}\n", "1\n", "12ab\n", "\x1b[2J\n"):
+        theirs.write_text(written)
+        checked = target.deployer("check", "--host", "box")
+        assert "adopted" not in checked.stdout and "not running" in checked.stdout, (written, checked.stdout)
+
+
+def test_a_relative_pidfile_is_a_config_error_naming_its_line_and_field(target: Project) -> None:
+    web(target, free_port(), pidfile="run/web.pid")
+    refused = target.deployer("check", "--host", "box")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "pidfile" in refused.stderr and "absolute path" in refused.stderr
+    assert f"{target.inventory}:" in refused.stderr, refused.stderr

@@ -53,6 +53,10 @@ def tree_of(name: str) -> str:
     return f"<tree of {name}>"
 
 
+def own_pid_of(name: str) -> str:
+    return f"<pid in the own pid file of {name}>"
+
+
 def log_start_of(name: str) -> str:
     return f"<log start of {name}>"
 
@@ -82,6 +86,12 @@ class CommandManager(Manager):
         self.listener = None if service.adopt is None else Action.procs(
             f"{name}.listener", f"who listens on port {self.port}: adopted as {name}", port,
             when="the pid file names no live process")
+        theirs = own_pid_of(name)
+        self.read_theirs = None if service.pidfile is None else Action.get(
+            f"{name}.their_pidfile", f"read the pid {name} writes itself", service.pidfile,
+            when="deployer's pid file names no live process")
+        self.their_stat = Action.get(f"{name}.their_stat", f"is {theirs} running: adopted as {name}",
+                                     f"/proc/{theirs}/stat", when="its own pid file names a pid")
         self.stop_command = None if service.stop is None else Action.run(
             f"{name}.stop", f"stop {name}", tuple(service.stop), self.cwd, failure=f"the stop command of {name} failed")
         self.leader = Action.procs(f"{name}.leader", f"find {old}{on_port}: the sessions and groups they run in are "
@@ -129,8 +139,9 @@ class CommandManager(Manager):
         return service.start is not None
 
     def observe_actions(self) -> list[Action]:
-        return [self.read_pid, self.read_started, self.stat, *([] if self.listener is None else [self.listener]),
-                *([] if self.health is None else [self.health])]
+        theirs = [] if self.read_theirs is None else [self.read_theirs, self.their_stat]
+        return [self.read_pid, self.read_started, self.stat, *theirs,
+                *([] if self.listener is None else [self.listener]), *([] if self.health is None else [self.health])]
 
     def stop_actions(self) -> list[Action]:
         return [a for a in (self.leader, self.tree, self.stop_command, self.term, self.stopping, self.kill,
@@ -161,12 +172,24 @@ class CommandManager(Manager):
             meant = None if started is None else started.decode(errors="replace").strip()
             stat = self.ctx.act(self.stat, {pid_of(self.name): text}, timeout=PROBE_TIMEOUT_S)
             pid = int(text) if runs(stat, meant) else None
-        adopted = None
-        if pid is None and self.listener is not None and self.port is not None:
-            found = self.ctx.act(self.listener, timeout=PROBE_TIMEOUT_S)
-            adopted = next((p.pid for p in found.procs if p.alive and self.port in p.listens), None)
+        adopted = None if pid is not None else self._adoptable()
         answer = answered(self.ctx.act_all(ask, timeout=PROBE_TIMEOUT_S)[0]) if ask else None
         return Observed(pid if adopted is None else adopted, answer, adopted is not None)
+
+    def _adoptable(self) -> int | None:
+        """The process deployer did not start that is the service: the live one the service's own pid file
+        names, else (`adopt: port`) whoever listens on its port. Its session and group are then its tree."""
+        if self.read_theirs is not None:
+            written = self.ctx.act(self.read_theirs, timeout=PROBE_TIMEOUT_S)
+            text = written.decode(errors="replace").strip() if written else ""
+            # Input, not truth: digits only, never init (its "tree" would be the whole machine), and alive.
+            if text.isdigit() and int(text) > 1 and runs(self.ctx.act(
+                    self.their_stat, {own_pid_of(self.name): text}, timeout=PROBE_TIMEOUT_S)):
+                return int(text)
+        if self.listener is not None and self.port is not None:
+            found = self.ctx.act(self.listener, timeout=PROBE_TIMEOUT_S)
+            return next((p.pid for p in found.procs if p.alive and self.port in p.listens), None)
+        return None
 
     # -- the stop: the whole tree, and the port ----------------------------------------------------------
 

@@ -79,7 +79,7 @@ class Observed:
 
     pid: int | None  # the live process deployer's record names; None: no record, or it names a dead one
     health: bool | None  # its health URL answered 200; None: the service has no health URL
-    adopted: bool = False  # pid is the process listening on its health port (`adopt: port`), not a record's
+    adopted: bool = False  # pid is the process its own pid file names (`pidfile:`) or on its port (`adopt: port`)
 
     def describe(self) -> str:
         text = f"pid {self.pid} alive" if self.pid is not None else "no live pid"
