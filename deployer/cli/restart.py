@@ -15,7 +15,7 @@ from deployer.cli.running import builder, cancel_on_signals, run_with_view
 
 if TYPE_CHECKING:
     from deployer.config.models import Unit
-    from deployer.run.engine import Engine
+    from deployer.run.engine import Engine, RunResult
 
 
 @click.command()
@@ -49,14 +49,28 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
     engines = [build.restart(host, list(services), checks) for host in sorted(hosts)]
     for engine in engines:
         engine.check_host()  # an unknown service is refused before anything connects, on any host
-    # A group that is no unit: one host after another, each its own run; the first that fails ends it, with its
-    # exit code (the hosts after it are left as they are).
+    if len(engines) == 1:
+        run_with_view(engines[0], as_json, partial(run_restart, engines[0], list(services)))
+        return
+    restart_in_turn(engines, list(services), as_json)
+
+
+def restart_in_turn(engines: list[Engine], services: list[str], as_json: bool) -> None:
+    """A group that is no unit: one host after another, each its own run; the first that fails ends it, with
+    its exit code (the hosts after it are left as they are)."""
+    from deployer.run.restart import restart as run_restart
+    from deployer.ui.console import make_console
+    from deployer.ui.live import StepView
+
+    results = {}
     for engine in engines:
-        try:
-            run_with_view(engine, as_json, partial(run_restart, engine, list(services)))
-        except SystemExit as ended:
-            if ended.code:
-                raise
+        view = StepView(make_console(), quiet=as_json)
+        engine.listeners.append(view)
+        with cancel_on_signals(engine.cancel), view:
+            results[engine.host_name] = run_restart(engine, services)
+        if results[engine.host_name].exit_code:
+            break
+    report_hosts(results, len(engines), as_json)
 
 
 def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool) -> None:
@@ -64,8 +78,6 @@ def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: boo
     of the first host, in unit order, that failed."""
     from deployer.fleet.unit import UnitRun
     from deployer.steps.context import CancelToken
-    from deployer.ui.console import make_console, show_error
-    from deployer.ui.report import show_result
 
     run = UnitRun(name, unit, engines, "restore")
     cancel = CancelToken()
@@ -73,11 +85,18 @@ def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: boo
         engine.cancel = cancel
     with cancel_on_signals(cancel):
         done = run.restart_only()
-    results = {host: done[host] for host in engines if host in done}  # unit order, not the order they ended
+    report_hosts({host: done[host] for host in engines if host in done}, len(engines), as_json, unit=name)
+
+
+def report_hosts(results: dict[str, RunResult], expected: int, as_json: bool, **document: str) -> None:
+    """Each host's run (in the order given), then the exit code of the first that failed; one JSON document."""
+    from deployer.ui.console import make_console, show_error
+    from deployer.ui.report import show_result
+
     failed = [r for r in results.values() if r.exit_code]
-    exit_code = failed[0].exit_code if failed else 0 if len(results) == len(engines) else 1
+    exit_code = failed[0].exit_code if failed else 0 if len(results) == expected else 1
     if as_json:
-        emit_json({"unit": name, "hosts": {h: r.document() for h, r in results.items()}, "exit_code": exit_code,
+        emit_json({**document, "hosts": {h: r.document() for h, r in results.items()}, "exit_code": exit_code,
                    "error": failed[0].error if failed else None})
     else:
         console = make_console()

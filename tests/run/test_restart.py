@@ -139,8 +139,10 @@ def test_restart_of_a_group_restarts_each_host_in_turn_each_its_own_run(pair: Pr
     assert first.returncode == 0, first.stdout + first.stderr
     before = {name: recorded(pair, name) for name in PAIR}
     assert None not in before.values()
-    again = pair.deployer("restart", "--host", "pair")
+    again = pair.deployer("restart", "--host", "pair", "--json")
     assert again.returncode == 0, again.stdout + again.stderr
+    document = json.loads(again.stdout)  # one document for the group, as --json promises
+    assert sorted(document["hosts"]) == sorted(PAIR) and document["exit_code"] == 0
     after = {name: recorded(pair, name) for name in PAIR}
     assert all(after[name] not in (None, before[name]) for name in PAIR)
     assert all(wait_dead(pid) for pid in before.values() if pid is not None)
