@@ -21,6 +21,7 @@ from fixtures_repo import (
     Project,
     git,
     refusing_python,
+    staged_bytes,
     target_python,
     tree_snapshot,
 )
@@ -287,14 +288,15 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
     head = target.head()
     proc = target.popen("apply", "fix.yaml", "--host", "box")
     deadline = time.monotonic() + 30
-    while target.file("pkg/a.py") != FIXED_A:
+    # The upload stages the fix beside its dest; it goes live only once the target's python compiled it.
+    while staged_bytes(target.repo, "pkg/a.py") != FIXED_A:
         assert time.monotonic() < deadline, "the upload never landed"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
     os.kill(proc.pid, signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
-    assert target.file("pkg/a.py") == ORIGINAL_A
+    assert target.file("pkg/a.py") == ORIGINAL_A and staged_bytes(target.repo, "pkg/a.py") is None
     assert target.head() == head
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
     assert last_run_end(target)["status"] == "canceled"
