@@ -122,3 +122,11 @@ class Step(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "params": self.params.model_dump()}
+
+
+def no_url(given: str | None, host_has: str | None, host_name: str, what: str, field: str,
+           on_step: str = "`url`") -> str | None:
+    """check_host's answer for a step that needs a URL, given on the step or by a field of the host."""
+    if given is None and host_has is None:
+        return f"no {what} URL: set `{field}` on host {host_name} or {on_step} on the step"
+    return None

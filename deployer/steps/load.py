@@ -9,7 +9,7 @@ from pydantic import Field
 
 from deployer.config.models import Host, LoopbackUrl, Strict
 from deployer.errors import StepFailed
-from deployer.steps.base import Action, Effect, Scope, Step
+from deployer.steps.base import Action, Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
@@ -77,9 +77,7 @@ class Storm(Step):
     params: StormParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        if self.params.url is None and host.endpoint is None:
-            return f"no storm URL: set `endpoint` on host {host_name} or `url` on the step"
-        return None
+        return no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint")
 
     def plan(self, ctx: Context) -> list[Action]:
         return storm_actions(ctx, self.params)

@@ -19,7 +19,7 @@ from deployer.agent.protocol import HttpResult
 from deployer.config.models import Host, Strict, Url
 from deployer.errors import StepFailed
 from deployer.steps.action import Action
-from deployer.steps.base import Effect, LiveCheck, Scope, Step
+from deployer.steps.base import Effect, LiveCheck, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.load import StormParams, storm, storm_actions
 from deployer.transport.base import Transport
@@ -126,9 +126,7 @@ class MetricStep(Step):
     params: MetricParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        if self.params.url is None and host.metrics is None:
-            return f"no metrics URL: set `metrics` on host {host_name} or `url` on the step"
-        return None
+        return no_url(self.params.url, host.metrics, host_name, "metrics", "metrics")
 
     def live_checks(self, ctx: Context) -> list[LiveCheck]:
         url = self.params.url or ctx.host.metrics
@@ -162,10 +160,10 @@ class Baseline(MetricStep):
     params: BaselineParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        storm_params = self.params.storm
-        if storm_params is not None and storm_params.url is None and host.endpoint is None:
-            return f"no storm URL: set `endpoint` on host {host_name} or `storm: {{url: ...}}` on the step"
-        return super().check_host(host_name, host)
+        storm = self.params.storm
+        missing = None if storm is None else no_url(storm.url, host.endpoint, host_name, "storm", "endpoint",
+                                                     "`storm: {url: ...}`")
+        return missing or super().check_host(host_name, host)
 
     def scrape(self, ctx: Context) -> Action:
         return scrape_action(ctx, self.params, self.name, f"{self.params.stable_polls} polls agree "
