@@ -139,6 +139,9 @@ class Service(Strict):
     # The pid file (absolute, on the target) the server or its launcher writes: the live process it names is the
     # service, with its session and process group, when deployer's own record names none.
     pidfile: TargetPath | None = None
+    # `start` returns once the server runs in the background (a daemonizing script): the service is what serves
+    # the port, and the launcher's own exit is no failure.
+    detaches: bool = False
 
     _split = field_validator("start", "stop", mode="before")(_argv)
 
@@ -169,8 +172,9 @@ class Service(Strict):
                              "(a container's name)")
         if self.start is not None and not self.start:
             raise ValueError("'start' is empty")
-        if self.adopt is not None and (self.health is None or self.start is None):
-            raise ValueError("'adopt: port' needs 'start' and a 'health' URL: the process on its port is adopted")
+        if (self.adopt is not None or self.detaches) and (self.health is None or self.start is None):
+            raise ValueError("'adopt: port' and 'detaches' need 'start' and a 'health' URL: the process on its port "
+                             "is the service")
         if self.pidfile is not None and self.start is None:
             raise ValueError("'pidfile' needs 'start': deployer adopts the process it names, then starts its own")
         return self

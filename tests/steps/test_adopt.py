@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 from fixtures_repo import ORIGINAL_B, Project
+from polling import within
 from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
 
+from deployer.agent.client import AgentClient
+from deployer.agent.processes import Procs
 from deployer.demo.run import free_port
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
@@ -86,6 +89,48 @@ def test_a_launcher_that_backgrounds_the_server_and_exits_is_restarted_through_t
     second = target.deployer("apply", "fix.yaml", "--host", "box")
     assert second.returncode == 0, second.stdout + second.stderr
     assert served not in in_sessions({served}), "the second restart did not stop the launched server"
+    again = recorded_pid(target.repo, "web")
+    assert again not in (None, served)
+    started.add(again or 0)
+
+
+def listening_on(port: int) -> set[int]:
+    """The pids that come to listen on port within a few seconds (the agent's own process table)."""
+    with AgentClient.spawn_local() as agent:
+        found: set[int] = set()
+        within(lambda: bool(found.update(p.pid for p in agent.call(Procs(ports=[port])).procs) or found), 10)
+        return found
+
+
+def test_a_start_that_detaches_its_server_into_a_session_of_its_own_is_the_server_that_serves_the_port(
+        target: Project, started: set[int]) -> None:
+    """A daemonizing launcher (as `docker run -d` returns before its server listens): it puts the server in a
+    session of its own, which binds a second later, and exits at once. `detaches: true` says so."""
+    port = free_port()
+    web(target, port)
+    server = f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {target.root}"
+    launcher = ["sh", "-c", f"setsid sh -c 'sleep 1; exec {server}' >/dev/null 2>&1 </dev/null & exit 0"]
+    service = {"start": launcher, "health": f"http://127.0.0.1:{port}/health", "stop_grace_s": 2,
+               "health_timeout_s": 20}
+    target.write_inventory(services={"web": service})
+    restart_playbook(target, "pkg/b.py", "VALUE = 2\n")
+    undeclared = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert undeclared.returncode != 0 and "exited during start-up" in undeclared.stderr, undeclared.stderr
+    orphans = listening_on(port)  # the server it detached binds after the failure: not left behind
+    assert orphans, "the detached server never listened"
+    kill_sessions(orphans)
+    assert within(lambda: not in_sessions(orphans), 10)
+    target.write_inventory(services={"web": {**service, "detaches": True}})
+    target.write("fix/touched.py", "VALUE = 3\n")
+    first = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
+    assert first.returncode == 0, first.stdout + first.stderr
+    served = recorded_pid(target.repo, "web")
+    assert served is not None and b"http.server" in Path(f"/proc/{served}/cmdline").read_bytes()
+    started.add(served)
+    target.write("fix/touched.py", "VALUE = 4\n")
+    second = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert served not in in_sessions({served}), "the second restart did not stop the detached server"
     again = recorded_pid(target.repo, "web")
     assert again not in (None, served)
     started.add(again or 0)

@@ -267,6 +267,9 @@ class CommandManager(Manager):
             self._reap(bound)
             raise
         assert isinstance(found, Processes)
+        if self.service.detaches and not any(self.port in p.listens for p in living(found)):
+            # Its health answered in the round whose process list was read a moment before it bound: read again.
+            found = self.ctx.act(self.up, bound, timeout=PROBE_TIMEOUT_S)
         server = self.server(found, int(launched))
         self.started_at = server.start
         # Remembered so a recycled PID is never mistaken for the service.
@@ -292,7 +295,8 @@ class CommandManager(Manager):
             self.ctx.act(self.reap, {f"<launched by {self.name}>": listed(left)}, timeout=PROBE_TIMEOUT_S)
 
     def alive(self, probed: object, started: str | None) -> bool:
-        return isinstance(probed, Processes) and bool(living(probed))
+        # A start that detaches has done its part once it returns: until its server serves, nothing need live.
+        return isinstance(probed, Processes) and (self.service.detaches or bool(living(probed)))
 
     def still_runs(self, pid: int) -> bool:
         return runs(self.ctx.act(self.still, {new_pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S),
