@@ -169,12 +169,11 @@ class CoRestart(Step):
         return None
 
     def names(self, ctx: Context) -> list[str]:
-        names = self.params.services if self.params.services is not None else list(ctx.host.services)
-        unknown = [n for n in names if n not in ctx.host.services]
-        if unknown or not names:
-            raise StepFailed(self.name, f"host {ctx.host_name} defines no service {', '.join(unknown) or '(none)'} "
-                             f"(it has: {', '.join(ctx.host.services) or 'none'})")
-        return names
+        # The inventory's check, again at run time (a unit's part overrides both: its services were checked
+        # against the unit when it was formed).
+        if problem := CoRestart.check_host(self, ctx.host_name, ctx.host):
+            raise StepFailed(self.name, problem)
+        return self.params.services if self.params.services is not None else list(ctx.host.services)
 
     def refusals(self, ctx: Context) -> list[str]:
         waits = [GpuWait(m) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx)) if m.service.gpus]
