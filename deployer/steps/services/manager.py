@@ -242,6 +242,7 @@ class Manager(ABC):
         self.phase(Phase.starting, begun, budget, pid=self.probed_pid(None, bound))
         shown: tuple[Phase, str | None] = (Phase.starting, None)
         said = begun
+        gone = False
         # The poll is recorded when it ends: before the log tail a failure reads, as the plan orders them.
         with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
             while True:
@@ -249,7 +250,14 @@ class Manager(ABC):
                 pid = self.probed_pid(results[0], bound)
                 if self.up_health is not None:
                     story.add(results[1])
-                if not self.alive(results[0], started):
+                lives = self.alive(results[0], started)
+                if not lives and not gone:
+                    # A process list is no snapshot: a launcher may fork its server after the list was read
+                    # and exit before its own entry is. A list read after it exited shows what it left.
+                    gone = True
+                    continue
+                gone = not lives
+                if not lives:
                     problem = f"exited during start-up after {time.monotonic() - begun:.1f}s"
                 elif self.up_health is None or answered(results[1]):
                     seconds = round(time.monotonic() - begun, 1)
@@ -268,9 +276,8 @@ class Manager(ABC):
                     self.ctx.cancel.wait(START_POLL_S)
                     continue
                 break
-        alive = self.alive(results[0], started)
         told = [story.told(time.monotonic() - begun)] if self.up_health is not None else []
-        if alive and pid is not None:
+        if lives and pid is not None:
             told.append(self.memory_of(pid))
         raise self.fail("; ".join([problem, *told]))
 
