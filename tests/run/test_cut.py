@@ -208,6 +208,29 @@ def assert_consistent(project: Project, run: Path, base: str, before: dict[str, 
     return "committed"
 
 
+def agents_of(sshd_port: int) -> list[int]:
+    """The pids of deployer agents that sshd on sshd_port runs (its sessions name the port in SSH_CONNECTION)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            connection = next((v for v in environ if v.startswith(b"SSH_CONNECTION=")), b"")
+            if connection.endswith(f" {sshd_port}".encode()) and b"deployer agent" in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+    return found
+
+
+def gits_in(repo: Path) -> list[int]:
+    """The pids of git processes working in repo."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            cwd = Path(os.readlink(proc / "cwd"))
+            if (proc / "comm").read_text().strip() == "git" and (cwd == repo or repo in cwd.parents):
+                found.append(int(proc.name))
+    return found
+
+
 def cut_and_recover(project: Project, relay: CuttingRelay, *, budget: int | None, rst: bool,
                     when: Callable[[], bool] | None = None) -> tuple[Path, str, int]:
     relay.arm(budget, rst=rst)
@@ -225,6 +248,10 @@ def cut_and_recover(project: Project, relay: CuttingRelay, *, budget: int | None
         raise
     run = project.runs / project.newest_run()
     left = phase_of(run)
+    # A lock past its TTL means its run is gone: only once the cut run's agent has noticed the cut and ended,
+    # and the git command it had started has ended too.
+    assert within(lambda: not agents_of(relay.target[1]) and not gits_in(project.repo), 30), \
+        "the cut run's agent or its git outlived the cut"
     age_lock(project.repo)
     relay.arm(None, rst=False)
     recovered = project.deployer("recover", run.name)
