@@ -53,7 +53,7 @@ def in_box(target: Project, box: Box) -> Project:
 
 
 def container_id(box: Box) -> str:
-    return box.podman("inspect", "--format", "{{.ID}}", box.name).stdout.strip()
+    return str(box.podman("inspect", "--format", "{{.ID}}", box.name).stdout.strip())
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
