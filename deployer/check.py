@@ -179,11 +179,12 @@ def _check_places(report: CheckReport, ctx: Context, dests: list[str], runs_dir:
         report.add("placement", "fail", str(exc), exc.exit_code)
         return
     required = ctx.playbook.model.persist == "required"
-    for dest in dests or ["(repo)"]:
-        place = seen.place(ctx.repo if dest == "(repo)" else ctx.in_repo(dest))
+    listed: list[str | None] = [*dests] or [None]  # None: the repo itself
+    for dest in listed:
+        place = seen.place(ctx.repo if dest is None else ctx.in_repo(dest))
         refused = required and not place.persistent
-        report.add(f"place {dest}", "fail" if refused else "ok",
-                   f"{place.describe()}{' (persist: required refuses it)' if refused else ''}", 1)
+        report.add("placement", "fail" if refused else "ok", f"{dest or 'the repo'}: {place.describe()}"
+                   f"{' (persist: required refuses it)' if refused else ''}", 1)
     last = None if runs_dir is None else last_placement(runs_dir, ctx.host_name, started.container.name)
     if last is not None and (said := gone(last[1], seen.id)) is not None:
         report.add("run files", "warn", f"run {last[0]}: {said}")

@@ -68,8 +68,8 @@ def test_a_repo_bind_mounted_from_the_host_is_planned_as_bind_and_persist_requir
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert f"pkg/a.py: bind mount of the host's {target.repo} at {CONTAINER_REPO}: persistent" in planned.stdout
     checked = project.deployer("check", "fix.yaml", "--host", "box")
-    row = next(line for line in checked.stdout.splitlines() if "place pkg/a.py" in line)
-    assert "ok" in row and f"bind mount of the host's {target.repo}" in row, checked.stdout
+    row = next(line for line in checked.stdout.splitlines() if " placement " in line)
+    assert "ok" in row and f"pkg/a.py: bind mount of the host's {target.repo}" in row, checked.stdout
 
     applied = project.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 0, applied.stdout + applied.stderr
