@@ -22,6 +22,7 @@ from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
 from deployer.run.gitops import GIT_DIR, git, names
+from deployer.run.mounts import gone, inspection, last_placement
 from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps.base import Step
 from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
@@ -146,6 +147,8 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
         if host.container is not None and not _check_container(report, transport, host.container):
             return report
         ctx = _context(host_name, host, transport, bus, playbook)
+        if host.container is not None:
+            _check_places(report, ctx, _dests(playbook), runs_dir)
         _check_target(report, ctx, playbook)
     if runs_dir is not None:
         _check_budgets(report, host_name, host, runs_dir)
@@ -163,6 +166,28 @@ def _check_container(report: CheckReport, transport: Transport, container: Conta
     report.add("container", "ok", f"{container.engine} container {container.name}: the agent runs in it "
                f"(pid {hello.pid} there)")
     return True
+
+
+def _check_places(report: CheckReport, ctx: Context, dests: list[str], runs_dir: Path | None) -> None:
+    """Where each dest (the repo, without a playbook) lives in the container, as apply's preflight places it, and
+    whether the files of the host's newest run are still there: a recreated container has another id."""
+    started = inspection(ctx)
+    assert started is not None
+    try:
+        seen = started.result()
+    except DeployerError as exc:
+        report.add("placement", "fail", str(exc), exc.exit_code)
+        return
+    required = ctx.playbook.model.persist == "required"
+    listed: list[str | None] = [*dests] or [None]  # None: the repo itself
+    for dest in listed:
+        place = seen.place(ctx.repo if dest is None else ctx.in_repo(dest))
+        refused = required and not place.persistent
+        report.add("placement", "fail" if refused else "ok", f"{dest or 'the repo'}: {place.describe()}"
+                   f"{' (persist: required refuses it)' if refused else ''}", 1)
+    last = None if runs_dir is None else last_placement(runs_dir, ctx.host_name, started.container.name)
+    if last is not None and (said := gone(last[1], seen.id)) is not None:
+        report.add("run files", "warn", f"run {last[0]}: {said}")
 
 
 def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,

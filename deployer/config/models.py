@@ -25,6 +25,7 @@ from pydantic import (
 
 from deployer.config import yamlsrc
 from deployer.config.container import Container
+from deployer.config.persist import Persist
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
@@ -326,8 +327,7 @@ class Rollout(Strict):
 
     # Each entry is the size of one batch (a count, or a percentage of all hosts, rounded up);
     # the last size repeats until every host is in a batch (Ansible's `serial`).
-    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(default_factory=_all_at_once,
-                                                                              min_length=1)
+    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(default_factory=_all_at_once, min_length=1)
     max_failures: int = Field(default=0, ge=0)  # more failed hosts than this: no further batch starts
     pause_s: float = Field(default=0.0, ge=0)  # between batches
 
@@ -350,12 +350,12 @@ class Playbook(Strict):
     steps: list[Any] = Field(min_length=1)
     # rollback_fleet: a fleet run that fails rolls back every host of it that committed.
     on_failure: Literal["restore", "rollback", "rollback_fleet"] = "restore"
+    persist: Persist = "any"  # `required`: no dest in a container's writable layer (config/persist.py)
     rollout: Rollout = Field(default_factory=Rollout)
 
     @model_validator(mode="after")
     def _files_or_patch(self) -> Playbook:
-        # Neither is a playbook that ships nothing (a restart and its checks); playbook.py refuses one whose
-        # steps upload or commit.
+        # Neither: a playbook that ships nothing (a restart and its checks); playbook.py refuses one that uploads.
         if self.files and self.patch is not None:
             raise ValueError("give exactly one of 'files' or 'patch'")
         dests = [f.dest for f in self.files]

@@ -9,6 +9,7 @@ from typing import Any
 from deployer import diffs
 from deployer.command import Masker
 from deployer.run.lock import LockState, read_state
+from deployer.run.mounts import describe
 from deployer.run.preflight import preflight, projected_stat
 from deployer.steps.action import Kind
 from deployer.steps.base import Action, Step
@@ -34,6 +35,12 @@ class PlanReport:
     steps: list[tuple[str, list[Action]]]
     lock: LockState | None
     dirty: list[str] = field(default_factory=list)
+    placement: dict[str, Any] | None = None  # a container target's: its id and where each dest lives
+
+    @property
+    def places(self) -> list[str]:
+        """Where each dest lives in the container, for people (none: not a container)."""
+        return [f"{dest}: {where}" for dest, where in describe(self.placement).items()] if self.placement else []
 
     @property
     def bounds(self) -> list[str] | None:
@@ -51,7 +58,7 @@ class PlanReport:
                 "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
                            "new": not f.exists, "diff": f.diff} for f in self.files],
                 "stat": self.stat.summary(), "bounds": self.bounds, "compile": self.judged.get("compile"),
-                "dirty": self.dirty, "lock": self.lock.info if self.lock else None,
+                "dirty": self.dirty, "placement": self.placement, "lock": self.lock.info if self.lock else None,
                 "steps": [{"name": n, "actions": [a.describe() for a in acts],
                            "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in self.steps]}
 
@@ -75,4 +82,4 @@ def plan(ctx: Context, steps: Sequence[Step]) -> PlanReport:
     lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]
     return PlanReport(ctx.host_name, ctx.repo, ctx.git_before, files, stat, judged, shown, lock,
-                      list(ctx.facts.dirty))
+                      list(ctx.facts.dirty), ctx.facts.placement)

@@ -23,6 +23,7 @@ from deployer.config import yamlsrc
 from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.run.gitops import HEAD, git, git_dirs_argv, names
+from deployer.run.mounts import inspection, place_dests, refuse_layer
 from deployer.steps.context import Change, Context, Submitted
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def send_reads(ctx: Context) -> Reads:
     dests = sorted(new)
     paths = [ctx.in_repo(d) for d in dests]
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
+    inspection(ctx)  # a container target: its inspect runs on the host meanwhile (run/mounts.py)
     return Reads(
         new=new, paths=paths,
         git_dirs=ctx.submit(git_dirs_argv(ctx.repo), timeout=30, quiet=True),
@@ -119,6 +121,7 @@ def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> 
         if old is None:
             change.new_dirs = _missing_dirs(ctx, dest, entries)
         ctx.changes.append(change)
+    refuse_layer(ctx, place_dests(ctx, dests))  # a container's: where each dest lives, and `persist: required`
     _refuse_untracked(ctx)
     dirty_heads = {c.dest: ctx.submit(git("cat-file", "blob", f"HEAD:{c.dest}"), timeout=30, quiet=True,
                                       capture=None) for c in ctx.changes if c.tracked and c.dest in dirty}

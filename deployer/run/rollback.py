@@ -16,6 +16,7 @@ from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFail
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
 from deployer.run.lock import read_state
+from deployer.run.mounts import refuse_if_recreated
 from deployer.run.plan import FilePlan, PlanReport, masked
 from deployer.run.state import Phase
 from deployer.run.undo import target_state
@@ -226,6 +227,7 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     target = Target.of(run)
 
     def body(ctx: Context, log: RunLogWriter) -> None:
+        refuse_if_recreated(ctx, run)  # a container target recreated since the run lost its writable layer
         ctx.git_before = head(ctx)
         check_recorded(ctx, run, target)
         check(ctx, target, force=force)
@@ -278,6 +280,7 @@ def plan(engine: Engine, run: Run) -> PlanReport:
     bus = engine.new_bus()
     with engine.connect(bus) as transport:
         ctx = engine.context("<dry-run>", bus, transport)
+        refuse_if_recreated(ctx, run)
         check_recorded(ctx, run, target)
         files = [_file_plan(transport, engine.host.repo, target, dest) for dest in target.files]
         now = ctx.git_before = head(ctx)

@@ -127,6 +127,7 @@ class Facts(BaseModel):
     rollback_pids: dict[str, dict[str, int | None]] | None = None
     restored: list[str] = Field(default_factory=list)
     rollback_commit: str | None = None
+    placement: dict[str, Any] | None = None  # a container target: its id and where each dest lives (run/mounts.py)
 
     def record(self) -> dict[str, Any]:
         """The facts worth keeping in run_end (the working ones left out)."""

@@ -85,6 +85,10 @@ class Transport(ABC):
     def _pipe(self, argv: Sequence[str]) -> Pipe:
         """Start argv on the target with its stdin and stdout as a byte pipe."""
 
+    def host_pipe(self, argv: Sequence[str]) -> Pipe:
+        """argv on the host itself, beside the agent (which may run in a container there), on a pipe of its own."""
+        return self._pipe(["sudo", "-n", "--", *argv] if self.become else argv)
+
     @abstractmethod
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         """A local port that reaches remote_host:remote_port as seen from the target."""

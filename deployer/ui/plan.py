@@ -21,6 +21,11 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     if report.dirty:
         console.print(f"[red]uncommitted changes on the target:[/red] {escape(', '.join(report.dirty))} "
                       "(apply refuses unless --allow-dirty)")
+    if report.placement:
+        box = report.placement
+        console.print(f"in {escape(box['engine'])} container {escape(box['container'])} (id {box['id'][:12]}):")
+        for line in report.places:
+            console.print(f"  {line}", markup=False, highlight=False)
     for plan in report.files:
         console.rule(Text(f"{plan.dest}{'' if plan.exists else ' (new file)'}"))
         if console.is_terminal:

@@ -87,6 +87,7 @@ def _field(value: object) -> str:
 
 
 def show_run(console: Console, run: Run) -> None:
+    from deployer.run import mounts
     from deployer.run.shown import shown_state
 
     start, end = run.start, run.end or {}
@@ -107,6 +108,8 @@ def show_run(console: Console, run: Run) -> None:
     git = run.git
     console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
                   highlight=False)
+    for line in mounts.shown(run):  # a run into a container: where its files lived, and a recreate seen since
+        console.print(line, markup=False, highlight=False)
     for event in run.events:
         if event.get("type") == "step_end":
             detail = detail_of(event)
