@@ -196,7 +196,9 @@ def process_alive(pid: int) -> bool:
 def stacks_in(directory: Path) -> list[DemoStack]:
     """The demo's hosts in a workdir: the single demo's one repo, or one per host of the fleet demo."""
     if (directory / "repo" / ".git").is_dir():
-        return [DemoStack(directory)]
+        from deployer.demo import containers  # it builds on this module
+        return [containers.container_stack(directory) if (directory / containers.ENGINE_RECORD).is_file()
+                else DemoStack(directory)]
     return [DemoStack(d) for d in sorted(directory.iterdir()) if (d / "repo" / ".git").is_dir()] \
         if directory.is_dir() else []
 
@@ -278,13 +280,15 @@ class DemoOutcome:
     kept: bool
 
 
-def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken) -> DemoOutcome:
+def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken,
+             stack: Callable[[Path], DemoStack] = DemoStack) -> DemoOutcome:
+    """The demo playbook on one local host; `stack` makes that host's stack (the container demo's, say)."""
     def deploy(directory: Path, stacks: dict[str, DemoStack]) -> DemoOutcome:
         build = Build(directory / "runs", listeners=tuple(listeners))
         engine = build.engines(PLAYBOOK, {HOST: stacks[HOST].host()}, cancel=cancel)[HOST]
         return DemoOutcome(stacks[HOST], engine.apply(), keep)
 
-    return serve(workdir, lambda directory: {HOST: DemoStack(directory)}, {}, keep, cancel, deploy)
+    return serve(workdir, lambda directory: {HOST: stack(directory)}, {}, keep, cancel, deploy)
 
 
 # -- `deployer demo --fleet`: two PD units over four hosts, one fleet run ------------------------------
