@@ -23,7 +23,7 @@ from pathlib import Path
 from deployer.config.container import Container
 from deployer.config.models import LocalHost
 from deployer.demo.run import DemoStack
-from deployer.errors import ConfigError, ConnectError, DeployerError
+from deployer.errors import ConfigError, ConnectError
 from deployer.text import visible
 
 CONTAINED = ("prefill", "decode")  # the router stays a process on the host
@@ -51,9 +51,10 @@ class Engine:
             env = {**os.environ, "CONTAINERS_CONF": str(conf)}
         done = subprocess.run([self.command, *args], capture_output=True, text=True, env=env,
                               stdin=subprocess.DEVNULL, timeout=ENGINE_TIMEOUT_S)
-        if check and done.returncode != 0:
-            raise DeployerError(f"demo stack: {self.name} {args[0]} failed (exit {done.returncode}): "
-                                f"{visible(done.stderr.strip(), multiline=False)[-1000:]}")
+        if check and done.returncode != 0:  # an engine that cannot run a container here: set-up, as no engine is
+            raise ConnectError(f"demo stack: {self.command} {args[0]} failed (exit {done.returncode}): "
+                               f"{visible(done.stderr.strip(), multiline=False)[-1000:]} (podman needs runc: "
+                               f"{INSTALL})")
         return done
 
 
