@@ -101,8 +101,9 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
     from deployer.ui.live import StepView
 
     if stop_kept:
+        from deployer.demo.containers import demo_stacks_in
         chosen = Path(workdir) if workdir else None
-        stopped = stop_kept_stacks(chosen)
+        stopped = stop_kept_stacks(chosen, demo_stacks_in)  # a container demo's containers too
         if as_json:
             emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
         else:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from deployer.config.container import Container
 from deployer.config.models import LocalHost
-from deployer.demo.run import DemoStack
+from deployer.demo.run import DemoStack, stacks_in
 from deployer.errors import ConfigError, ConnectError
 from deployer.text import visible
 
@@ -37,7 +37,7 @@ ENGINE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
-class Engine:
+class ContainerEngine:
     """The engine the demo runs its containers with: its kind and the absolute path of its command."""
 
     name: str  # podman or docker (podman-docker)
@@ -58,7 +58,7 @@ class Engine:
         return done
 
 
-def find_engine() -> Engine:
+def find_engine() -> ContainerEngine:
     """podman, else a `docker` that is podman's; a ConnectError (exit 4) saying what to install otherwise."""
     seen = []
     for name in ("podman", "docker"):
@@ -74,7 +74,7 @@ def find_engine() -> Engine:
             continue
         said = visible((version.stdout + version.stderr).strip(), multiline=False)[:200]
         if version.returncode == 0 and "podman" in said.lower():
-            return Engine(name, command)
+            return ContainerEngine(name, command)
         seen.append(f"{command} is not podman's ({said or f'exit {version.returncode}'}): Docker's own engine "
                     "cannot run this machine's root as a container")
     raise ConnectError(f"deployer demo --container needs podman: {'; '.join(seen)}. Install it: {INSTALL}")
@@ -84,7 +84,7 @@ def find_engine() -> Engine:
 class ContainerStack(DemoStack):
     """The demo's one host with prefill and decode as containers of engine, named after the workdir."""
 
-    engine: Engine | None = None
+    engine: ContainerEngine | None = None
 
     def box(self, service: str) -> Container:
         assert self.engine is not None
@@ -154,9 +154,15 @@ def container_stack(directory: Path) -> DemoStack:
     if name not in ("podman", "docker") or not isinstance(command, str) or not os.path.isabs(command):
         raise ConfigError(f"{directory / ENGINE_RECORD}: names engine {visible(str(name), multiline=False)!r} "
                           f"at {visible(str(command), multiline=False)!r}, not podman or docker at an absolute path")
-    return ContainerStack(directory, engine=Engine(name, command))
+    return ContainerStack(directory, engine=ContainerEngine(name, command))
 
 
-def container_stack_of(engine: Engine) -> Callable[[Path], DemoStack]:
+def container_stack_of(engine: ContainerEngine) -> Callable[[Path], DemoStack]:
     """What run_demo makes its stack with: the container demo's, its containers run by engine."""
     return lambda directory: ContainerStack(directory, engine=engine)
+
+
+def demo_stacks_in(directory: Path) -> list[DemoStack]:
+    """The demo's stacks in a workdir (run.stacks_in), a container demo's as ContainerStacks (for `demo --stop`)."""
+    return [container_stack(stack.workdir) if (stack.workdir / ENGINE_RECORD).is_file() else stack
+            for stack in stacks_in(directory)]

@@ -196,9 +196,7 @@ def process_alive(pid: int) -> bool:
 def stacks_in(directory: Path) -> list[DemoStack]:
     """The demo's hosts in a workdir: the single demo's one repo, or one per host of the fleet demo."""
     if (directory / "repo" / ".git").is_dir():
-        from deployer.demo import containers  # it builds on this module
-        return [containers.container_stack(directory) if (directory / containers.ENGINE_RECORD).is_file()
-                else DemoStack(directory)]
+        return [DemoStack(directory)]
     return [DemoStack(d) for d in sorted(directory.iterdir()) if (d / "repo" / ".git").is_dir()] \
         if directory.is_dir() else []
 
@@ -209,11 +207,12 @@ def kept_workdirs() -> list[Path]:
     return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*")) if (d / KEPT).is_file()]
 
 
-def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
+def stop_kept_stacks(workdir: Path | None,
+                     found: Callable[[Path], list[DemoStack]] = stacks_in) -> dict[Path, dict[str, int]]:
     """Stop what `deployer demo --keep` left running: in workdir, or in the one kept demo in the temp dir.
-    Empty when nothing was kept there."""
+    Empty when nothing was kept there. `found` reads a workdir's stacks (the container demo's knows its own)."""
     if workdir is not None:
-        if not stacks_in(workdir):
+        if not found(workdir):
             raise ConfigError(f"{workdir} holds no demo (no repo/.git there, nor in a host directory)")
         chosen = [workdir] if (workdir / KEPT).is_file() else []
     else:
@@ -223,7 +222,7 @@ def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
                               + ", ".join(map(str, chosen)))
     stopped = {}
     for directory in chosen:
-        for stack in stacks_in(directory):
+        for stack in found(directory):
             stopped[stack.workdir] = stack.live_pids()
             stack.stop()
             still = stack.live_pids()

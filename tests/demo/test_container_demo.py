@@ -9,7 +9,7 @@ from pathlib import Path
 from fixtures_containers import Box
 from fixtures_repo import deployer, deployer_env
 
-from deployer.demo.containers import ContainerStack, Engine
+from deployer.demo.containers import ContainerEngine, ContainerStack
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
@@ -17,7 +17,7 @@ GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 def test_demo_container_shows_the_bug_fixes_it_by_restarting_the_containers_and_demo_stop_removes_them(
         tmp_path: Path, podman_env: dict[str, str]) -> None:
     workdir = tmp_path / "demo"
-    names = [ContainerStack(workdir, engine=Engine("podman", "/x")).box(s).name for s in ("prefill", "decode")]
+    names = [ContainerStack(workdir, engine=ContainerEngine("podman", "/x")).box(s).name for s in ("prefill", "decode")]
     boxes = [Box(name, podman_env) for name in names]
     try:
         result = deployer("demo", "--container", "--workdir", str(workdir), "--keep", "--json", cwd=tmp_path,
