@@ -109,6 +109,11 @@ def _depth(value: object) -> int:
 # -- the client --------------------------------------------------------------------------------
 
 
+class NeverStarted(AgentLost):
+    """What a pipe's read raises when the far end ended before the agent ran and the pipe knows why (a
+    container's exec: the container stopped, the engine missing). That reason is the failure, said first."""
+
+
 class Pending(Generic[T]):
     """A request on its way; result() waits for its reply (bounded)."""
 
@@ -119,9 +124,10 @@ class Pending(Generic[T]):
         self._done = threading.Event()
         self._reply: dict[str, Any] | None = None
         self._failure: str | None = None
+        self._started = True  # False: the agent never ran, and the failure says why on its own
 
-    def _resolve(self, reply: dict[str, Any] | None, failure: str | None = None) -> None:
-        self._reply, self._failure = reply, failure
+    def _resolve(self, reply: dict[str, Any] | None, failure: str | None = None, *, started: bool = True) -> None:
+        self._reply, self._failure, self._started = reply, failure, started
         self._done.set()
 
     def result(self, timeout: float | None = None) -> T:
@@ -132,6 +138,8 @@ class Pending(Generic[T]):
             self._client.abort(f"'{self.request.op}' did not finish within {limit:g}s (no reply from the agent)")
             raise TransportError(f"{self._client.name}: '{self.request.op}' did not finish within {limit:g}s "
                                  "(no reply from the agent); closed the agent")
+        if self._reply is None and not self._started:
+            raise AgentLost(f"{self._client.name}: {self._failure}")
         if self._reply is None:
             raise AgentLost(f"{self._client.name}: agent lost during '{self.request.op}': {self._failure}")
         if not self._reply["ok"]:
@@ -288,6 +296,8 @@ class AgentClient:
                     return self._fail(f"{problem}: the stream is broken")
                 if not self._dispatch(reply):
                     return self.close()
+        except NeverStarted as exc:
+            return self._fail(str(exc), started=False)
         except RecursionError:
             return self._fail("a reply nested too deeply to read: the stream is broken")
         except (OSError, EOFError, ValueError) as exc:
@@ -319,9 +329,10 @@ class AgentClient:
         pending._resolve(reply)
         return True
 
-    def _fail(self, reason: str) -> None:
-        """The pipe is unusable: every waiter gets the reason (with the agent's stderr)."""
-        stderr = self._pipe.stderr_tail().strip()
+    def _fail(self, reason: str, *, started: bool = True) -> None:
+        """The pipe is unusable: every waiter gets the reason (with the agent's stderr, unless the agent never
+        started and the reason is what the pipe made of that stderr)."""
+        stderr = self._pipe.stderr_tail().strip() if started else ""
         if stderr:
             reason += f"; agent stderr: {stderr[-1000:]}"
         with self._state_lock:
@@ -329,7 +340,7 @@ class AgentClient:
                 self._dead = reason
             waiting, self._pending = list(self._pending.values()), {}
         for pending in waiting:
-            pending._resolve(None, reason)
+            pending._resolve(None, reason, started=started)
 
     def abort(self, reason: str) -> None:
         """Give up on the agent now: every waiter fails with reason; the pipe closes in the background,

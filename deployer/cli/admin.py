@@ -84,36 +84,49 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
 @click.option("--workdir", type=click.Path(file_okay=False),
               help="Where to create the scratch repo (default: a temp dir); with --stop, the demo to stop.")
 @click.option("--fleet", is_flag=True, help="Two prefill/decode units over four local hosts, as one fleet run.")
+@click.option("--container", "in_containers", is_flag=True,
+              help="Prefill and decode each in its own podman container (or podman-docker's docker): the services "
+                   "are the containers.")
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
 @click.option("--stop", "stop_kept", is_flag=True, help="Stop the stack a `deployer demo --keep` left running.")
 @json_option()
 @failures_to_exit_codes
-def demo(workdir: str | None, fleet: bool, keep: bool, stop_kept: bool, as_json: bool) -> None:
+def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop_kept: bool,
+         as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
-    from deployer.demo.run import run_demo, stop_kept_stacks
+    from deployer.demo.run import DemoStack, run_demo, stop_kept_stacks
     from deployer.steps.context import CancelToken
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_demo, show_stopped
     from deployer.ui.live import StepView
 
     if stop_kept:
+        from deployer.demo.containers import demo_stacks_in
         chosen = Path(workdir) if workdir else None
-        stopped = stop_kept_stacks(chosen)
+        stopped = stop_kept_stacks(chosen, demo_stacks_in)  # a container demo's containers too
         if as_json:
             emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
         else:
             show_stopped(make_console(), stopped, chosen)
         return
     if fleet:
+        if in_containers:
+            raise click.UsageError("--container is the single demo's: give --fleet or --container")
         fleet_demo(Path(workdir) if workdir else None, keep, as_json)
         return
+    if in_containers:
+        from deployer.demo.containers import container_stack_of, find_engine
+    # No engine for --container: exit 4, saying what to install.
+    stack = container_stack_of(find_engine()) if in_containers else DemoStack
     console = make_console()
     view = StepView(console, quiet=as_json)
     token = CancelToken()
     if not as_json:
-        console.print("deployer demo: starting a buggy prefill/decode/router stack on 127.0.0.1 ...")
+        where = " (prefill and decode in containers)" if in_containers else ""
+        console.print(f"deployer demo: starting a buggy prefill/decode/router stack on 127.0.0.1{where} ...")
     with cancel_on_signals(token), view:
-        outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token)
+        outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token,
+                           stack=stack)
     if as_json:
         emit_json({**outcome.result.document(), "workdir": str(outcome.stack.workdir)})
     else:

@@ -207,11 +207,12 @@ def kept_workdirs() -> list[Path]:
     return [d for d in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*")) if (d / KEPT).is_file()]
 
 
-def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
+def stop_kept_stacks(workdir: Path | None,
+                     found: Callable[[Path], list[DemoStack]] = stacks_in) -> dict[Path, dict[str, int]]:
     """Stop what `deployer demo --keep` left running: in workdir, or in the one kept demo in the temp dir.
-    Empty when nothing was kept there."""
+    Empty when nothing was kept there. `found` reads a workdir's stacks (the container demo's knows its own)."""
     if workdir is not None:
-        if not stacks_in(workdir):
+        if not found(workdir):
             raise ConfigError(f"{workdir} holds no demo (no repo/.git there, nor in a host directory)")
         chosen = [workdir] if (workdir / KEPT).is_file() else []
     else:
@@ -221,7 +222,7 @@ def stop_kept_stacks(workdir: Path | None) -> dict[Path, dict[str, int]]:
                               + ", ".join(map(str, chosen)))
     stopped = {}
     for directory in chosen:
-        for stack in stacks_in(directory):
+        for stack in found(directory):
             stopped[stack.workdir] = stack.live_pids()
             stack.stop()
             still = stack.live_pids()
@@ -278,13 +279,15 @@ class DemoOutcome:
     kept: bool
 
 
-def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken) -> DemoOutcome:
+def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken,
+             stack: Callable[[Path], DemoStack] = DemoStack) -> DemoOutcome:
+    """The demo playbook on one local host; `stack` makes that host's stack (the container demo's, say)."""
     def deploy(directory: Path, stacks: dict[str, DemoStack]) -> DemoOutcome:
         build = Build(directory / "runs", listeners=tuple(listeners))
         engine = build.engines(PLAYBOOK, {HOST: stacks[HOST].host()}, cancel=cancel)[HOST]
         return DemoOutcome(stacks[HOST], engine.apply(), keep)
 
-    return serve(workdir, lambda directory: {HOST: DemoStack(directory)}, {}, keep, cancel, deploy)
+    return serve(workdir, lambda directory: {HOST: stack(directory)}, {}, keep, cancel, deploy)
 
 
 # -- `deployer demo --fleet`: two PD units over four hosts, one fleet run ------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from deployer.agent.client import NeverStarted
 from deployer.config.container import Container
 from deployer.errors import AgentLost, TransportError
 from deployer.text import visible
@@ -75,7 +76,8 @@ class ContainerExec:
 
 class ContainerPipe:
     """The host transport's pipe to `<engine> exec`: the same bytes, and when the exec ended before the agent
-    wrote a byte, its stderr as the sentence `explain` makes of it (the client adds it to the failure)."""
+    wrote a byte, its stderr as the sentence `explain` makes of it: the read raises it as NeverStarted (the
+    client's failure begins with the container and the engine), and the stderr tail is it too."""
 
     def __init__(self, pipe: Pipe, explain: Callable[[str], str]) -> None:
         self._pipe = pipe
@@ -85,6 +87,8 @@ class ContainerPipe:
     def read(self, size: int) -> bytes:
         data = self._pipe.read(size)
         self._started = self._started or bool(data)
+        if not self._started and (tail := self._pipe.stderr_tail()).strip():  # the end, before the agent ran
+            raise NeverStarted(self._explain(tail))
         return data
 
     def write(self, data: bytes) -> None:

@@ -1,0 +1,46 @@
+"""A container target and the host around it: what a run says when the container is not there to run the agent
+(the container and the engine first, then what the engine said), and `become` (sudo on the host, around the
+engine's exec). Over the host's own transport: local and the real sshd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fixtures_containers import CONTAINER_REPO, Box
+from fixtures_repo import FIXED_A, Project
+from fixtures_ssh import SSHD
+from test_container_target import in_container
+
+
+def test_a_stopped_containers_error_begins_with_the_container_and_its_engine(target: Project,
+                                                                           container: Box) -> None:
+    project = in_container(target, container)
+    container.stop()
+    said = f"box: the podman container {container.name!r} is not running (start it: podman start {container.name})"
+    checked = project.deployer("check", "--host", "box")
+    assert checked.returncode == 4, checked.stdout + checked.stderr
+    row = next(line for line in checked.stdout.splitlines() if " container " in line)
+    assert row.split("FAIL", 1)[1].strip().startswith(said), row
+    project.playbook()
+    applied = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 4, applied.stdout + applied.stderr
+    assert applied.stderr.startswith(f"error: {said}: "), applied.stderr
+    assert "agent lost" not in checked.stdout + applied.stderr
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_become_runs_the_engines_exec_under_sudo_on_the_host(target: Project, container: Box, sshd: SSHD) -> None:
+    project = in_container(target, container)
+    project.write_inventory(become=True)
+    sudo_log = Path(sshd.fake_sudo_log)
+    before = sudo_log.read_text() if sudo_log.exists() else ""
+    project.playbook()
+    applied = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert container.read(f"{CONTAINER_REPO}/pkg/a.py") == FIXED_A
+    # One agent, its start `sudo -n -- podman exec ...` on the host: sudo is the host's, around the engine.
+    assert sudo_log.read_text()[len(before):].splitlines() == ["-n -- podman"]
+    connected = next(e for e in project.events() if e["type"] == "connected")
+    assert connected["transport"]["extra"]["become"] == "sudo"
+    assert connected["transport"]["extra"]["container"] == container.name
