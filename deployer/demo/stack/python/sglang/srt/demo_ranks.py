@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
-import time
 
 from sglang.srt.demo_http import StopFlag, require_loopback
 
@@ -54,12 +53,13 @@ def gather(spec: str, nnodes: int, stop: StopFlag) -> list[socket.socket] | None
 def follow(spec: str, rank: int, crash_s: float | None, stop: StopFlag) -> int:
     """Rank > 0: join rank 0's rendezvous, then live until stopped (no HTTP port: the process is the rank)."""
     host, port = address(spec)
-    began = time.monotonic()
+    if crash_s is not None:  # fails before it joins: rank 0 waits on at the rendezvous
+        if stop.sleep(crash_s):
+            return 0
+        print(f"[rank {rank}] RuntimeError: NCCL init failed before the rendezvous (demo crash knob)",
+              file=sys.stderr, flush=True)
+        return 1
     while True:
-        if crash_s is not None and time.monotonic() - began >= crash_s:
-            print(f"[rank {rank}] RuntimeError: NCCL init failed before the rendezvous (demo crash knob)",
-                  file=sys.stderr, flush=True)
-            return 1
         try:
             conn = socket.create_connection((host, port), timeout=1.0)
             break
