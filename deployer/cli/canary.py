@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from deployer.cli.options import accept_option, host_option, inventory_option
-from deployer.cli.output import failures_to_exit_codes
+from deployer.cli.options import accept_option, host_option, inventory_option, json_option
+from deployer.cli.output import emit_json, failures_to_exit_codes
 
 
 @click.command()
@@ -17,8 +17,10 @@ from deployer.cli.output import failures_to_exit_codes
               help="Write the answer here, as the golden one (only an answer that passes the canary's checks).")
 @inventory_option
 @accept_option
+@json_option()
 @failures_to_exit_codes
-def canary(playbook: str | None, host_name: str, out: str, inventory: str | None, accept_new_host_key: bool) -> None:
+def canary(playbook: str | None, host_name: str, out: str, inventory: str | None, accept_new_host_key: bool,
+           as_json: bool) -> None:
     """Send PLAYBOOK's canary request (its first `canary` step; without one, the defaults) straight to the
     host's server and record the answer. Run it against a server you trust (before the fix, with
     deterministic inference on)."""
@@ -31,6 +33,9 @@ def canary(playbook: str | None, host_name: str, out: str, inventory: str | None
     host = build.host(host_name)
     answer = record(host_name, host, build.connector(host_name, host),
                     load_playbook(Path(playbook)) if playbook else None, Path(out))
+    if as_json:
+        emit_json({**answer.event(), "golden": out, "exit_code": 0, "error": None})
+        return
     click.echo(f"recorded {out}: {answer.url} answered {answer.status} in {answer.seconds:.2f}s, "
                f"{shown(answer.text or '')}")
 
