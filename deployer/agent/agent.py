@@ -623,12 +623,17 @@ class Agent:
         return {"outcomes": outcomes}
 
     def op_http(self, req: dict[str, Any]) -> dict[str, Any]:
-        """GET on this host's loopback. No response at all is `status: null` plus `error`."""
+        """GET (or POST with a JSON `body`: a canary's generation) on this host's loopback. No response at all is
+        `status: null` plus `error`."""
         import http.client  # here, not at the top: it is a fifth of the agent's start-up, and most runs never fetch
 
         url = _field(req, "url", str, required=True)
         timeout = _positive(req, "timeout", 10.0)
         limit = int(_positive(req, "max_bytes", DEFAULT_HTTP_MAX))
+        method = _field(req, "method", str, "GET")
+        body = _field(req, "body", str)
+        if method not in ("GET", "POST") or (body is not None and method != "POST"):
+            raise OpError("bad_request", f"only GET, or POST with a body, not {method!r}")
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise OpError("bad_request", f"only http://<loopback>/... URLs are fetched, not {url!r}")
@@ -642,15 +647,18 @@ class Agent:
             target += "?" + parts.query
         conn = http.client.HTTPConnection(address, port, timeout=timeout)
         try:
-            conn.request("GET", target, headers={"Host": parts.netloc.rsplit("@", 1)[-1]})
+            headers = {"Host": parts.netloc.rsplit("@", 1)[-1]}
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, target, body=None if body is None else body.encode(), headers=headers)
             resp = conn.getresponse()
-            body = resp.read(limit + 1)
+            answer = resp.read(limit + 1)
         except (OSError, http.client.HTTPException) as exc:
             return {"url": url, "status": None, "error": f"{type(exc).__name__}: {exc}"}
         finally:
             conn.close()
-        return {"url": url, "status": resp.status, "body": _enc(body[:limit]),
-                "truncated": len(body) > limit,
+        return {"url": url, "status": resp.status, "body": _enc(answer[:limit]),
+                "truncated": len(answer) > limit,
                 "content_type": resp.getheader("Content-Type")}
 
     def op_batch(self, req: dict[str, Any]) -> dict[str, Any]:

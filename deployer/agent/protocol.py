@@ -266,16 +266,22 @@ class HttpResult:
 
 @dataclass(frozen=True)
 class Http(Request[HttpResult]):
-    """GET on the target's own loopback; check=False keeps a batch going past a bad status."""
+    """GET on the target's own loopback (or POST with a JSON body); check=False keeps a batch going past a bad
+    status."""
 
     op: ClassVar[str] = "http"
     url: str
     timeout: float = 10.0
     max_bytes: int = 4 << 20
     check: bool = True
+    method: str = "GET"
+    body: str | None = None  # JSON text, sent with a POST
 
     def fields(self) -> dict[str, Any]:
-        return {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check}
+        # A plain GET goes as it always did, so an older agent still understands it.
+        sent = {**({} if self.method == "GET" else {"method": self.method}),
+                **({} if self.body is None else {"body": self.body})}
+        return {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check, **sent}
 
     def parse(self, result: dict[str, Any]) -> HttpResult:
         return HttpResult(url=result["url"], status=result["status"], body=_unb64(result.get("body", "")),

@@ -25,6 +25,7 @@ from pydantic import (
 
 from deployer.config import yamlsrc
 from deployer.config.container import Container
+from deployer.config.gang import GangFields
 from deployer.config.persist import Persist
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
@@ -240,8 +241,8 @@ def resolve_env(env: dict[str, EnvValue]) -> dict[str, str]:
     return {k: v.resolve() if isinstance(v, SecretValue) else v for k, v in env.items()}
 
 
-class Unit(Strict):
-    """Services on different hosts that restart as one (prefill on one node, decode on another)."""
+class Unit(GangFields, Strict):
+    """Services on different hosts that restart as one (prefill on one node, decode on another), or a gang."""
 
     services: list[str] = Field(min_length=1)  # "host:service", in start order
     metrics: str | None = None  # the host whose metrics drain and baseline read
@@ -259,9 +260,8 @@ class Inventory(Strict):
     units: dict[str, Unit] = Field(default_factory=dict)
 
 
-# Control characters split line-based answers and reach sshd as invalid packets; line and paragraph
-# separators split lines too (str.splitlines); format characters (RIGHT-TO-LEFT OVERRIDE...) make a
-# name read as another one.
+# Control characters split line-based answers and reach sshd as invalid packets; line and paragraph separators
+# split lines too (str.splitlines); format characters (RIGHT-TO-LEFT OVERRIDE...) make a name read as another one.
 _UNSAFE_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
 
 

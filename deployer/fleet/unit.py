@@ -287,7 +287,7 @@ class UnitRun:
             self.ctxs[host].bus.step = name
             self.ctxs[host].emit("step_start", kind=step.kind, unit=self.name)
         try:
-            summaries = step.across(members, name, unit=self.name)
+            summaries = step.across(members, name, self.unit.gang_leader(), unit=self.name)
         except DeployerError as exc:
             for host in involved:
                 self._end_step(host, "failed", started, error=str(exc))

@@ -53,6 +53,7 @@ class Action:
     target: str = ""  # the path of a get or put, the URL of an http request
     stage: str = ""  # a put that only stages: the temp beside target it writes (renamed into place later)
     method: str = "GET"
+    body: str | None = None  # an http POST's JSON body
     when: str | None = None  # done only then (a fallback, an escalation, a failure); None: always
     repeats: bool = False  # a poll or a storm: planned once, done as often as the run needs
     failure: str = ""  # what it means when it fails (the step then fails); "": the step judges the result
@@ -96,7 +97,7 @@ class Action:
         if self.kind == Kind.run:
             return self.command()
         if self.kind == Kind.http:
-            return f"{self.method} {self.target}"
+            return f"{self.method} {self.target}" + ("" if self.body is None else f" {self.body}")
         if self.kind in (Kind.procs, Kind.signal):
             return " ".join((self.kind.value, *self.argv))
         if self.stage:  # the file it writes: the dest is only where the rename goes later
@@ -125,7 +126,7 @@ class Action:
         """Every value the action shows or sends, passed through f (binding placeholders, masking secrets)."""
         return replace(self, what=f(self.what), argv=tuple(f(a) for a in self.argv),
                        cwd=None if self.cwd is None else f(self.cwd), env=tuple((k, f(v)) for k, v in self.env),
-                       target=f(self.target), stage=f(self.stage))
+                       target=f(self.target), stage=f(self.stage), body=None if self.body is None else f(self.body))
 
     def describe(self) -> dict[str, Any]:
         """The action in `plan --json`; a command's argv too, since its line quotes the placeholders it holds."""
@@ -148,8 +149,8 @@ class Action:
         if self.kind == Kind.put:
             assert data is not None, "a put sends data"
             return Put(self.target, data, keep_owner=True, mkdirs=True, temp=self.stage or None)
-        if self.kind == Kind.http and self.method == "GET":
-            return Http(self.target, timeout=timeout, check=bool(self.failure))
+        if self.kind == Kind.http and self.method in ("GET", "POST"):
+            return Http(self.target, timeout=timeout, check=bool(self.failure), method=self.method, body=self.body)
         if self.kind == Kind.procs:
             chosen = dict(selector.split("=", 1) for selector in self.argv)
             return Procs(**{name: numbers(chosen.get(name, "")) for name in SELECTORS})

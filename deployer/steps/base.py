@@ -108,8 +108,10 @@ class Step(ABC):
         """The step as one host of a unit runs it in its own run (its plan, its check): that host's services."""
         raise NotImplementedError(f"{self.kind} does not span a unit")
 
-    def across(self, members: Sequence[tuple[Context, str]], name: str, **tags: str) -> dict[str, str]:
-        """Do it on members (each host's connection and a service) as one, tags on its events; each host's summary."""
+    def across(self, members: Sequence[tuple[Context, str]], name: str, leader: tuple[str, str] | None = None,
+               **tags: str) -> dict[str, str]:
+        """Do it on members (each host's connection and a service) as one, tags on its events; each host's summary.
+        leader: the unit is a gang, and this (host, service) its leader."""
         raise NotImplementedError(f"{self.kind} does not span a unit")
 
     @abstractmethod

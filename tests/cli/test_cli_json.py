@@ -32,6 +32,7 @@ FAILING = {
     "schema": ["schema", "no-such-kind"],
     "recover": ["recover", "no-such-run"],
     "restart": ["restart", "--host", "nowhere"],
+    "canary": ["canary", "--host", "nowhere", "--record", "golden.json"],
 }
 
 

@@ -24,6 +24,7 @@ from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services import manager_for
+from deployer.steps.services.gang import GangStart
 from deployer.steps.services.gpu import GpuWait
 from deployer.steps.services.manager import Manager, Observed, not_ours, pid_text
 
@@ -43,6 +44,7 @@ class Restart:
 
     members: list[Manager]  # in start order
     tags: Mapping[str, str]  # on every event it emits (a unit's name)
+    leader: tuple[str, str] | None = None  # a gang's (host, service): its members start at once (gang.py)
     seen: dict[Manager, Observed] = field(default_factory=dict)
     new: dict[Manager, int] = field(default_factory=dict)
     gpus: dict[Manager, GpuWait] = field(init=False)
@@ -60,7 +62,7 @@ class Restart:
         return [*each(self.observe, lambda m: m.observe_actions(), ms),
                 *each(self.stop, lambda m: m.stop_actions(), ms[::-1]),
                 *each(self.free, lambda m: m.free_actions(), ms),
-                *(stage for m in ms for stage in self.starting(m)),
+                *(self.gang_starting() if self.leader else [s for m in ms for s in self.starting(m)]),
                 Stage([], self.record),
                 *each(self.confirm, lambda m: m.confirm_actions(), ms)]
 
@@ -103,6 +105,15 @@ class Restart:
         """Its GPUs released (when it has any), then its start: each start waits for its own GPUs."""
         wait = [Stage(self.gpus[m].actions(), partial(self.released, m))] if m in self.gpus else []
         return [*wait, Stage(m.start_actions(), partial(self.start, m))]
+
+    def gang_starting(self) -> list[Stage]:
+        """Every member's GPUs released, then one stage that starts them all at once."""
+        waits = [Stage(self.gpus[m].actions(), partial(self.released, m)) for m in self.members if m in self.gpus]
+        return [*waits, Stage([a for m in self.members for a in m.start_actions()], self.gang_start)]
+
+    def gang_start(self) -> None:
+        lead = next(m for m in self.members if (m.ctx.host_name, m.name) == self.leader)
+        self.new.update(GangStart(self.members, lead, self.tags).run())
 
     def released(self, m: Manager) -> None:
         if (problem := self.gpus[m].wait(old_tree(m, self.seen[m]))) is not None:
@@ -179,8 +190,9 @@ class CoRestart(Step):
         waits = [GpuWait(m) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx)) if m.service.gpus]
         return [problem for wait in waits if (problem := wait.problem()) is not None]
 
-    def restart(self, members: Sequence[tuple[Context, str]], name: str, tags: Mapping[str, str]) -> Restart:
-        return Restart([manager_for(ctx, service, name, self.timeout_s) for ctx, service in members], tags)
+    def restart(self, members: Sequence[tuple[Context, str]], name: str, tags: Mapping[str, str],
+                leader: tuple[str, str] | None = None) -> Restart:
+        return Restart([manager_for(ctx, service, name, self.timeout_s) for ctx, service in members], tags, leader)
 
     def plan(self, ctx: Context) -> list[Action]:
         return self.restart([(ctx, n) for n in self.names(ctx)], self.name, NOTHING).plan()
@@ -201,8 +213,9 @@ class CoRestart(Step):
     def part(self, services: list[str]) -> Step:
         return UnitRestart(self.params, self.name, self.where, services)
 
-    def across(self, members: Sequence[tuple[Context, str]], name: str, **tags: str) -> dict[str, str]:
-        return self.restart(members, name, tags).run()
+    def across(self, members: Sequence[tuple[Context, str]], name: str, leader: tuple[str, str] | None = None,
+               **tags: str) -> dict[str, str]:
+        return self.restart(members, name, tags, leader).run()
 
 
 class UnitRestart(CoRestart):

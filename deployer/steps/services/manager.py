@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -156,6 +156,8 @@ class Manager(ABC):
     """How one service is observed, stopped and started on the target: its actions, and the run that does them."""
 
     warning: str | None = None  # what observe() saw wrong with how the service runs (`check` shows it)
+    # Asked each round of its start's wait; raises to end it (a gang's leader: another rank died).
+    watch: Callable[[], None] | None = None
 
     def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
@@ -247,6 +249,8 @@ class Manager(ABC):
         with self.ctx.poll(PROBE_TIMEOUT_S) as poll:
             while True:
                 results = poll.round(calls)
+                if self.watch is not None:
+                    self.watch()
                 pid = self.probed_pid(results[0], bound)
                 if self.up_health is not None:
                     story.add(results[1])

@@ -23,9 +23,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     parser.add_argument("--disaggregation-transfer-backend", default="nixl")
     parser.add_argument("--enable-metrics", action="store_true")
+    # One server over several nodes: every rank runs this command, only rank 0 serves HTTP.
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--dist-init-addr", default=None)
     args, ignored = parser.parse_known_args(argv)
     if args.disaggregation_mode == "null":
         parser.error("the demo stack only runs with --disaggregation-mode prefill|decode")
+    if args.nnodes > 1 and (args.dist_init_addr is None or not 0 <= args.node_rank < args.nnodes):
+        parser.error("--nnodes > 1 needs --dist-init-addr HOST:PORT and 0 <= --node-rank < --nnodes")
     args.ignored_args = ignored
     return args
 

@@ -31,6 +31,11 @@ SGLANG_DEMO_BOOTSTRAP_TIMEOUT_S 30      a prefill room whose decode side never r
 SGLANG_DEMO_STOP_HANG_S         0       after SIGTERM the server goes on serving this long before it
                                         stops (upstream drains in-flight requests with no deadline)
 SGLANG_DEMO_SCHEDULER_OWN_GROUP 0       1: the scheduler child leaves the server's process group
+SGLANG_DEMO_GENERATE_FAIL       (none)  a direct ``/generate`` fails as broken PD serving does: ``error``
+                                        answers HTTP 200 with ``finish_reason: {"type": "error"}``
+                                        (smg#2382), ``500`` answers HTTP 500 (sglang#33789)
+SGLANG_DEMO_RANK_CRASH_S        (none)  a rank > 0 of a multi-node server exits with status 1 this long
+                                        after it starts, before it joins the rendezvous
 =============================== ======= ==============================================================
 
 ``/abort_request {"abort_all": true}`` re-fails every request the prefill scheduler still holds,
@@ -57,6 +62,13 @@ def _read(name: str, default: float, *, minimum: float) -> float:
     return value
 
 
+def _choice(name: str, allowed: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip()
+    if raw not in allowed:
+        raise SystemExit(f"{name}={raw!r}: must be one of {', '.join(repr(a) for a in allowed)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Knobs:
     kv_chunks: int = 4
@@ -70,6 +82,8 @@ class Knobs:
     bootstrap_timeout_s: float = 30.0
     stop_hang_s: float = 0.0
     scheduler_own_group: bool = False
+    generate_fail: str = ""  # "", "error" or "500"
+    rank_crash_s: float | None = None
 
     @classmethod
     def from_env(cls) -> Knobs:
@@ -88,4 +102,7 @@ class Knobs:
             ),
             stop_hang_s=_read("SGLANG_DEMO_STOP_HANG_S", d.stop_hang_s, minimum=0.0),
             scheduler_own_group=bool(_read("SGLANG_DEMO_SCHEDULER_OWN_GROUP", 0, minimum=0)),
+            generate_fail=_choice("SGLANG_DEMO_GENERATE_FAIL", ("", "error", "500")),
+            rank_crash_s=None if not os.environ.get("SGLANG_DEMO_RANK_CRASH_S")
+            else _read("SGLANG_DEMO_RANK_CRASH_S", 0.0, minimum=0.0),
         )

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+from sglang.srt import demo_generate, demo_ranks
 from sglang.srt.demo_http import (
     PROMETHEUS_CONTENT_TYPE,
     DemoHTTPServer,
@@ -395,6 +396,13 @@ class ServerHandler(JSONHandler):
             if not self.app.ready:
                 self.send_json(503, {"error": "server is starting"})
                 return
+            if "bootstrap_room" not in body:  # straight to this server (a canary), not the router's fan-out
+                try:
+                    code, reply = demo_generate.answer(self.app.model_name, body, self.app.knobs.generate_fail)
+                except demo_generate.BadGenerate as exc:
+                    code, reply = 400, {"error": str(exc)}
+                self.send_json(code, reply)
+                return
             try:
                 self.app.generate(self, body)
             except BadRequest as exc:
@@ -436,8 +444,14 @@ def launch_server(args: argparse.Namespace) -> int:
     require_loopback(args.host, "--host")
     knobs = Knobs.from_env()
     mode = args.disaggregation_mode
-    app: BaseApp = PrefillApp(args, knobs) if mode == "prefill" else DecodeApp(args, knobs)
     stop = install_stop_signals()
+    if args.nnodes > 1 and args.node_rank > 0:
+        return demo_ranks.follow(args.dist_init_addr, args.node_rank, knobs.rank_crash_s, stop)
+    # Rank 0 of a multi-node server binds its ports only once every rank joined; the sockets stay open.
+    ranks = demo_ranks.gather(args.dist_init_addr, args.nnodes, stop) if args.nnodes > 1 else []
+    if ranks is None:
+        return 0
+    app: BaseApp = PrefillApp(args, knobs) if mode == "prefill" else DecodeApp(args, knobs)
     servers: list[DemoHTTPServer] = []
     try:
         servers.append(DemoHTTPServer(args.host, args.port, ServerHandler, app))

@@ -1,0 +1,216 @@
+"""canary: prove the new servers with a real generation, not only their /health.
+
+In PD serving both roles can answer /health 200 while the pair is broken (sglang#33789: persistent 500s after a
+prefill restart), and a failed request can come back as HTTP 200 with `finish_reason: {"type": "error"}`
+(smg#2382). So after the restart the step sends one generation straight to the new server (and, with `via`,
+one more through the router) from the target's own loopback, and requires: HTTP 200, a JSON answer with
+non-empty text, a finish_reason that is not an error, an answer within the latency bound, and with `golden:` the
+exact text of a recorded answer (deterministic inference: SGLang `--enable-deterministic-inference`, vLLM
+`VLLM_BATCH_INVARIANT=1`). What came back is input: validated before it counts, shown escaped, and recorded in
+the run log (masked as every event is).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field
+
+from deployer.agent.protocol import HttpResult
+from deployer.command import Masker
+from deployer.config.models import Host, LoopbackUrl, Playbook, Strict
+from deployer.errors import ConfigError, StepFailed
+from deployer.steps.action import Action
+from deployer.steps.base import Effect, Scope, Step
+from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.text import visible
+from deployer.transport.base import Transport
+
+SHOWN = 80  # characters of an answer a message shows
+GOLDEN_FORMAT = 1
+
+
+class CanaryParams(Strict):
+    url: LoopbackUrl | None = None  # default: the service's health URL, path /generate
+    service: str | None = None  # whose health URL gives the default (default: the host's first with one)
+    via: LoopbackUrl | None = None  # also through this URL (the router's /generate)
+    text: str = Field(default="The capital of France is", min_length=1)
+    max_new_tokens: int = Field(default=8, ge=1, le=4096)
+    latency_s: float = Field(default=30.0, gt=0)  # each answer within this
+    golden: str | None = None  # a file `deployer canary --record` wrote (relative to the playbook)
+    timeout_s: float = Field(default=60.0, gt=0)
+
+    def body(self) -> str:
+        return json.dumps({"text": self.text, "sampling_params": {"max_new_tokens": self.max_new_tokens}},
+                          sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One canary answer, judged: `problem` None when it passed every check (the golden compared apart)."""
+
+    url: str
+    status: int | None
+    seconds: float
+    text: str | None
+    finish: str | None  # finish_reason.type
+    problem: str | None
+
+    def event(self) -> dict[str, Any]:
+        return {"url": self.url, "status": self.status, "latency_s": round(self.seconds, 3), "text": self.text,
+                "finish_reason": self.finish, "ok": self.problem is None, "problem": self.problem}
+
+
+def shown(text: str) -> str:
+    cut = text if len(text) <= SHOWN else text[:SHOWN] + "..."
+    return repr(visible(cut, multiline=False))
+
+
+def judge(result: HttpResult, seconds: float, params: CanaryParams) -> Answer:
+    """What one answer came to: the checks in the order a person would look."""
+    def answer(problem: str | None, text: str | None = None, finish: str | None = None) -> Answer:
+        return Answer(result.url, result.status, seconds, text, finish, problem)
+
+    if result.status is None:
+        return answer(f"no answer ({visible(result.error or '?', multiline=False)})")
+    if result.status != 200:
+        return answer(f"HTTP {result.status}: {shown(result.text)}")
+    try:
+        reply = json.loads(result.body)
+    except ValueError:
+        return answer(f"not JSON: {shown(result.text)}")
+    meta = reply.get("meta_info") if isinstance(reply, dict) else None
+    text = reply.get("text") if isinstance(reply, dict) else None
+    reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    finish = reason.get("type") if isinstance(reason, dict) else reason
+    if not isinstance(text, str) or not isinstance(finish, (str, type(None))):
+        return answer(f"not a generation (text and meta_info.finish_reason): {shown(result.text)}")
+    if finish in ("error", "abort"):
+        said = reason.get("message", "") if isinstance(reason, dict) else ""
+        return answer(f"finish_reason {finish}: {shown(str(said))}", text, finish)
+    if not text.strip():
+        return answer("empty output", text, finish)
+    if seconds > params.latency_s:
+        return answer(f"answered in {seconds:.2f}s, over the {params.latency_s:g}s bound", text, finish)
+    return answer(None, text, finish)
+
+
+def first_difference(expected: str, got: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), min(len(expected), len(got)))
+    return (f"first difference at character {at}: expected {shown(expected[at:])}, got {shown(got[at:])} "
+            f"(after {shown(expected[max(0, at - 20):at])})")
+
+
+def default_url(host_name: str, host: Host, service: str | None) -> str | None:
+    """The service's health URL with the path /generate: where the new server answers a generation."""
+    names = [service] if service is not None else list(host.services)
+    health = next((h for n in names if n in host.services and (h := host.services[n].health)), None)
+    if health is None:
+        return None
+    parts = urlsplit(health)
+    return urlunsplit((parts.scheme, parts.netloc, "/generate", "", ""))
+
+
+def request_action(url: str, params: CanaryParams, through: str) -> Action:
+    return Action.http(f"canary.{through}", f"a {params.max_new_tokens}-token generation {through}, judged "
+                       f"(200, output, finish_reason, within {params.latency_s:g}s)", url, method="POST",
+                       body=params.body())
+
+
+def ask(ctx: Context, action: Action, params: CanaryParams) -> Answer:
+    began = time.monotonic()
+    result = ctx.act(action, timeout=params.timeout_s)
+    answer = judge(result, time.monotonic() - began, params)
+    ctx.emit("canary", **answer.event())
+    return answer
+
+
+def golden_file(path: Path) -> dict[str, Any]:
+    """A recorded answer: {format, request, url, text}; refused (naming the file) when it is not one."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a golden answer `deployer canary --record` wrote: {exc}") from None
+    if not isinstance(recorded, dict) or recorded.get("format") != GOLDEN_FORMAT or \
+            not isinstance(recorded.get("text"), str):
+        raise ConfigError(f"{path}: not a golden answer `deployer canary --record` wrote (format {GOLDEN_FORMAT})")
+    return recorded
+
+
+def golden_of(answer: Answer, params: CanaryParams) -> dict[str, Any]:
+    return {"format": GOLDEN_FORMAT, "request": json.loads(params.body()), "url": answer.url, "text": answer.text}
+
+
+class Canary(Step):
+    kind = "canary"
+    scope = Scope.metrics_host
+    effect = Effect.verifies
+    Params = CanaryParams
+    params: CanaryParams
+
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        if self.params.service is not None and self.params.service not in host.services:
+            return f"host {host_name} has no service {self.params.service}"
+        if self.params.url is None and default_url(host_name, host, self.params.service) is None:
+            return f"no canary URL: give a service a `health` URL on host {host_name}, or `url` on the step"
+        return None
+
+    def requests(self, ctx: Context) -> list[Action]:
+        url = self.params.url or default_url(ctx.host_name, ctx.host, self.params.service)
+        if url is None:
+            raise StepFailed(self.name, self.check_host(ctx.host_name, ctx.host) or "no canary URL")
+        direct = [request_action(url, self.params, "to the new server")]
+        return direct + ([] if self.params.via is None else [request_action(self.params.via, self.params,
+                                                                            "through the router")])
+
+    def golden(self, ctx: Context) -> Path | None:
+        return None if self.params.golden is None else ctx.playbook.path.parent / self.params.golden
+
+    def plan(self, ctx: Context) -> list[Action]:
+        path = self.golden(ctx)
+        compare = [] if path is None else [Action(f"each output must be exactly the text recorded in {path}")]
+        return [*self.requests(ctx), *compare]
+
+    def run(self, ctx: Context) -> str:
+        path = self.golden(ctx)
+        expected = None if path is None else golden_file(path)["text"]
+        said = []
+        for action in self.requests(ctx):
+            answer = ask(ctx, action, self.params)
+            where = f"{action.method} {answer.url}"
+            if answer.problem is not None:
+                raise StepFailed(self.name, f"canary {where}: {answer.problem}")
+            assert answer.text is not None
+            if expected is not None and answer.text != expected:
+                raise StepFailed(self.name, f"canary {where}: the output is not the golden one in {path}: "
+                                 f"{first_difference(expected, answer.text)}")
+            said.append(f"{answer.url}: {answer.status} in {answer.seconds:.2f}s, {shown(answer.text)}"
+                        + (" = golden" if expected is not None else ""))
+        return "; ".join(said)
+
+
+def record(host_name: str, host: Host, connect: Callable[[EventBus], Transport],
+           playbook: tuple[LoadedPlaybook, Sequence[Step]] | None, out: Path) -> Answer:
+    """`deployer canary --record`: the canary's request (the playbook's first canary step, else the defaults)
+    sent straight to the host's server once; a passing answer is written to `out` as the golden one."""
+    loaded, steps = playbook or (None, [])
+    step = next((s for s in steps if isinstance(s, Canary)), None) or Canary(CanaryParams(), "canary")
+    bus = EventBus(Masker(host.secrets()), host_name)
+    shipped = loaded or LoadedPlaybook(path=out, raw=b"", model=Playbook.model_construct(name="canary", steps=[]),
+                                        sources={}, patch=None)
+    if problem := step.check_host(host_name, host):
+        raise ConfigError(f"{step.where or 'canary'}: {problem}")
+    with connect(bus) as transport:
+        ctx = Context(run_id="<canary>", host_name=host_name, host=host, transport=transport, playbook=shipped,
+                      bus=bus, cancel=CancelToken())
+        answer = ask(ctx, step.requests(ctx)[0], step.params)
+    if answer.problem is not None:
+        raise StepFailed(step.name, f"canary {answer.url}: {answer.problem}; no golden answer written")
+    out.write_text(json.dumps(golden_of(answer, step.params), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return answer
