@@ -116,7 +116,8 @@ def test_runs_verify_target_of_a_fleet_exits_4_naming_an_unreachable_host_and_5_
     fleet_id = report["fleet_id"]
     assert fleet.deployer("runs", "verify", fleet_id, "--target").returncode == 0
     inventory = yaml.safe_load(fleet.inventory.read_text())
-    closed = socket.create_server(("127.0.0.1", 0))  # bound, never listening: the connect is refused
+    closed = socket.socket()  # bound, never listening: the connect is refused (create_server would listen)
+    closed.bind(("127.0.0.1", 0))
     inventory["hosts"]["h3"]["port"] = closed.getsockname()[1]
     fleet.inventory.write_text(yaml.safe_dump(inventory))
     try:
