@@ -266,16 +266,22 @@ class HttpResult:
 
 @dataclass(frozen=True)
 class Http(Request[HttpResult]):
-    """GET on the target's own loopback; check=False keeps a batch going past a bad status."""
+    """A request on the target's own loopback (GET; POST/PUT/DELETE with an optional JSON body for a router's
+    worker calls); check=False keeps a batch going past a bad status."""
 
     op: ClassVar[str] = "http"
     url: str
     timeout: float = 10.0
     max_bytes: int = 4 << 20
     check: bool = True
+    method: str = "GET"
+    json: Any = None  # sent as the body, with Content-Type: application/json
 
     def fields(self) -> dict[str, Any]:
-        return {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check}
+        sent = {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check}
+        if self.method != "GET" or self.json is not None:  # a GET without a body reads as before
+            sent.update(method=self.method, json=self.json)
+        return sent
 
     def parse(self, result: dict[str, Any]) -> HttpResult:
         return HttpResult(url=result["url"], status=result["status"], body=_unb64(result.get("body", "")),
