@@ -130,11 +130,13 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @accept_option
 @click.option("--allow-dirty", is_flag=True, help="Ship even over uncommitted changes in the target files.")
 @click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
+@click.option("--allow-downtime", is_flag=True, help="Restart units even when no other unit serves behind their "
+                                                     "router meanwhile.")
 @health_timeout_option
 @json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
-          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool,
+          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, allow_downtime: bool,
           health_timeout_s: float | None, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
     from deployer.config import targets
@@ -158,7 +160,8 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         for_units(engines, units)
         show_plans(build, engines, as_json)
         return
-    fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[])
+    fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[], inventory=loaded,
+                              allow_downtime=allow_downtime)
     run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
 
 

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from deployer.config.models import Inventory, Unit
+    from deployer.config.models import Inventory, Service, Unit
     from deployer.config.yamlsrc import Loc
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -95,19 +95,8 @@ def check_unit_router(inventory: Inventory, name: str, unit: Unit, refuse: Calla
             refuse(loc, f"{worker.service}: no http health URL (its in-flight gauges are read beside it)")
 
 
-def worker_url(inventory: Inventory, worker: RouterWorker) -> str:
-    """The URL the router names the worker by (checked when the inventory loaded)."""
-    if worker.url is not None:
-        return worker.url
-    host, _, service = worker.service.partition(":")
-    health = inventory.hosts[host].services[service].health
-    assert health is not None
-    return http_origin(health)
-
-
-def metrics_url(inventory: Inventory, worker: RouterWorker) -> str:
-    """Where the worker's own gauges are read, on its host's loopback: beside its health URL."""
-    host, _, service = worker.service.partition(":")
-    health = inventory.hosts[host].services[service].health
-    assert health is not None
-    return http_origin(health) + "/metrics"
+def metrics_origin(service: Service) -> str:
+    """http://HOST:PORT of a worker service's health URL (checked when the inventory loaded): where its own
+    gauges are read, on its host's loopback, and by default the URL the router names it by."""
+    assert service.health is not None
+    return http_origin(service.health)
