@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures_repo import deployer
+from polling import wait_for
 
 from deployer.config.models import LocalHost
 from deployer.demo.run import DemoStack, start_stacks, unit_ports
 from deployer.steps.context import CancelToken
-from fixtures_repo import deployer
-from polling import wait_for
 
 UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (and gpu-a the router's), decode
 PLAYBOOK = {
@@ -212,7 +212,7 @@ def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_re
         for service, pid in pids.items():
             assert (after[host][service] == pid) == (service == "router"), (host, service)  # only the workers new
     assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
-    for unit, (prefill, decode) in UNITS.items():
+    for unit, (prefill, _decode) in UNITS.items():
         kinds = [e["type"] for e in pd_fleet.events(report, prefill) if e.get("unit") == unit
                  and e["type"].startswith(("router_", "worker_"))]
         assert kinds[:2] == ["router_remove", "router_remove"] and "worker_inflight" in kinds, (unit, kinds)
@@ -266,7 +266,7 @@ def test_a_unit_alone_behind_its_router_needs_allow_downtime(pd_fleet: PdFleet) 
     assert "router pd-router: no other unit serves behind it while pd-1 restarts: that is downtime; pass " \
            "--allow-downtime to accept it" in output
     assert pd_fleet.pids() == before
-    code, report, output = pd_fleet.apply("pd-1", "--allow-downtime")
+    code, _report, output = pd_fleet.apply("pd-1", "--allow-downtime")
     assert code == 0, output
     assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
     wait_for(lambda: {pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")}
