@@ -70,6 +70,11 @@ class RouterWorker(BaseModel):
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)  # a prefill's, sent when it is added back
 
 
+def units_behind(inventory: Inventory) -> dict[str, list[str]]:
+    """router -> every unit of the inventory behind it (a unit outside a run still serves through it)."""
+    return {name: [unit for unit, spec in inventory.units.items() if spec.router == name] for name in inventory.routers}
+
+
 def check_unit_router(inventory: Inventory, name: str, unit: Unit, refuse: Callable[[Loc, str], None]) -> None:
     """A unit's router is in `routers:` and on a known host; each worker is a service of the unit with a health URL."""
     if unit.router is None:

@@ -51,9 +51,7 @@ class FleetApply:
         strategy = strategy_for(self.rollout)
         batches = strategy.batches(hosts, members)
         if not self.allow_downtime and (down := downtime(batches, members, self.behind)):
-            raise ConfigError("; ".join(f"router {router}: no other unit serves behind it while "
-                                        f"{' and '.join(names)} restart{'s' if len(names) == 1 else ''}"
-                                        for router, names in down.items())
+            raise ConfigError("; ".join(Downtime(router, names, None).what for router, names in down.items())
                               + ": that is downtime; pass --allow-downtime to accept it")
         state = new_state("apply", first.playbook.model.name, first.operator, hosts, batches, self.parallel,
                           units=members)
@@ -94,9 +92,44 @@ class FleetApply:
             origin = metrics_origin(self.engines[host].host.services[service])
             workers.append(Worker(worker, worker.url or origin, origin + "/metrics", ctxs[host]))
         leader = ctxs[sorted(ctxs)[0]]
-        return UnitRouting(name, RouterClient(unit.router, spec, transport), workers,
+        return UnitRouting(RouterClient(unit.router, spec, transport), workers,
                            emit=lambda kind, **data: leader.emit(kind, unit=name, **data), wait=leader.cancel.wait,
                            owned=owned)
+
+
+@dataclass(frozen=True)
+class Downtime:
+    """A router that one batch leaves with no unit behind it: how long, from its units' last times to healthy."""
+
+    router: str
+    units: list[str]
+    expected_s: float | None  # None: some service of them has no recorded time to healthy yet
+
+    @property
+    def what(self) -> str:
+        return (f"router {self.router}: no other unit serves behind it while {' and '.join(self.units)} restart"
+                f"{'s' if len(self.units) == 1 else ''}")
+
+    def describe(self) -> str:
+        how_long = f"about {self.expected_s:g}s" if self.expected_s is not None else "for an unknown time"
+        return f"{self.what}: downtime, {how_long} (apply needs --allow-downtime)"
+
+
+def planned_downtime(engines: dict[str, Engine], units: dict[str, Unit], rollout: Rollout,
+                     behind: dict[str, list[str]], runs_dir: Path) -> list[Downtime]:
+    """`plan`'s view of the downtime `apply` refuses: each such router, and the time its units took to be healthy
+    the last time (a unit's services start one after the other, so their times add up)."""
+    from deployer.steps.services.budgets import last_times
+
+    members = {name: sorted(unit.hosts()) for name, unit in units.items()}
+    found = []
+    for router, names in downtime(strategy_for(rollout).batches(list(engines), members), members, behind).items():
+        times = {(host, t.service): t.seconds for name in names for host in members[name]
+                 for t in last_times(runs_dir, host, engines[host].host)}
+        needed = [(host, service) for name in names for host, service in units[name].members()]
+        seconds = sum(times[m] for m in needed) if all(m in times for m in needed) else None
+        found.append(Downtime(router, names, None if seconds is None else round(seconds, 3)))
+    return found
 
 
 def for_units(engines: dict[str, Engine], units: dict[str, Unit]) -> None:

@@ -128,7 +128,6 @@ def inflight(worker: Worker, gauges: list[str]) -> float | None:
 class UnitRouting:
     """A unit's workers behind its router: taken out before the restart, put back after it (or after a failure)."""
 
-    unit: str
     client: RouterClient
     workers: list[Worker]
     emit: Callable[..., None]  # onto the unit's run log (its first host's)
@@ -145,13 +144,13 @@ class UnitRouting:
         listed = self.client.listed()
         missing = [w.url for w in self.workers if w.url not in listed]
         if missing:
-            raise RouterFailed(f"unit {self.unit}: router {self.client.name} does not list its worker(s) "
+            raise RouterFailed(f"router {self.client.name} does not list the unit's worker(s) "
                                f"{', '.join(map(shown, missing))} (it lists {', '.join(map(shown, listed)) or 'none'})")
         self.out = True  # from the first removal on, a failure puts the workers back
         for worker in self.workers:
             self.client.remove(worker, listed)
             self.emit("router_remove", router=self.client.name, worker=worker.url, service=worker.spec.service)
-        self._until(lambda found: not any(w.url in found for w in self.workers), "no longer lists")
+        self._until(lambda found: not any(w.url in found for w in self.workers), "stop listing")
         self._drain()
 
     def put_back(self, *, healthy: bool = True) -> None:
@@ -162,7 +161,7 @@ class UnitRouting:
                 self.client.add(worker)
                 self.emit("router_add", router=self.client.name, worker=worker.url, service=worker.spec.service)
         self._until(lambda found: all(w.url in found and (found[w.url].is_healthy or not healthy)
-                                      for w in self.workers), "lists (healthy)" if healthy else "lists")
+                                      for w in self.workers), "list (as healthy)" if healthy else "list")
         self.out = False
 
     def _until(self, done: Callable[[dict[str, Listed]], bool], what: str) -> None:
@@ -175,8 +174,8 @@ class UnitRouting:
                 return
             if time.monotonic() > deadline:
                 urls = ", ".join(w.url for w in self.workers)
-                raise RouterFailed(f"unit {self.unit}: router {self.client.name} still not {what} {urls} after "
-                                   f"{spec.change_timeout_s:g}s (it lists {', '.join(map(shown, found)) or 'none'})")
+                raise RouterFailed(f"router {self.client.name} did not {what} {urls} within {spec.change_timeout_s:g}s "
+                                   f"(it lists {', '.join(map(shown, found)) or 'none'})")
             self.wait(spec.interval_s)
 
     def _drain(self) -> None:
@@ -191,6 +190,6 @@ class UnitRouting:
                     break
                 if time.monotonic() > deadline:
                     seen = "unreadable" if value is None else f"{value:g} in flight"
-                    raise RouterFailed(f"unit {self.unit}: worker {worker.url} ({worker.spec.service}) did not "
+                    raise RouterFailed(f"worker {worker.url} ({worker.spec.service}) did not "
                                        f"drain within {spec.drain_timeout_s:g}s: {seen} ({' + '.join(spec.inflight)})")
                 self.wait(spec.interval_s)

@@ -261,6 +261,7 @@ def test_a_unit_alone_behind_its_router_needs_allow_downtime(pd_fleet: PdFleet) 
     pd_fleet.inventory["units"]["pd-2"] = {"services": ["gpu-c:prefill", "gpu-d:decode"]}  # pd-2 leaves the router
     pd_fleet.write()
     before = pd_fleet.pids()
+    assert downtime_planned(pd_fleet) == [{"router": "pd-router", "units": ["pd-1"], "expected_s": None}]
     code, _, output = pd_fleet.apply("pd-1")
     assert code == 2, output
     assert "router pd-router: no other unit serves behind it while pd-1 restarts: that is downtime; pass " \
@@ -271,3 +272,15 @@ def test_a_unit_alone_behind_its_router_needs_allow_downtime(pd_fleet: PdFleet) 
     assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
     wait_for(lambda: {pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")}
              <= listed_healthy(pd_fleet), "pd-1's workers listed again", 10)
+    [planned] = downtime_planned(pd_fleet)  # now from the apply's times to healthy (prefill, then decode)
+    assert planned["units"] == ["pd-1"] and isinstance(planned["expected_s"], float) and planned["expected_s"] > 0
+    shown = deployer("plan", "note.yaml", "--host", "pd-1", cwd=pd_fleet.root)
+    assert f"router pd-router: no other unit serves behind it while pd-1 restarts: downtime, about " \
+           f"{planned['expected_s']:g}s (apply needs --allow-downtime)" in shown.stdout, shown.stdout
+
+
+def downtime_planned(fleet: PdFleet) -> list[dict[str, Any]]:
+    result = deployer("plan", "note.yaml", "--host", "pd-1", "--json", cwd=fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    downtime: list[dict[str, Any]] = json.loads(result.stdout)["downtime"]
+    return downtime
