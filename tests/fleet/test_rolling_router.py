@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import sys
 import threading
 import time
@@ -284,3 +285,17 @@ def downtime_planned(fleet: PdFleet) -> list[dict[str, Any]]:
     assert result.returncode == 0, result.stdout + result.stderr
     downtime: list[dict[str, Any]] = json.loads(result.stdout)["downtime"]
     return downtime
+
+
+def test_a_unit_naming_an_unknown_router_or_a_worker_outside_it_is_refused_with_file_line_and_field(
+        tmp_path: Path) -> None:
+    fleet = make_fleet(tmp_path)  # nothing started: the inventory is refused before any host connects
+    fleet.inventory["units"]["pd-1"]["router"] = "nope"
+    fleet.inventory["units"]["pd-2"]["workers"][1]["service"] = "gpu-a:decode"
+    fleet.write()
+    result = deployer("plan", "note.yaml", "--host", "pd-1,pd-2", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(r"hosts\.yaml:\d+:13: units\.pd-1\.router: 'nope' is not in routers: \(pd-router\)",
+                     result.stderr), result.stderr
+    assert re.search(r"hosts\.yaml:\d+:\d+: units\.pd-2\.workers\.1\.service: 'gpu-a:decode' is not a service of "
+                     r"unit 'pd-2' \(gpu-c:prefill, gpu-d:decode\)", result.stderr), result.stderr
