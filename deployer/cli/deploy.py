@@ -104,7 +104,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
     from deployer.config import targets
-    from deployer.config.routers import units_behind
+    from deployer.config.units import units_behind
     from deployer.errors import ConfigError
     from deployer.fleet.apply import for_units, planned_downtime
     from deployer.run import rollback as rollbacks
@@ -124,7 +124,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         return
     units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
     down = planned_downtime(engines, units, next(iter(engines.values())).playbook.model.rollout,
-                            units_behind(loaded), build.runs_dir)
+                            units_behind(loaded.routers, loaded.units), build.runs_dir)
     for_units(engines, units)
     show_plans(build, engines, as_json, down)
 

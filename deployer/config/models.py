@@ -26,8 +26,9 @@ from pydantic import (
 from deployer.config import yamlsrc
 from deployer.config.container import Container
 from deployer.config.persist import Persist
-from deployer.config.routers import Router, check_unit_router
+from deployer.config.routers import Router
 from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
+from deployer.config.units import check_unit_router
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
@@ -415,7 +416,8 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
         if unit.metrics is not None and unit.metrics not in unit.hosts():
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
-        check_unit_router(inventory, name, unit, refuse)
+        check_unit_router(name, unit, inventory.routers, {h: {s: v.health for s, v in host.services.items()}
+                                                          for h, host in inventory.hosts.items()}, refuse)
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
 

@@ -1,18 +1,12 @@
-"""The inventory's `routers:` (what sends a unit its traffic, and how a worker is taken out and put back), and a
-unit's `router:` and `workers:` (which of its services the router knows, as what)."""
+"""The inventory's `routers:` (what sends a unit its traffic, and how a worker is taken out and put back), and the
+entries of a unit's `workers:` (which of its services the router knows, as what)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from deployer.config.models import Inventory, Service, Unit
-    from deployer.config.yamlsrc import Loc
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -70,38 +64,8 @@ class RouterWorker(BaseModel):
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)  # a prefill's, sent when it is added back
 
 
-def units_behind(inventory: Inventory) -> dict[str, list[str]]:
-    """router -> every unit of the inventory behind it (a unit outside a run still serves through it)."""
-    return {name: [unit for unit, spec in inventory.units.items() if spec.router == name] for name in inventory.routers}
-
-
-def check_unit_router(inventory: Inventory, name: str, unit: Unit, refuse: Callable[[Loc, str], None]) -> None:
-    """A unit's router is in `routers:` and on a known host; each worker is a service of the unit with a health URL."""
-    if unit.router is None:
-        if unit.workers:
-            refuse(("units", name, "workers"), "workers need the unit's router: name one in `router:`")
-        return
-    router = inventory.routers.get(unit.router)
-    if router is None:
-        refuse(("units", name, "router"),
-               f"{unit.router!r} is not in routers: ({', '.join(inventory.routers) or 'none'})")
-    elif router.host not in inventory.hosts:
-        refuse(("routers", unit.router, "host"), f"host {router.host!r} is not in the inventory")
-    if not unit.workers:
-        refuse(("units", name, "workers"), "a unit behind a router names its workers (service, worker_type)")
-    for index, worker in enumerate(unit.workers):
-        loc: Loc = ("units", name, "workers", index, "service")
-        if worker.service not in unit.services:
-            refuse(loc, f"{worker.service!r} is not a service of unit {name!r} ({', '.join(unit.services)})")
-            continue
-        host, _, service = worker.service.partition(":")
-        health = inventory.hosts[host].services[service].health if host in inventory.hosts else None
-        if health is None or not health.startswith("http://"):
-            refuse(loc, f"{worker.service}: no http health URL (its in-flight gauges are read beside it)")
-
-
-def metrics_origin(service: Service) -> str:
+def metrics_origin(health: str | None) -> str:
     """http://HOST:PORT of a worker service's health URL (checked when the inventory loaded): where its own
     gauges are read, on its host's loopback, and by default the URL the router names it by."""
-    assert service.health is not None
-    return http_origin(service.health)
+    assert health is not None
+    return http_origin(health)

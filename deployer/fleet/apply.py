@@ -89,7 +89,7 @@ class FleetApply:
         workers = []
         for worker in unit.workers:
             host, _, service = worker.service.partition(":")
-            origin = metrics_origin(self.engines[host].host.services[service])
+            origin = metrics_origin(self.engines[host].host.services[service].health)
             workers.append(Worker(worker, worker.url or origin, origin + "/metrics", ctxs[host]))
         leader = ctxs[sorted(ctxs)[0]]
         return UnitRouting(RouterClient(unit.router, spec, transport), workers,
