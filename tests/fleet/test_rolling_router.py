@@ -299,3 +299,23 @@ def test_a_unit_naming_an_unknown_router_or_a_worker_outside_it_is_refused_with_
                      result.stderr), result.stderr
     assert re.search(r"hosts\.yaml:\d+:\d+: units\.pd-2\.workers\.1\.service: 'gpu-a:decode' is not a service of "
                      r"unit 'pd-2' \(gpu-c:prefill, gpu-d:decode\)", result.stderr), result.stderr
+
+
+def test_the_older_sglang_router_calls_take_a_unit_out_and_put_it_back_too(pd_fleet: PdFleet) -> None:
+    pd_fleet.inventory["routers"]["pd-router"]["api"] = "sglang-router"  # /remove_worker, /add_worker, /list_workers
+    pd_fleet.write()
+    before = pd_fleet.pids()
+    code, report, output = pd_fleet.apply("pd-1")  # pd-2 serves meanwhile
+    assert code == 0, output
+    assert pd_fleet.pids()["gpu-a"]["prefill"] != before["gpu-a"]["prefill"]
+    kinds = [e["type"] for e in pd_fleet.events(report, "gpu-a") if e["type"].startswith("router_")]
+    assert kinds.count("router_remove") == 2 and kinds.count("router_add") == 2, kinds
+    conn = http.client.HTTPConnection("127.0.0.1", pd_fleet.router_port, timeout=10)
+    try:
+        conn.request("GET", "/list_workers")
+        assert set(json.loads(conn.getresponse().read())["urls"]) == every_worker(pd_fleet)
+    finally:
+        conn.close()
+    prefill = next(w for w in pd_fleet.workers() if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))
+    assert prefill["worker_type"] == "prefill" and prefill["bootstrap_port"] == pd_fleet.stacks["gpu-a"].ports[
+        "bootstrap"] and prefill["is_healthy"]
