@@ -19,7 +19,7 @@ from deployer.steps.context import CancelToken, EventBus, Listener, LoadedPlaybo
 from deployer.transport.factory import Opening, open_transport
 
 if TYPE_CHECKING:  # a single-host run never loads the fleet modules
-    from deployer.config.models import Unit
+    from deployer.config.models import Inventory, Unit
     from deployer.fleet.apply import FleetApply
     from deployer.fleet.runner import FleetCancel
     from deployer.runlog import Run
@@ -141,13 +141,20 @@ class Build:
         return host, self.connector(name, host)(bus)
 
     def fleet_apply(self, engines: dict[str, Engine], units: dict[str, Unit], *, parallel: int,
-                    cancel: FleetCancel, listeners: list[Listener]) -> FleetApply:
-        """An apply over several hosts, as their (shared) playbook's rollout and on_failure say."""
+                    cancel: FleetCancel, listeners: list[Listener], inventory: Inventory | None = None,
+                    allow_downtime: bool = False) -> FleetApply:
+        """An apply over several hosts, as their (shared) playbook's rollout and on_failure say; the inventory's
+        routers take each unit behind one out of it around its restart."""
         from deployer.fleet.apply import FleetApply
 
         model = next(iter(engines.values())).playbook.model
+        from deployer.config.units import units_behind
+
+        routers = inventory.routers if inventory is not None else {}
+        behind = units_behind(inventory.routers, inventory.units) if inventory is not None else {}
         return FleetApply(engines, self.runs_dir, model.rollout, model.on_failure, parallel, cancel=cancel,
-                          listeners=listeners, units=units)
+                          listeners=listeners, units=units, routers=routers, behind=behind,
+                          connect=lambda name: self.connection(name)[1], allow_downtime=allow_downtime)
 
 
 def recorded_host(run: Run) -> str:

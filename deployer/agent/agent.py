@@ -64,6 +64,7 @@ CANCEL_FRAME_MAX = 256  # a frame this small may be a `cancel`, which is served 
 DEFAULT_TAIL = 1 << 20  # bytes kept per output stream of `run`
 DEFAULT_GET_MAX = 16 << 20
 DEFAULT_HTTP_MAX = 4 << 20
+HTTP_METHODS = ("GET", "POST", "PUT", "DELETE")  # a router's worker calls add POST and DELETE to the probes' GET
 # After a command's leader exits, how long background children holding its stdout/stderr
 # open (a started daemon) may keep us waiting for EOF.
 LEADER_EXIT_GRACE_S = 1.0
@@ -623,17 +624,21 @@ class Agent:
         return {"outcomes": outcomes}
 
     def op_http(self, req: dict[str, Any]) -> dict[str, Any]:
-        """GET (or POST with a JSON `body`: a canary's generation) on this host's loopback. No response at all is
-        `status: null` plus `error`."""
+        """An HTTP request on this host's loopback: GET by default; POST/PUT/DELETE (a router's worker calls)
+        with an optional JSON body. No response at all is `status: null` plus `error`."""
         import http.client  # here, not at the top: it is a fifth of the agent's start-up, and most runs never fetch
 
         url = _field(req, "url", str, required=True)
+        method = _field(req, "method", str, "GET")
+        if method not in HTTP_METHODS:
+            raise OpError("bad_request", f"method {method!r} is not one of {', '.join(HTTP_METHODS)}")
+        headers = {"Host": ""}
+        payload = None
+        if "json" in req and req["json"] is not None:
+            payload = json.dumps(req["json"]).encode()
+            headers["Content-Type"] = "application/json"
         timeout = _positive(req, "timeout", 10.0)
         limit = int(_positive(req, "max_bytes", DEFAULT_HTTP_MAX))
-        method = _field(req, "method", str, "GET")
-        body = _field(req, "body", str)
-        if method not in ("GET", "POST") or (body is not None and method != "POST"):
-            raise OpError("bad_request", f"only GET, or POST with a body, not {method!r}")
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise OpError("bad_request", f"only http://<loopback>/... URLs are fetched, not {url!r}")
@@ -645,12 +650,10 @@ class Agent:
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
+        headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
         conn = http.client.HTTPConnection(address, port, timeout=timeout)
         try:
-            headers = {"Host": parts.netloc.rsplit("@", 1)[-1]}
-            if body is not None:
-                headers["Content-Type"] = "application/json"
-            conn.request(method, target, body=None if body is None else body.encode(), headers=headers)
+            conn.request(method, target, body=payload, headers=headers)
             resp = conn.getresponse()
             answer = resp.read(limit + 1)
         except (OSError, http.client.HTTPException) as exc:

@@ -266,8 +266,8 @@ class HttpResult:
 
 @dataclass(frozen=True)
 class Http(Request[HttpResult]):
-    """GET on the target's own loopback (or POST with a JSON body); check=False keeps a batch going past a bad
-    status."""
+    """A request on the target's own loopback (GET; POST/PUT/DELETE with an optional JSON body for a router's
+    worker calls); check=False keeps a batch going past a bad status."""
 
     op: ClassVar[str] = "http"
     url: str
@@ -275,13 +275,13 @@ class Http(Request[HttpResult]):
     max_bytes: int = 4 << 20
     check: bool = True
     method: str = "GET"
-    body: str | None = None  # JSON text, sent with a POST
+    json: Any = None  # sent as the body, with Content-Type: application/json
 
     def fields(self) -> dict[str, Any]:
-        # A plain GET goes as it always did, so an older agent still understands it.
-        sent = {**({} if self.method == "GET" else {"method": self.method}),
-                **({} if self.body is None else {"body": self.body})}
-        return {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check, **sent}
+        sent = {"url": self.url, "timeout": self.timeout, "max_bytes": self.max_bytes, "check": self.check}
+        if self.method != "GET" or self.json is not None:  # a GET without a body reads as before
+            sent.update(method=self.method, json=self.json)
+        return sent
 
     def parse(self, result: dict[str, Any]) -> HttpResult:
         return HttpResult(url=result["url"], status=result["status"], body=_unb64(result.get("body", "")),

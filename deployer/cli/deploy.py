@@ -24,8 +24,11 @@ from deployer.cli.output import emit_json, failures_to_exit_codes
 from deployer.cli.running import builder, cancel_on_signals, pin_notice, report, run_fleet, run_with_view
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from deployer.build import Build
     from deployer.config.models import Inventory
+    from deployer.fleet.apply import Downtime
     from deployer.run.engine import Engine
     from deployer.run.plan import PlanReport
     from deployer.steps.context import Listener
@@ -63,20 +66,23 @@ def show_plan(report: PlanReport, as_json: bool, timings: list[Timing]) -> None:
         sys.exit(1)
 
 
-def show_plans(build: Build, engines: dict[str, Engine], as_json: bool) -> None:
-    """Every host's plan; exit 1 when any host's projected change breaks the bounds or does not compile."""
+def show_plans(build: Build, engines: dict[str, Engine], as_json: bool, downtime: Sequence[Downtime] = ()) -> None:
+    """Every host's plan, and the routers a batch leaves with no unit behind it; exit 1 when any host's projected
+    change breaks the bounds or does not compile."""
     from deployer.ui.console import make_console
     from deployer.ui.plan import show_plan as render
     reports = [(engine.plan(), timings_of(build, engine)) for engine in engines.values()]
     failed = [f"{r.host_name}: {problem}" for r, _ in reports for problem in r.failed_here]
     if as_json:
         emit_json({"hosts": [{**r.document(), "time_to_healthy": [one.document() for one in t]} for r, t in reports],
-                   "exit_code": 1 if failed else 0,
+                   "downtime": [vars(one) for one in downtime], "exit_code": 1 if failed else 0,
                    "error": "; ".join(failed) or None})
     else:
         console = make_console()
         for one, timings in reports:
             render(console, one, timings)
+        for down in downtime:
+            console.print(down.describe(), markup=False, highlight=False)
     if failed:
         sys.exit(1)
 
@@ -98,8 +104,9 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
     from deployer.config import targets
+    from deployer.config.units import units_behind
     from deployer.errors import ConfigError
-    from deployer.fleet.apply import for_units
+    from deployer.fleet.apply import for_units, planned_downtime
     from deployer.run import rollback as rollbacks
 
     build = builder(inventory, runs_dir, accept_new_host_key)
@@ -115,8 +122,11 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     if len(hosts) == 1:
         show_plan(engines[hosts[0]].plan(), as_json, timings_of(build, engines[hosts[0]]))
         return
-    for_units(engines, {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)})
-    show_plans(build, engines, as_json)
+    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+    down = planned_downtime(engines, units, next(iter(engines.values())).playbook.model.rollout,
+                            units_behind(loaded.routers, loaded.units), build.runs_dir)
+    for_units(engines, units)
+    show_plans(build, engines, as_json, down)
 
 
 @click.command()
@@ -130,11 +140,13 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @accept_option
 @click.option("--allow-dirty", is_flag=True, help="Ship even over uncommitted changes in the target files.")
 @click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
+@click.option("--allow-downtime", is_flag=True, help="Restart units even when no other unit serves behind their "
+                                                     "router meanwhile.")
 @health_timeout_option
 @json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
-          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool,
+          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, allow_downtime: bool,
           health_timeout_s: float | None, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
     from deployer.config import targets
@@ -158,7 +170,8 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         for_units(engines, units)
         show_plans(build, engines, as_json)
         return
-    fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[])
+    fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[], inventory=loaded,
+                              allow_downtime=allow_downtime)
     run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
 
 

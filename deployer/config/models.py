@@ -25,8 +25,10 @@ from pydantic import (
 
 from deployer.config import yamlsrc
 from deployer.config.container import Container
-from deployer.config.gang import GangFields
 from deployer.config.persist import Persist
+from deployer.config.routers import Router
+from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
+from deployer.config.units import check_unit_router
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
@@ -241,23 +243,11 @@ def resolve_env(env: dict[str, EnvValue]) -> dict[str, str]:
     return {k: v.resolve() if isinstance(v, SecretValue) else v for k, v in env.items()}
 
 
-class Unit(GangFields, Strict):
-    """Services on different hosts that restart as one (prefill on one node, decode on another), or a gang."""
-
-    services: list[str] = Field(min_length=1)  # "host:service", in start order
-    metrics: str | None = None  # the host whose metrics drain and baseline read
-
-    def members(self) -> list[tuple[str, str]]:
-        return [(entry.partition(":")[0], entry.partition(":")[2]) for entry in self.services]
-
-    def hosts(self) -> list[str]:
-        return list(dict.fromkeys(host for host, _ in self.members()))
-
-
 class Inventory(Strict):
     hosts: dict[str, AnyHost]
     groups: dict[str, list[str]] = Field(default_factory=dict)  # name -> hosts, groups or units
     units: dict[str, Unit] = Field(default_factory=dict)
+    routers: dict[str, Router] = Field(default_factory=dict)
 
 
 # Control characters split line-based answers and reach sshd as invalid packets; line and paragraph separators
@@ -330,6 +320,7 @@ class Rollout(Strict):
     batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(default_factory=_all_at_once, min_length=1)
     max_failures: int = Field(default=0, ge=0)  # more failed hosts than this: no further batch starts
     pause_s: float = Field(default=0.0, ge=0)  # between batches
+    strategy: Literal["batches", "rolling"] = "batches"  # rolling: one unit at a time, drained from its router
 
     def split(self, hosts: list[str]) -> list[list[str]]:
         batches, start, index = [], 0, 0
@@ -424,6 +415,8 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
         if unit.metrics is not None and unit.metrics not in unit.hosts():
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
+        check_unit_router(name, unit, inventory.routers, {h: {s: v.health for s, v in host.services.items()}
+                                                          for h, host in inventory.hosts.items()}, refuse)
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
 

@@ -10,15 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deployer.config.models import Rollout, Unit
+from deployer.config.routers import Router, metrics_origin
 from deployer.errors import ConfigError
 from deployer.fleet.followup import roll_back_hosts
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state
+from deployer.fleet.router import RouterClient, UnitRouting, Worker
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel, FleetRunner, finish, tagged
-from deployer.fleet.strategies import strategy_for
+from deployer.fleet.strategies import downtime, strategy_for
 from deployer.fleet.unit import UnitRun, steps_for
 from deployer.run.engine import Engine, RunResult
 from deployer.steps.base import Effect
-from deployer.steps.context import Listener
+from deployer.steps.context import Context, Listener
+from deployer.transport.base import Transport
 
 
 @dataclass
@@ -33,6 +36,10 @@ class FleetApply:
     cancel: FleetCancel = field(default_factory=FleetCancel)
     listeners: list[Listener] = field(default_factory=list)
     units: dict[str, Unit] = field(default_factory=dict)  # every unit a host of the run belongs to (whole)
+    routers: dict[str, Router] = field(default_factory=dict)  # the inventory's
+    behind: dict[str, list[str]] = field(default_factory=dict)  # router -> every inventory unit behind it
+    connect: Callable[[str], Transport] | None = None  # to a router's host outside the unit
+    allow_downtime: bool = False  # a batch may take every unit behind a router out of it
 
     def run(self) -> FleetState:
         members = {name: sorted(unit.hosts()) for name, unit in self.units.items()}
@@ -42,8 +49,12 @@ class FleetApply:
         hosts = list(self.engines)
         first = next(iter(self.engines.values()))
         strategy = strategy_for(self.rollout)
-        state = new_state("apply", first.playbook.model.name, first.operator, hosts,
-                          strategy.batches(hosts, members), self.parallel, units=members)
+        batches = strategy.batches(hosts, members)
+        if not self.allow_downtime and (down := downtime(batches, members, self.behind)):
+            raise ConfigError("; ".join(Downtime(router, names, None).what for router, names in down.items())
+                              + ": that is downtime; pass --allow-downtime to accept it")
+        state = new_state("apply", first.playbook.model.name, first.operator, hosts, batches, self.parallel,
+                          units=members)
         record = FleetRecord.create(self.runs_dir, state)
         for engine in self.engines.values():
             engine.cancel = self.cancel.child()
@@ -60,7 +71,65 @@ class FleetApply:
 
     def _unit(self, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
         unit = self.units[name]
-        UnitRun(name, unit, {h: self.engines[h] for h in unit.hosts()}, self.on_failure).run(report)
+        routing = (lambda ctxs: self._routing(name, unit, ctxs)) if unit.router is not None else None
+        UnitRun(name, unit, {h: self.engines[h] for h in unit.hosts()}, self.on_failure, routing=routing).run(report)
+
+    def _routing(self, name: str, unit: Unit, ctxs: dict[str, Context]) -> UnitRouting:
+        """The unit's workers and a client of its router, on the router host's connection (the unit's own when
+        the router runs on one of its hosts)."""
+        assert unit.router is not None
+        spec = self.routers[unit.router]
+        owned = None
+        if spec.host in ctxs:
+            transport = ctxs[spec.host].transport
+        else:
+            if self.connect is None:
+                raise ConfigError(f"unit {name}: no connection to router {unit.router}'s host {spec.host}")
+            transport = owned = self.connect(spec.host)
+        workers = []
+        for worker in unit.workers:
+            host, _, service = worker.service.partition(":")
+            origin = metrics_origin(self.engines[host].host.services[service].health)
+            workers.append(Worker(worker, worker.url or origin, origin + "/metrics", ctxs[host]))
+        leader = ctxs[sorted(ctxs)[0]]
+        return UnitRouting(RouterClient(unit.router, spec, transport), workers,
+                           emit=lambda kind, **data: leader.emit(kind, unit=name, **data), wait=leader.cancel.wait,
+                           owned=owned)
+
+
+@dataclass(frozen=True)
+class Downtime:
+    """A router that one batch leaves with no unit behind it: how long, from its units' last times to healthy."""
+
+    router: str
+    units: list[str]
+    expected_s: float | None  # None: some service of them has no recorded time to healthy yet
+
+    @property
+    def what(self) -> str:
+        return (f"router {self.router}: no other unit serves behind it while {' and '.join(self.units)} restart"
+                f"{'s' if len(self.units) == 1 else ''}")
+
+    def describe(self) -> str:
+        how_long = f"about {self.expected_s:g}s" if self.expected_s is not None else "for an unknown time"
+        return f"{self.what}: downtime, {how_long} (apply needs --allow-downtime)"
+
+
+def planned_downtime(engines: dict[str, Engine], units: dict[str, Unit], rollout: Rollout,
+                     behind: dict[str, list[str]], runs_dir: Path) -> list[Downtime]:
+    """`plan`'s view of the downtime `apply` refuses: each such router, and the time its units took to be healthy
+    the last time (a unit's services start one after the other, so their times add up)."""
+    from deployer.steps.services.budgets import last_times
+
+    members = {name: sorted(unit.hosts()) for name, unit in units.items()}
+    found = []
+    for router, names in downtime(strategy_for(rollout).batches(list(engines), members), members, behind).items():
+        times = {(host, t.service): t.seconds for name in names for host in members[name]
+                 for t in last_times(runs_dir, host, engines[host].host)}
+        needed = [(host, service) for name in names for host, service in units[name].members()]
+        seconds = sum(times[m] for m in needed) if all(m in times for m in needed) else None
+        found.append(Downtime(router, names, None if seconds is None else round(seconds, 3)))
+    return found
 
 
 def for_units(engines: dict[str, Engine], units: dict[str, Unit]) -> None:

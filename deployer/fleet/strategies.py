@@ -44,6 +44,14 @@ class Batches(Strategy):
         return len(state.failed()) <= self.rollout.max_failures
 
 
+class Rolling(Batches):
+    """`rollout: {strategy: rolling}`: one unit (or one host outside a unit) per batch, in selection order, so
+    every other unit behind the same router serves while one is out of it; max_failures and pause_s as Batches."""
+
+    def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
+        return unit_batches([[host] for host in hosts], units)
+
+
 class Together(Strategy):
     """Every host in one batch, whatever fails: a rollback or recover of a fleet run ends each host it names."""
 
@@ -56,7 +64,20 @@ class Together(Strategy):
 
 def strategy_for(rollout: Rollout) -> Strategy:
     """The one place a playbook's `rollout:` chooses how its fleet run spreads over the hosts."""
-    return Batches(rollout)
+    return Rolling(rollout) if rollout.strategy == "rolling" else Batches(rollout)
+
+
+def downtime(batches: list[list[str]], units: Mapping[str, list[str]],
+             behind: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """router -> the units behind it that one batch takes out all at once: nothing else serves through it then.
+    behind: each router's units in the whole inventory (a unit outside this run still serves)."""
+    found: dict[str, list[str]] = {}
+    for router, names in behind.items():
+        for batch in batches:
+            out = [name for name in names if name in units and units[name][0] in batch]
+            if out and len(out) == len(names):
+                found[router] = out
+    return found
 
 
 def unit_batches(batches: list[list[str]], units: Mapping[str, list[str]]) -> list[list[str]]:

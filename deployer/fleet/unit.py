@@ -24,6 +24,7 @@ from typing import Any
 
 from deployer.config.models import Unit
 from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
+from deployer.fleet.router import UnitRouting
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import head
 from deployer.run.restart import left_down
@@ -63,6 +64,9 @@ class UnitRun:
     engines: dict[str, Engine]  # every host of the unit
     on_failure: str
     ctxs: dict[str, Context] = field(default_factory=dict)
+    # The unit's workers behind its router (made from every host's context once they meet), taken out around the
+    # restart of an apply.
+    routing: Callable[[dict[str, Context]], UnitRouting] | None = None
     failure: DeployerError | None = None  # the post-commit outcome, set by the leader for every host
     through: set[str] = field(default_factory=set)  # hosts past the last meeting
 
@@ -248,14 +252,41 @@ class UnitRun:
     def _after_commits(self) -> None:
         ctxs = [self.ctxs[h] for h in self.hosts]
         post = self._post_steps()
+        routing: UnitRouting | None = None
+        restarted = False
         try:
+            if self.routing is not None:
+                routing = self.routing(self.ctxs)  # may connect to the router's host
+                routing.take_out()  # no request reaches a worker that is about to stop
+            restarted = True
             for step in post:
                 self._run_unit_step(step)
+            if routing is not None:
+                routing.put_back()
         except DeployerError as failure:
             self.failure = self._settle_failure(ctxs, failure, post)
+            if routing is not None and routing.out:
+                self.failure = self._after_failure(routing, self.failure, on_new_code=restarted and (
+                    self.on_failure not in ("rollback", "rollback_fleet") or isinstance(self.failure, RollbackFailed)))
             return
+        finally:
+            if routing is not None:
+                routing.close()
         for ctx in ctxs:
             ctx.bus.step = None
+
+    def _after_failure(self, routing: UnitRouting, failure: DeployerError, *, on_new_code: bool) -> DeployerError:
+        """The unit's workers go back into the router once they serve the old code again (never restarted, or
+        restarted by the rollback); a unit left on the new code stays out, and the message says so."""
+        router = routing.client.name
+        if on_new_code:
+            return type(failure)(f"{failure}\nThe unit stays out of router {router} (its workers may serve the "
+                                 "failed change); put them back by hand once they serve")
+        try:
+            routing.put_back(healthy=False)
+        except DeployerError as exc:
+            return type(failure)(f"{failure}\nPutting the old workers back into router {router} failed too: {exc}")
+        return type(failure)(f"{failure}\nThe old workers are back in router {router}")
 
     def _post_steps(self) -> list[Step]:
         """The playbook's steps after the commit, in order (from the metrics host, which has them all)."""

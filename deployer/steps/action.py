@@ -9,6 +9,7 @@ action it did under the action's key, with the values it bound.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, replace
@@ -150,7 +151,8 @@ class Action:
             assert data is not None, "a put sends data"
             return Put(self.target, data, keep_owner=True, mkdirs=True, temp=self.stage or None)
         if self.kind == Kind.http and self.method in ("GET", "POST"):
-            return Http(self.target, timeout=timeout, check=bool(self.failure), method=self.method, body=self.body)
+            return Http(self.target, timeout=timeout, check=bool(self.failure), method=self.method,
+                        json=None if self.body is None else json.loads(self.body))
         if self.kind == Kind.procs:
             chosen = dict(selector.split("=", 1) for selector in self.argv)
             return Procs(**{name: numbers(chosen.get(name, "")) for name in SELECTORS})

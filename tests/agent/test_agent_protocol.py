@@ -471,6 +471,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _echo(self) -> None:
+        """The method, content type and body it was sent, as a router's worker calls are."""
+        sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = f"{self.command} {self.headers.get('Content-Type')} ".encode() + sent
+        self.send_response(202)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_DELETE = _echo
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -494,6 +505,15 @@ def test_http_fetches_the_loopback_and_bounds_the_body(client: AgentClient, web:
     assert len(big.body) == 100 and big.truncated
     refused = client.http(f"http://127.0.0.1:{free_port()}/")
     assert refused.status is None and "Refused" in (refused.error or "")
+
+
+def test_http_sends_a_method_and_a_json_body_for_a_routers_worker_calls(client: AgentClient, web: int) -> None:
+    added = client.call(Http(f"http://127.0.0.1:{web}/workers", method="POST", json={"url": "http://127.0.0.1:1"}))
+    assert (added.status, added.text) == (202, 'POST application/json {"url": "http://127.0.0.1:1"}')
+    removed = client.call(Http(f"http://127.0.0.1:{web}/workers/w1", method="DELETE"))
+    assert (removed.status, removed.text) == (202, "DELETE None ")
+    with pytest.raises(TransportError, match="bad_request"):
+        client.call(Http(f"http://127.0.0.1:{web}/", method="CONNECT"))
 
 
 @pytest.mark.parametrize("url", ["http://10.1.2.3/metrics", "http://example.com/", "http://[::ffff:8.8.8.8]/",

@@ -174,7 +174,7 @@ def test_completion_offers_commands_host_names_and_run_ids(tmp_path: Path) -> No
         "elsewhere"]
     assert complete(tmp_path, "deployer runs show --runs-dir runs 202601") == [
         "20260101T000000.000Z-aaaaaa", "20260102T000000.000Z-bbbbbb"]
-    assert complete(tmp_path, "deployer apply --al") == ["--allow-dirty"]
+    assert complete(tmp_path, "deployer apply --al") == ["--allow-dirty", "--allow-downtime"]
 
 
 @pytest.mark.parametrize("target", ["local"], indirect=True)

@@ -9,6 +9,15 @@ how the servers learn of the abort, as with the real router.
 Endpoints: ``GET /health`` (503 until every worker answers its own /health), ``/metrics``
 (router metrics only), ``/engine_metrics`` (the workers' metrics merged, with a ``worker_addr``
 label), ``POST /generate``, ``POST /abort_request`` (fanned out to every worker).
+
+The worker API is the SGLang Model Gateway's: ``GET /workers`` lists ``id``, ``url``,
+``worker_type``, ``is_healthy``, ``load``; ``POST /workers`` (``{"url", "worker_type",
+"bootstrap_port"}``) and ``DELETE /workers/{id}`` *queue* the change and answer 202, and it shows
+in ``GET /workers`` only ``--worker-queue-delay-secs`` later, as the real gateway's job queue
+does. The older ``sglang_router`` calls stay as aliases: ``POST /add_worker?url=...``,
+``POST /remove_worker?url=...``, ``GET /list_workers``. A removed worker gets no new requests
+(the ones it already has finish). With ``--api-key``, changing the workers needs
+``Authorization: Bearer KEY`` (401 otherwise), as with the real router.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.demo_http import (
+    LOOPBACK_HOSTS,
     PROMETHEUS_CONTENT_TYPE,
     DemoHTTPServer,
     DisconnectWatch,
@@ -45,20 +55,37 @@ _SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
+WORKER_TYPES = ("prefill", "decode")
+
+
 @dataclass(frozen=True)
 class Worker:
     url: str
     host: str
     port: int
     bootstrap_port: int | None = None
+    worker_type: str = "decode"
+    id: str = ""
 
     @classmethod
-    def parse(cls, url: str, bootstrap_port: int | None = None) -> Worker:
+    def parse(cls, url: str, bootstrap_port: int | None = None, worker_type: str = "decode") -> Worker:
+        """A worker from an API call: a bad one is a ValueError (400), never a router exit."""
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
-            raise SystemExit(f"worker URL {url!r}: expected http://HOST:PORT")
-        require_loopback(parts.hostname, f"worker {url}")
-        return cls(url.rstrip("/"), parts.hostname, parts.port, bootstrap_port)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "http" or parts.hostname is None or port is None:
+            raise ValueError(f"worker URL {url!r}: expected http://HOST:PORT")
+        if parts.hostname not in LOOPBACK_HOSTS:
+            raise ValueError(f"worker {url!r}: not a loopback address; the demo stack is local-only")
+        if worker_type not in WORKER_TYPES:
+            raise ValueError(f"worker_type {worker_type!r}: the demo PD router takes prefill or decode")
+        if bootstrap_port is not None and (isinstance(bootstrap_port, bool) or not isinstance(bootstrap_port, int)):
+            raise ValueError(f"bootstrap_port {bootstrap_port!r}: expected an int")
+        url = url.rstrip("/")
+        # The id is stable for a URL (as the gateway's is), so a re-added worker has the same one.
+        return cls(url, parts.hostname, port, bootstrap_port, worker_type, uuid.uuid5(uuid.NAMESPACE_URL, url).hex[:16])
 
     @property
     def addr(self) -> str:
@@ -83,16 +110,64 @@ class RouterStats:
 
 
 class Router:
-    def __init__(self, prefills: list[Worker], decodes: list[Worker], startup_timeout_s: float) -> None:
-        self.prefills = prefills
-        self.decodes = decodes
+    def __init__(self, workers: list[Worker], startup_timeout_s: float, queue_delay_s: float = 0.2,
+                 api_key: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._workers = {w.id: w for w in workers}
+        self._load: dict[str, int] = {}
         self.stats = RouterStats()
         self.workers_ready = False
         self.startup_timeout_s = startup_timeout_s
+        self.queue_delay_s = queue_delay_s
+        self.api_key = api_key
 
     @property
     def workers(self) -> list[Worker]:
-        return self.prefills + self.decodes
+        with self._lock:
+            return list(self._workers.values())
+
+    @property
+    def prefills(self) -> list[Worker]:
+        return [w for w in self.workers if w.worker_type == "prefill"]
+
+    @property
+    def decodes(self) -> list[Worker]:
+        return [w for w in self.workers if w.worker_type == "decode"]
+
+    def find(self, worker_id: str | None = None, url: str | None = None) -> Worker | None:
+        found = [w for w in self.workers if w.id == worker_id or (url is not None and w.url == url.rstrip("/"))]
+        return found[0] if found else None
+
+    def queue(self, change: str, worker: Worker) -> None:
+        """Apply an addition or removal later, on a timer, as the gateway's job queue does."""
+        def apply() -> None:
+            with self._lock:
+                if change == "add":
+                    self._workers[worker.id] = worker
+                else:
+                    self._workers.pop(worker.id, None)
+            print(f"[router] worker {change}: {worker.worker_type} {worker.url}", flush=True)
+
+        timer = threading.Timer(self.queue_delay_s, apply)
+        timer.daemon = True
+        timer.start()
+
+    def listed(self) -> list[dict[str, Any]]:
+        with self._lock:
+            loads = dict(self._load)
+        return [{"id": w.id, "url": w.url, "worker_type": w.worker_type, "is_healthy": self._worker_healthy(w),
+                 "load": loads.get(w.id, 0), "bootstrap_port": w.bootstrap_port} for w in self.workers]
+
+    def pick(self) -> tuple[Worker, Worker] | None:
+        prefills, decodes = self.prefills, self.decodes
+        if not prefills or not decodes:
+            return None
+        return random.choice(prefills), random.choice(decodes)
+
+    def load(self, workers: tuple[Worker, ...], delta: int) -> None:
+        with self._lock:
+            for w in workers:
+                self._load[w.id] = self._load.get(w.id, 0) + delta
 
     def wait_for_workers(self, stop: StopFlag) -> None:
         """Like the real router: not ready until every worker is healthy."""
@@ -109,7 +184,7 @@ class Router:
     @staticmethod
     def _worker_healthy(worker: Worker) -> bool:
         try:
-            status, _ = _get(worker, "/health", timeout=2.0)
+            status, _ = _get(worker, "/health", timeout=1.0)
         except (OSError, http.client.HTTPException):
             return False
         return status == 200
@@ -246,15 +321,64 @@ class RouterHandler(JSONHandler):
         elif path == "/engine_metrics":
             self.send_text(200, self.router.engine_metrics(), PROMETHEUS_CONTENT_TYPE)
         elif path == "/workers":
-            self.send_json(
-                200,
-                {
-                    "prefill": [{"url": w.url, "bootstrap_port": w.bootstrap_port} for w in self.router.prefills],
-                    "decode": [{"url": w.url} for w in self.router.decodes],
-                },
-            )
+            listed = self.router.listed()
+            self.send_json(200, {"workers": listed, "total": len(listed)})
+        elif path.startswith("/workers/"):
+            worker = self.router.find(worker_id=path[len("/workers/"):])
+            if worker is None:
+                self.send_json(404, {"error": f"no worker {path[len('/workers/'):]}"})
+            else:
+                self.send_json(200, next(w for w in self.router.listed() if w["id"] == worker.id))
+        elif path == "/list_workers":
+            self.send_json(200, {"urls": [w.url for w in self.router.workers]})
         else:
             self.send_json(404, {"error": f"no route {path}"})
+
+    def _authorized(self) -> bool:
+        key = self.router.api_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self.send_json(401, {"error": "worker management needs Authorization: Bearer <api key>"})
+        return False
+
+    def do_DELETE(self) -> None:
+        path = self.path.split("?", 1)[0]
+        self.router.stats.count("other")
+        if not path.startswith("/workers/"):
+            self.send_json(404, {"error": f"no route {path}"})
+            return
+        if not self._authorized():
+            return
+        worker = self.router.find(worker_id=path[len("/workers/"):])
+        if worker is None:
+            self.send_json(404, {"error": f"no worker {path[len('/workers/'):]}"})
+            return
+        self.router.queue("remove", worker)
+        self.send_json(202, {"status": "accepted", "worker_id": worker.id, "message": "removal queued"})
+
+    def _change_workers(self, path: str, body: dict[str, Any]) -> None:
+        """POST /workers and the older /add_worker and /remove_worker: queued, 202."""
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+        if not self._authorized():
+            return
+        if path == "/remove_worker":
+            worker = self.router.find(url=query.get("url", ""))
+            if worker is None:
+                self.send_json(404, {"error": f"no worker {query.get('url', '')!r}"})
+                return
+            self.router.queue("remove", worker)
+            self.send_json(202, {"status": "accepted", "worker_id": worker.id, "message": "removal queued"})
+            return
+        spec = body if path == "/workers" else query
+        try:
+            port = spec.get("bootstrap_port")
+            worker = Worker.parse(str(spec.get("url", "")), int(port) if path != "/workers" and port else port,
+                                  str(spec.get("worker_type", "decode")))
+        except ValueError as exc:
+            self.send_json(400, {"error": str(exc)})
+            return
+        self.router.queue("add", worker)
+        self.send_json(202, {"status": "accepted", "worker_id": worker.id, "message": "registration queued"})
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -266,6 +390,8 @@ class RouterHandler(JSONHandler):
             return
         if path == "/generate":
             self._generate(body)
+        elif path in ("/workers", "/add_worker", "/remove_worker"):
+            self._change_workers(path, body)
         elif path == "/abort_request":
             payload = json.dumps(body).encode()
             results = {}
@@ -282,8 +408,11 @@ class RouterHandler(JSONHandler):
 
     def _generate(self, body: dict[str, Any]) -> None:
         router = self.router
-        prefill = random.choice(router.prefills)
-        decode = random.choice(router.decodes)
+        picked = router.pick()
+        if picked is None:
+            self.send_json(503, {"error": "no prefill or no decode worker in the router"})
+            return
+        prefill, decode = picked
         body.setdefault("rid", uuid.uuid4().hex)
         body["bootstrap_host"] = prefill.host
         body["bootstrap_port"] = prefill.bootstrap_port
@@ -308,6 +437,7 @@ class RouterHandler(JSONHandler):
 
         prefill_thread = threading.Thread(target=prefill_call, name="router-prefill", daemon=True)
         router.stats.add("active", 1)
+        router.load(picked, 1)
         streamed = False
         try:
             # Connect both before anything else, so that a disconnect seen by the watch always
@@ -349,6 +479,7 @@ class RouterHandler(JSONHandler):
             self.send_json(502, {"error": f"worker connection failed: {exc}"})
         finally:
             router.stats.add("active", -1)
+            router.load(picked, -1)
             # Anything but a fully streamed answer must look like a disconnect to both servers,
             # so that they abort instead of waiting for a client that will never read.
             if not finished.is_set() or prefill_thread.is_alive():
@@ -368,6 +499,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--worker-startup-timeout-secs", type=float, default=600.0)
+    parser.add_argument("--worker-queue-delay-secs", type=float, default=0.2,
+                        help="how long a queued worker addition or removal takes to show")
+    parser.add_argument("--api-key", default=None, help="worker management needs Authorization: Bearer KEY")
     args, ignored = parser.parse_known_args(argv)
     if not args.pd_disaggregation:
         parser.error("the demo router only supports --pd-disaggregation")
@@ -375,6 +509,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("need at least one --prefill and one --decode")
     args.ignored_args = ignored
     return args
+
+
+def _worker(url: str, bootstrap_port: int | None, worker_type: str) -> Worker:
+    try:
+        return Worker.parse(url, bootstrap_port, worker_type)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,9 +526,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(spec) > 2:
             raise SystemExit(f"--prefill {' '.join(spec)}: expected URL [BOOTSTRAP_PORT]")
         bport = 8998 if len(spec) == 1 or spec[1].lower() == "none" else int(spec[1])
-        prefills.append(Worker.parse(spec[0], bport))
-    decodes = [Worker.parse(spec[0]) for spec in args.decode]
-    router = Router(prefills, decodes, args.worker_startup_timeout_secs)
+        prefills.append(_worker(spec[0], bport, "prefill"))
+    decodes = [_worker(spec[0], None, "decode") for spec in args.decode]
+    router = Router(prefills + decodes, args.worker_startup_timeout_secs, args.worker_queue_delay_secs,
+                    args.api_key)
     stop = install_stop_signals()
     try:
         server = DemoHTTPServer(args.host, args.port, RouterHandler, router)

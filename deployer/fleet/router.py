@@ -1,0 +1,195 @@
+"""A unit's router around its restart: take its workers out (and see the router no longer lists them), wait until
+their own in-flight gauges reach 0, and after the restart and its proofs put them back (and see them listed and
+healthy). Every call goes through the agent on the router's host, to its loopback.
+
+What the router answers (its worker list, ids, health) is input: it is checked before it drives a call, and shown
+escaped in a message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from deployer.agent.protocol import Http, HttpResult
+from deployer.config.routers import Router, RouterWorker, http_origin
+from deployer.errors import DeployerError
+from deployer.steps.context import Context
+from deployer.steps.metrics import MetricParams, parse
+from deployer.text import shown
+from deployer.transport.base import Transport
+
+ROUTER_TIMEOUT_S = 10.0
+
+
+class RouterFailed(DeployerError):
+    """The router refused a change, never showed it, or a worker never drained: nothing of the unit restarted."""
+
+    exit_code = 5
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One worker as the router lists it."""
+
+    id: str
+    url: str
+    worker_type: str
+    is_healthy: bool
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A unit's worker: how the router names it, and where its own gauges are read (on its host's loopback)."""
+
+    spec: RouterWorker
+    url: str
+    metrics: str
+    ctx: Context  # on the worker's host
+
+
+class RouterClient:
+    """The router's worker calls, in the api its config names."""
+
+    def __init__(self, name: str, spec: Router, transport: Transport) -> None:
+        self.name, self.spec, self.transport = name, spec, transport
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> HttpResult:
+        return self.transport.call(Http(self.spec.url + path, timeout=ROUTER_TIMEOUT_S, check=False,
+                                        method=method, json=body), ROUTER_TIMEOUT_S + 5)
+
+    def _refused(self, what: str, answer: HttpResult) -> RouterFailed:
+        seen = f"HTTP {answer.status}: {shown(answer.text)}" if answer.status is not None else answer.error
+        return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: {seen}")
+
+    def listed(self) -> dict[str, Listed]:
+        """url -> the worker, as the router lists it now."""
+        gateway = self.spec.api == "sglang-gateway"
+        answer = self._call("GET", "/workers" if gateway else "/list_workers")
+        if not answer.ok:
+            raise self._refused("its worker list", answer)
+        try:
+            data = json.loads(answer.body)
+            rows = data["workers"] if gateway else [{"id": u, "url": u, "worker_type": "", "is_healthy": True}
+                                                     for u in data["urls"]]
+            found = {}
+            for row in rows:
+                if not (isinstance(row["id"], str) and isinstance(row["url"], str)
+                        and isinstance(row.get("is_healthy", True), bool)):
+                    raise TypeError(f"a worker entry of the wrong types: {row}")
+                found[http_origin(row["url"])] = Listed(row["id"], http_origin(row["url"]),
+                                                         str(row.get("worker_type", "")), row.get("is_healthy", True))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RouterFailed(f"router {self.name}: its worker list is not what its api ({self.spec.api}) "
+                               f"answers: {shown(str(exc))}: {shown(answer.text)}") from None
+        return found
+
+    def remove(self, worker: Worker, listed: dict[str, Listed]) -> None:
+        if self.spec.api == "sglang-gateway":
+            answer = self._call("DELETE", f"/workers/{quote(listed[worker.url].id, safe='')}")
+        else:
+            answer = self._call("POST", f"/remove_worker?url={quote(worker.url, safe='')}")
+        if not answer.ok:
+            raise self._refused(f"the removal of worker {worker.url} ({worker.spec.service})", answer)
+
+    def add(self, worker: Worker) -> None:
+        spec = worker.spec
+        if self.spec.api == "sglang-gateway":
+            body: dict[str, Any] = {"url": worker.url, "worker_type": spec.worker_type}
+            if spec.bootstrap_port is not None:
+                body["bootstrap_port"] = spec.bootstrap_port
+            answer = self._call("POST", "/workers", body)
+        else:
+            query = f"url={quote(worker.url, safe='')}&worker_type={spec.worker_type}"
+            if spec.bootstrap_port is not None:
+                query += f"&bootstrap_port={spec.bootstrap_port}"
+            answer = self._call("POST", f"/add_worker?{query}")
+        if not answer.ok:
+            raise self._refused(f"the addition of worker {worker.url} ({spec.service})", answer)
+
+
+def inflight(worker: Worker, gauges: list[str]) -> float | None:
+    """The worker's in-flight requests: each gauge summed over every series, then added; None: not readable."""
+    answer = worker.ctx.transport.http(worker.metrics)
+    if not answer.ok:
+        return None
+    total = 0.0
+    for gauge in gauges:
+        reading = parse(answer.text, MetricParams(metric=gauge))
+        total += reading.value or 0.0  # a gauge this server does not export has nothing in flight
+    return total
+
+
+@dataclass
+class UnitRouting:
+    """A unit's workers behind its router: taken out before the restart, put back after it (or after a failure)."""
+
+    client: RouterClient
+    workers: list[Worker]
+    emit: Callable[..., None]  # onto the unit's run log (its first host's)
+    wait: Callable[[float], None]  # a pause that a cancel ends
+    owned: Transport | None = None  # a connection to the router's host opened for this unit (closed after it)
+    out: bool = False  # the workers are out of the router (a failure puts them back)
+
+    def close(self) -> None:
+        if self.owned is not None:
+            self.owned.close()
+
+    def take_out(self) -> None:
+        """Remove every worker, see that the router no longer lists them, then wait until each has drained."""
+        listed = self.client.listed()
+        missing = [w.url for w in self.workers if w.url not in listed]
+        if missing:
+            raise RouterFailed(f"router {self.client.name} does not list the unit's worker(s) "
+                               f"{', '.join(map(shown, missing))} (it lists {', '.join(map(shown, listed)) or 'none'})")
+        self.out = True  # from the first removal on, a failure puts the workers back
+        for worker in self.workers:
+            self.client.remove(worker, listed)
+            self.emit("router_remove", router=self.client.name, worker=worker.url, service=worker.spec.service)
+        self._until(lambda found: not any(w.url in found for w in self.workers), "stop listing")
+        self._drain()
+
+    def put_back(self, *, healthy: bool = True) -> None:
+        """Add every worker again and see it listed (and healthy, after a restart's proofs)."""
+        listed = self.client.listed()
+        for worker in self.workers:
+            if worker.url not in listed:
+                self.client.add(worker)
+                self.emit("router_add", router=self.client.name, worker=worker.url, service=worker.spec.service)
+        self._until(lambda found: all(w.url in found and (found[w.url].is_healthy or not healthy)
+                                      for w in self.workers), "list (as healthy)" if healthy else "list")
+        self.out = False
+
+    def _until(self, done: Callable[[dict[str, Listed]], bool], what: str) -> None:
+        spec = self.client.spec
+        deadline = time.monotonic() + spec.change_timeout_s
+        while True:
+            found = self.client.listed()
+            if done(found):
+                self.emit("router_listed", router=self.client.name, workers=sorted(found), check=what)
+                return
+            if time.monotonic() > deadline:
+                urls = ", ".join(w.url for w in self.workers)
+                raise RouterFailed(f"router {self.client.name} did not {what} {urls} within {spec.change_timeout_s:g}s "
+                                   f"(it lists {', '.join(map(shown, found)) or 'none'})")
+            self.wait(spec.interval_s)
+
+    def _drain(self) -> None:
+        spec = self.client.spec
+        deadline = time.monotonic() + spec.drain_timeout_s
+        for worker in self.workers:
+            while True:
+                value = inflight(worker, spec.inflight)
+                self.emit("worker_inflight", router=self.client.name, worker=worker.url,
+                          service=worker.spec.service, value=value)
+                if value == 0:
+                    break
+                if time.monotonic() > deadline:
+                    seen = "unreadable" if value is None else f"{value:g} in flight"
+                    raise RouterFailed(f"worker {worker.url} ({worker.spec.service}) did not "
+                                       f"drain within {spec.drain_timeout_s:g}s: {seen} ({' + '.join(spec.inflight)})")
+                self.wait(spec.interval_s)

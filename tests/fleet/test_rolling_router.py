@@ -1,0 +1,321 @@
+"""Rolling PD units behind their router: two units of the demo stack behind one demo router (real HTTP servers, the
+Model Gateway's queued worker API), a steady client load through the router while a rolling apply restarts one
+unit at a time: each unit's workers are taken out, drained, restarted and put back, and no request fails."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures_repo import deployer
+from polling import wait_for
+
+from deployer.config.models import LocalHost
+from deployer.demo.run import DemoStack, start_stacks, unit_ports
+from deployer.steps.context import CancelToken
+
+UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (and gpu-a the router's), decode
+PLAYBOOK = {
+    "name": "note", "files": [{"src": "note.py", "dest": "python/sglang/srt/demo_note.py", "create": True}],
+    "steps": ["upload", {"commit": {"message": "demo: a note"}}, "co_restart"],
+    "rollout": {"strategy": "rolling"}, "on_failure": "restore",
+}
+
+
+@dataclass
+class RouterHost(DemoStack):
+    """gpu-a: unit pd-1's prefill, and the one router every unit is behind."""
+
+    router: list[str] = field(default_factory=list)
+
+    def host(self) -> LocalHost:
+        host = super().host()
+        services = {**host.services, "router": host.services["router"].model_copy(update={"start": self.router})}
+        return host.model_copy(update={"services": services})
+
+
+@dataclass
+class PdFleet:
+    root: Path
+    stacks: dict[str, DemoStack]
+    router_port: int
+    inventory: dict[str, Any]
+
+    def write(self) -> None:
+        (self.root / "hosts.yaml").write_text(yaml.safe_dump(self.inventory, sort_keys=False))
+
+    def pids(self) -> dict[str, dict[str, int]]:
+        return {name: stack.pids() for name, stack in self.stacks.items()}
+
+    def workers(self) -> list[dict[str, Any]]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.router_port, timeout=10)
+        try:
+            conn.request("GET", "/workers")
+            rows: list[dict[str, Any]] = json.loads(conn.getresponse().read())["workers"]
+            return rows
+        finally:
+            conn.close()
+
+    def worker_url(self, host: str, service: str) -> str:
+        return self.stacks[host].url(service, "")
+
+    def apply(self, *args: str) -> tuple[int, dict[str, Any], str]:
+        result = deployer("apply", "note.yaml", "--host", *args, "--json", cwd=self.root)
+        try:
+            report = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            report = {}
+        return result.returncode, report, result.stdout + result.stderr
+
+    def events(self, report: dict[str, Any], host: str) -> list[dict[str, Any]]:
+        run_id = report["hosts"][host]["run_id"]
+        path = self.root / ".deployer" / "runs" / run_id / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
+    ports = unit_ports(len(UNITS))
+    router_port = ports[0]["router"]
+    stacks: dict[str, DemoStack] = {}
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--port", str(router_port),
+            "--worker-queue-delay-secs", "0.1", *router_args]
+    for (prefill, decode), unit_ports_ in zip(UNITS.values(), ports, strict=True):
+        argv += ["--prefill", f"http://127.0.0.1:{unit_ports_['prefill']}", str(unit_ports_["bootstrap"]),
+                 "--decode", f"http://127.0.0.1:{unit_ports_['decode']}"]
+        if prefill == "gpu-a":
+            stacks[prefill] = RouterHost(tmp_path / prefill, unit_ports_, ("prefill", "router"), router=argv)
+        else:
+            stacks[prefill] = DemoStack(tmp_path / prefill, unit_ports_, ("prefill",))
+        stacks[decode] = DemoStack(tmp_path / decode, unit_ports_, ("decode",))
+    units = {name: {"services": [f"{prefill}:prefill", f"{decode}:decode"], "router": "pd-router",
+                    "workers": [{"service": f"{prefill}:prefill", "worker_type": "prefill",
+                                 "bootstrap_port": stacks[prefill].ports["bootstrap"]},
+                                {"service": f"{decode}:decode", "worker_type": "decode"}]}
+             for name, (prefill, decode) in UNITS.items()}
+    routers = {"pd-router": {"host": "gpu-a", "url": f"http://127.0.0.1:{router_port}", "change_timeout_s": 10,
+                             "drain_timeout_s": 20, "interval_s": 0.05}}
+    for stack in stacks.values():
+        stack.create()
+    inventory = {"hosts": {name: stack.host().model_dump(exclude_defaults=True) for name, stack in stacks.items()},
+                 "routers": routers, "units": units}
+    fleet = PdFleet(tmp_path, stacks, router_port, inventory)
+    fleet.write()
+    (tmp_path / "note.py").write_text("NOTE = 'rolled'\n")
+    (tmp_path / "note.yaml").write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+    return fleet
+
+
+@pytest.fixture
+def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PdFleet]:
+    """The four hosts' stacks started (prefill, decode, then the router over both units); every process of them
+    stopped at the end, those the restarts made too."""
+    fleet = make_fleet(tmp_path, tuple(getattr(request, "param", ())))
+    try:
+        start_stacks(list(fleet.stacks.values()), CancelToken())
+        yield fleet
+    finally:
+        for stack in fleet.stacks.values():
+            stack.stop()
+
+
+@dataclass
+class Load:
+    """A steady client load through the router: a few clients, each request streamed to its end; bounded in count
+    and time. A request fails on any status but 200, a broken stream, or a last chunk that is not a full answer."""
+
+    port: int
+    clients: int = 3
+    max_requests: int = 3000
+    seconds: float = 120
+    sent: int = 0
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def one(self) -> str | None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}, "stream": True})
+            conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            text = resp.read().decode("utf-8", "replace")
+            if resp.status != 200:
+                return f"HTTP {resp.status}: {text[:200]}"
+            chunks = [json.loads(line[6:]) for line in text.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            finish = chunks[-1]["meta_info"]["finish_reason"] if chunks else None
+            if not isinstance(finish, dict) or finish.get("type") != "length":
+                return f"finish_reason {finish}"
+            return None
+        except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+
+    def client(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            with self.lock:
+                if self.sent >= self.max_requests:
+                    return
+                self.sent += 1
+            failure = self.one()
+            with self.lock:
+                if failure is None:
+                    self.ok += 1
+                else:
+                    self.failures.append(failure)
+
+    def __enter__(self) -> Load:
+        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(self.clients)]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=40)
+
+
+def listed_healthy(fleet: PdFleet) -> set[str]:
+    return {w["url"] for w in fleet.workers() if w["is_healthy"]}
+
+
+def every_worker(fleet: PdFleet) -> set[str]:
+    return {fleet.worker_url(host, service) for host, service in
+            (("gpu-a", "prefill"), ("gpu-b", "decode"), ("gpu-c", "prefill"), ("gpu-d", "decode"))}
+
+
+def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_request_fails(pd_fleet: PdFleet) -> None:
+    before = pd_fleet.pids()
+    with Load(pd_fleet.router_port) as load:
+        wait_for(lambda: load.ok >= 5, "the load through the router is served before the apply", 30)
+        code, report, output = pd_fleet.apply("pd-1,pd-2")
+        served_during = load.ok
+    assert code == 0, output
+    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert served_during > 5
+    assert report["batches"] == [["gpu-a", "gpu-b"], ["gpu-c", "gpu-d"]]  # one unit at a time
+    after = pd_fleet.pids()
+    for host, pids in before.items():
+        for service, pid in pids.items():
+            assert (after[host][service] == pid) == (service == "router"), (host, service)  # only the workers new
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+    for unit, (prefill, _decode) in UNITS.items():
+        kinds = [e["type"] for e in pd_fleet.events(report, prefill) if e.get("unit") == unit
+                 and e["type"].startswith(("router_", "worker_"))]
+        assert kinds[:2] == ["router_remove", "router_remove"] and "worker_inflight" in kinds, (unit, kinds)
+        assert kinds[-3:] == ["router_add", "router_add", "router_listed"], (unit, kinds)
+
+
+@pytest.mark.parametrize("pd_fleet", [("--api-key", "s3cret")], indirect=True)
+def test_a_router_that_refuses_the_removal_stops_the_rollout_before_anything_restarts(pd_fleet: PdFleet) -> None:
+    before = pd_fleet.pids()
+    code, report, output = pd_fleet.apply("pd-1,pd-2")
+    assert code == 5, output
+    worker = pd_fleet.worker_url("gpu-a", "prefill")
+    assert f"router pd-router (http://127.0.0.1:{pd_fleet.router_port} on gpu-a) refused the removal of worker " \
+           f"{worker} (gpu-a:prefill): HTTP 401" in report["error"], report["error"]
+    assert "The old workers are back in router pd-router" in report["error"]
+    assert report["hosts"]["gpu-c"]["status"] == "untouched"  # the rollout stopped after the first unit
+    assert pd_fleet.pids() == before  # nothing restarted
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+
+
+def test_a_worker_that_never_drains_fails_at_the_deadline_and_the_old_workers_are_put_back(pd_fleet: PdFleet) -> None:
+    pd_fleet.inventory["routers"]["pd-router"]["drain_timeout_s"] = 0.5
+    pd_fleet.write()
+    before = pd_fleet.pids()
+    # A request straight to pd-1's decode whose room its prefill never gets: it waits in the transfer queue.
+    decode = pd_fleet.stacks["gpu-b"]
+    conn = http.client.HTTPConnection("127.0.0.1", decode.ports["decode"], timeout=60)
+    try:
+        conn.request("POST", "/generate", body=json.dumps({
+            "text": "stuck", "bootstrap_host": "127.0.0.1", "bootstrap_port": decode.ports["bootstrap"],
+            "bootstrap_room": 12345, "sampling_params": {"max_new_tokens": 4}}),
+            headers={"Content-Type": "application/json"})
+        code, report, output = pd_fleet.apply("pd-1,pd-2")
+    finally:
+        conn.close()
+    assert code == 5, output
+    assert f"unit pd-1: worker {pd_fleet.worker_url('gpu-a', 'prefill')} (gpu-a:prefill) did not drain within " \
+           "0.5s" in report["error"] or f"worker {pd_fleet.worker_url('gpu-b', 'decode')} (gpu-b:decode) did not " \
+           "drain within 0.5s" in report["error"], report["error"]
+    assert "The old workers are back in router pd-router" in report["error"]
+    assert pd_fleet.pids() == before  # nothing restarted
+    wait_for(lambda: listed_healthy(pd_fleet) == every_worker(pd_fleet), "every worker listed again", 10)
+
+
+def test_a_unit_alone_behind_its_router_needs_allow_downtime(pd_fleet: PdFleet) -> None:
+    pd_fleet.inventory["units"]["pd-2"] = {"services": ["gpu-c:prefill", "gpu-d:decode"]}  # pd-2 leaves the router
+    pd_fleet.write()
+    before = pd_fleet.pids()
+    assert downtime_planned(pd_fleet) == [{"router": "pd-router", "units": ["pd-1"], "expected_s": None}]
+    code, _, output = pd_fleet.apply("pd-1")
+    assert code == 2, output
+    assert "router pd-router: no other unit serves behind it while pd-1 restarts: that is downtime; pass " \
+           "--allow-downtime to accept it" in output
+    assert pd_fleet.pids() == before
+    code, _report, output = pd_fleet.apply("pd-1", "--allow-downtime")
+    assert code == 0, output
+    assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
+    wait_for(lambda: {pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")}
+             <= listed_healthy(pd_fleet), "pd-1's workers listed again", 10)
+    [planned] = downtime_planned(pd_fleet)  # now from the apply's times to healthy (prefill, then decode)
+    assert planned["units"] == ["pd-1"] and isinstance(planned["expected_s"], float) and planned["expected_s"] > 0
+    shown = deployer("plan", "note.yaml", "--host", "pd-1", cwd=pd_fleet.root)
+    assert f"router pd-router: no other unit serves behind it while pd-1 restarts: downtime, about " \
+           f"{planned['expected_s']:g}s (apply needs --allow-downtime)" in shown.stdout, shown.stdout
+
+
+def downtime_planned(fleet: PdFleet) -> list[dict[str, Any]]:
+    result = deployer("plan", "note.yaml", "--host", "pd-1", "--json", cwd=fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    downtime: list[dict[str, Any]] = json.loads(result.stdout)["downtime"]
+    return downtime
+
+
+def test_a_unit_naming_an_unknown_router_or_a_worker_outside_it_is_refused_with_file_line_and_field(
+        tmp_path: Path) -> None:
+    fleet = make_fleet(tmp_path)  # nothing started: the inventory is refused before any host connects
+    fleet.inventory["units"]["pd-1"]["router"] = "nope"
+    fleet.inventory["units"]["pd-2"]["workers"][1]["service"] = "gpu-a:decode"
+    fleet.write()
+    result = deployer("plan", "note.yaml", "--host", "pd-1,pd-2", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(r"hosts\.yaml:\d+:13: units\.pd-1\.router: 'nope' is not in routers: \(pd-router\)",
+                     result.stderr), result.stderr
+    assert re.search(r"hosts\.yaml:\d+:\d+: units\.pd-2\.workers\.1\.service: 'gpu-a:decode' is not a service of "
+                     r"unit 'pd-2' \(gpu-c:prefill, gpu-d:decode\)", result.stderr), result.stderr
+
+
+def test_the_older_sglang_router_calls_take_a_unit_out_and_put_it_back_too(pd_fleet: PdFleet) -> None:
+    pd_fleet.inventory["routers"]["pd-router"]["api"] = "sglang-router"  # /remove_worker, /add_worker, /list_workers
+    pd_fleet.write()
+    before = pd_fleet.pids()
+    code, report, output = pd_fleet.apply("pd-1")  # pd-2 serves meanwhile
+    assert code == 0, output
+    assert pd_fleet.pids()["gpu-a"]["prefill"] != before["gpu-a"]["prefill"]
+    kinds = [e["type"] for e in pd_fleet.events(report, "gpu-a") if e["type"].startswith("router_")]
+    assert kinds.count("router_remove") == 2 and kinds.count("router_add") == 2, kinds
+    conn = http.client.HTTPConnection("127.0.0.1", pd_fleet.router_port, timeout=10)
+    try:
+        conn.request("GET", "/list_workers")
+        assert set(json.loads(conn.getresponse().read())["urls"]) == every_worker(pd_fleet)
+    finally:
+        conn.close()
+    prefill = next(w for w in pd_fleet.workers() if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))
+    assert prefill["worker_type"] == "prefill" and prefill["bootstrap_port"] == pd_fleet.stacks["gpu-a"].ports[
+        "bootstrap"] and prefill["is_healthy"]
