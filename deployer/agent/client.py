@@ -270,6 +270,8 @@ class AgentClient:
         try:
             with self._write_lock:
                 self._pipe.write(prefix + HEADER.pack(len(body)) + body)
+        except NeverStarted as exc:
+            self._fail(str(exc), started=False)
         except (OSError, EOFError, ValueError) as exc:
             self._fail(f"cannot send to the agent: {exc}")
         finally:

@@ -14,6 +14,7 @@ which. That is translated here into a sentence naming the container and the engi
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 
 from deployer.agent.client import NeverStarted
@@ -26,6 +27,7 @@ from deployer.transport.pipes import Pipe
 NOT_RUNNING = ("can only create exec sessions on running containers", "is not running", "is paused",
                "container state improper")
 NO_SUCH = ("no such container", "no container with name or id")
+STDERR_WAIT_S = 2.0  # for an exec that refused our first write to have said why on stderr
 
 
 class ContainerExec:
@@ -92,7 +94,18 @@ class ContainerPipe:
         return data
 
     def write(self, data: bytes) -> None:
-        self._pipe.write(data)
+        try:
+            self._pipe.write(data)
+        except OSError:
+            if self._started:
+                raise
+            # The exec ended before it took the agent's source: its stderr (being read as we fail) says why.
+            deadline = time.monotonic() + STDERR_WAIT_S
+            while not (tail := self._pipe.stderr_tail()).strip() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not tail.strip():
+                raise
+            raise NeverStarted(self._explain(tail)) from None
 
     def close(self) -> None:
         self._pipe.close()

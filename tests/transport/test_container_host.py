@@ -45,3 +45,20 @@ def test_become_runs_the_engines_exec_under_sudo_on_the_host(target: Project, co
     connected = next(e for e in project.events() if e["type"] == "connected")
     assert connected["transport"]["extra"]["become"] == "sudo"
     assert connected["transport"]["extra"]["container"] == container.name
+
+
+def test_an_exec_that_ended_before_the_first_write_says_the_container_problem_not_a_broken_pipe() -> None:
+    """The same stopped container seen from the other side of the race: the exec has exited (EPIPE on the write
+    of the agent's source) before the reader saw its end. A real process that says what podman says and exits."""
+    from deployer.agent.client import NeverStarted
+    from deployer.config.container import Container
+    from deployer.transport.container import ContainerExec
+    from deployer.transport.pipes import local_pipe
+
+    exec_ = ContainerExec(Container(engine="podman", name="gone"))
+    said = "Error: can only create exec sessions on running containers: container state improper"
+    pipe = exec_.open(lambda argv: local_pipe(argv, "box"), ["sh", "-c", f"echo '{said}' >&2; exit 125"], "box")
+    with pytest.raises(NeverStarted, match="the podman container 'gone' is not running"):
+        for _ in range(1000):  # bounded: the exit comes within a few writes
+            pipe.write(b"x" * 65536)
+    pipe.close()
