@@ -104,8 +104,10 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             # now released), or settled already. Its record and log may still need their end.
             if found.lock_released or not ended(engine.runs_dir, run_id, record):
                 found.outcome = _settle_original(record, Phase.failed_restored)
+            # A cut inside the write of its intent record leaves that write's temp in the state dir.
+            found.temps = remove_temps(ctx, [])
             ctx.emit("recovered", of_run=run_id, outcome=found.outcome and found.outcome.value,
-                     lock_released=found.lock_released)
+                     lock_released=found.lock_released, temps=found.temps)
             return
         files, before, trailer = _what_to_undo(ctx, record, pending)
         found.dests = [f.dest for f in files]

@@ -97,10 +97,17 @@ def test_a_recover_by_host_releases_the_lock_of_a_run_killed_before_its_intent_r
         proc.communicate(timeout=30)
     [run] = [p for p in target.runs.iterdir() if (p / "state.json").is_file()]
     assert lock.is_symlink() and not (target.repo / ".git" / "deployer" / "inflight.json").exists()
+    # What a kill inside the agent's write of the intent record leaves (the temp, never renamed): planted, since
+    # no signal can be timed into that write.
+    debris = target.repo / ".git" / "deployer" / ".deployer-k1lled.tmp"
+    debris.parent.mkdir(exist_ok=True)
+    debris.write_text('{"run_id": ')
     age_lock(target.repo)
     done = ok(target.deployer("recover", "--host", "box", *elsewhere))
-    assert f"run {run.name} -> failed_restored; its lock was released" in done.stdout, done.stdout
+    assert f"run {run.name} -> failed_restored; removed temp files {debris}; its lock was released" in done.stdout, \
+        done.stdout
     assert not lock.exists() and not lock.is_symlink()
+    assert not debris.exists(), "recover left the temp of a write the cut run never finished"
     # Nothing left on the target: the same answer as `recover RUN` gives, exit 0 too.
     again = ok(target.deployer("recover", "--host", "box", *elsewhere))
     assert again.stdout == "box: nothing to recover (no intent record or lock of it on the target, its record " \
