@@ -133,7 +133,9 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         elif pending is None:
             # No intent record and no commit: the agent let none of the run's changes through, or the run undid
             # them before it cleared the record (its own record here could not say so: a full disk). The target
-            # may have moved on since; restoring the run's pre-run bytes would undo someone else's work.
+            # may have moved on since; restoring the run's pre-run bytes would undo someone else's work. Its temps
+            # are deployer's own, and this holds the lock.
+            found.temps = remove_temps(ctx, files)
             outcome = Phase.failed_restored
         else:
             done = restore_files(ctx, files, before, trailer, record)
