@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import deployer
+from fixtures_ssh import SSHD
 from polling import wait_for
 
 from deployer.config.models import LocalHost
@@ -83,7 +84,7 @@ class PdFleet:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
+def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | None = None) -> PdFleet:
     ports = unit_ports(len(UNITS))
     router_port = ports[0]["router"]
     stacks: dict[str, DemoStack] = {}
@@ -106,8 +107,12 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
                              "drain_timeout_s": 20, "interval_s": 0.05}}
     for stack in stacks.values():
         stack.create()
-    inventory = {"hosts": {name: stack.host().model_dump(exclude_defaults=True) for name, stack in stacks.items()},
-                 "routers": routers, "units": units}
+    hosts = {name: stack.host().model_dump(exclude_defaults=True) for name, stack in stacks.items()}
+    if sshd is not None:  # the same stacks, every host reached over the real sshd
+        for host in hosts.values():
+            host.update(transport="ssh", address=sshd.host, port=sshd.port, user=sshd.user,
+                        identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts), ssh_config="/dev/null")
+    inventory = {"hosts": hosts, "routers": routers, "units": units}
     fleet = PdFleet(tmp_path, stacks, router_port, inventory)
     fleet.write()
     (tmp_path / "note.py").write_text("NOTE = 'rolled'\n")
@@ -116,10 +121,17 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
 
 
 @pytest.fixture
-def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PdFleet]:
+def transport(request: pytest.FixtureRequest) -> str:
+    """How deployer reaches the hosts: local unless a test parametrizes it (indirect) with "ssh"."""
+    return str(getattr(request, "param", "local"))
+
+
+@pytest.fixture
+def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest, transport: str) -> Iterator[PdFleet]:
     """The four hosts' stacks started (prefill, decode, then the router over both units); every process of them
     stopped at the end, those the restarts made too."""
-    fleet = make_fleet(tmp_path, tuple(getattr(request, "param", ())))
+    sshd = request.getfixturevalue("sshd") if transport == "ssh" else None
+    fleet = make_fleet(tmp_path, tuple(getattr(request, "param", ())), sshd)
     try:
         start_stacks(list(fleet.stacks.values()), CancelToken())
         yield fleet
@@ -198,6 +210,7 @@ def every_worker(fleet: PdFleet) -> set[str]:
             (("gpu-a", "prefill"), ("gpu-b", "decode"), ("gpu-c", "prefill"), ("gpu-d", "decode"))}
 
 
+@pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
 def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_request_fails(pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
     with Load(pd_fleet.router_port) as load:
@@ -220,6 +233,7 @@ def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_re
         assert kinds[-3:] == ["router_add", "router_add", "router_listed"], (unit, kinds)
 
 
+@pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
 @pytest.mark.parametrize("pd_fleet", [("--api-key", "s3cret")], indirect=True)
 def test_a_router_that_refuses_the_removal_stops_the_rollout_before_anything_restarts(pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
