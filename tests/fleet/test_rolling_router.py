@@ -333,3 +333,46 @@ def test_the_older_sglang_router_calls_take_a_unit_out_and_put_it_back_too(pd_fl
     prefill = next(w for w in pd_fleet.workers() if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))
     assert prefill["worker_type"] == "prefill" and prefill["bootstrap_port"] == pd_fleet.stacks["gpu-a"].ports[
         "bootstrap"] and prefill["is_healthy"]
+
+
+def router_steps(fleet: PdFleet, run_id: str) -> list[str]:
+    path = fleet.root / ".deployer" / "runs" / run_id / "events.jsonl"
+    return [e["type"] for e in map(json.loads, path.read_text().splitlines())
+            if e["type"].startswith(("router_", "worker_"))]
+
+
+def drained_around_restart(kinds: list[str]) -> bool:
+    """Both workers removed, the router seen without them, drained, then both added and seen listed."""
+    return (kinds[:3] == ["router_remove", "router_remove", "router_listed"] and "worker_inflight" in kinds
+            and kinds[-3:] == ["router_add", "router_add", "router_listed"])
+
+
+def test_restart_of_a_unit_behind_its_router_takes_it_out_around_the_restart_and_no_request_fails(
+        pd_fleet: PdFleet) -> None:
+    before = pd_fleet.pids()
+    with Load(pd_fleet.router_port) as load:
+        wait_for(lambda: load.ok >= 5, "the load through the router is served before the restart", 30)
+        result = deployer("restart", "--host", "pd-1", "--json", cwd=pd_fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
+    report = json.loads(result.stdout)
+    kinds = router_steps(pd_fleet, report["hosts"]["gpu-a"]["run_id"])
+    assert drained_around_restart(kinds), kinds
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+
+
+def test_a_fleet_rollback_takes_a_unit_out_of_its_router_around_its_restart_and_no_request_fails(
+        pd_fleet: PdFleet) -> None:
+    code, report, output = pd_fleet.apply("pd-1,pd-2")
+    assert code == 0, output
+    with Load(pd_fleet.router_port) as load:
+        wait_for(lambda: load.ok >= 5, "the load through the router is served before the rollback", 30)
+        # pd-1 only: a fleet rollback restarts its units together, so both at once would leave none serving.
+        result = deployer("rollback", report["fleet_id"], "--host", "pd-1", "--json", cwd=pd_fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    rolled = json.loads(result.stdout)
+    kinds = router_steps(pd_fleet, rolled["hosts"]["gpu-a"]["run_id"])
+    assert drained_around_restart(kinds), kinds
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
