@@ -184,12 +184,14 @@ class UnitRouting:
 
     def _drain(self) -> None:
         spec = self.client.spec
-        deadline = time.monotonic() + spec.drain_timeout_s
+        started = time.monotonic()
+        deadline = started + spec.drain_timeout_s
         for worker in self.workers:
             while True:
                 value = inflight(worker, spec.inflight)
                 self.emit("worker_inflight", router=self.client.name, worker=worker.url,
-                          service=worker.spec.service, value=value)
+                          service=worker.spec.service, value=value,
+                          elapsed_s=round(time.monotonic() - started, 3), budget_s=spec.drain_timeout_s)
                 if value == 0:
                     break
                 if time.monotonic() > deadline:

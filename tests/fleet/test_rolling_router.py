@@ -376,3 +376,21 @@ def test_a_fleet_rollback_takes_a_unit_out_of_its_router_around_its_restart_and_
     kinds = router_steps(pd_fleet, rolled["hosts"]["gpu-a"]["run_id"])
     assert drained_around_restart(kinds), kinds
     assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+
+
+def test_the_plain_output_shows_each_router_step_of_the_unit_on_a_line(pd_fleet: PdFleet) -> None:
+    result = deployer("apply", "note.yaml", "--host", "pd-1", cwd=pd_fleet.root)  # not a terminal: plain lines
+    assert result.returncode == 0, result.stdout + result.stderr
+    prefill, decode = pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")
+    lines = result.stdout.splitlines()
+    where = "[gpu-a] [router pd-router] unit pd-1:"
+    for expected in (f"{where} removed worker {prefill} (gpu-a:prefill)",
+                     f"{where} removed worker {decode} (gpu-b:decode)",
+                     f"{where} added worker {prefill} (gpu-a:prefill)",
+                     f"{where} added worker {decode} (gpu-b:decode)"):
+        assert expected in lines, (expected, result.stdout)
+    assert any(re.fullmatch(rf"{re.escape(where)} seen to stop listing: lists http://127\.0\.0\.1:\d+, "
+                            r"http://127\.0\.0\.1:\d+", line) for line in lines), result.stdout
+    assert any(re.fullmatch(rf"{re.escape(where)} worker {re.escape(prefill)} \(gpu-a:prefill\) in flight: 0, "
+                            r"\d+\.\ds of 20s", line) for line in lines), result.stdout
+    assert any(line.startswith(f"{where} seen to list (as healthy): lists ") for line in lines), result.stdout
