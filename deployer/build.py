@@ -21,6 +21,7 @@ from deployer.transport.factory import Opening, open_transport
 if TYPE_CHECKING:  # a single-host run never loads the fleet modules
     from deployer.config.models import Inventory, Unit
     from deployer.fleet.apply import FleetApply
+    from deployer.fleet.router import Routers
     from deployer.fleet.runner import FleetCancel
     from deployer.runlog import Run
     from deployer.steps.base import Step
@@ -139,6 +140,12 @@ class Build:
         bus = EventBus(Masker(host.secrets()), name)
         bus.listeners.extend(self.listeners)
         return host, self.connector(name, host)(bus)
+
+    def routers(self, inventory: Inventory) -> Routers:
+        """The inventory's routers, reached outside a unit on a connection of their own."""
+        from deployer.fleet.router import Routers
+
+        return Routers(dict(inventory.routers), lambda name: self.connection(name)[1])
 
     def fleet_apply(self, engines: dict[str, Engine], units: dict[str, Unit], *, parallel: int,
                     cancel: FleetCancel, listeners: list[Listener], inventory: Inventory | None = None,

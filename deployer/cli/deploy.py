@@ -280,7 +280,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         listeners: list[Listener] = [pin_notice]
         run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
             root, fleet_id, build.sub_run, hosts=chosen, force=force, parallel=parallel, listeners=listeners,
-            cancel=cancel, units=dict(loaded.units)))
+            cancel=cancel, units=dict(loaded.units), routers=build.routers(loaded)))
         return
     run = runlog.read_run(root, run_id)
     engine = build.for_run(run, host_name)

@@ -14,8 +14,12 @@ from deployer.cli.output import emit_json, failures_to_exit_codes
 from deployer.cli.running import builder, cancel_on_signals, run_with_view
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from deployer.config.models import Unit
+    from deployer.fleet.router import UnitRouting
     from deployer.run.engine import Engine, RunResult
+    from deployer.steps.context import Context
 
 
 @click.command()
@@ -44,7 +48,8 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
     checks = Path(checks_from) if checks_from else None
     if host_name in loaded.units:
         unit = loaded.units[host_name]
-        restart_unit(build.restart_unit(host_name, unit, list(services), checks), host_name, unit, as_json)
+        members = build.restart_unit(host_name, unit, list(services), checks)
+        restart_unit(members, host_name, unit, as_json, build.routers(loaded).for_unit(host_name, unit, members))
         return
     engines = [build.restart(host, list(services), checks) for host in sorted(hosts)]
     for engine in engines:
@@ -73,13 +78,14 @@ def restart_in_turn(engines: list[Engine], services: list[str], as_json: bool) -
     report_hosts(results, len(engines), as_json)
 
 
-def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool) -> None:
+def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool,
+                 routing: Callable[[dict[str, Context]], UnitRouting] | None) -> None:
     """A unit's restart as one (each host its own run, lock and log); each host's report, then the exit code
     of the first host, in unit order, that failed."""
     from deployer.fleet.unit import UnitRun
     from deployer.steps.context import CancelToken
 
-    run = UnitRun(name, unit, engines, "restore")
+    run = UnitRun(name, unit, engines, "restore", routing=routing)  # out of its router around the restart
     cancel = CancelToken()
     for engine in engines.values():
         engine.cancel = cancel

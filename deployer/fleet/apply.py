@@ -10,17 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deployer.config.models import Rollout, Unit
-from deployer.config.routers import Router, metrics_origin
+from deployer.config.routers import Router
 from deployer.errors import ConfigError
 from deployer.fleet.followup import roll_back_hosts
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state
-from deployer.fleet.router import RouterClient, UnitRouting, Worker
+from deployer.fleet.router import Routers
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel, FleetRunner, finish, tagged
 from deployer.fleet.strategies import downtime, strategy_for
 from deployer.fleet.unit import UnitRun, steps_for
 from deployer.run.engine import Engine, RunResult
 from deployer.steps.base import Effect
-from deployer.steps.context import Context, Listener
+from deployer.steps.context import Listener
 from deployer.transport.base import Transport
 
 
@@ -40,6 +40,10 @@ class FleetApply:
     behind: dict[str, list[str]] = field(default_factory=dict)  # router -> every inventory unit behind it
     connect: Callable[[str], Transport] | None = None  # to a router's host outside the unit
     allow_downtime: bool = False  # a batch may take every unit behind a router out of it
+
+    @property
+    def drains(self) -> Routers:
+        return Routers(self.routers, self.connect)
 
     def run(self) -> FleetState:
         members = {name: sorted(unit.hosts()) for name, unit in self.units.items()}
@@ -64,38 +68,15 @@ class FleetApply:
         runner.run(lambda host, _: self.engines[host].apply(), self._unit)
         if self.on_failure == "rollback_fleet" and any(r.status != "successful" for r in state.hosts.values()
                                                        if r.status != UNTOUCHED):
-            roll_back_hosts(record, runner, self.engines, self.units, force=False)
+            roll_back_hosts(record, runner, self.engines, self.units, force=False, routers=self.drains)
         finish(record, self.cancel)
         runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)
         return state
 
     def _unit(self, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
         unit = self.units[name]
-        routing = (lambda ctxs: self._routing(name, unit, ctxs)) if unit.router is not None else None
+        routing = self.drains.for_unit(name, unit, self.engines)
         UnitRun(name, unit, {h: self.engines[h] for h in unit.hosts()}, self.on_failure, routing=routing).run(report)
-
-    def _routing(self, name: str, unit: Unit, ctxs: dict[str, Context]) -> UnitRouting:
-        """The unit's workers and a client of its router, on the router host's connection (the unit's own when
-        the router runs on one of its hosts)."""
-        assert unit.router is not None
-        spec = self.routers[unit.router]
-        owned = None
-        if spec.host in ctxs:
-            transport = ctxs[spec.host].transport
-        else:
-            if self.connect is None:
-                raise ConfigError(f"unit {name}: no connection to router {unit.router}'s host {spec.host}")
-            transport = owned = self.connect(spec.host)
-        workers = []
-        for worker in unit.workers:
-            host, _, service = worker.service.partition(":")
-            origin = metrics_origin(self.engines[host].host.services[service].health)
-            workers.append(Worker(worker, worker.url or origin, origin + "/metrics", ctxs[host]))
-        leader = ctxs[sorted(ctxs)[0]]
-        return UnitRouting(RouterClient(unit.router, spec, transport), workers,
-                           emit=lambda kind, **data: leader.emit(kind, unit=name, **data), wait=leader.cancel.wait,
-                           owned=owned)
-
 
 @dataclass(frozen=True)
 class Downtime:

@@ -13,6 +13,7 @@ from pathlib import Path
 from deployer.config.models import Unit
 from deployer.errors import ConfigError, ConnectError, DeployerError
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state, sub_runs
+from deployer.fleet.router import Routers
 from deployer.fleet.runner import FleetCancel, FleetRunner, HostTask, UnitTask, finish, tagged
 from deployer.fleet.strategies import Together
 from deployer.fleet.unit import UnitRun
@@ -27,9 +28,10 @@ from deployer.steps.context import CancelToken, Listener
 
 
 def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine],
-                    units: dict[str, Unit], *, force: bool) -> None:
+                    units: dict[str, Unit], *, force: bool, routers: Routers | None = None) -> None:
     """Every host of the fleet run that holds its run's commit: a revert commit, restart, checks again;
-    the hosts of a unit reverted together and the unit restarted as one."""
+    the hosts of a unit reverted together and the unit restarted as one (out of its router meanwhile)."""
+    routers = routers or Routers()
     committed = {run.host: run for run in record.state.hosts.values() if run.committed and run.host in engines}
     runner.emit("fleet_rollback", hosts=list(committed))
 
@@ -60,8 +62,9 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
             engines[host].cancel = CancelToken()
             runner.emit("host_status", host=host, status="rolling back")
         runs = {h: read_run(engines[h].runs_dir, str(committed[h].run_id)) for h in hosts}
-        UnitRun(name, units[name], {h: engines[h] for h in hosts}, "restore").rollback(runs, force=force,
-                                                                                       on_result=report)
+        chosen = {h: engines[h] for h in hosts}
+        UnitRun(name, units[name], chosen, "restore", routing=routers.for_unit(name, units[name], chosen)).rollback(
+            runs, force=force, on_result=report)
 
     work: list[Callable[[], None]] = []
     in_units: set[str] = set()
@@ -96,8 +99,10 @@ def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str]
 
 def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *,
                    hosts: list[str] | None, force: bool, parallel: int, listeners: list[Listener],
-                   cancel: FleetCancel, units: dict[str, Unit]) -> FleetState:
-    """`deployer rollback FLEET_ID`: roll back each host (or each of `hosts`) whose sub-run committed."""
+                   cancel: FleetCancel, units: dict[str, Unit], routers: Routers | None = None) -> FleetState:
+    """`deployer rollback FLEET_ID`: roll back each host (or each of `hosts`) whose sub-run committed; a unit
+    behind a router is out of it around its restart."""
+    routers = routers or Routers()
     original = FleetRecord.load(runs_dir, fleet_id)
     if hosts is not None and (unknown := sorted(set(hosts) - set(original.state.hosts))):
         raise ConfigError(f"fleet run {fleet_id} did not run on {', '.join(unknown)} "
@@ -117,7 +122,7 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
     def unit_task(name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
         members = [h for h in original.state.units[name] if h in runs]
         engines = {h: tagged(engine_for(h, str(runs[h])), fleet_id, listeners) for h in members}
-        UnitRun(name, units[name], engines, "restore").rollback(
+        UnitRun(name, units[name], engines, "restore", routing=routers.for_unit(name, units[name], engines)).rollback(
             {h: read_run(runs_dir, str(runs[h])) for h in members}, force=force, on_result=report)
 
     chosen_units = {name: [h for h in members if h in runs] for name, members in original.state.units.items()

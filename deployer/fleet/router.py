@@ -11,17 +11,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from deployer.agent.protocol import Http, HttpResult
-from deployer.config.routers import Router, RouterWorker, http_origin
-from deployer.errors import DeployerError
+from deployer.config.routers import Router, RouterWorker, http_origin, metrics_origin
+from deployer.errors import ConfigError, DeployerError
 from deployer.steps.context import Context
 from deployer.steps.metrics import MetricParams, parse
 from deployer.text import shown
 from deployer.transport.base import Transport
+
+if TYPE_CHECKING:
+    from deployer.config.models import Unit
+    from deployer.run.engine import Engine
 
 ROUTER_TIMEOUT_S = 10.0
 
@@ -180,12 +184,14 @@ class UnitRouting:
 
     def _drain(self) -> None:
         spec = self.client.spec
-        deadline = time.monotonic() + spec.drain_timeout_s
+        started = time.monotonic()
+        deadline = started + spec.drain_timeout_s
         for worker in self.workers:
             while True:
                 value = inflight(worker, spec.inflight)
                 self.emit("worker_inflight", router=self.client.name, worker=worker.url,
-                          service=worker.spec.service, value=value)
+                          service=worker.spec.service, value=value,
+                          elapsed_s=round(time.monotonic() - started, 3), budget_s=spec.drain_timeout_s)
                 if value == 0:
                     break
                 if time.monotonic() > deadline:
@@ -193,3 +199,41 @@ class UnitRouting:
                     raise RouterFailed(f"worker {worker.url} ({worker.spec.service}) did not "
                                        f"drain within {spec.drain_timeout_s:g}s: {seen} ({' + '.join(spec.inflight)})")
                 self.wait(spec.interval_s)
+
+
+@dataclass(frozen=True)
+class Routers:
+    """The inventory's routers, and a connection to a router's host outside a unit: what takes a unit out of its
+    router around every restart of it (apply, restart, rollback)."""
+
+    specs: dict[str, Router] = field(default_factory=dict)
+    connect: Callable[[str], Transport] | None = None
+
+    def for_unit(self, name: str, unit: Unit,
+                 engines: dict[str, Engine]) -> Callable[[dict[str, Context]], UnitRouting] | None:
+        """The unit's routing, made once its hosts' contexts meet; None: the unit is behind no router."""
+        if unit.router is None:
+            return None
+        return lambda ctxs: self._routing(name, unit, engines, ctxs)
+
+    def _routing(self, name: str, unit: Unit, engines: dict[str, Engine], ctxs: dict[str, Context]) -> UnitRouting:
+        """The unit's workers and a client of its router, on the router host's connection (the unit's own when
+        the router runs on one of its hosts)."""
+        assert unit.router is not None
+        spec = self.specs[unit.router]
+        owned = None
+        if spec.host in ctxs:
+            transport = ctxs[spec.host].transport
+        else:
+            if self.connect is None:
+                raise ConfigError(f"unit {name}: no connection to router {unit.router}'s host {spec.host}")
+            transport = owned = self.connect(spec.host)
+        workers = []
+        for worker in unit.workers:
+            host, _, service = worker.service.partition(":")
+            origin = metrics_origin(engines[host].host.services[service].health)
+            workers.append(Worker(worker, worker.url or origin, origin + "/metrics", ctxs[host]))
+        leader = ctxs[sorted(ctxs)[0]]
+        return UnitRouting(RouterClient(unit.router, spec, transport), workers,
+                           emit=lambda kind, **data: leader.emit(kind, unit=name, **data), wait=leader.cancel.wait,
+                           owned=owned)

@@ -106,8 +106,7 @@ class UnitRun:
             self._meet(barrier, ctx, "every host of the unit locked")
             if host == self.hosts[0]:
                 try:
-                    for step in self.engines[self.metrics_host].steps:
-                        self._run_unit_step(step)
+                    self._routed(lambda: self._run_unit_steps(self.engines[self.metrics_host].steps))
                 except DeployerError as failure:
                     # No file changed: every host's record ends settled, whatever its services do now.
                     for one in self.ctxs.values():
@@ -188,9 +187,8 @@ class UnitRun:
             self._meet(barrier, ctx, "every host of the unit reverted", reverted=True)
             if host == self.hosts[0]:
                 try:
-                    for step in self._post_steps():
-                        if step.effect in VERIFY:
-                            self._run_unit_step(step, prefix="rollback:")
+                    self._routed(lambda: self._run_unit_steps([s for s in self._post_steps() if s.effect in VERIFY],
+                                                              prefix="rollback:"))
                 except DeployerError as exc:
                     self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert failed: {exc}\n"
                                                   f"Run the rollback again to finish it")
@@ -274,6 +272,26 @@ class UnitRun:
                 routing.close()
         for ctx in ctxs:
             ctx.bus.step = None
+
+    def _run_unit_steps(self, steps: list[Step], prefix: str = "") -> None:
+        for step in steps:
+            self._run_unit_step(step, prefix)
+
+    def _routed(self, work: Callable[[], None]) -> None:
+        """A restart onto code the workers served before (`restart`, a rollback's): the unit out of its router
+        around it; after a failure its workers go back (unhealthy ones too) and the failure says so."""
+        if self.routing is None:
+            work()
+            return
+        routing = self.routing(self.ctxs)  # may connect to the router's host
+        try:
+            routing.take_out()
+            work()
+            routing.put_back()
+        except DeployerError as failure:
+            raise self._after_failure(routing, failure, on_new_code=False) if routing.out else failure from None
+        finally:
+            routing.close()
 
     def _after_failure(self, routing: UnitRouting, failure: DeployerError, *, on_new_code: bool) -> DeployerError:
         """The unit's workers go back into the router once they serve the old code again (never restarted, or

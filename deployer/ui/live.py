@@ -13,6 +13,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from deployer.ui.router import ROUTER_EVENTS, inflight_text, router_line
+
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
 
 
@@ -82,6 +84,7 @@ class StepView(LiveView):
         self.quiet = quiet
         self.rows: dict[str, list[Any]] = {}
         self.services: dict[tuple[str, str], ServiceRow] = {}  # (step, service): its newest phase
+        self.drains: dict[str, dict[str, Any]] = {}  # worker: its newest in-flight count, while it drains
         self._go_live(console, quiet, self._table, 8)
 
     def _table(self) -> Table:
@@ -95,6 +98,8 @@ class StepView(LiveView):
             for (of_step, _), row in self.services.items():
                 if of_step == step and status == "running":  # a step's waits, under it while it runs
                     table.add_row("", "", "", Text(phase_text(row.event, row.clock()), overflow="fold"))
+        for event in self.drains.values():  # the unit's drain, before its restart step starts
+            table.add_row(f"router {event['router']}", "", "", Text(inflight_text(event), overflow="fold"))
         return table
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -117,8 +122,20 @@ class StepView(LiveView):
             self._line(f"[{step}] {phase_text(event, float(event.get('elapsed_s') or 0.0))}")
         elif kind in NOTICES:
             self._line(NOTICES[kind](event))
+        elif kind in ROUTER_EVENTS:
+            self._router(event)
         if self.live is not None:
             self.live.refresh()
+
+    def _router(self, event: dict[str, Any]) -> None:
+        worker = str(event.get("worker"))
+        if event["type"] == "worker_inflight" and event.get("value") != 0:
+            self.drains[worker] = event
+        else:
+            self.drains.pop(worker, None)
+        line = router_line(event)
+        if line:
+            self._line(line)
 
     def _line(self, text: str) -> None:
         if self.live is None:
@@ -203,6 +220,9 @@ class FleetView(LiveView):
             return f"[fleet] rolling back {', '.join(event['hosts']) or 'no host'}"
         if row is None:
             return None
+        if kind in ROUTER_EVENTS:
+            row.detail = inflight_text(event) if kind == "worker_inflight" else row.detail
+            return f"[{host}] {router_line(event)}"
         if kind == "host_status":
             row.status = str(event["status"])
             if row.status in ("running", "rolling back"):

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import deployer
+from fixtures_ssh import SSHD
 from polling import wait_for
 
 from deployer.config.models import LocalHost
@@ -83,7 +84,7 @@ class PdFleet:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
+def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | None = None) -> PdFleet:
     ports = unit_ports(len(UNITS))
     router_port = ports[0]["router"]
     stacks: dict[str, DemoStack] = {}
@@ -106,8 +107,12 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
                              "drain_timeout_s": 20, "interval_s": 0.05}}
     for stack in stacks.values():
         stack.create()
-    inventory = {"hosts": {name: stack.host().model_dump(exclude_defaults=True) for name, stack in stacks.items()},
-                 "routers": routers, "units": units}
+    hosts = {name: stack.host().model_dump(exclude_defaults=True) for name, stack in stacks.items()}
+    if sshd is not None:  # the same stacks, every host reached over the real sshd
+        for host in hosts.values():
+            host.update(transport="ssh", address=sshd.host, port=sshd.port, user=sshd.user,
+                        identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts), ssh_config="/dev/null")
+    inventory = {"hosts": hosts, "routers": routers, "units": units}
     fleet = PdFleet(tmp_path, stacks, router_port, inventory)
     fleet.write()
     (tmp_path / "note.py").write_text("NOTE = 'rolled'\n")
@@ -116,10 +121,17 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = ()) -> PdFleet:
 
 
 @pytest.fixture
-def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PdFleet]:
+def transport(request: pytest.FixtureRequest) -> str:
+    """How deployer reaches the hosts: local unless a test parametrizes it (indirect) with "ssh"."""
+    return str(getattr(request, "param", "local"))
+
+
+@pytest.fixture
+def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest, transport: str) -> Iterator[PdFleet]:
     """The four hosts' stacks started (prefill, decode, then the router over both units); every process of them
     stopped at the end, those the restarts made too."""
-    fleet = make_fleet(tmp_path, tuple(getattr(request, "param", ())))
+    sshd = request.getfixturevalue("sshd") if transport == "ssh" else None
+    fleet = make_fleet(tmp_path, tuple(getattr(request, "param", ())), sshd)
     try:
         start_stacks(list(fleet.stacks.values()), CancelToken())
         yield fleet
@@ -198,6 +210,7 @@ def every_worker(fleet: PdFleet) -> set[str]:
             (("gpu-a", "prefill"), ("gpu-b", "decode"), ("gpu-c", "prefill"), ("gpu-d", "decode"))}
 
 
+@pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
 def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_request_fails(pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
     with Load(pd_fleet.router_port) as load:
@@ -220,6 +233,7 @@ def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_re
         assert kinds[-3:] == ["router_add", "router_add", "router_listed"], (unit, kinds)
 
 
+@pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
 @pytest.mark.parametrize("pd_fleet", [("--api-key", "s3cret")], indirect=True)
 def test_a_router_that_refuses_the_removal_stops_the_rollout_before_anything_restarts(pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
@@ -319,3 +333,64 @@ def test_the_older_sglang_router_calls_take_a_unit_out_and_put_it_back_too(pd_fl
     prefill = next(w for w in pd_fleet.workers() if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))
     assert prefill["worker_type"] == "prefill" and prefill["bootstrap_port"] == pd_fleet.stacks["gpu-a"].ports[
         "bootstrap"] and prefill["is_healthy"]
+
+
+def router_steps(fleet: PdFleet, run_id: str) -> list[str]:
+    path = fleet.root / ".deployer" / "runs" / run_id / "events.jsonl"
+    return [e["type"] for e in map(json.loads, path.read_text().splitlines())
+            if e["type"].startswith(("router_", "worker_"))]
+
+
+def drained_around_restart(kinds: list[str]) -> bool:
+    """Both workers removed, the router seen without them, drained, then both added and seen listed."""
+    return (kinds[:3] == ["router_remove", "router_remove", "router_listed"] and "worker_inflight" in kinds
+            and kinds[-3:] == ["router_add", "router_add", "router_listed"])
+
+
+def test_restart_of_a_unit_behind_its_router_takes_it_out_around_the_restart_and_no_request_fails(
+        pd_fleet: PdFleet) -> None:
+    before = pd_fleet.pids()
+    with Load(pd_fleet.router_port) as load:
+        wait_for(lambda: load.ok >= 5, "the load through the router is served before the restart", 30)
+        result = deployer("restart", "--host", "pd-1", "--json", cwd=pd_fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
+    report = json.loads(result.stdout)
+    kinds = router_steps(pd_fleet, report["hosts"]["gpu-a"]["run_id"])
+    assert drained_around_restart(kinds), kinds
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+
+
+def test_a_fleet_rollback_takes_a_unit_out_of_its_router_around_its_restart_and_no_request_fails(
+        pd_fleet: PdFleet) -> None:
+    code, report, output = pd_fleet.apply("pd-1,pd-2")
+    assert code == 0, output
+    with Load(pd_fleet.router_port) as load:
+        wait_for(lambda: load.ok >= 5, "the load through the router is served before the rollback", 30)
+        # pd-1 only: a fleet rollback restarts its units together, so both at once would leave none serving.
+        result = deployer("rollback", report["fleet_id"], "--host", "pd-1", "--json", cwd=pd_fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    rolled = json.loads(result.stdout)
+    kinds = router_steps(pd_fleet, rolled["hosts"]["gpu-a"]["run_id"])
+    assert drained_around_restart(kinds), kinds
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+
+
+def test_the_plain_output_shows_each_router_step_of_the_unit_on_a_line(pd_fleet: PdFleet) -> None:
+    result = deployer("apply", "note.yaml", "--host", "pd-1", cwd=pd_fleet.root)  # not a terminal: plain lines
+    assert result.returncode == 0, result.stdout + result.stderr
+    prefill, decode = pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")
+    lines = result.stdout.splitlines()
+    where = "[gpu-a] [router pd-router] unit pd-1:"
+    for expected in (f"{where} removed worker {prefill} (gpu-a:prefill)",
+                     f"{where} removed worker {decode} (gpu-b:decode)",
+                     f"{where} added worker {prefill} (gpu-a:prefill)",
+                     f"{where} added worker {decode} (gpu-b:decode)"):
+        assert expected in lines, (expected, result.stdout)
+    assert any(re.fullmatch(rf"{re.escape(where)} seen to stop listing: lists http://127\.0\.0\.1:\d+, "
+                            r"http://127\.0\.0\.1:\d+", line) for line in lines), result.stdout
+    assert any(re.fullmatch(rf"{re.escape(where)} worker {re.escape(prefill)} \(gpu-a:prefill\) in flight: 0, "
+                            r"\d+\.\ds of 20s", line) for line in lines), result.stdout
+    assert any(line.startswith(f"{where} seen to list (as healthy): lists ") for line in lines), result.stdout
