@@ -154,13 +154,14 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
         outcome = run_fleet_demo(workdir, keep=keep, listeners=[view], cancel=cancel)
     state = outcome.state
     if as_json:
-        emit_json({**state.document(), "gauges": outcome.gauges(), "workdir": str(outcome.workdir)})
+        emit_json({**state.document(), "gauges": outcome.gauges(), "load": outcome.load.summary(),
+                   "workdir": str(outcome.workdir), "exit_code": outcome.exit_code, "error": outcome.error})
     else:
         show_fleet(console, state)
         show_fleet_demo(console, outcome)
-        if state.error:
-            show_error(state.error)
-    sys.exit(state.exit_code or 0)
+        if outcome.error:
+            show_error(outcome.error)
+    sys.exit(outcome.exit_code)
 
 
 @click.command()

@@ -30,7 +30,9 @@ import yaml
 
 from deployer.build import Build
 from deployer.config.models import Inventory, LocalHost, Unit, resolve_env
-from deployer.errors import ConfigError, DeployerError
+from deployer.config.routers import SGLANG_INFLIGHT, Router, RouterWorker
+from deployer.demo.load import Load, LoadReport
+from deployer.errors import ConfigError, DeployerError, VerificationFailed
 from deployer.fleet.record import FleetState
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 from deployer.run.engine import RunResult
@@ -83,6 +85,10 @@ class DemoStack:
     workdir: Path
     ports: dict[str, int] = field(default_factory=dict)
     runs: tuple[str, ...] = SERVICES  # the unit's services this host runs
+    # The units whose prefill and decode its router sends traffic to (by default its own), and where its storms
+    # go when it runs no router (the fleet demo's one router, on another host).
+    fronts: list[dict[str, int]] = field(default_factory=list)
+    endpoint: str | None = None
 
     @property
     def repo(self) -> Path:
@@ -105,9 +111,10 @@ class DemoStack:
                         "--port", str(p["prefill"]), *common],
             "decode": [py, "-m", "sglang.launch_server", "--disaggregation-mode", "decode",
                        "--port", str(p["decode"]), "--base-gpu-id", "1", *common],
-            "router": [py, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                       "--prefill", self.url("prefill", ""), str(p["bootstrap"]),
-                       "--decode", self.url("decode", ""), "--port", str(p["router"])],
+            "router": [py, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--port", str(p["router"]),
+                       *(arg for unit in self.fronts or [p] for arg in (
+                           "--prefill", f"http://127.0.0.1:{unit['prefill']}", str(unit["bootstrap"]),
+                           "--decode", f"http://127.0.0.1:{unit['decode']}"))],
         }
         services = {name: {"start": start[name], "cwd": "python", "health": self.url(name, "/health"),
                            "health_timeout_s": 30, "stop_grace_s": 5} for name in self.runs}
@@ -115,8 +122,9 @@ class DemoStack:
         gauge = next((name for name in ("prefill", "decode") if name in self.runs), None)
         if gauge is not None:  # the symptom's gauge lives on prefill
             facts["metrics"] = self.url(gauge, "/metrics")
-        if "router" in self.runs:  # where a storm goes
-            facts["endpoint"] = self.url("router", "")
+        endpoint = self.url("router", "") if "router" in self.runs else self.endpoint
+        if endpoint is not None:  # where a storm goes
+            facts["endpoint"] = endpoint
         return LocalHost.model_validate({
             "transport": "local", "repo": str(self.repo), "python": py, "env": {"PYTHONDONTWRITEBYTECODE": "1"},
             "services": services, "lock_ttl_s": 60, **facts})
@@ -244,8 +252,9 @@ def wait_healthy(url: str, seconds: float, cancel: CancelToken, log: Path) -> No
 T = TypeVar("T")
 
 
-def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]], units: dict[str, Unit],
-          keep: bool, cancel: CancelToken, deploy: Callable[[Path, dict[str, DemoStack]], T]) -> T:
+def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]],
+          inventory_of: Callable[[dict[str, DemoStack]], Inventory], keep: bool, cancel: CancelToken,
+          deploy: Callable[[Path, dict[str, DemoStack], Inventory], T]) -> T:
     """Make the demo's hosts (their repos and inventory) in workdir, start their stacks, deploy; then stop
     every process started here unless the caller keeps them (and the deploy got that far)."""
     directory = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="deployer-demo-"))
@@ -257,11 +266,11 @@ def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]], 
     try:
         for stack in made.values():
             stack.create()
-        inventory = Inventory(hosts={name: stack.host() for name, stack in made.items()}, units=units)
+        inventory = inventory_of(made)
         (directory / "hosts.yaml").write_text(
             yaml.safe_dump(inventory.model_dump(exclude_defaults=True), sort_keys=False))
         start_stacks(list(made.values()), cancel)
-        outcome = deploy(directory, made)
+        outcome = deploy(directory, made, inventory)
         if keep:  # what `demo --stop` may stop: nothing without this record
             (directory / KEPT).write_text(json.dumps({str(s.workdir): s.live_pids() for s in made.values()}))
         kept = keep
@@ -282,17 +291,25 @@ class DemoOutcome:
 def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken,
              stack: Callable[[Path], DemoStack] = DemoStack) -> DemoOutcome:
     """The demo playbook on one local host; `stack` makes that host's stack (the container demo's, say)."""
-    def deploy(directory: Path, stacks: dict[str, DemoStack]) -> DemoOutcome:
+    def deploy(directory: Path, stacks: dict[str, DemoStack], inventory: Inventory) -> DemoOutcome:
         build = Build(directory / "runs", listeners=tuple(listeners))
-        engine = build.engines(PLAYBOOK, {HOST: stacks[HOST].host()}, cancel=cancel)[HOST]
+        engine = build.engines(PLAYBOOK, {HOST: inventory.hosts[HOST]}, cancel=cancel)[HOST]
         return DemoOutcome(stacks[HOST], engine.apply(), keep)
 
-    return serve(workdir, lambda directory: {HOST: stack(directory)}, {}, keep, cancel, deploy)
+    return serve(workdir, lambda directory: {HOST: stack(directory)}, hosts_of, keep, cancel, deploy)
 
 
-# -- `deployer demo --fleet`: two PD units over four hosts, one fleet run ------------------------------
+def hosts_of(stacks: dict[str, DemoStack]) -> Inventory:
+    return Inventory(hosts={name: stack.host() for name, stack in stacks.items()})
 
-FLEET = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # unit: its prefill (+router) host, its decode host
+
+# -- `deployer demo --fleet`: two PD units over four hosts behind one router, rolled one at a time -----------
+
+FLEET = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # unit: its prefill host, its decode host
+ROUTER, ROUTER_HOST = "pd-router", "gpu-a"  # the one router both units are behind, beside pd-1's prefill
+# What a removed worker must finish before it stops: every in-flight gauge but the prefill inflight queue, which the
+# bug this rollout fixes leaves stuck (it never drains on the old code).
+DEMO_INFLIGHT = [gauge for gauge in SGLANG_INFLIGHT if gauge != GAUGE]
 
 
 def fleet_hosts() -> list[str]:
@@ -300,17 +317,29 @@ def fleet_hosts() -> list[str]:
 
 
 def fleet_stacks(directory: Path) -> dict[str, DemoStack]:
-    """Each host its own repo under directory; a unit's router beside its prefill, which serves its gauge."""
+    """Each host its own repo under directory; the router on gpu-a sends traffic to both units, and every
+    unit's storms go through it (as a client's requests do)."""
+    ports = unit_ports(len(FLEET))
+    router = f"http://127.0.0.1:{ports[0]['router']}"
     stacks = {}
-    for (prefill, decode), ports in zip(FLEET.values(), unit_ports(len(FLEET)), strict=True):
-        stacks[prefill] = DemoStack(directory / prefill, ports, ("prefill", "router"))
-        stacks[decode] = DemoStack(directory / decode, ports, ("decode",))
+    for (prefill, decode), unit in zip(FLEET.values(), ports, strict=True):
+        runs = ("prefill", "router") if prefill == ROUTER_HOST else ("prefill",)
+        stacks[prefill] = DemoStack(directory / prefill, {**unit, "router": ports[0]["router"]}, runs, ports, router)
+        stacks[decode] = DemoStack(directory / decode, unit, ("decode",))
     return stacks
 
 
-def fleet_units() -> dict[str, Unit]:
-    return {name: Unit(services=[f"{prefill}:prefill", f"{decode}:decode", f"{prefill}:router"], metrics=prefill)
-            for name, (prefill, decode) in FLEET.items()}
+def fleet_inventory(stacks: dict[str, DemoStack]) -> Inventory:
+    """The four hosts, the router, and the units behind it with their workers as the router knows them."""
+    router = stacks[ROUTER_HOST]
+    units = {name: Unit(services=[f"{prefill}:prefill", f"{decode}:decode"], metrics=prefill, router=ROUTER,
+                        workers=[RouterWorker(service=f"{prefill}:prefill", worker_type="prefill",
+                                              bootstrap_port=stacks[prefill].ports["bootstrap"]),
+                                 RouterWorker(service=f"{decode}:decode", worker_type="decode")])
+             for name, (prefill, decode) in FLEET.items()}
+    routers = {ROUTER: Router(host=ROUTER_HOST, url=router.url("router", ""), inflight=DEMO_INFLIGHT,
+                              drain_timeout_s=30, interval_s=0.1)}
+    return Inventory(hosts={name: stack.host() for name, stack in stacks.items()}, routers=routers, units=units)
 
 
 @dataclass
@@ -318,11 +347,28 @@ class FleetDemoOutcome:
     workdir: Path
     stacks: dict[str, DemoStack]
     state: FleetState
+    load: LoadReport  # the clients' requests through the router during the rollout
     kept: bool
 
     @property
     def runs(self) -> Path:
         return self.workdir / "runs"
+
+    @property
+    def router_url(self) -> str:
+        return self.stacks[ROUTER_HOST].url("router", "")
+
+    @property
+    def exit_code(self) -> int:
+        """The fleet run's; a client request that failed fails a demo that promises none does."""
+        return self.state.exit_code or (VerificationFailed.exit_code if self.load.failed else 0)
+
+    @property
+    def error(self) -> str | None:
+        if self.state.error or not self.load.failed:
+            return self.state.error
+        return (f"load: {self.load.failed} of {self.load.sent} client requests through router {ROUTER} failed "
+                f"during the rollout (first: {'; '.join(self.load.failures)})")
 
     def unit_events(self) -> dict[str, list[dict[str, Any]]]:
         """Each unit's run log on its metrics host: where its baseline and drain samples are."""
@@ -345,16 +391,26 @@ class FleetDemoOutcome:
                 for unit, events in self.unit_events().items()}
 
 
+# Steady and light (2 cores run the whole demo), bounded well past the rollout's few seconds.
+LOAD: dict[str, Any] = {"clients": 2, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
+
+
 def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener],
                    cancel: FleetCancel) -> FleetDemoOutcome:
-    """The demo playbook as one fleet run over both units: each unit's hosts locked, shipped and
-    committed together, restarted as one, and drained on its prefill host."""
-    units = fleet_units()
+    """The demo playbook as one rolling fleet run: one unit at a time taken out of the router, its hosts shipped,
+    committed and restarted as one, drained on its prefill host and put back, while clients send requests
+    through the router the whole time."""
+    def deploy(directory: Path, stacks: dict[str, DemoStack], inventory: Inventory) -> FleetDemoOutcome:
+        build = Build(directory / "runs", str(directory / "hosts.yaml"))  # the router's host is connected by name
+        engines = build.engines(PLAYBOOK, dict(inventory.hosts))
+        fleet = build.fleet_apply(engines, dict(inventory.units), parallel=DEFAULT_PARALLEL, cancel=cancel,
+                                  listeners=listeners, inventory=inventory)
+        load = Load(stacks[ROUTER_HOST].url("router", "/generate"), **LOAD).start()
+        try:
+            state = fleet.run()
+        finally:
+            report = load.stop()
+        return FleetDemoOutcome(directory, stacks, state, report, keep)
 
-    def deploy(directory: Path, stacks: dict[str, DemoStack]) -> FleetDemoOutcome:
-        build = Build(directory / "runs")
-        engines = build.engines(PLAYBOOK, {name: stack.host() for name, stack in stacks.items()})
-        fleet = build.fleet_apply(engines, units, parallel=DEFAULT_PARALLEL, cancel=cancel, listeners=listeners)
-        return FleetDemoOutcome(directory, stacks, fleet.run(), keep)
+    return serve(workdir, fleet_stacks, fleet_inventory, keep, cancel, deploy)
 
-    return serve(workdir, fleet_stacks, units, keep, cancel, deploy)

@@ -57,18 +57,22 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
     for unit, gauge in outcome.gauges().items():
         prefill, decode = FLEET[unit]
         console.print(f"  {unit:<6} {GAUGE}: {num(gauge['before'])} before the fix -> {num(gauge['after'])} after "
-                      f"(prefill+router on {prefill}, decode on {decode})", markup=False, highlight=False)
+                      f"(prefill on {prefill}, decode on {decode})", markup=False, highlight=False)
         show_chart(console, events[unit])
     committed = any(run.git_after for run in outcome.state.hosts.values())
+    load = outcome.load
+    console.print(f"  load   {load.sent} requests through the router during the rollout: {load.ok} ok, "
+                  f"{load.failed} failed (p50 {num(load.p50_ms)} ms, p99 {num(load.p99_ms)} ms)",
+                  markup=False, highlight=False)
     for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
                        ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}" if committed
                         else "- (no host made a commit: nothing to roll back)")):
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
     if outcome.kept:
-        console.print("  the stacks are still running (--keep):", markup=False)
+        console.print(f"  the stacks are still running (--keep), behind router {outcome.router_url}:", markup=False,
+                      highlight=False)
         for unit, (prefill, _) in FLEET.items():
-            console.print(f"    {unit:<8} router {outcome.stacks[prefill].url('router', '')}  "
-                          f"(metrics {outcome.stacks[prefill].url('prefill', '/metrics')})",
+            console.print(f"    {unit:<8} metrics {outcome.stacks[prefill].url('prefill', '/metrics')}",
                           markup=False, highlight=False)
         console.print(f"  stop them with: deployer demo --stop --workdir {outcome.workdir}", markup=False,
                       highlight=False)

@@ -11,7 +11,7 @@ import yaml
 
 from deployer.config.models import AnyHost, Inventory, LocalHost, SshHost, load_inventory
 from deployer.config.schema import schema_for
-from deployer.demo.run import DemoStack, fleet_stacks, fleet_units, unit_ports
+from deployer.demo.run import DemoStack, fleet_inventory, fleet_stacks, unit_ports
 from deployer.errors import ConfigError
 from deployer.transport.kinds import KINDS
 
@@ -68,7 +68,7 @@ def test_every_host_kind_has_a_transport_that_opens_it() -> None:
 def demo_inventories(tmp_path: Path) -> list[dict[str, object]]:
     """The inventories `deployer demo` and `deployer demo --fleet` write, as they write them."""
     one = Inventory(hosts={"demo": DemoStack(tmp_path / "one", unit_ports(1)[0]).host()})
-    fleet = Inventory(hosts={n: s.host() for n, s in fleet_stacks(tmp_path / "fleet").items()}, units=fleet_units())
+    fleet = fleet_inventory(fleet_stacks(tmp_path / "fleet"))
     return [yaml.safe_load(yaml.safe_dump(i.model_dump(exclude_defaults=True), sort_keys=False)) for i in (one, fleet)]
 
 

@@ -1,10 +1,12 @@
-"""`deployer demo --fleet`: two PD units over four local hosts, one fleet run, every unit drained, nothing left."""
+"""`deployer demo --fleet`: two PD units over four local hosts behind one router, rolled one unit at a time under a
+client load that sees no failure, every unit drained, nothing left."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -24,10 +26,20 @@ def host_pids(workdir: Path) -> dict[str, dict[str, int]]:
             for host in HOSTS}
 
 
+def events(workdir: Path, run_id: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+
+
 def samples(workdir: Path, run_id: str, step: str) -> list[float]:
-    events = [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
-    return [e["value"] for e in events if e.get("type") == "sample" and e.get("step") == step
+    return [e["value"] for e in events(workdir, run_id) if e.get("type") == "sample" and e.get("step") == step
             and e.get("metric") == GAUGE]
+
+
+def router_changes(workdir: Path, fleet: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Every unit's router_remove/router_add events, in the order they happened: (time, unit, change)."""
+    return sorted((e["time"], e["unit"], e["type"]) for unit, (first, _) in UNITS.items()
+                  for e in events(workdir, fleet["hosts"][first]["run_id"])
+                  if e.get("type") in ("router_remove", "router_add"))
 
 
 def test_demo_fleet_deploys_two_pd_units_over_four_hosts_drains_each_and_stops_everything(tmp_path: Path) -> None:
@@ -37,6 +49,11 @@ def test_demo_fleet_deploys_two_pd_units_over_four_hosts_drains_each_and_stops_e
     fleet_dir = next(p for p in (workdir / "runs").iterdir() if (p / "fleet.json").is_file())
     fleet: dict[str, Any] = json.loads((fleet_dir / "fleet.json").read_text())
     assert fleet["status"] == "successful" and fleet["units"] == UNITS and sorted(fleet["hosts"]) == list(HOSTS)
+    assert fleet["batches"] == [["gpu-a", "gpu-b"], ["gpu-c", "gpu-d"]]  # rolling: one unit per batch
+    # Out of the router, back in, then the next unit: never both out at once (each worker once per change).
+    assert [(unit, change) for _, unit, change in router_changes(workdir, fleet)] == [
+        ("pd-1", "router_remove")] * 2 + [("pd-1", "router_add")] * 2 + [("pd-2", "router_remove")] * 2 + [
+        ("pd-2", "router_add")] * 2
     for host in HOSTS:
         run = fleet["hosts"][host]
         assert run["status"] == "successful", run
@@ -54,11 +71,13 @@ def test_demo_fleet_deploys_two_pd_units_over_four_hosts_drains_each_and_stops_e
         assert f"{before[-1]:g} before the fix -> 0 after" in line, line
     for host in HOSTS:
         assert host in result.stdout  # the per-host table
+    load = re.search(r"load +(\d+) requests through the router during the rollout: (\d+) ok, (\d+) failed", report)
+    assert load and int(load[1]) > 0 and int(load[2]) == int(load[1]) and load[3] == "0", report
     assert f"deployer rollback {fleet['fleet_id']}" in report
     assert "every process the demo started has been stopped" in report
     pids = host_pids(workdir)
     assert {h: sorted(p) for h, p in pids.items()} == {
-        "gpu-a": ["prefill", "router"], "gpu-b": ["decode"], "gpu-c": ["prefill", "router"], "gpu-d": ["decode"]}
+        "gpu-a": ["prefill", "router"], "gpu-b": ["decode"], "gpu-c": ["prefill"], "gpu-d": ["decode"]}  # one router
     assert all(wait_dead(pid) for found in pids.values() for pid in found.values())
 
 
@@ -71,6 +90,9 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
         summary = json.loads(result.stdout)
         assert summary["status"] == "successful" and summary["units"] == UNITS
         assert all(g["before"] >= 1 and g["after"] == 0 for g in summary["gauges"].values()), summary["gauges"]
+        load = summary["load"]
+        assert load["sent"] > 0 and load["failed"] == 0 and load["ok"] == load["sent"], load
+        assert 0 < load["p50_ms"] <= load["p99_ms"], load
         assert all(alive(pid) for found in pids.values() for pid in found.values())
         stopped = deployer("demo", "--stop", "--workdir", str(workdir), "--json", cwd=tmp_path)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr

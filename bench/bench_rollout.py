@@ -1,0 +1,100 @@
+"""Failed client requests and p99 latency while PD units restart behind one router (issue 22): (a) today's unit
+restart (every unit in one batch, the router never told) against (b) the rolling restart with router drain (one
+unit at a time taken out, drained, restarted, put back), for 2 and 4 units, under the same steady load.
+
+Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4] [--runs 1]
+Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from deployer.demo.load import Load, LoadReport
+from deployer.demo.run import DEMO_INFLIGHT, DemoStack, start_stacks, unit_ports
+from deployer.steps.context import CancelToken
+
+TODAY, ROLLING = "(a) unit restart, no drain", "(b) rolling + router drain"
+NOTE = {"name": "note", "files": [{"src": "note.py", "dest": "python/sglang/srt/demo_note.py", "create": True}],
+        "steps": ["upload", {"commit": {"message": "bench: a note"}}, "co_restart"], "on_failure": "restore"}
+LOAD: dict[str, Any] = {"clients": 4, "max_requests": 20000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.02}
+
+
+def fleet(root: Path, units: int, routed: bool) -> tuple[list[DemoStack], str]:
+    """`units` PD units (prefill host, decode host), the router on the first prefill host fronting all of them."""
+    ports = unit_ports(units)
+    router = f"http://127.0.0.1:{ports[0]['router']}"
+    stacks: dict[str, DemoStack] = {}
+    spec: dict[str, Any] = {}
+    for n, unit in enumerate(ports):
+        prefill, decode = f"p{n}", f"d{n}"
+        runs = ("prefill", "router") if n == 0 else ("prefill",)
+        stacks[prefill] = DemoStack(root / prefill, {**unit, "router": ports[0]["router"]}, runs, ports, router)
+        stacks[decode] = DemoStack(root / decode, unit, ("decode",))
+        spec[f"pd-{n}"] = {"services": [f"{prefill}:prefill", f"{decode}:decode"]}
+        if routed:
+            spec[f"pd-{n}"] |= {"router": "r", "workers": [
+                {"service": f"{prefill}:prefill", "worker_type": "prefill", "bootstrap_port": unit["bootstrap"]},
+                {"service": f"{decode}:decode", "worker_type": "decode"}]}
+    for stack in stacks.values():
+        stack.create()
+    inventory: dict[str, Any] = {"hosts": {n: s.host().model_dump(exclude_defaults=True) for n, s in stacks.items()},
+                                 "units": spec}
+    if routed:
+        inventory["routers"] = {"r": {"host": "p0", "url": router, "inflight": DEMO_INFLIGHT, "interval_s": 0.1}}
+    (root / "hosts.yaml").write_text(yaml.safe_dump(inventory, sort_keys=False))
+    (root / "note.py").write_text("NOTE = 'rolled'\n")
+    (root / "note.yaml").write_text(yaml.safe_dump({**NOTE, "rollout": {"strategy": "rolling"}} if routed else NOTE))
+    return list(stacks.values()), router
+
+
+def one_run(units: int, routed: bool) -> tuple[LoadReport, int]:
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        root = Path(tmp)
+        stacks, router = fleet(root, units, routed)
+        try:
+            start_stacks(stacks, CancelToken())
+            load = Load(router + "/generate", **LOAD).start()
+            try:
+                done = subprocess.run([sys.executable, "-m", "deployer", "apply", "note.yaml", "--host",
+                                       ",".join(f"pd-{n}" for n in range(units)), "--json"], cwd=root,
+                                      capture_output=True, text=True, timeout=600)
+            finally:
+                report = load.stop()
+        finally:
+            for stack in stacks:
+                stack.stop()
+    return report, done.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args()
+    rows = []
+    for units in args.units:
+        for way, routed in ((TODAY, False), (ROLLING, True)):
+            got = [one_run(units, routed) for _ in range(args.runs)]
+            sent = sum(r.sent for r, _ in got)
+            failed = sum(r.failed for r, _ in got)
+            p99 = statistics.median(r.p99_ms for r, _ in got if r.p99_ms is not None) if sent else None
+            codes = ",".join(str(code) for _, code in got)
+            rows.append((units, way, sent, failed, p99, codes))
+    print(f"{'units':>5}  {'restart':<28} {'sent':>6} {'failed':>6} {'p99 ms':>8}  apply exit")
+    for units, way, sent, failed, p99, codes in rows:
+        print(f"{units:>5}  {way:<28} {sent:>6} {failed:>6} {p99 if p99 is not None else '-':>8}  {codes}")
+
+
+if __name__ == "__main__":
+    main()
