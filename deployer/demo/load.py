@@ -81,6 +81,7 @@ class Load:
         self._failures: list[str] = []
         self._failed = 0
         self._threads: list[threading.Thread] = []
+        self.report: LoadReport | None = None  # once stopped
 
     def one(self) -> str | None:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
@@ -110,6 +111,18 @@ class Load:
                     if len(self._failures) < KEPT_FAILURES:
                         self._failures.append(failure)
             self._stop.wait(self.pause_s)
+
+    @property
+    def ok(self) -> int:
+        """The requests served so far."""
+        with self._lock:
+            return len(self._latencies)
+
+    def __enter__(self) -> Load:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.report = self.stop()
 
     def start(self) -> Load:
         deadline = time.monotonic() + self.seconds

@@ -8,8 +8,6 @@ import http.client
 import json
 import re
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from fixtures_ssh import SSHD
 from polling import wait_for
 
 from deployer.config.models import LocalHost
+from deployer.demo.load import Load
 from deployer.demo.run import DemoStack, start_stacks, unit_ports
 from deployer.steps.context import CancelToken
 
@@ -140,67 +139,6 @@ def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest, transport: str) -> 
             stack.stop()
 
 
-@dataclass
-class Load:
-    """A steady client load through the router: a few clients, each request streamed to its end; bounded in count
-    and time. A request fails on any status but 200, a broken stream, or a last chunk that is not a full answer."""
-
-    port: int
-    clients: int = 3
-    max_requests: int = 3000
-    seconds: float = 120
-    sent: int = 0
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def one(self) -> str | None:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}, "stream": True})
-            conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            text = resp.read().decode("utf-8", "replace")
-            if resp.status != 200:
-                return f"HTTP {resp.status}: {text[:200]}"
-            chunks = [json.loads(line[6:]) for line in text.splitlines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]
-            finish = chunks[-1]["meta_info"]["finish_reason"] if chunks else None
-            if not isinstance(finish, dict) or finish.get("type") != "length":
-                return f"finish_reason {finish}"
-            return None
-        except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        finally:
-            conn.close()
-
-    def client(self) -> None:
-        deadline = time.monotonic() + self.seconds
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            with self.lock:
-                if self.sent >= self.max_requests:
-                    return
-                self.sent += 1
-            failure = self.one()
-            with self.lock:
-                if failure is None:
-                    self.ok += 1
-                else:
-                    self.failures.append(failure)
-
-    def __enter__(self) -> Load:
-        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(self.clients)]
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=40)
-
-
 def listed_healthy(fleet: PdFleet) -> set[str]:
     return {w["url"] for w in fleet.workers() if w["is_healthy"]}
 
@@ -213,12 +151,12 @@ def every_worker(fleet: PdFleet) -> set[str]:
 @pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
 def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_request_fails(pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
-    with Load(pd_fleet.router_port) as load:
+    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load:
         wait_for(lambda: load.ok >= 5, "the load through the router is served before the apply", 30)
         code, report, output = pd_fleet.apply("pd-1,pd-2")
         served_during = load.ok
     assert code == 0, output
-    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
     assert served_during > 5
     assert report["batches"] == [["gpu-a", "gpu-b"], ["gpu-c", "gpu-d"]]  # one unit at a time
     after = pd_fleet.pids()
@@ -350,11 +288,11 @@ def drained_around_restart(kinds: list[str]) -> bool:
 def test_restart_of_a_unit_behind_its_router_takes_it_out_around_the_restart_and_no_request_fails(
         pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
-    with Load(pd_fleet.router_port) as load:
+    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load:
         wait_for(lambda: load.ok >= 5, "the load through the router is served before the restart", 30)
         result = deployer("restart", "--host", "pd-1", "--json", cwd=pd_fleet.root)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
     assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
     report = json.loads(result.stdout)
     kinds = router_steps(pd_fleet, report["hosts"]["gpu-a"]["run_id"])
@@ -366,12 +304,12 @@ def test_a_fleet_rollback_takes_a_unit_out_of_its_router_around_its_restart_and_
         pd_fleet: PdFleet) -> None:
     code, report, output = pd_fleet.apply("pd-1,pd-2")
     assert code == 0, output
-    with Load(pd_fleet.router_port) as load:
+    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load:
         wait_for(lambda: load.ok >= 5, "the load through the router is served before the rollback", 30)
         # pd-1 only: a fleet rollback restarts its units together, so both at once would leave none serving.
         result = deployer("rollback", report["fleet_id"], "--host", "pd-1", "--json", cwd=pd_fleet.root)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
     rolled = json.loads(result.stdout)
     kinds = router_steps(pd_fleet, rolled["hosts"]["gpu-a"]["run_id"])
     assert drained_around_restart(kinds), kinds
