@@ -408,8 +408,9 @@ def test_an_upload_on_a_frozen_link_fails_within_its_step_timeout(target: Projec
         proc = target.popen("apply", "fix.yaml", "--host", "box")
         try:
             def upload_ended() -> dict[str, object] | None:
-                runs = sorted(target.runs.iterdir()) if target.runs.exists() else []
-                ends = [e for e in target.events(runs[-1].name)
+                # A run dir is made before its log: poll until both are there.
+                runs = sorted(target.runs.glob("*/events.jsonl")) if target.runs.exists() else []
+                ends = [e for e in target.events(runs[-1].parent.name)
                         if e["type"] == "step_end" and e["step"] == "upload"] if runs else []
                 return ends[0] if ends else None
             wait_for(upload_ended, seconds=40, what="the upload step to end")
