@@ -15,7 +15,8 @@ def killed_before_the_lock(project: Project) -> str:
     begins its log: both must have happened, since a run with no log line yet names no host): no lock,
     nothing changed."""
     entered = project.root / "python-entered"
-    wrapper = project.write("venv/bin/python", f"#!/bin/sh\ntouch '{entered}'\nsleep 60\n")
+    # Still starting until its stdin closes (the killed run's pipe, or its ssh session): then gone, as an agent.
+    wrapper = project.write("venv/bin/python", f"#!/bin/sh\ntouch '{entered}'\nexec cat >/dev/null\n")
     wrapper.chmod(0o755)
     project.write_inventory(python=str(wrapper))
     act_when(project, ("apply", "fix.yaml", "--host", "box"),

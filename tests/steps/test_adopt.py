@@ -3,6 +3,7 @@ background the server and exit, and a failing start that shows only its own outp
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -84,14 +85,14 @@ def test_a_launcher_that_backgrounds_the_server_and_exits_is_restarted_through_t
     assert first.returncode == 0, first.stdout + first.stderr
     served = recorded_pid(target.repo, "web")
     assert served is not None and b"http.server" in Path(f"/proc/{served}/cmdline").read_bytes()
-    started.add(served)
+    started.add(os.getsid(served))  # the launcher's session: the server is not its leader
     target.write("fix/touched.py", "VALUE = 3\n")
     second = target.deployer("apply", "fix.yaml", "--host", "box")
     assert second.returncode == 0, second.stdout + second.stderr
     assert served not in in_sessions({served}), "the second restart did not stop the launched server"
     again = recorded_pid(target.repo, "web")
-    assert again not in (None, served)
-    started.add(again or 0)
+    assert again is not None and again != served
+    started.add(os.getsid(again))
 
 
 def listening_on(port: int) -> set[int]:
@@ -126,14 +127,14 @@ def test_a_start_that_detaches_its_server_into_a_session_of_its_own_is_the_serve
     assert first.returncode == 0, first.stdout + first.stderr
     served = recorded_pid(target.repo, "web")
     assert served is not None and b"http.server" in Path(f"/proc/{served}/cmdline").read_bytes()
-    started.add(served)
+    started.add(os.getsid(served))  # the launcher's session: the server is not its leader
     target.write("fix/touched.py", "VALUE = 4\n")
     second = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
     assert second.returncode == 0, second.stdout + second.stderr
     assert served not in in_sessions({served}), "the second restart did not stop the detached server"
     again = recorded_pid(target.repo, "web")
-    assert again not in (None, served)
-    started.add(again or 0)
+    assert again is not None and again != served
+    started.add(os.getsid(again))
 
 
 def test_a_failing_start_shows_its_own_output_not_an_older_starts_traceback(target: Project,
