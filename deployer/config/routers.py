@@ -3,10 +3,12 @@ entries of a unit's `workers:` (which of its services the router knows, as what)
 
 from __future__ import annotations
 
+import re
+from string import Formatter
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -36,20 +38,112 @@ def _loopback_origin(url: str) -> str:
     return origin
 
 
+# What a worker call's template may name: the worker's URL as the router knows it, its type, and a prefill's
+# bootstrap port (empty for a worker without one). A list call names nothing: it lists every worker.
+WORKER_FIELDS = ("worker", "worker_type", "bootstrap_port")
+# `urls:` of an http list call: keys from the JSON answer's root, `[*]` once for a list of objects
+# (`$.urls`, `$.workers[*].url`).
+URLS_PATH = re.compile(r"\$((?:\.\w+)*)(?:\[\*\]((?:\.\w+)+))?")
+
+
+def placeholders(template: str) -> list[str]:
+    """The {names} a template uses ({{ and }} stand for braces); a malformed one is refused."""
+    try:
+        return [name for _, name, _, _ in Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"{template!r}: {exc} (write {{{{ and }}}} for a literal brace)") from None
+
+
+def _template(allowed: tuple[str, ...]) -> AfterValidator:
+    def check(template: str) -> str:
+        unknown = [name or "{}" for name in placeholders(template) if name not in allowed]
+        if unknown:
+            known = f"known: {', '.join('{' + a + '}' for a in allowed)}" if allowed else \
+                "a list call takes none: it lists every worker"
+            raise ValueError(f"{template!r}: unknown placeholder {{{unknown[0]}}} ({known})")
+        return template
+    return AfterValidator(check)
+
+
+WorkerTemplate = Annotated[str, _template(WORKER_FIELDS)]
+ListTemplate = Annotated[str, _template(())]
+
+
+def _urls_path(path: str) -> str:
+    if not URLS_PATH.fullmatch(path):
+        raise ValueError(f"{path!r}: expected $.KEY... or $.KEY...[*].KEY... (e.g. $.urls, $.workers[*].url)")
+    return path
+
+
+class HttpChange(BaseModel):
+    """`api: http`: a removal or an addition as one request to the router (path and body templated)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    path: WorkerTemplate  # {worker} and the others URL-quoted here (e.g. /remove_worker?url={worker})
+    body: dict[str, WorkerTemplate] | None = None  # a JSON object of strings, sent as is once filled in
+
+
+class HttpList(BaseModel):
+    """`api: http`: the router's worker list, and where its answer holds the worker URLs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: ListTemplate
+    urls: Annotated[str, AfterValidator(_urls_path)] = "$.urls"
+
+
+# argv run on the router's host (no shell); the list command prints one worker URL a line
+CommandCall = Annotated[list[WorkerTemplate], Field(min_length=1)]
+ListCommand = Annotated[list[ListTemplate], Field(min_length=1)]
+
+
+def _form(value: object) -> str:
+    """Which form a call is written in, so a wrong call is reported in that form only (not once per union member)."""
+    return "command" if isinstance(value, list) else "http"
+
+
+Change = Annotated[Annotated[HttpChange, Tag("http")] | Annotated[CommandCall, Tag("command")], Discriminator(_form)]
+Listing = Annotated[Annotated[HttpList, Tag("http")] | Annotated[ListCommand, Tag("command")], Discriminator(_form)]
+
+
 class Router(BaseModel):
     """A router on an inventory host, called there through the agent (loopback only)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)  # config.models.Strict's (that module imports this one)
+    model_config = ConfigDict(extra="forbid", frozen=True,  # config.models.Strict's (that module imports this one)
+                              populate_by_name=True)
 
     host: str  # the inventory host whose loopback serves it
     url: Annotated[str, AfterValidator(_loopback_origin)]
     # sglang-gateway: GET/POST /workers, DELETE /workers/{id} (queued, 202); sglang-router: the older
-    # POST /add_worker?url=, POST /remove_worker?url=, GET /list_workers.
-    api: Literal["sglang-gateway", "sglang-router"] = "sglang-gateway"
+    # POST /add_worker?url=, POST /remove_worker?url=, GET /list_workers. http and command: the calls spelled out
+    # in remove/add/list (requests to the router, or argv run on its host: the list prints one URL a line).
+    api: Literal["sglang-gateway", "sglang-router", "http", "command"] = "sglang-gateway"
+    remove: Change | None = None
+    add: Change | None = None
+    # `list` in the file (the name would shadow the builtin in this class's annotations)
+    listing: Listing | None = Field(default=None, alias="list")
     inflight: list[str] = Field(default_factory=lambda: list(SGLANG_INFLIGHT), min_length=1)
     change_timeout_s: float = Field(default=10.0, gt=0)  # a queued removal or addition to show in its list
     drain_timeout_s: float = Field(default=120.0, gt=0)  # a removed worker's in-flight requests to reach 0
     interval_s: float = Field(default=0.2, gt=0)
+
+    @model_validator(mode="after")
+    def _calls_fit_api(self) -> Router:
+        calls = {"remove": self.remove, "add": self.add, "list": self.listing}
+        if self.api in ("sglang-gateway", "sglang-router"):
+            given = [name for name, call in calls.items() if call is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for api http or command (api {self.api} knows its calls)")
+            return self
+        for name, call in calls.items():
+            wanted = (HttpList if name == "list" else HttpChange) if self.api == "http" else list
+            if not isinstance(call, wanted):
+                form = ("an argv list" if self.api == "command" else
+                        "{path, urls}" if name == "list" else "{method, path, body}")
+                raise ValueError(f"api {self.api} needs `{name}:` as {form}")
+        return self
 
 
 class RouterWorker(BaseModel):
