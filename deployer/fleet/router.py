@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from deployer.agent.protocol import Http, HttpResult
-from deployer.config.routers import Router, RouterWorker, http_origin, metrics_origin
+from deployer.agent.protocol import ExecResult, Http, HttpResult
+from deployer.command import quote as shell_quote
+from deployer.config.routers import URLS_PATH, HttpChange, HttpList, Router, RouterWorker, http_origin, metrics_origin
 from deployer.errors import ConfigError, DeployerError
 from deployer.steps.context import Context
 from deployer.steps.metrics import MetricParams, parse
@@ -70,16 +71,37 @@ class RouterClient:
         seen = f"HTTP {answer.status}: {shown(answer.text)}" if answer.status is not None else answer.error
         return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: {seen}")
 
-    def listed(self) -> dict[str, Listed]:
-        """url -> the worker, as the router lists it now."""
-        gateway = self.spec.api == "sglang-gateway"
-        answer = self._call("GET", "/workers" if gateway else "/list_workers")
+    def _refused_by(self, what: str, done: ExecResult) -> RouterFailed:
+        seen = "timed out" if done.timed_out else f"exit {done.exit_code}: {shown(done.err_stream.text.strip())}"
+        return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: "
+                            f"{shown(shell_quote(done.argv))} {seen}")
+
+    def _answer(self, call: HttpList | list[str] | None) -> str:
+        """The text of the router's worker list: its api's GET, or its spelled-out list call."""
+        if isinstance(call, list):
+            done = self.transport.run(call, timeout=ROUTER_TIMEOUT_S)
+            if not done.ok:
+                raise self._refused_by("its worker list", done)
+            return done.out_stream.text
+        path = call.path if call is not None else "/workers" if self.spec.api == "sglang-gateway" else "/list_workers"
+        answer = self._call("GET", path)
         if not answer.ok:
             raise self._refused("its worker list", answer)
+        return answer.body.decode("utf-8", "replace")
+
+    def listed(self) -> dict[str, Listed]:
+        """url -> the worker, as the router lists it now."""
+        api, call = self.spec.api, self.spec.listing
+        text = self._answer(call)
         try:
-            data = json.loads(answer.body)
-            rows = data["workers"] if gateway else [{"id": u, "url": u, "worker_type": "", "is_healthy": True}
-                                                     for u in data["urls"]]
+            # Every api but the gateway lists URLs only: a listed worker counts as healthy (its proofs checked it).
+            if isinstance(call, list):
+                urls: list[str] | None = [line.strip() for line in text.splitlines() if line.strip()]
+            else:
+                urls = None if api == "sglang-gateway" else urls_at(json.loads(text), "$.urls" if call is None
+                                                                     else call.urls)
+            rows: list[dict[str, Any]] = json.loads(text)["workers"] if urls is None else \
+                [{"id": u, "url": u} for u in urls]
             found = {}
             for row in rows:
                 if not (isinstance(row["id"], str) and isinstance(row["url"], str)
@@ -88,20 +110,38 @@ class RouterClient:
                 found[http_origin(row["url"])] = Listed(row["id"], http_origin(row["url"]),
                                                          str(row.get("worker_type", "")), row.get("is_healthy", True))
         except (ValueError, TypeError, KeyError) as exc:
-            raise RouterFailed(f"router {self.name}: its worker list is not what its api ({self.spec.api}) "
-                               f"answers: {shown(str(exc))}: {shown(answer.text)}") from None
+            raise RouterFailed(f"router {self.name}: its worker list is not what its api ({api}) "
+                               f"answers: {shown(str(exc))}: {shown(text)}") from None
         return found
 
+    def _change(self, call: HttpChange | list[str], worker: Worker, what: str) -> None:
+        """A spelled-out removal or addition, filled in with the worker's values."""
+        if isinstance(call, list):
+            done = self.transport.run([fill(arg, worker) for arg in call], timeout=ROUTER_TIMEOUT_S)
+            if not done.ok:
+                raise self._refused_by(what, done)
+            return
+        body = None if call.body is None else {k: fill(v, worker) for k, v in call.body.items()}
+        answer = self._call(call.method, fill(call.path, worker, lambda v: quote(v, safe="")), body)
+        if not answer.ok:
+            raise self._refused(what, answer)
+
     def remove(self, worker: Worker, listed: dict[str, Listed]) -> None:
+        what = f"the removal of worker {worker.url} ({worker.spec.service})"
+        if self.spec.remove is not None:
+            return self._change(self.spec.remove, worker, what)
         if self.spec.api == "sglang-gateway":
             answer = self._call("DELETE", f"/workers/{quote(listed[worker.url].id, safe='')}")
         else:
             answer = self._call("POST", f"/remove_worker?url={quote(worker.url, safe='')}")
         if not answer.ok:
-            raise self._refused(f"the removal of worker {worker.url} ({worker.spec.service})", answer)
+            raise self._refused(what, answer)
 
     def add(self, worker: Worker) -> None:
         spec = worker.spec
+        what = f"the addition of worker {worker.url} ({spec.service})"
+        if self.spec.add is not None:
+            return self._change(self.spec.add, worker, what)
         if self.spec.api == "sglang-gateway":
             body: dict[str, Any] = {"url": worker.url, "worker_type": spec.worker_type}
             if spec.bootstrap_port is not None:
@@ -113,7 +153,37 @@ class RouterClient:
                 query += f"&bootstrap_port={spec.bootstrap_port}"
             answer = self._call("POST", f"/add_worker?{query}")
         if not answer.ok:
-            raise self._refused(f"the addition of worker {worker.url} ({spec.service})", answer)
+            raise self._refused(what, answer)
+
+
+def fill(template: str, worker: Worker, escape: Callable[[str], str] = str) -> str:
+    """A call's template with the worker's values (escaped for where they stand: a URL's path and query)."""
+    port = worker.spec.bootstrap_port
+    values = {"worker": worker.url, "worker_type": worker.spec.worker_type,
+              "bootstrap_port": "" if port is None else str(port)}
+    return template.format(**{name: escape(value) for name, value in values.items()})
+
+
+def urls_at(data: Any, path: str) -> list[str]:
+    """The worker URLs where `urls:` ($.KEY..., or $.KEY...[*].KEY...) points in a router's JSON answer."""
+    match = URLS_PATH.fullmatch(path)
+    assert match is not None  # checked when the inventory loaded
+    head, each = match.groups()
+
+    def walk(value: Any, keys: str) -> Any:
+        for key in filter(None, keys.split(".")):
+            if not isinstance(value, dict) or key not in value:
+                raise KeyError(f"no key {key!r} on the way to {path}")
+            value = value[key]
+        return value
+
+    found = walk(data, head)
+    if not isinstance(found, list):
+        raise TypeError(f"{path}: not a list")
+    urls = [walk(item, each) for item in found] if each else found
+    if not all(isinstance(url, str) for url in urls):
+        raise TypeError(f"{path}: not a list of URL strings")
+    return urls
 
 
 def inflight(worker: Worker, gauges: list[str]) -> float | None:
