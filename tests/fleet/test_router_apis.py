@@ -1,0 +1,109 @@
+"""Routers whose calls are spelled out in the inventory: `api: http` (requests templated on the worker's URL; here
+the demo router's older /remove_worker, /add_worker, /list_workers) and `api: command` (argv run on the router's
+host; here a stand-in keeping its worker list in a file, which the demo router does not read: the calls and the
+listing are tested, not traffic)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import sys
+from pathlib import Path
+
+from fixtures_repo import deployer
+from test_rolling_router import (PdFleet, drained_around_restart, every_worker, make_fleet, pd_fleet, router_steps,
+                                 transport)
+
+__all__ = ["pd_fleet", "transport"]  # fixtures, used by name
+
+OLDER_CALLS = {
+    "api": "http",
+    "remove": {"method": "POST", "path": "/remove_worker?url={worker}"},
+    "add": {"path": "/add_worker?url={worker}&worker_type={worker_type}&bootstrap_port={bootstrap_port}"},
+    "list": {"path": "/list_workers", "urls": "$.urls"},
+}
+
+# An nginx/HAProxy-style router's control as a command: its worker list is a file, one URL a line; every call is
+# logged so the test sees what ran, in order.
+STAND_IN = '''
+import sys
+from pathlib import Path
+workers, log = Path(sys.argv[1]), Path(sys.argv[2])
+verb, *args = sys.argv[3:]
+with log.open("a") as out:
+    out.write(" ".join([verb, *args]) + "\\n")
+listed = [line for line in workers.read_text().splitlines() if line]
+if verb == "list":
+    print("\\n".join(listed))
+elif verb == "remove":
+    workers.write_text("".join(f"{u}\\n" for u in listed if u != args[0]))
+elif verb == "add":
+    workers.write_text("".join(f"{u}\\n" for u in [*listed, args[0]]))
+'''
+
+
+def restart_pd1(fleet: PdFleet) -> list[str]:
+    """`deployer restart --host pd-1`: the router steps of its run log (unit pd-2 serves meanwhile)."""
+    before = fleet.pids()
+    result = deployer("restart", "--host", "pd-1", "--json", cwd=fleet.root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = fleet.pids()
+    assert after["gpu-a"]["prefill"] != before["gpu-a"]["prefill"] and after["gpu-b"] != before["gpu-b"]
+    assert after["gpu-c"] == before["gpu-c"] and after["gpu-d"] == before["gpu-d"]
+    return router_steps(fleet, json.loads(result.stdout)["hosts"]["gpu-a"]["run_id"])
+
+
+def get(fleet: PdFleet, path: str) -> dict[str, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.router_port, timeout=10)
+    try:
+        conn.request("GET", path)
+        answer: dict[str, object] = json.loads(conn.getresponse().read())
+        return answer
+    finally:
+        conn.close()
+
+
+def test_a_router_spelled_out_as_http_requests_takes_a_unit_out_and_puts_it_back(pd_fleet: PdFleet) -> None:
+    pd_fleet.inventory["routers"]["pd-router"].update(OLDER_CALLS)
+    pd_fleet.write()
+    assert drained_around_restart(restart_pd1(pd_fleet))
+    assert set(get(pd_fleet, "/list_workers")["urls"]) == every_worker(pd_fleet)  # type: ignore[arg-type]
+    workers = get(pd_fleet, "/workers")["workers"]
+    prefill = next(w for w in workers if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))  # type: ignore[attr-defined]
+    # {worker_type} and {bootstrap_port} filled in from the unit's `workers:`
+    assert prefill["worker_type"] == "prefill" and prefill["bootstrap_port"] == pd_fleet.stacks["gpu-a"].ports[
+        "bootstrap"]
+
+
+def test_a_router_spelled_out_as_commands_runs_them_on_its_host_around_the_restart(pd_fleet: PdFleet) -> None:
+    root = pd_fleet.root
+    (root / "stand_in.py").write_text(STAND_IN)
+    workers, log = root / "workers.txt", root / "calls.log"
+    workers.write_text("".join(f"{url}\n" for url in sorted(every_worker(pd_fleet))))
+    log.write_text("")
+    base = [sys.executable, str(root / "stand_in.py"), str(workers), str(log)]
+    pd_fleet.inventory["routers"]["pd-router"].update(
+        api="command", remove=[*base, "remove", "{worker}"], add=[*base, "add", "{worker}"], list=[*base, "list"])
+    pd_fleet.write()
+    assert drained_around_restart(restart_pd1(pd_fleet))
+    assert set(workers.read_text().split()) == every_worker(pd_fleet)
+    prefill, decode = pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")
+    calls = [line for line in log.read_text().splitlines() if line != "list"]
+    assert calls == [f"remove {prefill}", f"remove {decode}", f"add {prefill}", f"add {decode}"], calls
+
+
+def test_a_router_call_naming_an_unknown_placeholder_is_refused_at_load_with_file_line_and_field(
+        tmp_path: Path) -> None:
+    fleet = make_fleet(tmp_path)  # nothing started: the inventory is refused before any host connects
+    fleet.inventory["routers"]["pd-router"].update(
+        api="http", remove={"path": "/remove_worker?url={url}"}, add={"path": "/add_worker?url={worker}"},
+        list={"path": "/list_workers?for={worker}"})
+    fleet.write()
+    result = deployer("plan", "note.yaml", "--host", "pd-1", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(r"hosts\.yaml:\d+:\d+: routers\.pd-router\.remove\.path: '/remove_worker\?url=\{url\}': "
+                     r"unknown placeholder \{url\} \(known: \{worker\}, \{worker_type\}, \{bootstrap_port\}\)",
+                     result.stderr), result.stderr
+    assert re.search(r"hosts\.yaml:\d+:\d+: routers\.pd-router\.list\.path: .*unknown placeholder \{worker\} "
+                     r"\(a list call takes none", result.stderr), result.stderr
