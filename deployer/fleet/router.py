@@ -21,7 +21,7 @@ from deployer.config.routers import URLS_PATH, HttpChange, HttpList, Router, Rou
 from deployer.errors import ConfigError, DeployerError
 from deployer.steps.context import Context
 from deployer.steps.metrics import MetricParams, parse
-from deployer.text import shown
+from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class RouterClient:
     def _refused_by(self, what: str, done: ExecResult) -> RouterFailed:
         seen = "timed out" if done.timed_out else f"exit {done.exit_code}: {shown(done.err_stream.text.strip())}"
         return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: "
-                            f"{shown(shell_quote(done.argv))} {seen}")
+                            f"`{visible(shell_quote(done.argv), multiline=False)}` {seen}")
 
     def _answer(self, call: HttpList | list[str] | None) -> str:
         """The text of the router's worker list: its api's GET, or its spelled-out list call."""

@@ -6,11 +6,13 @@ listing are tested, not traffic)."""
 from __future__ import annotations
 
 import http.client
+import shlex
 import json
 import re
 import sys
 from pathlib import Path
 
+import pytest
 from fixtures_repo import deployer
 from test_rolling_router import (PdFleet, drained_around_restart, every_worker, make_fleet, pd_fleet, router_steps,
                                  transport)
@@ -40,6 +42,8 @@ elif verb == "remove":
     workers.write_text("".join(f"{u}\\n" for u in listed if u != args[0]))
 elif verb == "add":
     workers.write_text("".join(f"{u}\\n" for u in [*listed, args[0]]))
+else:
+    sys.exit(f"no such verb: {verb}")
 '''
 
 
@@ -76,21 +80,43 @@ def test_a_router_spelled_out_as_http_requests_takes_a_unit_out_and_puts_it_back
         "bootstrap"]
 
 
-def test_a_router_spelled_out_as_commands_runs_them_on_its_host_around_the_restart(pd_fleet: PdFleet) -> None:
-    root = pd_fleet.root
+def command_router(fleet: PdFleet, remove_verb: str = "remove") -> tuple[Path, Path]:
+    """api command over the stand-in, its list holding every worker: (its worker list, its log of calls)."""
+    root = fleet.root
     (root / "stand_in.py").write_text(STAND_IN)
     workers, log = root / "workers.txt", root / "calls.log"
-    workers.write_text("".join(f"{url}\n" for url in sorted(every_worker(pd_fleet))))
+    workers.write_text("".join(f"{url}\n" for url in sorted(every_worker(fleet))))
     log.write_text("")
     base = [sys.executable, str(root / "stand_in.py"), str(workers), str(log)]
-    pd_fleet.inventory["routers"]["pd-router"].update(
-        api="command", remove=[*base, "remove", "{worker}"], add=[*base, "add", "{worker}"], list=[*base, "list"])
-    pd_fleet.write()
+    fleet.inventory["routers"]["pd-router"].update(
+        api="command", remove=[*base, remove_verb, "{worker}"], add=[*base, "add", "{worker}"], list=[*base, "list"])
+    fleet.write()
+    return workers, log
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
+def test_a_router_spelled_out_as_commands_runs_them_on_its_host_around_the_restart(pd_fleet: PdFleet) -> None:
+    workers, log = command_router(pd_fleet)
     assert drained_around_restart(restart_pd1(pd_fleet))
     assert set(workers.read_text().split()) == every_worker(pd_fleet)
     prefill, decode = pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")
     calls = [line for line in log.read_text().splitlines() if line != "list"]
     assert calls == [f"remove {prefill}", f"remove {decode}", f"add {prefill}", f"add {decode}"], calls
+
+
+def test_a_command_router_refusing_the_removal_fails_the_restart_naming_the_command_and_what_it_said(
+        pd_fleet: PdFleet) -> None:
+    workers, log = command_router(pd_fleet, remove_verb="drop")  # the stand-in knows no `drop`: exit 1
+    listed, before = workers.read_text(), pd_fleet.pids()
+    result = deployer("restart", "--host", "pd-1", cwd=pd_fleet.root)
+    assert result.returncode == 5, result.stdout + result.stderr
+    prefill = pd_fleet.worker_url("gpu-a", "prefill")
+    argv = shlex.join([sys.executable, str(pd_fleet.root / "stand_in.py"), str(workers), str(log), "drop", prefill])
+    output = " ".join((result.stdout + result.stderr).split())  # the message may be wrapped on screen
+    assert f"refused the removal of worker {prefill} (gpu-a:prefill): `{argv}` exit 1: 'no such verb: drop'" \
+        in output, output
+    assert pd_fleet.pids() == before  # nothing restarted
+    assert workers.read_text() == listed
 
 
 def test_a_router_call_naming_an_unknown_placeholder_is_refused_at_load_with_file_line_and_field(
