@@ -6,16 +6,24 @@ listing are tested, not traffic)."""
 from __future__ import annotations
 
 import http.client
-import shlex
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures_repo import deployer
-from test_rolling_router import (PdFleet, drained_around_restart, every_worker, make_fleet, pd_fleet, router_steps,
-                                 transport)
+from test_rolling_router import (
+    PdFleet,
+    drained_around_restart,
+    every_worker,
+    make_fleet,
+    pd_fleet,
+    router_steps,
+    transport,
+)
 
 __all__ = ["pd_fleet", "transport"]  # fixtures, used by name
 
@@ -58,12 +66,11 @@ def restart_pd1(fleet: PdFleet) -> list[str]:
     return router_steps(fleet, json.loads(result.stdout)["hosts"]["gpu-a"]["run_id"])
 
 
-def get(fleet: PdFleet, path: str) -> dict[str, object]:
+def get(fleet: PdFleet, path: str) -> Any:
     conn = http.client.HTTPConnection("127.0.0.1", fleet.router_port, timeout=10)
     try:
         conn.request("GET", path)
-        answer: dict[str, object] = json.loads(conn.getresponse().read())
-        return answer
+        return json.loads(conn.getresponse().read())
     finally:
         conn.close()
 
@@ -72,9 +79,9 @@ def test_a_router_spelled_out_as_http_requests_takes_a_unit_out_and_puts_it_back
     pd_fleet.inventory["routers"]["pd-router"].update(OLDER_CALLS)
     pd_fleet.write()
     assert drained_around_restart(restart_pd1(pd_fleet))
-    assert set(get(pd_fleet, "/list_workers")["urls"]) == every_worker(pd_fleet)  # type: ignore[arg-type]
+    assert set(get(pd_fleet, "/list_workers")["urls"]) == every_worker(pd_fleet)
     workers = get(pd_fleet, "/workers")["workers"]
-    prefill = next(w for w in workers if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))  # type: ignore[attr-defined]
+    prefill = next(w for w in workers if w["url"] == pd_fleet.worker_url("gpu-a", "prefill"))
     # {worker_type} and {bootstrap_port} filled in from the unit's `workers:`
     assert prefill["worker_type"] == "prefill" and prefill["bootstrap_port"] == pd_fleet.stacks["gpu-a"].ports[
         "bootstrap"]
