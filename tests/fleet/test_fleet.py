@@ -613,7 +613,9 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
 def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project) -> None:
     from deployer.run.lock import LOCK_NAME
 
-    slow_remote_compile(fleet, 2)
+    # Each host's remote compile waits 4 s: the signal lands before any host's commit even on a loaded machine
+    # (with 2 s, one run under a load average of 6 saw every host past its last safe point).
+    slow_remote_compile(fleet, 4)
     fleet.playbook(steps=BOUNDED)
     heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
     proc = fleet.popen("apply", "fix.yaml", "--host", "all", "--json")
