@@ -27,7 +27,8 @@ def canary(playbook: str | None, host_name: str, out: str, inventory: str | None
     from deployer.build import Build
     from deployer.config.playbook import load_playbook
     from deployer.runlog import runs_dir_from
-    from deployer.steps.canary import record, shown
+    from deployer.steps.canary import record
+    from deployer.text import shown
 
     build = Build(runs_dir_from(None), inventory, accept_new_host_key)
     host = build.host(host_name)

@@ -29,10 +29,9 @@ from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
-from deployer.text import visible
+from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
-SHOWN = 80  # characters of an answer a message shows
 GOLDEN_FORMAT = 1
 
 
@@ -65,11 +64,6 @@ class Answer:
     def event(self) -> dict[str, Any]:
         return {"url": self.url, "status": self.status, "latency_s": round(self.seconds, 3), "text": self.text,
                 "finish_reason": self.finish, "ok": self.problem is None, "problem": self.problem}
-
-
-def shown(text: str) -> str:
-    cut = text if len(text) <= SHOWN else text[:SHOWN] + "..."
-    return repr(visible(cut, multiline=False))
 
 
 def judge(result: HttpResult, seconds: float, params: CanaryParams) -> Answer:
