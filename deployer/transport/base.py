@@ -87,7 +87,11 @@ class Transport(ABC):
 
     def host_pipe(self, argv: Sequence[str]) -> Pipe:
         """argv on the host itself, beside the agent (which may run in a container there), on a pipe of its own."""
-        return self._pipe(["sudo", "-n", "--", *argv] if self.become else argv)
+        return self._pipe(self._on_host(argv))
+
+    def _on_host(self, argv: Sequence[str]) -> list[str]:
+        """argv as the host runs it for this connection: under `sudo -n` when the host says become."""
+        return ["sudo", "-n", "--", *argv] if self.become else list(argv)
 
     @abstractmethod
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
@@ -103,9 +107,8 @@ class Transport(ABC):
             # Started once: a dead agent (a lost link) fails every later call, never a silent second start.
             if self._agent is None:
                 within = self._within
-                argv = bootstrap_argv(self.python, within.prefix() if within else ())
-                if self.become:  # on the host: sudo runs the container's engine, not a sudo inside it
-                    argv = ["sudo", "-n", "--", *argv]
+                # On the host: sudo runs the container's engine, not a sudo inside it.
+                argv = self._on_host(bootstrap_argv(self.python, within.prefix() if within else ()))
                 pipe = self._pipe(argv) if within is None else within.open(self._pipe, argv, self.info.target)
                 agent = AgentClient(pipe, name=self.info.target)
                 agent.on_hello = lambda hello: self.on_agent(hello) if self.on_agent is not None else None
