@@ -78,7 +78,7 @@ def _urls_path(path: str) -> str:
 class HttpChange(BaseModel):
     """`api: http`: a removal or an addition as one request to the router (path and body templated)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     path: WorkerTemplate  # {worker} and the others URL-quoted here (e.g. /remove_worker?url={worker})
@@ -88,7 +88,7 @@ class HttpChange(BaseModel):
 class HttpList(BaseModel):
     """`api: http`: the router's worker list, and where its answer holds the worker URLs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
     path: ListTemplate
     urls: Annotated[str, AfterValidator(_urls_path)] = "$.urls"
@@ -112,7 +112,7 @@ class Router(BaseModel):
     """A router on an inventory host, called there through the agent (loopback only)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True,  # config.models.Strict's (that module imports this one)
-                              populate_by_name=True)
+                              populate_by_name=True, defer_build=True)
 
     host: str  # the inventory host whose loopback serves it
     url: Annotated[str, AfterValidator(_loopback_origin)]
@@ -149,7 +149,7 @@ class Router(BaseModel):
 class RouterWorker(BaseModel):
     """One of a unit's services as its router knows it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
     service: str  # "host:service" of the unit
     worker_type: Literal["prefill", "decode", "regular"]
