@@ -9,9 +9,10 @@ JSON. A request is {"id": any, "op": str, ...fields}; its reply is {"id": same, 
 "result": {...}} or {"id": same, "ok": false, "error": {"type": str, "message": str}}. Binary
 payloads travel as base64. Requests are executed one at a time in arrival order, so a client
 may pipeline them and replies come back in the same order. A request may name an earlier one,
-{"after": id}: it runs only if that one succeeded (by the rule `batch` stops on), else its reply
-is an error of type "skipped". So a client can pipeline a record that must be on the target
-before any change together with the changes. Bytes that are no request (not
+{"after": id} or {"after": [id, ...]}: it runs only if each of those succeeded (by the rule `batch`
+stops on), else its reply is an error of type "skipped". So a client can pipeline a record that must
+be on the target before any change together with the changes, and a commit behind every check it
+needs: the order is enforced here, where the files are. Bytes that are no request (not
 JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, and the agent
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
@@ -174,6 +175,7 @@ class Agent:
         self._groups: set[int] = set()  # process groups of commands running now
         self._beats: dict[str, threading.Event] = {}  # heartbeat files touched by a thread, by path
         self._succeeded: set[Any] = set()  # ids of the requests that succeeded, for "after"
+        self._taken_back: set[Any] = set()  # ids of requests to skip unless already started (see `_cancelled`)
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
@@ -211,17 +213,26 @@ class Agent:
 
     def _cancelled(self, body: bytes) -> bool:
         """A `cancel` request is served by the reader, not queued: it kills the groups of the commands
-        running now (their replies then say so), so the requests queued behind them can run."""
+        running now (their replies then say so), so the requests queued behind them can run. With
+        "skip": [id, ...], those requests are skipped if they have not started (a client stopping at a safe
+        point takes back what it pipelined past it; what depends on them is skipped by the "after" rule), and
+        with "kill": false what runs now finishes."""
         try:
             req = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             return False
         if not isinstance(req, dict) or req.get("op") != "cancel":
             return False
-        with self._groups_lock:
-            groups = list(self._groups)
-        for pgid in groups:
-            _kill_group(pgid)
+        skip = req.get("skip")
+        if isinstance(skip, list):
+            self._taken_back.update(each for each in skip
+                                    if isinstance(each, (int, str)) and not isinstance(each, bool))
+        groups: list[int] = []
+        if req.get("kill", True) is not False:
+            with self._groups_lock:
+                groups = list(self._groups)
+            for pgid in groups:
+                _kill_group(pgid)
         self._reply({"id": req.get("id"), "ok": True, "result": {"killed": len(groups)}})
         return True
 
@@ -270,10 +281,15 @@ class Agent:
             return _error("bad_frame", f"not JSON: {exc}", frame=True)
         if not isinstance(req, dict):
             return _error("bad_frame", "a request must be a JSON object", frame=True)
+        request_id = req.get("id")
+        if isinstance(request_id, (int, str)) and request_id in self._taken_back:
+            return {"id": request_id, **_error("skipped", "the client canceled it before it started")}
         after = req.get("after")
-        if after is not None and after not in self._succeeded:
-            why = f"request {after!r}, which it depends on, did not succeed"
-            return {"id": req.get("id"), **_error("skipped", why)}
+        needs = after if isinstance(after, list) else [] if after is None else [after]
+        failed = [need for need in needs if not isinstance(need, (int, str)) or need not in self._succeeded]
+        if failed:
+            why = f"request {failed[0]!r}, which it depends on, did not succeed"
+            return {"id": request_id, **_error("skipped", why)}
         result = self.execute(req)
         if not _failed(req, result):
             self._succeeded.add(req.get("id"))

@@ -29,6 +29,7 @@ from deployer.agent.protocol import (
     IO_TIMEOUT_S,
     Batch,
     BatchResult,
+    Cancel,
     ExecResult,
     Get,
     Hello,
@@ -221,10 +222,16 @@ class AgentClient:
     # -- calls -------------------------------------------------------------------------------
 
     def submit(self, request: Request[T], timeout: float | None = None,
-               after: Pending[Any] | None = None) -> Pending[T]:
+               after: Pending[Any] | Sequence[Pending[Any]] | None = None) -> Pending[T]:
         """Send without waiting (pipelining); replies come back in order. With `after`, the agent runs it
-        only if that request succeeded (else its reply says it was skipped)."""
+        only if that request (each of those) succeeded, else its reply says it was skipped."""
         return self._enqueue(request, timeout=timeout, after=after)
+
+    def skip(self, pending: Pending[Any]) -> None:
+        """Have the agent skip that request if it has not started (served out of turn; what runs now finishes;
+        what depends on it is skipped too): a run stopping at a safe point takes back what it pipelined past
+        it. Not waited for: the request's own reply says whether it was skipped."""
+        self._enqueue(Cancel(skip=(pending.id,), kill=False))
 
     def call(self, request: Request[T], timeout: float | None = None) -> T:
         return self.submit(request, timeout).result(timeout)
@@ -252,14 +259,15 @@ class AgentClient:
     # -- the wire ----------------------------------------------------------------------------
 
     def _enqueue(self, request: Request[T], prefix: bytes = b"", timeout: float | None = None,
-                 after: Pending[Any] | None = None) -> Pending[T]:
+                 after: Pending[Any] | Sequence[Pending[Any]] | None = None) -> Pending[T]:
         with self._state_lock:
             if self._dead is not None:
                 raise AgentLost(f"{self.name}: agent is gone: {self._dead}")
             self._next_id += 1
             pending = Pending(self, request, self._next_id)
             self._pending[pending.id] = pending
-        gate = {} if after is None else {"after": after.id}
+        gate = {} if after is None else {"after": after.id} if isinstance(after, Pending) else \
+            {"after": [each.id for each in after]}
         body = json.dumps({"id": pending.id, **request.wire(), **gate}, separators=(",", ":")).encode("utf-8")
         # A frozen link blocks a large write for good (the window never opens): the call's own limit bounds it.
         limit = request.reply_timeout() if timeout is None else timeout

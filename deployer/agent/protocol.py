@@ -312,12 +312,15 @@ class Beat(Request[bool]):
 
 @dataclass(frozen=True)
 class Cancel(Request[int]):
-    """Kill the commands the agent runs now (served out of turn); how many it killed."""
+    """Kill the commands the agent runs now (served out of turn); how many it killed. skip: requests (by id)
+    to skip if they have not started; kill False: what runs now finishes."""
 
     op: ClassVar[str] = "cancel"
+    skip: tuple[int, ...] = ()
+    kill: bool = True
 
     def fields(self) -> dict[str, Any]:
-        return {}
+        return {} if not self.skip and self.kill else {"skip": list(self.skip), "kill": self.kill}
 
     def parse(self, result: dict[str, Any]) -> int:
         return int(result["killed"])

@@ -19,7 +19,7 @@ from deployer import diffs
 from deployer.agent.protocol import sha256_hex
 from deployer.command import Masker
 from deployer.config.models import Host
-from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, StepFailed
+from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, RequestSkipped, StepFailed
 from deployer.run import undo
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer
@@ -130,6 +130,7 @@ class Engine:
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)
     _lease: Lease | None = field(default=None, init=False, repr=False)
     _ending: Ending | None = field(default=None, init=False, repr=False)
+    _unwatch: Callable[[], None] = field(default_factory=lambda: lambda: None, init=False, repr=False)  # see _sent
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -174,7 +175,8 @@ class Engine:
         assert self._lease is not None
         head = preflight(ctx, allow_dirty=self.allow_dirty, sent=self._lease.sent_reads())
         refuse_unready(ctx, self.steps)
-        self._judge_here(ctx, lazy_projection(ctx, head))
+        ctx.projected = lazy_projection(ctx, head)
+        self._judge_here(ctx, ctx.projected)
         ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
         self._keep_before(ctx)
         log.attach("shipped.diff", ctx.bus.masker("".join(
@@ -305,6 +307,8 @@ class Engine:
             summary = step.run(ctx)
         except (Exception, KeyboardInterrupt) as exc:
             failure = as_failure(exc)
+            if isinstance(exc, RequestSkipped) and ctx.cancel.cancelled:
+                failure = ctx.cancel.stopped()  # what the stop took back: the stop is the failure
             if step.where and not isinstance(failure, Interrupted):
                 # The playbook line to look at; the typed error and its exit code stay as they are.
                 failure.args = (f"{step.where}: {failure}",)
@@ -330,8 +334,10 @@ class Engine:
         for index, step in enumerate(chain):
             # The read-only steps right after a change may send their commands with it: one round trip.
             ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, chain[index + 1:]))
-            ctx.on_sent = lambda ahead=ahead: ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
-            if steps is None and index == len(chain) - 1:
+            then = chain[index + 1 + len(ahead)] if index + 1 + len(ahead) < len(chain) else None
+            ctx.on_sent = lambda step=step, ahead=ahead, then=then: self._sent(
+                ctx, step, ahead, then, closes=steps is None and then is chain[-1])
+            if steps is None and index == len(chain) - 1 and step.name not in ctx.ahead:
                 self._close_behind(ctx, step)
             # The phase moves and the step run under one handler: a forced stop (a second signal) between
             # steps must undo the target just as one inside a step does.
@@ -348,6 +354,7 @@ class Engine:
                 if isinstance(failure, Interrupted):  # a forced stop: what still runs is killed, not waited for
                     undo.stop_running(ctx)
                 self._drain_prefetched(ctx)
+                self._land_ahead(ctx, chain)
                 failure = lease.intent_failure(ctx) or failure
                 if isinstance(failure, RunRecordError) and lease.released_with_note():
                     # The commit was the last step and the release behind it ran with the end note: the target
@@ -363,6 +370,45 @@ class Engine:
                 raise failure from None
             finally:
                 ctx.on_sent = None
+                if not ctx.ahead:
+                    self._unwatch()
+
+    def _sent(self, ctx: Context, step: Step, ahead: list[Step], then: Step | None, *, closes: bool) -> None:
+        """A step sent its changes: the read-only steps after it send theirs now. When the target itself decides
+        each of those (Step.decided_there) and a commit comes next, the commit goes too, behind every request
+        since the intent record: lock, intent, changes, checks and commit (and the release, when the commit
+        ends the run) are then one round trip whose order the agent enforces where the files are."""
+        ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
+        record = ctx.record
+        if step.effect != Effect.changes_files or then is None or then.effect != Effect.commits or \
+                record is None or not all(s.decided_there(ctx) for s in ahead):
+            return
+        record.update(sent_ahead=[then.name])  # on disk here before it is sent
+        if closes:
+            self._close_behind(ctx, then)
+        self._note_log_sha256(ctx)  # the commit anchors the log as it is when the commit is sent
+        behind = ctx.transport.gated()
+        try:
+            sent = then.send_ahead(ctx, behind)
+        finally:
+            ctx.facts.log_sha256 = None
+        if sent:
+            ctx.emit("sent_ahead", steps=[then.name], behind=len(behind))
+            # A stop (a signal, a failing run log) comes at a safe point: the commit sent past it must not run
+            # unless it has started (the release behind it then runs only if it succeeded).
+            pending, _ = ctx.ahead[then.name]
+            self._unwatch = ctx.cancel.on_cancel(lambda: ctx.transport.skip(pending))
+        else:
+            ctx.closing = None
+
+    def _land_ahead(self, ctx: Context, chain: list[Step]) -> None:
+        """The run stops before the turn of a step sent ahead: it may have run on the target all the same."""
+        for step in chain:
+            if step.name in ctx.ahead:
+                ctx.bus.step = step.name
+                step.landed(ctx)
+                ctx.bus.step = None
+        self._unwatch()
 
     def _close_behind(self, ctx: Context, step: Step) -> None:
         """A run whose last step is its commit releases in the commit's round trip: the release goes right

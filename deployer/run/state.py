@@ -118,6 +118,9 @@ class RunState(BaseModel):
     rollback_of: str | None = None
     rollback_commit: str | None = None
     files: list[FileRecord] = Field(default_factory=list)
+    # Steps sent with the changes, behind the checks before them (a commit): on the target they may have run
+    # before their turn, even when the run stopped before it (recover looks for the commit by its trailer).
+    sent_ahead: list[str] = Field(default_factory=list)
     history: list[Transition] = Field(default_factory=list)
     error: str | None = None
 

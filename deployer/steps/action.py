@@ -144,7 +144,7 @@ class Action:
 
         if self.kind == Kind.run:
             return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,
-                       check=bool(self.failure), expect_stdout=self.expect)
+                       check=bool(self.failure) or self.expect is not None, expect_stdout=self.expect)
         if self.kind == Kind.get:
             return Get(self.target)
         if self.kind == Kind.put:

@@ -6,12 +6,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
 from deployer.steps.action import Action
 from deployer.steps.context import Context, Submitted
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Pending
 
 __all__ = ["Action", "Effect", "LiveCheck", "NoParams", "Scope", "Step"]
 
@@ -72,6 +75,22 @@ class Step(ABC):
         after the step before it sent its changes: the agent runs them in order, so they see those
         changes, and the whole stretch costs one round trip. Steps that may do so override this."""
         return []
+
+    def decided_there(self, ctx: Context) -> bool:
+        """Whether this step passes exactly when each command its prefetch() sent succeeded by the agent's rule
+        (exit 0, and the output it was told to expect): then the target itself can hold back what comes after
+        it, and a commit may be sent with the changes, behind it (see send_ahead)."""
+        return False
+
+    def send_ahead(self, ctx: Context, after: Sequence[Pending[Any]]) -> bool:
+        """Send this step with the changes before it, to run on the target only if each of `after` succeeded
+        (ctx.ahead holds it until the step runs); False: this step is sent in its turn."""
+        return False
+
+    def landed(self, ctx: Context) -> None:
+        """The run stops before this step's turn: take in what send_ahead sent, which may have run all the same
+        (a step that sends nothing ahead has nothing to take in)."""
+        ctx.ahead.pop(self.name, None)
 
     def sent(self, ctx: Context) -> list[Submitted] | None:
         """What prefetch() sent for this run, if anything."""

@@ -23,6 +23,8 @@ from deployer.transport.base import CAPTURE_BYTES, WHOLE_OUTPUT_BYTES, Transport
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
+    from deployer.agent.protocol import BatchResult
+    from deployer.diffs import DiffStat
 
 Listener = Callable[[dict[str, Any]], None]
 # Characters of a command's output kept in its run-log event, and in a failure message.
@@ -70,20 +72,34 @@ class CancelToken:
         self.reason = "interrupted"
         self.failure: DeployerError | None = None  # why, when it is a failure rather than the operator
 
+        self._told: list[Callable[[], None]] = []  # see on_cancel
+
     def cancel(self, reason: str = "interrupted", failure: DeployerError | None = None) -> None:
         self.reason = reason
         self.failure = self.failure or failure
         self._event.set()
+        for told in list(self._told):
+            # A thread of its own: this may run inside a signal handler, which must not wait on a lock.
+            threading.Thread(target=told, name="on-cancel", daemon=True).start()
+
+    def on_cancel(self, told: Callable[[], None]) -> Callable[[], None]:
+        """Tell `told` when the run is cancelled (now, if it is already); returns what stops telling it."""
+        self._told.append(told)
+        if self._event.is_set():
+            threading.Thread(target=told, name="on-cancel", daemon=True).start()
+        return lambda: self._told.remove(told) if told in self._told else None
 
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
 
     def check(self) -> None:
-        if self.failure is not None:
-            raise self.failure
         if self._event.is_set():
-            raise Interrupted(f"{self.reason}: stopped at a safe point")
+            raise self.stopped()
+
+    def stopped(self) -> DeployerError:
+        """Why the run stops, once cancelled: the failure that cancelled it, or the operator's stop."""
+        return self.failure or Interrupted(f"{self.reason}: stopped at a safe point")
 
     def wait(self, seconds: float) -> None:
         """Sleep that a cancel cuts short (and then raises)."""
@@ -243,6 +259,9 @@ class Context:
     # Sent right behind the next batch, to run only if it succeeds: the release, when that batch is the run's last act.
     closing: Callable[[Pending[Any]], None] | None = None
     on_sent: Callable[[], None] | None = None  # told when a step has sent its changes, before it waits
+    # A commit sent with the changes, behind every check before it (see Step.send_ahead), by step name.
+    ahead: dict[str, tuple[Pending[BatchResult], Bound]] = field(default_factory=dict)
+    projected: Callable[[], DiffStat] | None = None  # the diff the run will make, counted here (preflight)
 
     def sent(self) -> None:
         """A step has sent what it changes: the read-only steps after it may send theirs now (same round trip)."""
@@ -308,17 +327,26 @@ class Context:
         pending = self.transport.submit(request, wait, after=None if after is None else after.pending)
         return Submitted(self, action, bound, quiet, pending, wait)
 
-    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
-        """The results of actions done in order in one round trip, not recorded (act_all and Poll record them).
-        It stops at the first action whose failure fails the step: the results end there."""
-        from deployer.agent.protocol import Batch, OpFailure
+    def send_batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float,
+                   after: Sequence[Pending[Any]] | None = None) -> Pending[BatchResult]:
+        """Send actions to be done in order in one round trip (after: only if each of those succeeded)."""
+        from deployer.agent.protocol import Batch
 
         requests = [action.bind(bound).request(timeout=timeout, capture=CAPTURE_BYTES) for action, bound in calls]
-        pending = self.transport.submit(Batch(requests))
+        pending = self.transport.submit(Batch(requests), after=after)
         if self.closing is not None:  # the run's last act: what ends the run goes right behind it
             closing, self.closing = self.closing, None
             closing(pending)
-        results = pending.result().results
+        return pending
+
+    def batch(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float,
+              sent: Pending[BatchResult] | None = None) -> list[Any]:
+        """The results of actions done in order in one round trip (sent already, when given), not recorded
+        (act_all and Poll record them). It stops at the first action whose failure fails the step: the
+        results end there."""
+        from deployer.agent.protocol import OpFailure
+
+        results = (sent or self.send_batch(calls, timeout=timeout)).result().results
         for (action, bound), result in zip(calls, results, strict=False):
             if isinstance(result, OpFailure):
                 raise TransportError(f"{action.what}: the agent could not do {self.shown_action(action, bound)}: "
@@ -328,9 +356,11 @@ class Context:
     def poll(self, timeout: float) -> Poll:
         return Poll(self, timeout)
 
-    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float) -> list[Any]:
-        """act() for each, in order, in one round trip; the first that fails stops the rest and is raised."""
-        results = self.batch(calls, timeout=timeout)
+    def act_all(self, calls: Sequence[tuple[Action, Bound]], *, timeout: float,
+                sent: Pending[BatchResult] | None = None) -> list[Any]:
+        """act() for each, in order, in one round trip (sent already, when given); the first that fails stops
+        the rest and is raised."""
+        results = self.batch(calls, timeout=timeout, sent=sent)
         for (action, bound), result in zip(calls, results, strict=False):
             self.log_action(action, bound, result)
             if action.failure and isinstance(result, ExecResult) and not result.ok:

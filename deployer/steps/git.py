@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic import field_validator
 
 from deployer.config.models import Strict
-from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
-from deployer.errors import StepFailed
+from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, numstat_z, parse_numstat
+from deployer.errors import DeployerError, RequestSkipped, StepFailed
 from deployer.run.gitops import HEAD, git, names, touched_argv
 from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import NOTHING, Context, Submitted
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Pending
+    from deployer.agent.protocol import BatchResult
 
 Bound = int | tuple[int, int]
 # What only the run knows, in the commit message the plan shows.
@@ -77,11 +83,25 @@ class DiffBounds(Step):
                 problems.append(f"{label} {value} outside {_show(bound)}")
         return problems
 
+    def expected(self, ctx: Context) -> bytes | None:
+        """The count the target must print for this run to pass here, once judged on preflight's reads (None:
+        it cannot be told ahead: a new file, whose count git prints only against /dev/null, or no projection)."""
+        if ctx.projected is None or not ctx.changes or not all(c.tracked for c in ctx.changes):
+            return None
+        projected = ctx.projected()
+        return numstat_z(projected) if not self.judge(projected, unchanged_dests(ctx)) else None
+
+    def decided_there(self, ctx: Context) -> bool:
+        return self.expected(ctx) is not None
+
     def actions(self, ctx: Context) -> list[Action]:
         tracked = [c.dest for c in ctx.changes if c.tracked]
         count = "count the diff against HEAD"
+        # The projection judged here, when there is one, is what the target must print: a commit sent behind
+        # this count runs only if it did.
         actions = [Action.run("numstat", count, git("diff", "--numstat", "-z", "--no-renames", DIFF_ALGORITHM, "HEAD",
-                                                       "--", *tracked), ctx.repo)] if tracked else []
+                                                       "--", *tracked), ctx.repo,
+                              expect=self.expected(ctx))] if tracked else []
         actions += [Action.run(f"numstat:{c.dest}", f"{count} (a new file)",
                                git("diff", "--no-index", "--numstat", "-z", DIFF_ALGORITHM, "--", "/dev/null", c.dest),
                                ctx.repo) for c in ctx.changes if not c.tracked]
@@ -169,12 +189,13 @@ def commit_actions(ctx: Context, dests: Sequence[str], message: str, *, hooks: b
 
 
 def commit_staged(ctx: Context, dests: Sequence[str], message: str, timeout: float, *, hooks: bool = False,
-                  add: bool = False, bound: Values = NOTHING) -> str:
+                  add: bool = False, bound: Values = NOTHING, sent: Pending[BatchResult] | None = None) -> str:
     """Commit dests as the index has them (`git commit -- paths`), and prove the commit touched exactly them.
 
-    One round trip: add, commit, and the reads that prove it run as one batch that stops at a failure."""
+    One round trip: add, commit, and the reads that prove it run as one batch that stops at a failure (sent
+    already, with the changes, when given)."""
     actions = commit_actions(ctx, dests, message, hooks=hooks, add=add)
-    *_, head_out, touched = ctx.act_all([(action, bound) for action in actions], timeout=timeout)
+    *_, head_out, touched = ctx.act_all([(action, bound) for action in actions], timeout=timeout, sent=sent)
     made = str(head_out.out).strip()
     files = sorted(names(touched.out))
     if set(files) != set(dests):
@@ -242,20 +263,55 @@ class Commit(Step):
             return [Action("nothing to commit: the target already has these bytes (the step fails)")]
         return commit_actions(ctx, changed, self.message(), hooks=self.params.hooks, add=True)
 
+    def calls(self, ctx: Context) -> list[tuple[Action, Values]]:
+        """The commit's batch, its placeholders bound to what the run knows by now (its id, its log so far)."""
+        known = {RUN_ID: ctx.run_id, LOG_SHA256: ctx.facts.log_sha256}
+        bound = {k: v for k, v in known.items() if v is not None}
+        # Exactly the shipped files (never -a), proven by what the commit holds.
+        return [(action, bound) for action in commit_actions(ctx, changed_dests(ctx), self.message(),
+                                                              hooks=self.params.hooks, add=True)]
+
+    def send_ahead(self, ctx: Context, after: Sequence[Pending[Any]]) -> bool:
+        if not changed_dests(ctx):
+            return False
+        calls = self.calls(ctx)
+        ctx.ahead[self.name] = ctx.send_batch(calls, timeout=self.timeout_s, after=after), calls[0][1]
+        return True
+
     def run(self, ctx: Context) -> str:
         # A shipped file that already had these bytes is not in the diff, so not in the commit.
         unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)
         if not changed:
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
-        known = {RUN_ID: ctx.run_id, LOG_SHA256: ctx.facts.log_sha256}
-        # Exactly the shipped files (never -a), proven by what the commit holds.
-        ctx.git_after = commit_staged(ctx, changed, self.message(), self.timeout_s, hooks=self.params.hooks, add=True,
-                                      bound={k: v for k, v in known.items() if v is not None})
+        sent = ctx.ahead.pop(self.name, None)
+        try:
+            self._made(ctx, sent)
+        except RequestSkipped:
+            if sent is None:
+                raise
+            # A check the agent made ahead of it failed there though it passed here (the target counted the
+            # diff otherwise than this machine did): the commit goes now, in a round trip of its own.
+            ctx.emit("commit_sent_again", reason="a check before it did not pass on the target")
+            self._made(ctx, None)
+        note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
+        return f"commit {str(ctx.git_after)[:12]}{note}"
+
+    def landed(self, ctx: Context) -> None:
+        """A run stopping before this step's turn: the commit it sent with the changes may have run on the
+        target all the same; if it did, the run holds it (ctx.git_after) and undoes it as a commit."""
+        sent = ctx.ahead.pop(self.name, None)
+        if sent is not None:
+            with contextlib.suppress(DeployerError):
+                self._made(ctx, sent)
+
+    def _made(self, ctx: Context, sent: tuple[Pending[BatchResult], Values] | None) -> None:
+        unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)
+        pending, bound = sent or (None, self.calls(ctx)[0][1])
+        ctx.git_after = commit_staged(ctx, changed, self.message(), self.timeout_s, hooks=self.params.hooks,
+                                      add=True, bound=bound, sent=pending)
         ctx.facts.files = changed  # what a rollback of this run gives back
         ctx.emit("commit", commit=ctx.git_after, parent=ctx.git_before, files=changed, unchanged=unchanged)
-        note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
-        return f"commit {ctx.git_after[:12]}{note}"
 
 
 Ownership = tuple[int, int, int]  # uid, gid, permission bits

@@ -73,6 +73,7 @@ class Transport(ABC):
         # Told when the agent starts (the run log records which agent ran, by its sha256).
         self.on_agent: Callable[[Hello], None] | None = None
         self._gate: Pending[Any] | None = None  # see write_ahead
+        self._gated: list[Pending[Any]] = []  # sent behind the gate (see gated)
         self._within: Within | None = None
 
     def run_within(self, within: Within) -> None:
@@ -120,22 +121,34 @@ class Transport(ABC):
         return self.submit(request, timeout).result(timeout)
 
     def submit(self, request: Request[T], timeout: float | None = None,
-               after: Pending[Any] | None = None) -> Pending[T]:
+               after: Pending[Any] | Sequence[Pending[Any]] | None = None) -> Pending[T]:
         """Send without waiting for the reply (pipelining): a phase's requests cost one round trip. With
-        `after`, the agent runs it only if that request succeeded."""
-        return self.agent().submit(request, timeout, after=after or self._gate)
+        `after`, the agent runs it only if that request (each of those) succeeded."""
+        pending = self.agent().submit(request, timeout, after=after or self._gate)
+        if self._gate is not None:
+            self._gated.append(pending)
+        return pending
+
+    def gated(self) -> list[Pending[Any]]:
+        """The write-ahead record and every request sent behind it so far: a commit sent after all of them
+        runs only if the record holds and each change and check went through."""
+        return [*([self._gate] if self._gate is not None else []), *self._gated]
+
+    def skip(self, pending: Pending[Any]) -> None:
+        """Have the agent skip that request if it has not started (see AgentClient.skip)."""
+        self.agent().skip(pending)
 
     def write_ahead(self, request: Request[T]) -> Pending[T]:
         """Send a record the target must hold before any change, without waiting for it: the agent runs
         every request sent after it only if it succeeded (until lift_gate), so the record and the
         changes share a round trip and a failed record lets no change through."""
         pending = self.submit(request)
-        self._gate = pending
+        self._gate, self._gated = pending, []
         return pending
 
     def lift_gate(self) -> None:
         """The write-ahead record was answered (held, or failed and the run is undoing): send freely again."""
-        self._gate = None
+        self._gate, self._gated = None, []
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None,
             env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,

@@ -221,12 +221,14 @@ def test_commit_skips_the_targets_hooks_unless_the_commit_step_says_hooks_true(
 # -- item 6: rollback trusts only a log that verifies and matches the target -------------------------------
 
 
-def test_the_commit_carries_the_sha256_of_the_log_up_to_its_step_start(target: Project) -> None:
+def test_the_commit_carries_the_sha256_of_the_log_up_to_where_it_was_sent(target: Project) -> None:
     run_id = target.applied()
     data = log_path(target, run_id).read_bytes()
     lines = data.splitlines(keepends=True)
-    cut = next(i for i, line in enumerate(lines)
-               if json.loads(line)["type"] == "step_start" and json.loads(line)["kind"] == "commit")
+    # Sent with the changes, behind the checks (the log says so right after), or in its own turn.
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["type"] == "sent_ahead" or
+               (json.loads(line)["type"] == "step_start" and json.loads(line)["kind"] == "commit"))
+    assert json.loads(lines[cut])["type"] == "sent_ahead"
     expected = hashlib.sha256(b"".join(lines[:cut])).hexdigest()
     message = git(target.repo, "log", "-1", "--format=%B")
     assert f"Deployer-Run: {run_id}\n" in message and f"Deployer-Log: sha256:{expected}\n" in message
