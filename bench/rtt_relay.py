@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import SupportsIndex
 
 MAX_CONNECTIONS = 64
 QUEUE_CHUNKS = 256
@@ -37,7 +38,7 @@ class _StampedReader(asyncio.StreamReader):
 
     first_byte_at: float | None = None
 
-    def feed_data(self, data: bytes) -> None:
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:  # bytes, typed as asyncio's
         if self.first_byte_at is None and data:
             self.first_byte_at = time.monotonic()
         super().feed_data(data)
