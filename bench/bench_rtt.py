@@ -2,14 +2,18 @@
 
 A real sshd on 127.0.0.1 sits behind a relay that adds a round-trip time (bench/rtt_relay.py).
 The sequence is "2 files: local compile, upload, remote compile, diff bounds, commit" on a
-scratch repo (bench/scratch_target.py), shipped three ways:
+scratch repo (bench/scratch_target.py), shipped these ways:
 
   deployer   `python -m deployer apply` of that playbook (this tree, via PYTHONPATH)
   container  the same apply into a podman container on the far host (the host's root as an overlay, the
              repo bind-mounted at its own path): the agent is `podman exec -i` over the same sshd and relay,
              so the row beside the host's shows what the extra exec costs (skipped without podman)
   by hand    py_compile here && scp both files && ssh '... py_compile && git diff --numstat && git commit'
-  floor      py_compile here, then ONE connection and ONE exec: the files as a tar on stdin
+  floor      issue 23's floor, the one its targets are written against: bench/paramiko_floor.py, a process that
+             compiles the files in-process, then ONE paramiko connection and ONE exec of scratch_target.floor_line
+             with the files as a tar on stdin (scratch_target.fix_tar), and checks its exit status is 0
+  context    the same line and tar through OpenSSH: `python -m py_compile` here, then ONE `ssh` with the tar on
+             stdin (OpenSSH's client takes more round trips than paramiko's: context, not the targets' floor)
   agent      bench/agent_sketch.py: one paramiko connection, the agent on one exec, 4 batches
              (preflight, upload+compile+numstat, commit, release): what the agent alone costs
 
@@ -17,12 +21,14 @@ Each cell is the median wall time of --runs runs and the round trips the relay c
 them. Every run is checked: the fix must be committed on top of the first commit. Beside them:
 
   effective round trips  (median at r - median at 0 ms) / r, per way and r > 0: what the link costs the way
-  time to the first byte from just before the bench spawns the client that connects first (deployer, scp,
-                         the floor's ssh, the sketch) to the first byte the relay sees from it (median):
-                         start-up CPU, with no network in it
-  targets                issue 23's, each figure beside its target: at r > 0 deployer / floor <= 1.1x and
-                         deployer's effective round trips <= 6; at 0 ms deployer / hand <= 0.8x in every run
-                         (run i of one against run i of the other: min, median and the worst, max)
+  time to the first byte from just before the bench spawns the client that connects first (deployer, the
+                         paramiko floor, scp, the OpenSSH row's ssh, the sketch) to the first byte the relay
+                         sees from it (median): start-up CPU, with no network in it (the by-hand and OpenSSH
+                         clocks start after their `python -m py_compile`; the others compile in-process)
+  targets                issue 23's, each figure beside its target: at r > 0 deployer / floor (the paramiko
+                         row, not the OpenSSH one) <= 1.1x and deployer's effective round trips <= 6; at 0 ms
+                         deployer / hand <= 0.8x in every run (run i of one against run i of the other: min,
+                         median and the worst, max)
 
     python bench/bench_rtt.py [--rtt-ms 0,10,50] [--runs 5] [--json FILE]
 
@@ -164,9 +170,14 @@ def container_host(target: ScratchTarget) -> Iterator[bool]:
         engine.run("rm", "-f", "-t", "0", name, workdir=target.root, check=False)
 
 
+def fix_files(target: ScratchTarget) -> list[str]:
+    """The fixed files here, as the local compile and scp take them."""
+    return [str(target.fix_dir / Path(rel).name) for rel in FIXED]
+
+
 def by_hand(sshd: SSHD, target: ScratchTarget, port: int) -> float:
     where = f"{sshd.user}@127.0.0.1"
-    local = [str(target.fix_dir / Path(rel).name) for rel in FIXED]
+    local = fix_files(target)
     run([sys.executable, "-m", "py_compile", *local], "py_compile here")
     started = run(["scp", "-q", "-P", str(port), *ssh_options(sshd, target), *local, f"{where}:{target.repo}/pkg/"],
                   "scp")
@@ -175,10 +186,17 @@ def by_hand(sshd: SSHD, target: ScratchTarget, port: int) -> float:
 
 
 def floor(sshd: SSHD, target: ScratchTarget, port: int) -> float:
-    local = [str(target.fix_dir / Path(rel).name) for rel in FIXED]
-    run([sys.executable, "-m", "py_compile", *local], "py_compile here")
+    """Issue 23's floor: bench/paramiko_floor.py compiles in-process, then one connection, one exec, tar on stdin."""
+    return run([sys.executable, str(ROOT / "bench" / "paramiko_floor.py"), str(port), sshd.user, sshd.client_key,
+                str(target.known_hosts), floor_line(target.repo), *fix_files(target)],
+               "floor (paramiko)", input=fix_tar(target.fix_dir))
+
+
+def openssh_floor(sshd: SSHD, target: ScratchTarget, port: int) -> float:
+    """The same line and tar through OpenSSH's `ssh`, after a `python -m py_compile` (context, not the targets')."""
+    run([sys.executable, "-m", "py_compile", *fix_files(target)], "py_compile here")
     return run(["ssh", "-p", str(port), *ssh_options(sshd, target), f"{sshd.user}@127.0.0.1", floor_line(target.repo)],
-               "floor", input=fix_tar(target.fix_dir))
+               "OpenSSH floor", input=fix_tar(target.fix_dir))
 
 
 def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> float:
@@ -187,14 +205,18 @@ def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> float:
                "agent sketch", env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-DEPLOYER, IN_BOX, HAND, FLOOR, SKETCH = ("deployer apply", "deployer apply, into a container",
-                                         "by hand: py_compile && scp && ssh", "floor: 1 connection, 1 exec, tar",
-                                         "agent sketch: 1 exec, 4 batches")
+DEPLOYER = "deployer apply"
+IN_BOX = "deployer apply, into a container"
+HAND = "by hand: py_compile && scp && ssh"
+FLOOR = "floor: 1 paramiko connection, 1 exec, tar"  # issue 23's floor: its targets are written against this row
+SSH_FLOOR = "context: 1 OpenSSH ssh, 1 exec, tar"  # the same exec through `ssh`: not the floor the targets use
+SKETCH = "agent sketch: 1 exec, 4 batches"
 WAYS: dict[str, Callable[[SSHD, ScratchTarget, int], float]] = {
     DEPLOYER: by_deployer,
     IN_BOX: by_deployer_in_container,
     HAND: by_hand,
     FLOOR: floor,
+    SSH_FLOOR: openssh_floor,
     SKETCH: agent_sketch,
 }
 
@@ -248,7 +270,7 @@ def targets(cells: Cells, rtts_ms: list[int]) -> list[Target]:
     """Issue 23's targets, each with the figure it is written in."""
     found = []
     for rtt in (rtt for rtt in rtts_ms if rtt > 0):
-        found.append(Target(f"deployer / floor at {rtt} ms",
+        found.append(Target(f"deployer / floor (paramiko) at {rtt} ms",
                             cells[DEPLOYER, rtt].median / cells[FLOOR, rtt].median, 1.1, "x"))
         if rtt in far_rtts(rtts_ms):
             found.append(Target(f"deployer effective round trips at {rtt} ms",
@@ -275,8 +297,11 @@ def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
     ratios = [("container / host apply", IN_BOX, DEPLOYER)] if IN_BOX in ways else []
     lines += block("ratio of the medians", rtts_ms, [
         (label, [f"{cells[mine, rtt].median / cells[other, rtt].median:.2f}x" for rtt in rtts_ms])
-        for label, mine, other in (*ratios, ("deployer / hand", DEPLOYER, HAND), ("deployer / floor", DEPLOYER, FLOOR),
-                                   ("agent sketch / hand", SKETCH, HAND), ("agent sketch / floor", SKETCH, FLOOR))])
+        for label, mine, other in (*ratios, ("deployer / hand", DEPLOYER, HAND),
+                                   ("deployer / floor (paramiko)", DEPLOYER, FLOOR),
+                                   ("deployer / OpenSSH exec (context)", DEPLOYER, SSH_FLOOR),
+                                   ("agent sketch / hand", SKETCH, HAND),
+                                   ("agent sketch / floor (paramiko)", SKETCH, FLOOR))])
     if far := far_rtts(rtts_ms):
         lines += block("effective round trips", far, [
             (name, [f"{effective_trips(cells, name, rtt):.1f} rt" for rtt in far]) for name in ways])
