@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from paramiko_ssh import connect, session
 
 from deployer.agent.client import AgentClient, bootstrap_command
-from deployer.agent.protocol import Put, Run, Stat
+from deployer.agent.protocol import Put, Request, Run, Stat
 from deployer.transport.pipes import ChannelPipe
 
 COMPILE = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
@@ -33,7 +34,7 @@ def main(port: str, user: str, identity: str, known_hosts: str, repo: str, fix_d
         chan.exec_command(bootstrap_command(sys.executable))
         with AgentClient(ChannelPipe(chan), name="sketch").start() as agent:
             paths = [f"{repo}/{dest}" for dest in dests]
-            phases = [
+            phases: list[list[Request[Any]]] = [
                 [Run(["git", "rev-parse", "--git-dir", "HEAD"], cwd=repo), Stat(paths),
                  Run(["git", "status", "--porcelain", "-z", "--", *dests], cwd=repo)],
                 [*(Put(path, data) for path, data in zip(paths, files.values(), strict=True)),
