@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
-import paramiko
+from paramiko_ssh import connect, session
 
 from deployer.agent.client import AgentClient, bootstrap_command
-from deployer.agent.protocol import Put, Run, Stat
+from deployer.agent.protocol import Put, Request, Run, Stat
 from deployer.transport.pipes import ChannelPipe
 
 COMPILE = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
@@ -27,19 +28,13 @@ def main(port: str, user: str, identity: str, known_hosts: str, repo: str, fix_d
     files = {dest: (Path(fix_dir) / Path(dest).name).read_bytes() for dest in dests}
     for dest, data in files.items():
         compile(data, dest, "exec", dont_inherit=True)  # local_compile
-    ssh = paramiko.SSHClient()
-    ssh.load_host_keys(known_hosts)
-    ssh.set_missing_host_key_policy(paramiko.RejectPolicy())
-    ssh.connect("127.0.0.1", port=int(port), username=user, key_filename=identity, look_for_keys=False,
-                allow_agent=False, timeout=30)
+    ssh = connect(port, user, identity, known_hosts)
     try:
-        transport = ssh.get_transport()
-        assert transport is not None
-        chan = transport.open_session(timeout=30)
+        chan = session(ssh)
         chan.exec_command(bootstrap_command(sys.executable))
         with AgentClient(ChannelPipe(chan), name="sketch").start() as agent:
             paths = [f"{repo}/{dest}" for dest in dests]
-            phases = [
+            phases: list[list[Request[Any]]] = [
                 [Run(["git", "rev-parse", "--git-dir", "HEAD"], cwd=repo), Stat(paths),
                  Run(["git", "status", "--porcelain", "-z", "--", *dests], cwd=repo)],
                 [*(Put(path, data) for path, data in zip(paths, files.values(), strict=True)),

@@ -9,6 +9,11 @@ A *round trip* is counted per connection each time the server answers after the 
 (a client->server burst followed by a server->client burst); the connection's handshake counts
 as one. That is what a client waits for on a far link, whatever the bytes are.
 
+`first_byte_at` is the time.monotonic() at which the first client->server byte of the first
+connection since reset_counts() reached the relay (stamped as the kernel hands it over, not when
+the relay forwards it after the handshake wait): a bench in this process compares it with the
+time it spawned the client.
+
 Bounded: at most MAX_CONNECTIONS at once, and each direction buffers at most QUEUE_CHUNKS chunks
 before it stops reading (backpressure).
 """
@@ -18,12 +23,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from typing import SupportsIndex
 
 MAX_CONNECTIONS = 64
 QUEUE_CHUNKS = 256
 CHUNK = 65536
 C2S, S2C = "c2s", "s2c"
+
+
+class _StampedReader(asyncio.StreamReader):
+    """A stream reader that remembers when its first byte arrived."""
+
+    first_byte_at: float | None = None
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:  # bytes, typed as asyncio's
+        if self.first_byte_at is None and data:
+            self.first_byte_at = time.monotonic()
+        super().feed_data(data)
 
 
 class LatencyRelay:
@@ -34,19 +52,35 @@ class LatencyRelay:
         self.rtt_s = rtt_s
         self.round_trips = 0
         self.connections = 0
+        self._first: _StampedReader | None = None  # the client side of the first connection since reset_counts()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rtt-relay", daemon=True)
         self._thread.start()
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop).result(10)
+            self._loop.create_server(self._protocol, "127.0.0.1", 0), self._loop).result(10)
         self.port: int = self._server.sockets[0].getsockname()[1]
 
     def reset_counts(self) -> None:
         with self._lock:
             self.round_trips = 0
             self.connections = 0
+            self._first = None
+
+    @property
+    def first_byte_at(self) -> float | None:
+        """When the first connection since reset_counts() got its first client byte; None before that."""
+        with self._lock:
+            return self._first.first_byte_at if self._first else None
+
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """What asyncio.start_server builds per connection, with a reader that stamps its first byte."""
+        reader = _StampedReader()
+        with self._lock:
+            if self._first is None:
+                self._first = reader
+        return asyncio.StreamReaderProtocol(reader, self._handle)
 
     def close(self) -> None:
         async def stop() -> None:
