@@ -4,8 +4,9 @@ entries of a unit's `workers:` (which of its services the router knows, as what)
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from string import Formatter
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
@@ -54,19 +55,58 @@ def placeholders(template: str) -> list[str]:
         raise ValueError(f"{template!r}: {exc} (write {{{{ and }}}} for a literal brace)") from None
 
 
+def _check_template(template: str, allowed: tuple[str, ...]) -> str:
+    unknown = [name or "{}" for name in placeholders(template) if name not in allowed]
+    if unknown:
+        known = f"known: {', '.join('{' + a + '}' for a in allowed)}" if allowed else \
+            "a list call takes none: it lists every worker"
+        raise ValueError(f"{template!r}: unknown placeholder {{{unknown[0]}}} ({known})")
+    return template
+
+
 def _template(allowed: tuple[str, ...]) -> AfterValidator:
-    def check(template: str) -> str:
-        unknown = [name or "{}" for name in placeholders(template) if name not in allowed]
-        if unknown:
-            known = f"known: {', '.join('{' + a + '}' for a in allowed)}" if allowed else \
-                "a list call takes none: it lists every worker"
-            raise ValueError(f"{template!r}: unknown placeholder {{{unknown[0]}}} ({known})")
-        return template
-    return AfterValidator(check)
+    return AfterValidator(lambda template: _check_template(template, allowed))
 
 
 WorkerTemplate = Annotated[str, _template(WORKER_FIELDS)]
 ListTemplate = Annotated[str, _template(())]
+
+
+def _json_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A body of any JSON values (YAML's dates and the like are refused), placeholders checked in its strings."""
+    def walk(value: Any, at: str) -> None:
+        if isinstance(value, str):
+            try:
+                _check_template(value, WORKER_FIELDS)
+            except ValueError as exc:
+                raise ValueError(f"{at}: {exc}") from None
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{at}[{index}]")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"{at}: key {key!r} is not a string (JSON keys are)")
+                walk(item, f"{at}.{key}")
+        elif value is not None and not isinstance(value, (bool, int, float)):
+            raise ValueError(f"{at}: {value!r} is not a JSON value (a string, number, boolean, null, list or object)")
+    walk(body, "body")
+    return body
+
+
+# A JSON object sent as the request's body: its values any JSON, placeholders templated inside its strings only.
+JsonBody = Annotated[dict[str, Any], AfterValidator(_json_body)]
+
+
+def template_strings(value: Any, fill: Callable[[str], str]) -> Any:
+    """A body with fill(string) applied to every string value in it, however deep; the rest as is."""
+    if isinstance(value, str):
+        return fill(value)
+    if isinstance(value, list):
+        return [template_strings(item, fill) for item in value]
+    if isinstance(value, dict):
+        return {key: template_strings(item, fill) for key, item in value.items()}
+    return value
 
 
 def _urls_path(path: str) -> str:
@@ -82,7 +122,7 @@ class HttpChange(BaseModel):
 
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     path: WorkerTemplate  # {worker} and the others URL-quoted here (e.g. /remove_worker?url={worker})
-    body: dict[str, WorkerTemplate] | None = None  # a JSON object of strings, sent as is once filled in
+    body: JsonBody | None = None  # a JSON object, its strings filled in raw (JSON quotes them)
 
 
 class HttpList(BaseModel):
