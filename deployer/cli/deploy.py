@@ -224,8 +224,11 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 
     loaded, hosts = select_hosts(host_name, None, inventory)
     steps = load_playbook(Path(playbook)) if playbook else None
+    build = builder(inventory, None, accept_new_host_key)
+    for step in steps[1] if steps else []:  # a canary `via:` names a router of this inventory
+        step.reach_routers(lambda: build.routers(loaded))
     group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps,
-                        connect=builder(inventory, None, accept_new_host_key).connector,
+                        connect=build.connector,
                         units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
                         listeners=[pin_notice], parallel=parallel, runs_dir=runlog.runs_dir_from(runs_dir))
     if len(hosts) == 1:  # one host: its own report, as before groups existed

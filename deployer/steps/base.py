@@ -6,12 +6,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
 from deployer.steps.action import Action
 from deployer.steps.context import Context, Submitted
+
+if TYPE_CHECKING:
+    from deployer.fleet.router import Routers
 
 __all__ = ["Action", "Effect", "LiveCheck", "NoParams", "Scope", "Step"]
 
@@ -80,6 +83,10 @@ class Step(ABC):
     def check_host(self, host_name: str, host: Host) -> str | None:
         """What this step needs from the inventory host and does not get (checked before connecting)."""
         return None
+
+    def reach_routers(self, routers: Callable[[], Routers]) -> None:
+        """The inventory's routers (read when called), for a step that sends through one: the canary's `via:`."""
+        return
 
     def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
         """What would fail this step, judged from the shipped bytes and the target's HEAD alone (`projected()`
