@@ -14,7 +14,7 @@ from deployer.steps.action import Action
 from deployer.steps.context import Context, Submitted
 
 if TYPE_CHECKING:
-    from deployer.fleet.router import Routers
+    from deployer.config.routers import RouterReach
 
 __all__ = ["Action", "Effect", "LiveCheck", "NoParams", "Scope", "Step"]
 
@@ -84,7 +84,7 @@ class Step(ABC):
         """What this step needs from the inventory host and does not get (checked before connecting)."""
         return None
 
-    def reach_routers(self, routers: Callable[[], Routers]) -> None:
+    def reach_routers(self, routers: Callable[[], RouterReach]) -> None:
         """The inventory's routers (read when called), for a step that sends through one: the canary's `via:`."""
         return
 

@@ -34,8 +34,7 @@ from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
 if TYPE_CHECKING:
-    from deployer.config.routers import Router
-    from deployer.fleet.router import Routers
+    from deployer.config.routers import Router, RouterReach
 
 GOLDEN_FORMAT = 1
 
@@ -160,9 +159,9 @@ class Canary(Step):
     Params = CanaryParams
     params: CanaryParams
 
-    routers: Callable[[], Routers] | None = None  # the inventory's, when the command has one (reach_routers)
+    routers: Callable[[], RouterReach] | None = None  # the inventory's, when the command has one (reach_routers)
 
-    def reach_routers(self, routers: Callable[[], Routers]) -> None:
+    def reach_routers(self, routers: Callable[[], RouterReach]) -> None:
         self.routers = cache(routers)  # read once, and only when `via:` names a router
 
     def unknown_router(self) -> str | None:
