@@ -205,11 +205,19 @@ class RouterWorker(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
-    service: str  # "host:service" of the unit
+    service: str  # "host:service" of the unit (of the host itself, for a plain host behind a router)
     worker_type: Literal["prefill", "decode", "regular"]
     # As the router reaches it; by default the origin of the service's health URL (router and worker on one node).
     url: Annotated[str, AfterValidator(http_origin)] | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)  # a prefill's, sent when it is added back
+
+
+class BehindRouter(BaseModel):
+    """`router:` and `workers:` of a unit or of a plain inventory host (config.units.Unit and config.models.Host take
+    these): the inventory's router that sends it traffic, and its services as that router knows them."""
+
+    router: str | None = None  # a name in the inventory's routers:
+    workers: list[RouterWorker] = Field(default_factory=list)  # each "host:service" of it, as the router knows it
 
 
 def metrics_origin(health: str | None) -> str:
