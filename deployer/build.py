@@ -160,10 +160,10 @@ class Build:
         from deployer.fleet.apply import FleetApply
 
         model = next(iter(engines.values())).playbook.model
-        from deployer.config.units import units_behind
+        from deployer.config.units import every_unit, units_behind
 
         routers = inventory.routers if inventory is not None else {}
-        behind = units_behind(inventory.routers, inventory.units) if inventory is not None else {}
+        behind = units_behind(inventory.routers, every_unit(inventory)) if inventory is not None else {}
         return FleetApply(engines, self.runs_dir, model.rollout, model.on_failure, parallel, cancel=cancel,
                           listeners=listeners, units=units, routers=routers, behind=behind,
                           connect=lambda name: self.connection(name)[1], allow_downtime=allow_downtime)
