@@ -163,7 +163,8 @@ class Build:
         from deployer.config.units import every_unit, units_behind
 
         routers = inventory.routers if inventory is not None else {}
-        behind = units_behind(inventory.routers, every_unit(inventory)) if inventory is not None else {}
+        behind = {} if inventory is None else units_behind(inventory.routers,
+                                                          every_unit(inventory.units, inventory.hosts))
         return FleetApply(engines, self.runs_dir, model.rollout, model.on_failure, parallel, cancel=cancel,
                           listeners=listeners, units=units, routers=routers, behind=behind,
                           connect=lambda name: self.connection(name)[1], allow_downtime=allow_downtime)

@@ -125,7 +125,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         return
     units = targets.run_units(loaded, hosts)
     down = planned_downtime(engines, units, next(iter(engines.values())).playbook.model.rollout,
-                            units_behind(loaded.routers, every_unit(loaded)), build.runs_dir)
+                            units_behind(loaded.routers, every_unit(loaded.units, loaded.hosts)), build.runs_dir)
     for_units(engines, units)
     show_plans(build, engines, as_json, down)
 
@@ -297,7 +297,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         listeners: list[Listener] = [pin_notice]
         run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
             root, fleet_id, build.sub_run, hosts=chosen, force=force, parallel=parallel, listeners=listeners,
-            cancel=cancel, units=every_unit(loaded), routers=build.routers(loaded)))
+            cancel=cancel, units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded)))
         return
     run = runlog.read_run(root, run_id)
     engine = build.for_run(run, host_name)

@@ -53,7 +53,7 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
         members = build.restart_unit(host_name, unit, list(services), checks)
         restart_unit(members, host_name, unit, as_json, build.routers(loaded).for_unit(host_name, unit, members))
         return
-    if host_name in loaded.hosts and (alone_unit := every_unit(loaded).get(host_name)) is not None:
+    if host_name in loaded.hosts and (alone_unit := every_unit(loaded.units, loaded.hosts).get(host_name)) is not None:
         # A plain host behind a router: restarted as its unit of one, out of the router around the restart.
         engine = build.restart_unit(host_name, alone_unit, list(services), checks)[host_name]
         engine.check_host()

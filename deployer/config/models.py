@@ -416,7 +416,7 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
         if unit.metrics is not None and unit.metrics not in unit.hosts():
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
-    check_routers(inventory, refuse)  # every unit's router and workers, and every plain host's
+    check_routers(inventory.units, inventory.hosts, inventory.routers, refuse)  # each unit's and plain host's
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
 

@@ -73,5 +73,5 @@ def run_units(inventory: Inventory, hosts: list[str]) -> dict[str, Unit]:
     """The units a run over hosts works on as units: each unit of them whole (whole_units), and each plain host of
     them behind a router as a unit of one (config.units.unit_of_one), so that it leaves its router around its
     restart as a unit does."""
-    every = every_unit(inventory)
+    every = every_unit(inventory.units, inventory.hosts)
     return {name: every[name] for name in [*whole_units(inventory, hosts), *(h for h in hosts if h in every)]}

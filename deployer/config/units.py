@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployer.config.gang import GangFields
-from deployer.config.routers import BehindRouter, Router
+from deployer.config.routers import BehindRouter, Router, RouterWorker
 from deployer.config.yamlsrc import Loc
-
-if TYPE_CHECKING:
-    from deployer.config.models import Host, Inventory
 
 
 class Unit(GangFields, BehindRouter, BaseModel):
@@ -36,7 +33,20 @@ def units_behind(routers: Iterable[str], units: Mapping[str, Unit]) -> dict[str,
     return {name: [unit for unit, spec in units.items() if spec.router == name] for name in routers}
 
 
-def unit_of_one(name: str, host: Host) -> Unit:
+class RoutedHost(Protocol):
+    """An inventory host as far as its router is read here (config.models.Host, which imports this module)."""
+
+    @property
+    def router(self) -> str | None: ...
+
+    @property
+    def workers(self) -> list[RouterWorker]: ...
+
+    @property
+    def services(self) -> Mapping[str, Any]: ...  # each service with its `health` URL
+
+
+def unit_of_one(name: str, host: RoutedHost) -> Unit:
     """A plain host behind a router as a unit of one, named as the host (every service of it, in its order): what
     takes a unit out of its router around its restart (fleet.router, fleet.unit) then takes the host out too."""
     # Built from checked fields, unvalidated: a host without services has no unit of one, but still its checks.
@@ -44,25 +54,25 @@ def unit_of_one(name: str, host: Host) -> Unit:
                                 workers=host.workers)
 
 
-def every_unit(inventory: Inventory) -> dict[str, Unit]:
+def every_unit(units: Mapping[str, Unit], hosts: Mapping[str, RoutedHost]) -> dict[str, Unit]:
     """The inventory's units, and each plain host that names its router as a unit of one."""
-    return {**inventory.units, **{name: unit_of_one(name, host) for name, host in inventory.hosts.items()
-                                  if host.router is not None}}
+    return {**units, **{name: unit_of_one(name, host) for name, host in hosts.items() if host.router is not None}}
 
 
-def check_routers(inventory: Inventory, refuse: Callable[[Loc, str], None]) -> None:
+def check_routers(units: Mapping[str, Unit], hosts: Mapping[str, RoutedHost], routers: Mapping[str, Router],
+                  refuse: Callable[[Loc, str], None]) -> None:
     """Every unit's and plain host's router and workers (check_unit_router); a host of a unit names none (the
     unit's router sends it traffic)."""
-    health = {h: {s: v.health for s, v in host.services.items()} for h, host in inventory.hosts.items()}
-    for name, unit in inventory.units.items():
-        check_unit_router(name, unit, inventory.routers, health, refuse)
-    in_unit = {host: name for name, unit in inventory.units.items() for host in unit.hosts()}
-    for name, host in inventory.hosts.items():
+    health = {h: {s: v.health for s, v in host.services.items()} for h, host in hosts.items()}
+    for name, unit in units.items():
+        check_unit_router(name, unit, routers, health, refuse)
+    in_unit = {host: name for name, unit in units.items() for host in unit.hosts()}
+    for name, host in hosts.items():
         if name in in_unit and (host.router is not None or host.workers):
             refuse(("hosts", name, "router" if host.router is not None else "workers"),
                    f"host {name!r} is in unit {in_unit[name]!r}: name the router and workers on the unit")
         elif host.router is not None or host.workers:
-            check_unit_router(name, unit_of_one(name, host), inventory.routers, health, refuse, kind="host")
+            check_unit_router(name, unit_of_one(name, host), routers, health, refuse, kind="host")
 
 
 def check_unit_router(name: str, unit: Unit, routers: Mapping[str, Router],
