@@ -5,7 +5,6 @@ a unit's restart does, while the other prefill or decode serves: a steady load t
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,16 @@ from typing import Any
 import pytest
 from fixtures_repo import deployer
 from polling import wait_for
-from test_rolling_router import PdFleet, every_worker, listed_healthy, make_fleet, router_steps
-
-from deployer.demo.load import Load
-from deployer.demo.run import start_stacks
-from deployer.steps.context import CancelToken
+from test_rolling_router import (
+    PdFleet,
+    every_worker,
+    listed_healthy,
+    load_through,
+    make_fleet,
+    refused_at_load,
+    router_steps,
+    running,
+)
 
 
 def behind_router_alone(fleet: PdFleet) -> None:
@@ -32,12 +36,8 @@ def behind_router_alone(fleet: PdFleet) -> None:
 def hosts_fleet(tmp_path: Path) -> Iterator[PdFleet]:
     fleet = make_fleet(tmp_path)
     behind_router_alone(fleet)
-    try:
-        start_stacks(list(fleet.stacks.values()), CancelToken())
+    with running(fleet):
         yield fleet
-    finally:
-        for stack in fleet.stacks.values():
-            stack.stop()
 
 
 def left_and_came_back(fleet: PdFleet, run_id: str, worker: str) -> None:
@@ -55,8 +55,7 @@ def left_and_came_back(fleet: PdFleet, run_id: str, worker: str) -> None:
 def test_a_plain_host_behind_the_router_leaves_it_around_its_restart_and_its_apply_and_no_request_fails(
         hosts_fleet: PdFleet) -> None:
     before = hosts_fleet.pids()
-    with Load(f"http://127.0.0.1:{hosts_fleet.router_port}/generate", timeout_s=30) as load:
-        wait_for(lambda: load.ok >= 5, "the load through the router is served before the restart", 30)
+    with load_through(hosts_fleet, "the restart") as load:
         restarted = deployer("restart", "--host", "gpu-b", "--json", cwd=hosts_fleet.root)
         applied = deployer("apply", "note.yaml", "--host", "gpu-d", "--json", cwd=hosts_fleet.root)
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
@@ -72,8 +71,7 @@ def test_a_plain_host_behind_the_router_leaves_it_around_its_restart_and_its_app
 
 def test_a_rolling_apply_over_plain_hosts_behind_one_router_takes_one_out_at_a_time_and_no_request_fails(
         hosts_fleet: PdFleet) -> None:
-    with Load(f"http://127.0.0.1:{hosts_fleet.router_port}/generate", timeout_s=30) as load:
-        wait_for(lambda: load.ok >= 5, "the load through the router is served before the apply", 30)
+    with load_through(hosts_fleet, "the apply") as load:
         code, report, output = hosts_fleet.apply("gpu-b,gpu-d")  # both decodes: one must serve at any time
     assert code == 0, output
     assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
@@ -90,10 +88,7 @@ def test_a_plain_host_naming_an_unknown_router_or_a_worker_outside_it_is_refused
     hosts: dict[str, Any] = fleet.inventory["hosts"]
     hosts["gpu-b"]["router"] = "nope"
     hosts["gpu-d"]["workers"][0]["service"] = "gpu-b:decode"
-    fleet.write()
-    result = deployer("plan", "note.yaml", "--host", "gpu-b,gpu-d", cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert re.search(r"hosts\.yaml:\d+:\d+: hosts\.gpu-b\.router: 'nope' is not in routers: \(pd-router\)",
-                     result.stderr), result.stderr
-    assert re.search(r"hosts\.yaml:\d+:\d+: hosts\.gpu-d\.workers\.0\.service: 'gpu-b:decode' is not a service of "
-                     r"host 'gpu-d' \(gpu-d:decode\)", result.stderr), result.stderr
+    refused_at_load(fleet, "gpu-b,gpu-d",
+                    r"hosts\.yaml:\d+:13: hosts\.gpu-b\.router: 'nope' is not in routers: \(pd-router\)",
+                    r"hosts\.yaml:\d+:\d+: hosts\.gpu-d\.workers\.0\.service: 'gpu-b:decode' is not a service of "
+                    r"host 'gpu-d' \(gpu-d:decode\)")
