@@ -53,7 +53,12 @@ class Build:
                         connect=self.connector(name, host), cancel=cancel if cancel is not None else CancelToken())
         if self.health_timeout_s is not None:  # the run log says the budgets were not the inventory's
             engine.run_tags["health_timeout_s"] = self.health_timeout_s
+        for step in steps:  # a canary `via:` a router of the inventory; read only if one names a router
+            step.reach_routers(self.inventory_routers)
         return engine
+
+    def inventory_routers(self) -> Routers:
+        return self.routers(load_inventory(find_inventory(self.inventory)))
 
     def budgeted(self, host: Host) -> Host:
         """host with every service's health budget replaced by --health-timeout's, when given."""
@@ -155,10 +160,11 @@ class Build:
         from deployer.fleet.apply import FleetApply
 
         model = next(iter(engines.values())).playbook.model
-        from deployer.config.units import units_behind
+        from deployer.config.units import every_unit, units_behind
 
         routers = inventory.routers if inventory is not None else {}
-        behind = units_behind(inventory.routers, inventory.units) if inventory is not None else {}
+        behind = {} if inventory is None else units_behind(inventory.routers,
+                                                          every_unit(inventory.units, inventory.hosts))
         return FleetApply(engines, self.runs_dir, model.rollout, model.on_failure, parallel, cancel=cancel,
                           listeners=listeners, units=units, routers=routers, behind=behind,
                           connect=lambda name: self.connection(name)[1], allow_downtime=allow_downtime)

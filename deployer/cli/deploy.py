@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from deployer.build import Build
-    from deployer.config.models import Inventory
+    from deployer.config.models import Inventory, Unit
     from deployer.fleet.apply import Downtime
     from deployer.run.engine import Engine
     from deployer.run.plan import PlanReport
@@ -104,7 +105,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
     from deployer.config import targets
-    from deployer.config.units import units_behind
+    from deployer.config.units import every_unit, units_behind
     from deployer.errors import ConfigError
     from deployer.fleet.apply import for_units, planned_downtime
     from deployer.run import rollback as rollbacks
@@ -122,9 +123,9 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     if len(hosts) == 1:
         show_plan(engines[hosts[0]].plan(), as_json, timings_of(build, engines[hosts[0]]))
         return
-    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+    units = targets.run_units(loaded, hosts)
     down = planned_downtime(engines, units, next(iter(engines.values())).playbook.model.rollout,
-                            units_behind(loaded.routers, loaded.units), build.runs_dir)
+                            units_behind(loaded.routers, every_unit(loaded.units, loaded.hosts)), build.runs_dir)
     for_units(engines, units)
     show_plans(build, engines, as_json, down)
 
@@ -152,7 +153,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
     from deployer.config import targets
     build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
     loaded, hosts = select_hosts(host_name, limit, inventory)
-    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+    units = targets.run_units(loaded, hosts)  # a host behind a router among them, as a unit of one
     if not dry_run:
         notice_unended(build.runs_dir, hosts)
     engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts}, allow_dirty=allow_dirty)
@@ -161,7 +162,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         if dry_run:
             show_plan(engine.plan(), as_json, timings_of(build, engine))
         else:
-            apply_one(build, engine, as_json)
+            apply_one(build, engine, as_json, units, loaded)
         return
     from deployer.fleet.apply import for_units
     from deployer.fleet.runner import FleetCancel
@@ -175,12 +176,24 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
     run_fleet(hosts, fleet.cancel, as_json, fleet.listeners, fleet.run)
 
 
-def apply_one(build: Build, engine: Engine, as_json: bool) -> None:
-    """A single-host apply whose connection opens while the rest of the run sets up (checked config first)."""
+def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit] | None = None,
+              inventory: Inventory | None = None) -> None:
+    """A single-host apply whose connection opens while the rest of the run sets up (checked config first); a host
+    behind a router (units: its unit of one, or its one-host unit) runs as its unit, out of the router around its
+    restart."""
+    run = engine.apply
+    behind = {name: unit for name, unit in (units or {}).items() if unit.router is not None}
+    if behind and inventory is not None:
+        from deployer.fleet.apply import for_units
+        from deployer.fleet.unit import alone
+
+        for_units({engine.host_name: engine}, behind)
+        ((name, unit),) = behind.items()
+        run = partial(alone, name, unit, engine, build.routers(inventory))
     engine.check_host()  # a config problem stops the run before anything connects
     opening = build.opening(engine)
     try:
-        run_with_view(engine, as_json, engine.apply)
+        run_with_view(engine, as_json, run)
     finally:
         opening.discard()
 
@@ -224,8 +237,11 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 
     loaded, hosts = select_hosts(host_name, None, inventory)
     steps = load_playbook(Path(playbook)) if playbook else None
+    build = builder(inventory, None, accept_new_host_key)
+    for step in steps[1] if steps else []:  # a canary `via:` names a router of this inventory
+        step.reach_routers(lambda: build.routers(loaded))
     group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps,
-                        connect=builder(inventory, None, accept_new_host_key).connector,
+                        connect=build.connector,
                         units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
                         listeners=[pin_notice], parallel=parallel, runs_dir=runlog.runs_dir_from(runs_dir))
     if len(hosts) == 1:  # one host: its own report, as before groups existed
@@ -256,6 +272,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     from deployer import runlog
     from deployer.config import targets
     from deployer.config.models import find_inventory, load_inventory
+    from deployer.config.units import every_unit
     from deployer.errors import ConfigError
     from deployer.fleet.followup import rollback_fleet
     from deployer.fleet.record import FleetRecord, is_fleet
@@ -280,7 +297,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         listeners: list[Listener] = [pin_notice]
         run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
             root, fleet_id, build.sub_run, hosts=chosen, force=force, parallel=parallel, listeners=listeners,
-            cancel=cancel, units=dict(loaded.units), routers=build.routers(loaded)))
+            cancel=cancel, units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded)))
         return
     run = runlog.read_run(root, run_id)
     engine = build.for_run(run, host_name)

@@ -41,6 +41,8 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
     3 when the lock is held, 5 when a service does not come back (the services still down are named, with the
     command that tries again)."""
     from deployer.cli.deploy import select_hosts
+    from deployer.config.units import every_unit
+    from deployer.fleet.unit import alone
     from deployer.run.restart import restart as run_restart
 
     build = builder(inventory, runs_dir, accept_new_host_key)
@@ -50,6 +52,13 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
         unit = loaded.units[host_name]
         members = build.restart_unit(host_name, unit, list(services), checks)
         restart_unit(members, host_name, unit, as_json, build.routers(loaded).for_unit(host_name, unit, members))
+        return
+    if host_name in loaded.hosts and (alone_unit := every_unit(loaded.units, loaded.hosts).get(host_name)) is not None:
+        # A plain host behind a router: restarted as its unit of one, out of the router around the restart.
+        engine = build.restart_unit(host_name, alone_unit, list(services), checks)[host_name]
+        engine.check_host()
+        run_with_view(engine, as_json, partial(alone, host_name, alone_unit, engine, build.routers(loaded),
+                                               restart=True))
         return
     engines = [build.restart(host, list(services), checks) for host in sorted(hosts)]
     for engine in engines:

@@ -26,9 +26,9 @@ from pydantic import (
 from deployer.config import yamlsrc
 from deployer.config.container import Container
 from deployer.config.persist import Persist
-from deployer.config.routers import Router
+from deployer.config.routers import BehindRouter, Router
 from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
-from deployer.config.units import check_unit_router
+from deployer.config.units import check_routers
 from deployer.config.validation import UNKNOWN_KIND, validate
 from deployer.errors import ConfigError
 
@@ -184,8 +184,9 @@ class Service(Strict):
         return self
 
 
-class Host(Strict):
-    """What every host has, whatever reaches it; each transport kind's model adds its own fields."""
+class Host(BehindRouter, Strict):
+    """What every host has, whatever reaches it (a plain host may name its router: BehindRouter); each transport
+    kind's model adds its own fields."""
 
     transport: str  # each kind's model narrows it to its own name (the union's tag)
     repo: TargetPath
@@ -415,8 +416,7 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
         if unit.metrics is not None and unit.metrics not in unit.hosts():
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
-        check_unit_router(name, unit, inventory.routers, {h: {s: v.health for s, v in host.services.items()}
-                                                          for h, host in inventory.hosts.items()}, refuse)
+    check_routers(inventory.units, inventory.hosts, inventory.routers, refuse)  # each unit's and plain host's
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
 

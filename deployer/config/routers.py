@@ -4,11 +4,15 @@ entries of a unit's `workers:` (which of its services the router knows, as what)
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from string import Formatter
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+if TYPE_CHECKING:
+    from deployer.transport.base import Transport
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -54,19 +58,58 @@ def placeholders(template: str) -> list[str]:
         raise ValueError(f"{template!r}: {exc} (write {{{{ and }}}} for a literal brace)") from None
 
 
+def _check_template(template: str, allowed: tuple[str, ...]) -> str:
+    unknown = [name or "{}" for name in placeholders(template) if name not in allowed]
+    if unknown:
+        known = f"known: {', '.join('{' + a + '}' for a in allowed)}" if allowed else \
+            "a list call takes none: it lists every worker"
+        raise ValueError(f"{template!r}: unknown placeholder {{{unknown[0]}}} ({known})")
+    return template
+
+
 def _template(allowed: tuple[str, ...]) -> AfterValidator:
-    def check(template: str) -> str:
-        unknown = [name or "{}" for name in placeholders(template) if name not in allowed]
-        if unknown:
-            known = f"known: {', '.join('{' + a + '}' for a in allowed)}" if allowed else \
-                "a list call takes none: it lists every worker"
-            raise ValueError(f"{template!r}: unknown placeholder {{{unknown[0]}}} ({known})")
-        return template
-    return AfterValidator(check)
+    return AfterValidator(lambda template: _check_template(template, allowed))
 
 
 WorkerTemplate = Annotated[str, _template(WORKER_FIELDS)]
 ListTemplate = Annotated[str, _template(())]
+
+
+def _json_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A body of any JSON values (YAML's dates and the like are refused), placeholders checked in its strings."""
+    def walk(value: Any, at: str) -> None:
+        if isinstance(value, str):
+            try:
+                _check_template(value, WORKER_FIELDS)
+            except ValueError as exc:
+                raise ValueError(f"{at}: {exc}") from None
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{at}[{index}]")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"{at}: key {key!r} is not a string (JSON keys are)")
+                walk(item, f"{at}.{key}")
+        elif value is not None and not isinstance(value, (bool, int, float)):
+            raise ValueError(f"{at}: {value!r} is not a JSON value (a string, number, boolean, null, list or object)")
+    walk(body, "body")
+    return body
+
+
+# A JSON object sent as the request's body: its values any JSON, placeholders templated inside its strings only.
+JsonBody = Annotated[dict[str, Any], AfterValidator(_json_body)]
+
+
+def template_strings(value: Any, fill: Callable[[str], str]) -> Any:
+    """A body with fill(string) applied to every string value in it, however deep; the rest as is."""
+    if isinstance(value, str):
+        return fill(value)
+    if isinstance(value, list):
+        return [template_strings(item, fill) for item in value]
+    if isinstance(value, dict):
+        return {key: template_strings(item, fill) for key, item in value.items()}
+    return value
 
 
 def _urls_path(path: str) -> str:
@@ -82,7 +125,7 @@ class HttpChange(BaseModel):
 
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     path: WorkerTemplate  # {worker} and the others URL-quoted here (e.g. /remove_worker?url={worker})
-    body: dict[str, WorkerTemplate] | None = None  # a JSON object of strings, sent as is once filled in
+    body: JsonBody | None = None  # a JSON object, its strings filled in raw (JSON quotes them)
 
 
 class HttpList(BaseModel):
@@ -146,16 +189,35 @@ class Router(BaseModel):
         return self
 
 
+class RouterReach(Protocol):
+    """The inventory's routers and a connection to a router's host (fleet.router.Routers): what a step that
+    sends through a router (the canary's `via:`) is given, typed here so that steps need not import the fleet."""
+
+    @property
+    def specs(self) -> dict[str, Router]: ...
+
+    @property
+    def connect(self) -> Callable[[str], Transport] | None: ...
+
+
 class RouterWorker(BaseModel):
     """One of a unit's services as its router knows it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
-    service: str  # "host:service" of the unit
+    service: str  # "host:service" of the unit (of the host itself, for a plain host behind a router)
     worker_type: Literal["prefill", "decode", "regular"]
     # As the router reaches it; by default the origin of the service's health URL (router and worker on one node).
     url: Annotated[str, AfterValidator(http_origin)] | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)  # a prefill's, sent when it is added back
+
+
+class BehindRouter(BaseModel):
+    """`router:` and `workers:` of a unit or of a plain inventory host (config.units.Unit and config.models.Host take
+    these): the inventory's router that sends it traffic, and its services as that router knows them."""
+
+    router: str | None = None  # a name in the inventory's routers:
+    workers: list[RouterWorker] = Field(default_factory=list)  # each "host:service" of it, as the router knows it
 
 
 def metrics_origin(health: str | None) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 
-from deployer.config.models import Inventory
+from deployer.config.models import Inventory, Unit
+from deployer.config.units import every_unit
 from deployer.errors import ConfigError
 
 GLOB_CHARS = "*?["
@@ -66,3 +67,11 @@ def whole_units(inventory: Inventory, hosts: list[str]) -> dict[str, list[str]]:
             raise ConfigError(f"the selection takes part of unit {name!r} ({', '.join(members)}) but not "
                               f"{', '.join(missing)}: a unit is deployed and restarted whole; select {name!r}")
     return units
+
+
+def run_units(inventory: Inventory, hosts: list[str]) -> dict[str, Unit]:
+    """The units a run over hosts works on as units: each unit of them whole (whole_units), and each plain host of
+    them behind a router as a unit of one (config.units.unit_of_one), so that it leaves its router around its
+    restart as a unit does."""
+    every = every_unit(inventory.units, inventory.hosts)
+    return {name: every[name] for name in [*whole_units(inventory, hosts), *(h for h in hosts if h in every)]}

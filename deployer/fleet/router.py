@@ -17,7 +17,16 @@ from urllib.parse import quote
 
 from deployer.agent.protocol import ExecResult, Http, HttpResult
 from deployer.command import quote as shell_quote
-from deployer.config.routers import URLS_PATH, HttpChange, HttpList, Router, RouterWorker, http_origin, metrics_origin
+from deployer.config.routers import (
+    URLS_PATH,
+    HttpChange,
+    HttpList,
+    Router,
+    RouterWorker,
+    http_origin,
+    metrics_origin,
+    template_strings,
+)
 from deployer.errors import ConfigError, DeployerError
 from deployer.steps.context import Context
 from deployer.steps.metrics import MetricParams, parse
@@ -121,7 +130,7 @@ class RouterClient:
             if not done.ok:
                 raise self._refused_by(what, done)
             return
-        body = None if call.body is None else {k: fill(v, worker) for k, v in call.body.items()}
+        body = None if call.body is None else template_strings(call.body, lambda value: fill(value, worker))
         answer = self._call(call.method, fill(call.path, worker, lambda v: quote(v, safe="")), body)
         if not answer.ok:
             raise self._refused(what, answer)

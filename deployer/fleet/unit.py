@@ -24,7 +24,7 @@ from typing import Any
 
 from deployer.config.models import Unit
 from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
-from deployer.fleet.router import UnitRouting
+from deployer.fleet.router import Routers, UnitRouting
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import head
 from deployer.run.restart import left_down
@@ -55,6 +55,16 @@ def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]
         elif step.scope == Scope.each_host or host == (unit.metrics or unit.hosts()[0]):
             kept.append(step)
     return kept
+
+
+def alone(name: str, unit: Unit, engine: Engine, routers: Routers, *, restart: bool = False) -> RunResult:
+    """One host behind a router (a plain host's unit of one, or a unit on one host) run as its unit, so that it
+    leaves the router and comes back as a unit does, its failures handled the same way: its apply (restart: its
+    `deployer restart`), and that host's result."""
+    engines = {engine.host_name: engine}
+    run = UnitRun(name, unit, engines, "restore" if restart else engine.playbook.model.on_failure,
+                  routing=routers.for_unit(name, unit, engines))
+    return (run.restart_only() if restart else run.run())[engine.host_name]
 
 
 @dataclass

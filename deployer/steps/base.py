@@ -15,6 +15,7 @@ from deployer.steps.context import Context, Submitted
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
+    from deployer.config.routers import RouterReach
 
 __all__ = ["Action", "Effect", "LiveCheck", "NoParams", "Scope", "Step"]
 
@@ -99,6 +100,10 @@ class Step(ABC):
     def check_host(self, host_name: str, host: Host) -> str | None:
         """What this step needs from the inventory host and does not get (checked before connecting)."""
         return None
+
+    def reach_routers(self, routers: Callable[[], RouterReach]) -> None:
+        """The inventory's routers (read when called), for a step that sends through one: the canary's `via:`."""
+        return
 
     def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
         """What would fail this step, judged from the shipped bytes and the target's HEAD alone (`projected()`

@@ -15,16 +15,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from deployer.agent.protocol import HttpResult
 from deployer.command import Masker
-from deployer.config.models import Host, LoopbackUrl, Playbook, Strict
+from deployer.config.models import Host, LoopbackUrl, Playbook, Strict, check_loopback_url
 from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
@@ -32,13 +33,23 @@ from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlayboo
 from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
+if TYPE_CHECKING:
+    from deployer.config.routers import Router, RouterReach
+
 GOLDEN_FORMAT = 1
+
+
+def _via(value: str) -> str:
+    """A URL (checked as one), or else the name of a router of the inventory (checked against it by check_host)."""
+    return check_loopback_url(value) if "://" in value else value
 
 
 class CanaryParams(Strict):
     url: LoopbackUrl | None = None  # default: the service's health URL, path /generate
     service: str | None = None  # whose health URL gives the default (default: the host's first with one)
-    via: LoopbackUrl | None = None  # also through this URL (the router's /generate)
+    # also through the router: its /generate URL, or a router of the inventory's `routers:` by name (asked on
+    # that router's host, at its url + /generate)
+    via: Annotated[str, AfterValidator(_via)] | None = None
     text: str = Field(default="The capital of France is", min_length=1)
     max_new_tokens: int = Field(default=8, ge=1, le=4096)
     latency_s: float = Field(default=30.0, gt=0)  # each answer within this
@@ -117,11 +128,11 @@ def request_action(url: str, params: CanaryParams, through: str) -> Action:
                        body=params.body())
 
 
-def ask(ctx: Context, action: Action, params: CanaryParams) -> Answer:
+def ask(ctx: Context, action: Action, params: CanaryParams, **tags: str) -> Answer:
     began = time.monotonic()
     result = ctx.act(action, timeout=params.timeout_s)
     answer = judge(result, time.monotonic() - began, params)
-    ctx.emit("canary", **answer.event())
+    ctx.emit("canary", **answer.event(), **tags)
     return answer
 
 
@@ -148,20 +159,49 @@ class Canary(Step):
     Params = CanaryParams
     params: CanaryParams
 
+    routers: Callable[[], RouterReach] | None = None  # the inventory's, when the command has one (reach_routers)
+
+    def reach_routers(self, routers: Callable[[], RouterReach]) -> None:
+        self.routers = cache(routers)  # read once, and only when `via:` names a router
+
+    def unknown_router(self) -> str | None:
+        """What is wrong with the router `via:` names (None: none named, a URL, or one of the inventory's)."""
+        name = self.params.via
+        if name is None or "://" in name or self.routers is None:  # no inventory (canary --record): never asked
+            return None
+        specs = self.routers().specs
+        return None if name in specs else \
+            f"via: {name!r} is not a router of the inventory (routers: {', '.join(specs) or 'none'})"
+
+    def router(self) -> tuple[str, Router] | None:
+        """The router `via:` names (None: no via, or a URL)."""
+        name = self.params.via
+        if name is None or "://" in name:
+            return None
+        if self.routers is None:
+            raise ConfigError(f"{self.where}: {self.name}: via: {name!r} names a router: no inventory read here")
+        if problem := self.unknown_router():
+            raise ConfigError(f"{self.where}: {self.name}: {problem}")
+        return name, self.routers().specs[name]
+
     def check_host(self, host_name: str, host: Host) -> str | None:
         if self.params.service is not None and self.params.service not in host.services:
             return f"host {host_name} has no service {self.params.service}"
         if self.params.url is None and default_url(host_name, host, self.params.service) is None:
             return f"no canary URL: give a service a `health` URL on host {host_name}, or `url` on the step"
-        return None
+        return self.unknown_router()
 
     def requests(self, ctx: Context) -> list[Action]:
         url = self.params.url or default_url(ctx.host_name, ctx.host, self.params.service)
         if url is None:
             raise StepFailed(self.name, self.check_host(ctx.host_name, ctx.host) or "no canary URL")
         direct = [request_action(url, self.params, "to the new server")]
-        return direct + ([] if self.params.via is None else [request_action(self.params.via, self.params,
-                                                                            "through the router")])
+        if self.params.via is None:
+            return direct
+        router = self.router()
+        through = self.params.via if router is None else router[1].url + "/generate"
+        return [*direct, request_action(through, self.params, "through the router" if router is None else
+                                        f"through router {router[0]} (on {router[1].host})")]
 
     def golden(self, ctx: Context) -> Path | None:
         return None if self.params.golden is None else ctx.playbook.path.parent / self.params.golden
@@ -175,9 +215,10 @@ class Canary(Step):
         path = self.golden(ctx)
         expected = None if path is None else golden_file(path)["text"]
         said = []
-        for action in self.requests(ctx):
-            answer = ask(ctx, action, self.params)
-            where = f"{action.method} {answer.url}"
+        for action, router in zip(self.requests(ctx), [None, self.router()], strict=False):
+            answer = self.ask_router(ctx, action, router) if router is not None else ask(ctx, action, self.params)
+            where = f"{action.method} {answer.url}" + ("" if router is None else
+                                                       f" through router {router[0]} (on {router[1].host})")
             if answer.problem is not None:
                 raise StepFailed(self.name, f"canary {where}: {answer.problem}")
             assert answer.text is not None
@@ -187,6 +228,19 @@ class Canary(Step):
             said.append(f"{answer.url}: {answer.status} in {answer.seconds:.2f}s, {shown(answer.text)}"
                         + (" = golden" if expected is not None else ""))
         return "; ".join(said)
+
+    def ask_router(self, ctx: Context, action: Action, router: tuple[str, Router]) -> Answer:
+        """The request sent by the agent on the router's host (the step's own connection when it is this host),
+        recorded in this run's log."""
+        name, spec = router
+        if spec.host == ctx.host_name:
+            return ask(ctx, action, self.params, router=name)
+        assert self.routers is not None  # router() found it there
+        connect = self.routers().connect
+        if connect is None:
+            raise StepFailed(self.name, f"canary: no connection to router {name}'s host {spec.host}")
+        with connect(spec.host) as transport:
+            return ask(replace(ctx, transport=transport), action, self.params, router=name)
 
 
 def record(host_name: str, host: Host, connect: Callable[[EventBus], Transport],

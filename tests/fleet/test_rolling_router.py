@@ -9,6 +9,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,21 @@ def pd_fleet(tmp_path: Path, request: pytest.FixtureRequest, transport: str) -> 
     """The four hosts' stacks started (prefill, decode, then the router over both units); every process of them
     stopped at the end, those the restarts made too."""
     sshd = request.getfixturevalue("sshd") if transport == "ssh" else None
-    fleet = make_fleet(tmp_path, tuple(getattr(request, "param", ())), sshd)
+    with running(make_fleet(tmp_path, tuple(getattr(request, "param", ())), sshd)) as fleet:
+        yield fleet
+
+
+@contextmanager
+def load_through(fleet: PdFleet, what: str) -> Iterator[Load]:
+    """A steady client load through the router, served already before `what` starts."""
+    with Load(f"http://127.0.0.1:{fleet.router_port}/generate", timeout_s=30) as load:
+        wait_for(lambda: load.ok >= 5, f"the load through the router is served before {what}", 30)
+        yield load
+
+
+@contextmanager
+def running(fleet: PdFleet) -> Iterator[PdFleet]:
+    """The fleet's stacks started; every process of them stopped at the end, those the restarts made too."""
     try:
         start_stacks(list(fleet.stacks.values()), CancelToken())
         yield fleet
@@ -151,8 +166,7 @@ def every_worker(fleet: PdFleet) -> set[str]:
 @pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
 def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_request_fails(pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
-    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load:
-        wait_for(lambda: load.ok >= 5, "the load through the router is served before the apply", 30)
+    with load_through(pd_fleet, "the apply") as load:
         code, report, output = pd_fleet.apply("pd-1,pd-2")
         served_during = load.ok
     assert code == 0, output
@@ -244,13 +258,20 @@ def test_a_unit_naming_an_unknown_router_or_a_worker_outside_it_is_refused_with_
     fleet = make_fleet(tmp_path)  # nothing started: the inventory is refused before any host connects
     fleet.inventory["units"]["pd-1"]["router"] = "nope"
     fleet.inventory["units"]["pd-2"]["workers"][1]["service"] = "gpu-a:decode"
+    refused_at_load(fleet, "pd-1,pd-2",
+                    r"hosts\.yaml:\d+:13: units\.pd-1\.router: 'nope' is not in routers: \(pd-router\)",
+                    r"hosts\.yaml:\d+:\d+: units\.pd-2\.workers\.1\.service: 'gpu-a:decode' is not a service of "
+                    r"unit 'pd-2' \(gpu-c:prefill, gpu-d:decode\)")
+
+
+def refused_at_load(fleet: PdFleet, selection: str, *problems: str) -> None:
+    """The inventory as written now is refused by `plan` over the selection (exit 2), naming each problem (a regex
+    over its file:line:column line)."""
     fleet.write()
-    result = deployer("plan", "note.yaml", "--host", "pd-1,pd-2", cwd=tmp_path)
+    result = deployer("plan", "note.yaml", "--host", selection, cwd=fleet.root)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert re.search(r"hosts\.yaml:\d+:13: units\.pd-1\.router: 'nope' is not in routers: \(pd-router\)",
-                     result.stderr), result.stderr
-    assert re.search(r"hosts\.yaml:\d+:\d+: units\.pd-2\.workers\.1\.service: 'gpu-a:decode' is not a service of "
-                     r"unit 'pd-2' \(gpu-c:prefill, gpu-d:decode\)", result.stderr), result.stderr
+    for problem in problems:
+        assert re.search(problem, result.stderr), result.stderr
 
 
 def test_the_older_sglang_router_calls_take_a_unit_out_and_put_it_back_too(pd_fleet: PdFleet) -> None:
@@ -288,8 +309,7 @@ def drained_around_restart(kinds: list[str]) -> bool:
 def test_restart_of_a_unit_behind_its_router_takes_it_out_around_the_restart_and_no_request_fails(
         pd_fleet: PdFleet) -> None:
     before = pd_fleet.pids()
-    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load:
-        wait_for(lambda: load.ok >= 5, "the load through the router is served before the restart", 30)
+    with load_through(pd_fleet, "the restart") as load:
         result = deployer("restart", "--host", "pd-1", "--json", cwd=pd_fleet.root)
     assert result.returncode == 0, result.stdout + result.stderr
     assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
@@ -304,8 +324,7 @@ def test_a_fleet_rollback_takes_a_unit_out_of_its_router_around_its_restart_and_
         pd_fleet: PdFleet) -> None:
     code, report, output = pd_fleet.apply("pd-1,pd-2")
     assert code == 0, output
-    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load:
-        wait_for(lambda: load.ok >= 5, "the load through the router is served before the rollback", 30)
+    with load_through(pd_fleet, "the rollback") as load:
         # pd-1 only: a fleet rollback restarts its units together, so both at once would leave none serving.
         result = deployer("rollback", report["fleet_id"], "--host", "pd-1", "--json", cwd=pd_fleet.root)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -10,8 +10,13 @@ import json
 import re
 import shlex
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from fixtures_repo import deployer
@@ -130,7 +135,8 @@ def test_a_router_call_naming_an_unknown_placeholder_is_refused_at_load_with_fil
         tmp_path: Path) -> None:
     fleet = make_fleet(tmp_path)  # nothing started: the inventory is refused before any host connects
     fleet.inventory["routers"]["pd-router"].update(
-        api="http", remove={"path": "/remove_worker?url={url}"}, add={"path": "/add_worker?url={worker}"},
+        api="http", remove={"path": "/remove_worker?url={url}"},
+        add={"path": "/add_worker", "body": {"url": "{worker}", "labels": [1, {"role": "{role}"}]}},
         list={"path": "/list_workers?for={worker}"})
     fleet.write()
     result = deployer("plan", "note.yaml", "--host", "pd-1", cwd=tmp_path)
@@ -138,5 +144,95 @@ def test_a_router_call_naming_an_unknown_placeholder_is_refused_at_load_with_fil
     assert re.search(r"hosts\.yaml:\d+:\d+: routers\.pd-router\.remove\.path: '/remove_worker\?url=\{url\}': "
                      r"unknown placeholder \{url\} \(known: \{worker\}, \{worker_type\}, \{bootstrap_port\}\)",
                      result.stderr), result.stderr
+    # in a body, only its strings are templates: the one at fault is named by its place in the body
+    assert re.search(r"hosts\.yaml:\d+:\d+: routers\.pd-router\.add\.body: body\.labels\[1\]\.role: '\{role\}': "
+                     r"unknown placeholder \{role\}", result.stderr), result.stderr
     assert re.search(r"hosts\.yaml:\d+:\d+: routers\.pd-router\.list\.path: .*unknown placeholder \{worker\} "
                      r"\(a list call takes none", result.stderr), result.stderr
+
+
+class Pool(BaseHTTPRequestHandler):
+    """A router whose worker API is neither SGLang's: `GET /pool` lists `{"pool": [{"url"}]}`, `DELETE
+    /pool/URL` (the URL one percent-encoded path segment) takes a worker out, `PUT /pool` (the URL in its JSON
+    body) puts it back. Every request line and body is recorded as it came off the wire."""
+
+    server: PoolServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.seen.append((self.requestline, raw.decode()))
+        return json.loads(raw) if raw else None
+
+    def do_GET(self) -> None:
+        self._body()
+        self._answer(200, {"pool": [{"url": url} for url in sorted(self.server.workers)]})
+
+    def do_DELETE(self) -> None:
+        self._body()
+        segment = urlsplit(self.path).path.removeprefix("/pool/")
+        if "/" in segment:  # an unquoted URL would be several segments: no such route
+            return self._answer(404, {"error": f"no route {self.path}"})
+        self.server.workers.discard(unquote(segment))
+        self._answer(200, {})
+
+    def do_PUT(self) -> None:
+        body = self._body()
+        self.server.workers.add(body["url"])
+        self._answer(200, {})
+
+
+class PoolServer(ThreadingHTTPServer):
+    def __init__(self, workers: set[str]) -> None:
+        super().__init__(("127.0.0.1", 0), Pool)
+        self.workers, self.seen = workers, list[tuple[str, str]]()
+
+
+@contextmanager
+def pool_router(fleet: PdFleet) -> Iterator[PoolServer]:
+    """The Pool router on gpu-a's loopback listing every worker, as the fleet's router (its traffic still goes
+    through the demo router: only the calls are tested)."""
+    server = PoolServer(every_worker(fleet))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+TYPED_BODY = {"url": "{worker}", "labels": {"role": "{worker_type}", "zone": "a"}, "weight": 2, "enabled": True,
+              "drain": None, "also": ["{worker}", 1.5, False]}
+
+
+def test_an_http_router_gets_the_worker_url_quoted_in_its_path_and_query_and_raw_in_a_typed_json_body(
+        pd_fleet: PdFleet) -> None:
+    with pool_router(pd_fleet) as pool:
+        pd_fleet.inventory["routers"]["pd-router"].update(
+            url=f"http://127.0.0.1:{pool.server_address[1]}", api="http",
+            remove={"method": "DELETE", "path": "/pool/{worker}?type={worker_type}"},
+            add={"method": "PUT", "path": "/pool?for={worker}", "body": TYPED_BODY},
+            list={"path": "/pool", "urls": "$.pool[*].url"})
+        pd_fleet.write()
+        assert drained_around_restart(restart_pd1(pd_fleet))
+        assert pool.workers == every_worker(pd_fleet)
+    prefill = pd_fleet.worker_url("gpu-a", "prefill")
+    quoted = prefill.replace(":", "%3A").replace("/", "%2F")  # http%3A%2F%2F127.0.0.1%3APORT
+    changes = [seen for seen in pool.seen if not seen[0].startswith("GET ")]
+    assert changes[0] == (f"DELETE /pool/{quoted}?type=prefill HTTP/1.1", ""), changes
+    line, body = changes[2]
+    assert line == f"PUT /pool?for={quoted} HTTP/1.1", changes
+    assert json.loads(body) == {"url": prefill, "labels": {"role": "prefill", "zone": "a"}, "weight": 2,
+                                "enabled": True, "drain": None, "also": [prefill, 1.5, False]}, body

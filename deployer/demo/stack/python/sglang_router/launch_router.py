@@ -3,7 +3,8 @@
 For each ``/generate`` it picks a prefill and a decode worker, adds ``bootstrap_host``,
 ``bootstrap_port`` and a random ``bootstrap_room`` (and a ``rid`` if missing, so that
 ``/abort_request {"rid"}`` reaches both sides), sends the request to both, and streams the
-decode response back. When the client goes away it closes both upstream connections, which is
+decode response back (asked with ``"stream": true``; otherwise it answers one JSON object, the stream's
+last chunk, as SGLang does). When the client goes away it closes both upstream connections, which is
 how the servers learn of the abort, as with the real router.
 
 Endpoints: ``GET /health`` (503 until every worker answers its own /health), ``/metrics``
@@ -452,14 +453,17 @@ class RouterHandler(JSONHandler):
                     if resp.status != 200:
                         self.send_bytes(resp.status, resp.read(), resp.getheader("Content-Type") or "application/json")
                         return
-                    self.start_stream(200, resp.getheader("Content-Type") or "text/event-stream")
-                    streamed = True
-                    while True:
-                        data = resp.read1(65536)
-                        if not data:
-                            break
-                        self.write_chunk(data)
-                    self.end_stream()
+                    if body.get("stream"):
+                        self.start_stream(200, resp.getheader("Content-Type") or "text/event-stream")
+                        streamed = True
+                        while True:
+                            data = resp.read1(65536)
+                            if not data:
+                                break
+                            self.write_chunk(data)
+                        self.end_stream()
+                    else:  # not asked to stream: one JSON answer, the generation's last chunk, as SGLang gives
+                        self.send_json(200, _last_chunk(resp.read()))
                     finished.set()
                 except (OSError, http.client.HTTPException, ValueError) as exc:
                     if watch.gone.is_set() or (isinstance(exc, (BrokenPipeError, ConnectionResetError)) and streamed):
@@ -486,6 +490,15 @@ class RouterHandler(JSONHandler):
                 close_upstreams()
             pconn.close()
             dconn.close()
+
+
+def _last_chunk(stream: bytes) -> Any:
+    """The last JSON chunk of a decode worker's event stream (each one holds the whole text so far)."""
+    chunks = [line[len("data: "):] for line in stream.decode("utf-8", "replace").splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    if not chunks:
+        raise ValueError("the decode worker streamed no chunk")
+    return json.loads(chunks[-1])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,0 +1,94 @@
+"""Plain hosts behind a router: the demo stack's four hosts (two prefills, two decodes) in no unit, each naming the
+demo router and its one worker. Restarting or applying to one of them takes it out of the router and puts it back as
+a unit's restart does, while the other prefill or decode serves: a steady load through the router sees no failure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_repo import deployer
+from polling import wait_for
+from test_rolling_router import (
+    PdFleet,
+    every_worker,
+    listed_healthy,
+    load_through,
+    make_fleet,
+    refused_at_load,
+    router_steps,
+    running,
+)
+
+
+def behind_router_alone(fleet: PdFleet) -> None:
+    """No units: each host names the router itself, with its worker as the unit named it (same shape)."""
+    for unit in fleet.inventory.pop("units").values():
+        for worker in unit["workers"]:
+            fleet.inventory["hosts"][worker["service"].partition(":")[0]].update(router="pd-router", workers=[worker])
+    fleet.write()
+
+
+@pytest.fixture
+def hosts_fleet(tmp_path: Path) -> Iterator[PdFleet]:
+    fleet = make_fleet(tmp_path)
+    behind_router_alone(fleet)
+    with running(fleet):
+        yield fleet
+
+
+def left_and_came_back(fleet: PdFleet, run_id: str, worker: str) -> None:
+    """The run log: the worker removed, the router seen listing without it, drained, added, seen listed again."""
+    kinds = router_steps(fleet, run_id)
+    assert kinds[:2] == ["router_remove", "router_listed"] and "worker_inflight" in kinds, kinds
+    assert kinds[-2:] == ["router_add", "router_listed"], kinds
+    events = [json.loads(line) for line in (fleet.root / ".deployer" / "runs" / run_id / "events.jsonl").read_text()
+              .splitlines()]
+    removed = next(e for e in events if e["type"] == "router_remove")
+    seen_without = next(e for e in events if e["type"] == "router_listed")
+    assert removed["worker"] == worker and worker not in seen_without["workers"], (removed, seen_without)
+
+
+def test_a_plain_host_behind_the_router_leaves_it_around_its_restart_and_its_apply_and_no_request_fails(
+        hosts_fleet: PdFleet) -> None:
+    before = hosts_fleet.pids()
+    with load_through(hosts_fleet, "the restart") as load:
+        restarted = deployer("restart", "--host", "gpu-b", "--json", cwd=hosts_fleet.root)
+        applied = deployer("apply", "note.yaml", "--host", "gpu-d", "--json", cwd=hosts_fleet.root)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    after = hosts_fleet.pids()
+    assert after["gpu-b"]["decode"] != before["gpu-b"]["decode"] and after["gpu-d"]["decode"] != before["gpu-d"][
+        "decode"]
+    for result, host in ((restarted, "gpu-b"), (applied, "gpu-d")):
+        left_and_came_back(hosts_fleet, json.loads(result.stdout)["run_id"], hosts_fleet.worker_url(host, "decode"))
+    assert listed_healthy(hosts_fleet) == every_worker(hosts_fleet)
+
+
+def test_a_rolling_apply_over_plain_hosts_behind_one_router_takes_one_out_at_a_time_and_no_request_fails(
+        hosts_fleet: PdFleet) -> None:
+    with load_through(hosts_fleet, "the apply") as load:
+        code, report, output = hosts_fleet.apply("gpu-b,gpu-d")  # both decodes: one must serve at any time
+    assert code == 0, output
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    assert report["batches"] == [["gpu-b"], ["gpu-d"]]
+    for host in ("gpu-b", "gpu-d"):
+        left_and_came_back(hosts_fleet, report["hosts"][host]["run_id"], hosts_fleet.worker_url(host, "decode"))
+    wait_for(lambda: listed_healthy(hosts_fleet) == every_worker(hosts_fleet), "every worker listed again", 10)
+
+
+def test_a_plain_host_naming_an_unknown_router_or_a_worker_outside_it_is_refused_with_file_line_and_field(
+        tmp_path: Path) -> None:
+    fleet = make_fleet(tmp_path)  # nothing started: the inventory is refused before any host connects
+    behind_router_alone(fleet)
+    hosts: dict[str, Any] = fleet.inventory["hosts"]
+    hosts["gpu-b"]["router"] = "nope"
+    hosts["gpu-d"]["workers"][0]["service"] = "gpu-b:decode"
+    refused_at_load(fleet, "gpu-b,gpu-d",
+                    r"hosts\.yaml:\d+:13: hosts\.gpu-b\.router: 'nope' is not in routers: \(pd-router\)",
+                    r"hosts\.yaml:\d+:\d+: hosts\.gpu-d\.workers\.0\.service: 'gpu-b:decode' is not a service of "
+                    r"host 'gpu-d' \(gpu-d:decode\)")
