@@ -73,6 +73,10 @@ def test_demo_fleet_deploys_two_pd_units_over_four_hosts_drains_each_and_stops_e
         assert host in result.stdout  # the per-host table
     load = re.search(r"load +(\d+) requests through the router during the rollout: (\d+) ok, (\d+) failed", report)
     assert load and int(load[1]) > 0 and int(load[2]) == int(load[1]) and load[3] == "0", report
+    # Every unit back in the router: the playbook's storm through it reached each unit, and each drained.
+    proof = re.search(r"proof +after the rollout, the playbook's storm through the router: 200 sent, .*; in-flight "
+                      r"queue during -> after: pd-1 (\d+) -> 0, pd-2 (\d+) -> 0$", report, re.M)
+    assert proof and int(proof[1]) >= 1 and int(proof[2]) >= 1, report
     assert f"deployer rollback {fleet['fleet_id']}" in report
     assert "every process the demo started has been stopped" in report
     pids = host_pids(workdir)
@@ -93,6 +97,10 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
         load = summary["load"]
         assert load["sent"] > 0 and load["failed"] == 0 and load["ok"] == load["sent"], load
         assert 0 < load["p50_ms"] <= load["p99_ms"], load
+        proof = summary["proof"]
+        assert proof["error"] is None and proof["storm"]["sent"] == 200, proof
+        assert all(u["peak"] >= 1 and u["after"] == 0 for u in proof["units"].values()) and list(proof["units"]) == [
+            "pd-1", "pd-2"], proof
         assert all(alive(pid) for found in pids.values() for pid in found.values())
         stopped = deployer("demo", "--stop", "--workdir", str(workdir), "--json", cwd=tmp_path)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
