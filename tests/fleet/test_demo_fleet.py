@@ -12,8 +12,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
+
+from deployer.demo.proof import prove
+from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
+from deployer.steps.context import CancelToken
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
@@ -111,3 +116,23 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
             for pid in found.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
+
+
+def test_the_proof_through_the_router_fails_naming_the_unit_whose_gauge_stays_up_on_the_buggy_code(
+        tmp_path: Path) -> None:
+    stack = DemoStack(tmp_path / "host")  # the buggy stack: prefill, decode and its router
+    playbook = yaml.safe_load(PLAYBOOK.read_text())
+    for step in playbook["steps"]:
+        if isinstance(step, dict) and "drain" in step:
+            step["drain"]["within_s"] = 1  # a short wait: on the buggy code nothing drains anyway
+    (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(playbook))
+    stack.create()
+    try:
+        start_stacks([stack], CancelToken())
+        proof = prove(stack.url("router", ""), {"pd-1": stack.url("prefill", "/metrics")}, tmp_path / "playbook.yaml",
+                      CancelToken())
+    finally:
+        stack.stop()
+    stuck = proof.units["pd-1"].after
+    assert proof.storm["sent"] == 200 and stuck is not None and stuck >= 1, proof
+    assert proof.error == f"unit pd-1: {GAUGE} {stuck:g} after the storm through the router, not 0 within 1s", proof
