@@ -155,6 +155,7 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
     state = outcome.state
     if as_json:
         emit_json({**state.document(), "gauges": outcome.gauges(), "load": outcome.load.summary(),
+                   "proof": outcome.proof.summary() if outcome.proof is not None else None,
                    "workdir": str(outcome.workdir), "exit_code": outcome.exit_code, "error": outcome.error})
     else:
         show_fleet(console, state)

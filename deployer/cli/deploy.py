@@ -260,12 +260,14 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
                   "back (default: every host that committed).")
 @click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
 @click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
+@click.option("--allow-downtime", is_flag=True, help="For a fleet run: roll back a unit even when no other unit "
+                                                     "serves behind its router meanwhile.")
 @follow_up_options
 @json_option()
 @failures_to_exit_codes
 def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
              inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None,
-             as_json: bool) -> None:
+             as_json: bool, allow_downtime: bool) -> None:
     """Revert RUN_ID's files to before the run by a new commit, restart, verify again.
 
     RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
@@ -297,7 +299,8 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         listeners: list[Listener] = [pin_notice]
         run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
             root, fleet_id, build.sub_run, hosts=chosen, force=force, parallel=parallel, listeners=listeners,
-            cancel=cancel, units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded)))
+            cancel=cancel, units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded),
+            allow_downtime=allow_downtime))
         return
     run = runlog.read_run(root, run_id)
     engine = build.for_run(run, host_name)

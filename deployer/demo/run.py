@@ -32,6 +32,7 @@ from deployer.build import Build
 from deployer.config.models import Inventory, LocalHost, Unit, resolve_env
 from deployer.config.routers import SGLANG_INFLIGHT, Router, RouterWorker
 from deployer.demo.load import Load, LoadReport
+from deployer.demo.proof import RouterProof, prove
 from deployer.errors import ConfigError, DeployerError, VerificationFailed
 from deployer.fleet.record import FleetState
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
@@ -349,6 +350,7 @@ class FleetDemoOutcome:
     state: FleetState
     load: LoadReport  # the clients' requests through the router during the rollout
     kept: bool
+    proof: RouterProof | None = None  # the storm through the router after a rollout that succeeded
 
     @property
     def runs(self) -> Path:
@@ -360,15 +362,20 @@ class FleetDemoOutcome:
 
     @property
     def exit_code(self) -> int:
-        """The fleet run's; a client request that failed fails a demo that promises none does."""
-        return self.state.exit_code or (VerificationFailed.exit_code if self.load.failed else 0)
+        """The fleet run's; a client request that failed, or a gauge the proof through the router saw stay up,
+        fails a demo that promises neither."""
+        failed = self.load.failed or (self.proof is not None and self.proof.error)
+        return self.state.exit_code or (VerificationFailed.exit_code if failed else 0)
 
     @property
     def error(self) -> str | None:
-        if self.state.error or not self.load.failed:
+        if self.state.error:
             return self.state.error
-        return (f"load: {self.load.failed} of {self.load.sent} client requests through router {ROUTER} failed "
-                f"during the rollout (first: {'; '.join(self.load.failures)})")
+        problems = [f"load: {self.load.failed} of {self.load.sent} client requests through router {ROUTER} failed "
+                    f"during the rollout (first: {'; '.join(self.load.failures)})"] if self.load.failed else []
+        if self.proof is not None and self.proof.error:
+            problems.append(f"proof through router {ROUTER}: {self.proof.error}")
+        return "\n".join(problems) or None
 
     def unit_events(self) -> dict[str, list[dict[str, Any]]]:
         """Each unit's run log on its metrics host: where its baseline and drain samples are."""
@@ -399,7 +406,8 @@ def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener
                    cancel: FleetCancel) -> FleetDemoOutcome:
     """The demo playbook as one rolling fleet run: one unit at a time taken out of the router, its hosts shipped,
     committed and restarted as one, drained on its prefill host and put back, while clients send requests
-    through the router the whole time."""
+    through the router the whole time; then, every unit back, the playbook's storm through the router and every
+    unit drained (deployer/demo/proof.py)."""
     def deploy(directory: Path, stacks: dict[str, DemoStack], inventory: Inventory) -> FleetDemoOutcome:
         build = Build(directory / "runs", str(directory / "hosts.yaml"))  # the router's host is connected by name
         engines = build.engines(PLAYBOOK, dict(inventory.hosts))
@@ -410,7 +418,10 @@ def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener
             state = fleet.run()
         finally:
             report = load.stop()
-        return FleetDemoOutcome(directory, stacks, state, report, keep)
+        proof = None if state.status != "successful" else prove(
+            stacks[ROUTER_HOST].url("router", ""), {unit: stacks[prefill].url("prefill", "/metrics")
+                                                    for unit, (prefill, _) in FLEET.items()}, PLAYBOOK, cancel)
+        return FleetDemoOutcome(directory, stacks, state, report, keep, proof)
 
     return serve(workdir, fleet_stacks, fleet_inventory, keep, cancel, deploy)
 

@@ -16,7 +16,7 @@ from deployer.fleet.followup import roll_back_hosts
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state
 from deployer.fleet.router import Routers
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel, FleetRunner, finish, tagged
-from deployer.fleet.strategies import downtime, strategy_for
+from deployer.fleet.strategies import downtime, no_unit_serves, refuse_downtime, strategy_for
 from deployer.fleet.unit import UnitRun, steps_for
 from deployer.run.engine import Engine, RunResult
 from deployer.steps.base import Effect
@@ -54,9 +54,7 @@ class FleetApply:
         first = next(iter(self.engines.values()))
         strategy = strategy_for(self.rollout)
         batches = strategy.batches(hosts, members)
-        if not self.allow_downtime and (down := downtime(batches, members, self.behind)):
-            raise ConfigError("; ".join(Downtime(router, names, None).what for router, names in down.items())
-                              + ": that is downtime; pass --allow-downtime to accept it")
+        refuse_downtime(batches, members, self.behind, self.allow_downtime)
         state = new_state("apply", first.playbook.model.name, first.operator, hosts, batches, self.parallel,
                           units=members)
         record = FleetRecord.create(self.runs_dir, state)
@@ -88,8 +86,7 @@ class Downtime:
 
     @property
     def what(self) -> str:
-        return (f"router {self.router}: no other unit serves behind it while {' and '.join(self.units)} restart"
-                f"{'s' if len(self.units) == 1 else ''}")
+        return no_unit_serves(self.router, self.units)
 
     def describe(self) -> str:
         how_long = f"about {self.expected_s:g}s" if self.expected_s is not None else "for an unknown time"

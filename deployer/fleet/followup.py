@@ -11,11 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deployer.config.models import Unit
+from deployer.config.units import units_behind
 from deployer.errors import ConfigError, ConnectError, DeployerError
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state, sub_runs
 from deployer.fleet.router import Routers
 from deployer.fleet.runner import FleetCancel, FleetRunner, HostTask, UnitTask, finish, tagged
-from deployer.fleet.strategies import Together
+from deployer.fleet.strategies import Strategy, TakingTurns, Together, refuse_downtime
 from deployer.fleet.unit import UnitRun
 from deployer.run import recover as recovery
 from deployer.run import rollback as rollbacks
@@ -30,7 +31,8 @@ from deployer.steps.context import CancelToken, Listener
 def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine],
                     units: dict[str, Unit], *, force: bool, routers: Routers | None = None) -> None:
     """Every host of the fleet run that holds its run's commit: a revert commit, restart, checks again;
-    the hosts of a unit reverted together and the unit restarted as one (out of its router meanwhile)."""
+    the hosts of a unit reverted together and the unit restarted as one (out of its router meanwhile, the units
+    behind one router one after the other)."""
     routers = routers or Routers()
     committed = {run.host: run for run in record.state.hosts.values() if run.committed and run.host in engines}
     runner.emit("fleet_rollback", hosts=list(committed))
@@ -66,23 +68,31 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
         UnitRun(name, units[name], chosen, "restore", routing=routers.for_unit(name, units[name], chosen)).rollback(
             runs, force=force, on_result=report)
 
-    work: list[Callable[[], None]] = []
-    in_units: set[str] = set()
-    for name, members in record.state.units.items():
-        hosts = [h for h in members if h in committed]
-        in_units.update(hosts)
-        if hosts:
-            work.append(functools.partial(unit, name, hosts))
-    work += [functools.partial(one, host) for host in committed if host not in in_units]
+    members = {name: [h for h in hosts if h in committed] for name, hosts in record.state.units.items()
+               if any(h in committed for h in hosts)}
+    in_units = {host for hosts in members.values() for host in hosts}
+    # The units behind one router take turns, as `deployer rollback FLEET_ID` does. A turn takes one unit out of
+    # its router: downtime only for a unit alone behind it, which the apply already needed --allow-downtime for.
     with ThreadPoolExecutor(max_workers=max(1, runner.parallel), thread_name_prefix="deployer-rollback") as pool:
-        list(pool.map(lambda item: item(), work))
+        for batch in taking_turns(units).batches(list(committed), members):
+            work: list[Callable[[], None]] = [functools.partial(unit, name, hosts) for name, hosts in members.items()
+                                              if hosts[0] in batch]
+            work += [functools.partial(one, host) for host in batch if host not in in_units]
+            list(pool.map(lambda item: item(), work))
+
+
+def taking_turns(units: dict[str, Unit]) -> TakingTurns:
+    """A rollback's strategy over these units: those behind one router one at a time."""
+    return TakingTurns({name: unit.router for name, unit in units.items()})
 
 
 def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str], task: HostTask, *,
               parallel: int, listeners: list[Listener], cancel: FleetCancel,
-              units: dict[str, list[str]] | None = None, unit_task: UnitTask | None = None) -> FleetRecord:
-    """A fleet run of its own (rollback, recover) over some hosts of an earlier one; both name each other."""
-    strategy, units = Together(), units or {}
+              units: dict[str, list[str]] | None = None, unit_task: UnitTask | None = None,
+              strategy: Strategy | None = None) -> FleetRecord:
+    """A fleet run of its own (rollback, recover) over some hosts of an earlier one; both name each other.
+    strategy: default every host at once."""
+    strategy, units = strategy or Together(), units or {}
     state = new_state(kind, original.state.playbook, original.state.operator, hosts, strategy.batches(hosts, units),
                       parallel, of_fleet=original.state.fleet_id, units=units)
     record = FleetRecord.create(runs_dir, state)
@@ -99,9 +109,11 @@ def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str]
 
 def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *,
                    hosts: list[str] | None, force: bool, parallel: int, listeners: list[Listener],
-                   cancel: FleetCancel, units: dict[str, Unit], routers: Routers | None = None) -> FleetState:
+                   cancel: FleetCancel, units: dict[str, Unit], routers: Routers | None = None,
+                   allow_downtime: bool = False) -> FleetState:
     """`deployer rollback FLEET_ID`: roll back each host (or each of `hosts`) whose sub-run committed; a unit
-    behind a router is out of it around its restart."""
+    behind a router is out of it around its restart, and the units behind one router take turns (a unit alone
+    behind its router is downtime: refused unless allow_downtime). units: the inventory's."""
     routers = routers or Routers()
     original = FleetRecord.load(runs_dir, fleet_id)
     if hosts is not None and (unknown := sorted(set(hosts) - set(original.state.hosts))):
@@ -137,8 +149,11 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
     if missing:
         raise ConfigError(f"unit {', '.join(missing)} of fleet run {fleet_id} is no longer in the inventory; "
                           "roll its hosts back one by one with: deployer rollback RUN_ID")
+    strategy = taking_turns(units)
+    refuse_downtime(strategy.batches(list(runs), chosen_units), chosen_units, units_behind(routers.specs, units),
+                    allow_downtime)
     done = follow_up("rollback", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
-                     cancel=cancel, units=chosen_units, unit_task=unit_task)
+                     cancel=cancel, units=chosen_units, unit_task=unit_task, strategy=strategy)
     for name, run in done.state.hosts.items():  # the original says which of its hosts were rolled back, by what
         if run.status == "successful":
             original.state.hosts[name].rollback_run_id = run.run_id

@@ -95,7 +95,7 @@ class FleetRunner:
         slots = Slots(max(1, self.parallel))
         with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="deployer-host") as pool:
             for number, batch in enumerate(state.batches):
-                if not self.strategy.proceed(number, state, self.cancel) or self.cancel.cancelled:
+                if not self.strategy.proceed(number, state, self.cancel) or self.strategy.stops_on(number, self.cancel):
                     state.stopped_after_batch = number - 1
                     self.emit("fleet_stopped", batch=number, failed=len(state.failed()), untouched=state.untouched())
                     break

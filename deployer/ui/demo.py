@@ -64,6 +64,8 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
     console.print(f"  load   {load.sent} requests through the router during the rollout: {load.ok} ok, "
                   f"{load.failed} failed (p50 {num(load.p50_ms)} ms, p99 {num(load.p99_ms)} ms)",
                   markup=False, highlight=False)
+    if outcome.proof is not None:
+        console.print(f"  proof  {outcome.proof.describe()}", markup=False, highlight=False)
     for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
                        ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}" if committed
                         else "- (no host made a commit: nothing to roll back)")):

@@ -12,8 +12,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
+
+from deployer.demo.proof import prove
+from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
+from deployer.steps.context import CancelToken
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
@@ -73,6 +78,10 @@ def test_demo_fleet_deploys_two_pd_units_over_four_hosts_drains_each_and_stops_e
         assert host in result.stdout  # the per-host table
     load = re.search(r"load +(\d+) requests through the router during the rollout: (\d+) ok, (\d+) failed", report)
     assert load and int(load[1]) > 0 and int(load[2]) == int(load[1]) and load[3] == "0", report
+    # Every unit back in the router: the playbook's storm through it reached each unit, and each drained.
+    proof = re.search(r"proof +after the rollout, the playbook's storm through the router: 200 sent, .*; in-flight "
+                      r"queue during -> after: pd-1 (\d+) -> 0, pd-2 (\d+) -> 0$", report, re.M)
+    assert proof and int(proof[1]) >= 1 and int(proof[2]) >= 1, report
     assert f"deployer rollback {fleet['fleet_id']}" in report
     assert "every process the demo started has been stopped" in report
     pids = host_pids(workdir)
@@ -93,6 +102,10 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
         load = summary["load"]
         assert load["sent"] > 0 and load["failed"] == 0 and load["ok"] == load["sent"], load
         assert 0 < load["p50_ms"] <= load["p99_ms"], load
+        proof = summary["proof"]
+        assert proof["error"] is None and proof["storm"]["sent"] == 200, proof
+        assert all(u["peak"] >= 1 and u["after"] == 0 for u in proof["units"].values()) and list(proof["units"]) == [
+            "pd-1", "pd-2"], proof
         assert all(alive(pid) for found in pids.values() for pid in found.values())
         stopped = deployer("demo", "--stop", "--workdir", str(workdir), "--json", cwd=tmp_path)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -103,3 +116,23 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
             for pid in found.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
+
+
+def test_the_proof_through_the_router_fails_naming_the_unit_whose_gauge_stays_up_on_the_buggy_code(
+        tmp_path: Path) -> None:
+    stack = DemoStack(tmp_path / "host")  # the buggy stack: prefill, decode and its router
+    playbook = yaml.safe_load(PLAYBOOK.read_text())
+    for step in playbook["steps"]:
+        if isinstance(step, dict) and "drain" in step:
+            step["drain"]["within_s"] = 1  # a short wait: on the buggy code nothing drains anyway
+    (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(playbook))
+    stack.create()
+    try:
+        start_stacks([stack], CancelToken())
+        proof = prove(stack.url("router", ""), {"pd-1": stack.url("prefill", "/metrics")}, tmp_path / "playbook.yaml",
+                      CancelToken())
+    finally:
+        stack.stop()
+    stuck = proof.units["pd-1"].after
+    assert proof.storm["sent"] == 200 and stuck is not None and stuck >= 1, proof
+    assert proof.error == f"unit pd-1: {GAUGE} {stuck:g} after the storm through the router, not 0 within 1s", proof

@@ -8,6 +8,8 @@ import http.client
 import json
 import re
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -234,7 +236,7 @@ def test_a_unit_alone_behind_its_router_needs_allow_downtime(pd_fleet: PdFleet) 
     assert "router pd-router: no other unit serves behind it while pd-1 restarts: that is downtime; pass " \
            "--allow-downtime to accept it" in output
     assert pd_fleet.pids() == before
-    code, _report, output = pd_fleet.apply("pd-1", "--allow-downtime")
+    code, report, output = pd_fleet.apply("pd-1", "--allow-downtime")
     assert code == 0, output
     assert pd_fleet.pids()["gpu-b"]["decode"] != before["gpu-b"]["decode"]
     wait_for(lambda: {pd_fleet.worker_url("gpu-a", "prefill"), pd_fleet.worker_url("gpu-b", "decode")}
@@ -244,6 +246,15 @@ def test_a_unit_alone_behind_its_router_needs_allow_downtime(pd_fleet: PdFleet) 
     shown = deployer("plan", "note.yaml", "--host", "pd-1", cwd=pd_fleet.root)
     assert f"router pd-router: no other unit serves behind it while pd-1 restarts: downtime, about " \
            f"{planned['expected_s']:g}s (apply needs --allow-downtime)" in shown.stdout, shown.stdout
+    applied = pd_fleet.pids()["gpu-b"]["decode"]
+    refused = deployer("rollback", report["fleet_id"], cwd=pd_fleet.root)  # its rollback is the same downtime
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "router pd-router: no other unit serves behind it while pd-1 restarts: that is downtime; pass " \
+           "--allow-downtime to accept it" in refused.stdout + refused.stderr
+    assert pd_fleet.pids()["gpu-b"]["decode"] == applied
+    rolled = deployer("rollback", report["fleet_id"], "--allow-downtime", cwd=pd_fleet.root)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert pd_fleet.pids()["gpu-b"]["decode"] != applied
 
 
 def downtime_planned(fleet: PdFleet) -> list[dict[str, Any]]:
@@ -320,19 +331,106 @@ def test_restart_of_a_unit_behind_its_router_takes_it_out_around_the_restart_and
     assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
 
 
-def test_a_fleet_rollback_takes_a_unit_out_of_its_router_around_its_restart_and_no_request_fails(
+class RouterWatch:
+    """The router's healthy workers, read every `interval_s` while something runs (bounded in count and time):
+    what a client could be sent to at each moment."""
+
+    def __init__(self, fleet: PdFleet, interval_s: float = 0.05, seconds: float = 120, most: int = 4000) -> None:
+        self.fleet, self.interval_s, self.seconds, self.most = fleet, interval_s, seconds, most
+        self.samples: list[set[str] | str] = []  # a sample, or why the router could not be read
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="router-watch", daemon=True)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        while not self._stop.is_set() and time.monotonic() < deadline and len(self.samples) < self.most:
+            try:
+                self.samples.append(listed_healthy(self.fleet))
+            except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
+                self.samples.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> RouterWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def without_a_unit(self) -> list[set[str] | str]:
+        """The samples in which no unit had both its workers listed healthy: nothing served through the router."""
+        units = [{self.fleet.worker_url(prefill, "prefill"), self.fleet.worker_url(decode, "decode")}
+                 for prefill, decode in UNITS.values()]
+        return [s for s in self.samples if isinstance(s, str) or not any(unit <= s for unit in units)]
+
+
+def router_changes(fleet: PdFleet, run_ids: list[str]) -> list[tuple[str, str]]:
+    """The units' router_remove/router_add events over several runs, in the order they happened: (unit, change)."""
+    found = [(e["time"], e["unit"], e["type"]) for run_id in run_ids
+             for e in map(json.loads, (fleet.root / ".deployer" / "runs" / run_id / "events.jsonl")
+                          .read_text().splitlines()) if e["type"] in ("router_remove", "router_add")]
+    return [(unit, change) for _, unit, change in sorted(found)]
+
+
+ONE_AT_A_TIME = [("pd-1", "router_remove")] * 2 + [("pd-1", "router_add")] * 2 + [
+    ("pd-2", "router_remove")] * 2 + [("pd-2", "router_add")] * 2
+
+
+def test_a_fleet_rollback_of_two_units_behind_one_router_rolls_them_one_at_a_time_and_no_request_fails(
         pd_fleet: PdFleet) -> None:
     code, report, output = pd_fleet.apply("pd-1,pd-2")
     assert code == 0, output
-    with load_through(pd_fleet, "the rollback") as load:
-        # pd-1 only: a fleet rollback restarts its units together, so both at once would leave none serving.
-        result = deployer("rollback", report["fleet_id"], "--host", "pd-1", "--json", cwd=pd_fleet.root)
+    applied = pd_fleet.pids()
+    with load_through(pd_fleet, "the rollback") as load, RouterWatch(pd_fleet) as watch:
+        result = deployer("rollback", report["fleet_id"], "--json", cwd=pd_fleet.root)
     assert result.returncode == 0, result.stdout + result.stderr
     assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
     rolled = json.loads(result.stdout)
-    kinds = router_steps(pd_fleet, rolled["hosts"]["gpu-a"]["run_id"])
-    assert drained_around_restart(kinds), kinds
+    assert rolled["batches"] == [["gpu-a", "gpu-b"], ["gpu-c", "gpu-d"]]  # the apply's rolling order
+    assert len(watch.samples) > 10 and not watch.without_a_unit(), watch.without_a_unit()[:5]
+    runs = [rolled["hosts"][host]["run_id"] for host in ("gpu-a", "gpu-c")]
+    assert router_changes(pd_fleet, runs) == ONE_AT_A_TIME  # each unit out and back before the next leaves
+    for unit, (prefill, decode) in UNITS.items():
+        assert drained_around_restart(router_steps(pd_fleet, rolled["hosts"][prefill]["run_id"])), unit
+        assert pd_fleet.pids()[decode]["decode"] != applied[decode]["decode"], unit
     assert listed_healthy(pd_fleet) == every_worker(pd_fleet)
+
+
+# pd-1's prefill fails every direct generation (HTTP 200, finish_reason error) when it starts on the shipped note.
+FAILS_ON_THE_NOTE = 'grep -q rolled sglang/srt/demo_note.py 2>/dev/null && export SGLANG_DEMO_GENERATE_FAIL=error; ' \
+                    'exec "$@"'
+
+
+def test_a_canary_that_fails_on_the_first_unit_rolls_it_back_into_the_router_and_the_other_unit_is_never_taken_out(
+        pd_fleet: PdFleet) -> None:
+    prefill = pd_fleet.inventory["hosts"]["gpu-a"]["services"]["prefill"]
+    prefill["start"] = ["sh", "-c", FAILS_ON_THE_NOTE, "canary-knob", *prefill["start"]]
+    pd_fleet.write()
+    playbook = {**PLAYBOOK, "steps": [*PLAYBOOK["steps"], {"canary": {"service": "prefill", "max_new_tokens": 4}}],
+                "on_failure": "rollback"}
+    (pd_fleet.root / "note.yaml").write_text(yaml.safe_dump(playbook, sort_keys=False))
+    before = pd_fleet.pids()
+    with Load(f"http://127.0.0.1:{pd_fleet.router_port}/generate", timeout_s=30) as load, \
+            RouterWatch(pd_fleet) as watch:
+        wait_for(lambda: load.ok >= 5, "the load through the router is served before the apply", 30)
+        code, report, output = pd_fleet.apply("pd-1,pd-2")
+    assert code == 5, output
+    assert "canary POST http://127.0.0.1:" in report["error"] and "finish_reason" in report["error"], report["error"]
+    assert "Rolled back every host of the unit (gpu-a, gpu-b) and restarted it again" in report["error"]
+    assert "The old workers are back in router pd-router" in report["error"], report["error"]
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    for host in ("gpu-a", "gpu-b"):
+        assert report["hosts"][host]["phase"] == "rolled_back", report["hosts"][host]
+    assert [report["hosts"][host]["status"] for host in ("gpu-c", "gpu-d")] == ["untouched", "untouched"]
+    after = pd_fleet.pids()
+    assert after["gpu-b"]["decode"] != before["gpu-b"]["decode"]  # restarted onto the old code
+    assert (after["gpu-c"], after["gpu-d"]) == (before["gpu-c"], before["gpu-d"])
+    assert listed_healthy(pd_fleet) == every_worker(pd_fleet)  # the old workers are listed again
+    pd_2 = {pd_fleet.worker_url("gpu-c", "prefill"), pd_fleet.worker_url("gpu-d", "decode")}
+    assert watch.samples and all(isinstance(s, set) and pd_2 <= s for s in watch.samples), watch.samples[:5]
+    kinds = router_steps(pd_fleet, report["hosts"]["gpu-a"]["run_id"])
+    assert kinds.count("router_remove") == 2 and kinds[-3:] == ["router_add", "router_add", "router_listed"], kinds
 
 
 def test_the_plain_output_shows_each_router_step_of_the_unit_on_a_line(pd_fleet: PdFleet) -> None:

@@ -11,7 +11,7 @@ from deployer.config.models import Rollout
 from deployer.errors import DeployerError
 from deployer.fleet.record import FleetRecord, new_state
 from deployer.fleet.runner import FleetCancel, FleetRunner
-from deployer.fleet.strategies import Batches, Strategy, Together, strategy_for
+from deployer.fleet.strategies import Batches, Strategy, TakingTurns, Together, strategy_for
 from deployer.run.engine import RunResult
 
 HOSTS = [f"h{n}" for n in range(5)]
@@ -77,3 +77,24 @@ def test_a_cancel_cuts_the_pause_between_batches_short_and_no_further_batch_star
     assert time.monotonic() - began < 60
     record, started, _ = run_fleet(tmp_path, strategy, failing=set(), cancel=cancel)
     assert started == [] and record.state.stopped_after_batch == -1 and record.state.untouched() == HOSTS
+
+
+def test_a_rollback_takes_turns_per_router_and_a_signal_after_its_first_turn_stops_no_later_one(tmp_path: Path) -> None:
+    strategy = TakingTurns({"u1": "r", "u2": "r", "u3": "s", "u4": None})
+    units = {"u1": ["h1"], "u2": ["h0"], "u3": ["h2"], "u4": ["h3"]}
+    # Router r's units one after the other (in host order: u2 first); the rest beside each router's first unit.
+    assert strategy.batches(HOSTS, units) == [["h0", "h2", "h3", "h4"], ["h1"]]
+    cancel = FleetCancel()
+    state = new_state("rollback", "fix", "tester", HOSTS, strategy.batches(HOSTS, units), 1)
+    started: list[str] = []
+
+    def task(host: str, fleet_id: str) -> RunResult:
+        started.append(host)
+        cancel.cancel()  # a signal during the first turn: the rollback still rolls the next unit back
+        return RunResult(f"run-{host}", tmp_path / host, "successful", 0, None, "a", "b", {}, "succeeded")
+
+    FleetRunner(FleetRecord.create(tmp_path / "runs", state), strategy, 1, cancel, []).run(task)
+    assert started == ["h0", "h2", "h3", "h4", "h1"] and state.stopped_after_batch is None
+    stopped = new_state("rollback", "fix", "tester", HOSTS, strategy.batches(HOSTS, units), 1)
+    FleetRunner(FleetRecord.create(tmp_path / "again", stopped), strategy, 1, cancel, []).run(task)
+    assert stopped.untouched() == HOSTS  # signalled before it began: nothing starts
