@@ -5,9 +5,7 @@ engine holds one Lease and one Ending per run and drives them."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from deployer.command import Masker
 from deployer.config.models import Host
 from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, RequestSkipped, StepFailed
 from deployer.run import undo
+from deployer.run.ahead import Ahead
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer
 from deployer.run.plan import PlanReport, plan
@@ -130,7 +129,6 @@ class Engine:
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)
     _lease: Lease | None = field(default=None, init=False, repr=False)
     _ending: Ending | None = field(default=None, init=False, repr=False)
-    _unwatch: Callable[[], None] = field(default_factory=lambda: lambda: None, init=False, repr=False)  # see _sent
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -331,12 +329,9 @@ class Engine:
         record, lease, ending = ctx.record, self._lease, self._ending
         assert record is not None and lease is not None and ending is not None
         chain = self.steps if steps is None else steps
+        sending = Ahead(chain, self._close_behind if steps is None else None, self._note_log_sha256)
         for index, step in enumerate(chain):
-            # The read-only steps right after a change may send their commands with it: one round trip.
-            ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, chain[index + 1:]))
-            then = chain[index + 1 + len(ahead)] if index + 1 + len(ahead) < len(chain) else None
-            ctx.on_sent = lambda step=step, ahead=ahead, then=then: self._sent(
-                ctx, step, ahead, then, closes=steps is None and then is chain[-1])
+            ctx.on_sent = lambda index=index: sending.sent(ctx, index)
             if steps is None and index == len(chain) - 1 and step.name not in ctx.ahead:
                 self._close_behind(ctx, step)
             # The phase moves and the step run under one handler: a forced stop (a second signal) between
@@ -353,8 +348,7 @@ class Engine:
                 ctx.bus.step = None
                 if isinstance(failure, Interrupted):  # a forced stop: what still runs is killed, not waited for
                     undo.stop_running(ctx)
-                self._drain_prefetched(ctx)
-                self._land_ahead(ctx, chain)
+                sending.land(ctx)
                 failure = lease.intent_failure(ctx) or failure
                 if isinstance(failure, RunRecordError) and lease.released_with_note():
                     # The commit was the last step and the release behind it ran with the end note: the target
@@ -371,44 +365,7 @@ class Engine:
             finally:
                 ctx.on_sent = None
                 if not ctx.ahead:
-                    self._unwatch()
-
-    def _sent(self, ctx: Context, step: Step, ahead: list[Step], then: Step | None, *, closes: bool) -> None:
-        """A step sent its changes: the read-only steps after it send theirs now. When the target itself decides
-        each of those (Step.decided_there) and a commit comes next, the commit goes too, behind every request
-        since the intent record: lock, intent, changes, checks and commit (and the release, when the commit
-        ends the run) are then one round trip whose order the agent enforces where the files are."""
-        ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
-        record = ctx.record
-        if step.effect != Effect.changes_files or then is None or then.effect != Effect.commits or \
-                record is None or not all(s.decided_there(ctx) for s in ahead):
-            return
-        record.update(sent_ahead=[then.name])  # on disk here before it is sent
-        if closes:
-            self._close_behind(ctx, then)
-        self._note_log_sha256(ctx)  # the commit anchors the log as it is when the commit is sent
-        behind = ctx.transport.gated()
-        try:
-            sent = then.send_ahead(ctx, behind)
-        finally:
-            ctx.facts.log_sha256 = None
-        if sent:
-            ctx.emit("sent_ahead", steps=[then.name], behind=len(behind))
-            # A stop (a signal, a failing run log) comes at a safe point: the commit sent past it must not run
-            # unless it has started (the release behind it then runs only if it succeeded).
-            pending, _ = ctx.ahead[then.name]
-            self._unwatch = ctx.cancel.on_cancel(lambda: ctx.transport.skip(pending))
-        else:
-            ctx.closing = None
-
-    def _land_ahead(self, ctx: Context, chain: list[Step]) -> None:
-        """The run stops before the turn of a step sent ahead: it may have run on the target all the same."""
-        for step in chain:
-            if step.name in ctx.ahead:
-                ctx.bus.step = step.name
-                step.landed(ctx)
-                ctx.bus.step = None
-        self._unwatch()
+                    sending.unwatch()
 
     def _close_behind(self, ctx: Context, step: Step) -> None:
         """A run whose last step is its commit releases in the commit's round trip: the release goes right
@@ -427,17 +384,6 @@ class Engine:
             return end_note(ctx, self._log, EndNote(self._log.sha256(), "successful", 0, Phase.succeeded.value),
                             "HEAD")
         lease.release_behind(ctx, note)
-
-    @staticmethod
-    def _drain_prefetched(ctx: Context) -> None:
-        """Commands sent ahead for steps that never ran still ran on the target: log them under their step."""
-        for name, sent in list(ctx.prefetched.items()):
-            ctx.bus.step = name
-            for submitted in sent:
-                with contextlib.suppress(DeployerError):
-                    submitted.result()
-        ctx.prefetched.clear()
-        ctx.bus.step = None
 
     def enter(self, ctx: Context, effect: Effect) -> None:
         record = ctx.record
