@@ -320,6 +320,8 @@ def test_a_cut_inside_the_commit_batch_says_the_commit_may_have_landed_and_recov
     assert cut.returncode == 6, err
     assert f"HEAD should be {base}" not in err and "may be this run's commit" in err, err
     run = project.runs / project.newest_run()
+    # The commit went with the upload, behind it, in one batch: the cut lands inside that batch.
+    assert json.loads((run / "state.json").read_text())["sent_ahead"] == ["commit"]
     relay.arm(None, rst=False)
     wait_until_lock_stale(project.repo, 2)
     recovered_keeping_its_commit(project, run)
