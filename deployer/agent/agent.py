@@ -36,24 +36,20 @@ import base64
 import contextlib
 import errno
 import hashlib
-import ipaddress
 import json
 import math
 import os
 import queue
 import selectors
 import signal
-import socket
 import stat as stat_mod
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 VERSION = "1"
 HEADER = struct.Struct(">I")
@@ -521,8 +517,7 @@ class Agent:
         if mode is None:
             mode = stat_mod.S_IMODE(current.st_mode) if current is not None else 0o644
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".deployer-", suffix=".tmp", dir=directory) if staged is None \
-                else (_create_staged(staged), staged)
+            fd, tmp = _create_temp(directory) if staged is None else (_create_staged(staged), staged)
         except OSError as exc:
             raise OpError("os_error", f"cannot create a temp file in {directory}: {exc.strerror}") from None
         owner_kept = None
@@ -642,7 +637,10 @@ class Agent:
     def op_http(self, req: dict[str, Any]) -> dict[str, Any]:
         """An HTTP request on this host's loopback: GET by default; POST/PUT/DELETE (a router's worker calls)
         with an optional JSON body. No response at all is `status: null` plus `error`."""
-        import http.client  # here, not at the top: it is a fifth of the agent's start-up, and most runs never fetch
+        # Here, not at the top (with socket, ipaddress and urllib): a fifth of the agent's start-up, and most runs
+        # never fetch.
+        import http.client
+        from urllib.parse import urlsplit
 
         url = _field(req, "url", str, required=True)
         method = _field(req, "method", str, "GET")
@@ -727,6 +725,9 @@ def _failed(sub: Any, result: dict[str, Any]) -> bool:
 def _loopback_address(host: str, port: int) -> str:
     """The loopback address to connect to. Only loopback literals and `localhost` (resolved,
     and every answer must be loopback) are accepted; other names are refused unresolved."""
+    import ipaddress
+    import socket
+
     try:
         if ipaddress.ip_address(host).is_loopback:
             return host
@@ -796,6 +797,18 @@ def _fsync_dir(directory: str) -> None:
         pass  # some filesystems refuse fsync on a directory; the rename has happened
     finally:
         os.close(fd)
+
+
+def _create_temp(directory: str) -> tuple[int, str]:
+    """A new temp file beside the dest, named as recover looks for them (`.deployer-<random>.tmp`), opened for
+    writing by us alone. Not tempfile: its import (shutil, random, the compressors) is a tenth of the agent's start."""
+    for _ in range(100):
+        path = os.path.join(directory, f".deployer-{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temp file name", directory)
 
 
 def _create_staged(temp: str) -> int:
