@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 from deployer.cli.output import emit_json
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from deployer.build import Build
     from deployer.fleet.record import FleetState
     from deployer.fleet.runner import FleetCancel
     from deployer.run.engine import Engine, RunResult
     from deployer.steps.context import CancelToken, Listener
+    from deployer.ui.console import Lines
 
 
 def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool,
@@ -64,9 +63,9 @@ def pin_notice(event: dict[str, Any]) -> None:
 
 def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
     """Run with the live step view and signal handling, then report and exit with the run's code."""
-    from deployer.ui.console import make_console
+    from deployer.ui.console import line_console
     from deployer.ui.live import StepView
-    console = make_console()
+    console = line_console()
     view = StepView(console, quiet=as_json)
     engine.listeners.append(view)
     with cancel_on_signals(engine.cancel), view:
@@ -74,7 +73,7 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
     report(console, result, as_json)
 
 
-def report(console: Console, result: RunResult, as_json: bool) -> None:
+def report(console: Lines, result: RunResult, as_json: bool) -> None:
     from deployer.ui.console import show_error, show_warning
     from deployer.ui.report import show_result
     if as_json:
