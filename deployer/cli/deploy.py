@@ -21,7 +21,15 @@ from deployer.cli.options import (
     runs_dir_option,
 )
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder, cancel_on_signals, pin_notice, report, run_fleet, run_with_view
+from deployer.cli.running import (
+    builder,
+    cancel_on_signals,
+    pin_notice,
+    report,
+    run_fleet,
+    run_with_view,
+    setting_up,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -149,13 +157,15 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, allow_downtime: bool,
           health_timeout_s: float | None, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
-    from deployer.config import targets
-    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
-    loaded, hosts = select_hosts(host_name, limit, inventory)
-    units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
-    if not dry_run:
-        notice_unended(build.runs_dir, hosts)
-    engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts}, allow_dirty=allow_dirty)
+    with setting_up():
+        from deployer.config import targets
+        build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
+        loaded, hosts = select_hosts(host_name, limit, inventory)
+        units = {name: loaded.units[name] for name in targets.whole_units(loaded, hosts)}
+        if not dry_run:
+            notice_unended(build.runs_dir, hosts)
+        engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts},
+                                allow_dirty=allow_dirty)
     if len(hosts) == 1:  # one host: a plain run, as before fleets existed
         engine = engines[hosts[0]]
         if dry_run:
@@ -177,8 +187,9 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 
 def apply_one(build: Build, engine: Engine, as_json: bool) -> None:
     """A single-host apply whose connection opens while the rest of the run sets up (checked config first)."""
-    engine.check_host()  # a config problem stops the run before anything connects
-    opening = build.opening(engine)
+    with setting_up():
+        engine.check_host()  # a config problem stops the run before anything connects
+        opening = build.opening(engine)  # imports the transport's module (paramiko) here
     try:
         run_with_view(engine, as_json, engine.apply)
     finally:
