@@ -99,20 +99,15 @@ class PlainConsole:
 
 
 def rich_is_plain(stream: object) -> bool:
-    """Whether rich would see no terminal on stream (rich.console.Console.is_terminal's test), so that it would
-    write our text with no styles and no cursor moves."""
-    if "IPython" in sys.modules:  # a notebook: rich renders there in its own way
+    """Whether rich would see no terminal on stream, so that it would write our text with no styles and no cursor
+    moves: not a tty, and nothing that makes rich decide otherwise (FORCE_COLOR, TTY_COMPATIBLE, a notebook).
+    Where any of those is set, rich decides, as before."""
+    if "IPython" in sys.modules or "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ:
         return False
-    tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
-    if tty_compatible in ("0", "1"):
-        return tty_compatible == "0"
-    force_color = os.environ.get("FORCE_COLOR")
-    if force_color is not None:
-        return force_color == ""
     isatty = getattr(stream, "isatty", None)
     try:
         return isatty is None or not isatty()
-    except ValueError:  # a closed stream
+    except ValueError:  # a closed stream: rich sees no terminal either
         return True
 
 

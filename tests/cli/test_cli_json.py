@@ -152,6 +152,21 @@ def test_the_plain_console_prints_what_rich_prints_off_a_terminal(stderr: bool,
             assert (plain.out, plain.err) == (ours.out, ours.err), (text, kwargs)
 
 
+def test_forced_colour_or_a_terminal_setting_leaves_the_lines_to_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from deployer.ui.console import PlainConsole, line_console
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    assert isinstance(line_console(), PlainConsole)
+    for name, value in (("FORCE_COLOR", "1"), ("TTY_COMPATIBLE", "1")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            assert not isinstance(line_console(), PlainConsole), name
+
+
 # -- schema and completion --------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
