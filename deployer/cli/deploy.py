@@ -22,7 +22,15 @@ from deployer.cli.options import (
     runs_dir_option,
 )
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder, cancel_on_signals, pin_notice, report, run_fleet, run_with_view
+from deployer.cli.running import (
+    builder,
+    cancel_on_signals,
+    pin_notice,
+    report,
+    run_fleet,
+    run_with_view,
+    setting_up,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -150,13 +158,15 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, allow_downtime: bool,
           health_timeout_s: float | None, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
-    from deployer.config import targets
-    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
-    loaded, hosts = select_hosts(host_name, limit, inventory)
-    units = targets.run_units(loaded, hosts)  # a host behind a router among them, as a unit of one
-    if not dry_run:
-        notice_unended(build.runs_dir, hosts)
-    engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts}, allow_dirty=allow_dirty)
+    with setting_up():
+        from deployer.config import targets
+        build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
+        loaded, hosts = select_hosts(host_name, limit, inventory)
+        units = targets.run_units(loaded, hosts)  # a host behind a router among them, as a unit of one
+        if not dry_run:
+            notice_unended(build.runs_dir, hosts)
+        engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts},
+                                allow_dirty=allow_dirty)
     if len(hosts) == 1:  # one host: a plain run, as before fleets existed
         engine = engines[hosts[0]]
         if dry_run:
@@ -181,17 +191,18 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
     """A single-host apply whose connection opens while the rest of the run sets up (checked config first); a host
     behind a router (units: its unit of one, or its one-host unit) runs as its unit, out of the router around its
     restart."""
-    run = engine.apply
-    behind = {name: unit for name, unit in (units or {}).items() if unit.router is not None}
-    if behind and inventory is not None:
-        from deployer.fleet.apply import for_units
-        from deployer.fleet.unit import alone
+    with setting_up():
+        run = engine.apply
+        behind = {name: unit for name, unit in (units or {}).items() if unit.router is not None}
+        if behind and inventory is not None:
+            from deployer.fleet.apply import for_units
+            from deployer.fleet.unit import alone
 
-        for_units({engine.host_name: engine}, behind)
-        ((name, unit),) = behind.items()
-        run = partial(alone, name, unit, engine, build.routers(inventory))
-    engine.check_host()  # a config problem stops the run before anything connects
-    opening = build.opening(engine)
+            for_units({engine.host_name: engine}, behind)
+            ((name, unit),) = behind.items()
+            run = partial(alone, name, unit, engine, build.routers(inventory))
+        engine.check_host()  # a config problem stops the run before anything connects
+        opening = build.opening(engine)  # imports the transport's module (paramiko) here
     try:
         run_with_view(engine, as_json, run)
     finally:

@@ -1,16 +1,55 @@
-"""Step kinds by name; a playbook's `steps:` list refers to them."""
+"""Step kinds by name; a playbook's `steps:` list refers to them.
+
+Each kind is named here with the module that holds it, and imported the first time it is looked up: a playbook
+names a few kinds, and the others (the restart, the storm, the canary, with their own imports) cost an apply's
+start-up for nothing. Iterating the registry names every kind without importing one; its values (`schema`)
+import them all."""
 
 from __future__ import annotations
 
-from deployer.steps.base import Step
-from deployer.steps.canary import Canary
-from deployer.steps.compile import LocalCompile, RemoteCompile
-from deployer.steps.git import Commit, DiffBounds
-from deployer.steps.load import Storm
-from deployer.steps.metrics import Baseline, Drain
-from deployer.steps.services.co_restart import CoRestart
-from deployer.steps.upload import Upload
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-KINDS: dict[str, type[Step]] = {cls.kind: cls for cls in (
-    LocalCompile, Upload, RemoteCompile, DiffBounds, Commit, CoRestart, Baseline, Storm, Drain, Canary,
-)}
+if TYPE_CHECKING:
+    from deployer.steps.base import Step
+
+# kind -> (module, class); a new kind is its module and one line here.
+WHERE: dict[str, tuple[str, str]] = {
+    "local_compile": ("deployer.steps.compile", "LocalCompile"),
+    "upload": ("deployer.steps.upload", "Upload"),
+    "remote_compile": ("deployer.steps.compile", "RemoteCompile"),
+    "diff_bounds": ("deployer.steps.git", "DiffBounds"),
+    "commit": ("deployer.steps.git", "Commit"),
+    "co_restart": ("deployer.steps.services.co_restart", "CoRestart"),
+    "baseline": ("deployer.steps.metrics", "Baseline"),
+    "storm": ("deployer.steps.load", "Storm"),
+    "drain": ("deployer.steps.metrics", "Drain"),
+    "canary": ("deployer.steps.canary", "Canary"),
+}
+
+
+class Kinds(Mapping[str, "type[Step]"]):
+    """The registry: each kind's class, its module imported on first lookup."""
+
+    def __init__(self, where: dict[str, tuple[str, str]]) -> None:
+        self._where = where
+        self._loaded: dict[str, type[Step]] = {}
+
+    def __getitem__(self, kind: str) -> type[Step]:
+        found = self._loaded.get(kind)
+        if found is None:
+            module, name = self._where[kind]
+            found = getattr(importlib.import_module(module), name)
+            assert found.kind == kind, (kind, found)
+            self._loaded[kind] = found
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+KINDS: Mapping[str, type[Step]] = Kinds(WHERE)

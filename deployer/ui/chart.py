@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.text import Text
+if TYPE_CHECKING:
+    from deployer.ui.console import Lines
 
 BARS = "▁▂▃▄▅▆▇█"
 CHART_WIDTH = 60  # polls shown per series; a longer drain shows its last polls
@@ -46,11 +46,12 @@ def sparkline(values: list[float | None], top: float) -> str:
                    for v in values)
 
 
-def show_chart(console: Console, events: list[dict[str, Any]]) -> None:
+def show_chart(console: Lines, events: list[dict[str, Any]]) -> None:
     """Each series as bars scaled to the largest sample; under a drain, ✓ marks the polls within its bound."""
     series = metric_series(events)
     if not series:
         return
+    from rich.text import Text  # only a run with samples has bars to show
     top = max((v for s in series for v in s.values if v is not None), default=0.0)
     console.print(f"  samples (one bar per poll, full bar = {num(top)}):", markup=False, highlight=False)
     width = max(len(s.step) for s in series)

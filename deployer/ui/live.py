@@ -6,14 +6,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deployer.ui.router import ROUTER_EVENTS, inflight_text, router_line
+
+if TYPE_CHECKING:  # rich is imported only when a view goes live (on a terminal)
+    from rich.live import Live
+    from rich.table import Table
+
+    from deployer.ui.console import Lines
 
 STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "canceled": "magenta"}
 
@@ -35,9 +36,13 @@ class LiveView:
 
     live: Live | None = None
 
-    def _go_live(self, console: Console, quiet: bool, render: Callable[[], Any], per_second: int) -> None:
+    def _go_live(self, console: Lines, quiet: bool, render: Callable[[], Any], per_second: int) -> None:
         # get_renderable: each refresh rebuilds the view, so a running step's clock ticks.
         if console.is_terminal and not quiet:
+            from rich.console import Console
+            from rich.live import Live
+
+            assert isinstance(console, Console)  # line_console's on a terminal
             self.live = Live(console=console, refresh_per_second=per_second, transient=False, get_renderable=render)
 
     def __enter__(self: V) -> V:
@@ -79,7 +84,7 @@ def phase_text(event: dict[str, Any], elapsed: float) -> str:
 class StepView(LiveView):
     """Listens to engine events: a live table on a terminal, one plain line per event otherwise."""
 
-    def __init__(self, console: Console, *, quiet: bool = False) -> None:
+    def __init__(self, console: Lines, *, quiet: bool = False) -> None:
         self.console = console
         self.quiet = quiet
         self.rows: dict[str, list[Any]] = {}
@@ -88,6 +93,9 @@ class StepView(LiveView):
         self._go_live(console, quiet, self._table, 8)
 
     def _table(self) -> Table:
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
         for name in ("step", "status", "time", "detail"):
             table.add_column(name)
@@ -168,7 +176,7 @@ class FleetView(LiveView):
     """Listens to every host's events: a summary line plus the running and failed hosts on a terminal,
     one plain line per host change otherwise. Engines call it from their threads."""
 
-    def __init__(self, console: Console, hosts: list[str], *, quiet: bool = False) -> None:
+    def __init__(self, console: Lines, hosts: list[str], *, quiet: bool = False) -> None:
         self.console, self.quiet = console, quiet
         self.rows = {host: HostRow() for host in hosts}
         self.note = ""
@@ -183,6 +191,9 @@ class FleetView(LiveView):
         return f"fleet: {len(self.rows)} hosts: {shown}{'; ' + self.note if self.note else ''}"
 
     def _render(self) -> Table:
+        from rich.table import Table
+        from rich.text import Text
+
         with self._lock:
             table = Table(box=None, pad_edge=False, show_header=True, header_style="bold", title=self.summary(),
                           title_justify="left")

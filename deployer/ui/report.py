@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 from deployer import runlog
 from deployer.errors import DeployerError
 from deployer.steps.services.manager import pid_text as one_pid
@@ -13,18 +11,23 @@ from deployer.ui.chart import num, show_chart
 from deployer.ui.console import columns
 from deployer.ui.live import detail_of
 
-if TYPE_CHECKING:  # the rollback module is not loaded by a plain apply
+if TYPE_CHECKING:  # the rollback module is not loaded by a plain apply, nor rich by its plain report
+    from rich.console import Console
+
     from deployer.run.engine import RunResult
     from deployer.run.rollback import Deploy
     from deployer.runlog import Run
+    from deployer.ui.console import Lines
 
 
-def show_result(console: Console, result: RunResult) -> None:
+def show_result(console: Lines, result: RunResult) -> None:
     from deployer.run.shown import shown_state_of
 
     style = "green" if result.status == "successful" else "red"
     state = shown_state_of(result.run_dir.parent, result.run_id, result.phase)
-    console.print(f"run {result.run_id}: [{style}]{state}[/{style}] (exit {result.exit_code})")
+    coloured = console.is_terminal  # the state's colour is markup, which shows only there
+    console.print(f"run {result.run_id}: {f'[{style}]{state}[/{style}]' if coloured else state} "
+                  f"(exit {result.exit_code})", markup=coloured)
     if result.git_after:
         console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
     for line in fact_lines(result.facts):

@@ -117,6 +117,56 @@ def test_help_does_not_import_the_core(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_an_apply_off_a_terminal_does_not_import_rich(target: Project) -> None:
+    """Its live view and report are plain lines on a pipe: rich, a tenth of an apply's start-up, stays unloaded."""
+    target.playbook()
+    probe = ("import sys; from deployer.cli import main\n"
+             "try:\n    main(['apply', 'fix.yaml', '--host', 'box'])\nexcept SystemExit as exc:\n    code = exc.code\n"
+             "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=target.root, env=target.env())
+    assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr
+    assert "run log: " in result.stdout
+
+
+# Each sort of character that rich's Text drops, that SafeConsole shows escaped, or that rich lays out itself.
+TRICKY = ["", "plain", "trailing space ", "two\nlines", "ends in a newline\n", "\n\n", "cr\rhere", "bell\x07",
+          "bs\x08vt\x0bff\x0c", "esc \x1b]0;title\x07", "nul\x00del\x7f", "c1\x85\x9b", "ls\u2028ps\u2029",
+          "rlo\u202eeman", "zwsp\u200b", "wide 中文 é", "[bold]markup[/bold]", "a [link]", "\\[escaped]",
+          "tab\there", ":fire: emoji", "x" * 200 + " "]
+
+
+@pytest.mark.parametrize("stderr", [False, True])
+def test_the_plain_console_prints_what_rich_prints_off_a_terminal(stderr: bool,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from deployer.ui.console import PlainConsole, make_console
+
+    options: list[dict[str, object]] = [{"markup": False, "highlight": False}, {"markup": False, "style": "red"}, {}]
+    for text in TRICKY:
+        for kwargs in options:
+            make_console(stderr).print(text, **kwargs)  # type: ignore[arg-type]
+            ours = capsys.readouterr()
+            PlainConsole(stderr).print(text, **kwargs)  # type: ignore[arg-type]
+            plain = capsys.readouterr()
+            assert (plain.out, plain.err) == (ours.out, ours.err), (text, kwargs)
+
+
+def test_forced_colour_or_a_terminal_setting_leaves_the_lines_to_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from deployer.ui.console import PlainConsole, line_console
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    assert isinstance(line_console(), PlainConsole)
+    for name, value in (("FORCE_COLOR", "1"), ("TTY_COMPATIBLE", "1")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            assert not isinstance(line_console(), PlainConsole), name
+
+
 # -- schema and completion --------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
