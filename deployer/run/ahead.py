@@ -52,7 +52,11 @@ class Ahead:
         # A stop (a signal, a failing run log) comes at a safe point: the commit sent past it must not run unless
         # it has started (the release behind it then runs only if it succeeded).
         pending, _ = ctx.ahead[then.name]
-        self.unwatch = ctx.cancel.on_cancel(lambda: ctx.transport.skip(pending))
+
+        def take_back() -> None:
+            with contextlib.suppress(DeployerError):  # a link gone already: the agent ran nothing more
+                ctx.transport.skip(pending)
+        self.unwatch = ctx.cancel.on_cancel(take_back)
 
     def land(self, ctx: Context) -> None:
         """The run stops: commands sent for steps that never ran still ran on the target (logged under their
