@@ -57,22 +57,6 @@ def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]
     return kept
 
 
-def around_router(steps: list[Step]) -> tuple[list[Step], list[Step]]:
-    """A routed unit's steps after its restart: those run while it is out of its router, and those run once it is
-    back and listed: each canary's request through a router (while out, the router could send it only to the other
-    units, and it would prove nothing of these workers)."""
-    from deployer.steps.canary import Canary  # step kinds load on demand (steps/kinds.py): only a routed unit asks
-
-    out: list[Step] = []
-    back: list[Step] = []
-    for step in steps:
-        direct, through = step.halves() if isinstance(step, Canary) else (step, None)
-        out.append(direct)
-        if through is not None:
-            back.append(through)
-    return out, back
-
-
 def alone(name: str, unit: Unit, engine: Engine, routers: Routers, *, restart: bool = False) -> RunResult:
     """One host behind a router (a plain host's unit of one, or a unit on one host) run as its unit, so that it
     leaves the router and comes back as a unit does, its failures handled the same way: its apply (restart: its
@@ -275,6 +259,8 @@ class UnitRun:
     def _after_commits(self) -> None:
         ctxs = [self.ctxs[h] for h in self.hosts]
         post = self._post_steps()
+        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
+
         out, back = around_router(post) if self.routing is not None else (post, [])
         routing: UnitRouting | None = None
         restarted = False
@@ -324,6 +310,8 @@ class UnitRun:
         if self.routing is None:
             self._run_unit_steps(steps, prefix)
             return
+        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
+
         out, back = around_router(steps)
         routing = self.routing(self.ctxs)  # may connect to the router's host
         try:

@@ -258,6 +258,20 @@ class Canary(Step):
             return ask(replace(ctx, transport=transport), action, self.params, router=name)
 
 
+def around_router(steps: list[Step]) -> tuple[list[Step], list[Step]]:
+    """A routed unit's steps after its restart (fleet/unit.py): those run while it is out of its router, and those
+    run once it is back and listed: each canary's request through a router (while out, the router could send it only
+    to the other units, and it would prove nothing of these workers)."""
+    out: list[Step] = []
+    back: list[Step] = []
+    for step in steps:
+        direct, through = step.halves() if isinstance(step, Canary) else (step, None)
+        out.append(direct)
+        if through is not None:
+            back.append(through)
+    return out, back
+
+
 def record(host_name: str, host: Host, connect: Callable[[EventBus], Transport],
            playbook: tuple[LoadedPlaybook, Sequence[Step]] | None, out: Path) -> Answer:
     """`deployer canary --record`: the canary's request (the playbook's first canary step, else the defaults)
