@@ -116,7 +116,7 @@ class UnitRun:
             self._meet(barrier, ctx, "every host of the unit locked")
             if host == self.hosts[0]:
                 try:
-                    self._routed(lambda: self._run_unit_steps(self.engines[self.metrics_host].steps))
+                    self._routed(self.engines[self.metrics_host].steps)
                 except DeployerError as failure:
                     # No file changed: every host's record ends settled, whatever its services do now.
                     for one in self.ctxs.values():
@@ -197,8 +197,7 @@ class UnitRun:
             self._meet(barrier, ctx, "every host of the unit reverted", reverted=True)
             if host == self.hosts[0]:
                 try:
-                    self._routed(lambda: self._run_unit_steps([s for s in self._post_steps() if s.effect in VERIFY],
-                                                              prefix="rollback:"))
+                    self._routed([s for s in self._post_steps() if s.effect in VERIFY], prefix="rollback:")
                 except DeployerError as exc:
                     self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert failed: {exc}\n"
                                                   f"Run the rollback again to finish it")
@@ -260,6 +259,9 @@ class UnitRun:
     def _after_commits(self) -> None:
         ctxs = [self.ctxs[h] for h in self.hosts]
         post = self._post_steps()
+        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
+
+        out, back = around_router(post) if self.routing is not None else (post, [])
         routing: UnitRouting | None = None
         restarted = False
         try:
@@ -267,12 +269,17 @@ class UnitRun:
                 routing = self.routing(self.ctxs)  # may connect to the router's host
                 routing.take_out()  # no request reaches a worker that is about to stop
             restarted = True
-            for step in post:
-                self._run_unit_step(step)
+            self._run_unit_steps(out)
             if routing is not None:
                 routing.put_back()
+            self._run_unit_steps(back)
         except DeployerError as failure:
+            # A check through the router failed with the new workers back in it: out again before anything
+            # restarts them (or while they stay on the failed change).
+            again = self._take_out_again(routing) if routing is not None and restarted and not routing.out else None
             self.failure = self._settle_failure(ctxs, failure, post)
+            if again is not None:
+                self.failure = type(self.failure)(f"{self.failure}\n{again}")
             if routing is not None and routing.out:
                 self.failure = self._after_failure(routing, self.failure, on_new_code=restarted and (
                     self.on_failure not in ("rollback", "rollback_fleet") or isinstance(self.failure, RollbackFailed)))
@@ -283,21 +290,35 @@ class UnitRun:
         for ctx in ctxs:
             ctx.bus.step = None
 
+    @staticmethod
+    def _take_out_again(routing: UnitRouting) -> str | None:
+        """The unit's workers out of the router again (removed, unlisted, drained); what went wrong, if anything."""
+        try:
+            routing.take_out()
+        except DeployerError as exc:
+            return f"Taking the unit out of router {routing.client.name} again failed: {exc}"
+        return None
+
     def _run_unit_steps(self, steps: list[Step], prefix: str = "") -> None:
         for step in steps:
             self._run_unit_step(step, prefix)
 
-    def _routed(self, work: Callable[[], None]) -> None:
+    def _routed(self, steps: list[Step], prefix: str = "") -> None:
         """A restart onto code the workers served before (`restart`, a rollback's): the unit out of its router
-        around it; after a failure its workers go back (unhealthy ones too) and the failure says so."""
+        around it (a canary's request through the router once it is back); after a failure while out its workers
+        go back (unhealthy ones too) and the failure says so."""
         if self.routing is None:
-            work()
+            self._run_unit_steps(steps, prefix)
             return
+        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
+
+        out, back = around_router(steps)
         routing = self.routing(self.ctxs)  # may connect to the router's host
         try:
             routing.take_out()
-            work()
+            self._run_unit_steps(out, prefix)
             routing.put_back()
+            self._run_unit_steps(back, prefix)  # they serve the code they served before: they stay in
         except DeployerError as failure:
             raise self._after_failure(routing, failure, on_new_code=False) if routing.out else failure from None
         finally:

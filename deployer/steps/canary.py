@@ -12,13 +12,14 @@ the run log (masked as every event is).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AfterValidator, Field
@@ -160,6 +161,19 @@ class Canary(Step):
     params: CanaryParams
 
     routers: Callable[[], RouterReach] | None = None  # the inventory's, when the command has one (reach_routers)
+    # Which of its requests this step sends: both, or one half of a canary split around a router (halves()).
+    asks: Literal["both", "direct", "router"] = "both"
+
+    def halves(self) -> tuple[Canary, Canary | None]:
+        """The canary straight to the new server, and its request through the router as a step of its own (None
+        without `via`): a unit behind its router asks that one only once its workers are back in the router, where
+        the request can reach them (fleet/unit.py)."""
+        if self.params.via is None:
+            return self, None
+        direct, through = copy.copy(self), copy.copy(self)
+        direct.asks, through.asks = "direct", "router"
+        through.name = f"{self.name} (through the router)"
+        return direct, through
 
     def reach_routers(self, routers: Callable[[], RouterReach]) -> None:
         self.routers = cache(routers)  # read once, and only when `via:` names a router
@@ -215,7 +229,8 @@ class Canary(Step):
         path = self.golden(ctx)
         expected = None if path is None else golden_file(path)["text"]
         said = []
-        for action, router in zip(self.requests(ctx), [None, self.router()], strict=False):
+        asked = list(zip(self.requests(ctx), [None, self.router()], strict=False))
+        for action, router in {"both": asked, "direct": asked[:1], "router": asked[1:]}[self.asks]:
             answer = self.ask_router(ctx, action, router) if router is not None else ask(ctx, action, self.params)
             where = f"{action.method} {answer.url}" + ("" if router is None else
                                                        f" through router {router[0]} (on {router[1].host})")
@@ -241,6 +256,20 @@ class Canary(Step):
             raise StepFailed(self.name, f"canary: no connection to router {name}'s host {spec.host}")
         with connect(spec.host) as transport:
             return ask(replace(ctx, transport=transport), action, self.params, router=name)
+
+
+def around_router(steps: list[Step]) -> tuple[list[Step], list[Step]]:
+    """A routed unit's steps after its restart (fleet/unit.py): those run while it is out of its router, and those
+    run once it is back and listed: each canary's request through a router (while out, the router could send it only
+    to the other units, and it would prove nothing of these workers)."""
+    out: list[Step] = []
+    back: list[Step] = []
+    for step in steps:
+        direct, through = step.halves() if isinstance(step, Canary) else (step, None)
+        out.append(direct)
+        if through is not None:
+            back.append(through)
+    return out, back
 
 
 def record(host_name: str, host: Host, connect: Callable[[EventBus], Transport],
