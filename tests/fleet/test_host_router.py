@@ -92,3 +92,29 @@ def test_a_plain_host_naming_an_unknown_router_or_a_worker_outside_it_is_refused
                     r"hosts\.yaml:\d+:13: hosts\.gpu-b\.router: 'nope' is not in routers: \(pd-router\)",
                     r"hosts\.yaml:\d+:\d+: hosts\.gpu-d\.workers\.0\.service: 'gpu-b:decode' is not a service of "
                     r"host 'gpu-d' \(gpu-d:decode\)")
+
+
+def events_of(fleet: PdFleet, run_id: str) -> list[dict[str, Any]]:
+    path = fleet.root / ".deployer" / "runs" / run_id / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_group_restart_takes_its_routed_hosts_out_of_the_router_one_after_the_other_and_no_request_fails(
+        hosts_fleet: PdFleet) -> None:
+    hosts_fleet.inventory["groups"] = {"decodes": ["gpu-d", "gpu-b"]}
+    hosts_fleet.write()
+    before = hosts_fleet.pids()
+    with load_through(hosts_fleet, "the restart") as load:
+        restarted = deployer("restart", "--host", "decodes", "--json", cwd=hosts_fleet.root)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    runs = {host: run["run_id"] for host, run in json.loads(restarted.stdout)["hosts"].items()}
+    assert list(runs) == ["gpu-b", "gpu-d"]  # in turn, sorted
+    after = hosts_fleet.pids()
+    for host, other in (("gpu-b", "gpu-d"), ("gpu-d", "gpu-b")):
+        assert after[host]["decode"] != before[host]["decode"], host
+        left_and_came_back(hosts_fleet, runs[host], hosts_fleet.worker_url(host, "decode"))
+        # While this host was out of the router, the other decode was listed: one out at a time.
+        seen_without = next(e for e in events_of(hosts_fleet, runs[host]) if e["type"] == "router_listed")
+        assert hosts_fleet.worker_url(other, "decode") in seen_without["workers"], (host, seen_without)
+    assert listed_healthy(hosts_fleet) == every_worker(hosts_fleet)
