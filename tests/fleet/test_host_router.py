@@ -118,3 +118,14 @@ def test_a_group_restart_takes_its_routed_hosts_out_of_the_router_one_after_the_
         seen_without = next(e for e in events_of(hosts_fleet, runs[host]) if e["type"] == "router_listed")
         assert hosts_fleet.worker_url(other, "decode") in seen_without["workers"], (host, seen_without)
     assert listed_healthy(hosts_fleet) == every_worker(hosts_fleet)
+
+
+def test_the_plain_output_names_a_plain_host_behind_the_router_as_a_host_not_a_unit(hosts_fleet: PdFleet) -> None:
+    result = deployer("restart", "--host", "gpu-d", cwd=hosts_fleet.root)  # not a terminal: plain lines
+    assert result.returncode == 0, result.stdout + result.stderr
+    decode = hosts_fleet.worker_url("gpu-d", "decode")
+    lines = result.stdout.splitlines()
+    for expected in (f"[router pd-router] host gpu-d: removed worker {decode} (gpu-d:decode)",
+                     f"[router pd-router] host gpu-d: added worker {decode} (gpu-d:decode)"):
+        assert expected in lines, (expected, result.stdout)
+    assert not [line for line in lines if "unit gpu-d" in line], result.stdout
