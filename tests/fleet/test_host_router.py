@@ -5,6 +5,7 @@ a unit's restart does, while the other prefill or decode serves: a steady load t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,27 @@ def test_the_plain_output_names_a_plain_host_behind_the_router_as_a_host_not_a_u
                      f"[router pd-router] host gpu-d: added worker {decode} (gpu-d:decode)"):
         assert expected in lines, (expected, result.stdout)
     assert not [line for line in lines if "unit gpu-d" in line], result.stdout
+
+
+def test_a_one_host_apply_of_a_host_alone_behind_its_router_is_downtime_planned_and_needs_allow_downtime(
+        hosts_fleet: PdFleet) -> None:
+    for host in ("gpu-a", "gpu-b", "gpu-c"):  # gpu-d is the only host the inventory puts behind pd-router
+        for field in ("router", "workers"):
+            hosts_fleet.inventory["hosts"][host].pop(field)
+    hosts_fleet.write()
+    down = "router pd-router: no other unit serves behind it while gpu-d restarts"
+    planned = deployer("plan", "note.yaml", "--host", "gpu-d", "--json", cwd=hosts_fleet.root)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert json.loads(planned.stdout)["downtime"] == [{"router": "pd-router", "units": ["gpu-d"], "expected_s": None}]
+    before = hosts_fleet.pids()
+    refused = deployer("apply", "note.yaml", "--host", "gpu-d", cwd=hosts_fleet.root)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{down}: that is downtime; pass --allow-downtime to accept it" in refused.stdout + refused.stderr
+    assert hosts_fleet.pids() == before
+    applied = deployer("apply", "note.yaml", "--host", "gpu-d", "--allow-downtime", "--json", cwd=hosts_fleet.root)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert hosts_fleet.pids()["gpu-d"]["decode"] != before["gpu-d"]["decode"]
+    left_and_came_back(hosts_fleet, json.loads(applied.stdout)["run_id"], hosts_fleet.worker_url("gpu-d", "decode"))
+    shown = deployer("plan", "note.yaml", "--host", "gpu-d", cwd=hosts_fleet.root)  # now from the apply's time
+    assert re.search(rf"^{re.escape(down)}: downtime, about \d+(\.\d+)?s \(apply needs --allow-downtime\)$",
+                     shown.stdout, re.MULTILINE), shown.stdout
