@@ -338,7 +338,28 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         return
     run = runlog.read_run(root, run_id)
     engine = build.for_run(run, host_name)
+    loaded = load_inventory(find_inventory(inventory))
+    routed = routed_part(loaded, engine.host_name)
+    if routed is not None:  # a host behind a router, or its part of a unit: out of the router around the restart
+        from deployer.fleet.unit import alone
+
+        name, unit = routed
+        run_with_view(engine, as_json, partial(alone, name, unit, engine, build.routers(loaded), rollback_of=run,
+                                               force=force))
+        return
     run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
+
+
+def routed_part(inventory: Inventory, host: str) -> tuple[str, Unit] | None:
+    """The unit (its name, and its part on host) whose router sends host traffic: a plain host's unit of one, or
+    host's part of its unit; None: host is behind no router."""
+    from deployer.config.units import every_unit, part_on
+
+    for name, unit in every_unit(inventory.units, inventory.hosts).items():
+        if host in unit.hosts():
+            part = part_on(unit, host)
+            return (name, part) if part.router is not None else None
+    return None
 
 
 def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:

@@ -154,3 +154,21 @@ def test_a_one_host_apply_of_a_host_alone_behind_its_router_is_downtime_planned_
     shown = deployer("plan", "note.yaml", "--host", "gpu-d", cwd=hosts_fleet.root)  # now from the apply's time
     assert re.search(rf"^{re.escape(down)}: downtime, about \d+(\.\d+)?s \(apply needs --allow-downtime\)$",
                      shown.stdout, re.MULTILINE), shown.stdout
+
+
+def test_the_rollback_of_a_plain_host_behind_the_router_takes_it_out_around_its_restart_and_no_request_fails(
+        hosts_fleet: PdFleet) -> None:
+    applied = deployer("apply", "note.yaml", "--host", "gpu-d", "--json", cwd=hosts_fleet.root)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    run_id = json.loads(applied.stdout)["run_id"]
+    before = hosts_fleet.pids()
+    with load_through(hosts_fleet, "the rollback") as load:
+        rolled = deployer("rollback", run_id, "--json", cwd=hosts_fleet.root)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    assert hosts_fleet.pids()["gpu-d"]["decode"] != before["gpu-d"]["decode"]
+    rollback = json.loads(rolled.stdout)
+    assert rollback["status"] == "successful" and rollback["git"]["after"], rollback
+    left_and_came_back(hosts_fleet, rollback["run_id"], hosts_fleet.worker_url("gpu-d", "decode"))
+    assert [e["by"] for e in events_of(hosts_fleet, run_id) if e["type"] == "rolled_back_by"] == [rollback["run_id"]]
+    assert listed_healthy(hosts_fleet) == every_worker(hosts_fleet)
