@@ -1,6 +1,7 @@
 """Plain hosts behind a router: the demo stack's four hosts (two prefills, two decodes) in no unit, each naming the
 demo router and its one worker. Restarting or applying to one of them takes it out of the router and puts it back as
-a unit's restart does, while the other prefill or decode serves: a steady load through the router sees no failure."""
+a unit's restart does, while the other prefill or decode serves: a steady load through the router sees no failure.
+So does the rollback of one host's run of a unit (its part of the unit out of the router)."""
 
 from __future__ import annotations
 
@@ -172,3 +173,19 @@ def test_the_rollback_of_a_plain_host_behind_the_router_takes_it_out_around_its_
     left_and_came_back(hosts_fleet, rollback["run_id"], hosts_fleet.worker_url("gpu-d", "decode"))
     assert [e["by"] for e in events_of(hosts_fleet, run_id) if e["type"] == "rolled_back_by"] == [rollback["run_id"]]
     assert listed_healthy(hosts_fleet) == every_worker(hosts_fleet)
+
+
+def test_the_rollback_of_one_host_s_run_of_a_unit_takes_that_host_s_workers_out_around_its_restart(
+        tmp_path: Path) -> None:
+    with running(make_fleet(tmp_path)) as fleet:  # the units as test_rolling_router has them
+        code, report, output = fleet.apply("pd-2")
+        assert code == 0, output
+        before = fleet.pids()
+        with load_through(fleet, "the rollback") as load:
+            rolled = deployer("rollback", report["hosts"]["gpu-d"]["run_id"], "--json", cwd=fleet.root)
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+        after = fleet.pids()
+        assert after["gpu-d"]["decode"] != before["gpu-d"]["decode"] and after["gpu-c"] == before["gpu-c"]
+        left_and_came_back(fleet, json.loads(rolled.stdout)["run_id"], fleet.worker_url("gpu-d", "decode"))
+        assert listed_healthy(fleet) == every_worker(fleet)
