@@ -60,17 +60,20 @@ def timings_of(build: Build, engine: Engine) -> list[Timing]:
     return last_times(build.runs_dir, engine.host_name, engine.host)
 
 
-def show_plan(report: PlanReport, as_json: bool, timings: list[Timing]) -> None:
-    """The plan; exit 1 when the projected change breaks the playbook's bounds or does not compile here, so a CI
-    job can gate on it."""
+def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime: Sequence[Downtime] = ()) -> None:
+    """The plan (and the router its restart leaves with nothing behind it); exit 1 when the projected change breaks
+    the playbook's bounds or does not compile here, so a CI job can gate on it."""
     from deployer.ui.console import make_console
     from deployer.ui.plan import show_plan as render
     failed = "; ".join(report.failed_here) or None
     if as_json:
         emit_json({**report.document(), "time_to_healthy": [t.document() for t in timings],
-                   "exit_code": 1 if failed else 0, "error": failed})
+                   "downtime": [vars(one) for one in downtime], "exit_code": 1 if failed else 0, "error": failed})
     else:
-        render(make_console(), report, timings)
+        console = make_console()
+        render(console, report, timings)
+        for down in downtime:
+            console.print(down.describe(), markup=False, highlight=False)
     if failed:
         sys.exit(1)
 
@@ -129,7 +132,9 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     loaded, hosts = select_hosts(host_name, None, inventory)
     engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts})
     if len(hosts) == 1:
-        show_plan(engines[hosts[0]].plan(), as_json, timings_of(build, engines[hosts[0]]))
+        engine = engines[hosts[0]]
+        alone = {n: u for n, u in every_unit(loaded.units, loaded.hosts).items() if u.hosts() == hosts}
+        show_plan(engine.plan(), as_json, timings_of(build, engine), lone_downtime(build, engine, alone, loaded))
         return
     units = targets.run_units(loaded, hosts)
     down = planned_downtime(engines, units, next(iter(engines.values())).playbook.model.rollout,
@@ -170,9 +175,9 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
     if len(hosts) == 1:  # one host: a plain run, as before fleets existed
         engine = engines[hosts[0]]
         if dry_run:
-            show_plan(engine.plan(), as_json, timings_of(build, engine))
+            show_plan(engine.plan(), as_json, timings_of(build, engine), lone_downtime(build, engine, units, loaded))
         else:
-            apply_one(build, engine, as_json, units, loaded)
+            apply_one(build, engine, as_json, units, loaded, allow_downtime=allow_downtime)
         return
     from deployer.fleet.apply import for_units
     from deployer.fleet.runner import FleetCancel
@@ -187,17 +192,22 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 
 
 def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit] | None = None,
-              inventory: Inventory | None = None) -> None:
+              inventory: Inventory | None = None, *, allow_downtime: bool = False) -> None:
     """A single-host apply whose connection opens while the rest of the run sets up (checked config first); a host
     behind a router (units: its unit of one, or its one-host unit) runs as its unit, out of the router around its
-    restart."""
+    restart; alone behind it, that is downtime, refused unless allow_downtime (as a fleet's batch is)."""
     with setting_up():
         run = engine.apply
         behind = {name: unit for name, unit in (units or {}).items() if unit.router is not None}
         if behind and inventory is not None:
+            from deployer.config.units import every_unit, units_behind
             from deployer.fleet.apply import for_units
+            from deployer.fleet.strategies import refuse_downtime
             from deployer.fleet.unit import alone
 
+            refuse_downtime([[engine.host_name]], {name: unit.hosts() for name, unit in behind.items()},
+                            units_behind(inventory.routers, every_unit(inventory.units, inventory.hosts)),
+                            allow_downtime)
             for_units({engine.host_name: engine}, behind)
             ((name, unit),) = behind.items()
             run = partial(alone, name, unit, engine, build.routers(inventory))
@@ -207,6 +217,19 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
         run_with_view(engine, as_json, run)
     finally:
         opening.discard()
+
+
+def lone_downtime(build: Build, engine: Engine, units: dict[str, Unit], inventory: Inventory) -> list[Downtime]:
+    """A one-host plan's downtime: the router its host (or one-host unit) is alone behind, and for how long, as
+    apply_one refuses it. units: the run's (empty, or the host's unit)."""
+    if not any(unit.router is not None for unit in units.values()):
+        return []  # a plain host's plan never loads the fleet modules
+    from deployer.config.units import every_unit, units_behind
+    from deployer.fleet.apply import planned_downtime
+
+    return planned_downtime({engine.host_name: engine}, units, engine.playbook.model.rollout,
+                            units_behind(inventory.routers, every_unit(inventory.units, inventory.hosts)),
+                            build.runs_dir)
 
 
 def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
@@ -315,7 +338,28 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         return
     run = runlog.read_run(root, run_id)
     engine = build.for_run(run, host_name)
+    loaded = load_inventory(find_inventory(inventory))
+    routed = routed_part(loaded, engine.host_name)
+    if routed is not None:  # a host behind a router, or its part of a unit: out of the router around the restart
+        from deployer.fleet.unit import alone
+
+        name, unit = routed
+        run_with_view(engine, as_json, partial(alone, name, unit, engine, build.routers(loaded), rollback_of=run,
+                                               force=force))
+        return
     run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
+
+
+def routed_part(inventory: Inventory, host: str) -> tuple[str, Unit] | None:
+    """The unit (its name, and its part on host) whose router sends host traffic: a plain host's unit of one, or
+    host's part of its unit; None: host is behind no router."""
+    from deployer.config.units import every_unit, part_on
+
+    for name, unit in every_unit(inventory.units, inventory.hosts).items():
+        if host in unit.hosts():
+            part = part_on(unit, host)
+            return (name, part) if part.router is not None else None
+    return None
 
 
 def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:

@@ -16,7 +16,8 @@ from deployer.cli.running import builder, cancel_on_signals, run_with_view
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from deployer.config.models import Unit
+    from deployer.build import Build
+    from deployer.config.models import Inventory, Unit
     from deployer.fleet.router import UnitRouting
     from deployer.run.engine import Engine, RunResult
     from deployer.steps.context import Context
@@ -41,9 +42,6 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
     3 when the lock is held, 5 when a service does not come back (the services still down are named, with the
     command that tries again)."""
     from deployer.cli.deploy import select_hosts
-    from deployer.config.units import every_unit
-    from deployer.fleet.unit import alone
-    from deployer.run.restart import restart as run_restart
 
     build = builder(inventory, runs_dir, accept_new_host_key)
     loaded, hosts = select_hosts(host_name, None, inventory)
@@ -53,38 +51,49 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
         members = build.restart_unit(host_name, unit, list(services), checks)
         restart_unit(members, host_name, unit, as_json, build.routers(loaded).for_unit(host_name, unit, members))
         return
-    if host_name in loaded.hosts and (alone_unit := every_unit(loaded.units, loaded.hosts).get(host_name)) is not None:
-        # A plain host behind a router: restarted as its unit of one, out of the router around the restart.
-        engine = build.restart_unit(host_name, alone_unit, list(services), checks)[host_name]
-        engine.check_host()
-        run_with_view(engine, as_json, partial(alone, host_name, alone_unit, engine, build.routers(loaded),
-                                               restart=True))
-        return
-    engines = [build.restart(host, list(services), checks) for host in sorted(hosts)]
-    for engine in engines:
+    runs = [restarting(build, loaded, host, list(services), checks) for host in sorted(hosts)]
+    for engine, _ in runs:
         engine.check_host()  # an unknown service is refused before anything connects, on any host
-    if len(engines) == 1:
-        run_with_view(engines[0], as_json, partial(run_restart, engines[0], list(services)))
+    if len(runs) == 1:
+        engine, run = runs[0]
+        run_with_view(engine, as_json, run)
         return
-    restart_in_turn(engines, list(services), as_json)
+    restart_in_turn(runs, as_json)
 
 
-def restart_in_turn(engines: list[Engine], services: list[str], as_json: bool) -> None:
-    """A group that is no unit: one host after another, each its own run; the first that fails ends it, with
-    its exit code (the hosts after it are left as they are)."""
+def restarting(build: Build, loaded: Inventory, host: str, services: list[str],
+               checks: Path | None) -> tuple[Engine, Callable[[], RunResult]]:
+    """A host's restart, and its engine: a plain host behind a router restarts as its unit of one, out of the router
+    around the restart (alone), wherever it is named (alone, or in a group)."""
+    from deployer.config.units import every_unit
     from deployer.run.restart import restart as run_restart
+
+    routed = every_unit(loaded.units, loaded.hosts).get(host)  # a host of a unit names no router of its own
+    if routed is None:
+        engine = build.restart(host, services, checks)
+        return engine, partial(run_restart, engine, services)
+    from deployer.fleet.unit import alone
+
+    engine = build.restart_unit(host, routed, services, checks)[host]
+    return engine, partial(alone, host, routed, engine, build.routers(loaded), restart=True)
+
+
+def restart_in_turn(runs: list[tuple[Engine, Callable[[], RunResult]]], as_json: bool) -> None:
+    """A group that is no unit: one host after another, each its own run (a host behind a router out of it around
+    its own restart only, so the others serve meanwhile); the first that fails ends it, with its exit code (the
+    hosts after it are left as they are)."""
     from deployer.ui.console import make_console
     from deployer.ui.live import StepView
 
     results = {}
-    for engine in engines:
+    for engine, run in runs:
         view = StepView(make_console(), quiet=as_json)
         engine.listeners.append(view)
         with cancel_on_signals(engine.cancel), view:
-            results[engine.host_name] = run_restart(engine, services)
+            results[engine.host_name] = run()
         if results[engine.host_name].exit_code:
             break
-    report_hosts(results, len(engines), as_json)
+    report_hosts(results, len(runs), as_json)
 
 
 def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool,

@@ -54,6 +54,14 @@ def unit_of_one(name: str, host: RoutedHost) -> Unit:
                                 workers=host.workers)
 
 
+def part_on(unit: Unit, host: str) -> Unit:
+    """A unit's services and router workers on one host: what the rollback of that host's run alone restarts (out of
+    the unit's router meanwhile; behind none when no worker of the unit is on the host)."""
+    workers = [worker for worker in unit.workers if worker.service.partition(":")[0] == host]
+    return Unit.model_construct(services=[f"{h}:{service}" for h, service in unit.members() if h == host],
+                                router=unit.router if workers else None, workers=workers)
+
+
 def every_unit(units: Mapping[str, Unit], hosts: Mapping[str, RoutedHost]) -> dict[str, Unit]:
     """The inventory's units, and each plain host that names its router as a unit of one."""
     return {**units, **{name: unit_of_one(name, host) for name, host in hosts.items() if host.router is not None}}

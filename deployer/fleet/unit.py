@@ -57,13 +57,16 @@ def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]
     return kept
 
 
-def alone(name: str, unit: Unit, engine: Engine, routers: Routers, *, restart: bool = False) -> RunResult:
-    """One host behind a router (a plain host's unit of one, or a unit on one host) run as its unit, so that it
-    leaves the router and comes back as a unit does, its failures handled the same way: its apply (restart: its
-    `deployer restart`), and that host's result."""
+def alone(name: str, unit: Unit, engine: Engine, routers: Routers, *, restart: bool = False,
+          rollback_of: Run | None = None, force: bool = False) -> RunResult:
+    """One host behind a router (a plain host's unit of one, a unit on one host, or one host's part of a unit) run as
+    its unit, so that it leaves the router and comes back as a unit does, its failures handled the same way: its
+    apply (restart: its `deployer restart`; rollback_of: `deployer rollback` of that run), and that host's result."""
     engines = {engine.host_name: engine}
-    run = UnitRun(name, unit, engines, "restore" if restart else engine.playbook.model.on_failure,
+    run = UnitRun(name, unit, engines, "restore" if restart or rollback_of else engine.playbook.model.on_failure,
                   routing=routers.for_unit(name, unit, engines))
+    if rollback_of is not None:
+        return run.rollback({engine.host_name: rollback_of}, force=force)[engine.host_name]
     return (run.restart_only() if restart else run.run())[engine.host_name]
 
 

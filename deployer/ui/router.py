@@ -23,12 +23,19 @@ def inflight_text(event: dict[str, Any]) -> str:
     return f"worker {url(event['worker'])} ({event['service']}) in flight: {count}{clock}"
 
 
+def owner(event: dict[str, Any]) -> str:
+    """Whose workers a router event is about: `unit pd-1`, or `host gpu-e` for a plain host's unit of one (named as
+    the host, whose events it emits; no unit may take a host's name)."""
+    unit = str(event["unit"])
+    return f"host {unit}" if unit == event.get("host") else f"unit {unit}"
+
+
 def router_line(event: dict[str, Any]) -> str | None:
     """The plain line of a router event (None: not one)."""
     kind = event.get("type")
     if kind not in ROUTER_EVENTS:
         return None
-    where = f"[router {event['router']}]" + (f" unit {event['unit']}:" if event.get("unit") else "")
+    where = f"[router {event['router']}]" + (f" {owner(event)}:" if event.get("unit") else "")
     if kind == "router_remove":
         return f"{where} removed worker {url(event['worker'])} ({event['service']})"
     if kind == "router_add":
