@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deployer.errors import DeployerError
+from deployer.run import undo
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context
 
@@ -70,6 +71,10 @@ class Ahead:
         for step in self.chain:
             if step.name in ctx.ahead:
                 ctx.bus.step = step.name
-                step.landed(ctx)
+                try:
+                    step.landed(ctx)
+                except KeyboardInterrupt:  # a forced stop while it still runs: killed, then taken in
+                    undo.stop_running(ctx)
+                    step.landed(ctx)
         ctx.bus.step = None
         self.unwatch()

@@ -284,26 +284,30 @@ class Commit(Step):
         if not changed:
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
-        sent = ctx.ahead.pop(self.name, None)
+        # Kept in ctx.ahead until answered: a forced stop while it runs takes in what it did (Ahead.land).
+        sent = ctx.ahead.get(self.name)
         try:
             self._made(ctx, sent)
-        except RequestSkipped:
-            if sent is None:
+        except DeployerError as exc:
+            ctx.ahead.pop(self.name, None)
+            if sent is None or not isinstance(exc, RequestSkipped):
                 raise
             # A check the agent made ahead of it failed there though it passed here (the target counted the
             # diff otherwise than this machine did): the commit goes now, in a round trip of its own.
             ctx.emit("commit_sent_again", reason="a check before it did not pass on the target")
             self._made(ctx, None)
+        ctx.ahead.pop(self.name, None)
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
         return f"commit {str(ctx.git_after)[:12]}{note}"
 
     def landed(self, ctx: Context) -> None:
         """A run stopping before this step's turn: the commit it sent with the changes may have run on the
         target all the same; if it did, the run holds it (ctx.git_after) and undoes it as a commit."""
-        sent = ctx.ahead.pop(self.name, None)
+        sent = ctx.ahead.get(self.name)
         if sent is not None:
             with contextlib.suppress(DeployerError):
                 self._made(ctx, sent)
+            ctx.ahead.pop(self.name, None)  # not on a forced stop while waiting: Ahead.land kills it, then asks again
 
     def _made(self, ctx: Context, sent: tuple[Pending[BatchResult], Values] | None) -> None:
         unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)
