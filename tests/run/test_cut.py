@@ -341,7 +341,14 @@ def test_a_release_whose_reply_is_lost_after_the_commit_exits_0_saying_its_outco
     def answer_then_cut(_: object) -> None:
         relay.cut_after_answer()
         kill_marker(marker)  # the hook ends: the commit's batch answers, then the release runs
-    ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists, answer_then_cut,
+
+    def parked_and_waited_for() -> bool:
+        # The commit went with the upload: the hook may hold it before the upload's answers reached the run.
+        # Only once the run waits at its commit is the commit's the one answer left to let through.
+        with contextlib.suppress(ValueError, OSError, json.JSONDecodeError):
+            return marker.exists() and phase_of(project.runs / project.newest_run()) == "committing"
+        return False
+    ended = act_when(project, ("apply", "fix.yaml", "--host", "box"), parked_and_waited_for, answer_then_cut,
                      "the post-commit hook", cleanup=lambda: kill_marker(marker))
     out, err = ended.stdout, ended.stderr
     run = project.runs / project.newest_run()
