@@ -377,12 +377,17 @@ def test_a_fleet_host_cut_mid_upload_is_reported_interrupted_with_the_recover_co
     known.write_text(known.read_text() + f"[127.0.0.1]:{sshd.port} {sshd.host_pubkey_line}\n")
     hosts = {"box": project.host, "plain": {**project.host, "port": sshd.port, "repo": str(other)}}
     project.inventory.write_text(json.dumps({"hosts": hosts}))
-    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
-                     steps=["upload", "remote_compile", {"commit": {"message": "pkg: answer is 42"}}])
+    # A new file: its count cannot be told ahead, so the commit is sent in its turn, after the checks' answers
+    # came back here; the cut between the files going live and the commit then always comes first.
+    project.write("fix/new_mod.py", "NEW = True\n")
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
+                            {"src": "fix/new_mod.py", "dest": "pkg/new_mod.py", "create": True}],
+                     steps=["upload", "remote_compile", {"diff_bounds": {"files": 2}},
+                            {"commit": {"message": "pkg: answer is 42"}}])
     base = project.head()
     relay.arm(None, rst=False)
     cut = act_when(project, ("apply", "fix.yaml", "--host", "box,plain", "--json"),
-                   lambda: project.file("pkg/a.py") == FIXED_A and project.file("pkg/b.py") == FIXED_B,
+                   lambda: project.file("pkg/a.py") == FIXED_A and (project.repo / "pkg/new_mod.py").exists(),
                    lambda _: relay.cut(), "the upload")
     report = json.loads(cut.stdout)
     fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
@@ -402,5 +407,6 @@ def test_a_fleet_host_cut_mid_upload_is_reported_interrupted_with_the_recover_co
     recovered = project.deployer("recover", report["fleet_id"])
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert project.head() == base and project.file("pkg/a.py") == ORIGINAL_A
+    assert not (project.repo / "pkg/new_mod.py").exists()
     fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
     assert fleet["hosts"]["box"]["state"] == "failed_restored", fleet["hosts"]["box"]
