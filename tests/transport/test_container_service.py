@@ -71,3 +71,13 @@ def test_a_stopped_container_service_is_started_and_check_says_it_does_not_run(
     assert applied.returncode == 0, applied.stdout + applied.stderr
     new_pid, _ = served.state()
     assert events_of(target, "restart")[0]["pids"] == {"prefill": {"old": None, "new": new_pid}}
+
+
+def test_a_container_service_that_never_gets_healthy_fails_with_the_end_of_its_output_both_streams(
+        target: Project, serving_container: Callable[..., Served]) -> None:
+    served = serving_container(init=True)
+    # http.server logs each request on its stderr, which `podman logs` hands back on its own stderr.
+    with_service(target, served, health=served.health + "never-healthy", health_timeout_s=2)
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode != 0, applied.stdout + applied.stderr
+    assert '"GET /never-healthy HTTP/1.1" 404' in applied.stderr, applied.stderr

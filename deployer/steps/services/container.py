@@ -74,8 +74,10 @@ class ContainerManager(Manager):
                                    failure=f"{engine} start {box} failed")
         self.up = Action.run(f"{name}.up", f"wait for container {box} to run", inspect, repeats=True)
         self.still = Action.run(f"{name}.still", f"container {box} still runs the same process", inspect)
-        self._log = Action.run(f"{name}.log", f"the end of container {box}'s output",
-                               (engine, "logs", "--tail", "40", box), when=f"{name} fails")
+        # Both of the container's streams, in the order it wrote them: the engine hands its stderr (where a
+        # server's traceback goes) back on its own stderr, which the failure's tail would not show.
+        self._log = Action.run(f"{name}.log", f"the end of container {box}'s output (stdout and stderr)",
+                               ("sh", "-c", 'exec "$0" logs --tail 40 "$1" 2>&1', engine, box), when=f"{name} fails")
         self.started: State | None = None  # what start() brought up
 
     @classmethod
