@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from deployer.cli.downtime import fleet_downtime, lone_downtime, refuse_lone, routed_part
 from deployer.cli.options import (
     accept_option,
     complete_runs,
@@ -68,7 +69,7 @@ def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime
     failed = "; ".join(report.failed_here) or None
     if as_json:
         emit_json({**report.document(), "time_to_healthy": [t.document() for t in timings],
-                   "downtime": [vars(one) for one in downtime], "exit_code": 1 if failed else 0, "error": failed})
+                   "downtime": [one.document() for one in downtime], "exit_code": 1 if failed else 0, "error": failed})
     else:
         console = make_console()
         render(console, report, timings)
@@ -78,16 +79,20 @@ def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime
         sys.exit(1)
 
 
-def show_plans(build: Build, engines: dict[str, Engine], as_json: bool, downtime: Sequence[Downtime] = ()) -> None:
-    """Every host's plan, and the routers a batch leaves with no unit behind it; exit 1 when any host's projected
-    change breaks the bounds or does not compile."""
+def show_plans(build: Build, engines: dict[str, Engine], units: dict[str, Unit], inventory: Inventory,
+               as_json: bool) -> None:
+    """A fleet's plan (`plan`, `apply --dry-run`): every host's, and the routers a batch leaves with no unit behind
+    it; exit 1 when any host's projected change breaks the bounds or does not compile."""
+    from deployer.fleet.apply import for_units
     from deployer.ui.console import make_console
     from deployer.ui.plan import show_plan as render
+    downtime = fleet_downtime(build, engines, units, inventory)
+    for_units(engines, units)
     reports = [(engine.plan(), timings_of(build, engine)) for engine in engines.values()]
     failed = [f"{r.host_name}: {problem}" for r, _ in reports for problem in r.failed_here]
     if as_json:
         emit_json({"hosts": [{**r.document(), "time_to_healthy": [one.document() for one in t]} for r, t in reports],
-                   "downtime": [vars(one) for one in downtime], "exit_code": 1 if failed else 0,
+                   "downtime": [one.document() for one in downtime], "exit_code": 1 if failed else 0,
                    "error": "; ".join(failed) or None})
     else:
         console = make_console()
@@ -116,16 +121,19 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
     from deployer.config import targets
-    from deployer.config.units import every_unit, units_behind
+    from deployer.config.models import find_inventory, load_inventory
+    from deployer.config.units import every_unit
     from deployer.errors import ConfigError
-    from deployer.fleet.apply import for_units, planned_downtime
     from deployer.run import rollback as rollbacks
 
     build = builder(inventory, runs_dir, accept_new_host_key)
-    if rollback_of:
+    if rollback_of:  # its host alone behind its router: downtime, as `rollback` refuses it
         run = runlog.read_run(build.runs_dir, rollback_of)
         engine = build.for_run(run, host_name)
-        show_plan(rollbacks.plan(engine, run), as_json, timings_of(build, engine))
+        loaded = load_inventory(find_inventory(inventory))
+        routed = routed_part(loaded, engine.host_name)
+        show_plan(rollbacks.plan(engine, run), as_json, timings_of(build, engine),
+                  lone_downtime(build, engine, dict([routed] if routed else []), loaded, command="rollback"))
         return
     if not playbook or not host_name:
         raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
@@ -136,11 +144,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         alone = {n: u for n, u in every_unit(loaded.units, loaded.hosts).items() if u.hosts() == hosts}
         show_plan(engine.plan(), as_json, timings_of(build, engine), lone_downtime(build, engine, alone, loaded))
         return
-    units = targets.run_units(loaded, hosts)
-    down = planned_downtime(engines, units, next(iter(engines.values())).playbook.model.rollout,
-                            units_behind(loaded.routers, every_unit(loaded.units, loaded.hosts)), build.runs_dir)
-    for_units(engines, units)
-    show_plans(build, engines, as_json, down)
+    show_plans(build, engines, targets.run_units(loaded, hosts), loaded, as_json)
 
 
 @click.command()
@@ -179,12 +183,10 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
         else:
             apply_one(build, engine, as_json, units, loaded, allow_downtime=allow_downtime)
         return
-    from deployer.fleet.apply import for_units
     from deployer.fleet.runner import FleetCancel
 
     if dry_run:
-        for_units(engines, units)
-        show_plans(build, engines, as_json)
+        show_plans(build, engines, units, loaded, as_json)
         return
     fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[], inventory=loaded,
                               allow_downtime=allow_downtime)
@@ -200,14 +202,10 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
         run = engine.apply
         behind = {name: unit for name, unit in (units or {}).items() if unit.router is not None}
         if behind and inventory is not None:
-            from deployer.config.units import every_unit, units_behind
             from deployer.fleet.apply import for_units
-            from deployer.fleet.strategies import refuse_downtime
             from deployer.fleet.unit import alone
 
-            refuse_downtime([[engine.host_name]], {name: unit.hosts() for name, unit in behind.items()},
-                            units_behind(inventory.routers, every_unit(inventory.units, inventory.hosts)),
-                            allow_downtime)
+            refuse_lone(engine.host_name, behind, inventory, allow_downtime)
             for_units({engine.host_name: engine}, behind)
             ((name, unit),) = behind.items()
             run = partial(alone, name, unit, engine, build.routers(inventory))
@@ -217,19 +215,6 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
         run_with_view(engine, as_json, run)
     finally:
         opening.discard()
-
-
-def lone_downtime(build: Build, engine: Engine, units: dict[str, Unit], inventory: Inventory) -> list[Downtime]:
-    """A one-host plan's downtime: the router its host (or one-host unit) is alone behind, and for how long, as
-    apply_one refuses it. units: the run's (empty, or the host's unit)."""
-    if not any(unit.router is not None for unit in units.values()):
-        return []  # a plain host's plan never loads the fleet modules
-    from deployer.config.units import every_unit, units_behind
-    from deployer.fleet.apply import planned_downtime
-
-    return planned_downtime({engine.host_name: engine}, units, engine.playbook.model.rollout,
-                            units_behind(inventory.routers, every_unit(inventory.units, inventory.hosts)),
-                            build.runs_dir)
 
 
 def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
@@ -294,8 +279,8 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
                   "back (default: every host that committed).")
 @click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
 @click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
-@click.option("--allow-downtime", is_flag=True, help="For a fleet run: roll back a unit even when no other unit "
-                                                     "serves behind its router meanwhile.")
+@click.option("--allow-downtime", is_flag=True, help="Roll back a host or unit even when no other unit serves "
+                                                     "behind its router meanwhile.")
 @follow_up_options
 @json_option()
 @failures_to_exit_codes
@@ -344,22 +329,11 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
         from deployer.fleet.unit import alone
 
         name, unit = routed
+        refuse_lone(engine.host_name, {name: unit}, loaded, allow_downtime)  # alone behind it: downtime
         run_with_view(engine, as_json, partial(alone, name, unit, engine, build.routers(loaded), rollback_of=run,
                                                force=force))
         return
     run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
-
-
-def routed_part(inventory: Inventory, host: str) -> tuple[str, Unit] | None:
-    """The unit (its name, and its part on host) whose router sends host traffic: a plain host's unit of one, or
-    host's part of its unit; None: host is behind no router."""
-    from deployer.config.units import every_unit, part_on
-
-    for name, unit in every_unit(inventory.units, inventory.hosts).items():
-        if host in unit.hosts():
-            part = part_on(unit, host)
-            return (name, part) if part.router is not None else None
-    return None
 
 
 def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:

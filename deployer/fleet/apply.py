@@ -83,6 +83,10 @@ class Downtime:
     router: str
     units: list[str]
     expected_s: float | None  # None: some service of them has no recorded time to healthy yet
+    command: str = "apply"  # what needs --allow-downtime for it (a rollback's plan: "rollback")
+
+    def document(self) -> dict[str, object]:
+        return {"router": self.router, "units": self.units, "expected_s": self.expected_s}
 
     @property
     def what(self) -> str:
@@ -90,7 +94,7 @@ class Downtime:
 
     def describe(self) -> str:
         how_long = f"about {self.expected_s:g}s" if self.expected_s is not None else "for an unknown time"
-        return f"{self.what}: downtime, {how_long} (apply needs --allow-downtime)"
+        return f"{self.what}: downtime, {how_long} ({self.command} needs --allow-downtime)"
 
 
 def planned_downtime(engines: dict[str, Engine], units: dict[str, Unit], rollout: Rollout,

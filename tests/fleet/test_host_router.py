@@ -133,13 +133,21 @@ def test_the_plain_output_names_a_plain_host_behind_the_router_as_a_host_not_a_u
     assert not [line for line in lines if "unit gpu-d" in line], result.stdout
 
 
+DOWN = "router pd-router: no other unit serves behind it while gpu-d restarts"  # gpu-d alone behind it
+
+
+def alone_behind_the_router(fleet: PdFleet) -> None:
+    """gpu-d is the only host the inventory puts behind pd-router."""
+    for host in ("gpu-a", "gpu-b", "gpu-c"):
+        for field in ("router", "workers"):
+            fleet.inventory["hosts"][host].pop(field)
+    fleet.write()
+
+
 def test_a_one_host_apply_of_a_host_alone_behind_its_router_is_downtime_planned_and_needs_allow_downtime(
         hosts_fleet: PdFleet) -> None:
-    for host in ("gpu-a", "gpu-b", "gpu-c"):  # gpu-d is the only host the inventory puts behind pd-router
-        for field in ("router", "workers"):
-            hosts_fleet.inventory["hosts"][host].pop(field)
-    hosts_fleet.write()
-    down = "router pd-router: no other unit serves behind it while gpu-d restarts"
+    alone_behind_the_router(hosts_fleet)
+    down = DOWN
     planned = deployer("plan", "note.yaml", "--host", "gpu-d", "--json", cwd=hosts_fleet.root)
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert json.loads(planned.stdout)["downtime"] == [{"router": "pd-router", "units": ["gpu-d"], "expected_s": None}]
@@ -189,3 +197,39 @@ def test_the_rollback_of_one_host_s_run_of_a_unit_takes_that_host_s_workers_out_
         assert after["gpu-d"]["decode"] != before["gpu-d"]["decode"] and after["gpu-c"] == before["gpu-c"]
         left_and_came_back(fleet, json.loads(rolled.stdout)["run_id"], fleet.worker_url("gpu-d", "decode"))
         assert listed_healthy(fleet) == every_worker(fleet)
+
+
+def test_the_rollback_of_a_run_of_a_host_alone_behind_its_router_is_downtime_planned_and_needs_allow_downtime(
+        hosts_fleet: PdFleet) -> None:
+    alone_behind_the_router(hosts_fleet)
+    applied = deployer("apply", "note.yaml", "--host", "gpu-d", "--allow-downtime", "--json", cwd=hosts_fleet.root)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    run_id = json.loads(applied.stdout)["run_id"]
+    shown = deployer("plan", "--rollback", run_id, cwd=hosts_fleet.root)  # the apply's time to healthy
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert re.search(rf"^{re.escape(DOWN)}: downtime, about \d+(\.\d+)?s \(rollback needs --allow-downtime\)$",
+                     shown.stdout, re.MULTILINE), shown.stdout
+    before = hosts_fleet.pids()
+    refused = deployer("rollback", run_id, cwd=hosts_fleet.root)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{DOWN}: that is downtime; pass --allow-downtime to accept it" in refused.stdout + refused.stderr
+    assert hosts_fleet.pids() == before
+    rolled = deployer("rollback", run_id, "--allow-downtime", "--json", cwd=hosts_fleet.root)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert hosts_fleet.pids()["gpu-d"]["decode"] != before["gpu-d"]["decode"]
+    left_and_came_back(hosts_fleet, json.loads(rolled.stdout)["run_id"], hosts_fleet.worker_url("gpu-d", "decode"))
+
+
+def test_a_fleet_apply_dry_run_says_the_downtime_as_plan_does(hosts_fleet: PdFleet) -> None:
+    alone_behind_the_router(hosts_fleet)
+    before = hosts_fleet.pids()
+    planned = deployer("plan", "note.yaml", "--host", "gpu-c,gpu-d", "--json", cwd=hosts_fleet.root)
+    dry = deployer("apply", "note.yaml", "--host", "gpu-c,gpu-d", "--dry-run", "--json", cwd=hosts_fleet.root)
+    for result in (planned, dry):
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert json.loads(result.stdout)["downtime"] == [
+            {"router": "pd-router", "units": ["gpu-d"], "expected_s": None}], result.stdout
+    shown = deployer("apply", "note.yaml", "--host", "gpu-c,gpu-d", "--dry-run", cwd=hosts_fleet.root)
+    assert f"{DOWN}: downtime, for an unknown time (apply needs --allow-downtime)" in shown.stdout.splitlines(), \
+        shown.stdout
+    assert hosts_fleet.pids() == before
