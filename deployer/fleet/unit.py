@@ -262,9 +262,7 @@ class UnitRun:
     def _after_commits(self) -> None:
         ctxs = [self.ctxs[h] for h in self.hosts]
         post = self._post_steps()
-        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
-
-        out, back = around_router(post) if self.routing is not None else (post, [])
+        out, back = self._split(post)
         routing: UnitRouting | None = None
         restarted = False
         try:
@@ -280,12 +278,18 @@ class UnitRun:
             # A check through the router failed with the new workers back in it: out again before anything
             # restarts them (or while they stay on the failed change).
             again = self._take_out_again(routing) if routing is not None and restarted and not routing.out else None
-            self.failure = self._settle_failure(ctxs, failure, post)
+            # A rollback's steps as a manual one's (the restart and the drain, never a storm); while the unit is out,
+            # its canary's request through the router waits until the old workers are back in it.
+            verify = [s for s in post if s.effect in VERIFY]
+            redo, redo_back = self._split(verify) if routing is not None and routing.out else (verify, [])
+            self.failure = self._settle_failure(ctxs, failure, redo)
             if again is not None:
                 self.failure = type(self.failure)(f"{self.failure}\n{again}")
             if routing is not None and routing.out:
-                self.failure = self._after_failure(routing, self.failure, on_new_code=restarted and (
-                    self.on_failure not in ("rollback", "rollback_fleet") or isinstance(self.failure, RollbackFailed)))
+                rolled_back = self.on_failure in ("rollback", "rollback_fleet") and not isinstance(
+                    self.failure, RollbackFailed)
+                self.failure = self._after_failure(routing, self.failure, on_new_code=restarted and not rolled_back,
+                                                   then=redo_back if rolled_back else [])
             return
         finally:
             if routing is not None:
@@ -310,26 +314,45 @@ class UnitRun:
         """A restart onto code the workers served before (`restart`, a rollback's): the unit out of its router
         around it (a canary's request through the router once it is back); after a failure while out its workers
         go back (unhealthy ones too) and the failure says so."""
+        out, back = self._split(steps)
         if self.routing is None:
-            self._run_unit_steps(steps, prefix)
+            self._run_unit_steps(out, prefix)
             return
-        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
-
-        out, back = around_router(steps)
         routing = self.routing(self.ctxs)  # may connect to the router's host
         try:
             routing.take_out()
             self._run_unit_steps(out, prefix)
             routing.put_back()
-            self._run_unit_steps(back, prefix)  # they serve the code they served before: they stay in
+            if (problem := self._asked_back_in(routing, back, prefix)) is not None:
+                raise VerificationFailed(problem)
         except DeployerError as failure:
             raise self._after_failure(routing, failure, on_new_code=False) if routing.out else failure from None
         finally:
             routing.close()
 
-    def _after_failure(self, routing: UnitRouting, failure: DeployerError, *, on_new_code: bool) -> DeployerError:
+    def _split(self, steps: list[Step]) -> tuple[list[Step], list[Step]]:
+        """The steps run while the unit is out of its router, and those through it once it is back and listed."""
+        if self.routing is None:
+            return steps, []
+        from deployer.steps.canary import around_router  # step kinds load on demand (steps/kinds.py)
+
+        return around_router(steps)
+
+    def _asked_back_in(self, routing: UnitRouting, steps: list[Step], prefix: str) -> str | None:
+        """The checks through the router once the workers of a restart onto the code they served before (a restart's,
+        a rollback's) are back in it and listed; when one fails, what to say: they stay in, on that code."""
+        try:
+            self._run_unit_steps(steps, prefix)
+        except DeployerError as exc:
+            router, build = routing.client.name, "the old build" if prefix else "the build they served"
+            return (f"The old workers are back in router {router}, but the {'rollback' if prefix else 'restart'}'s "
+                    f"check through it failed: {exc}\nThe unit stays in router {router} on {build}: a person must look")
+        return None
+
+    def _after_failure(self, routing: UnitRouting, failure: DeployerError, *, on_new_code: bool,
+                       then: list[Step] | None = None) -> DeployerError:
         """The unit's workers go back into the router once they serve the old code again (never restarted, or
-        restarted by the rollback); a unit left on the new code stays out, and the message says so."""
+        restarted by the rollback: then its checks through it); a unit left on the new code stays out, said so."""
         router = routing.client.name
         if on_new_code:
             return type(failure)(f"{failure}\nThe unit stays out of router {router} (its workers may serve the "
@@ -338,6 +361,8 @@ class UnitRun:
             routing.put_back(healthy=False)
         except DeployerError as exc:
             return type(failure)(f"{failure}\nPutting the old workers back into router {router} failed too: {exc}")
+        if (problem := self._asked_back_in(routing, then or [], "rollback:")) is not None:
+            return RollbackFailed(f"{failure}\n{problem}")
         return type(failure)(f"{failure}\nThe old workers are back in router {router}")
 
     def _post_steps(self) -> list[Step]:
@@ -383,8 +408,8 @@ class UnitRun:
         ctx.emit("step_end", status=status, duration_s=round(time.monotonic() - started, 3), **detail)
         ctx.bus.step = None
 
-    def _settle_failure(self, ctxs: list[Context], failure: DeployerError, post: list[Step]) -> DeployerError:
-        """After the commits: the whole unit is rolled back (and restarted again), or keeps every commit."""
+    def _settle_failure(self, ctxs: list[Context], failure: DeployerError, redo: list[Step]) -> DeployerError:
+        """After the commits: the whole unit is rolled back (and restarted again: redo), or keeps every commit."""
         where = f"unit {self.name}: {failure}"
         if self.on_failure not in ("rollback", "rollback_fleet"):
             for ctx in ctxs:
@@ -403,9 +428,7 @@ class UnitRun:
             forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs}
             for ctx in ctxs:
                 ctx.facts.pids = None
-            for step in post:  # as a manual rollback: the restart and the drain, never a storm
-                if step.effect in VERIFY:
-                    self._run_unit_step(step, prefix="rollback:")
+            self._run_unit_steps(redo, "rollback:")
             for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
                 if ctx.facts.pids is not None:
                     ctx.facts.rollback_pids = ctx.facts.pids
