@@ -264,26 +264,30 @@ class UnitRouting:
     def _drain(self) -> None:
         """Until every worker reads 0 in flight twice in a row, interval_s apart: a request the router handed on
         just before the removal may still be on its way to the worker, counted by no gauge yet."""
-        spec = self.client.spec
         started = time.monotonic()
-        deadline = started + spec.drain_timeout_s
-        quiet = 0
-        while quiet < 2:
-            for worker in self.workers:
-                value = inflight(worker, spec.inflight)
-                self.emit("worker_inflight", router=self.client.name, worker=worker.url,
-                          service=worker.spec.service, value=value,
-                          elapsed_s=round(time.monotonic() - started, 3), budget_s=spec.drain_timeout_s)
-                if value != 0:
-                    quiet = -1
-                    if time.monotonic() > deadline:
-                        seen = "unreadable" if value is None else f"{value:g} in flight"
-                        raise RouterFailed(f"worker {worker.url} ({worker.spec.service}) did not drain within "
-                                           f"{spec.drain_timeout_s:g}s: {seen} ({' + '.join(spec.inflight)})")
-                    break
-            quiet += 1
-            if quiet < 2:
-                self.wait(spec.interval_s)
+        quiet = 0  # passes in a row in which every worker read 0
+        while True:
+            quiet = quiet + 1 if self._idle(started) else 0
+            if quiet == 2:
+                return
+            self.wait(self.client.spec.interval_s)
+
+    def _idle(self, started: float) -> bool:
+        """Each worker's in-flight count, read (and logged) until one is not 0; that one past the drain's deadline
+        fails the drain."""
+        spec = self.client.spec
+        for worker in self.workers:
+            value = inflight(worker, spec.inflight)
+            self.emit("worker_inflight", router=self.client.name, worker=worker.url,
+                      service=worker.spec.service, value=value,
+                      elapsed_s=round(time.monotonic() - started, 3), budget_s=spec.drain_timeout_s)
+            if value != 0:
+                if time.monotonic() > started + spec.drain_timeout_s:
+                    seen = "unreadable" if value is None else f"{value:g} in flight"
+                    raise RouterFailed(f"worker {worker.url} ({worker.spec.service}) did not drain within "
+                                       f"{spec.drain_timeout_s:g}s: {seen} ({' + '.join(spec.inflight)})")
+                return False
+        return True
 
 
 @dataclass(frozen=True)
