@@ -263,19 +263,19 @@ class Commit(Step):
             return [Action("nothing to commit: the target already has these bytes (the step fails)")]
         return commit_actions(ctx, changed, self.message(), hooks=self.params.hooks, add=True)
 
-    def calls(self, ctx: Context) -> list[tuple[Action, Values]]:
-        """The commit's batch, its placeholders bound to what the run knows by now (its id, its log so far)."""
+    @staticmethod
+    def bound(ctx: Context) -> Values:
+        """The commit message's placeholders bound to what the run knows by now (its id, its log so far)."""
         known = {RUN_ID: ctx.run_id, LOG_SHA256: ctx.facts.log_sha256}
-        bound = {k: v for k, v in known.items() if v is not None}
-        # Exactly the shipped files (never -a), proven by what the commit holds.
-        return [(action, bound) for action in commit_actions(ctx, changed_dests(ctx), self.message(),
-                                                              hooks=self.params.hooks, add=True)]
+        return {k: v for k, v in known.items() if v is not None}
 
     def send_ahead(self, ctx: Context, after: Sequence[Pending[Any]]) -> bool:
         if not changed_dests(ctx):
             return False
-        calls = self.calls(ctx)
-        ctx.ahead[self.name] = ctx.send_batch(calls, timeout=self.timeout_s, after=after), calls[0][1]
+        bound = self.bound(ctx)
+        actions = commit_actions(ctx, changed_dests(ctx), self.message(), hooks=self.params.hooks, add=True)
+        ctx.ahead[self.name] = ctx.send_batch([(a, bound) for a in actions], timeout=self.timeout_s,
+                                              after=after), bound
         return True
 
     def run(self, ctx: Context) -> str:
@@ -311,7 +311,8 @@ class Commit(Step):
 
     def _made(self, ctx: Context, sent: tuple[Pending[BatchResult], Values] | None) -> None:
         unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)
-        pending, bound = sent or (None, self.calls(ctx)[0][1])
+        pending, bound = sent or (None, self.bound(ctx))
+        # Exactly the shipped files (never -a), proven by what the commit holds.
         ctx.git_after = commit_staged(ctx, changed, self.message(), self.timeout_s, hooks=self.params.hooks,
                                       add=True, bound=bound, sent=pending)
         ctx.facts.files = changed  # what a rollback of this run gives back
