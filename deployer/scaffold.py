@@ -194,7 +194,7 @@ def write_playbook(source: Path, *, base: str, output: Path, as_patch: bool, mes
     for path in (output, patch_file if as_patch else files_dir):
         if path.exists():
             raise ConfigError(f"{path} exists already; choose another -o or remove it")
-    stats = {dest: diffs.numstat(dest, old, new) for dest, (old, new) in found.items()}
+    stats = {one.path: one for one in diffs.numstats([(dest, old, new) for dest, (old, new) in found.items()])}
     stat = diffs.DiffStat(tuple(stats.values()))
     subject, placeholder = subject_of(repo, spec, message, sorted(found))
     files = [ChangedFile(d, s.insertions, s.deletions, found[d][0] is None) for d, s in stats.items()]

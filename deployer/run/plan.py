@@ -74,8 +74,9 @@ def plan(ctx: Context, steps: Sequence[Step]) -> PlanReport:
     bus = ctx.bus
     bus.step = "preflight"
     head = preflight(ctx, allow_dirty=True)
-    files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)),
-                      diffs.numstat(c.dest, head[c.dest], c.new), c.old is not None) for c in ctx.changes]
+    counts = diffs.numstats([(c.dest, head[c.dest], c.new) for c in ctx.changes])
+    files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)), stat, c.old is not None)
+             for c, stat in zip(ctx.changes, counts, strict=True)]
     stat = projected_stat(ctx, head, {f.dest: f.stat for f in files})
     judged = {s.judges: s.judge_here(ctx, lambda: stat) for s in steps if s.judges}
     assert ctx.git_dir is not None and ctx.git_before is not None

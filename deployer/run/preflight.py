@@ -77,11 +77,12 @@ def projected_stat(ctx: Context, head: dict[str, bytes | None],
                    known: Mapping[str, diffs.FileStat] | None = None) -> diffs.DiffStat:
     """The diff the run will make, from preflight's reads: counted against HEAD as diff_bounds and the commit
     count it (under --allow-dirty the work tree differs); git diff lists no file whose bytes are already
-    there, nor does this. Each count is a local `git diff --no-index`: `known` are counts already made (the
-    plan's, per file), not made again."""
+    there, nor does this. The counts not `known` already (the plan's, per file) come from one local
+    `git diff --no-index`."""
     known = known or {}
-    return diffs.DiffStat(tuple(known[c.dest] if c.dest in known else diffs.numstat(c.dest, head[c.dest], c.new)
-                                for c in ctx.changes if c.dest not in ctx.facts.unchanged))
+    shipped = [c for c in ctx.changes if c.dest not in ctx.facts.unchanged]
+    counted = iter(diffs.numstats([(c.dest, head[c.dest], c.new) for c in shipped if c.dest not in known]))
+    return diffs.DiffStat(tuple(known[c.dest] if c.dest in known else next(counted) for c in shipped))
 
 
 def lazy_projection(ctx: Context, head: dict[str, bytes | None]) -> Callable[[], diffs.DiffStat]:
