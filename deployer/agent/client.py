@@ -44,6 +44,7 @@ from deployer.agent.protocol import (
     StatEntry,
     sha256_hex,
 )
+from deployer.agent.sendwatch import SendWatch
 from deployer.command import quote
 from deployer.errors import AgentLost, RequestSkipped, TransportError
 from deployer.transport.pipes import CHUNK, Pipe, local_pipe
@@ -165,6 +166,7 @@ class AgentClient:
         self.name = name
         self._pipe = pipe
         self._write_lock = threading.Lock()
+        self._send_watch = SendWatch(name, self.abort)
         self._state_lock = threading.Lock()
         self._pending: dict[int, Pending[Any]] = {}
         self._next_id = 0
@@ -270,20 +272,16 @@ class AgentClient:
             {"after": [each.id for each in after]}
         body = json.dumps({"id": pending.id, **request.wire(), **gate}, separators=(",", ":")).encode("utf-8")
         # A frozen link blocks a large write for good (the window never opens): the call's own limit bounds it.
+        # A write waiting for the lock is bounded by the one holding it: that one's expiry closes the pipe.
         limit = request.reply_timeout() if timeout is None else timeout
-        watchdog = threading.Timer(limit, self.abort, args=(f"sending '{request.op}' to the agent did not finish "
-                                                            f"within {limit:g}s",))
-        watchdog.daemon = True
-        watchdog.start()
         try:
-            with self._write_lock:
+            with self._write_lock, self._send_watch.bounded(
+                    limit, f"sending '{request.op}' to the agent did not finish within {limit:g}s"):
                 self._pipe.write(prefix + HEADER.pack(len(body)) + body)
         except NeverStarted as exc:
             self._fail(str(exc), started=False)
         except (OSError, EOFError, ValueError) as exc:
             self._fail(f"cannot send to the agent: {exc}")
-        finally:
-            watchdog.cancel()
         return pending
 
     def _read_loop(self) -> None:
@@ -351,6 +349,7 @@ class AgentClient:
             waiting, self._pending = list(self._pending.values()), {}
         for pending in waiting:
             pending._resolve(None, reason, started=started)
+        self._send_watch.stop()  # nothing more is written to a dead pipe
 
     def abort(self, reason: str) -> None:
         """Give up on the agent now: every waiter fails with reason; the pipe closes in the background,
