@@ -48,6 +48,7 @@ from deployer.agent.sendwatch import SendWatch
 from deployer.command import quote
 from deployer.errors import AgentLost, RequestSkipped, TransportError
 from deployer.transport.pipes import CHUNK, Pipe, local_pipe
+from deployer.waiting import waited
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
 HEADER = struct.Struct(">I")
@@ -136,7 +137,7 @@ class Pending(Generic[T]):
         if self.request.op != "hello":  # replies come in order: the hello's is there first
             self._client.verified()
         limit = self.request.reply_timeout() if timeout is None else timeout
-        if not self._done.wait(limit):
+        if not waited(self._done.wait, limit):
             self._client.abort(f"'{self.request.op}' did not finish within {limit:g}s (no reply from the agent)")
             raise TransportError(f"{self._client.name}: '{self.request.op}' did not finish within {limit:g}s "
                                  "(no reply from the agent); closed the agent")

@@ -26,6 +26,7 @@ from deployer.run.state import RunRecord
 from deployer.runlog import EVENTS, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
 from deployer.steps.context import CancelToken, Listener
+from deployer.waiting import all_done
 
 
 def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str, Engine],
@@ -78,7 +79,7 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
             work: list[Callable[[], None]] = [functools.partial(unit, name, hosts) for name, hosts in members.items()
                                               if hosts[0] in batch]
             work += [functools.partial(one, host) for host in batch if host not in in_units]
-            list(pool.map(lambda item: item(), work))
+            all_done([pool.submit(item) for item in work])
 
 
 def taking_turns(units: dict[str, Unit]) -> TakingTurns:

@@ -24,6 +24,7 @@ from deployer.run.shown import REFUSED, shown_state_of
 from deployer.run.state import Phase
 from deployer.runlog import utc_now
 from deployer.steps.context import CancelToken, Listener
+from deployer.waiting import all_done
 
 DEFAULT_PARALLEL = 16
 
@@ -105,7 +106,7 @@ class FleetRunner:
                     (len(hosts), functools.partial(self._unit, unit_task, unit))
                     for unit, hosts in state.units.items() if unit_task is not None and hosts[0] in batch]
                 work += [(1, functools.partial(self._one, task, host)) for host in batch if host not in in_units]
-                list(pool.map(lambda item: slots.run(*item), work))
+                all_done([pool.submit(slots.run, *item) for item in work])
         self.record.save()
 
     def _start(self, host: str) -> None:

@@ -1,8 +1,7 @@
 """A unit: services on different hosts (prefill on one node, decode on another, the router on a third)
 deployed and restarted as one, on top of one Engine (one sub-run, lock, state, log, trailer) per host.
 
-Each host's run is its own `Engine.execute`, in its own thread; the unit moves them through phases that
-meet at a barrier:
+Each host's run is its own `Engine.execute`, in its own thread; the unit moves them through phases meeting at a barrier:
 1. locks, taken one host after the other in sorted host order (two overlapping runs meet on the same
    first host: one proceeds, the other stops before it holds anything else);
 2. every host's chain up to its commit (preflight, upload, compile, bounds);
@@ -34,6 +33,7 @@ from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import CancelToken, Context
+from deployer.waiting import joined, waited
 
 Body = Callable[[Context, RunLogWriter], None]
 
@@ -162,11 +162,11 @@ class UnitRun:
             thread = threading.Thread(target=work, name=f"deployer-unit-{host}")
             thread.start()
             threads.append(thread)
-            locked.wait()  # this host holds its lock (or failed to) before the next host tries its own
+            waited(locked.wait)  # this host holds its lock (or failed to) before the next host tries its own
             if barrier.broken:
                 break
         for thread in threads:
-            thread.join()
+            joined(thread)
         return results
 
     def _rollback_body(self, host: str, run: Run, barrier: threading.Barrier, locked: threading.Event,

@@ -20,6 +20,7 @@ from deployer.run.state import RunRecord
 from deployer.steps.action import EVENT, Action, Bound, Kind
 from deployer.text import visible
 from deployer.transport.base import CAPTURE_BYTES, WHOLE_OUTPUT_BYTES, Transport
+from deployer.waiting import waited
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
@@ -103,7 +104,7 @@ class CancelToken:
 
     def wait(self, seconds: float) -> None:
         """Sleep that a cancel cuts short (and then raises)."""
-        if self._event.wait(seconds):
+        if waited(self._event.wait, seconds):
             self.check()
 
 

@@ -9,6 +9,7 @@ from deployer.config.models import Host
 from deployer.transport.base import Transport
 from deployer.transport.container import ContainerExec
 from deployer.transport.kinds import Emitter, opener
+from deployer.waiting import joined
 
 if TYPE_CHECKING:
     from deployer.agent.protocol import Hello
@@ -66,7 +67,7 @@ class Opening:
             name, host, accept = self._args
             return open_transport(name, host, bus, accept_new_host_key=accept)
         self._claimed = True
-        self._thread.join()
+        joined(self._thread)
         with self._lock:
             self._bus, held, self._held = bus, self._held, []
         for kind, data in held:

@@ -610,7 +610,11 @@ def test_a_pd_unit_of_the_demo_stack_on_two_hosts_gets_the_kvpoll_fix_restarted_
         assert f"Deployer-Run: {report['hosts'][host]['run_id']}" in message
 
 
-def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project) -> None:
+@pytest.mark.parametrize("to", ["process", "worker thread"])
+def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(fleet: Project, to: str) -> None:
+    """The kernel hands a process's signal to any thread that takes it; Python runs the handler in the main thread.
+    `worker thread` sends it to one that is not the main thread (what a loaded machine did now and then): the main
+    thread, waiting for the hosts, must still run the handler at once, not once every host has committed."""
     from deployer.run.lock import LOCK_NAME
 
     # Each host's remote compile waits 4 s: the signal lands before any host's commit even on a loaded machine
@@ -623,7 +627,9 @@ def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(
     while not all(staged_bytes(repo(fleet, h), "pkg/a.py") == FIXED_A for h in HOSTS):
         assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    # kill(2) of a thread's id tries that thread first: a non-main one, blocked in a read or a wait, takes it.
+    others = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid]
+    os.kill(others[0] if to == "worker thread" else proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     report = json.loads(out)
     # Each host's phase and error in the message: a run that ends otherwise says where each host was.

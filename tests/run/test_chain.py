@@ -281,8 +281,11 @@ def test_json_summary(target: Project) -> None:
     assert summary["status"] == "successful" and summary["git"]["after"] == target.head()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project, signum: int) -> None:
+@pytest.mark.parametrize(("signum", "to"), [(signal.SIGINT, "process"), (signal.SIGTERM, "process"),
+                                           (signal.SIGHUP, "process"), (signal.SIGTERM, "worker thread")])
+def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project, signum: int, to: str) -> None:
+    """`worker thread`: the signal goes to a thread that is not the main one (the kernel may hand it to any), while
+    the main thread waits for the compile's reply; the stop must come at once, before the commit sent behind it."""
     target.write_inventory(python=target_python(target, "sleep 2"))
     target.playbook()
     head = target.head()
@@ -293,7 +296,8 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
         assert time.monotonic() < deadline, "the upload never landed"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
-    os.kill(proc.pid, signum)
+    others = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid]
+    os.kill(others[0] if to == "worker thread" else proc.pid, signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
     assert target.file("pkg/a.py") == ORIGINAL_A and staged_bytes(target.repo, "pkg/a.py") is None

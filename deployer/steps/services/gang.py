@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from deployer.errors import StepFailed
 from deployer.steps.services.manager import Manager
+from deployer.waiting import joined
 
 
 def member(m: Manager) -> str:
@@ -66,7 +67,7 @@ class GangStart:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            joined(thread)
         self.leader.watch = None
         if not self.failures:
             return self.new
