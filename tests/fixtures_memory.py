@@ -22,7 +22,7 @@ import pytest
 from fixtures_repo import ORIGINAL_A, ORIGINAL_B, init_repo
 
 from deployer.agent import agent
-from deployer.agent.client import agent_source, bootstrap_argv
+from deployer.agent.client import agent_code, agent_source, bootstrap_argv
 from deployer.command import Masker
 from deployer.config.models import FileSpec, Host, Playbook
 from deployer.run.preflight import preflight
@@ -54,8 +54,9 @@ class MemoryPipe:
     @staticmethod
     def _serve(theirs: socket.socket) -> None:
         with theirs, theirs.makefile("rb") as proto_in, theirs.makefile("wb") as proto_out:
-            # What the bootstrap does: read exactly the source's length off stdin, then run what was read.
+            # What the bootstrap does: read exactly the source off stdin (and our bytecode of it), then run it.
             source = proto_in.read(len(agent_source()))
+            proto_in.read(len(agent_code()))
             ThreadAgent(source, proto_in, proto_out).serve()
 
     def read(self, size: int) -> bytes:

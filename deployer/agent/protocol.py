@@ -336,6 +336,7 @@ class Hello:
     uid: int
     gid: int
     euid: int
+    bytecode: bool  # it ran our bytecode of its source, not a compile of it there
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: 
     def started(hello: Hello) -> None:
         # Which agent ran, by the sha256 of its source, as whom and under which python.
         bus.emit("agent", sha256=hello.sha256, version=hello.version, python=hello.python,
-                 executable=hello.executable, pid=hello.pid, uid=hello.uid, euid=hello.euid)
+                 executable=hello.executable, pid=hello.pid, uid=hello.uid, euid=hello.euid,
+                 bytecode=hello.bytecode)
 
     transport.on_agent = started
     return transport

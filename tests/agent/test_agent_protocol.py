@@ -30,7 +30,14 @@ from fixtures_ssh import SSHD, CountingProxy
 from polling import wait_for
 
 from deployer.agent import agent as agent_mod
-from deployer.agent.client import AgentClient, agent_source, bootstrap_argv, bootstrap_command
+from deployer.agent.client import (
+    AgentClient,
+    agent_code,
+    agent_payload,
+    agent_source,
+    bootstrap_argv,
+    bootstrap_command,
+)
 from deployer.agent.protocol import Batch, Get, Http, OpFailure, Put, Run, Stat
 from deployer.errors import RequestSkipped, TransportError
 from deployer.transport.pipes import ChannelPipe
@@ -94,7 +101,7 @@ class RawAgent:
 @pytest.fixture
 def raw() -> Iterator[RawAgent]:
     agent = RawAgent()
-    agent.send(agent_source())
+    agent.send(agent_payload())
     try:
         yield agent
     finally:
@@ -137,7 +144,7 @@ def test_source_and_pipelined_requests_sent_in_one_write_are_all_answered_in_ord
     agent = RawAgent()
     try:
         requests = b"".join(frame({"id": n, "op": "run", "argv": ["echo", str(n)]}) for n in range(200))
-        agent.send(agent_source() + requests)
+        agent.send(agent_payload() + requests)
         replies = [agent.reply() for _ in range(200)]
         assert [r["id"] for r in replies] == list(range(200))
         assert all(r["ok"] and r["result"]["exit_code"] == 0 for r in replies)
@@ -165,11 +172,33 @@ def test_hello_names_the_sha256_of_the_source_it_runs(client: AgentClient) -> No
     assert client.hello.pid != os.getpid()
 
 
+def test_an_agent_on_this_python_runs_our_bytecode_and_still_names_the_source() -> None:
+    with AgentClient.spawn_local(sys.executable) as agent:
+        assert agent.hello is not None and agent.hello.bytecode  # no compile there: it read our bytecode
+        assert agent.hello.sha256 == hashlib.sha256(Path(agent_mod.__file__).read_bytes()).hexdigest()
+        assert agent.run(["echo", "ran"]).stdout == b"ran\n"
+
+
+def test_bytecode_the_target_cannot_load_falls_back_to_compiling_the_source() -> None:
+    agent = RawAgent()
+    try:
+        spoiled = bytes(b ^ 0xFF for b in agent_code())  # as long as ours, but no zlib stream
+        agent.send(agent_source() + spoiled + frame({"id": 1, "op": "hello"}) + frame({"id": 2, "op": "run",
+                                                                                     "argv": ["echo", "ok"]}))
+        hello, ran = agent.reply(), agent.reply()
+        assert hello["ok"] and hello["result"]["bytecode"] is False
+        assert hello["result"]["sha256"] == hashlib.sha256(agent_source()).hexdigest()
+        assert ran["ok"] and agent_mod.base64.b64decode(ran["result"]["stdout"]) == b"ok\n"
+    finally:
+        agent.close()
+
+
 @pytest.mark.skipif(PY38 is None, reason="no Python 3.8 on this machine")
 def test_the_agent_runs_on_python_3_8(tmp_path: Path) -> None:
     assert PY38 is not None
     with AgentClient.spawn_local(PY38) as agent:
         assert agent.hello is not None and agent.hello.python.startswith("3.8.")
+        assert not agent.hello.bytecode  # another magic number: it compiled the source
         reply = agent.batch([Put(str(tmp_path / "f"), b"x"), Run(["cat", str(tmp_path / "f")]),
                              Stat([str(tmp_path / "f")], sha256=True), Http("http://127.0.0.1:1/", check=False)])
         assert reply.ok and reply.results[1].stdout == b"x" and reply.results[2][0].sha256
@@ -413,7 +442,7 @@ def test_a_failed_put_leaves_the_tree_as_it_was(client: AgentClient, tmp_path: P
     wire["sha256"] = hashlib.sha256(b"something else").hexdigest()
     raw = RawAgent()
     try:
-        raw.send(agent_source() + frame({"id": 1, **wire}))
+        raw.send(agent_payload() + frame({"id": 1, **wire}))
         assert raw.reply()["error"]["type"] == "corrupt"
     finally:
         raw.close()
