@@ -170,6 +170,9 @@ class Router(BaseModel):
     inflight: list[str] = Field(default_factory=lambda: list(SGLANG_INFLIGHT), min_length=1)
     change_timeout_s: float = Field(default=10.0, gt=0)  # a queued removal or addition to show in its list
     drain_timeout_s: float = Field(default=120.0, gt=0)  # a removed worker's in-flight requests to reach 0
+    # ... and stay 0 this long: a request the router sent a worker's way just before the removal can still be on
+    # its way to it, counted by no gauge (a loaded router thread took over 0.4 s: the demo lost a request)
+    settle_s: float = Field(default=1.0, ge=0)
     interval_s: float = Field(default=0.2, gt=0)
 
     @model_validator(mode="after")

@@ -262,15 +262,18 @@ class UnitRouting:
             self.wait(spec.interval_s)
 
     def _drain(self) -> None:
-        """Until every worker reads 0 in flight twice in a row, interval_s apart: a request the router handed on
-        just before the removal may still be on its way to the worker, counted by no gauge yet."""
+        """Until every worker has read 0 in flight for settle_s (at least twice in a row, interval_s apart): a
+        request the router handed on just before the removal may still be on its way to a worker, counted by no
+        gauge yet."""
+        spec = self.client.spec
         started = time.monotonic()
-        quiet = 0  # passes in a row in which every worker read 0
+        quiet: list[float] = []  # when each pass in a row in which every worker read 0 began
         while True:
-            quiet = quiet + 1 if self._idle(started) else 0
-            if quiet == 2:
+            now = time.monotonic()
+            quiet = [*quiet, now] if self._idle(started) else []
+            if len(quiet) >= 2 and now - quiet[0] >= spec.settle_s:
                 return
-            self.wait(self.client.spec.interval_s)
+            self.wait(spec.interval_s)
 
     def _idle(self, started: float) -> bool:
         """Each worker's in-flight count, read (and logged) until one is not 0; that one past the drain's deadline

@@ -27,6 +27,7 @@ from deployer.demo.load import Load
 from deployer.demo.run import DemoStack, start_stacks, unit_ports
 from deployer.steps.context import CancelToken
 
+SETTLE_S = 0.5  # how long each removed worker must read 0 before its unit restarts
 UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (and gpu-a the router's), decode
 PLAYBOOK = {
     "name": "note", "files": [{"src": "note.py", "dest": "python/sglang/srt/demo_note.py", "create": True}],
@@ -106,7 +107,7 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | N
                                 {"service": f"{decode}:decode", "worker_type": "decode"}]}
              for name, (prefill, decode) in UNITS.items()}
     routers = {"pd-router": {"host": "gpu-a", "url": f"http://127.0.0.1:{router_port}", "change_timeout_s": 10,
-                             "drain_timeout_s": 20, "interval_s": 0.05}}
+                             "drain_timeout_s": 20, "interval_s": 0.05, "settle_s": SETTLE_S}}
     for stack in stacks.values():
         stack.create()
     hosts = {name: stack.host().model_dump(exclude_defaults=True) for name, stack in stacks.items()}
@@ -185,6 +186,12 @@ def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_re
                  and e["type"].startswith(("router_", "worker_"))]
         assert kinds[:2] == ["router_remove", "router_remove"] and "worker_inflight" in kinds, (unit, kinds)
         assert kinds[-3:] == ["router_add", "router_add", "router_listed"], (unit, kinds)
+        # Drained only once every worker read 0 for settle_s: a request already on its way would have shown by then.
+        readings = [e for e in pd_fleet.events(report, prefill) if e.get("unit") == unit
+                    and e["type"] == "worker_inflight"]
+        busy = [i for i, e in enumerate(readings) if e["value"] != 0]
+        quiet = readings[busy[-1] + 1 if busy else 0:]
+        assert quiet[-1]["elapsed_s"] - quiet[0]["elapsed_s"] >= SETTLE_S - 0.1, (unit, quiet)
 
 
 @pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
