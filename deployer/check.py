@@ -39,6 +39,7 @@ VERSION = "import sys; print(sys.version.split()[0])"
 
 @dataclass(frozen=True)
 class Check:
+    """One row of `deployer check`: what was checked, how it went, and the exit code it stands for."""
     name: str
     status: Status
     detail: str
@@ -50,6 +51,7 @@ class Check:
 
 @dataclass
 class CheckReport:
+    """Every check of one host, in the order they ran."""
     host: str
     checks: list[Check] = field(default_factory=list)
 

@@ -19,6 +19,7 @@ DIFF_ALGORITHM = "--diff-algorithm=myers"
 
 @dataclass(frozen=True)
 class FileStat:
+    """One file's line counts as `git diff --numstat` gives them."""
     path: str
     insertions: int
     deletions: int
@@ -27,6 +28,7 @@ class FileStat:
 
 @dataclass(frozen=True)
 class DiffStat:
+    """A whole diff's counts, file by file, as `git diff --stat` prints them."""
     files: tuple[FileStat, ...]
 
     @property

@@ -28,6 +28,7 @@ SYMLINK, SUBMODULE = "120000", "160000"
 
 @dataclass(frozen=True)
 class ChangedFile:
+    """A file the scaffolded playbook ships, with its line counts."""
     dest: str
     insertions: int
     deletions: int
@@ -36,6 +37,7 @@ class ChangedFile:
 
 @dataclass
 class Made:
+    """What `deployer new` wrote, and what it has to say about it."""
     playbook: Path
     files: list[ChangedFile]
     message: str

@@ -35,6 +35,7 @@ class ProcInfo:
 
 @dataclass(frozen=True)
 class Processes:
+    """Every process the agent read from /proc, and the pids whose owner it could not read."""
     procs: tuple[ProcInfo, ...]
     unowned: tuple[int, ...]  # asked-for ports that listen, held by a process this agent may not see
 

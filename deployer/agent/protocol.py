@@ -101,6 +101,7 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class PutResult:
+    """What a put left on disk: its path, sha256 and size."""
     dest: str
     sha256: str
     size: int
@@ -166,6 +167,7 @@ class Run(Request[ExecResult]):
 
 @dataclass(frozen=True)
 class PutReply(PutResult):
+    """A put's full reply: also the mode and owner it gave the file and the directories it made."""
     mode: int = 0o644
     uid: int = -1
     gid: int = -1
@@ -216,6 +218,7 @@ class Get(Request[bytes | None]):
 
 @dataclass(frozen=True)
 class StatEntry:
+    """One path as the agent found it (lstat, real path, link target, sha256 when asked)."""
     path: str
     exists: bool | None  # None: could not be examined (see error)
     type: str | None = None  # file, dir, symlink, other (of the path itself, not followed)
@@ -232,6 +235,7 @@ class StatEntry:
 
 @dataclass(frozen=True)
 class Stat(Request[list[StatEntry]]):
+    """lstat (and, when asked, sha256) of many paths in one request."""
     op: ClassVar[str] = "stat"
     paths: Sequence[str]
     sha256: bool = False
@@ -248,6 +252,7 @@ class Stat(Request[list[StatEntry]]):
 
 @dataclass(frozen=True)
 class HttpResult:
+    """An http request's answer from the target's loopback (or the error that stopped it)."""
     url: str
     status: int | None  # None: no response (refused, timed out); see error
     body: bytes = b""
@@ -328,6 +333,7 @@ class Cancel(Request[int]):
 
 @dataclass(frozen=True)
 class Hello:
+    """Which agent runs, under which python and as whom: its first reply."""
     version: str
     sha256: str
     python: str
@@ -341,6 +347,7 @@ class Hello:
 
 @dataclass(frozen=True)
 class HelloRequest(Request[Hello]):
+    """The first request: the agent proves it runs our source."""
     op: ClassVar[str] = "hello"
 
     def fields(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ _PLAIN_TAGS = {
 
 @dataclass(frozen=True)
 class Mark:
+    """Where a value sits in its YAML file: file:line:column for error messages."""
     path: str
     line: int
     column: int

@@ -48,6 +48,7 @@ class HostRun:
 
 @dataclass
 class FleetState:
+    """A fleet run's record: its hosts' runs and states, batches and units, and how it ended."""
     fleet_id: str
     kind: str  # apply | rollback | recover
     playbook: str

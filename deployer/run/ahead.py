@@ -18,6 +18,7 @@ from deployer.steps.context import Context
 
 @dataclass
 class Ahead:
+    """What one run of a chain sends before each step's turn, and takes back on a stop."""
     chain: list[Step]
     close_behind: Callable[[Context, Step], None] | None  # the release behind a commit that ends the run
     note_log: Callable[[Context], None]  # ctx.facts.log_sha256: the log so far, on disk, for a commit to name

@@ -15,6 +15,7 @@ from deployer.runlog import utc_now
 
 @dataclass
 class Ending:
+    """How a run ends in its record, and what it could not record."""
     record: RunRecord
     # The settled phase the target holds that the record here could not be moved to.
     unrecorded: tuple[Phase, dict[str, Any], RunRecordError] | None = None

@@ -90,6 +90,7 @@ class LogSink:
 
 @dataclass
 class RunResult:
+    """One run's outcome: status, exit code, error, commits and facts."""
     run_id: str
     run_dir: Path
     status: str  # successful | failed | canceled
@@ -113,6 +114,7 @@ class RunResult:
 
 @dataclass
 class Engine:
+    """One host's runs of a playbook: the chain, its lease, its log and its undo."""
     host_name: str
     host: Host
     connect: Connector

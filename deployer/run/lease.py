@@ -81,6 +81,7 @@ def _done(sent: Released | None) -> bool | None:
 
 @dataclass
 class Lease:
+    """A run's hold on its target: the lock, the intent record and their release."""
     host_name: str
     ttl_s: float
     operator: str

@@ -76,6 +76,7 @@ MAX_PID = 2**31 - 1
 
 @dataclass(frozen=True)
 class LockState:
+    """The target's lock as read: its holder, age and TTL, or why it cannot be read."""
     path: str
     info: dict[str, object]
     age_s: float | None  # since the last heartbeat, else since the lock was made

@@ -45,6 +45,7 @@ FIELDS = ("kind", "source", "mount")
 
 @dataclass(frozen=True)
 class Mount:
+    """One mount of a container as its engine's inspect lists it."""
     kind: str  # the engine's Type: bind, volume, tmpfs, ... (anything else is shown escaped)
     destination: str  # in the container
     source: str  # on the host

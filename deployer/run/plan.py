@@ -18,6 +18,7 @@ from deployer.steps.context import Context
 
 @dataclass
 class FilePlan:
+    """One file in a plan: its diff and counts, and whether it exists on the target."""
     dest: str
     diff: str
     stat: diffs.FileStat
@@ -26,6 +27,7 @@ class FilePlan:
 
 @dataclass
 class PlanReport:
+    """What `plan` shows for one host: the diffs, the projected stat, the judged steps and actions."""
     host_name: str
     repo: str
     head: str

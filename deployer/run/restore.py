@@ -39,6 +39,7 @@ def staged_temp(path: str, new_sha256: str) -> str:
 
 @dataclass
 class Restored:
+    """What a restore put back, removed, cleaned up and undid."""
     restored: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     temps: list[str] = field(default_factory=list)

@@ -53,6 +53,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Deploy:
+    """One deploy in a target's history, as its commit and trailers name it."""
     commit: str
     date: str
     subject: str

@@ -44,6 +44,7 @@ SELECTORS = ("sessions", "groups", "pids", "ports")  # what a procs action lists
 
 @dataclass(frozen=True)
 class Action:
+    """One thing a step does on the target, as data: shown by plan, run by apply."""
     what: str
     _: KW_ONLY
     kind: Kind = Kind.local

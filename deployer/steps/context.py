@@ -52,6 +52,7 @@ class Change:
 
 @dataclass
 class LoadedPlaybook:
+    """A playbook as loaded: its file, bytes, model and the sources it ships."""
     path: Path
     raw: bytes
     model: Playbook
@@ -242,6 +243,7 @@ class Poll:
 
 @dataclass
 class Context:
+    """What every step of one run works with: the target, the playbook, the run's facts and events."""
     run_id: str
     host_name: str
     host: Host

@@ -39,6 +39,7 @@ class MetricParams(Strict):
 
 @dataclass(frozen=True)
 class Reading:
+    """One read of a metric: its value, or why there is none."""
     value: float | None
     problem: str | None = None  # why there is no value: the reading is inconclusive
 
@@ -86,6 +87,7 @@ def describe(params: MetricParams) -> str:
 
 @dataclass(frozen=True)
 class Polled:
+    """A poll of a metric until its condition held (or not), with every sample."""
     held: bool  # the condition held for stable_polls consecutive readings
     samples: list[Reading]
 

@@ -42,6 +42,7 @@ _ABORT_ALL_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class StormResult:
+    """What a storm sent and how each request ended."""
     sent: int
     completed: int
     aborted: int
@@ -59,6 +60,7 @@ class _Outcome(Enum):
 
 @dataclass(frozen=True)
 class _Target:
+    """Where a storm's requests go: host, port and path."""
     host: str
     port: int
     path: str

@@ -14,6 +14,7 @@ CHART_WIDTH = 60  # polls shown per series; a longer drain shows its last polls
 
 @dataclass(frozen=True)
 class Series:
+    """A metric's samples from one step, and the bound they were held to."""
     step: str
     metric: str
     values: list[float | None]

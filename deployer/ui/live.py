@@ -160,6 +160,7 @@ HOST_STYLE = {**STATUS_STYLE, "successful": "green", "waiting": "dim", "untouche
 
 @dataclass
 class HostRow:
+    """One host's line in the fleet's live view."""
     status: str = "waiting"
     step: str = ""
     started: float | None = None

@@ -17,6 +17,7 @@ NEWEST = 50  # run dirs looked at, newest first: enough for every service of a h
 
 @dataclass(frozen=True)
 class Timing:
+    """A service's last time to healthy in a run, against its budget."""
     service: str
     seconds: float  # its last time to healthy
     run_id: str  # the run that recorded it

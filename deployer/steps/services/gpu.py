@@ -37,6 +37,7 @@ SHOW_EVERY_S = 10.0  # a wait that sees no change still says so this often
 
 @dataclass(frozen=True)
 class GpuMemory:
+    """One GPU's used and total memory, as nvidia-smi reads it."""
     index: int
     used_mib: int
     total_mib: int
@@ -44,6 +45,7 @@ class GpuMemory:
 
 @dataclass(frozen=True)
 class GpuApp:
+    """One process holding GPU memory, as nvidia-smi lists it."""
     pid: int
     used_mib: int | None  # None: nvidia-smi does not say ([N/A]: under MIG, or not ours to see)
 
@@ -90,6 +92,7 @@ def parse_apps(out: str) -> list[GpuApp]:
 
 @dataclass(frozen=True)
 class GpuVerdict:
+    """Whether a stopped service's GPU memory was released, and what was seen."""
     released: bool
     detail: str  # what each GPU holds, for the live view and for the failure after the wait's budget
 
