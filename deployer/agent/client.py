@@ -73,7 +73,7 @@ def agent_code() -> bytes:
     no compile here either). A target python that reads this bytecode runs it and skips compiling the source,
     which cost ~10 ms of every agent start there."""
     loader = importlib.machinery.SourceFileLoader("deployer.agent.agent", str(AGENT_FILE))
-    return zlib.compress(marshal.dumps(loader.get_code(loader.name)))
+    return zlib.compress(marshal.dumps(loader.get_code(loader.name)), 1)  # level 1: half the CPU of 6, 8% larger
 
 
 def agent_payload() -> bytes:

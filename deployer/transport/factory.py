@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from deployer.agent.client import agent_code
 from deployer.config.models import Host
 from deployer.transport.base import Transport
 from deployer.transport.container import ContainerExec
@@ -45,6 +46,7 @@ class Opening:
         opener(host.transport)  # its module imported here, so the thread spends its time waiting, not importing
         self._thread = threading.Thread(target=self._open, name=f"open-{name}", daemon=True)
         self._thread.start()
+        agent_code()  # made here while the thread waits on the handshake, not by the thread before its exec
 
     def emit(self, kind: str, /, **data: Any) -> None:
         with self._lock:
