@@ -15,7 +15,6 @@ and kills what it was running).
 from __future__ import annotations
 
 import functools
-import importlib.machinery
 import json
 import marshal
 import struct
@@ -67,13 +66,22 @@ def agent_source() -> bytes:
     return AGENT_FILE.read_bytes()
 
 
-@functools.cache
+_code_lock = threading.Lock()  # one compile a process: two blobs could differ in length from the bootstrap's count
+
+
 def agent_code() -> bytes:
-    """The agent as this python's bytecode, marshalled and compressed (from its cached .pyc when that is current:
-    no compile here either). A target python that reads this bytecode runs it and skips compiling the source,
-    which cost ~10 ms of every agent start there."""
-    loader = importlib.machinery.SourceFileLoader("deployer.agent.agent", str(AGENT_FILE))
-    return zlib.compress(marshal.dumps(loader.get_code(loader.name)), 1)  # level 1: half the CPU of 6, 8% larger
+    """The agent as this python's bytecode, compiled from exactly the bytes sent (never a .pyc: one whose recorded
+    mtime and size happen to match would run other code under the source's sha256), marshalled and compressed. A
+    target python that reads this bytecode runs it and skips compiling the source (~10 ms of every agent start
+    there); the compile here is once a process, made while the SSH handshake waits (transport/factory.py)."""
+    with _code_lock:
+        return _compiled()
+
+
+@functools.cache
+def _compiled() -> bytes:
+    code = compile(agent_source(), "deployer-agent", "exec", dont_inherit=True, optimize=0)
+    return zlib.compress(marshal.dumps(code), 1)  # level 1: half the CPU of 6, 8% larger
 
 
 def agent_payload() -> bytes:
@@ -87,16 +95,17 @@ def bootstrap_argv(python: str, within: Sequence[str] = ()) -> list[str]:
     bytecode), else compiles the source; the rest of stdin, read through the same buffered reader, is the
     protocol. The source is sent either way: the hello's sha256 names it. -I -S: no PYTHON* variables, user
     site or site hooks can change what runs. `within` is what runs that python somewhere else on the host and
-    passes stdin through (`podman exec -i NAME`)."""
+    passes stdin through (`podman exec -i NAME`). One line, the program's newlines escaped in a string: a login
+    shell of the csh family refuses a newline inside quotes."""
     size, code_size = len(agent_source()), len(agent_code())
-    code = (f"import sys\nr=sys.stdin.buffer.read;AGENT_SOURCE=r({size});C=r({code_size})\n"
-            f"len(AGENT_SOURCE)=={size} and len(C)=={code_size} or sys.exit('deployer agent: source cut short')\n"
-            "B=None\n"
-            f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={MAGIC_NUMBER!r}:\n"
-            " try:\n  import marshal,zlib;B=marshal.loads(zlib.decompress(C))\n except Exception:\n  pass\n"
-            "AGENT_BYTECODE=B is not None\n"
-            "exec(B if AGENT_BYTECODE else compile(AGENT_SOURCE,'deployer-agent','exec'))")
-    return [*within, python, "-I", "-S", "-c", code]
+    program = (f"r=sys.stdin.buffer.read;AGENT_SOURCE=r({size});C=r({code_size})\n"
+               f"len(AGENT_SOURCE)=={size} and len(C)=={code_size} or sys.exit('deployer agent: source cut short')\n"
+               "B=None\n"
+               f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={MAGIC_NUMBER!r}:\n"
+               " try:\n  import marshal,zlib;B=marshal.loads(zlib.decompress(C))\n except Exception:\n  pass\n"
+               "AGENT_BYTECODE=B is not None\n"
+               "exec(B if AGENT_BYTECODE else compile(AGENT_SOURCE,'deployer-agent','exec'))")
+    return [*within, python, "-I", "-S", "-c", f"import sys;exec({program!r})"]
 
 
 def bootstrap_command(python: str, prefix: Sequence[str] = ()) -> str:
@@ -298,12 +307,12 @@ class AgentClient:
         gate = {} if after is None else {"after": after.id} if isinstance(after, Pending) else \
             {"after": [each.id for each in after]}
         body = json.dumps({"id": pending.id, **request.wire(), **gate}, separators=(",", ":")).encode("utf-8")
-        # A frozen link blocks a large write for good (the window never opens): the call's own limit bounds it.
-        # A write waiting for the lock is bounded by the one holding it: that one's expiry closes the pipe.
+        # A frozen link blocks a large write for good (the window never opens): the call's own limit bounds it,
+        # its wait for the write lock included (a cancel must not wait as long as an upload ahead of it may).
         limit = request.reply_timeout() if timeout is None else timeout
         try:
-            with self._write_lock, self._send_watch.bounded(
-                    limit, f"sending '{request.op}' to the agent did not finish within {limit:g}s"):
+            with self._send_watch.bounded(limit, f"sending '{request.op}' to the agent did not finish within "
+                                                 f"{limit:g}s"), self._write_lock:
                 self._pipe.write(prefix + HEADER.pack(len(body)) + body)
         except NeverStarted as exc:
             self._fail(str(exc), started=False)
@@ -376,7 +385,6 @@ class AgentClient:
             waiting, self._pending = list(self._pending.values()), {}
         for pending in waiting:
             pending._resolve(None, reason, started=started)
-        self._send_watch.stop()  # nothing more is written to a dead pipe
 
     def abort(self, reason: str) -> None:
         """Give up on the agent now: every waiter fails with reason; the pipe closes in the background,

@@ -35,7 +35,7 @@ class ProcInfo:
 
 @dataclass(frozen=True)
 class Processes:
-    """Every process the agent read from /proc, and the pids whose owner it could not read."""
+    """The processes asked for, as the agent read them from /proc, and the asked-for ports it saw no owner of."""
     procs: tuple[ProcInfo, ...]
     unowned: tuple[int, ...]  # asked-for ports that listen, held by a process this agent may not see
 

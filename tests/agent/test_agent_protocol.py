@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import marshal
 import os
 import re
 import select
@@ -20,6 +21,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +175,12 @@ def test_hello_names_the_sha256_of_the_source_it_runs(client: AgentClient) -> No
 
 
 def test_an_agent_on_this_python_runs_our_bytecode_and_still_names_the_source() -> None:
+    # The bytecode is a compile of exactly the bytes sent (no .pyc that merely matches their mtime and size) ...
+    shipped = marshal.loads(zlib.decompress(agent_code()))
+    assert shipped == compile(agent_source(), "deployer-agent", "exec", dont_inherit=True)
+    assert shipped.co_filename == "deployer-agent"
+    # ... and the bootstrap is one line: a login shell of the csh family refuses a newline inside quotes.
+    assert "\n" not in bootstrap_command(sys.executable)
     with AgentClient.spawn_local(sys.executable) as agent:
         assert agent.hello is not None and agent.hello.bytecode  # no compile there: it read our bytecode
         assert agent.hello.sha256 == hashlib.sha256(Path(agent_mod.__file__).read_bytes()).hexdigest()
