@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 
 SLICE_S = 0.2
 
@@ -23,7 +23,7 @@ def waited(wait_for: Callable[[float], bool], timeout: float | None = None) -> b
         left = None if deadline is None else deadline - time.monotonic()
         if wait_for(SLICE_S if left is None else max(0.0, min(SLICE_S, left))):
             return True
-        if left is not None and left <= SLICE_S:
+        if deadline is not None and time.monotonic() >= deadline:
             return False
 
 
@@ -38,7 +38,17 @@ def _joined(thread: threading.Thread, seconds: float) -> bool:
 
 
 def all_done(futures: Sequence[Future[object]]) -> None:
-    """Every future done, a slice at a time; then the first one's failure raised, as map() would."""
-    waited(lambda seconds: not wait(futures, seconds).not_done)
+    """Every future done, a slice at a time, as list(pool.map(...)) waits: the first failure cancels what has not
+    started and is raised once what runs has ended."""
+    waited(lambda seconds: _settled(futures, seconds))
     for future in futures:
-        future.result()
+        if not future.cancelled():
+            future.result()
+
+
+def _settled(futures: Sequence[Future[object]], seconds: float) -> bool:
+    if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures):
+        for future in futures:
+            future.cancel()  # those not started; what runs goes on to its end
+        return not wait([f for f in futures if not f.done()], seconds).not_done
+    return not wait(futures, seconds, return_when=FIRST_EXCEPTION).not_done

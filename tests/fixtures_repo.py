@@ -96,6 +96,22 @@ def refusing_python(project: Project) -> str:
     return target_python(project, f"echo '{COMPILE_REFUSED}' >&2; exit 3")
 
 
+def signal_one(pid: int, signum: int, *, to_a_worker_thread: bool = False) -> None:
+    """Send signum to the process, or to one of its threads that is not the main one: kill(2) of a thread id makes
+    that thread take it (the kernel may hand any thread a process's signal; Python runs the handler in the main
+    thread only). A thread that ended meanwhile is skipped."""
+    if not to_a_worker_thread:
+        os.kill(pid, signum)
+        return
+    for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid):
+        try:
+            os.kill(tid, signum)
+            return
+        except ProcessLookupError:
+            continue
+    raise AssertionError(f"process {pid} has no thread but its main one to signal")
+
+
 def staged_bytes(repo: Path, dest: str) -> str | None:
     """What an upload staged for dest beside it (for remote_compile to compile before it goes live); None: none."""
     path = repo / dest

@@ -24,6 +24,7 @@ from fixtures_repo import (
     age_lock,
     git,
     init_repo,
+    signal_one,
     staged_bytes,
     target_python,
 )
@@ -628,8 +629,7 @@ def test_a_signal_stops_every_host_of_a_fleet_at_a_safe_point_and_restores_each(
         assert time.monotonic() < deadline and proc.poll() is None, "the uploads were never staged"
         time.sleep(0.05)
     # kill(2) of a thread's id tries that thread first: a non-main one, blocked in a read or a wait, takes it.
-    others = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid]
-    os.kill(others[0] if to == "worker thread" else proc.pid, signal.SIGTERM)
+    signal_one(proc.pid, signal.SIGTERM, to_a_worker_thread=to == "worker thread")
     out, err = proc.communicate(timeout=60)
     report = json.loads(out)
     # Each host's phase and error in the message: a run that ends otherwise says where each host was.

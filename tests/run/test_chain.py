@@ -21,6 +21,7 @@ from fixtures_repo import (
     Project,
     git,
     refusing_python,
+    signal_one,
     staged_bytes,
     target_python,
     tree_snapshot,
@@ -296,8 +297,7 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
         assert time.monotonic() < deadline, "the upload never landed"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
-    others = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid]
-    os.kill(others[0] if to == "worker thread" else proc.pid, signum)
+    signal_one(proc.pid, signum, to_a_worker_thread=to == "worker thread")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
     assert target.file("pkg/a.py") == ORIGINAL_A and staged_bytes(target.repo, "pkg/a.py") is None
