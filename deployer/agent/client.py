@@ -15,6 +15,7 @@ and kills what it was running).
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import json
 import marshal
 import struct
@@ -70,18 +71,18 @@ _code_lock = threading.Lock()  # one compile a process: two blobs could differ i
 
 
 def agent_code() -> bytes:
-    """The agent as this python's bytecode, compiled from exactly the bytes sent (never a .pyc: one whose recorded
-    mtime and size happen to match would run other code under the source's sha256), marshalled and compressed. A
-    target python that reads this bytecode runs it and skips compiling the source (~10 ms of every agent start
-    there); the compile here is once a process, made while the SSH handshake waits (transport/factory.py)."""
+    """The agent as this python's bytecode, marshalled and compressed: what this python itself runs for the source,
+    its cached .pyc when that is current by Python's own rule (recorded mtime and size), else a compile of the
+    file. A target python that reads this bytecode runs it and skips compiling the source (~10 ms of every agent
+    start there). Made once a process, while the SSH handshake waits (transport/factory.py)."""
     with _code_lock:
         return _compiled()
 
 
 @functools.cache
 def _compiled() -> bytes:
-    code = compile(agent_source(), "deployer-agent", "exec", dont_inherit=True, optimize=0)
-    return zlib.compress(marshal.dumps(code), 1)  # level 1: half the CPU of 6, 8% larger
+    loader = importlib.machinery.SourceFileLoader("deployer.agent.agent", str(AGENT_FILE))
+    return zlib.compress(marshal.dumps(loader.get_code(loader.name)), 1)  # level 1: half the CPU of 6, 8% larger
 
 
 def agent_payload() -> bytes:

@@ -46,7 +46,6 @@ class Opening:
         opener(host.transport)  # its module imported here, so the thread spends its time waiting, not importing
         self._thread = threading.Thread(target=self._open, name=f"open-{name}", daemon=True)
         self._thread.start()
-        agent_code()  # made here while the thread waits on the handshake, not by the thread before its exec
 
     def emit(self, kind: str, /, **data: Any) -> None:
         with self._lock:
@@ -70,6 +69,9 @@ class Opening:
             name, host, accept = self._args
             return open_transport(name, host, bus, accept_new_host_key=accept)
         self._claimed = True
+        # The agent's bytecode, made while the thread waits on the handshake (not by it before its exec); here, not
+        # at the thread's start: compile() holds the GIL, and the connect's first byte must not wait for it.
+        agent_code()
         joined(self._thread)
         with self._lock:
             self._bus, held, self._held = bus, self._held, []
