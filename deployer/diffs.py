@@ -7,7 +7,7 @@ import posixpath
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deployer.errors import DeployerError
@@ -117,8 +117,8 @@ def numstats(changes: Sequence[tuple[str, bytes | None, bytes]]) -> list[FileSta
         raise DeployerError(f"git diff --no-index failed here: {proc.stderr.decode(errors='replace')}")
     # Each record names its right side, .../b/INDEX; a file whose bytes are unchanged has none.
     found = {int(posixpath.basename(stat.path)): stat for stat in parse_numstat(proc.stdout.decode(errors="replace"))}
-    return [FileStat(path, found[i].insertions, found[i].deletions, found[i].binary) if i in found
-            else FileStat(path, 0, 0) for i, (path, _, _) in enumerate(changes)]
+    return [replace(found[i], path=path) if i in found else FileStat(path, 0, 0)
+            for i, (path, _, _) in enumerate(changes)]
 
 
 def unified(path: str, old: bytes | None, new: bytes) -> str:

@@ -267,11 +267,14 @@ class UnitRouting:
         gauge yet."""
         spec = self.client.spec
         started = time.monotonic()
-        quiet: list[float] = []  # when each pass in a row in which every worker read 0 began
+        quiet_since: float | None = None  # when the passes in a row in which every worker read 0 began
         while True:
             now = time.monotonic()
-            quiet = [*quiet, now] if self._idle(started) else []
-            if len(quiet) >= 2 and now - quiet[0] >= spec.settle_s:
+            if not self._idle(started):
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= spec.settle_s:  # a later quiet pass: at least two readings
                 return
             self.wait(spec.interval_s)
 

@@ -70,7 +70,7 @@ class Opening:
             return open_transport(name, host, bus, accept_new_host_key=accept)
         self._claimed = True
         # The agent's bytecode, made while the thread waits on the handshake (not by it before its exec); here, not
-        # at the thread's start: compile() holds the GIL, and the connect's first byte must not wait for it.
+        # at the thread's start: making it holds the GIL, and the connect's first byte must not wait for it.
         agent_code()
         joined(self._thread)
         with self._lock:
