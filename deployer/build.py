@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deployer.command import Masker
-from deployer.config.models import Host, find_inventory, get_host, load_inventory
+from deployer.config.models import Host, get_host, load_inventory
+from deployer.config.paths import find_inventory
 from deployer.config.playbook import load_playbook, parse_playbook
 from deployer.errors import ConfigError
 from deployer.run.engine import Connector, Engine
@@ -75,10 +76,17 @@ class Build:
         return {name: self.engine(name, host, playbook, steps, allow_dirty=allow_dirty, cancel=cancel)
                 for name, host in hosts.items()}
 
-    def opening(self, engine: Engine) -> Opening:
+    def opening(self, engine: Engine, early: Opening | None = None) -> Opening:
         """engine's connection opened, and its agent started, on a thread now, while the run sets up; the
-        engine claims it when it connects. The caller discards it if the run never did."""
-        opening = Opening(engine.host_name, engine.host, accept_new_host_key=self.accept_new_host_key)
+        engine claims it when it connects. The caller discards it if the run never did. An early opening
+        (transport/early.py) is taken when it connected as engine's host says to, and dropped when not."""
+        if early is not None and early.fits(engine.host_name, engine.host):
+            early.release(engine.host)
+            opening = early
+        else:
+            if early is not None:
+                early.drop()
+            opening = Opening.of(engine.host_name, engine.host, accept_new_host_key=self.accept_new_host_key)
         engine.connect = opening
         return opening
 

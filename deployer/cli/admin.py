@@ -182,7 +182,8 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
 def init(source: str, base: str, host_name: str | None, metric: str | None, as_patch: bool, output: str,
          message: str | None, inventory: str | None, as_json: bool) -> None:
     """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
-    from deployer.config.models import find_inventory, get_host, load_inventory
+    from deployer.config.models import get_host, load_inventory
+    from deployer.config.paths import find_inventory
     from deployer.scaffold import write_playbook
     from deployer.ui.console import say
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -43,12 +44,15 @@ if TYPE_CHECKING:
     from deployer.run.plan import PlanReport
     from deployer.steps.context import Listener
     from deployer.steps.services.budgets import Timing
+    from deployer.transport.early import KnownGood
+    from deployer.transport.factory import Opening
 
 
 def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tuple[Inventory, list[str]]:
     """The inventory and the hosts --host (a host, group, unit, comma list or glob) and --limit name."""
     from deployer.config import targets
-    from deployer.config.models import find_inventory, load_inventory
+    from deployer.config.models import load_inventory
+    from deployer.config.paths import find_inventory
 
     loaded = load_inventory(find_inventory(inventory))
     return loaded, targets.resolve(loaded, host_spec, limit=limit)
@@ -121,7 +125,8 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
     from deployer.config import targets
-    from deployer.config.models import find_inventory, load_inventory
+    from deployer.config.models import load_inventory
+    from deployer.config.paths import find_inventory
     from deployer.config.units import every_unit
     from deployer.errors import ConfigError
     from deployer.run import rollback as rollbacks
@@ -167,22 +172,35 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, allow_downtime: bool,
           health_timeout_s: float | None, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
-    with setting_up():
-        from deployer.config import targets
-        build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
-        loaded, hosts = select_hosts(host_name, limit, inventory)
-        units = targets.run_units(loaded, hosts)  # a host behind a router among them, as a unit of one
-        if not dry_run:
-            notice_unended(build.runs_dir, hosts)
-        engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts},
-                                allow_dirty=allow_dirty)
-    if len(hosts) == 1:  # one host: a plain run, as before fleets existed
-        engine = engines[hosts[0]]
-        if dry_run:
-            show_plan(engine.plan(), as_json, timings_of(build, engine), lone_downtime(build, engine, units, loaded))
-        else:
-            apply_one(build, engine, as_json, units, loaded, allow_downtime=allow_downtime)
-        return
+    known = early = None
+    try:
+        with setting_up():
+            if not dry_run and not accept_new_host_key and os.environ.get("DEPLOYER_EARLY") != "off":
+                # A config checked before: its connection opens first.
+                from deployer.transport.early import KnownGood
+
+                known = KnownGood.of(click.get_current_context().params, playbook, inventory)
+                early = known.opening() if known is not None else None
+            from deployer.config import targets
+            build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
+            loaded, hosts = select_hosts(host_name, limit, inventory)
+            units = targets.run_units(loaded, hosts)  # a host behind a router among them, as a unit of one
+            if not dry_run:
+                notice_unended(build.runs_dir, hosts)
+            engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts},
+                                    allow_dirty=allow_dirty)
+        if len(hosts) == 1:  # one host: a plain run, as before fleets existed
+            engine = engines[hosts[0]]
+            if dry_run:
+                show_plan(engine.plan(), as_json, timings_of(build, engine),
+                          lone_downtime(build, engine, units, loaded))
+            else:
+                apply_one(build, engine, as_json, units, loaded, allow_downtime=allow_downtime, known=known,
+                          early=early)
+            return
+    finally:
+        if early is not None:  # not taken (a config that no longer passes, another host): closed unused
+            early.drop()
     from deployer.fleet.runner import FleetCancel
 
     if dry_run:
@@ -194,10 +212,12 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
 
 
 def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit] | None = None,
-              inventory: Inventory | None = None, *, allow_downtime: bool = False) -> None:
-    """A single-host apply whose connection opens while the rest of the run sets up (checked config first); a host
-    behind a router (units: its unit of one, or its one-host unit) runs as its unit, out of the router around its
-    restart; alone behind it, that is downtime, refused unless allow_downtime (as a fleet's batch is)."""
+              inventory: Inventory | None = None, *, allow_downtime: bool = False, known: KnownGood | None = None,
+              early: Opening | None = None) -> None:
+    """A single-host apply whose connection opens while the rest of the run sets up (checked config first), or
+    opened already (early: known's record, taken once the checks pass); a host behind a router (units: its unit of
+    one, or its one-host unit) runs as its unit, out of the router around its restart; alone behind it, that is
+    downtime, refused unless allow_downtime (as a fleet's batch is)."""
     with setting_up():
         run = engine.apply
         behind = {name: unit for name, unit in (units or {}).items() if unit.router is not None}
@@ -209,8 +229,10 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
             for_units({engine.host_name: engine}, behind)
             ((name, unit),) = behind.items()
             run = partial(alone, name, unit, engine, build.routers(inventory))
-        engine.check_host()  # a config problem stops the run before anything connects
-        opening = build.opening(engine)  # imports the transport's module (paramiko) here
+        engine.check_host()  # a config problem stops the run before anything connects (or runs, early)
+        opening = build.opening(engine, early)  # imports the transport's module (paramiko) here
+        if known is not None:  # every check passed: the next apply with this key connects before it loads
+            known.record(engine.host_name, engine.host)
     try:
         run_with_view(engine, as_json, run)
     finally:
@@ -292,7 +314,8 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
     from deployer import runlog
     from deployer.config import targets
-    from deployer.config.models import find_inventory, load_inventory
+    from deployer.config.models import load_inventory
+    from deployer.config.paths import find_inventory
     from deployer.config.units import every_unit
     from deployer.errors import ConfigError
     from deployer.fleet.followup import rollback_fleet

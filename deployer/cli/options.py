@@ -13,7 +13,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from deployer.config.models import find_inventory, load_inventory
+    from deployer.config.models import load_inventory
+    from deployer.config.paths import find_inventory
     from deployer.errors import DeployerError
 
     try:

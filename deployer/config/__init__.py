@@ -1,11 +1,3 @@
-"""Playbook and inventory: pydantic models, safe YAML with file:line:col errors, target selection, JSON Schema."""
+"""Playbook and inventory: pydantic models, safe YAML with file:line:col errors, target selection, JSON Schema.
 
-import os
-
-from pydantic.plugin import _loader
-
-# pydantic looks for plugins the first time it builds a validator: it reads the entry points of every installed
-# distribution (~10 ms of an apply's start-up). deployer's models take none; PYDANTIC_DISABLE_PLUGINS, when set,
-# still decides as pydantic documents it.
-if _loader._plugins is None and "PYDANTIC_DISABLE_PLUGINS" not in os.environ:
-    _loader._plugins = {}
+Importing this package imports nothing (config/paths.py is read before pydantic is, by an early connection)."""

@@ -5,11 +5,13 @@ it alone, and the other ranks' liveness is their process."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class GangFields(BaseModel):
     """A unit's `gang: true` and `leader: HOST:SERVICE` (config.models.Unit takes these)."""
+
+    model_config = ConfigDict(defer_build=True)  # a mixin: only Unit's validator is ever built and used
 
     gang: bool = False
     leader: str | None = None  # the member whose health says the gang is up

@@ -356,17 +356,6 @@ class Playbook(Strict):
         return self
 
 
-def find_inventory(explicit: str | None) -> Path:
-    chosen = explicit or os.environ.get("DEPLOYER_INVENTORY") or "hosts.yaml"
-    path = Path(chosen)
-    if not path.exists():
-        how = ("-i/--inventory" if explicit else
-               "$DEPLOYER_INVENTORY" if os.environ.get("DEPLOYER_INVENTORY") else "./hosts.yaml")
-        raise ConfigError(f"inventory {path} not found (from {how}); "
-                          "pass -i FILE or set DEPLOYER_INVENTORY")
-    return path
-
-
 def load_inventory(path: Path) -> Inventory:
     doc = yamlsrc.load(path)
     if not isinstance(doc.data, dict):

@@ -219,6 +219,8 @@ class BehindRouter(BaseModel):
     """`router:` and `workers:` of a unit or of a plain inventory host (config.units.Unit and config.models.Host take
     these): the inventory's router that sends it traffic, and its services as that router knows them."""
 
+    model_config = ConfigDict(defer_build=True)  # a mixin: only its subclasses' validators are built and used
+
     router: str | None = None  # a name in the inventory's routers:
     workers: list[RouterWorker] = Field(default_factory=list)  # each "host:service" of it, as the router knows it
 

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import difflib
+import os
 import typing
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Tag, ValidationError
+from pydantic.plugin import _loader
 
 from deployer.config import yamlsrc
 from deployer.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+# pydantic looks for plugins the first time it builds a validator: it reads the entry points of every installed
+# distribution (~10 ms of an apply's start-up). deployer's models take none; PYDANTIC_DISABLE_PLUGINS, when set,
+# still decides as pydantic documents it. Here, not in the package's __init__: every model module of config/
+# imports this one before a validator is built (their models defer theirs), and config/paths.py must stay cheap.
+if _loader._plugins is None and "PYDANTIC_DISABLE_PLUGINS" not in os.environ:
+    _loader._plugins = {}
 
 # The error a tagged union (a host's kind, by `transport:`) reports for a tag it lacks; its context names the key.
 UNKNOWN_KIND = "unknown_kind"

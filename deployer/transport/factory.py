@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from deployer.agent.client import agent_code
-from deployer.config.models import Host
 from deployer.transport.base import Transport
-from deployer.transport.container import ContainerExec
 from deployer.transport.kinds import Emitter, opener
+from deployer.transport.ssh.params import SshParams
 from deployer.waiting import joined
 
 if TYPE_CHECKING:
     from deployer.agent.protocol import Hello
+    from deployer.config.models import Host
 
 
 def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: bool = False) -> Transport:
-    transport = opener(host.transport)(name, host, bus, accept_new_host_key)
+    return finished(opener(host.transport)(name, host, bus, accept_new_host_key), host, bus)
+
+
+def finished(transport: Transport, host: Host, bus: Emitter) -> Transport:
+    """transport with what its host adds to any kind: its container's exec, and the agent's report on bus."""
     if host.container is not None:  # over whichever kind reached the host: its exec, wrapped
+        from deployer.transport.container import ContainerExec  # its model's module imports pydantic: not early
+
         transport.run_within(ContainerExec(host.container))
 
     def started(hello: Hello) -> None:
@@ -34,18 +41,58 @@ def open_transport(name: str, host: Host, bus: Emitter, *, accept_new_host_key: 
 class Opening:
     """A host's transport opened, and its agent started, on a thread of its own: a far target's handshake
     round trips overlap the rest of the set-up here. What it emits before the run's bus exists is held
-    and handed on when the run claims it (as a Connector). Claimed once; a second claim opens anew."""
+    and handed on when the run claims it (as a Connector). Claimed once; a second claim opens anew.
 
-    def __init__(self, name: str, host: Host, *, accept_new_host_key: bool = False) -> None:
-        self._args = (name, host, accept_new_host_key)
+    An early one (transport/early.py) connects before its host's model exists and starts the agent only once
+    `release` gives that host; `drop` closes it unused."""
+
+    def __init__(self, name: str, connect: Callable[[Emitter], Transport], host: Host | None, *,
+                 accept_new_host_key: bool = False, params: SshParams | None = None) -> None:
+        self.name = name
+        self.params = params  # an early one's: what it connected with
+        self._connect = connect
+        self._accept = accept_new_host_key
+        self._host = host
+        self._go = threading.Event()  # the host is known (or, with none, the opening is dropped)
+        if host is not None:
+            self._go.set()
         self._lock = threading.Lock()
         self._held: list[tuple[str, dict[str, Any]]] = []
         self._bus: Emitter | None = None
         self._outcome: Transport | BaseException | None = None
         self._claimed = False
-        opener(host.transport)  # its module imported here, so the thread spends its time waiting, not importing
         self._thread = threading.Thread(target=self._open, name=f"open-{name}", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def of(cls, name: str, host: Host, *, accept_new_host_key: bool = False) -> Opening:
+        """host's connection and agent, opened now, its config loaded and checked."""
+        kind = opener(host.transport)  # its module imported here, so the thread spends its time waiting, not importing
+        return cls(name, lambda bus: kind(name, host, bus, accept_new_host_key), host,
+                   accept_new_host_key=accept_new_host_key)
+
+    @classmethod
+    def early(cls, name: str, params: SshParams) -> Opening:
+        """An SSH connection to name opened now, with params, before the config that gives them is loaded."""
+        # Imported here, before the thread starts: imported by it, paramiko's import shares the GIL (and module
+        # locks) with the main thread's load of the config, and the connection's first byte waits for both.
+        from deployer.transport.ssh.transport import connect_host
+
+        return cls(name, lambda bus: connect_host(name, params, bus, False), None, params=params)
+
+    def fits(self, name: str, host: Host) -> bool:
+        """An early opening that connected as the checked config's host says to: its name and its params."""
+        return (self.params is not None and name == self.name and host.transport == "ssh"
+                and SshParams.of(name, host) == self.params)  # type: ignore[arg-type]
+
+    def release(self, host: Host) -> None:
+        """The config is loaded and checked here, and gives this host: the agent may start."""
+        self._host = host
+        self._go.set()
+
+    def drop(self) -> None:
+        """Never released: closed unused once connected (nothing ran on the host)."""
+        self._go.set()
 
     def emit(self, kind: str, /, **data: Any) -> None:
         with self._lock:
@@ -56,18 +103,27 @@ class Opening:
         bus.emit(kind, **data)
 
     def _open(self) -> None:
-        name, host, accept = self._args
         try:
-            transport = open_transport(name, host, self, accept_new_host_key=accept)
-            transport.agent()  # the exec and the agent's source go out; its hello is read with the first reply
-            self._outcome = transport
+            transport = self._connect(self)
         except BaseException as exc:  # handed to the run that claims it, as if it had connected itself
+            self._outcome = exc
+            return
+        self._go.wait()  # at once, but for an early opening: on this thread, not the main one (which handles signals)
+        if self._host is None:
+            transport.close()
+            return
+        if self.params is not None:  # the run log says so: this login came before the config was loaded again
+            transport.info.extra["opened"] = "early"
+        try:
+            finished(transport, self._host, self).agent()  # the exec and the agent's source go out; its hello is read
+            self._outcome = transport                        # with the first reply
+        except BaseException as exc:
             self._outcome = exc
 
     def __call__(self, bus: Emitter) -> Transport:
+        assert self._host is not None, "claimed before its release"
         if self._claimed:
-            name, host, accept = self._args
-            return open_transport(name, host, bus, accept_new_host_key=accept)
+            return open_transport(self.name, self._host, bus, accept_new_host_key=self._accept)
         self._claimed = True
         # The agent's bytecode, made while the thread waits on the handshake (not by it before its exec); here, not
         # at the thread's start: making it holds the GIL, and the connect's first byte must not wait for it.
@@ -84,5 +140,6 @@ class Opening:
 
     def discard(self) -> None:
         """The run never claimed it (its set-up failed first): close what was opened, if it is done."""
+        self.drop()
         if not self._claimed and not self._thread.is_alive() and isinstance(self._outcome, Transport):
             self._outcome.close()

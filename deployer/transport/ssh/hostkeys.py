@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Literal
 
 from deployer.command import quote
 from deployer.errors import ConfigError, ConnectError, HostKeyError
 from deployer.transport.ssh.config import Endpoint
 from deployer.transport.ssh.paramiko_lean import paramiko
+from deployer.transport.ssh.params import HostKeyPolicy
 
-HostKeyPolicy = Literal["reject", "accept-new"]
 HostKeyPinned = Callable[[str, str, str], None]
 
 _known_hosts_lock = threading.Lock()

@@ -22,8 +22,9 @@ from deployer.transport.pipes import ChannelPipe, Pipe
 from deployer.transport.ssh.config import known_hosts_file, load_config, proxy_jumps, resolve
 from deployer.transport.ssh.connect import Link, describe
 from deployer.transport.ssh.forward import Forward, close_quietly
-from deployer.transport.ssh.hostkeys import HostKeyPinned, HostKeyPolicy, KnownHosts, fingerprint
+from deployer.transport.ssh.hostkeys import HostKeyPinned, KnownHosts, fingerprint
 from deployer.transport.ssh.paramiko_lean import paramiko
+from deployer.transport.ssh.params import HostKeyPolicy, SshParams
 
 if TYPE_CHECKING:
     from deployer.config.models import SshHost
@@ -38,18 +39,23 @@ KEEPALIVE_S = 30
 
 def open_host(name: str, host: SshHost, bus: Emitter, accept_new_host_key: bool) -> SSHTransport:
     """The registry's opener for `transport: ssh` (transport/kinds.py)."""
+    return connect_host(name, SshParams.of(name, host), bus, accept_new_host_key)
+
+
+def connect_host(name: str, params: SshParams, bus: Emitter, accept_new_host_key: bool) -> SSHTransport:
+    """The connection to host name, from its params (an early connection has these before the host's model)."""
 
     def pinned(entry: str, key_type: str, fingerprint: str) -> None:
         bus.emit("host_key_pinned", entry=entry, key_type=key_type, fingerprint=fingerprint)
 
-    address = host.address or name
-    if not address:
+    if not params.address:
         raise ConfigError(f"host {name!r} has no address")
-    return SSHTransport(name=name, address=address, port=host.port, user=host.user,
-                        identity_file=host.identity_file, known_hosts=host.known_hosts, ssh_config=host.ssh_config,
-                        connect_timeout=host.connect_timeout_s,
-                        host_key_policy="accept-new" if accept_new_host_key else host.host_key_policy,
-                        become=host.become, on_host_key_pinned=pinned, python=host.python)
+    return SSHTransport(name=name, address=params.address, port=params.port, user=params.user,
+                        identity_file=params.identity_file, known_hosts=params.known_hosts,
+                        ssh_config=params.ssh_config, connect_timeout=params.connect_timeout_s,
+                        host_key_policy="accept-new" if accept_new_host_key else params.host_key_policy,
+                        become=params.become, on_host_key_pinned=pinned,
+                        python=params.python)
 
 
 class SSHTransport(Transport):

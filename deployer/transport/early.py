@@ -1,0 +1,121 @@
+"""An SSH connection opened before the config is loaded, for a config this machine has already checked.
+
+An apply loads and checks its inventory and playbook before anything connects: a config problem must never
+reach the host. That load is most of an apply's start-up (pydantic, the models, the steps), and a far host's
+handshake used to wait for it. So a single-host apply whose config has passed every check records the
+connection it then opened, under a key of everything those checks read: the inventory's and the playbook's
+bytes, the command's options, the environment variables the inventory names, the working directory, this
+python and deployer's own files. A later apply with the same key opens that connection at once and loads the
+config again meanwhile. The agent starts (with `become`, a sudo) only once this process's own checks have
+passed and give the host the recorded params; otherwise the connection closes unused (Build.opening). So what
+reaches a host early is a login, never a command, and only for a config that passed before.
+
+The files a playbook ships are not in the key (they change with each fix): they are read and checked after
+the connection opened, before anything runs. A host under `accept-new` is never opened early: its first
+connection pins a key, which a config that then fails must not do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployer.config.paths import find_inventory
+from deployer.errors import ConfigError
+from deployer.transport.ssh.params import SshParams
+
+if TYPE_CHECKING:
+    from deployer.config.models import Host
+    from deployer.transport.factory import Opening
+
+KEPT = 32  # records kept, the newest: one per config and options a person applies
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def code_stamp(root: Path = _PACKAGE) -> list[tuple[str, int, int]]:
+    """Each of deployer's own source files by path, size and mtime: an edit or an upgrade changes the key."""
+    stamp: list[tuple[str, int, int]] = []
+    pending = [root]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
+                    pending.append(Path(entry.path))
+                elif entry.name.endswith(".py"):
+                    st = entry.stat()
+                    stamp.append((os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns))
+    return sorted(stamp)
+
+
+def records_dir() -> Path:
+    """This user's cache (XDG): the runs dir holds runs only, and the key says everything a record depends on."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deployer" / "known-good"
+
+
+class KnownGood:
+    """One apply's key, and its record: the host its checked config connected to, and how."""
+
+    def __init__(self, records: Path, key: str) -> None:
+        self.records = records
+        self.key = key
+
+    @classmethod
+    def of(cls, options: Mapping[str, object], playbook: str, inventory: str | None) -> KnownGood | None:
+        """The key of an apply with these options; None where a file it reads is missing (its load says why)."""
+        try:
+            inventory_path = find_inventory(inventory)
+            inventory_bytes = inventory_path.read_bytes()
+            playbook_bytes = Path(playbook).read_bytes()
+        except (ConfigError, OSError):
+            return None
+        named = set(_NAME.findall(inventory_bytes.decode("utf-8", "replace")))
+        env = {k: v for k, v in os.environ.items() if k in named or k.startswith("DEPLOYER_")}
+        inputs = {"deployer": code_stamp(), "python": [sys.version, sys.executable], "cwd": os.getcwd(),
+                  "options": dict(options), "env": env,
+                  "inventory": [str(inventory_path), hashlib.sha256(inventory_bytes).hexdigest()],
+                  "playbook": [playbook, hashlib.sha256(playbook_bytes).hexdigest()]}
+        blob = json.dumps(inputs, sort_keys=True, default=repr).encode()
+        return cls(records_dir(), hashlib.sha256(blob).hexdigest())
+
+    @property
+    def path(self) -> Path:
+        return self.records / f"{self.key}.json"
+
+    def opening(self) -> Opening | None:
+        """The recorded host's connection, opening now; None without a record (or with one this run cannot
+        have written: it is this machine's file, and still not trusted to be well formed)."""
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        host = data.get("host") if isinstance(data, dict) else None
+        params = SshParams.from_document(data.get("ssh")) if isinstance(data, dict) else None
+        if (not isinstance(host, str) or not host or len(host) > 255 or not host.isprintable() or params is None
+                or params.host_key_policy != "reject"):
+            return None
+        from deployer.transport.factory import Opening  # the agent's client and protocol: after the lookup
+
+        return Opening.early(host, params)
+
+    def record(self, name: str, host: Host) -> None:
+        """name's config passed every check with this key: an SSH host under `reject` is opened early next time."""
+        from deployer.config.models import SshHost  # loaded by now: the checks were its
+
+        if not isinstance(host, SshHost) or host.host_key_policy != "reject":
+            return
+        records = self.records
+        with contextlib.suppress(OSError):  # only a later apply's start-up is lost without it
+            records.mkdir(parents=True, exist_ok=True)
+            temp = records / f".{self.key}.{os.getpid()}.tmp"
+            temp.write_text(json.dumps({"host": name, "ssh": SshParams.of(name, host).document()}))
+            os.replace(temp, self.path)
+            for old in sorted(records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)[:-KEPT]:
+                old.unlink()

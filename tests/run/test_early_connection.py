@@ -1,0 +1,219 @@
+"""A config this machine checked before: its apply connects before loading it again (transport/early.py), and
+still runs nothing on the host until this process's own checks pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
+from fixtures_ssh import SSHD
+from pydantic import TypeAdapter
+
+from deployer.command import Masker
+from deployer.config.models import AnyHost
+from deployer.steps.context import EventBus
+from deployer.transport.early import KnownGood, code_stamp, records_dir
+from deployer.transport.factory import Opening
+from deployer.transport.ssh.params import SshParams
+
+
+def connected(project: Project) -> dict[str, Any]:
+    event: dict[str, Any] = next(e for e in project.events() if e["type"] == "connected")
+    return event
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_checked_config_connects_early_and_its_agent_starts_once_checked_again(target: Project, sshd: SSHD
+                                                                                  ) -> None:
+    sudo_log = Path(sshd.fake_sudo_log)
+    before = sudo_log.read_text() if sudo_log.exists() else ""
+    target.write_inventory(become=True)
+    target.playbook()
+    first = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert first.returncode == 0, first.stderr
+    assert "opened" not in connected(target)["transport"]["extra"]  # nothing known yet: it connected after loading
+    git(target.repo, "reset", "-q", "--hard", "HEAD~1")  # the same fix, to apply again
+
+    second = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 0, second.stderr
+    assert connected(target)["transport"]["extra"]["opened"] == "early"
+    assert target.file("pkg/a.py") == FIXED_A
+    calls = sudo_log.read_text()[len(before):].splitlines()
+    assert len(calls) == 2, calls  # one agent each, under sudo: the early login started one too, once released
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_config_that_no_longer_passes_runs_nothing_on_an_early_connection(target: Project, sshd: SSHD) -> None:
+    # What the key leaves out (the bytes a playbook ships) fails after the early login: nothing may run.
+    sudo_log = Path(sshd.fake_sudo_log)
+    target.write_inventory(become=True)
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    git(target.repo, "reset", "-q", "--hard", "HEAD~1")
+    sudo_before = sudo_log.read_text()
+    log_before = sshd.log()
+    target.write("fix/a.py", "def answer():\n    return 42\x00\n")  # a NUL byte: not a text file
+    failed = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert failed.returncode == 2, failed.stderr
+    assert "is a binary file" in failed.stderr
+    deadline = time.monotonic() + 10
+    while "Connection from" not in sshd.log()[len(log_before):]:  # the early connection came (its login may not
+        assert time.monotonic() < deadline, "no early connection"  # finish: the apply ended first) ...
+        time.sleep(0.05)
+    assert "Starting session" not in sshd.log()[len(log_before):]  # ... and no command, not even the agent, ran
+    assert sudo_log.read_text() == sudo_before
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_changed_config_is_not_known_good_and_never_connects_before_its_checks(target: Project) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        target.write_inventory(port=listener.getsockname()[1], connect_timeout_s=0.5)
+        target.playbook(steps=["local_compile", "upload"])
+        # Its checks pass (so it is recorded), then the connection to a port that never speaks SSH times out.
+        timed_out = target.deployer("apply", "fix.yaml", "--host", "box")
+        assert timed_out.returncode != 0 and "within" in timed_out.stderr, timed_out.stderr
+        listener.accept()[0].close()
+        target.playbook(steps=["local_compile", "upload", {"drain": {"metric": "g", "to": 0, "within_s": 5}}])
+        result = target.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode == 2, result.stderr
+        assert "no metrics URL: set `metrics` on host box" in result.stderr
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):  # the playbook's bytes changed: no record, no connection
+            listener.accept()
+    finally:
+        listener.close()
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_dropped(target: Project,
+                                                                                        sshd: SSHD) -> None:
+    host = TypeAdapter(AnyHost).validate_python({**target.host, "become": True})
+    params = SshParams.of("box", host)
+    sudo_log = Path(sshd.fake_sudo_log)
+    sudo_before = sudo_log.read_text() if sudo_log.exists() else ""
+
+    log_before = len(sshd.log())
+    dropped = Opening.early("box", params)
+    until_logged(sshd, log_before, "Accepted publickey")  # logged in, and now waiting for its release ...
+    dropped.drop()
+    closed = until_logged(sshd, log_before, CLOSED)  # ... closed by it, unused
+    assert "Starting session" not in closed
+    assert (sudo_log.read_text() if sudo_log.exists() else "") == sudo_before
+
+    log_before = len(sshd.log())
+    released = Opening.early("box", params)
+    until_logged(sshd, log_before, "Accepted publickey")
+    assert "Starting session" not in sshd.log()[log_before:]
+    released.release(host)
+    transport = released(EventBus(Masker(), "box"))
+    try:
+        assert transport.info.extra["opened"] == "early"
+        assert transport.run(["id", "-u"]).out.strip() == "0"  # under the fake sudo: the host's become held
+        assert "Starting session" in sshd.log()[log_before:]
+        assert len(sudo_log.read_text()[len(sudo_before):].splitlines()) == 1
+    finally:
+        transport.close()
+
+
+# How sshd logs a client's end of an authenticated connection (a close, or the reset of one).
+CLOSED = r"^(?:Disconnected from user|Received disconnect from|Read error from remote host|Connection (?:closed|reset))"
+
+
+def until_logged(sshd: SSHD, start: int, line: str) -> str:
+    """sshd's log since offset start, once a line of it matches (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while not re.search(line, since := sshd.log()[start:], re.M):
+        assert time.monotonic() < deadline, f"sshd never logged {line!r}:\n{since}"
+        time.sleep(0.02)
+    return since
+
+
+def keyed(tmp_path: Path, **change: Any) -> str | None:
+    """The key of an apply in tmp_path, with one input changed."""
+    options = {"playbook": "fix.yaml", "host_name": "box", "limit": None, **change.pop("options", {})}
+    known = KnownGood.of(options, str(tmp_path / "fix.yaml"), str(tmp_path / "hosts.yaml"))
+    return None if known is None else known.key
+
+
+def test_the_key_changes_with_everything_the_checks_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  box: {env: {TOKEN: {value_from_env: API_TOKEN}}}\n")
+    (tmp_path / "fix.yaml").write_text("name: fix\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("API_TOKEN", "one")
+    monkeypatch.setenv("UNRELATED", "one")
+    base = keyed(tmp_path)
+    assert base is not None and keyed(tmp_path) == base
+    monkeypatch.setenv("UNRELATED", "two")  # not named by the inventory
+    assert keyed(tmp_path) == base
+    monkeypatch.setenv("API_TOKEN", "two")  # named: its value decides a check
+    changed = {keyed(tmp_path)}
+    monkeypatch.setenv("API_TOKEN", "one")
+    monkeypatch.setenv("DEPLOYER_RUNS_DIR", str(tmp_path / "runs"))
+    changed.add(keyed(tmp_path))
+    monkeypatch.delenv("DEPLOYER_RUNS_DIR")
+    changed.add(keyed(tmp_path, options={"limit": "box"}))
+    (tmp_path / "fix.yaml").write_text("name: fix 2\n")
+    changed.add(keyed(tmp_path))
+    (tmp_path / "fix.yaml").write_text("name: fix\n")
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  box: {env: {TOKEN: {value_from_env: API_TOKEN}}}\n\n")
+    changed.add(keyed(tmp_path))
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  box: {env: {TOKEN: {value_from_env: API_TOKEN}}}\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    changed.add(keyed(tmp_path))
+    assert len(changed) == 6 and base not in changed
+    (tmp_path / "fix.yaml").unlink()
+    assert keyed(tmp_path) is None  # its load says why
+
+
+def test_an_edit_of_deployer_itself_changes_the_stamp(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    module = tmp_path / "pkg" / "sub" / "m.py"
+    module.write_text("x = 1\n")
+    (tmp_path / "pkg" / "sub" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "sub" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"")
+    stamp = code_stamp(tmp_path / "pkg")
+    assert [entry[0] for entry in stamp] == [os.path.join("sub", "m.py")]
+    module.write_text("x = 2\n")
+    os.utime(module, ns=(1, 1))
+    assert code_stamp(tmp_path / "pkg") != stamp
+
+
+PARAMS = {"address": "10.0.0.1", "port": 22, "user": "root", "identity_file": None, "known_hosts": None,
+          "ssh_config": None, "host_key_policy": "reject", "connect_timeout_s": 10.0, "become": False,
+          "python": "python3"}
+
+
+@pytest.mark.parametrize("change", [{"port": True}, {"port": 0}, {"port": "22"}, {"address": ""},
+                                    {"become": 1}, {"user": 5}, {"host_key_policy": "accept-all"},
+                                    {"connect_timeout_s": 0}, {"extra": "x"}])
+def test_a_record_that_is_not_one_opens_nothing(change: dict[str, Any]) -> None:
+    assert SshParams.from_document(PARAMS) == SshParams(**PARAMS)  # type: ignore[arg-type]
+    assert SshParams.from_document({**PARAMS, **change}) is None
+
+
+@pytest.mark.parametrize("body", [b"{", b"[]", b'{"host": "box"}', b'{"host": "a\\u001b[2J", "ssh": PARAMS}',
+                                  b'{"host": "box", "ssh": PARAMS_ACCEPT}'])
+def test_a_spoiled_record_is_no_record(tmp_path: Path, body: bytes) -> None:
+    known = KnownGood(tmp_path, "k" * 64)
+    accept = {**PARAMS, "host_key_policy": "accept-new"}  # a first login pins a key: never early
+    known.path.write_bytes(body.replace(b"PARAMS_ACCEPT", json.dumps(accept).encode())
+                           .replace(b"PARAMS", json.dumps(PARAMS).encode()))
+    assert known.opening() is None
+
+
+def test_the_records_are_this_users_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert records_dir() == tmp_path / "deployer" / "known-good"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert records_dir() == Path.home() / ".cache" / "deployer" / "known-good"
