@@ -20,6 +20,9 @@ scratch repo (bench/scratch_target.py), shipped these ways:
 Each cell is the median wall time of --runs runs and the round trips the relay counted in
 them. Every run is checked: the fix must be committed on top of the first commit. Beside them:
 
+  config not known yet   deployer apply with DEPLOYER_EARLY=off: as the first apply of a config, which has no
+                         known-good record and connects once its config is checked (the `deployer apply` row,
+                         after its first run, logs in before: transport/early.py)
   effective round trips  (median at r - median at 0 ms) / r, per way and r > 0: what the link costs the way
   time to the first byte from just before the bench spawns the client that connects first (deployer, the
                          paramiko floor, scp, the OpenSSH row's ssh, the sketch) to the first byte the relay
@@ -141,6 +144,13 @@ def by_deployer(sshd: SSHD, target: ScratchTarget, port: int) -> float:
                "deployer apply", cwd=target.root, env=target.deployer_env(str(ROOT)), stdin=subprocess.DEVNULL)
 
 
+def by_deployer_unrecorded(sshd: SSHD, target: ScratchTarget, port: int) -> float:
+    """An apply as the first of its config: no known-good record, so it connects once the config is checked."""
+    return run([sys.executable, "-m", "deployer", "apply", str(target.playbook), "--host", target.host_name],
+               "deployer apply (DEPLOYER_EARLY=off)", cwd=target.root,
+               env={**target.deployer_env(str(ROOT)), "DEPLOYER_EARLY": "off"}, stdin=subprocess.DEVNULL)
+
+
 def by_deployer_in_container(sshd: SSHD, target: ScratchTarget, port: int) -> float:
     return run([sys.executable, "-m", "deployer", "apply", str(target.playbook), "--host", IN_CONTAINER],
                "deployer apply into the container", cwd=target.root, env=target.deployer_env(str(ROOT)),
@@ -206,7 +216,8 @@ def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> float:
                "agent sketch", env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-DEPLOYER = "deployer apply"
+DEPLOYER = "deployer apply"  # its config applied before (every run but the first): it logs in early
+UNRECORDED = "deployer apply, config not known yet"
 IN_BOX = "deployer apply, into a container"
 HAND = "by hand: py_compile && scp && ssh"
 FLOOR = "floor: 1 paramiko connection, 1 exec, tar"  # issue 23's floor: its targets are written against this row
@@ -214,6 +225,7 @@ SSH_FLOOR = "context: 1 OpenSSH ssh, 1 exec, tar"  # the same exec through `ssh`
 SKETCH = "agent sketch: 1 exec, 4 batches"
 WAYS: dict[str, Callable[[SSHD, ScratchTarget, int], float]] = {
     DEPLOYER: by_deployer,
+    UNRECORDED: by_deployer_unrecorded,
     IN_BOX: by_deployer_in_container,
     HAND: by_hand,
     FLOOR: floor,
@@ -300,6 +312,7 @@ def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
         (label, [f"{cells[mine, rtt].median / cells[other, rtt].median:.2f}x" for rtt in rtts_ms])
         for label, mine, other in (*ratios, ("deployer / hand", DEPLOYER, HAND),
                                    ("deployer / floor (paramiko)", DEPLOYER, FLOOR),
+                                   ("config not known yet / floor", UNRECORDED, FLOOR),
                                    ("deployer / OpenSSH exec (context)", DEPLOYER, SSH_FLOOR),
                                    ("agent sketch / hand", SKETCH, HAND),
                                    ("agent sketch / floor (paramiko)", SKETCH, FLOOR))])

@@ -138,8 +138,9 @@ class ScratchTarget:
         return is_deployed(self.repo, self.initial)
 
     def deployer_env(self, pythonpath: str) -> dict[str, str]:
+        # Its own cache: the known-good records (transport/early.py) of this scratch target only.
         return {**os.environ, "DEPLOYER_INVENTORY": str(self.inventory), "DEPLOYER_RUNS_DIR": str(self.runs),
-                "NO_COLOR": "1", "PYTHONPATH": pythonpath}
+                "NO_COLOR": "1", "PYTHONPATH": pythonpath, "XDG_CACHE_HOME": str(self.root / "cache")}
 
 
 def make_scratch(root: Path, *, port: int, user: str, identity_file: str, host_pubkey_line: str,
