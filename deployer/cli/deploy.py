@@ -230,9 +230,10 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
             ((name, unit),) = behind.items()
             run = partial(alone, name, unit, engine, build.routers(inventory))
         engine.check_host()  # a config problem stops the run before anything connects (or runs, early)
-        opening = build.opening(engine, early)  # imports the transport's module (paramiko) here
+        engine.host.secrets()  # so does a secret that does not resolve (its env var unset)
         if known is not None:  # every check passed: the next apply with this key connects before it loads
             known.record(engine.host_name, engine.host)
+        opening = build.opening(engine, early)  # imports the transport's module (paramiko) here
     try:
         run_with_view(engine, as_json, run)
     finally:

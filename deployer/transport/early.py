@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,8 +38,30 @@ if TYPE_CHECKING:
     from deployer.transport.factory import Opening
 
 KEPT = 32  # records kept, the newest: one per config and options a person applies
+RECORD_BYTES = 16 << 10  # a record is a host name and ten params: anything longer is not one
+LIBRARIES = ("pydantic", "pydantic_core", "yaml", "click", "paramiko")  # what loads and checks the config
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def library_stamp() -> list[tuple[str, str | None, int, int]]:
+    """The origin of each library the checks run (found, not imported): an upgrade in this venv changes the key."""
+    stamp: list[tuple[str, str | None, int, int]] = []
+    for name in LIBRARIES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        st = os.stat(origin) if origin else None
+        stamp.append((name, origin, st.st_size if st else 0, st.st_mtime_ns if st else 0))
+    return stamp
+
+
+def _regular(path: str, flags: int) -> int:
+    """An fd of path only if it is a plain file (never blocking on a FIFO put there)."""
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a plain file")
+    return fd
 
 
 def code_stamp(root: Path = _PACKAGE) -> list[tuple[str, int, int]]:
@@ -74,12 +98,13 @@ class KnownGood:
             inventory_path = find_inventory(inventory)
             inventory_bytes = inventory_path.read_bytes()
             playbook_bytes = Path(playbook).read_bytes()
+            stamp, cwd = code_stamp(), os.getcwd()
         except (ConfigError, OSError):
             return None
         named = set(_NAME.findall(inventory_bytes.decode("utf-8", "replace")))
         env = {k: v for k, v in os.environ.items() if k in named or k.startswith("DEPLOYER_")}
-        inputs = {"deployer": code_stamp(), "python": [sys.version, sys.executable], "cwd": os.getcwd(),
-                  "options": dict(options), "env": env,
+        inputs = {"deployer": stamp, "libraries": library_stamp(), "python": [sys.version, sys.executable],
+                  "cwd": cwd, "options": dict(options), "env": env,
                   "inventory": [str(inventory_path), hashlib.sha256(inventory_bytes).hexdigest()],
                   "playbook": [playbook, hashlib.sha256(playbook_bytes).hexdigest()]}
         blob = json.dumps(inputs, sort_keys=True, default=repr).encode()
@@ -93,11 +118,13 @@ class KnownGood:
         """The recorded host's connection, opening now; None without a record (or with one this run cannot
         have written: it is this machine's file, and still not trusted to be well formed)."""
         try:
-            data = json.loads(self.path.read_bytes())
-        except (OSError, ValueError):
+            with open(self.path, "rb", opener=_regular) as record:
+                raw = record.read(RECORD_BYTES + 1)
+            data = json.loads(raw) if len(raw) <= RECORD_BYTES else None
+            host = data.get("host") if isinstance(data, dict) else None
+            params = SshParams.from_document(data.get("ssh")) if isinstance(data, dict) else None
+        except Exception:  # whatever the file holds (nested too deep, a number too large...), it is no record
             return None
-        host = data.get("host") if isinstance(data, dict) else None
-        params = SshParams.from_document(data.get("ssh")) if isinstance(data, dict) else None
         if (not isinstance(host, str) or not host or len(host) > 255 or not host.isprintable() or params is None
                 or params.host_key_policy != "reject"):
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -110,7 +111,8 @@ class Opening:
             return
         self._go.wait()  # at once, but for an early opening: on this thread, not the main one (which handles signals)
         if self._host is None:
-            transport.close()
+            with contextlib.suppress(Exception):
+                transport.close()
             return
         if self.params is not None:  # the run log says so: this login came before the config was loaded again
             transport.info.extra["opened"] = "early"
@@ -118,6 +120,8 @@ class Opening:
             finished(transport, self._host, self).agent()  # the exec and the agent's source go out; its hello is read
             self._outcome = transport                        # with the first reply
         except BaseException as exc:
+            with contextlib.suppress(Exception):  # no one claims a transport whose agent never started
+                transport.close()
             self._outcome = exc
 
     def __call__(self, bus: Emitter) -> Transport:

@@ -196,19 +196,29 @@ PARAMS = {"address": "10.0.0.1", "port": 22, "user": "root", "identity_file": No
 
 @pytest.mark.parametrize("change", [{"port": True}, {"port": 0}, {"port": "22"}, {"address": ""},
                                     {"become": 1}, {"user": 5}, {"host_key_policy": "accept-all"},
-                                    {"connect_timeout_s": 0}, {"extra": "x"}])
+                                    {"connect_timeout_s": 0}, {"connect_timeout_s": 10 ** 400},
+                                    {"connect_timeout_s": float("inf")}, {"connect_timeout_s": float("nan")},
+                                    {"extra": "x"}])
 def test_a_record_that_is_not_one_opens_nothing(change: dict[str, Any]) -> None:
     assert SshParams.from_document(PARAMS) == SshParams(**PARAMS)  # type: ignore[arg-type]
     assert SshParams.from_document({**PARAMS, **change}) is None
 
 
 @pytest.mark.parametrize("body", [b"{", b"[]", b'{"host": "box"}', b'{"host": "a\\u001b[2J", "ssh": PARAMS}',
-                                  b'{"host": "box", "ssh": PARAMS_ACCEPT}'])
+                                  b'{"host": "box", "ssh": PARAMS_ACCEPT}', b"[" * 5000 + b"]" * 5000,
+                                  b'{"host": "box", "ssh": PARAMS, "pad": "' + b"x" * 20_000 + b'"}'],
+                         ids=["cut", "a list", "no params", "escapes", "accept-new", "too deep", "too long"])
 def test_a_spoiled_record_is_no_record(tmp_path: Path, body: bytes) -> None:
     known = KnownGood(tmp_path, "k" * 64)
     accept = {**PARAMS, "host_key_policy": "accept-new"}  # a first login pins a key: never early
     known.path.write_bytes(body.replace(b"PARAMS_ACCEPT", json.dumps(accept).encode())
                            .replace(b"PARAMS", json.dumps(PARAMS).encode()))
+    assert known.opening() is None
+
+
+def test_a_fifo_in_place_of_a_record_is_no_record(tmp_path: Path) -> None:
+    known = KnownGood(tmp_path, "f" * 64)
+    os.mkfifo(known.path)  # a read would block on it, for ever
     assert known.opening() is None
 
 

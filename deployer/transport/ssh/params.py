@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from deployer.config.models import SshHost
 
 HostKeyPolicy = Literal["reject", "accept-new"]
+MAX_TIMEOUT_S = 86400.0  # a record's connect timeout beyond a day (or not finite) is not one this machine wrote
 _OPTIONAL_STR = (str, type(None))
 # Each field's types, for a record read back from a file: bool is an int to isinstance, so a port is checked apart.
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -56,6 +57,6 @@ class SshParams:
                for name, types in _TYPES.items()):
             return None
         if (not data["address"] or data["host_key_policy"] not in ("reject", "accept-new")
-                or not data["connect_timeout_s"] > 0):
+                or not 0 < data["connect_timeout_s"] <= MAX_TIMEOUT_S):
             return None
         return cls(**{**data, "connect_timeout_s": float(data["connect_timeout_s"])})
