@@ -62,6 +62,7 @@ class Opening:
         self._bus: Emitter | None = None
         self._outcome: Transport | BaseException | None = None
         self._claimed = False
+        self._discarded = False
         self._thread = threading.Thread(target=self._open, name=f"open-{name}", daemon=True)
         self._thread.start()
 
@@ -118,11 +119,16 @@ class Opening:
             transport.info.extra["opened"] = "early"
         try:
             finished(transport, self._host, self).agent()  # the exec and the agent's source go out; its hello is read
-            self._outcome = transport                        # with the first reply
-        except BaseException as exc:
+        except BaseException as exc:                          # with the first reply
             with contextlib.suppress(Exception):  # no one claims a transport whose agent never started
                 transport.close()
             self._outcome = exc
+            return
+        with self._lock:  # one of this and discard() sees the other's mark: the transport is closed exactly once
+            self._outcome, discarded = transport, self._discarded
+        if discarded:  # the run gave up on it while it was opening
+            with contextlib.suppress(Exception):
+                transport.close()
 
     def __call__(self, bus: Emitter) -> Transport:
         assert self._host is not None, "claimed before its release"
@@ -143,7 +149,12 @@ class Opening:
         return self._outcome
 
     def discard(self) -> None:
-        """The run never claimed it (its set-up failed first): close what was opened, if it is done."""
+        """The run never claimed it (its set-up failed first): close what was opened, now if it is done, else by
+        the thread once it is."""
         self.drop()
-        if not self._claimed and not self._thread.is_alive() and isinstance(self._outcome, Transport):
-            self._outcome.close()
+        if self._claimed:
+            return
+        with self._lock:
+            self._discarded, outcome = True, self._outcome
+        if isinstance(outcome, Transport):
+            outcome.close()

@@ -300,7 +300,8 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
             proc.wait()
     reader.join(timeout=10)
     assert proc.returncode == 130, "".join(lines)
-    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
+    # Once seen to fail under the full suite's load (the fix left, exit 130): what the run said, for next time.
+    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head, "".join(lines)
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
     logged = target.events()
     end = next(e for e in logged if e["type"] == "run_end")

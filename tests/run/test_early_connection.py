@@ -125,6 +125,16 @@ def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_
         transport.close()
 
 
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_opening_discarded_while_it_connects_is_closed_once_it_has(target: Project, sshd: SSHD) -> None:
+    host = TypeAdapter(AnyHost).validate_python(target.host)
+    log_before = len(sshd.log())
+    opening = Opening.of("box", host)
+    opening.discard()  # the run's set-up failed at once: the handshake has not even begun
+    until_logged(sshd, log_before, "Starting session")  # its agent started all the same ...
+    until_logged(sshd, log_before, CLOSED)  # ... and the thread, seeing the discard, closed it
+
+
 # How sshd logs a client's end of an authenticated connection (a close, or the reset of one).
 CLOSED = r"^(?:Disconnected from user|Received disconnect from|Read error from remote host|Connection (?:closed|reset))"
 
