@@ -132,9 +132,14 @@ class RunLogWriter:
     def attach(self, name: str, data: bytes) -> None:
         """Store an artifact (playbook copy, diff) beside the log; its hash goes into the chain."""
         path = self.dir / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # Whole or absent: recover reads a run's playbook copy, and a run killed before it kept one (right after
+        # its run_start) had not reached the target; a half-written copy would stop that recover.
+        partial = self.dir / f".{name}.partial"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.link(partial, path)  # fails, as the O_EXCL open did, where the artifact exists already
+        os.unlink(partial)
         self.write({"type": "artifact", "name": name, "sha256": hashlib.sha256(data).hexdigest(),
                     "size": len(data)})
 

@@ -198,3 +198,33 @@ def test_a_rollback_link_removed_from_the_end_is_named_and_a_present_one_verifie
     writer.close()
     linked = verify(tmp_path)
     assert linked.returncode == 0, linked.stderr
+
+
+def test_an_artifact_is_kept_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kill between its creation and its last byte cannot be timed from here: a write that fails stands in.
+    writer = RunLogWriter(tmp_path, RUN_ID)
+    real_fdopen = os.fdopen
+
+    class Cut:
+        def __init__(self, handle: object) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> Cut:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()  # type: ignore[attr-defined]
+
+        def write(self, data: bytes) -> None:
+            self.handle.write(data[:3])  # type: ignore[attr-defined]
+            raise OSError("cut")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Cut(real_fdopen(fd, mode)))
+    with pytest.raises(OSError, match="cut"):
+        writer.attach("playbook.yaml", b"name: fix\n")
+    assert not (writer.dir / "playbook.yaml").exists()
+    monkeypatch.undo()
+    writer.attach("diff.txt", b"+x\n")
+    assert (writer.dir / "diff.txt").read_bytes() == b"+x\n"
+    assert sorted(p.name for p in writer.dir.iterdir() if not p.name.startswith(".playbook")) == [
+        "diff.txt", "events.jsonl"]
