@@ -115,6 +115,11 @@ class SSHD:
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")
 
+    def sudo_calls(self) -> list[str]:
+        """Every call of the test sudo on the target so far, its arguments one line each (none before the first)."""
+        path = Path(self.fake_sudo_log)
+        return path.read_text().splitlines() if path.exists() else []
+
     def regenerate_host_key(self) -> str:
         """Restart sshd on the same port with a new host key; returns the new public key line.
 

@@ -32,8 +32,7 @@ def connected(project: Project) -> dict[str, Any]:
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
 def test_a_checked_config_connects_early_and_its_agent_starts_once_checked_again(target: Project, sshd: SSHD
                                                                                   ) -> None:
-    sudo_log = Path(sshd.fake_sudo_log)
-    before = sudo_log.read_text() if sudo_log.exists() else ""
+    before = len(sshd.sudo_calls())
     target.write_inventory(become=True)
     target.playbook()
     first = target.deployer("apply", "fix.yaml", "--host", "box")
@@ -45,19 +44,18 @@ def test_a_checked_config_connects_early_and_its_agent_starts_once_checked_again
     assert second.returncode == 0, second.stderr
     assert connected(target)["transport"]["extra"]["opened"] == "early"
     assert target.file("pkg/a.py") == FIXED_A
-    calls = sudo_log.read_text()[len(before):].splitlines()
+    calls = sshd.sudo_calls()[before:]
     assert len(calls) == 2, calls  # one agent each, under sudo: the early login started one too, once released
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
 def test_a_config_that_no_longer_passes_runs_nothing_on_an_early_connection(target: Project, sshd: SSHD) -> None:
     # What the key leaves out (the bytes a playbook ships) fails after the early login: nothing may run.
-    sudo_log = Path(sshd.fake_sudo_log)
     target.write_inventory(become=True)
     target.playbook()
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     git(target.repo, "reset", "-q", "--hard", "HEAD~1")
-    sudo_before = sudo_log.read_text()
+    sudo_before = sshd.sudo_calls()
     log_before = sshd.log()
     target.write("fix/a.py", "def answer():\n    return 42\x00\n")  # a NUL byte: not a text file
     failed = target.deployer("apply", "fix.yaml", "--host", "box")
@@ -68,7 +66,7 @@ def test_a_config_that_no_longer_passes_runs_nothing_on_an_early_connection(targ
         assert time.monotonic() < deadline, "no early connection"  # finish: the apply ended first) ...
         time.sleep(0.05)
     assert "Starting session" not in sshd.log()[len(log_before):]  # ... and no command, not even the agent, ran
-    assert sudo_log.read_text() == sudo_before
+    assert sshd.sudo_calls() == sudo_before
     assert target.file("pkg/a.py") == ORIGINAL_A
 
 
@@ -99,8 +97,7 @@ def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_
                                                                                         sshd: SSHD) -> None:
     host = TypeAdapter(AnyHost).validate_python({**target.host, "become": True})
     params = SshParams.of("box", host)
-    sudo_log = Path(sshd.fake_sudo_log)
-    sudo_before = sudo_log.read_text() if sudo_log.exists() else ""
+    sudo_before = sshd.sudo_calls()
 
     log_before = len(sshd.log())
     dropped = Opening.early("box", params)
@@ -108,7 +105,7 @@ def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_
     dropped.drop()
     closed = until_logged(sshd, log_before, CLOSED)  # ... closed by it, unused
     assert "Starting session" not in closed
-    assert (sudo_log.read_text() if sudo_log.exists() else "") == sudo_before
+    assert sshd.sudo_calls() == sudo_before
 
     log_before = len(sshd.log())
     released = Opening.early("box", params)
@@ -120,7 +117,7 @@ def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_
         assert transport.info.extra["opened"] == "early"
         assert transport.run(["id", "-u"]).out.strip() == "0"  # under the fake sudo: the host's become held
         assert "Starting session" in sshd.log()[log_before:]
-        assert len(sudo_log.read_text()[len(sudo_before):].splitlines()) == 1
+        assert len(sshd.sudo_calls()[len(sudo_before):]) == 1
     finally:
         transport.close()
 

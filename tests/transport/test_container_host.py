@@ -4,8 +4,6 @@ engine's exec). Over the host's own transport: local and the real sshd."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from fixtures_containers import CONTAINER_REPO, Box
 from fixtures_repo import FIXED_A, Project
@@ -33,15 +31,14 @@ def test_a_stopped_containers_error_begins_with_the_container_and_its_engine(tar
 def test_become_runs_the_engines_exec_under_sudo_on_the_host(target: Project, container: Box, sshd: SSHD) -> None:
     project = in_container(target, container)
     project.write_inventory(become=True)
-    sudo_log = Path(sshd.fake_sudo_log)
-    before = sudo_log.read_text() if sudo_log.exists() else ""
+    before = len(sshd.sudo_calls())
     project.playbook()
     applied = project.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert container.read(f"{CONTAINER_REPO}/pkg/a.py") == FIXED_A
     # The agent's start `sudo -n -- podman exec ...` and the inspect of the container's mounts (where the
     # shipped files live), both on the host: sudo is the host's, around the engine.
-    assert sudo_log.read_text()[len(before):].splitlines() == ["-n -- podman", "-n -- podman"]
+    assert sshd.sudo_calls()[before:] == ["-n -- podman", "-n -- podman"]
     connected = next(e for e in project.events() if e["type"] == "connected")
     assert connected["transport"]["extra"]["become"] == "sudo"
     assert connected["transport"]["extra"]["container"] == container.name

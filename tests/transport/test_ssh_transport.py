@@ -109,7 +109,7 @@ def test_run_reports_host_key_fingerprint_in_ssh_keygen_format(
 def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Path) -> None:
     with connect(sshd, become=True) as transport:
         assert transport.info.extra["become"] == "sudo"
-        before = Path(sshd.fake_sudo_log).read_text() if os.path.exists(sshd.fake_sudo_log) else ""
+        before = len(sshd.sudo_calls())
         assert transport.run(["id", "-u"], timeout=20).out == "0\n"
         dest = tmp_path / "become" / "file.txt"
         transport.put(b"as root", str(dest), mode=0o600)
@@ -121,12 +121,12 @@ def test_become_wraps_commands_and_file_access_in_sudo(sshd: SSHD, tmp_path: Pat
         assert (dest.stat().st_uid, dest.stat().st_gid) == (4321, 4321)
         assert not [p for p in dest.parent.iterdir() if p.name != "file.txt"]
     # One agent, started under sudo -n; every command and file access above went through it.
-    calls = Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines()
+    calls = sshd.sudo_calls()[before:]
     assert len(calls) == 1 and calls[0].startswith("-n -- python3"), calls
     # Without become (the default) nothing goes through sudo.
     with connect(sshd) as plain:
         assert plain.run(["true"], timeout=20).ok and "become" not in plain.info.extra
-    assert Path(sshd.fake_sudo_log).read_text()[len(before):].splitlines() == calls
+    assert sshd.sudo_calls()[before:] == calls
 
 
 # -- put / get -------------------------------------------------------------------------------
