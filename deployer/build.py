@@ -85,7 +85,7 @@ class Build:
             opening = early
         else:
             if early is not None:
-                early.drop()
+                early.discard()
             opening = Opening.of(engine.host_name, engine.host, accept_new_host_key=self.accept_new_host_key)
         engine.connect = opening
         return opening

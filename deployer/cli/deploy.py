@@ -200,7 +200,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
             return
     finally:
         if early is not None:  # not taken (a config that no longer passes, another host): closed unused
-            early.drop()
+            early.discard()
     from deployer.fleet.runner import FleetCancel
 
     if dry_run:

@@ -45,7 +45,7 @@ class Opening:
     and handed on when the run claims it (as a Connector). Claimed once; a second claim opens anew.
 
     An early one (transport/early.py) connects before its host's model exists and starts the agent only once
-    `release` gives that host; `drop` closes it unused."""
+    `release` gives that host; `discard` closes it unused."""
 
     def __init__(self, name: str, connect: Callable[[Emitter], Transport], host: Host | None, *,
                  accept_new_host_key: bool = False, params: SshParams | None = None) -> None:
@@ -84,16 +84,14 @@ class Opening:
 
     def fits(self, name: str, host: Host) -> bool:
         """An early opening that connected as the checked config's host says to: its name and its params."""
-        return (self.params is not None and name == self.name and host.transport == "ssh"
-                and SshParams.of(name, host) == self.params)  # type: ignore[arg-type]
+        from deployer.config.models import SshHost  # loaded by now: the host is its
+
+        return (self.params is not None and name == self.name and isinstance(host, SshHost)
+                and SshParams.of(name, host) == self.params)
 
     def release(self, host: Host) -> None:
         """The config is loaded and checked here, and gives this host: the agent may start."""
         self._host = host
-        self._go.set()
-
-    def drop(self) -> None:
-        """Never released: closed unused once connected (nothing ran on the host)."""
         self._go.set()
 
     def emit(self, kind: str, /, **data: Any) -> None:
@@ -111,7 +109,7 @@ class Opening:
             self._outcome = exc
             return
         self._go.wait()  # at once, but for an early opening: on this thread, not the main one (which handles signals)
-        if self._host is None:
+        if self._host is None:  # discarded before its release: nothing ran on the host
             with contextlib.suppress(Exception):
                 transport.close()
             return
@@ -149,9 +147,9 @@ class Opening:
         return self._outcome
 
     def discard(self) -> None:
-        """The run never claimed it (its set-up failed first): close what was opened, now if it is done, else by
-        the thread once it is."""
-        self.drop()
+        """The run never claimed it (its set-up failed first, or an early one did not fit): close what was opened,
+        now if it is done, else by the thread once it is. An early one never released starts no agent."""
+        self._go.set()
         if self._claimed:
             return
         with self._lock:

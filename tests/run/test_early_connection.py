@@ -102,7 +102,7 @@ def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_
     log_before = len(sshd.log())
     dropped = Opening.early("box", params)
     until_logged(sshd, log_before, "Accepted publickey")  # logged in, and now waiting for its release ...
-    dropped.drop()
+    dropped.discard()
     closed = until_logged(sshd, log_before, CLOSED)  # ... closed by it, unused
     assert "Starting session" not in closed
     assert sshd.sudo_calls() == sudo_before
