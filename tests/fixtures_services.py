@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from fixtures_repo import Project
 from polling import within
+from ports import free_port
 
-from deployer.demo.run import free_port
 from deployer.demo.run import process_alive as alive
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from ports import free_port
 
-from deployer.demo.run import free_port
 from deployer.transport.ssh.transport import SSHTransport
 
 START_DEADLINE_S = 10.0

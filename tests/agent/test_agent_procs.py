@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from deployer.agent.client import AgentClient
 from deployer.agent.processes import Procs, Signal
@@ -47,12 +48,6 @@ TREE = textwrap.dedent("""
         f.write(f"{os.getpid()} {child}")
     os.rename(ready + ".tmp", ready)
 """)
-
-
-def free_port(family: int = socket.AF_INET) -> int:
-    with socket.socket(family) as sock:
-        sock.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], what: str) -> None:

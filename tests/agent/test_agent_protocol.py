@@ -30,6 +30,7 @@ import paramiko
 import pytest
 from fixtures_ssh import SSHD, CountingProxy
 from polling import wait_for
+from ports import free_port
 
 from deployer.agent import agent as agent_mod
 from deployer.agent.client import (
@@ -557,12 +558,6 @@ def test_http_sends_a_method_and_a_json_body_for_a_routers_worker_calls(client: 
 def test_http_refuses_anything_but_the_targets_own_loopback(client: AgentClient, url: str) -> None:
     with pytest.raises(TransportError, match=r"not_loopback|bad_request"):
         client.http(url)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- batch ---------------------------------------------------------------------------------------

@@ -17,8 +17,7 @@ import termios
 import time
 
 from fixtures_repo import Project, git, target_python
-
-from deployer.demo.run import free_port
+from ports import free_port
 
 # The octal form goes into shell commands (printf), so the config files themselves hold no control bytes.
 HOSTILE_PRINTF = r"\033]0;pwned\007\033[2J\033]52;c;cHduZWQ=\007[bold]loud[/bold]"

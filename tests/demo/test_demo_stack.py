@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from polling import within
+from ports import free_ports
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, StormResult, run_storm
@@ -83,21 +84,6 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str, str]
         return None
     finally:
         conn.close()
-
-
-def free_ports(n: int) -> list[int]:
-    # Held open together so the n ports are distinct; the kernel may still hand one out again
-    # before our servers bind, which start_stack retries.
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def gauge_sum(text: str, name: str) -> float:

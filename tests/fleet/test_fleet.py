@@ -272,8 +272,7 @@ def pd_unit(fleet: Project) -> Iterator[Project]:
     """Unit pd-1: prefill on h1 (one sshd), decode on h3 (the other sshd); h1 serves the unit's metrics.
     h2 and h4 are plain hosts with a server of their own."""
     from fixtures_services import metrics_text
-
-    from deployer.demo.run import free_port
+    from ports import free_port
 
     www = fleet.root / "www"
     www.mkdir()

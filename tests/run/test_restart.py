@@ -16,8 +16,7 @@ import pytest
 import yaml
 from fixtures_repo import ORIGINAL_A, Project, hold_lock, init_repo, work_tree
 from fixtures_services import GAUGE, Stack, wait_dead
-
-from deployer.demo.run import free_port
+from ports import free_port
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import ORIGINAL_A, Project, init_repo
-
-from deployer.demo.run import free_port
+from ports import free_port
 
 pytest_plugins = ["fixtures_repo"]
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from fixtures_repo import ORIGINAL_B, Project
 from polling import within
+from ports import free_port
 from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
 
 from deployer.agent.client import AgentClient
 from deployer.agent.processes import Procs
-from deployer.demo.run import free_port
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from fixtures_repo import Project, git
+from ports import free_port
 from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
 
-from deployer.demo.run import DemoStack, free_port
+from deployer.demo.run import DemoStack
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
