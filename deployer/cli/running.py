@@ -48,15 +48,21 @@ def setting_up() -> Iterator[None]:
 
 @contextmanager
 def cancel_on_signals(token: CancelToken) -> Iterator[None]:
-    """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now."""
+    """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now, except that a restore
+    under way finishes first (a third stops that too)."""
     from deployer.ui.console import show_error
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if token.cancelled:
-            raise KeyboardInterrupt
-        token.cancel(f"interrupted by {signal.Signals(signum).name}")
+            if token.forced():
+                raise KeyboardInterrupt
+            said = f"{name}: putting the target back first, then stopping (again to abandon that)"
+        else:
+            token.cancel(f"interrupted by {name}")
+            said = f"{name}: stopping at the next safe point (again to force)"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-            show_error(f"{signal.Signals(signum).name}: stopping at the next safe point (again to force)")
+            show_error(said)
 
     # SIGHUP too: a closed terminal or a dropped ssh session must not skip the restore.
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}

@@ -348,22 +348,27 @@ class Engine:
             except (DeployerError, KeyboardInterrupt) as exc:
                 failure = as_failure(exc)
                 ctx.bus.step = None
-                if isinstance(failure, Interrupted):  # a forced stop: what still runs is killed, not waited for
-                    undo.stop_running(ctx)
-                sending.land(ctx)
-                failure = lease.intent_failure(ctx) or failure
-                if isinstance(failure, RunRecordError) and lease.released_with_note():
-                    # The commit was the last step and the release behind it ran with the end note: the target
-                    # holds a finished run, as the note says. Only the record here is behind; execute says so.
-                    ending.end(Phase.succeeded, git_after=ctx.git_after)
-                    return
-                # The run's commit is on the target (the record may have failed to say so: a full disk).
-                if record.state.git_after is not None or ctx.git_after is not None:
-                    raise undo.after_commit_failure(
-                        ctx, failure, ending, rollback=self.playbook.model.on_failure == "rollback",
-                        revert=self._revert_own, restarts=bool(self.checks_after_revert((Effect.restarts,)))) from None
-                self.restore(ctx, failure)
-                raise failure from None
+                # From here to the end of a restore, a forced stop (often the second signal of a stop that the
+                # first one began) lets the target be put back first.
+                with ctx.cancel.undoing():
+                    if isinstance(failure, Interrupted):  # a stop: what still runs is killed, not waited for
+                        undo.stop_running(ctx)
+                    sending.land(ctx)
+                    failure = lease.intent_failure(ctx) or failure
+                    if isinstance(failure, RunRecordError) and lease.released_with_note():
+                        # The commit was the last step and the release behind it ran with the end note: the
+                        # target holds a finished run, as the note says. Only the record here is behind.
+                        ending.end(Phase.succeeded, git_after=ctx.git_after)
+                        return
+                    # The run's commit is on the target (the record may have failed to say so: a full disk).
+                    committed = record.state.git_after is not None or ctx.git_after is not None
+                    if not committed:
+                        self.restore(ctx, failure)
+                        raise failure from None
+                # A rollback can be long (it restarts services): a forced stop still stops it.
+                raise undo.after_commit_failure(
+                    ctx, failure, ending, rollback=self.playbook.model.on_failure == "rollback",
+                    revert=self._revert_own, restarts=bool(self.checks_after_revert((Effect.restarts,)))) from None
             finally:
                 ctx.on_sent = None
                 if not ctx.ahead:

@@ -56,13 +56,14 @@ def restore(ctx: Context, failure: DeployerError, ending: Ending) -> None:
         ending.end(Phase.failed_restored)
         return
     ctx.bus.step = "restore"
-    stop_running(ctx)
     assert ctx.git_before is not None
-    try:
-        done = restore_files(ctx, record.state.files, ctx.git_before, run_trailer(ctx.run_id), record)
-    except DeployerError as exc:
-        record.advance(Phase.interrupted, utc_now(), error=str(exc))
-        raise RollbackFailed(f"{failure}\nThe restore after it failed: {exc}") from None
+    with ctx.cancel.undoing():  # a forced stop (a second signal) lets it finish
+        stop_running(ctx)
+        try:
+            done = restore_files(ctx, record.state.files, ctx.git_before, run_trailer(ctx.run_id), record)
+        except DeployerError as exc:
+            record.advance(Phase.interrupted, utc_now(), error=str(exc))
+            raise RollbackFailed(f"{failure}\nThe restore after it failed: {exc}") from None
     ctx.emit("restore", restored=done.restored, removed=done.removed, temps=done.temps,
              undid_commit=done.undid_commit, head=ctx.git_before)
     ctx.facts.restored = done.restored + done.removed

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -75,6 +76,8 @@ class CancelToken:
         self.failure: DeployerError | None = None  # why, when it is a failure rather than the operator
 
         self._told: list[Callable[[], None]] = []  # see on_cancel
+        self._undoing = 0  # see undoing
+        self._held_back = False  # a forced stop already waited for an undo
 
     def cancel(self, reason: str = "interrupted", failure: DeployerError | None = None) -> None:
         self.reason = reason
@@ -90,6 +93,24 @@ class CancelToken:
         if self._event.is_set():
             threading.Thread(target=told, name="on-cancel", daemon=True).start()
         return lambda: self._told.remove(told) if told in self._told else None
+
+    @contextmanager
+    def undoing(self) -> Iterator[None]:
+        """The target is being put back as it was (a restore): a forced stop waits for it once, since a restore
+        stopped halfway leaves the target neither as it was nor as the run left it."""
+        self._undoing += 1
+        try:
+            yield
+        finally:
+            self._undoing -= 1
+
+    def forced(self) -> bool:
+        """A forced stop (a signal after the first): True to stop now; False once while an undo runs, which
+        finishes first (the next one stops it all the same)."""
+        if self._undoing and not self._held_back:
+            self._held_back = True
+            return False
+        return True
 
     @property
     def cancelled(self) -> bool:

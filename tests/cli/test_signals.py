@@ -1,0 +1,43 @@
+"""The signal handler of a single-host run: real signals, raised in this process."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from deployer.cli.running import cancel_on_signals
+from deployer.steps.context import CancelToken
+
+
+def test_the_first_signal_cancels_and_the_second_stops_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    token = CancelToken()
+    with cancel_on_signals(token):
+        signal.raise_signal(signal.SIGINT)
+        assert token.cancelled and "stopping at the next safe point (again to force)" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_forced_stop_lets_a_restore_under_way_finish_and_the_next_one_stops_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    token = CancelToken()
+    with cancel_on_signals(token):
+        signal.raise_signal(signal.SIGINT)
+        with token.undoing():
+            signal.raise_signal(signal.SIGINT)  # held back: the restore goes on
+            said = capsys.readouterr().err
+            assert "putting the target back first, then stopping (again to abandon that)" in said, said
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGHUP)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
+
+
+def test_a_forced_stop_is_held_back_once_per_run_not_once_per_restore() -> None:
+    token = CancelToken()
+    with cancel_on_signals(token):
+        signal.raise_signal(signal.SIGINT)
+        with token.undoing():
+            signal.raise_signal(signal.SIGINT)
+        with token.undoing(), pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
