@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deployer.demo.load import Load, LoadReport
 from deployer.demo.run import DEMO_INFLIGHT, DemoStack, start_stacks, unit_ports
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 
 TODAY, ROLLING = "(a) unit restart, no drain", "(b) rolling + router drain"
 NOTE = {"name": "note", "files": [{"src": "note.py", "dest": "python/sglang/srt/demo_note.py", "create": True}],

@@ -16,7 +16,8 @@ from deployer.config.playbook import load_playbook, parse_playbook
 from deployer.errors import ConfigError
 from deployer.run.engine import Connector, Engine
 from deployer.run.state import RunRecord
-from deployer.steps.context import CancelToken, EventBus, Listener, LoadedPlaybook
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import EventBus, Listener, LoadedPlaybook
 from deployer.transport.factory import Opening, open_transport
 
 if TYPE_CHECKING:  # a single-host run never loads the fleet modules

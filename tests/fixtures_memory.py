@@ -26,7 +26,8 @@ from deployer.agent.client import agent_code, agent_source, bootstrap_argv
 from deployer.command import Masker
 from deployer.config.models import FileSpec, Host, Playbook
 from deployer.run.preflight import preflight
-from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Context, EventBus, LoadedPlaybook
 from deployer.transport.local import LocalTransport
 from deployer.transport.pipes import CHUNK
 

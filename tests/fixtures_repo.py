@@ -25,7 +25,8 @@ from pydantic import TypeAdapter
 
 from deployer.command import Masker
 from deployer.config.models import AnyHost, FileSpec, Playbook
-from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Context, EventBus, LoadedPlaybook
 from deployer.transport.factory import open_transport
 
 ORIGINAL_A = "def answer():\n    return 41\n"

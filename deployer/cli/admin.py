@@ -95,7 +95,7 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
          as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
     from deployer.demo.run import DemoStack, run_demo, stop_kept_stacks
-    from deployer.steps.context import CancelToken
+    from deployer.steps.cancel import CancelToken
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_demo, show_stopped
     from deployer.ui.live import StepView

@@ -101,7 +101,7 @@ def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: boo
     """A unit's restart as one (each host its own run, lock and log); each host's report, then the exit code
     of the first host, in unit order, that failed."""
     from deployer.fleet.unit import UnitRun
-    from deployer.steps.context import CancelToken
+    from deployer.steps.cancel import CancelToken
 
     run = UnitRun(name, unit, engines, "restore", routing=routing)  # out of its router around the restart
     cancel = CancelToken()

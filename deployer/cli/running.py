@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from deployer.fleet.record import FleetState
     from deployer.fleet.runner import FleetCancel
     from deployer.run.engine import Engine, RunResult
-    from deployer.steps.context import CancelToken, Listener
+    from deployer.steps.cancel import CancelToken
+    from deployer.steps.context import Listener
     from deployer.ui.console import Lines
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 from deployer.steps.load import StormParams
 from deployer.steps.metrics import DrainParams, MetricParams, parse
 from deployer.steps.storm import run_storm

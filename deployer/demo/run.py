@@ -38,7 +38,8 @@ from deployer.fleet.record import FleetState
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 from deployer.run.engine import RunResult
 from deployer.runlog import read_run
-from deployer.steps.context import CancelToken, Listener
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Listener
 
 STACK = Path(__file__).parent / "stack"
 PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too

@@ -25,7 +25,8 @@ from deployer.run.shown import shown_state_of
 from deployer.run.state import RunRecord
 from deployer.runlog import EVENTS, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
-from deployer.steps.context import CancelToken, Listener
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Listener
 from deployer.waiting import all_done
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from deployer.config.models import Rollout
 from deployer.errors import ConfigError, Interrupted
 from deployer.fleet.record import FleetState
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 
 
 class Strategy(ABC):

@@ -32,11 +32,11 @@ from deployer.run.state import PAST_COMMIT, Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.base import Effect, Scope, Step
-from deployer.steps.context import CancelToken, Context
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Context
 from deployer.waiting import joined, waited
 
 Body = Callable[[Context, RunLogWriter], None]
-
 
 ABORTED = "another host of the unit failed"  # how a host stopped by another host's failure says so
 

@@ -36,7 +36,8 @@ from deployer.run.state import (
 )
 from deployer.runlog import RunLogWriter, new_run_id, operator_id, utc_now
 from deployer.steps.base import Effect, Step
-from deployer.steps.context import CancelToken, Context, EventBus, Listener, LoadedPlaybook
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Context, EventBus, Listener, LoadedPlaybook
 from deployer.steps.git import LOG_SHA256, RUN_ID, EndNote
 from deployer.transport.base import Transport
 

@@ -21,7 +21,8 @@ from deployer.run.plan import FilePlan, PlanReport, masked
 from deployer.run.state import Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
-from deployer.steps.context import CancelToken, Context
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
 from deployer.text import shown
 from deployer.transport.base import Transport

@@ -21,7 +21,8 @@ from deployer.runlog import utc_now
 from deployer.steps import services
 from deployer.steps.action import Bound
 from deployer.steps.base import Action
-from deployer.steps.context import NOTHING, CancelToken, Context
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import NOTHING, Context
 from deployer.steps.git import LOG_SHA256, RUN_ID, commit_actions, commit_staged, owner_and_mode_kept, trailers
 
 

@@ -30,7 +30,8 @@ from deployer.config.models import Host, LoopbackUrl, Playbook, Strict, check_lo
 from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
-from deployer.steps.context import CancelToken, Context, EventBus, LoadedPlaybook
+from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Context, EventBus, LoadedPlaybook
 from deployer.text import shown, visible
 from deployer.transport.base import Transport
 

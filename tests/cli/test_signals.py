@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from deployer.cli.running import cancel_on_signals
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 
 
 def test_the_first_signal_cancels_and_the_second_stops_at_once(capsys: pytest.CaptureFixture[str]) -> None:

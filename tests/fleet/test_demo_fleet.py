@@ -18,7 +18,7 @@ from fixtures_services import alive, wait_dead
 
 from deployer.demo.proof import prove
 from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")

@@ -546,7 +546,7 @@ def demo_unit(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Iterator[tuple[P
     """The demo's buggy stack split over two hosts: prefill and router on h1 (one sshd), decode on h3 (the
     other sshd), each host its own copy of the repo; unit pd-1 with h1 as its metrics host."""
     from deployer.demo.run import DemoStack, wait_healthy
-    from deployer.steps.context import CancelToken
+    from deployer.steps.cancel import CancelToken
 
     stacks = {host: DemoStack(tmp_path / host) for host in ("h1", "h3")}
     for stack in stacks.values():

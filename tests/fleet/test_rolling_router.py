@@ -25,7 +25,7 @@ from polling import wait_for
 from deployer.config.models import LocalHost
 from deployer.demo.load import Load
 from deployer.demo.run import DemoStack, start_stacks, unit_ports
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 
 SETTLE_S = 0.5  # how long each removed worker must read 0 before its unit restarts
 UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (and gpu-a the router's), decode

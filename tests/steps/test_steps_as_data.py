@@ -17,7 +17,7 @@ from fixtures_repo import FIXED_A, Project
 
 from deployer.command import shell_line
 from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
-from deployer.steps.context import CancelToken
+from deployer.steps.cancel import CancelToken
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 # The run-log events that record an action done, and the kind of action each records.
