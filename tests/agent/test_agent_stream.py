@@ -57,16 +57,25 @@ STAND_IN = textwrap.dedent('''\
                 out.close()
                 os.close(1)
                 os.close(2)
-                return
+                return stop()
             if MODE == "huge":
                 lead = b'{{"id": %d, "ok": true, "result": {{"stdout": "' % json.loads(body)["id"]
                 out.write(HEADER.pack({huge}) + lead)
+                out.flush()
+                stop()
                 while True:  # until the reader gives up on it and the pipe closes
                     out.write(b"A" * (1 << 20))
             bad = crafted(json.loads(body))
             out.write(HEADER.pack(len(bad)) + bad)
             out.flush()
-            return
+            return stop()
+
+    def stop():
+        # Past a change, the agent goes with its stream: left running, it would go on with what was pipelined
+        # behind the broken reply (a commit sent ahead) until the client's close reached it, and whether that
+        # commit landed would be a race, not what the test is about.
+        if AFTER is not None:
+            agent.kill()
 
     threading.Thread(target=relay, daemon=True).start()
     agent.wait()  # the real agent exits when its stdin closes: so do we, even with the relay stuck in a write

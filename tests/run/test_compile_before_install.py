@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, target_python, work_tree
 from polling import wait_for
+
+from deployer.steps.compile import INSTALL_SCRIPT, RENAME_FAILED
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -21,13 +25,12 @@ STEPS = ["local_compile", "upload", "remote_compile",
 
 
 def watching_python(project: Project, then: str = "") -> tuple[Path, Path]:
-    """The target's python: asked to compile (remote_compile's script, the file in $5), it first copies the live
-    pkg/a.py and that file aside, then does `then` (refuse, block) before compiling; asked to install (the
-    rename script), it leaves the file `installed`. Returns the two copies."""
+    """The target's python: asked to compile and install (remote_compile's script, the file in $6 after their
+    count), it first copies the live pkg/a.py and that file aside, then does `then` (refuse, block) before
+    compiling. Returns the two copies."""
     live, compiled = project.root / "live_at_compile", project.root / "compiled"
     python = target_python(project, f'case "$4" in *"compile("*) cat "{project.repo}/pkg/a.py" > "{live}"; '
-                                    f'cat "$5" > "{compiled}"; {then};; '
-                                    f'*"os.rename("*) touch "{project.root}/installed";; esac')
+                                    f'cat "$6" > "{compiled}"; {then};; esac')
     project.write_inventory(python=python)
     return live, compiled
 
@@ -47,7 +50,6 @@ def test_a_fix_the_targets_python_refuses_never_appears_in_the_live_tree(target:
     assert live.read_text() == ORIGINAL_A and compiled.read_text() == FIXED_A
     assert "cannot compile the shipped files; none of them was installed" in result.stderr
     assert work_tree(target.repo) == before and target.head() == head and temps_in(target.repo) == []
-    assert not (target.root / "installed").exists(), "the install ran after a failed compile"
 
 
 def test_a_fix_goes_live_only_after_its_staged_bytes_compiled_there_in_stage_compile_install_order(
@@ -60,10 +62,10 @@ def test_a_fix_goes_live_only_after_its_staged_bytes_compiled_there_in_stage_com
     assert planned.returncode == 0, planned.stderr
     plan = [a["key"] for s in json.loads(planned.stdout)["steps"] for a in s["actions"]
             if s["name"] in ("upload", "remote_compile")]
-    assert plan == ["stage:pkg/a.py", "compile", "install"]
+    assert plan == ["stage:pkg/a.py", "compile"]  # compile and install: one python on the target
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert live.read_text() == ORIGINAL_A and compiled.read_text() == FIXED_A and (target.root / "installed").exists()
+    assert live.read_text() == ORIGINAL_A and compiled.read_text() == FIXED_A
     assert (target.repo / "pkg/a.py").read_text() == FIXED_A and temps_in(target.repo) == []
     st = (target.repo / "pkg/a.py").stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12346, 0o640)  # set on the temp, kept by the rename
@@ -101,3 +103,34 @@ def test_a_run_cut_between_stage_and_install_leaves_no_staged_file_after_recover
     assert work_tree(target.repo) == before and target.head() == head
     state = json.loads((target.runs / run / "state.json").read_text())
     assert state["phase"] == "failed_restored"
+
+
+def test_a_rename_that_fails_after_every_file_compiled_says_so_and_leaves_the_tree_as_it_was(
+        target: Project) -> None:
+    # The target's python gets the script's own arguments, but the staged temp it is to rename ($7) missing:
+    # the compile of the staged fix ($6) passes, the rename fails for real.
+    target.write_inventory(python=target_python(target, "", then=(
+        f'exec {sys.executable} "$1" "$2" "$3" "$4" "$5" "$6" "$7.gone" "$8"')))
+    before, head = work_tree(target.repo), target.head()
+    target.playbook(steps=STEPS)
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "step 'remote_compile' failed: cannot rename the staged files into place" in result.stderr, result.stderr
+    assert "cannot compile" not in result.stderr and "No such file or directory" in result.stderr
+    assert work_tree(target.repo) == before and target.head() == head and temps_in(target.repo) == []
+
+
+def test_the_install_script_compiles_every_file_before_it_renames_one(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("x = 1\n")
+    bad.write_text("def f(:\n")
+    temp, dest = tmp_path / ".t.tmp", tmp_path / "t.py"
+    temp.write_text("y = 2\n")
+    argv = [sys.executable, "-I", "-S", "-c", INSTALL_SCRIPT]
+    failed = subprocess.run([*argv, "2", str(good), str(bad), str(temp), str(dest)], capture_output=True, text=True)
+    assert failed.returncode == 1 and "SyntaxError" in failed.stderr and temp.exists() and not dest.exists()
+    done = subprocess.run([*argv, "1", str(good), str(temp), str(dest)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert dest.read_text() == "y = 2\n" and not temp.exists()
+    gone = subprocess.run([*argv, "0", str(temp), str(dest)], capture_output=True, text=True)
+    assert gone.returncode == RENAME_FAILED and str(temp) in gone.stderr
