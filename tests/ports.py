@@ -60,3 +60,10 @@ def free_port(family: int = socket.AF_INET) -> int:
 def free_ports(n: int) -> list[int]:
     """n distinct free ports."""
     return [free_port() for _ in range(n)]
+
+
+def demo_ports(units: int = 1) -> list[dict[str, int]]:
+    """The demo's ports for `units` units (deployer.demo.run.unit_ports), from this worker's slice."""
+    from deployer.demo.run import PORT_NAMES, unit_ports
+
+    return unit_ports(units, free_ports(units * len(PORT_NAMES)))

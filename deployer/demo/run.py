@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,13 +67,16 @@ def free_port() -> int:
 SERVICES = ("prefill", "decode", "router")  # the order an operator brings them up in
 
 
-def unit_ports(units: int) -> list[dict[str, int]]:
-    """Each PD unit's ports on 127.0.0.1, shared by the hosts it spans (all of them on this machine);
-    every socket stays bound until all are chosen, so no two are the same."""
-    names = (*SERVICES, "bootstrap")
+PORT_NAMES = (*SERVICES, "bootstrap")  # a unit's ports
+
+
+def unit_ports(units: int, chosen: Sequence[int] = ()) -> list[dict[str, int]]:
+    """Each PD unit's ports on 127.0.0.1, shared by the hosts it spans (all of them on this machine): `chosen`
+    (len(PORT_NAMES) a unit), else free ones, every socket bound until all are chosen so that no two are the same."""
+    names = PORT_NAMES
     with contextlib.ExitStack() as held:
-        ports = []
-        for _ in range(units * len(names)):
+        ports = list(chosen)
+        while len(ports) < units * len(names):
             sock = held.enter_context(socket.socket())
             sock.bind(("127.0.0.1", 0))
             ports.append(int(sock.getsockname()[1]))

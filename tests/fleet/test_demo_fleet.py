@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
+from ports import demo_ports
 
 from deployer.demo.proof import prove
 from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
@@ -120,7 +121,7 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
 
 def test_the_proof_through_the_router_fails_naming_the_unit_whose_gauge_stays_up_on_the_buggy_code(
         tmp_path: Path) -> None:
-    stack = DemoStack(tmp_path / "host")  # the buggy stack: prefill, decode and its router
+    stack = DemoStack(tmp_path / "host", demo_ports()[0])  # the buggy stack: prefill, decode and its router
     playbook = yaml.safe_load(PLAYBOOK.read_text())
     for step in playbook["steps"]:
         if isinstance(step, dict) and "drain" in step:

@@ -545,10 +545,12 @@ def test_a_unit_in_a_rollout_is_one_batch_entry_and_rollback_fleet_restarts_it_a
 def demo_unit(tmp_path: Path, sshd: SSHD, second_sshd: SSHD) -> Iterator[tuple[Project, dict[str, Any]]]:
     """The demo's buggy stack split over two hosts: prefill and router on h1 (one sshd), decode on h3 (the
     other sshd), each host its own copy of the repo; unit pd-1 with h1 as its metrics host."""
+    from ports import demo_ports
+
     from deployer.demo.run import DemoStack, wait_healthy
     from deployer.steps.cancel import CancelToken
 
-    stacks = {host: DemoStack(tmp_path / host) for host in ("h1", "h3")}
+    stacks = {host: DemoStack(tmp_path / host, demo_ports()[0]) for host in ("h1", "h3")}
     for stack in stacks.values():
         stack.create()
     stacks["h3"].ports = stacks["h1"].ports  # one stack: both sides know the same ports

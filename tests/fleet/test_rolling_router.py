@@ -21,10 +21,11 @@ import yaml
 from fixtures_repo import deployer
 from fixtures_ssh import SSHD
 from polling import wait_for
+from ports import demo_ports
 
 from deployer.config.models import LocalHost
 from deployer.demo.load import Load
-from deployer.demo.run import DemoStack, start_stacks, unit_ports
+from deployer.demo.run import DemoStack, start_stacks
 from deployer.steps.cancel import CancelToken
 
 SETTLE_S = 0.5  # how long each removed worker must read 0 before its unit restarts
@@ -88,7 +89,7 @@ class PdFleet:
 
 
 def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | None = None) -> PdFleet:
-    ports = unit_ports(len(UNITS))
+    ports = demo_ports(len(UNITS))
     router_port = ports[0]["router"]
     stacks: dict[str, DemoStack] = {}
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--port", str(router_port),

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import Project, git
-from ports import free_port
+from ports import demo_ports, free_port
 from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
 
 from deployer.demo.run import DemoStack
@@ -38,7 +38,7 @@ def started() -> Iterator[set[int]]:
 def demo_prefill(target: Project) -> DemoStack:
     """The demo's prefill server as the target's only service, with a scheduler child that leaves the server's
     group and a server that ignores TERM longer than the stop's grace (so the stop must KILL)."""
-    stack = DemoStack(target.root / "demo", runs=("prefill",))
+    stack = DemoStack(target.root / "demo", demo_ports()[0], runs=("prefill",))
     stack.create()
     shape = stack.host().model_dump(mode="json", exclude_defaults=True)
     shape["services"]["prefill"].update(stop_grace_s=1, env={"SGLANG_DEMO_SCHEDULER_OWN_GROUP": "1",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fixtures_repo import FIXED_A, Project
+from ports import demo_ports
 
 from deployer.command import shell_line
 from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
@@ -95,7 +96,7 @@ def logged_line(event: dict[str, Any]) -> str:
 
 def demo_on(target: Project) -> DemoStack:
     """The demo's stack (its repo, its running services) as the target's host, over the target's transport."""
-    stack = DemoStack(target.root / "demo")
+    stack = DemoStack(target.root / "demo", demo_ports()[0])
     stack.create()
     shape = stack.host().model_dump(mode="json", exclude_defaults=True)
     connection = {k: v for k, v in target.host.items() if k not in ("repo", "python")}
