@@ -74,6 +74,8 @@ def unit_ports(units: int, chosen: Sequence[int] = ()) -> list[dict[str, int]]:
     """Each PD unit's ports on 127.0.0.1, shared by the hosts it spans (all of them on this machine): `chosen`
     (len(PORT_NAMES) a unit), else free ones, every socket bound until all are chosen so that no two are the same."""
     names = PORT_NAMES
+    if chosen and (len(chosen) != units * len(names) or len(set(chosen)) != len(chosen)):
+        raise ValueError(f"{units} unit(s) need {units * len(names)} distinct ports, not {list(chosen)}")
     with contextlib.ExitStack() as held:
         ports = list(chosen)
         while len(ports) < units * len(names):

@@ -54,6 +54,10 @@ class FleetCancel(CancelToken):
         for token in self.children:
             token.cancel(reason, failure)
 
+    def forced(self) -> bool:
+        """Held back once while any host's run puts its target back (its own token knows)."""
+        return not self._hold_back([token._undoing for token in self.children])
+
 
 class Slots:
     """--parallel counts hosts: a unit, whose hosts are worked on together, takes a slot for each of them

@@ -347,11 +347,11 @@ class Engine:
                 if step.effect in LEAVE:
                     record.advance(LEAVE[step.effect], utc_now(), git_after=ctx.git_after)
             except (DeployerError, KeyboardInterrupt) as exc:
-                failure = as_failure(exc)
-                ctx.bus.step = None
                 # From here to the end of a restore, a forced stop (often the second signal of a stop that the
-                # first one began) lets the target be put back first.
-                with ctx.cancel.undoing():
+                # first one began) lets the target be put back first; it still kills what the landing waits on.
+                with ctx.cancel.undoing(kill=lambda: undo.kill_running(ctx)):
+                    failure = as_failure(exc)
+                    ctx.bus.step = None
                     if isinstance(failure, Interrupted):  # a stop: what still runs is killed, not waited for
                         undo.stop_running(ctx)
                     sending.land(ctx)

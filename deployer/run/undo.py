@@ -49,6 +49,13 @@ def stop_running(ctx: Context) -> None:
             ctx.emit("commands_killed", count=killed)
 
 
+def kill_running(ctx: Context) -> None:
+    """stop_running for a forced stop held back during an undo, from a thread of its own: no event (the run log
+    is the main thread's); the killed commands' own results say so."""
+    with contextlib.suppress(DeployerError):
+        ctx.transport.cancel()
+
+
 def restore(ctx: Context, failure: DeployerError, ending: Ending) -> None:
     """Before the commit, after failure: every dest back to its pre-run bytes, owner and mode (from the run
     dir). A restore that fails too says so after the failure that started it."""

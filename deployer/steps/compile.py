@@ -12,9 +12,6 @@ from deployer.steps.base import Action, Step
 from deployer.steps.context import NOTHING, Context, Submitted
 from deployer.steps.upload import compiled_there, staged
 
-# compile() is what py_compile does, without writing a .pyc into the target's tree.
-REMOTE_SCRIPT = "import sys\nfor f in sys.argv[1:]:\n    compile(open(f, 'rb').read(), f, 'exec')\n"
-
 
 def python_dests(ctx: Context) -> list[str]:
     return [c.dest for c in ctx.changes if c.dest.endswith(".py")]
@@ -57,10 +54,11 @@ class RemoteCompileParams(Strict):
     timeout_s: float = 120.0
 
 
-# Then, only when every file compiled, the staged temps (the pairs of temp and dest after the files) renamed into
-# place, each directory fsynced after: the owner and mode are the temps' own, set when the upload staged them.
-# One interpreter start for both: each costs 10-30 ms on the target. -I -S and nothing newer than Python 3: any
-# target python. A rename that fails exits RENAME_FAILED, a file that does not compile 1.
+# compile() is what py_compile does, without writing a .pyc into the target's tree. Then, only when every file
+# compiled, the staged temps (the pairs of temp and dest after the files) renamed into place, each directory
+# fsynced after: the owner and mode are the temps' own, set when the upload staged them. One interpreter start
+# for both: each costs 10-30 ms on the target. -I -S and nothing newer than Python 3: any target python. A
+# rename that fails exits RENAME_FAILED, a file that does not compile 1.
 RENAME_FAILED = 74
 RENAMING = "cannot rename the staged files into place"
 INSTALL_SCRIPT = (
@@ -111,5 +109,6 @@ class RemoteCompile(Step):
         for submitted in self.sent(ctx) or self.prefetch(ctx):
             renamed = submitted.result().exit_code == RENAME_FAILED  # past the compile: its message would lie
             submitted.check(RENAMING if renamed else submitted.action.failure)
-        compiled = f"{len(python_dests(ctx))} file(s) compile under {ctx.host.python}"
-        return f"{compiled}; {len(ctx.changes)} file(s) installed" if compiled_there(ctx) else compiled
+        compiled = f"{len(python_dests(ctx))} file(s) compile under {ctx.host.python}" if python_dests(ctx) else ""
+        installed = f"{len(ctx.changes)} file(s) installed" if compiled_there(ctx) else ""
+        return "; ".join(part for part in (compiled, installed) if part)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import signal
+import threading
 
 import pytest
+from polling import within
 
 from deployer.cli.running import cancel_on_signals
+from deployer.fleet.runner import FleetCancel
 from deployer.steps.cancel import CancelToken
 
 
@@ -41,3 +44,30 @@ def test_a_forced_stop_is_held_back_once_per_run_not_once_per_restore() -> None:
             signal.raise_signal(signal.SIGINT)
         with token.undoing(), pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
+
+
+def test_a_held_back_stop_still_kills_what_the_undo_waits_on_but_never_the_restores_own_commands() -> None:
+    landing = threading.Event()
+    token = CancelToken()
+    with cancel_on_signals(token), token.undoing(kill=landing.set):
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # held back while landing: what it waits on is killed
+        assert within(landing.is_set, 10)
+    landing.clear()
+    token = CancelToken()
+    with cancel_on_signals(token), token.undoing(kill=landing.set), token.undoing(kill=None):  # the restore
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # held back during the restore: nothing of its own is killed
+        assert not within(landing.is_set, 0.3)
+
+
+def test_a_fleet_holds_a_forced_stop_back_while_any_host_puts_its_target_back() -> None:
+    fleet = FleetCancel()
+    host_a, host_b = fleet.child(), fleet.child()
+    with cancel_on_signals(fleet):
+        signal.raise_signal(signal.SIGINT)
+        assert host_a.cancelled and host_b.cancelled
+        with host_b.undoing():
+            signal.raise_signal(signal.SIGINT)  # held back: host b is restoring
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
