@@ -258,7 +258,7 @@ def test_a_rollback_that_fails_exits_6_and_names_the_head_it_left(stack: Stack) 
     assert end["exit_code"] == 6 and end["status"] == "failed"
 
 
-def said(project: Project) -> str:
+def events_text(project: Project) -> str:
     """The run log's events, for a failure's message: what the run did, step by step."""
     return "".join(f"\n{json.dumps({k: v for k, v in e.items() if k not in ('time', 'run', 'line_sha256')})[:300]}"
                    for e in project.events())
@@ -301,7 +301,7 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
         try:
             proc.wait(timeout=40)  # the gate holds the commit for 60 s: only a forced stop ends sooner
         except subprocess.TimeoutExpired:
-            pytest.fail("the forced stop did not end the run:\n" + "".join(lines) + said(target))
+            pytest.fail("the forced stop did not end the run:\n" + "".join(lines) + events_text(target))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -309,7 +309,7 @@ def test_a_second_signal_stops_at_once_and_still_restores(target: Project) -> No
     reader.join(timeout=10)
     assert proc.returncode == 130, "".join(lines)
     # Under load the second signal came during the restore, which it used to abandon (the fix left, exit 130).
-    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head, "".join(lines) + said(target)
+    assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head, "".join(lines) + events_text(target)
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
     logged = target.events()
     end = next(e for e in logged if e["type"] == "run_end")
