@@ -229,8 +229,10 @@ def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | Non
         # the link line says what recover added, a rollback included.
         return outcome if outcome == Phase.rolled_back else record.state.phase
     after = commit or record.state.git_after
-    if outcome == Phase.failed_committed and record.state.phase not in PAST_COMMIT:
-        record.advance(Phase.interrupted, utc_now())  # cut while committing: the commit exists after all
+    if outcome in (Phase.failed_committed, Phase.rolling_back) and record.state.phase not in PAST_COMMIT:
+        # Cut while committing, or before its record here said so (the commit went ahead with the upload, and
+        # the target ran it first): the commit exists after all.
+        record.advance(Phase.interrupted, utc_now())
     record.advance(outcome, utc_now(), git_after=after)
     return outcome
 

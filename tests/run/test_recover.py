@@ -241,3 +241,19 @@ def test_recover_from_another_machine_uses_the_intent_record_and_gits_objects(ta
     assert work_tree(target.repo) == before_tree and target.head() == head
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists()
     assert any((p / "events.jsonl").is_file() for p in elsewhere.iterdir())
+
+
+def test_a_commit_that_ran_ahead_of_its_record_here_is_rolled_back_by_recover(target: Project) -> None:
+    # The commit goes to the target with the upload: on a slow machine the target makes it while the record
+    # here still says `changed` (seen under load). Killed after the commit, that record is what recover finds.
+    before = target.head()
+    run = killed_after_its_commit(target)
+    path = run / "state.json"
+    state = json.loads(path.read_text())
+    assert state["phase"] == "committing" and state["sent_ahead"] == ["commit"]
+    state["phase"], state["history"] = "changed", state["history"][:-1]
+    path.write_text(json.dumps(state))
+    recovered = target.deployer("recover", run.name, "--rollback")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert git(target.repo, "rev-parse", "HEAD~2").strip() == before and target.file("pkg/a.py") == ORIGINAL_A
+    assert state_of(run)["phase"] == "rolled_back"
