@@ -30,7 +30,8 @@ def worker_slice() -> range:
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
     count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), index + 1)
-    top = ephemeral_low() if ephemeral_low() - BASE >= count * 100 else 65535
+    low = ephemeral_low()
+    top = low if low - BASE >= count * 100 else 65535
     span = min(MOST_PER_WORKER, (top - BASE) // count)
     return range(BASE + index * span, BASE + (index + 1) * span)
 

@@ -41,19 +41,20 @@ def target_state(ctx: Context) -> str:
     return ", ".join(parts) + "."
 
 
+def kill_running(ctx: Context) -> int:
+    """Kill what still runs on the target; how many (0 when the link is gone: the undo itself then fails, with
+    its message). Safe from any thread: it records nothing (a forced stop held back during an undo kills from
+    a thread of its own, and the run log is the main thread's; the killed commands' own results say so)."""
+    with contextlib.suppress(DeployerError):
+        return ctx.transport.cancel()
+    return 0
+
+
 def stop_running(ctx: Context) -> None:
     """A step stopped by a second signal may have left its command running on the target: kill it, so the
-    undo that follows is not queued behind it. A link that is gone fails the undo itself, with its message."""
-    with contextlib.suppress(DeployerError):
-        if killed := ctx.transport.cancel():
-            ctx.emit("commands_killed", count=killed)
-
-
-def kill_running(ctx: Context) -> None:
-    """stop_running for a forced stop held back during an undo, from a thread of its own: no event (the run log
-    is the main thread's); the killed commands' own results say so."""
-    with contextlib.suppress(DeployerError):
-        ctx.transport.cancel()
+    undo that follows is not queued behind it."""
+    if killed := kill_running(ctx):
+        ctx.emit("commands_killed", count=killed)
 
 
 def restore(ctx: Context, failure: DeployerError, ending: Ending) -> None:

@@ -19,7 +19,7 @@ class CancelToken:
         self.failure: DeployerError | None = None  # why, when it is a failure rather than the operator
 
         self._told: list[Callable[[], None]] = []  # see on_cancel
-        self._undoing: list[Callable[[], None] | None] = []  # the undos under way (see undoing), innermost last
+        self._undoing: list[Callable[[], object] | None] = []  # the undos under way (see undoing), innermost last
         self._held_back = False  # a forced stop already waited for an undo
 
     def cancel(self, reason: str = "interrupted", failure: DeployerError | None = None) -> None:
@@ -38,7 +38,7 @@ class CancelToken:
         return lambda: self._told.remove(told) if told in self._told else None
 
     @contextmanager
-    def undoing(self, kill: Callable[[], None] | None = None) -> Iterator[None]:
+    def undoing(self, kill: Callable[[], object] | None = None) -> Iterator[None]:
         """The target is being put back as it was (a restore): a forced stop waits for it once, since a restore
         stopped halfway leaves the target neither as it was nor as the run left it. `kill`: what such a stop
         still does (in a thread of its own), for what the undo waits on but is no part of it."""
@@ -53,7 +53,7 @@ class CancelToken:
         finishes first (the next one stops it all the same)."""
         return not self._hold_back([self._undoing])
 
-    def _hold_back(self, undos: list[list[Callable[[], None] | None]]) -> bool:
+    def _hold_back(self, undos: list[list[Callable[[], object] | None]]) -> bool:
         under_way = [each for each in undos if each]
         if self._held_back or not under_way:
             return False

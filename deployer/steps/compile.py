@@ -107,8 +107,9 @@ class RemoteCompile(Step):
         if not self.actions(ctx):
             return "no Python files"
         for submitted in self.sent(ctx) or self.prefetch(ctx):
-            renamed = submitted.result().exit_code == RENAME_FAILED  # past the compile: its message would lie
-            submitted.check(RENAMING if renamed else submitted.action.failure)
-        compiled = f"{len(python_dests(ctx))} file(s) compile under {ctx.host.python}" if python_dests(ctx) else ""
+            rename_failed = submitted.result().exit_code == RENAME_FAILED  # past the compile: its message would lie
+            submitted.check(RENAMING if rename_failed else submitted.action.failure)
+        dests = python_dests(ctx)
+        compiled = f"{len(dests)} file(s) compile under {ctx.host.python}" if dests else ""
         installed = f"{len(ctx.changes)} file(s) installed" if compiled_there(ctx) else ""
         return "; ".join(part for part in (compiled, installed) if part)
