@@ -3,6 +3,7 @@ still runs nothing on the host until this process's own checks pass."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -56,16 +57,21 @@ def test_a_config_that_no_longer_passes_runs_nothing_on_an_early_connection(targ
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     git(target.repo, "reset", "-q", "--hard", "HEAD~1")
     sudo_before = sshd.sudo_calls()
-    log_before = sshd.log()
-    target.write("fix/a.py", "def answer():\n    return 42\x00\n")  # a NUL byte: not a text file
-    failed = target.deployer("apply", "fix.yaml", "--host", "box")
-    assert failed.returncode == 2, failed.stderr
-    assert "is a binary file" in failed.stderr
-    deadline = time.monotonic() + 10
-    while "Connection from" not in sshd.log()[len(log_before):]:  # the early connection came (its login may not
-        assert time.monotonic() < deadline, "no early connection"  # finish: the apply ended first) ...
-        time.sleep(0.05)
-    assert "Starting session" not in sshd.log()[len(log_before):]  # ... and no command, not even the agent, ran
+    log_before = len(sshd.log())
+    source = target.root / "fix" / "a.py"
+    source.unlink()
+    os.mkfifo(source)  # its read waits for the login below, so the check surely fails after the early login
+    applying = target.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        until_logged(sshd, log_before, "Accepted publickey")  # the early login is in ...
+        feed_fifo(source, b"def answer():\n    return 42\x00\n")  # a NUL byte: not a text file
+        _, stderr = applying.communicate(timeout=60)
+    finally:
+        applying.kill()
+        applying.wait()
+    assert applying.returncode == 2, stderr
+    assert "is a binary file" in stderr
+    assert "Starting session" not in sshd.log()[log_before:]  # ... and no command, not even the agent, ran
     assert sshd.sudo_calls() == sudo_before
     assert target.file("pkg/a.py") == ORIGINAL_A
 
@@ -134,6 +140,23 @@ def test_an_opening_discarded_while_it_connects_is_closed_once_it_has(target: Pr
 
 # How sshd logs a client's end of an authenticated connection (a close, or the reset of one).
 CLOSED = r"^(?:Disconnected from user|Received disconnect from|Read error from remote host|Connection (?:closed|reset))"
+
+
+def feed_fifo(path: Path, data: bytes) -> None:
+    """data written into the FIFO at path once a reader opens it (within 10 s), then its end."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until the reader has it open
+            break
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO and time.monotonic() < deadline, f"no reader opened {path}: {exc}"
+            time.sleep(0.02)
+    try:
+        os.set_blocking(fd, True)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def until_logged(sshd: SSHD, start: int, line: str) -> str:
