@@ -1,3 +1,7 @@
 """deployer: ship a source patch to a serving host and prove it."""
 
+from deployer.lean import pydantic_without_asyncio
+
 __version__ = "0.1.0"
+
+pydantic_without_asyncio()

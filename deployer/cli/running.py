@@ -37,13 +37,16 @@ def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bo
 def setting_up() -> Iterator[None]:
     """No garbage collection while a command sets up: its imports and models make several hundred thousand
     objects and free almost no cycles, and each full collection walks them all again (about 3% of an apply's
-    start-up). The collector is back on when the set-up ends, however it ends, before anything runs."""
+    start-up). The collector is back on when the set-up ends, however it ends, before anything runs, with what
+    the set-up made frozen out of its reach: otherwise its first collection walks all of that (~20 ms, on the
+    way to the first command)."""
     paused = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if paused:
+            gc.freeze()
             gc.enable()
 
 

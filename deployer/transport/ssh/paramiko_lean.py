@@ -1,8 +1,9 @@
-"""paramiko, imported without invoke until an ssh_config needs it.
+"""paramiko, imported without invoke until an ssh_config needs it, and without importlib.metadata.
 
 paramiko.config imports invoke (and with it unittest.mock, asyncio and a vendored yaml: about a third of
 paramiko's import time, ~60 ms a run) only to run an ssh_config's `Match exec` lines. Import this module
 instead of paramiko (it is `paramiko` here); `allow_match_exec` hands invoke over when a config has such a line.
+paramiko's own version comes from its dist-info directly (deployer/lean.py).
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import importlib
 import re
 import sys
 
+from deployer.lean import metadata_knowing, standing_in
+
 _MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 
-if "invoke" not in sys.modules and "paramiko" not in sys.modules:
-    sys.modules["invoke"] = None  # type: ignore[assignment]  # paramiko's `import invoke` raises ImportError
-    try:
+if "paramiko" not in sys.modules:
+    with standing_in({"invoke": None, **metadata_knowing("paramiko")}):  # paramiko's `import invoke` raises
         import paramiko.config
-    finally:
-        del sys.modules["invoke"]
 import paramiko  # noqa: E402
 import paramiko.config  # noqa: E402
 

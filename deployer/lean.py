@@ -1,0 +1,149 @@
+"""Libraries imported without the packages they load at import time only to use a sliver of them.
+
+paramiko's `__init__` imports importlib.metadata (and with it email, csv and zipfile) and scans every sys.path
+entry for its own distribution, only to set `__version__`: about 20 ms of every SSH command's start-up, before
+its first byte. pydantic and pydantic_core mark some functions `@deprecated`, and on Pythons before 3.13
+typing_extensions' decorator imports the whole asyncio package (about 27 ms of an apply's start-up) to ask
+whether each is a coroutine function; pydantic's plugin loader imports importlib.metadata, which deployer's
+models never need. While such a module loads, each gets a stand-in in sys.modules that answers just that (and
+fails loudly on anything else); the real modules load as usual whenever anything else asks for them. A module
+already loaded is never stood in for: its cost is paid and its answer is the true one. deployer never imports
+asyncio, nor does paramiko, whose connection thread may run while pydantic loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from importlib.machinery import ModuleSpec, PathFinder
+from types import ModuleType
+from typing import Any
+
+
+@contextmanager
+def standing_in(stand_ins: Mapping[str, ModuleType | None]) -> Iterator[None]:
+    """stand_ins in sys.modules (None: importing that name raises ImportError), those not loaded already."""
+    placed = [name for name in stand_ins if name not in sys.modules]
+    for name in placed:
+        sys.modules[name] = stand_ins[name]  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in placed:
+            del sys.modules[name]
+
+
+def _module(name: str, **attrs: Any) -> ModuleType:
+    module = ModuleType(name)
+    module.__dict__.update(attrs)
+    return module
+
+
+def distribution_version(package: str) -> str | None:
+    """The Version of package's `*.dist-info` beside it (where pip puts it), or None unless exactly one such
+    directory is there with that field: what importlib.metadata.version finds, without its sys.path scan."""
+    spec = PathFinder.find_spec(package)
+    if spec is None or not spec.origin:
+        return None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    try:
+        found = [entry for entry in os.listdir(site)
+                 if entry.endswith(".dist-info") and entry.split("-")[0].lower() == package]
+        if len(found) != 1:
+            return None
+        with open(os.path.join(site, found[0], "METADATA"), encoding="utf-8") as metadata:
+            for line in metadata:
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+                if not line.strip():  # the headers end here
+                    return None
+    except OSError:
+        return None
+    return None
+
+
+def metadata_knowing(package: str) -> dict[str, ModuleType]:
+    """An importlib.metadata stand-in that knows package's version alone (nothing when it cannot be found)."""
+    version = distribution_version(package)
+    if version is None:
+        return {}
+
+    def known(name: str) -> str:
+        if name != package:
+            raise LookupError(f"only {package}'s version is known while {package} imports, not {name}'s")
+        return version
+
+    return {"importlib.metadata": _module("importlib.metadata", version=known)}
+
+
+def _not_a_coroutine_function(function: Callable[..., object]) -> bool:
+    import inspect
+
+    if inspect.iscoroutinefunction(function):  # never in pydantic: its wrapper would need asyncio's own mark
+        raise ImportError(f"{function!r} is a coroutine function: its @deprecated wrapper needs the real asyncio")
+    return False
+
+
+class _Later(ModuleType):
+    """A stand-in for a module, which is imported when something of it is first asked for after the import
+    that took the stand-in (a module that kept it gets the real one's attributes then)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            raise AttributeError(f"{self.__name__}.{name}: asked for while {self.__name__} is stood in for "
+                                 "(deployer/lean.py)")
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+def _later(name: str, **attrs: Any) -> _Later:
+    module = _Later(name)
+    module.__dict__.update(attrs)
+    return module
+
+
+def _pydantic_stand_ins() -> dict[str, ModuleType | None]:
+    """asyncio, for typing_extensions' @deprecated; importlib.metadata, which pydantic's plugin loader imports
+    at once but reads only to look for plugins (never, for deployer's models: config/validation.py)."""
+    coroutines = _later("asyncio.coroutines", iscoroutinefunction=_not_a_coroutine_function)
+    return {"asyncio": _later("asyncio", coroutines=coroutines), "asyncio.coroutines": coroutines,
+            "importlib.metadata": _later("importlib.metadata")}
+
+
+class _WithoutAsyncio:
+    """A pydantic module's loader, run with asyncio (and importlib.metadata) stood in for."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        created: ModuleType | None = self.loader.create_module(spec)
+        return created
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self.loader  # nothing after the import sees this wrapper
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        with standing_in(_pydantic_stand_ins()):
+            self.loader.exec_module(module)
+
+
+class _PydanticWithoutAsyncio:
+    """On sys.meta_path: each module of pydantic and pydantic_core imported while asyncio is not loaded yet
+    runs with it stood in for (pydantic decorates its deprecated methods as its modules load, lazily)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if name.split(".", 1)[0] not in ("pydantic", "pydantic_core") or "asyncio" in sys.modules:
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _WithoutAsyncio(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+def pydantic_without_asyncio() -> None:
+    """pydantic and pydantic_core, whoever imports them first from now on, do not load asyncio."""
+    if sys.version_info < (3, 13) and not any(isinstance(f, _PydanticWithoutAsyncio) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PydanticWithoutAsyncio())

@@ -1,0 +1,111 @@
+"""deployer/lean.py: paramiko and pydantic imported without importlib.metadata and asyncio, and nothing lost by it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures_repo import Project
+
+from deployer.lean import _pydantic_stand_ins, distribution_version, metadata_knowing, standing_in
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def probe(code: str, *, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """The last line code prints in a fresh python (the suite's own process has asyncio loaded by pytest)."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd,
+                            env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_ssh_apply_loads_neither_asyncio_nor_importlib_metadata_and_paramiko_knows_its_version(
+        target: Project) -> None:
+    target.playbook()
+    code = ("import sys; from deployer.cli import main\n"
+            "try:\n    main(['apply', 'fix.yaml', '--host', 'box'])\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "loaded = sorted(m for m in ('asyncio', 'importlib.metadata', 'invoke') if m in sys.modules)\n"
+            "import paramiko, importlib.metadata, asyncio\n"
+            "print(code, loaded, paramiko.__version__ == importlib.metadata.version('paramiko'),"
+            " asyncio.run(asyncio.sleep(0, 'real asyncio')))")
+    assert probe(code, cwd=target.root, env=target.env()) == "0 [] True real asyncio"
+
+
+def test_pydantic_still_warns_of_its_deprecated_methods_and_its_plugin_loader_gets_importlib_metadata(
+        tmp_path: Path) -> None:
+    # Its @deprecated wrappers were made with asyncio stood in for: they must still be the warning wrappers. Its
+    # plugin loader took a stand-in for importlib.metadata: asked for anything, that is the real one.
+    code = ("import sys, warnings, deployer.config.validation, pydantic\n"
+            "from pydantic.plugin import _loader\n"
+            "class M(pydantic.BaseModel):\n    x: int = 1\n"
+            "with warnings.catch_warnings(record=True) as seen:\n    warnings.simplefilter('always')\n"
+            "    M().dict()\n"
+            "loaded = sorted(m for m in ('asyncio', 'importlib.metadata') if m in sys.modules)\n"
+            "print(loaded, [w.category.__name__ for w in seen],"
+            " _loader.importlib_metadata.version('pydantic') == pydantic.VERSION)")
+    assert probe(code, cwd=tmp_path) == "[] ['PydanticDeprecatedSince20'] True"
+
+
+def test_the_asyncio_stand_in_answers_only_what_the_decorator_asks_and_is_the_real_one_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio as real
+
+    stand_ins = _pydantic_stand_ins()
+    asyncio, coroutines = stand_ins["asyncio"], stand_ins["asyncio.coroutines"]
+    assert asyncio is not None and coroutines is not None and asyncio.coroutines is coroutines
+    assert coroutines.iscoroutinefunction(len) is False
+
+    async def waits() -> None:
+        pass
+
+    with pytest.raises(ImportError, match="needs the real asyncio"):
+        coroutines.iscoroutinefunction(waits)
+    with monkeypatch.context() as standing:  # while it stands in (pytest loaded the real asyncio already)
+        standing.setitem(sys.modules, "asyncio", asyncio)
+        with pytest.raises(AttributeError, match="asked for while asyncio is stood in for"):
+            asyncio.get_event_loop  # noqa: B018
+    # A module that kept the stand-in (imported while it stood in) gets the real asyncio's attributes after.
+    assert asyncio.get_event_loop is real.get_event_loop
+
+
+def test_a_stand_in_never_replaces_a_loaded_module_and_leaves_with_its_import() -> None:
+    real = sys.modules["json"]
+    with standing_in({"json": None, "deployer_no_such_module": None}):
+        assert sys.modules["json"] is real
+        with pytest.raises(ImportError):
+            import deployer_no_such_module  # noqa: F401
+    assert "deployer_no_such_module" not in sys.modules and sys.modules["json"] is real
+
+
+def put_package(site: Path, name: str, *dist_infos: tuple[str, str]) -> None:
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("")
+    for directory, metadata in dist_infos:
+        (site / directory).mkdir()
+        (site / directory / "METADATA").write_text(metadata)
+
+
+@pytest.mark.parametrize(("dist_infos", "expected"), [
+    ([("fakepkg-1.2.3.dist-info", "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.2.3\n\nVersion: 9\n")],
+     "1.2.3"),
+    ([], None),  # not installed by pip: importlib.metadata is left to find it
+    ([("fakepkg-1.0.dist-info", "Version: 1.0\n"), ("fakepkg-2.0.dist-info", "Version: 2.0\n")], None),
+    ([("fakepkg-1.0.dist-info", "Name: fakepkg\n\nVersion: 1.0\n")], None),  # only in the body: no version
+])
+def test_a_version_is_read_only_from_exactly_one_dist_info_beside_the_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dist_infos: list[tuple[str, str]],
+        expected: str | None) -> None:
+    put_package(tmp_path, "fakepkg", *dist_infos)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert distribution_version("fakepkg") == expected
+    stand_in = metadata_knowing("fakepkg").get("importlib.metadata")
+    if expected is None:
+        assert stand_in is None
+        return
+    assert stand_in is not None and stand_in.version("fakepkg") == expected
+    with pytest.raises(LookupError, match="only fakepkg's version is known"):
+        stand_in.version("other")
