@@ -217,7 +217,7 @@ def _descendants(root: int) -> set[tuple[int, int]]:
 
 
 def _sshd_config(*, port: int, host_key: Path, authorized_keys: Path, sftp_server: str,
-                 fakebin: Path, address: str) -> str:
+                 fakebin: Path, address: str, log_level: str) -> str:
     return "\n".join([
         f"Port {port}",
         f"ListenAddress {address}",
@@ -236,7 +236,7 @@ def _sshd_config(*, port: int, host_key: Path, authorized_keys: Path, sftp_serve
         "MaxStartups 64:30:128",
         "LoginGraceTime 30",
         "PrintMotd no",
-        "LogLevel VERBOSE",
+        f"LogLevel {log_level}",
         # A HOME of its own: bash run by sshd reads ~/.bashrc even for `ssh host cmd`, and a
         # developer's (pyenv init, conda...) costs ~0.2 s per command and varies by machine.
         f"SetEnv PATH={fakebin}:{SESSION_PATH} HOME={fakebin.parent / 'home'}",
@@ -257,10 +257,11 @@ class SshdUnavailable(Exception):
 
 
 @contextlib.contextmanager
-def running_sshd(address: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> Iterator[SSHD]:
+def running_sshd(address: str = "127.0.0.1", wrap: tuple[str, ...] = (), log_level: str = "VERBOSE") -> Iterator[SSHD]:
     """A running sshd on address:<random port>, killed on exit (tests and bench/ use it).
 
-    wrap prefixes sshd's command line: `ip netns exec NAME` puts it (and all it runs) in a namespace."""
+    wrap prefixes sshd's command line: `ip netns exec NAME` puts it (and all it runs) in a namespace. log_level
+    DEBUG1 logs each channel a client opens (VERBOSE, each login and session)."""
     if shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK):
         _raise_unavailable("no sshd binary (install openssh-server)")
     if shutil.which("ssh-keygen") is None:
@@ -298,7 +299,8 @@ def running_sshd(address: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> Iter
         config_path = workdir / "sshd_config"
         config_path.write_text(_sshd_config(port=port, host_key=host_key,
                                             authorized_keys=authorized_keys,
-                                            sftp_server=sftp_server, fakebin=fakebin, address=address))
+                                            sftp_server=sftp_server, fakebin=fakebin, address=address,
+                                            log_level=log_level))
         candidate = SSHD(host=address, port=port, wrap=wrap, user=getpass.getuser(),
                          client_key=str(client_key), host_key=str(host_key),
                          host_pubkey_line=host_pub, known_hosts=str(workdir / "known_hosts"),

@@ -80,7 +80,12 @@ class Opening:
         # locks) with the main thread's load of the config, and the connection's first byte waits for both.
         from deployer.transport.ssh.transport import connect_host
 
-        return cls(name, lambda bus: connect_host(name, params, bus, False), None, params=params)
+        def connect(bus: Emitter) -> Transport:
+            transport = connect_host(name, params, bus, False)
+            transport.open_ahead()  # the agent's channel, opened while the config loads: it runs nothing yet
+            return transport
+
+        return cls(name, connect, None, params=params)
 
     def fits(self, name: str, host: Host) -> bool:
         """An early opening that connected as the checked config's host says to: its name and its params."""

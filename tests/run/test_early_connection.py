@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
-from fixtures_ssh import SSHD
+from fixtures_ssh import SSHD, running_sshd
 from pydantic import TypeAdapter
 
 from deployer.command import Masker
@@ -126,6 +126,29 @@ def test_an_early_opening_starts_no_agent_until_released_and_closes_unused_when_
         assert len(sshd.sudo_calls()[len(sudo_before):]) == 1
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_early_opening_opens_its_agents_channel_while_it_waits_and_runs_it_once_released(
+        target: Project) -> None:
+    # A session channel runs nothing until its exec: opened before the release, its round trip is off the agent's.
+    with running_sshd(log_level="DEBUG1") as debug:
+        host = TypeAdapter(AnyHost).validate_python({**target.host, "port": debug.port,
+                                                     "identity_file": debug.client_key,
+                                                     "known_hosts": debug.known_hosts})
+        opening = Opening.early("box", SshParams.of("box", host))
+        try:
+            waiting = until_logged(debug, 0, r"server_input_channel_open: ctype session")
+            assert "Starting session" not in waiting and "Accepted publickey" in waiting
+            opening.release(host)
+            transport = opening(EventBus(Masker(), "box"))
+            assert transport.run(["echo", "ran"]).out == "ran\n"
+            ran = debug.log()
+            assert ran.count("server_input_channel_open: ctype session") == 1  # the agent's was the one ahead
+            assert "Starting session" in ran
+            transport.close()
+        finally:
+            opening.discard()
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)

@@ -9,6 +9,7 @@ rather than a silent second handshake, and the agent exits when its channel clos
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING
 from deployer.command import quote
 from deployer.errors import ConfigError, TransportError
 from deployer.transport.base import Transport, TransportInfo
-from deployer.transport.pipes import ChannelPipe, Pipe
+from deployer.transport.pipes import Pipe
 from deployer.transport.ssh.config import known_hosts_file, load_config, proxy_jumps, resolve
 from deployer.transport.ssh.connect import Link, describe
+from deployer.transport.ssh.execchan import ExecPipe
 from deployer.transport.ssh.forward import Forward, close_quietly
 from deployer.transport.ssh.hostkeys import HostKeyPinned, KnownHosts, fingerprint
 from deployer.transport.ssh.paramiko_lean import paramiko
@@ -75,6 +77,7 @@ class SSHTransport(Transport):
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
         self._forwards: dict[tuple[str, int], Forward] = {}
+        self._ahead: paramiko.Channel | None = None  # see open_ahead
         self._closed = False
 
         config = load_config(ssh_config)
@@ -103,15 +106,26 @@ class SSHTransport(Transport):
             host_key_fingerprint=fingerprint(self._transport.get_remote_server_key()),
             extra=extra)
 
+    def open_ahead(self) -> None:
+        """The agent's channel opened now, while the config is loaded again (an early opening's idle time): a
+        session channel runs nothing until its exec, and its round trip is then off the agent's start."""
+        with contextlib.suppress(TransportError):  # the agent opens its own then, and says why that fails
+            channel = self._open_channel()
+            with self._lock:
+                self._ahead = channel
+
     def _pipe(self, argv: Sequence[str]) -> Pipe:
-        """One exec channel on the shared connection, running argv: the agent's pipe."""
-        chan = self._open_channel()
+        """One exec channel on the shared connection (the one opened ahead, first), running argv."""
+        with self._lock:
+            chan, self._ahead = self._ahead, None
+        if chan is None or chan.closed:
+            chan = self._open_channel()
         try:
-            self._exec_bounded(chan, quote(argv))
+            return ExecPipe(chan, quote(argv), name=self.name, where=self.target.where,
+                            timeout_s=self._connect_timeout)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             close_quietly(chan)
             raise TransportError(f"{self.name}: could not start the agent: {describe(exc)}") from None
-        return ChannelPipe(chan)
 
     def _open_channel(self, timeout: float | None = None) -> paramiko.Channel:
         if self._closed:
@@ -123,20 +137,6 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
                                  f"{describe(exc)}") from None
-
-    def _exec_bounded(self, chan: paramiko.Channel, line: str) -> None:
-        """exec_command waits for the server's reply without a timeout; a target that stopped
-        answering (a partition, a frozen sshd) would hang the run. Past connect_timeout the
-        connection is closed: it is unusable anyway, and every waiter then fails at once."""
-        timer = threading.Timer(self._connect_timeout, self._transport.close)
-        timer.daemon = True
-        timer.start()
-        try:
-            chan.exec_command(line)
-        finally:
-            timer.cancel()
-        if not self._transport.is_active():
-            raise paramiko.SSHException(f"no answer from the target within {self._connect_timeout:g}s")
 
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         key = (remote_host, remote_port)
