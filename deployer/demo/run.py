@@ -156,10 +156,19 @@ class DemoStack:
             proc = subprocess.Popen(service.start, cwd=self.repo / "python", stdout=log, stderr=log,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
                                     env={**os.environ, **resolve_env(host.env)})
-        (self.state / f"{name}.pid").write_text(f"{proc.pid}\n")
+        # Whole or not there: `demo --stop` (another process) may read it at any moment.
+        temp = self.state / f".{name}.pid.tmp"
+        temp.write_text(f"{proc.pid}\n")
+        os.replace(temp, self.state / f"{name}.pid")
 
     def pids(self) -> dict[str, int]:
-        return {p.stem: int(p.read_text()) for p in self.state.glob("*.pid")} if self.state.exists() else {}
+        """The pid in each service's pid file; one that holds no number (a file of another's) names none."""
+        found = {}
+        for path in self.state.glob("*.pid") if self.state.exists() else ():
+            text = path.read_text(errors="replace").strip()
+            if text.isdecimal() and text.isascii():
+                found[path.stem] = int(text)
+        return found
 
     def live_pids(self) -> dict[str, int]:
         """The stack's processes still running. A pid file can outlive its process and the number be

@@ -14,6 +14,8 @@ from pathlib import Path
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
 
+from deployer.demo.run import DemoStack
+
 
 def demo_pids(workdir: Path) -> dict[str, int]:
     state = workdir / "repo" / ".git" / "deployer"
@@ -136,6 +138,17 @@ def test_demo_stop_leaves_a_demo_that_was_not_kept_running(tmp_path: Path) -> No
             for pid in demo_pids(workdir).values():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_demo_pid_file_is_whole_or_names_no_pid(tmp_path: Path) -> None:
+    # `demo --stop` reads them from another process: once one read a file launch had only begun to write.
+    stack = DemoStack(tmp_path)
+    stack.state.mkdir(parents=True)
+    (stack.state / "decode.pid").write_text("")
+    (stack.state / "router.pid").write_text("12x\n")
+    (stack.state / "prefill.pid").write_text(f"{os.getpid()}\n")
+    assert stack.pids() == {"prefill": os.getpid()}
+    assert stack.live_pids() == {}  # not a process of the stack's repo
 
 
 def test_demo_refuses_a_workdir_that_is_not_empty_as_a_usage_error(tmp_path: Path) -> None:
