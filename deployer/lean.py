@@ -4,11 +4,12 @@ paramiko's `__init__` imports importlib.metadata (and with it email, csv and zip
 entry for its own distribution, only to set `__version__`: about 20 ms of every SSH command's start-up, before
 its first byte. pydantic and pydantic_core mark some functions `@deprecated`, and on Pythons before 3.13
 typing_extensions' decorator imports the whole asyncio package (about 27 ms of an apply's start-up) to ask
-whether each is a coroutine function; pydantic's plugin loader imports importlib.metadata, which deployer's
-models never need. While such a module loads, each gets a stand-in in sys.modules that answers just that (and
-fails loudly on anything else); the real modules load as usual whenever anything else asks for them. A module
-already loaded is never stood in for: its cost is paid and its answer is the true one. deployer never imports
-asyncio, nor does paramiko, whose connection thread may run while pydantic loads.
+whether each is a coroutine function; pydantic's plugin loader imports importlib.metadata (or its
+entry_points), which deployer's models never call. While such a module loads, each gets a stand-in in
+sys.modules that answers just that sliver. Anything else asked of a stand-in, then or later, imports the real
+module and answers from it: another release of these libraries that asks for more pays the cost, and loses
+nothing. A module already loaded is never stood in for: its cost is paid and its answer is the true one.
+deployer never imports asyncio, nor does paramiko, whose connection thread may run while pydantic loads.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ def standing_in(stand_ins: Mapping[str, ModuleType | None]) -> Iterator[None]:
     try:
         yield
     finally:
-        for name in placed:
-            del sys.modules[name]
+        for name in placed:  # unless the real module replaced it meanwhile (_real)
+            if name in sys.modules and sys.modules[name] is stand_ins[name]:
+                del sys.modules[name]
 
 
-def _module(name: str, **attrs: Any) -> ModuleType:
-    module = ModuleType(name)
+def _module(name: str, kind: type[ModuleType] = ModuleType, **attrs: Any) -> ModuleType:
+    module = kind(name)
     module.__dict__.update(attrs)
     return module
 
@@ -72,44 +74,47 @@ def metadata_knowing(package: str) -> dict[str, ModuleType]:
         return {}
 
     def known(name: str) -> str:
-        if name != package:
-            raise LookupError(f"only {package}'s version is known while {package} imports, not {name}'s")
-        return version
+        return version if name == package else str(_real("importlib.metadata").version(name))
 
-    return {"importlib.metadata": _module("importlib.metadata", version=known)}
+    return {"importlib.metadata": _module("importlib.metadata", _Later, version=known)}
 
 
-def _not_a_coroutine_function(function: Callable[..., object]) -> bool:
-    import inspect
-
-    if inspect.iscoroutinefunction(function):  # never in pydantic: its wrapper would need asyncio's own mark
-        raise ImportError(f"{function!r} is a coroutine function: its @deprecated wrapper needs the real asyncio")
-    return False
+def _real(name: str) -> Any:
+    """name's real module, imported now if it is not loaded: its package's stand-ins leave sys.modules first."""
+    top = name.split(".", 1)[0]
+    for stood, module in list(sys.modules.items()):  # a copy: another thread may be importing meanwhile
+        if isinstance(module, _Later) and stood.split(".", 1)[0] == top:
+            sys.modules.pop(stood, None)
+    return importlib.import_module(name)
 
 
 class _Later(ModuleType):
-    """A stand-in for a module, which is imported when something of it is first asked for after the import
-    that took the stand-in (a module that kept it gets the real one's attributes then)."""
+    """A stand-in whose every attribute it was not given comes from the real module, imported then."""
 
     def __getattr__(self, name: str) -> Any:
-        if sys.modules.get(self.__name__) is self:
-            raise AttributeError(f"{self.__name__}.{name}: asked for while {self.__name__} is stood in for "
-                                 "(deployer/lean.py)")
-        return getattr(importlib.import_module(self.__name__), name)
+        if name.startswith("__") and name.endswith("__"):  # the import system's probes (`from m import x`
+            raise AttributeError(name)  # asks for m.__path__), not the module's contents
+        return getattr(_real(self.__name__), name)
 
 
-def _later(name: str, **attrs: Any) -> _Later:
-    module = _Later(name)
-    module.__dict__.update(attrs)
-    return module
+def _not_a_coroutine_function(function: Callable[..., object]) -> bool:
+    """asyncio.coroutines.iscoroutinefunction, answered without asyncio for what is plainly no coroutine."""
+    import inspect
+
+    if inspect.iscoroutinefunction(function) or hasattr(function, "_is_coroutine"):
+        return bool(_real("asyncio.coroutines").iscoroutinefunction(function))
+    return False
 
 
 def _pydantic_stand_ins() -> dict[str, ModuleType | None]:
     """asyncio, for typing_extensions' @deprecated; importlib.metadata, which pydantic's plugin loader imports
     at once but reads only to look for plugins (never, for deployer's models: config/validation.py)."""
-    coroutines = _later("asyncio.coroutines", iscoroutinefunction=_not_a_coroutine_function)
-    return {"asyncio": _later("asyncio", coroutines=coroutines), "asyncio.coroutines": coroutines,
-            "importlib.metadata": _later("importlib.metadata")}
+    def entry_points(**select: Any) -> Any:
+        return _real("importlib.metadata").entry_points(**select)
+
+    coroutines = _module("asyncio.coroutines", _Later, iscoroutinefunction=_not_a_coroutine_function)
+    return {"asyncio": _module("asyncio", _Later, coroutines=coroutines), "asyncio.coroutines": coroutines,
+            "importlib.metadata": _module("importlib.metadata", _Later, entry_points=entry_points)}
 
 
 class _WithoutAsyncio:
