@@ -10,12 +10,13 @@ import contextlib
 import socket
 import threading
 import time
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
 from deployer.errors import ConnectError, HostKeyError
 from deployer.transport.ssh.config import Endpoint
 from deployer.transport.ssh.hostkeys import KnownHosts, fingerprint
 from deployer.transport.ssh.paramiko_lean import paramiko
+from deployer.transport.ssh.pipelined_auth import PipelinedAuthTransport
 
 _Sock: TypeAlias = "socket.socket | paramiko.Channel | paramiko.ProxyCommand"
 
@@ -68,7 +69,7 @@ class Link:
                 allow_agent=not ep.identities_only,
                 look_for_keys=not ep.identity_files,
                 timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
-                channel_timeout=timeout)
+                channel_timeout=timeout, transport_factory=cast(Any, PipelinedAuthTransport))
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:
