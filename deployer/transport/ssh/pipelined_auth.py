@@ -21,15 +21,17 @@ _AuthHandler: Any = paramiko.auth_handler.AuthHandler  # its private half, which
 
 
 class _SentWithTheServiceRequest(_AuthHandler):  # type: ignore[misc]
+    """paramiko's client AuthHandler, its answer to the service accept sent before the accept comes."""
+
     def _request_auth(self) -> None:
         super()._request_auth()
-        accepted = paramiko.Message()  # what paramiko's answer to the accept sends, sent now
+        accepted = paramiko.Message()  # the accept paramiko waits for, to build its answer from it now
         accepted.add_string("ssh-userauth")
         accepted.rewind()
         super()._parse_service_accept(accepted)
 
     def _parse_service_accept(self, m: paramiko.Message) -> None:
-        m.get_text()  # the accept of what the request sent with it already relied on
+        m.get_text()  # the accept the request sent already counted on: nothing left to answer
 
 
 class PipelinedAuthTransport(paramiko.Transport):
