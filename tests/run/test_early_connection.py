@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
 from fixtures_ssh import SSHD, running_sshd
+from polling import within
 from pydantic import TypeAdapter
 
 from deployer.command import Masker
@@ -167,14 +168,19 @@ CLOSED = r"^(?:Disconnected from user|Received disconnect from|Read error from r
 
 def feed_fifo(path: Path, data: bytes) -> None:
     """data written into the FIFO at path once a reader opens it (within 10 s), then its end."""
-    deadline = time.monotonic() + 10
-    while True:
+    opened: list[int] = []
+
+    def reader_there() -> bool:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until the reader has it open
-            break
+            opened.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         except OSError as exc:
-            assert exc.errno == errno.ENXIO and time.monotonic() < deadline, f"no reader opened {path}: {exc}"
-            time.sleep(0.02)
+            if exc.errno != errno.ENXIO:  # ENXIO until the reader has it open; anything else is the test's fault
+                raise
+            return False
+        return True
+
+    assert within(reader_there, 10), f"no reader opened {path} within 10 s"
+    fd = opened[0]
     try:
         os.set_blocking(fd, True)
         os.write(fd, data)
