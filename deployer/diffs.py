@@ -85,13 +85,6 @@ def parse_numstat(text: str, names: Iterable[str] | None = None) -> list[FileSta
     return stats
 
 
-def numstat_z(stat: DiffStat) -> bytes:
-    """What `git diff --numstat -z` prints for stat, in git's (bytewise path) order."""
-    paths = sorted(stat.files, key=lambda f: f.path.encode("utf-8", "surrogateescape"))
-    return b"".join((b"-\t-\t" if f.binary else b"%d\t%d\t" % (f.insertions, f.deletions))
-                    + f.path.encode("utf-8", "surrogateescape") + b"\0" for f in paths)
-
-
 def numstat(path: str, old: bytes | None, new: bytes) -> FileStat:
     """git's count of insertions and deletions from old to new (old None: a new file)."""
     return numstats([(path, old, new)])[0]

@@ -18,11 +18,11 @@ JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, an
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
 
-Ops: hello, run, put, get, stat, http, batch, beat, procs, signal (see each `op_*` below), and cancel, which the
-reader serves out of turn (see `_cancelled`). The agent never listens
-on a socket. It exits when its stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT),
-killing the process group of any command still running and dropping requests not yet started:
-a closed stdin means the client is gone. Services started by a finished `run` are left alone.
+Ops: hello, run, put, get, stat, http, batch, beat, procs, signal, premise (see each `op_*` below), and cancel,
+which the reader serves out of turn (see `_cancelled`). The agent never listens on a socket. It exits when its
+stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT), killing the process group of any command still
+running and dropping requests not yet started: a closed stdin means the client is gone. Services started by a
+finished `run` are left alone.
 
 One file on purpose (the design sketch split ops into ops.py): the blob sent on stdin is this
 file verbatim, so the sha256 that `hello` reports is the sha256 of a file in our tree.
@@ -180,7 +180,7 @@ class Agent:
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
-            "procs": self.op_procs, "signal": self.op_signal,
+            "procs": self.op_procs, "signal": self.op_signal, "premise": self.op_premise,
         }
 
     # -- the loop ------------------------------------------------------------------------
@@ -346,7 +346,9 @@ class Agent:
 
     def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
         """argv (no shell), cwd, env (merged over ours), stdin (b64), timeout (s), tail (bytes
-        kept per stream), expect_stdout (b64: the exact output that counts as success, beside exit 0).
+        kept per stream), expect_stdout (b64: the exact output that counts as success, beside exit 0),
+        numstat_within ({"files"|"insertions"|"deletions": [min, max] or null}: the output is a
+        `git diff --numstat -z` whose totals must lie within those, and show a change, to count as success).
         Its own session: on timeout the whole group is killed."""
         argv = _str_list(req, "argv")
         if not argv:
@@ -357,6 +359,7 @@ class Agent:
             raise OpError("bad_request", "field 'env' must map strings to strings")
         stdin = _b64(req, "stdin")
         expect = _b64(req, "expect_stdout")
+        within = _field(req, "numstat_within", dict)
         timeout = _positive(req, "timeout", DEFAULT_TIMEOUT_S)
         tail = int(_positive(req, "tail", DEFAULT_TAIL))
         env = dict(os.environ)
@@ -386,6 +389,8 @@ class Agent:
                   "stdout_bytes": out.total, "stderr_bytes": err.total}
         if expect is not None:
             result["expected"] = out.total == len(expect) and out.value() == expect
+        if within is not None:
+            result["expected"] = out.total == len(out.value()) and _numstat_within(out.value(), within)
         return result
 
     def _drive(self, proc: subprocess.Popen[bytes], stdin: bytes | None, deadline: float,
@@ -588,6 +593,55 @@ class Agent:
                 raise OpError("bad_request", f"every path must be absolute without NUL: {path!r}")
         return {"entries": [_stat_one(path, want_hash) for path in paths]}
 
+    def op_premise(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The premises a client built a whole batch on, checked here, where the files are; then the intent
+        record written (new, durable) with what was found, so that the changes sent behind this request (run
+        only if it succeeded) always have their record first.
+
+        repo, git_dir: absolute; head_argv: the command that prints HEAD (run in repo); record: the path of the
+        intent record, which must not exist yet; fields: the record's fields the client knows (run id, ...);
+        files: [{dest, new_sha256, new_blob}]. Each dest must be a regular file that is its own real path
+        under the repo's real path, outside the git dir, and not hold its new bytes already. The record gets
+        head_before and, per file, the pre-run sha256, owner and mode. A premise that does not hold is an
+        error of type "premise"; then nothing was written."""
+        repo, git_dir, path = _abs_path(req, "repo"), _abs_path(req, "git_dir"), _abs_path(req, "record")
+        argv = _str_list(req, "head_argv")
+        fields = _field(req, "fields", dict, required=True)
+        files = _field(req, "files", list, required=True)
+        if os.path.lexists(path):
+            raise OpError("premise", f"{path} exists: another run's intent record is on the target")
+        root, inside = os.path.realpath(repo), os.path.realpath(git_dir).rstrip("/") + "/"
+        found = []
+        for entry in files:
+            if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("dest", "new_sha256")):
+                raise OpError("bad_request", "each of 'files' must name its dest and new_sha256")
+            dest = entry["dest"]
+            where = os.path.join(repo, dest)
+            try:
+                info = os.lstat(where)
+            except OSError as exc:
+                raise OpError("premise", f"{where}: {exc.strerror}") from None
+            real = os.path.realpath(where)
+            if not stat_mod.S_ISREG(info.st_mode) or real != os.path.join(root, dest) or real.startswith(inside):
+                raise OpError("premise", f"{where} is not a regular file of the work tree (it resolves to {real})")
+            sha256 = _sha256_file(where)
+            if sha256 == entry["new_sha256"]:
+                raise OpError("premise", f"{where} holds its new bytes already")
+            found.append({"dest": dest, "path": where, "existed": True, "tracked": True, "sha256": sha256,
+                          "new_sha256": entry["new_sha256"], "new_blob": entry.get("new_blob"),
+                          "mode": stat_mod.S_IMODE(info.st_mode), "uid": info.st_uid, "gid": info.st_gid,
+                          "new_dirs": [], "before": None})
+        head = subprocess.run(argv, cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=60, check=False)
+        if head.returncode != 0:
+            raise OpError("premise", f"cannot read HEAD in {repo}")
+        record = dict(fields, head_before=head.stdout.decode("ascii", "replace").strip(), files=found)
+        data = json.dumps(record, indent=1).encode()
+        directory = os.path.dirname(path)
+        created = self._make_parents(directory, True)
+        self._put_into(path, directory, data, hashlib.sha256(data).hexdigest(), 0o600, True, created, None)
+        return {"head": record["head_before"], "files": found}
+
     def op_procs(self, req: dict[str, Any]) -> dict[str, Any]:
         """The processes in any of `sessions`, `groups` or `pids`, and those holding a TCP socket that listens
         on one of `ports` (any address, IPv4 or IPv6). A service is a process tree: its children may change
@@ -726,6 +780,25 @@ def _failed(sub: Any, result: dict[str, Any]) -> bool:
     if sub.get("op") == "http":
         return body["status"] is None or body["status"] >= 400
     return False
+
+
+def _numstat_within(out: bytes, within: dict[str, Any]) -> bool:
+    """Whether a `git diff --numstat -z` shows a change (a binary file counts as one) and its totals lie within
+    the bounds: the rule a diff_bounds step judges by."""
+    entries = [entry.split(b"\t", 2) for entry in out.split(b"\0") if entry]
+    if any(len(entry) != 3 for entry in entries):
+        return False
+    binary = any(entry[0] == b"-" for entry in entries)
+    counts = {"files": len(entries),
+              "insertions": sum(int(entry[0]) for entry in entries if entry[0].isdigit()),
+              "deletions": sum(int(entry[1]) for entry in entries if entry[1].isdigit())}
+    if not entries or (counts["insertions"] == counts["deletions"] == 0 and not binary):
+        return False
+    for name, bound in within.items():
+        if bound is not None and not (isinstance(bound, list) and len(bound) == 2 and
+                                      bound[0] <= counts.get(name, -1) <= bound[1]):
+            return False
+    return True
 
 
 def _loopback_address(host: str, port: int) -> str:

@@ -144,12 +144,16 @@ class Run(Request[ExecResult]):
     tail: int = 1 << 20
     check: bool = True
     expect_stdout: bytes | None = None  # the exact output that counts as success (a batch stops otherwise)
+    # A `git diff --numstat -z`'s totals that count as success: {"files": (min, max) or None, ...}.
+    numstat_within: Mapping[str, tuple[int, int] | None] | None = None
 
     def fields(self) -> dict[str, Any]:
+        within = {} if self.numstat_within is None else {"numstat_within": {
+            name: None if bound is None else list(bound) for name, bound in self.numstat_within.items()}}
         return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env or {}),
                 "stdin": None if self.stdin is None else _b64(self.stdin),
                 "timeout": self.timeout, "tail": self.tail, "check": self.check,
-                "expect_stdout": None if self.expect_stdout is None else _b64(self.expect_stdout)}
+                "expect_stdout": None if self.expect_stdout is None else _b64(self.expect_stdout), **within}
 
     def parse(self, result: dict[str, Any]) -> ExecResult:
         # The agent kept the tail of each stream and counted every byte: reading a cut stream whole raises.
@@ -248,6 +252,36 @@ class Stat(Request[list[StatEntry]]):
 
     def max_reply(self) -> int:
         return ENVELOPE + STAT_ENTRY * len(self.paths)
+
+
+@dataclass(frozen=True)
+class Premised:
+    """What a premise found, as it wrote it into the intent record: HEAD and each file's pre-run state."""
+    head: str
+    files: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Premise(Request[Premised]):
+    """The premises of a batch sent whole, checked on the target, then its intent record written there (new,
+    durable) with what they found; see the agent's op_premise."""
+    op: ClassVar[str] = "premise"
+    repo: str
+    git_dir: str
+    head_argv: Sequence[str]
+    record: str
+    record_fields: Mapping[str, Any]
+    files: Sequence[Mapping[str, Any]]
+
+    def fields(self) -> dict[str, Any]:
+        return {"repo": self.repo, "git_dir": self.git_dir, "head_argv": list(self.head_argv),
+                "record": self.record, "fields": dict(self.record_fields), "files": [dict(f) for f in self.files]}
+
+    def parse(self, result: dict[str, Any]) -> Premised:
+        return Premised(result["head"], result["files"])
+
+    def max_reply(self) -> int:
+        return ENVELOPE + STAT_ENTRY * len(self.files)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ class Action:
     repeats: bool = False  # a poll or a storm: planned once, done as often as the run needs
     failure: str = ""  # what it means when it fails (the step then fails); "": the step judges the result
     expect: bytes | None = None  # a command's exact output that counts as success, on the target itself
+    # A numstat's totals that count as success, on the target: (("files", (min, max) or None), ...).
+    within: tuple[tuple[str, tuple[int, int] | None], ...] | None = None
 
     @classmethod
     def run(cls, key: str, what: str, argv: tuple[str, ...], cwd: str | None = None, **extra: Any) -> Action:
@@ -145,7 +147,9 @@ class Action:
 
         if self.kind == Kind.run:
             return Run(self.argv, cwd=self.cwd, env=dict(self.env), stdin=stdin, timeout=timeout, tail=capture,
-                       check=bool(self.failure) or self.expect is not None, expect_stdout=self.expect)
+                       check=bool(self.failure) or self.expect is not None or self.within is not None,
+                       expect_stdout=self.expect,
+                       numstat_within=None if self.within is None else dict(self.within))
         if self.kind == Kind.get:
             return Get(self.target)
         if self.kind == Kind.put:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import field_validator
 
 from deployer.config.models import Strict
-from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, numstat_z, parse_numstat
-from deployer.errors import DeployerError, RequestSkipped, StepFailed
+from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
+from deployer.errors import DeployerError, StepFailed
 from deployer.run.gitops import HEAD, git, names, touched_argv
 from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
@@ -83,25 +83,23 @@ class DiffBounds(Step):
                 problems.append(f"{label} {value} outside {_show(bound)}")
         return problems
 
-    def expected(self, ctx: Context) -> bytes | None:
-        """The count the target must print for this run to pass here, once judged on preflight's reads (None:
-        it cannot be told ahead: a new file, whose count git prints only against /dev/null, or no projection)."""
-        if ctx.projected is None or not ctx.changes or not all(c.tracked for c in ctx.changes):
-            return None
-        projected = ctx.projected()
-        return numstat_z(projected) if not self.judge(projected, unchanged_dests(ctx)) else None
+    def within(self) -> tuple[tuple[str, tuple[int, int] | None], ...]:
+        """The bounds as the agent checks a count on the target: a commit sent behind the count runs only if the
+        target's own count passes them, by judge()'s rule."""
+        return tuple((name, None if bound is None else (bound, bound) if isinstance(bound, int) else bound)
+                     for name, bound in (("files", self.params.files), ("insertions", self.params.insertions),
+                                         ("deletions", self.params.deletions)))
 
     def decided_there(self, ctx: Context) -> bool:
-        return self.expected(ctx) is not None
+        # One count of tracked files: a new file's git prints only against /dev/null, in a command of its own.
+        return bool(ctx.changes) and all(c.tracked for c in ctx.changes)
 
     def actions(self, ctx: Context) -> list[Action]:
         tracked = [c.dest for c in ctx.changes if c.tracked]
         count = "count the diff against HEAD"
-        # The projection judged here, when there is one, is what the target must print: a commit sent behind
-        # this count runs only if it did.
         actions = [Action.run("numstat", count, git("diff", "--numstat", "-z", "--no-renames", DIFF_ALGORITHM, "HEAD",
                                                        "--", *tracked), ctx.repo,
-                              expect=self.expected(ctx))] if tracked else []
+                              within=self.within())] if tracked else []
         actions += [Action.run(f"numstat:{c.dest}", f"{count} (a new file)",
                                git("diff", "--no-index", "--numstat", "-z", DIFF_ALGORITHM, "--", "/dev/null", c.dest),
                                ctx.repo) for c in ctx.changes if not c.tracked]
@@ -285,18 +283,10 @@ class Commit(Step):
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
         # Kept in ctx.ahead until answered: a forced stop while it runs takes in what it did (Ahead.land).
-        sent = ctx.ahead.get(self.name)
         try:
-            self._made(ctx, sent)
-        except DeployerError as exc:
+            self._made(ctx, ctx.ahead.get(self.name))
+        finally:
             ctx.ahead.pop(self.name, None)
-            if sent is None or not isinstance(exc, RequestSkipped):
-                raise
-            # A check the agent made ahead of it failed there though it passed here (the target counted the
-            # diff otherwise than this machine did): the commit goes now, in a round trip of its own.
-            ctx.emit("commit_sent_again", reason="a check before it did not pass on the target")
-            self._made(ctx, None)
-        ctx.ahead.pop(self.name, None)
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
         return f"commit {str(ctx.git_after)[:12]}{note}"
 
