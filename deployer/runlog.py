@@ -196,9 +196,14 @@ class Run:
         end = self.end
         if end:
             git = dict(end.get("git") or {})
-            # Cut while committing, the run never learnt its commit's hash; the recover that found it says.
-            recovered = [link["commit"] for link in self.all("recovered_by") if link.get("commit")]
-            return {**git, "after": recovered[-1]} if recovered and not git.get("after") else git
+            # Cut while committing, the run never learnt its commit's hash (cut before its chain sent whole was
+            # answered, not even HEAD before it); the recover that found them says.
+            links = self.all("recovered_by")
+            for key, found in (("after", "commit"), ("before", "before")):
+                known = [link[found] for link in links if link.get(found)]
+                if known and not git.get(key):
+                    git[key] = known[-1]
+            return git
         # A killed run has no run_end; its preflight still says where HEAD was.
         preflight = self.first("preflight")
         commit = self.first("commit")

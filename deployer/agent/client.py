@@ -194,6 +194,18 @@ class Pending(Generic[T]):
             raise AgentLost(f"{self._client.name}: {reason}") from None
 
 
+    def declined(self, timeout: float | None = None) -> str | None:
+        """Wait for the reply: None when the request succeeded; the agent's reason when it answered that it
+        refused it or did not run it (an `after` that failed). A reply that never came raises as in result()."""
+        try:
+            self.result(timeout)
+        except TransportError as exc:
+            if self._reply is None:
+                raise
+            return str(exc)
+        return None
+
+
 class AgentClient:
     """Typed calls to one agent over one pipe. Thread-safe; replies are matched by id."""
 

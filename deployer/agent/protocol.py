@@ -263,8 +263,7 @@ class Premised:
 
 @dataclass(frozen=True)
 class Premise(Request[Premised]):
-    """The premises of a batch sent whole, checked on the target, then its intent record written there (new,
-    durable) with what they found; see the agent's op_premise."""
+    """A batch's premises, checked on the target, then its intent record written there: see op_premise."""
     op: ClassVar[str] = "premise"
     repo: str
     git_dir: str

@@ -38,7 +38,7 @@ class Ahead:
         if step.effect != Effect.changes_files or then is None or then.effect != Effect.commits or \
                 record is None or not all(s.decided_there(ctx) for s in ahead):
             return
-        record.update(sent_ahead=[then.name])  # on disk here before it is sent
+        record.update(sent_ahead=list(dict.fromkeys([*record.state.sent_ahead, then.name])))  # on disk first
         if self.close_behind is not None and then is self.chain[-1]:
             self.close_behind(ctx, then)
         self.note_log(ctx)  # the commit anchors the log as it is when the commit is sent

@@ -13,27 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import deployer
-from deployer import diffs
-from deployer.agent.protocol import sha256_hex
 from deployer.command import Masker
 from deployer.config.models import Host
-from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, RequestSkipped, StepFailed
-from deployer.run import undo
+from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, RequestSkipped, RollbackFailed
+from deployer.run import prepare, undo
 from deployer.run.ahead import Ahead
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer
 from deployer.run.plan import PlanReport, plan
-from deployer.run.preflight import lazy_projection, preflight, refuse_unready
 from deployer.run.state import (
     PAST_COMMIT,
-    FileRecord,
     Phase,
     RunRecord,
     RunRecordError,
     RunState,
     ensure_headroom,
-    git_blob_id,
 )
+from deployer.run.whole import Whole
 from deployer.runlog import RunLogWriter, new_run_id, operator_id, utc_now
 from deployer.steps.base import Effect, Step
 from deployer.steps.cancel import CancelToken
@@ -132,6 +128,8 @@ class Engine:
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)
     _lease: Lease | None = field(default=None, init=False, repr=False)
     _ending: Ending | None = field(default=None, init=False, repr=False)
+    _ahead: Ahead | None = field(default=None, init=False, repr=False)  # what the whole chain sends ahead
+    _whole: Whole | None = field(default=None, init=False, repr=False)  # the chain sent with the lock, if it was
 
     def new_bus(self) -> EventBus:
         bus = EventBus(Masker(self.host.secrets()), self.host_name)
@@ -166,54 +164,29 @@ class Engine:
         self.check_host()
 
         def body(ctx: Context, log: RunLogWriter) -> None:
+            whole = self._whole
+            if whole is not None and whole.held(ctx):
+                whole.record_premised(ctx)  # what a restore needs, before anything else can fail
+                sent = self._lease.sent_reads() if self._lease else None
+                self.run_steps(ctx, prologue=lambda: prepare.after_premise(ctx, log, whole, self.runs_dir, sent))
+                return
             self.prepare(ctx, log)
             self.run_steps(ctx)
         # A patch is applied here to copies of the target's files, read one by one: no reads to send ahead.
-        return self.execute(body, reads=self.playbook.patch is None)
+        return self.execute(body, reads=self.playbook.patch is None, whole=True)
 
     def prepare(self, ctx: Context, log: RunLogWriter) -> None:
         """Preflight, and the pre-run bytes kept here: what every apply does before its first step."""
         assert self._lease is not None
-        head = preflight(ctx, allow_dirty=self.allow_dirty, sent=self._lease.sent_reads())
-        refuse_unready(ctx, self.steps)
-        ctx.projected = lazy_projection(ctx, head)
-        self._judge_here(ctx, ctx.projected)
-        ensure_headroom(self.runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
-        self._keep_before(ctx)
-        log.attach("shipped.diff", ctx.bus.masker("".join(
-            diffs.unified(c.dest, c.old, c.new) for c in ctx.changes)).encode())
-        ctx.bus.step = None
-        ctx.emit("status", status="running")
+        prepare.before_steps(ctx, log, self.steps, allow_dirty=self.allow_dirty, runs_dir=self.runs_dir,
+                             sent=self._lease.sent_reads())
 
-    def _judge_here(self, ctx: Context, projected: Callable[[], diffs.DiffStat]) -> None:
-        """What can fail without the target fails before the run touches it (a baseline's storm included),
-        in the playbook's own words: the first such step is named as the failed one."""
-        for step in self.steps:
-            if problems := step.judge_here(ctx, projected):
-                ctx.emit("judged_here", judged=step.judges, of_step=step.name, problems=problems)
-                failure = StepFailed(step.name, f"{'; '.join(problems)} (judged before the run touched the "
-                                     "target: nothing on it was changed)")
-                if step.where:
-                    failure.args = (f"{step.where}: {failure}",)
-                raise failure
-
-    def _keep_before(self, ctx: Context) -> None:
-        """The pre-run bytes, owner and mode of every dest, on disk here before anything changes there."""
-        record = ctx.record
-        assert record is not None
-        files = [FileRecord(
-            dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
-            sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),
-            new_blob=git_blob_id(change.new), mode=change.mode, uid=change.uid, gid=change.gid,
-            new_dirs=change.new_dirs, before=None if change.old is None else record.keep_before(index, change.old))
-            for index, change in enumerate(ctx.changes)]
-        record.update(files=files, git_before=ctx.git_before, git_dir=ctx.git_dir)
-
-    def execute(self, body: Callable[[Context, RunLogWriter], None], *, reads: bool = False,
+    def execute(self, body: Callable[[Context, RunLogWriter], None], *, reads: bool = False, whole: bool = False,
                 **start: Any) -> RunResult:
         """One run: its log, one connection, the lock, the body, and a run_end whatever happens.
 
-        reads: the body starts with prepare(), whose preflight reads are sent with the lock (one round trip)."""
+        reads: the body starts with prepare(), whose preflight reads are sent with the lock (one round trip);
+        whole: and the chain up to the commit with them, when it may be (run/whole.py)."""
         run_id = new_run_id()
         # A run's kind is in its record and its run_start (`runs list`): a rollback, a recover, a restart, an apply.
         kind = start.pop("kind", None) or ("rollback" if start.get("rollback_of") else
@@ -249,15 +222,25 @@ class Engine:
                 ctx = self.context(run_id, bus, transport)
                 ctx.record = record
                 bus.step = "preflight"
-                lease.take(ctx, reads)
+                self._ahead = Ahead(self.steps, self._close_behind, self._note_log_sha256)
+                self._whole = Whole.of(ctx, self.steps, lease, self._ahead, allow_dirty=self.allow_dirty) \
+                    if whole and reads else None
+                lease.take(ctx, reads, whole=self._whole.send if self._whole else None)
                 body(ctx, log)
                 ending.end(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded)
             except (Exception, KeyboardInterrupt) as exc:
                 failed = as_failure(exc)
+                # A chain sent whole whose premise did not hold changed nothing; one whose answer was lost may
+                # have changed anything up to its commit.
+                left_sent = self._whole.settle(ctx) if self._whole is not None and ctx is not None else None
+                if left_sent is not None:
+                    failed = RollbackFailed(f"{failed}\n{left_sent}")
                 ending.settle(failed)
                 ended = ("canceled" if isinstance(failed, Interrupted) else "failed", failed.exit_code)
                 if isinstance(exc, RecordRefused):
                     lease.keep(bus)  # left with the refused record, as its message says
+                if left_sent is not None:
+                    raise failed from None
                 raise
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
@@ -293,7 +276,7 @@ class Engine:
             bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=phase,
                      files=facts.get("files") or (ctx.dests if ctx else []), facts=facts, **anchored)
             log.close()
-            self._log = None
+            self._log = self._ahead = self._whole = None
         return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts,
                          phase.value, warning)
 
@@ -326,13 +309,16 @@ class Engine:
             self._log.sync()  # a trailer may name these bytes: on disk first
             ctx.facts.log_sha256 = self._log.sha256()
 
-    def run_steps(self, ctx: Context, steps: list[Step] | None = None) -> None:
+    def run_steps(self, ctx: Context, steps: list[Step] | None = None,
+                  prologue: Callable[[], None] | None = None) -> None:
         """The chain (or a part of it: a unit runs its hosts' chains in phases); each step's declared effect
-        moves the run's phase, written before the step acts."""
+        moves the run's phase, written before the step acts. A prologue runs before the first step, failing
+        as a step does (a chain sent whole: the target may hold its changes already)."""
         record, lease, ending = ctx.record, self._lease, self._ending
         assert record is not None and lease is not None and ending is not None
         chain = self.steps if steps is None else steps
-        sending = Ahead(chain, self._close_behind if steps is None else None, self._note_log_sha256)
+        sending = self._ahead if steps is None and self._ahead is not None else \
+            Ahead(chain, self._close_behind if steps is None else None, self._note_log_sha256)
         for index, step in enumerate(chain):
             ctx.on_sent = lambda index=index: sending.sent(ctx, index)
             if steps is None and index == len(chain) - 1 and step.name not in ctx.ahead:
@@ -340,6 +326,9 @@ class Engine:
             # The phase moves and the step run under one handler: a forced stop (a second signal) between
             # steps must undo the target just as one inside a step does.
             try:
+                if prologue is not None:
+                    first, prologue = prologue, None
+                    first()
                 self.enter(ctx, step.effect)
                 self.run_step(ctx, step, step.name)
                 if unrecorded := lease.intent_failure(ctx):
@@ -381,7 +370,7 @@ class Engine:
         touched exactly the shipped files). Not under on_failure: rollback, where a failure after the
         commit (a forced stop) still needs the lock to roll back."""
         lease = self._lease
-        if step.effect != Effect.commits or lease is None or lease.lock is None or \
+        if step.effect != Effect.commits or lease is None or lease.taking is None or \
                 self.playbook.model.on_failure == "rollback":
             return
 

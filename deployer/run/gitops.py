@@ -4,6 +4,8 @@ so a caller cannot build them without the hardening."""
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -12,6 +14,9 @@ from deployer.errors import ConfigError
 if TYPE_CHECKING:
     from deployer.steps.context import Context
     from deployer.transport.base import Transport
+
+
+OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a commit's or blob's id: SHA-1 or SHA-256 object format
 
 
 def git(*args: str, hooks: bool = False) -> tuple[str, ...]:
@@ -33,6 +38,11 @@ HEAD = git("rev-parse", "HEAD")
 GIT_DIR = git("rev-parse", "--absolute-git-dir")
 # The real paths of the git dir and of the common git dir (a linked worktree's), NUL-terminated.
 _GIT_DIRS = 'cd -- "$1" && shift && realpath -z -- "$("$@" --absolute-git-dir)" "$("$@" --git-common-dir)"'
+
+
+def usual_git_dir(repo: str) -> str:
+    """Where the git dir of repo almost always is: a run takes its lock there before git has said so."""
+    return posixpath.join(repo, ".git")
 
 
 def git_dirs_argv(repo: str) -> tuple[str, ...]:

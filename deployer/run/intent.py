@@ -23,6 +23,7 @@ from deployer.agent.client import Pending
 from deployer.agent.protocol import Put, PutReply
 from deployer.config.models import check_repo_relative
 from deployer.errors import DeployerError, RecordRefused
+from deployer.run.gitops import OBJECT_ID
 from deployer.run.state import FileRecord
 from deployer.steps.git import trailers
 from deployer.text import printable, shown
@@ -31,7 +32,6 @@ from deployer.transport.base import Transport
 NAME = "inflight.json"
 # What new_run_id makes: the id also names a run dir on this machine, so nothing else may pass.
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}\.[0-9]{3}Z-[0-9a-f]{6}")
-OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1 or SHA-256 object format
 SHA256 = re.compile(r"[0-9a-f]{64}")
 TEXT_CHARS = 256
 MAX_FILES = 10_000
@@ -108,13 +108,13 @@ def _problem(found: Intent) -> tuple[str, object, str] | None:
     if len(found.files) > MAX_FILES:
         return "files", len(found.files), f"more than {MAX_FILES} files"
     for index, rec in enumerate(found.files):
-        if (problem := _file_problem(rec)) is not None:
+        if (problem := file_problem(rec)) is not None:
             name, value, why = problem
             return f"files[{index}].{name}", value, why
     return None
 
 
-def _file_problem(rec: FileRecord) -> tuple[str, object, str] | None:
+def file_problem(rec: FileRecord) -> tuple[str, object, str] | None:
     try:
         normal = check_repo_relative(rec.dest)
     except ValueError as exc:

@@ -7,25 +7,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployer.agent.client import Pending
-from deployer.agent.protocol import Get
+from deployer.agent.protocol import ExecResult, Get
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
-from deployer.run.gitops import GIT_DIR
+from deployer.run.gitops import GIT_DIR, usual_git_dir
 from deployer.run.lock import DeployLock, force_release, read_state
 from deployer.run.preflight import Reads, send_reads
 from deployer.run.state import Phase
 from deployer.runlog import RunLogWriter, utc_now
+from deployer.steps.action import Action
 from deployer.steps.context import Context, EventBus, Submitted
 from deployer.steps.git import EndNote, end_note_argv, trailers
 from deployer.transport.base import Transport
 
 Note = tuple[tuple[str, ...], str]  # the end note's argv and the repo it runs in
+# Sends the chain up to the commit behind preflight's reads, to run only if each of the guards succeeded.
+SendWhole = Callable[[Context, Reads, list[Pending[Any]]], None]
 Released = Callable[[], bool]  # raises if the release failed or was skipped; says whether the end note was written
 
 
@@ -90,19 +92,27 @@ class Lease:
     _reads: Reads | None = field(default=None, repr=False)  # preflight's, sent with the lock
     _intent: Pending[Any] | None = field(default=None, repr=False)  # the intent record, sent ahead
     _released: Released | None = field(default=None, repr=False)  # see release_behind
+    _taking: DeployLock | None = field(default=None, repr=False)  # the lock being taken (see taking)
 
     # -- taking it ---------------------------------------------------------------------------------------
 
-    def take(self, ctx: Context, reads: bool = False) -> DeployLock:
+    def take(self, ctx: Context, reads: bool = False, whole: SendWhole | None = None) -> DeployLock:
         """Take the lock and read the intent record (and, with `reads`, send preflight's reads right behind
-        the take: the agent runs them once the lock is ours). The git dir is almost always <repo>/.git: the
-        lock is taken there in the same round trip that asks git, and taken again only when git says otherwise."""
-        guess = posixpath.join(ctx.repo, ".git")
-        found = ctx.submit(GIT_DIR, timeout=30)
-        behind = (lambda: self._send_reads(ctx)) if reads else None
+        the take: the agent runs them once the lock is ours; with `whole`, the chain up to the commit behind
+        them, on the target's premises). The git dir is almost always <repo>/.git: the lock is taken there in
+        the same round trip that asks git, and taken again only when git says otherwise (the whole chain,
+        sent behind a guess that proved wrong, was not run)."""
+        guess = usual_git_dir(ctx.repo)
+        # Exactly the guess, or what is sent whole behind it does not run.
+        found = ctx.send(Action.run("", "", GIT_DIR, ctx.repo, expect=f"{guess}\n".encode()), timeout=30)
+
+        def behind(taking: Pending[ExecResult]) -> None:
+            self._send_reads(ctx, clean=whole is not None)
+            if whole is not None and self._reads is not None:
+                whole(ctx, self._reads, [found.pending, taking, *self._reads.guards()])
         try:
             try:
-                lock, raw = self._take(ctx, guess, behind)
+                lock, raw = self._take(ctx, guess, behind if reads else None)
             except DeployerError:
                 if _git_dir(ctx, found) == guess:
                     raise
@@ -112,7 +122,7 @@ class Lease:
                 lock.release()
                 lock = None
             if lock is None:  # the reads sent behind the wrong lock are sent again behind the right one
-                lock, raw = self._take(ctx, git_dir, behind)
+                lock, raw = self._take(ctx, git_dir, (lambda _: self._send_reads(ctx)) if reads else None)
         except BaseException:
             self._drop_reads()
             raise
@@ -138,9 +148,9 @@ class Lease:
         sent, self._reads = self._reads, None
         return sent
 
-    def _send_reads(self, ctx: Context) -> None:
+    def _send_reads(self, ctx: Context, *, clean: bool = False) -> None:
         self._drop_reads()
-        self._reads = send_reads(ctx)
+        self._reads = send_reads(ctx, clean=clean)
 
     def _drop_reads(self) -> None:
         """Reads sent behind a lock that was not taken ran all the same: log them, use nothing."""
@@ -149,9 +159,10 @@ class Lease:
             self._reads = None
 
     def _take(self, ctx: Context, git_dir: str,
-              behind: Callable[[], None] | None = None) -> tuple[DeployLock, bytes | None]:
-        lock = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
-                                                   "pid": os.getpid(), "host": self.host_name}, self.ttl_s)
+              behind: Callable[[Pending[ExecResult]], None] | None = None) -> tuple[DeployLock, bytes | None]:
+        lock = self._taking = DeployLock(ctx.transport, git_dir, {"run_id": ctx.run_id, "operator": self.operator,
+                                                                  "pid": os.getpid(), "host": self.host_name},
+                                         self.ttl_s)
         assert ctx.record is not None
         ctx.record.advance(Phase.locked, utc_now(), git_dir=git_dir)
         # The intent record is read right after the take, in the same round trip.
@@ -192,6 +203,11 @@ class Lease:
 
     # -- the intent record ---------------------------------------------------------------------------------
 
+    def recorded_ahead(self, sent: Pending[Any] | None) -> None:
+        """The intent record was sent by a premise (run/whole.py), answered by intent_failure like any; None:
+        that premise did not hold, so no record was written and it goes with the first change as usual."""
+        self._intent = sent
+
     def write_intent(self, ctx: Context) -> None:
         """Sent with the first change, ahead of it: the agent lets no change through unless it holds."""
         record = ctx.record
@@ -217,10 +233,15 @@ class Lease:
 
     # -- releasing it --------------------------------------------------------------------------------------
 
+    @property
+    def taking(self) -> DeployLock | None:
+        """The run's lock, or the one it is taking: a batch sent with the take may carry its release."""
+        return self.lock or self._taking
+
     def release_behind(self, ctx: Context, note: Callable[[], Note | None]) -> None:
         """The release sent right behind the next batch (the run's last: its commit), to run only if the whole
         batch succeeded; `note` is the end note to write behind it, made once the batch is sent."""
-        lock = self.lock
+        lock = self.taking
         assert lock is not None
 
         def behind(batch: Pending[Any]) -> None:

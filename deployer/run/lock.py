@@ -186,12 +186,14 @@ class DeployLock:
         self.removed: list[str] = []  # strays cleared after taking the lock
         self.heartbeat = posixpath.join(self.dir, "heartbeat")
 
-    def acquire(self, then: Sequence[Request[Any]] = (), behind: Callable[[], None] | None = None) -> list[Any]:
+    def acquire(self, then: Sequence[Request[Any]] = (),
+                behind: Callable[[Pending[ExecResult]], None] | None = None) -> list[Any]:
         """Take the lock, start its heartbeat and look for strays: one round trip. The heartbeat and the
         listing are harmless when the take fails (our directory is gone, the listing only reads).
 
         `then` are reads to run right after the take in the same round trip; their results are returned.
-        `behind` sends more of them (read-only) before this waits for any reply; its caller reads them."""
+        `behind` sends more before this waits for any reply (read-only, or run on the target only if the take,
+        which it is handed, succeeded); its caller reads them."""
         from deployer.agent.protocol import Beat
 
         try:
@@ -201,7 +203,7 @@ class DeployLock:
             listing = self.transport.submit_run(("sh", "-c", _STRAYS, "sh", self.git_dir), timeout=TIMEOUT_S)
             reads = [self.transport.submit(request) for request in then]
             if behind is not None:
-                behind()
+                behind(taking)
             taken = taking.result()
             beating.result()
             listed = listing.result()

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deployer import diffs
 from deployer.agent.client import Pending
@@ -24,6 +24,7 @@ from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.run.gitops import HEAD, git, git_dirs_argv, names
 from deployer.run.mounts import inspection, place_dests, refuse_layer
+from deployer.steps.action import Action
 from deployer.steps.context import Change, Context, Submitted
 
 if TYPE_CHECKING:
@@ -53,22 +54,35 @@ class Reads:
                 sent.result()
 
 
-def send_reads(ctx: Context) -> Reads:
-    """Send every read preflight needs, without waiting for one."""
+    def guards(self) -> list[Pending[Any]]:
+        """The reads that succeed on the target only if every dest is tracked and clean and the target has a git
+        identity (sent with `clean`): a batch sent behind them runs only then."""
+        return [self.listed.pending, self.status.pending, self.email.pending]
+
+
+def send_reads(ctx: Context, *, clean: bool = False) -> Reads:
+    """Send every read preflight needs, without waiting for one. With `clean`, the listing and the status
+    succeed only if every dest is tracked and clean (Reads.guards): they are read here all the same."""
     new = _new_bytes(ctx)
     dests = sorted(new)
     paths = [ctx.in_repo(d) for d in dests]
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
     inspection(ctx)  # a container target: its inspect runs on the host meanwhile (run/mounts.py)
+
+    def read(argv: tuple[str, ...], expect: bytes | None = None, failure: str = "") -> Submitted:
+        # A guard fails by the agent's rule (its exit code, its output); preflight reads it all the same.
+        return ctx.send(Action.run("", "", argv, ctx.repo, expect=expect if clean else None,
+                                   failure=failure if clean else ""), timeout=30)
     return Reads(
         new=new, paths=paths,
         git_dirs=ctx.submit(git_dirs_argv(ctx.repo), timeout=30, quiet=True),
         head=ctx.submit(HEAD, timeout=30),
-        listed=ctx.submit(git("ls-files", "-z", "--", *dests), timeout=30),
+        # git lists paths in bytewise order: the order of sorted str (UTF-8 keeps code point order).
+        listed=read(git("ls-files", "-z", "--", *dests), b"".join(d.encode() + b"\0" for d in dests)),
         # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
-        status=ctx.submit(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
-                              "--untracked-files=all", "--", *dests), timeout=30),
-        email=ctx.submit(git("config", "user.email"), timeout=30),
+        status=read(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
+                        "--untracked-files=all", "--", *dests), b""),
+        email=read(git("config", "user.email"), failure="the target has no git identity"),
         stats=ctx.transport.submit(Stat((ctx.repo, *paths, *parents))),
         olds=[ctx.transport.submit(Get(path)) for path in paths])
 

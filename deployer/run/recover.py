@@ -24,7 +24,7 @@ from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import touched_by
 from deployer.run.lock import read_state
 from deployer.run.restart import left_down, restarted_services
-from deployer.run.restore import remove_temps, restore_files, run_commits
+from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
@@ -196,8 +196,13 @@ def _what_to_undo(ctx: Context, record: RunRecord | None,
     record is checked against the target before anything acts on it."""
     if record is not None and record.state.git_before is not None and record.state.trailer is not None:
         return record.state.files, record.state.git_before, record.state.trailer
-    assert pending is not None  # the caller returns early when neither says what the run changed
-    return vetted(ctx, pending), pending.head_before, pending.trailer
+    if pending is not None:
+        return vetted(ctx, pending), pending.head_before, pending.trailer
+    # A chain sent whole, cut before its premise's answer came back (run/whole.py): no intent record on the target
+    # says the agent changed nothing, or the chain ran to its release, whose commit names HEAD before it.
+    assert record is not None and record.state.trailer is not None  # the caller returns early otherwise
+    before = parent_of_run_commit(ctx, record.state.trailer) or gitops.head(ctx)
+    return record.state.files, before, record.state.trailer
 
 
 def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:
@@ -253,6 +258,7 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
                           "git": {"before": result.git_before, "after": found.commit},
                           "files": found.dests, "facts": {}})
         writer.write({"type": "recovered_by", "by": result.run_id, "status": result.status,
-                      "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit})
+                      "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit,
+                      "before": result.git_before})
     finally:
         writer.close()

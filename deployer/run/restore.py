@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass, field
 
 from deployer.errors import DeployerError, RollbackFailed
-from deployer.run.gitops import git, head
+from deployer.run.gitops import OBJECT_ID, git, head
 from deployer.run.state import FileRecord, RunRecord
 from deployer.steps.context import Context
 
@@ -57,6 +57,28 @@ def run_commits(ctx: Context, before: str, trailer: str) -> list[str]:
                     timeout=30)
     commits = (entry.strip().partition("\x1f") for entry in found.out.split("\x1e")) if found.ok else ()
     return [commit for commit, _, message in commits if trailer in message.splitlines()]
+
+
+# How far back from HEAD recover looks for the commit of a run whose HEAD before it is not known here.
+RECENT_COMMITS = 200
+
+
+def parent_of_run_commit(ctx: Context, trailer: str) -> str | None:
+    """The parent of the run's own commit, looked for by its trailer among HEAD's recent history: HEAD before a
+    run that was cut before this machine learnt it (a chain sent whole, run/whole.py). None: no such commit."""
+    found = ctx.run(git("log", f"-n{RECENT_COMMITS}", "--format=%H%x1f%P%x1f%B%x1e", "-F", f"--grep={trailer}",
+                        "HEAD"), timeout=30)
+    entries = [entry.strip().split("\x1f", 2) for entry in found.out.split("\x1e") if entry.strip()] if found.ok \
+        else []
+    ours = [(commit, parents.split()) for commit, parents, message in (e for e in entries if len(e) == 3)
+            if trailer in message.splitlines()]
+    if not ours:
+        return None
+    commit, parents = ours[-1]  # oldest first is the run's own; a later one is the revert of its rollback
+    if len(parents) != 1 or not OBJECT_ID.fullmatch(parents[0]):
+        raise DeployerError(f"the run's commit {commit[:12]} has no single parent ({' '.join(parents) or 'none'}); "
+                            "recover does not know HEAD before the run. Look at the target's history by hand")
+    return parents[0]
 
 
 def pre_run_bytes(ctx: Context, record: RunRecord | None, before: str, rec: FileRecord) -> bytes:

@@ -28,7 +28,9 @@ def shown_state(run: Run) -> str:
     if not phase:
         status = str(end.get("status") or "")
         return _BY_STATUS.get(status, status or Phase.interrupted.value)
-    reached = {t.phase for t in record.state.history} if record else set()
+    history = [t.phase for t in record.state.history] if record else []
+    # A chain sent with the lock whose premise did not hold went back to `locked`: it had changed nothing.
+    reached = set(history[len(history) - history[::-1].index(Phase.locked):] if Phase.locked in history else history)
     # A step that failed before the target was touched (a fix that does not compile) failed; it refused nothing.
     if (phase == Phase.failed_restored.value and run.first("step_start") is None and run.first("judged_here") is None
             and not reached & (set(FORWARD) - {Phase.preparing, Phase.locked})):

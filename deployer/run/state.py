@@ -60,6 +60,9 @@ def git_blob_id(data: bytes) -> str:
 def allowed(old: Phase, new: Phase) -> bool:
     if old in TERMINAL:
         return False
+    if (old, new) == (Phase.changing, Phase.locked):
+        # Changes sent with the lock whose premise the agent answered did not hold: it ran none of them.
+        return True
     if new in FORWARD:
         if old not in FORWARD:
             return False

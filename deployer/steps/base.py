@@ -63,6 +63,10 @@ class Step(ABC):
     before: ClassVar[tuple[str, ...]] = ()
     # What judge_here() judges, when it does: the plan reports each under this label ("bounds", "compile").
     judges: ClassVar[str] = ""
+    # Runs here alone, never on the target: a run may send its changes before this step's turn (run/whole.py).
+    local: ClassVar[bool] = False
+    # Its judge_here() or refusals() read the target before the run changes it: the changes wait for that answer.
+    judged_on_target: ClassVar[bool] = False
     timeout_s: float
 
     def __init__(self, params: Strict, name: str, where: str = "") -> None:
@@ -87,6 +91,11 @@ class Step(ABC):
         """Send this step with the changes before it, to run on the target only if each of `after` succeeded
         (ctx.ahead holds it until the step runs); False: this step is sent in its turn."""
         return False
+
+    def send_changes(self, ctx: Context) -> list[Submitted] | None:
+        """A step that changes files: send every change now, not waiting for one, so the run can send them
+        before its turn (run/whole.py) and the step takes them in as it runs (Step.sent). None: it cannot."""
+        return None
 
     def landed(self, ctx: Context) -> None:
         """The run stops before this step's turn: take in what send_ahead sent, which may have run all the same

@@ -33,6 +33,7 @@ class LocalCompile(Step):
     kind = "local_compile"
     before = ("upload",)
     judges = "compile"
+    local = True
 
     def plan(self, ctx: Context) -> list[Action]:
         version = ".".join(map(str, sys.version_info[:2]))

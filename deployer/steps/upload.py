@@ -8,7 +8,7 @@ from deployer.errors import StepFailed
 from deployer.run.gitops import git
 from deployer.run.restore import staged_temp
 from deployer.steps.base import Action, Effect, Step
-from deployer.steps.context import Context
+from deployer.steps.context import Context, Submitted
 from deployer.steps.git import owner_and_mode_kept
 
 
@@ -52,13 +52,20 @@ class Upload(Step):
                     raise StepFailed(self.name, f"after git apply, {change.dest} differs from the file the plan showed")
         else:
             ctx.cancel.check()
-            # Every file at once (the agent writes them in order), then the read-only steps after this one.
-            puts = [ctx.send(action, data=c.new, timeout=self.timeout_s) for action, c in zip(actions, ctx.changes,
-                                                                                              strict=True)]
-            ctx.sent()
+            puts = self.sent(ctx)  # sent with the lock already (run/whole.py)
+            if puts is None:
+                puts = self.send_changes(ctx) or []
+                ctx.sent()  # then the read-only steps after this one
             for put in puts:
                 put.result()
         return f"{len(ctx.changes)} file(s) {'staged beside their dests' if compiled_there(ctx) else 'on the target'}"
+
+    def send_changes(self, ctx: Context) -> list[Submitted] | None:
+        """Every whole file at once (the agent writes them in order); a patch is applied in its turn."""
+        if ctx.playbook.patch is not None:
+            return None
+        return [ctx.send(action, data=c.new, timeout=self.timeout_s)
+                for action, c in zip(self.actions(ctx), ctx.changes, strict=True)]
 
 
 def compiled_there(ctx: Context) -> bool:

@@ -138,11 +138,12 @@ class Transport(ABC):
         """Have the agent skip that request if it has not started (see AgentClient.skip)."""
         self.agent().skip(pending)
 
-    def write_ahead(self, request: Request[T]) -> Pending[T]:
+    def write_ahead(self, request: Request[T], after: Sequence[Pending[Any]] | None = None) -> Pending[T]:
         """Send a record the target must hold before any change, without waiting for it: the agent runs
         every request sent after it only if it succeeded (until lift_gate), so the record and the
-        changes share a round trip and a failed record lets no change through."""
-        pending = self.submit(request)
+        changes share a round trip and a failed record lets no change through. With `after`, the record
+        itself is written only if each of those succeeded."""
+        pending = self.submit(request, after=after)
         self._gate, self._gated = pending, []
         return pending
 

@@ -22,13 +22,14 @@ def test_the_commit_is_sent_with_the_changes_behind_every_check_and_recorded_her
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/a.py") == FIXED_A and git(target.repo, "rev-parse", "HEAD~1").strip() == before
     state = json.loads((target.runs / target.newest_run() / "state.json").read_text())
-    assert state["sent_ahead"] == ["commit"]
+    assert state["sent_ahead"] == ["upload", "remote_compile", "diff_bounds", "commit"]
     order = types_in_order(target)
-    # Sent while the upload's requests were on their way, before any check's answer was read ...
-    sent = order.index(("sent_ahead", "upload"))
-    assert sent < order.index(("step_start", "remote_compile")) < order.index(("commit", "commit"))
+    # Sent with the lock, before any answer was read (the lock's included) ...
+    sent = order.index(("sent_ahead", "preflight"))
+    assert sent < order.index(("sent_whole", "preflight")) < order.index(("lock_acquired", "preflight"))
+    assert order.index(("lock_acquired", "preflight")) < order.index(("commit", "commit"))
     ahead = next(e for e in target.events() if e["type"] == "sent_ahead")
-    # ... behind the intent record, the staged file, the compile (which installs) and the count of the diff.
+    # ... behind the intent record (the premise), the staged file, the compile (which installs) and the count.
     assert ahead["steps"] == ["commit"] and ahead["behind"] == 4
     # ... and the release went behind the commit: no round trip of its own after it.
     assert order.index(("lock_released", "commit")) > order.index(("commit", "commit"))
@@ -47,7 +48,7 @@ def test_a_target_that_counts_the_diff_otherwise_judges_the_bounds_by_its_own_co
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/a.py") == FIXED_A and git(target.repo, "rev-parse", "HEAD~1").strip() == before
     order = types_in_order(target)
-    assert ("sent_ahead", "upload") in order
+    assert ("sent_ahead", "preflight") in order and ("sent_whole", "preflight") in order
     assert [e["files"] for e in target.events() if e["type"] == "diffstat"] == [
         [{"path": "pkg/a.py", "insertions": 0, "deletions": 0, "binary": True}]]
     assert [e["files"] for e in target.events() if e["type"] == "commit"] == [["pkg/a.py"]]

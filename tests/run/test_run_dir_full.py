@@ -56,6 +56,8 @@ def test_a_run_log_that_cannot_grow_stops_the_run_restores_the_target_and_exits_
     base, before = target.head(), work_tree(target.repo)
     limit = log_size_after_upload(target) + 16  # the next event no longer fits: the upload has landed
     git(target.repo, "reset", "-q", "--hard", base)
+    # The commit went to the target with the upload: a slow compile before it lets the stop take it back first.
+    target.write_inventory(python=target_python(target, "sleep 2"))
     env = target.env()
     result = subprocess.run([sys.executable, "-c", LIMITED, str(limit), "apply", "fix.yaml", "--host", "box"],
                             cwd=target.root, env=env, capture_output=True, text=True, timeout=120,

@@ -34,8 +34,11 @@ def test_the_forward_chain_is_allowed_step_by_step_and_never_backwards() -> None
     for old, new in itertools.pairwise(FORWARD):
         assert allowed(old, new)
         assert not allowed(new, old) or {old, new} in ({Phase.changing, Phase.changed},
-                                                       {Phase.restarting, Phase.verifying})
+                                                       {Phase.restarting, Phase.verifying},
+                                                       {Phase.locked, Phase.changing})
     assert not allowed(Phase.committed, Phase.changing)
+    # The one way back: a chain sent with the lock whose premise the agent answered did not hold (run/whole.py).
+    assert allowed(Phase.changing, Phase.locked) and not allowed(Phase.changed, Phase.locked)
 
 
 def test_a_terminal_state_has_no_way_out() -> None:

@@ -163,6 +163,7 @@ class CoRestart(Step):
     params: CoRestartParams
     after = ("commit",)
     judges = "services"
+    judged_on_target = True
 
     def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
         """Before the run changes anything: a service whose health answers while no process of deployer's (nor

@@ -1,0 +1,198 @@
+"""The chain up to the commit sent whole: with the lock and preflight's reads, in the agent's first round trip.
+
+A run that replaces tracked, clean files, and whose steps before the commit are decided on the target, sends
+everything at once: the lock, preflight's reads, a premise, the uploads, the checks, the commit (and the release,
+when nothing follows it). The premise (the agent's op_premise) runs only if the git dir is where this machine
+guessed, the lock was taken, every dest is tracked and clean and the target has a git identity (preflight's own
+reads, each told what it must print: Reads.guards). It holds only if no intent record is there and every dest is
+a regular file of the work tree that does not hold its new bytes yet; then it writes the intent record, new and
+durable, from what it found there (HEAD, each dest's sha256, owner and mode). Everything behind it runs only if it
+held: the changes never run without their record. When it did not hold, nothing behind it ran, and the run goes
+on as one that sent the reads alone (a round trip more).
+
+What this machine judges from the target's answers (preflight's refusals) comes after the changes in such a run,
+so only chains in which nothing needs those answers before the first change are sent whole (Whole.of): whole
+files, no --allow-dirty, no container, only local steps before the upload, no step that reads the target to judge
+the run before it changes it. A failure anywhere after the premise held restores the target as any run does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deployer.agent.client import Pending
+from deployer.agent.protocol import Premise, Premised, sha256_hex
+from deployer.errors import DeployerError, TransportError
+from deployer.run import intent
+from deployer.run.ahead import Ahead
+from deployer.run.gitops import HEAD, OBJECT_ID, usual_git_dir
+from deployer.run.lease import Lease, run_trailer
+from deployer.run.preflight import Reads
+from deployer.run.state import FileRecord, Phase, RunRecordError, git_blob_id
+from deployer.runlog import utc_now
+from deployer.steps.base import Effect, Step
+from deployer.steps.context import Change, Context
+from deployer.text import shown
+
+# The identity the batch assumes the target has (the email read is a guard): preflight reads the real one.
+ASSUMED_IDENTITY = "(the target's own)"
+
+
+@dataclass
+class Whole:
+    """One run's chain up to the commit, sent with the lock: what went, and whether its premise held."""
+
+    chain: list[Step]
+    upload: int  # the index of the step that changes files; the commit comes after the checks behind it
+    commit: int
+    lease: Lease
+    ahead: Ahead
+    premise: Pending[Premised] | None = None
+
+    @classmethod
+    def of(cls, ctx: Context, chain: list[Step], lease: Lease, ahead: Ahead, *, allow_dirty: bool) -> Whole | None:
+        """The chain, when it may be sent whole (see the module's docstring); None when it goes step by step."""
+        if ctx.playbook.patch is not None or allow_dirty or ctx.host.container is not None or \
+                lease.adopt_of is not None or any(s.judged_on_target for s in chain):
+            return None
+        upload = next((i for i, s in enumerate(chain) if not s.local), None)
+        if upload is None or chain[upload].effect != Effect.changes_files:
+            return None
+        commit = next((i for i, s in enumerate(chain) if s.effect == Effect.commits), None)
+        if commit is None or not all(s.effect == Effect.observes for s in chain[upload + 1:commit]):
+            return None
+        return cls(chain, upload, commit, lease, ahead)
+
+    @property
+    def sent(self) -> bool:
+        return self.premise is not None
+
+    def send(self, ctx: Context, reads: Reads, guards: list[Pending[Any]]) -> None:
+        """Sent behind preflight's reads (before any reply): the premise behind the guards, then the changes,
+        the checks and the commit behind the premise. The record here names all of it first. Nothing is sent
+        when a local step judges the shipped bytes bad, or the checks cannot be decided there: the run then
+        goes as one that sent the reads alone, and says why in its turn."""
+        record = ctx.record
+        assert record is not None
+        git_dir = ctx.git_dir = usual_git_dir(ctx.repo)  # the guess the guards hold it to; take() confirms it
+        ctx.changes = [Change(dest=dest, path=ctx.in_repo(dest), new=new, old=None, tracked=True,
+                              source=ctx.playbook.source_of(dest)) for dest, new in sorted(reads.new.items())]
+        ctx.facts.identity, ctx.facts.unchanged = ASSUMED_IDENTITY, []
+        rest = self.chain[self.upload + 1:self.commit]
+        if not all(s.decided_there(ctx) for s in rest) or any(
+                s.judge_here(ctx, _no_projection) for s in self.chain[:self.upload] if s.judges):
+            self._forget(ctx)
+            return
+        try:
+            record.update(files=[FileRecord(dest=c.dest, path=c.path, existed=True, tracked=True, sha256=None,
+                                            new_sha256=sha256_hex(c.new), new_blob=git_blob_id(c.new))
+                                 for c in ctx.changes],
+                          sent_ahead=[s.name for s in self.chain[self.upload:self.commit + 1]])
+            record.advance(Phase.changing, utc_now())  # on disk before the first change is sent
+        except RunRecordError:
+            self._forget(ctx)
+            return
+        state = record.state
+        self.premise = ctx.transport.write_ahead(Premise(
+            repo=ctx.repo, git_dir=git_dir, head_argv=HEAD, record=intent.path_in(git_dir),
+            record_fields={"run_id": ctx.run_id, "operator": state.operator, "host": state.host,
+                           "started": state.history[0].time, "trailer": run_trailer(ctx.run_id)},
+            files=[{"dest": f.dest, "new_sha256": f.new_sha256, "new_blob": f.new_blob} for f in state.files]),
+            after=guards)
+        self.lease.recorded_ahead(self.premise)
+        upload = self.chain[self.upload]
+        changes = upload.send_changes(ctx)
+        assert changes is not None, f"{upload.kind} sends whole files before its turn"  # of(): no patch
+        ctx.prefetched[upload.name] = changes
+        self.ahead.sent(ctx, self.upload)
+        # Each request of the chain names what it runs behind; what follows (the take's own reads when it found
+        # the lock held, its removal of strays) must not wait on the premise.
+        ctx.transport.lift_gate()
+        ctx.emit("sent_whole", steps=state.sent_ahead, behind=len(guards))
+
+    def held(self, ctx: Context) -> bool:
+        """Whether the premise held (then the target may hold any part of the chain). When it did not, nothing
+        behind it ran: the record goes back to `locked`, and what was sent is forgotten."""
+        if self.premise is None:
+            return False
+        why = self.premise.declined()
+        if why is None:
+            return True
+        record = ctx.record
+        assert record is not None
+        ctx.emit("sent_whole_declined", reason=why)
+        self.lease.recorded_ahead(None)
+        self.ahead.land(ctx)  # each request sent whole was answered: skipped
+        self.ahead.unwatch()
+        ctx.ahead.clear()
+        ctx.closing = None
+        self.premise = None
+        self._forget(ctx)
+        record.update(files=[], sent_ahead=[])
+        record.advance(Phase.locked, utc_now())
+        return False
+
+    def settle(self, ctx: Context) -> str | None:
+        """The run failed, perhaps before it saw its premise's answer (the lock was not ours, the link was
+        cut): when that answer says the premise did not hold, the record says nothing was changed. When no
+        answer came, the record stays where it is and this says what the target may hold (None: nothing)."""
+        try:
+            self.held(ctx)
+        except TransportError as exc:
+            return (f"The chain up to the commit went to the target with the lock, and its premise's answer was "
+                    f"lost ({exc}): the files {', '.join(ctx.dests)} may hold the new bytes, and HEAD may be this "
+                    f"run's commit ({run_trailer(ctx.run_id)}). `deployer recover {ctx.run_id}` reads the target "
+                    "and ends it")
+        return None
+
+    def record_premised(self, ctx: Context) -> None:
+        """The premise held: what it found on the target (HEAD, each dest's pre-run sha256, owner and mode) is
+        what a restore needs, on disk here first. It is the target's word, checked as the intent record is;
+        one that does not pass leaves the run interrupted, for recover to read the target."""
+        record = ctx.record
+        assert self.premise is not None and record is not None
+        premised = self.premise.result()
+        files, problem = [], None
+        try:
+            for sent, found in zip(record.state.files, premised.files, strict=True):
+                rec = FileRecord.model_validate(found)
+                problem = problem or intent.file_problem(rec) or (
+                    None if (rec.dest, rec.path, rec.new_sha256) == (sent.dest, sent.path, sent.new_sha256) and
+                    rec.existed and rec.tracked else ("dest", rec.dest, "not the dest the premise was sent"))
+                files.append(rec)
+        except (ValueError, TypeError) as exc:  # a pydantic ValidationError is a ValueError too
+            problem = ("files", len(premised.files), f"not the files the premise was sent ({exc})")
+        if problem is None and not OBJECT_ID.fullmatch(premised.head):
+            problem = ("head", premised.head, "not a commit id")
+        if problem is not None:
+            raise DeployerError(f"the agent's answer to the premise is refused: {problem[0]} is "
+                                f"{shown(problem[1])}: {problem[2]}. The run stopped with its changes sent; "
+                                f"deployer recover {ctx.run_id} reads the target and ends it")
+        ctx.git_before = premised.head
+        record.update(files=files, git_before=premised.head, git_dir=ctx.git_dir)
+
+    def check(self, ctx: Context) -> None:
+        """After preflight read the target: it is what the batch was built on (the premise checked it there,
+        under the lock: a difference means something else wrote the repo meanwhile, and the run restores)."""
+        assert self.premise is not None
+        premised = self.premise.result()
+        wrong = [what for what, ok in (
+            ("git dir", ctx.git_dir == usual_git_dir(ctx.repo)),
+            ("HEAD", premised.head == ctx.git_before),
+            ("tracked", all(c.tracked for c in ctx.changes)),
+            ("changed", not ctx.facts.unchanged),
+            ("identity", bool(ctx.facts.identity)),
+            ("pre-run bytes", [f.get("sha256") for f in premised.files] ==
+             [None if c.old is None else sha256_hex(c.old) for c in ctx.changes]))
+            if not ok]
+        if wrong:
+            raise DeployerError(f"the target's answers differ from what the chain sent with the lock was built on "
+                                f"({', '.join(wrong)}): something else changed {ctx.repo} meanwhile")
+
+    def _forget(self, ctx: Context) -> None:
+        ctx.changes, ctx.facts.identity, ctx.facts.unchanged = [], None, []
+        ctx.prefetched.clear()
+
+
+def _no_projection() -> Any:
+    raise AssertionError("a local step judges the shipped bytes alone, never the diff against the target's HEAD")

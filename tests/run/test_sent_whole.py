@@ -1,0 +1,158 @@
+"""The chain up to the commit sent whole, with the lock (run/whole.py): what a premise that does not hold leaves
+(nothing; the run goes on as one that sent the reads alone), and what recover makes of a run cut inside the chain
+before this machine heard a word of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, work_tree
+from polling import wait_for
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
+
+
+def events(project: Project) -> list[dict[str, Any]]:
+    return project.events()
+
+
+def kinds(project: Project) -> list[str]:
+    return [e["type"] for e in events(project)]
+
+
+def state_of(project: Project) -> dict[str, Any]:
+    return dict(json.loads((project.runs / project.newest_run() / "state.json").read_text()))
+
+
+def test_a_dirty_dest_declines_the_premise_and_is_refused_as_before_with_nothing_changed(target: Project) -> None:
+    target.playbook()
+    (target.repo / "pkg/a.py").write_text(ORIGINAL_A + "# local edit\n")
+    tree, head = work_tree(target.repo), target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "the target has uncommitted changes in pkg/a.py; nothing was changed" in result.stderr
+    assert work_tree(target.repo) == tree and target.head() == head
+    assert not (target.repo / ".git/deployer/inflight.json").exists()
+    found = kinds(target)
+    assert found.index("sent_whole") < found.index("lock_acquired") < found.index("sent_whole_declined")
+    declined = next(e for e in events(target) if e["type"] == "sent_whole_declined")
+    assert "skipped" in declined["reason"]  # the status read was told to print nothing: the premise never ran
+    state = state_of(target)
+    assert state["phase"] == "failed_restored" and state["files"] == [] and state["sent_ahead"] == []
+    assert [t["phase"] for t in state["history"]] == ["locked", "changing", "locked", "failed_restored"]
+
+
+def test_a_target_without_a_git_identity_goes_in_two_round_trips_and_commits_as_the_operator(
+        target: Project) -> None:
+    git(target.repo, "config", "--unset", "user.email")
+    target.extra_env["GIT_CONFIG_GLOBAL"] = "/dev/null"  # a local target's agent reads this machine's config
+    target.playbook()
+    before = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    assert target.file("pkg/a.py") == FIXED_A and git(target.repo, "rev-parse", "HEAD~1").strip() == before
+    found = kinds(target)
+    assert "sent_whole_declined" in found and found.count("sent_ahead") == 2  # once whole, once after the upload
+    assert git(target.repo, "log", "-1", "--format=%ae").strip() == state_of(target)["operator"]
+
+
+def test_a_file_that_already_has_its_bytes_declines_the_premise_and_fails_as_before(target: Project) -> None:
+    target.write("fix/a.py", ORIGINAL_A)
+    target.playbook()
+    head = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stderr
+    assert "zero changes against HEAD" in result.stderr and target.head() == head
+    declined = next(e for e in events(target) if e["type"] == "sent_whole_declined")
+    assert "holds its new bytes already" in declined["reason"]
+
+
+def test_allow_dirty_is_never_sent_whole_and_ships_over_local_edits_as_before(target: Project) -> None:
+    # Its pre-run bytes are in no git object: they are read, and kept here, before anything changes.
+    (target.repo / "pkg/b.py").write_text("VALUE = 2\n")
+    target.playbook()
+    result = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
+    assert result.returncode == 0, result.stderr
+    assert "sent_whole" not in kinds(target) and target.file("pkg/a.py") == FIXED_A
+
+
+BLOCKING_GIT = """#!/bin/sh
+# The target's git, blocking for good in the identity read (the last guard before the premise).
+case "$*" in *"config user.email"*) echo $$ > "{marker}"; while :; do sleep 0.05; done;; esac
+exec {git} "$@"
+"""
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_cut_before_the_premise_ran_recover_finds_nothing_changed(target: Project, tmp_path: Path) -> None:
+    # The local transport's agent runs with deployer's own PATH: a git there that blocks holds the chain back.
+    bin_dir, marker = tmp_path / "bin", tmp_path / "identity.reached"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(BLOCKING_GIT.format(marker=marker, git=_real_git()))
+    (bin_dir / "git").chmod(0o755)
+    target.playbook()
+    tree, head = work_tree(target.repo), target.head()
+    target.extra_env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    proc = target.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, "the identity read")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if marker.exists():
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+    del target.extra_env["PATH"]
+    run = target.runs / target.newest_run()
+    cut = json.loads((run / "state.json").read_text())
+    assert cut["phase"] == "changing" and cut["git_before"] is None and cut["sent_ahead"][-1] == "commit"
+    age_lock(target.repo)
+    recovered = target.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert work_tree(target.repo) == tree and target.head() == head
+    assert json.loads((run / "state.json").read_text())["phase"] == "failed_restored"
+    assert not (target.repo / ".git/deployer.run.lock").exists()
+    assert not (target.repo / ".git/deployer/inflight.json").exists()
+    again = target.deployer("recover", run.name)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout, again.stdout + again.stderr
+
+
+def test_cut_after_the_chain_ran_to_its_release_recover_finds_the_commit_and_its_end_note(target: Project) -> None:
+    target.playbook()
+    before = target.head()
+    done = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert done.returncode == 0, done.stderr
+    run = target.runs / target.newest_run()
+    after = target.head()
+    # This machine's record and log as a SIGKILL right after the chain was sent leaves them: the target ran all
+    # of it (commit, release, end note), this machine learnt nothing, not even HEAD before the run.
+    state = json.loads((run / "state.json").read_text())
+    history = [t for t in state["history"] if t["phase"] in ("preparing", "locked", "changing")][:3]
+    state.update(phase="changing", history=history, git_before=None, git_after=None, error=None,
+                 files=[{**f, "sha256": None, "mode": None, "uid": None, "gid": None, "before": None}
+                        for f in state["files"]])
+    (run / "state.json").write_text(json.dumps(state))
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    sent = next(i for i, line in enumerate(lines) if json.loads(line)["type"] == "sent_whole")
+    (run / "events.jsonl").write_text("".join(lines[:sent + 1]))
+    recovered = target.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert target.head() == after and git(target.repo, "rev-parse", "HEAD~1").strip() == before
+    assert target.file("pkg/a.py") == FIXED_A
+    assert json.loads((run / "state.json").read_text())["phase"] == "succeeded"
+    verified = target.deployer("runs", "verify", run.name)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def _real_git() -> str:
+    found = shutil.which("git")
+    assert found is not None
+    return found
