@@ -63,10 +63,6 @@ class Whole:
             return None
         return cls(chain, upload, commit, lease, ahead)
 
-    @property
-    def sent(self) -> bool:
-        return self.premise is not None
-
     def send(self, ctx: Context, reads: Reads, guards: list[Pending[Any]]) -> None:
         """Sent behind preflight's reads (before any reply): the premise behind the guards, then the changes,
         the checks and the commit behind the premise. The record here names all of it first. Nothing is sent
@@ -74,13 +70,18 @@ class Whole:
         goes as one that sent the reads alone, and says why in its turn."""
         record = ctx.record
         assert record is not None
+        if ctx.cancel.cancelled:  # a stop while connecting: nothing more goes
+            return
         git_dir = ctx.git_dir = usual_git_dir(ctx.repo)  # the guess the guards hold it to; take() confirms it
         ctx.changes = [Change(dest=dest, path=ctx.in_repo(dest), new=new, old=None, tracked=True,
                               source=ctx.playbook.source_of(dest)) for dest, new in sorted(reads.new.items())]
         ctx.facts.identity, ctx.facts.unchanged = ASSUMED_IDENTITY, []
         rest = self.chain[self.upload + 1:self.commit]
-        if not all(s.decided_there(ctx) for s in rest) or any(
-                s.judge_here(ctx, _no_projection) for s in self.chain[:self.upload] if s.judges):
+        try:
+            judged = any(s.judge_here(ctx, _no_projection) for s in self.chain[:self.upload] if s.judges)
+        except DeployerError:
+            judged = True  # said in its turn, as by any run
+        if judged or not all(s.decided_there(ctx) for s in rest):
             self._forget(ctx)
             return
         try:
@@ -108,7 +109,7 @@ class Whole:
         # Each request of the chain names what it runs behind; what follows (the take's own reads when it found
         # the lock held, its removal of strays) must not wait on the premise.
         ctx.transport.lift_gate()
-        ctx.emit("sent_whole", steps=state.sent_ahead, behind=len(guards))
+        ctx.emit("sent_whole", steps=state.sent_ahead, guards=len(guards))
 
     def held(self, ctx: Context) -> bool:
         """Whether the premise held (then the target may hold any part of the chain). When it did not, nothing

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_repo import ORIGINAL_A, Project, wait_until_lock_stale
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, wait_until_lock_stale
 
 # A correctness bound, not a performance target: today's reply timeouts are 35 s and more.
 FAST_S = 10.0
@@ -99,12 +99,12 @@ def stand_in(project: Project, mode: str, after: str | None = None) -> str:
     return str(path)
 
 
-def apply_measured(project: Project) -> tuple[subprocess.CompletedProcess[str], float, int]:
+def apply_measured(project: Project, *extra: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
     """apply, its wall time and its peak RSS in KiB."""
     rss = project.root / "rss_kb"
     env = project.env()
     started = time.monotonic()
-    argv = [sys.executable, "-c", MEASURED, str(rss), "apply", "fix.yaml", "--host", "box"]
+    argv = [sys.executable, "-c", MEASURED, str(rss), "apply", "fix.yaml", "--host", "box", *extra]
     # A session of its own: on a timeout the deployer under the wrapper (and its agent) go too.
     with subprocess.Popen(argv, cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           stdin=subprocess.DEVNULL, start_new_session=True) as proc:
@@ -129,13 +129,43 @@ def test_a_broken_agent_stream_before_any_change_fails_the_run_at_once_with_exit
     target.write_inventory(python=stand_in(target, mode))
     target.playbook()
     head = target.head()
-    result, elapsed, rss_kb = apply_measured(target)
+    # --allow-dirty: the changes wait for preflight's answers (a chain sent whole does not: the next test).
+    result, elapsed, rss_kb = apply_measured(target, "--allow-dirty")
     assert result.returncode == 4, result.stdout + result.stderr
     assert elapsed < FAST_S, f"took {elapsed:.1f}s"
     assert f"box: agent lost during 'run': {SAID[mode]}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr  # no reader thread died on it
     assert rss_kb < RSS_LIMIT_KB, f"deployer peaked at {rss_kb // 1024} MiB"
     assert target.file("pkg/a.py") == ORIGINAL_A and target.head() == head
+
+
+@pytest.mark.parametrize("mode", ["list", "close"])
+def test_a_broken_stream_before_any_answer_to_a_chain_sent_whole_says_what_it_may_have_done_and_recover_ends_it(
+        target: Project, mode: str) -> None:
+    # The agent runs on behind its broken stream until the client's close reaches it: the chain sent with the lock
+    # may have run in part, or to its commit and release. The run cannot know; it says so, and recover reads it.
+    target.write_inventory(python=stand_in(target, mode), lock_ttl_s=2)
+    target.playbook()
+    head = target.head()
+    result, elapsed, rss_kb = apply_measured(target)
+    assert result.returncode == 6, result.stdout + result.stderr
+    assert elapsed < FAST_S, f"took {elapsed:.1f}s"
+    assert rss_kb < RSS_LIMIT_KB, f"deployer peaked at {rss_kb // 1024} MiB"
+    assert SAID[mode] in result.stderr and "its premise's answer was lost" in result.stderr, result.stderr
+    run_id = next(Path(target.runs).iterdir()).name
+    assert f"deployer recover {run_id}" in result.stderr and "Traceback" not in result.stderr
+    target.write_inventory()  # a sound agent again
+    wait_until_lock_stale(target.repo, 2)
+    recovered = target.deployer("recover", run_id)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    if target.head() == head:
+        assert target.file("pkg/a.py") == ORIGINAL_A, "no commit, yet the file was not restored"
+    else:
+        assert git(target.repo, "rev-parse", "HEAD~1").strip() == head and target.file("pkg/a.py") == FIXED_A
+    assert git(target.repo, "status", "--porcelain") == ""
+    assert not (target.repo / ".git" / "deployer" / "inflight.json").exists()
+    verified = target.deployer("runs", "verify", run_id)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.parametrize("mode", ["huge", "list", "close"])

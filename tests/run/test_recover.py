@@ -158,10 +158,10 @@ def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_
     before = target.head()
     run = killed_after_its_commit(target)
     cut = state_of(run)  # the commit went with the upload: the target may make it before the record here says so
-    assert cut["sent_ahead"][-1] == "commit" and cut["phase"] in ("changed", "committing"), cut
+    assert cut["sent_ahead"][-1] == "commit" and cut["phase"] in ("changing", "changed", "committing"), cut
     if record == "ahead_of_record":
         as_if_ran_ahead_of_its_record(run)
-        assert state_of(run)["phase"] == "changed"
+        assert state_of(run)["phase"] in ("changing", "changed")
     first = recover_twice(target, run)
     head = target.head()
     assert head != before and git(target.repo, "rev-parse", "HEAD~1").strip() == before
@@ -265,7 +265,8 @@ def test_a_commit_that_ran_ahead_of_its_record_here_is_rolled_back_by_recover(ta
     before = target.head()
     run = killed_after_its_commit(target)
     as_if_ran_ahead_of_its_record(run)
-    assert state_of(run)["phase"] == "changed" and state_of(run)["sent_ahead"][-1:] == ["commit"]
+    # Sent whole with the lock, its record here may even be at `changing` still.
+    assert state_of(run)["phase"] in ("changing", "changed") and state_of(run)["sent_ahead"][-1:] == ["commit"]
     recovered = target.deployer("recover", run.name, "--rollback")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert git(target.repo, "rev-parse", "HEAD~2").strip() == before and target.file("pkg/a.py") == ORIGINAL_A
