@@ -616,15 +616,26 @@ class Agent:
             if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("dest", "new_sha256")):
                 raise OpError("bad_request", "each of 'files' must name its dest and new_sha256")
             dest = entry["dest"]
+            if dest.startswith("/") or os.path.normpath(dest) != dest or dest.split("/")[0] == "..":
+                raise OpError("bad_request", f"dest {dest!r} is not a normal path inside the repo")
             where = os.path.join(repo, dest)
             try:
-                info = os.lstat(where)
+                # No symlink followed and no FIFO waited on; then it must be a regular file, its own real path.
+                fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
                 raise OpError("premise", f"{where}: {exc.strerror}") from None
-            real = os.path.realpath(where)
+            info, real = os.fstat(fd), os.path.realpath(where)
             if not stat_mod.S_ISREG(info.st_mode) or real != os.path.join(root, dest) or real.startswith(inside):
+                os.close(fd)
                 raise OpError("premise", f"{where} is not a regular file of the work tree (it resolves to {real})")
-            sha256 = _sha256_file(where)
+            if stat_mod.S_IMODE(info.st_mode) & ~0o777:  # a restore never sets them again: the run reads first
+                os.close(fd)
+                raise OpError("premise", f"{where} has a setuid, setgid or sticky bit")
+            with os.fdopen(fd, "rb") as handle:
+                digest = hashlib.sha256()
+                for chunk in iter(lambda: handle.read(CHUNK), b""):
+                    digest.update(chunk)
+            sha256 = digest.hexdigest()
             if sha256 == entry["new_sha256"]:
                 raise OpError("premise", f"{where} holds its new bytes already")
             found.append({"dest": dest, "path": where, "existed": True, "tracked": True, "sha256": sha256,

@@ -200,7 +200,7 @@ class Pending(Generic[T]):
         try:
             self.result(timeout)
         except TransportError as exc:
-            if self._reply is None:
+            if self._reply is None or self._reply.get("ok") is not False:  # no answer, or one that is broken
                 raise
             return str(exc)
         return None

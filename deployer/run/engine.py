@@ -5,6 +5,7 @@ engine holds one Lease and one Ending per run and drives them."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Callable
@@ -355,6 +356,9 @@ class Engine:
                     if not committed:
                         self.restore(ctx, failure)
                         raise failure from None
+                    if record.state.phase not in PAST_COMMIT:  # it ran ahead of its turn: the record catches up
+                        with contextlib.suppress(RunRecordError):
+                            record.advance(Phase.committed, utc_now(), git_after=ctx.git_after)
                 # A rollback can be long (it restarts services): a forced stop still stops it.
                 raise undo.after_commit_failure(
                     ctx, failure, ending, rollback=self.playbook.model.on_failure == "rollback",

@@ -55,9 +55,11 @@ class Reads:
 
 
     def guards(self) -> list[Pending[Any]]:
-        """The reads that succeed on the target only if every dest is tracked and clean and the target has a git
-        identity (sent with `clean`): a batch sent behind them runs only then."""
-        return [self.listed.pending, self.status.pending, self.email.pending]
+        """Every read whose failure fails preflight, sent with `clean` so that it fails by the agent's rule too
+        (the listing and the status succeed only if every dest is tracked and clean, the identity read only if
+        the target has one): a batch sent behind them runs only when preflight can pass."""
+        return [self.git_dirs.pending, self.head.pending, self.listed.pending, self.status.pending,
+                self.email.pending, *self.olds]
 
 
 def send_reads(ctx: Context, *, clean: bool = False) -> Reads:
@@ -75,8 +77,9 @@ def send_reads(ctx: Context, *, clean: bool = False) -> Reads:
                                    failure=failure if clean else ""), timeout=30)
     return Reads(
         new=new, paths=paths,
-        git_dirs=ctx.submit(git_dirs_argv(ctx.repo), timeout=30, quiet=True),
-        head=ctx.submit(HEAD, timeout=30),
+        git_dirs=ctx.send(Action.run("", "", git_dirs_argv(ctx.repo), ctx.repo, failure="no git dirs" if clean else ""),
+                          timeout=30, quiet=True),
+        head=read(HEAD, failure="cannot read HEAD"),
         # git lists paths in bytewise order: the order of sorted str (UTF-8 keeps code point order).
         listed=read(git("ls-files", "-z", "--", *dests), b"".join(d.encode() + b"\0" for d in dests)),
         # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.

@@ -35,7 +35,7 @@ def after_premise(ctx: Context, log: RunLogWriter, whole: Whole, runs_dir: Path,
     own, and no step of it reads the target to judge the run; what preflight reads must be what it was built on."""
     preflight(ctx, allow_dirty=False, sent=sent)
     whole.check(ctx)
-    keep_here(ctx, log, runs_dir)
+    keep_here(ctx, log, runs_dir, left="the run puts back what it sent (git's objects hold the pre-run bytes)")
 
 
 def judge_here(ctx: Context, steps: Sequence[Step], projected: Callable[[], diffs.DiffStat]) -> None:
@@ -51,12 +51,12 @@ def judge_here(ctx: Context, steps: Sequence[Step], projected: Callable[[], diff
             raise failure
 
 
-def keep_here(ctx: Context, log: RunLogWriter, runs_dir: Path) -> None:
+def keep_here(ctx: Context, log: RunLogWriter, runs_dir: Path, left: str = "nothing was changed") -> None:
     """The pre-run bytes, owner and mode of every dest, and the shipped diff, on disk here (before anything
     changes there, except in a chain sent whole: its premise's intent record and git's objects have them)."""
     record = ctx.record
     assert record is not None
-    ensure_headroom(runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes))
+    ensure_headroom(runs_dir, sum(len(c.new) + len(c.old or b"") for c in ctx.changes), left)
     files = [FileRecord(
         dest=change.dest, path=change.path, existed=change.old is not None, tracked=change.tracked,
         sha256=None if change.old is None else sha256_hex(change.old), new_sha256=sha256_hex(change.new),

@@ -66,15 +66,15 @@ RECENT_COMMITS = 200
 def parent_of_run_commit(ctx: Context, trailer: str) -> str | None:
     """The parent of the run's own commit, looked for by its trailer among HEAD's recent history: HEAD before a
     run that was cut before this machine learnt it (a chain sent whole, run/whole.py). None: no such commit."""
-    found = ctx.run(git("log", f"-n{RECENT_COMMITS}", "--format=%H%x1f%P%x1f%B%x1e", "-F", f"--grep={trailer}",
-                        "HEAD"), timeout=30)
-    entries = [entry.strip().split("\x1f", 2) for entry in found.out.split("\x1e") if entry.strip()] if found.ok \
-        else []
+    # -n counts what is printed: the trailer is matched here, so that git walks no further than those commits.
+    found = ctx.check(git("log", f"-n{RECENT_COMMITS}", "--format=%H%x1f%P%x1f%B%x1e", "HEAD"),
+                      "cannot read the target's recent history", timeout=30)
+    entries = [entry.strip().split("\x1f", 2) for entry in found.out.split("\x1e") if entry.strip()]
     ours = [(commit, parents.split()) for commit, parents, message in (e for e in entries if len(e) == 3)
             if trailer in message.splitlines()]
     if not ours:
         return None
-    commit, parents = ours[-1]  # oldest first is the run's own; a later one is the revert of its rollback
+    commit, parents = ours[-1]  # newest first: the last is the run's own; a later one is the revert of its rollback
     if len(parents) != 1 or not OBJECT_ID.fullmatch(parents[0]):
         raise DeployerError(f"the run's commit {commit[:12]} has no single parent ({' '.join(parents) or 'none'}); "
                             "recover does not know HEAD before the run. Look at the target's history by hand")

@@ -206,8 +206,9 @@ class RunRecord:
             raise RunRecordError(f"cannot write the run record {path}: {exc.strerror or exc}") from None
 
 
-def ensure_headroom(runs_dir: Path, need: int) -> None:
-    """Refuse to start a run whose record could not be kept: the runs dir must be writable with room."""
+def ensure_headroom(runs_dir: Path, need: int, left: str = "nothing was changed") -> None:
+    """Refuse to start a run whose record could not be kept: the runs dir must be writable with room. `left`
+    says what the target holds then."""
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
         probe = runs_dir / f".probe-{os.getpid()}-{threading.get_ident()}"  # a fleet runs hosts in threads
@@ -215,10 +216,10 @@ def ensure_headroom(runs_dir: Path, need: int) -> None:
         probe.unlink()
         free = shutil.disk_usage(runs_dir).free
     except OSError as exc:
-        raise RunRecordError(f"the runs dir {runs_dir} is not writable ({exc.strerror or exc}); nothing was "
-                             "changed. Pass --runs-dir or set DEPLOYER_RUNS_DIR") from None
+        raise RunRecordError(f"the runs dir {runs_dir} is not writable ({exc.strerror or exc}); {left}. Pass "
+                             "--runs-dir or set DEPLOYER_RUNS_DIR") from None
     wanted = need + HEADROOM_BYTES
     if free < wanted:
         raise RunRecordError(f"the runs dir {runs_dir} has {free // 1024} KiB free, and this run needs "
-                             f"{wanted // 1024} KiB to keep its record and the files' pre-run bytes; nothing "
-                             "was changed. Free some space or pass --runs-dir")
+                             f"{wanted // 1024} KiB to keep its record and the files' pre-run bytes; {left}. "
+                             "Free some space or pass --runs-dir")

@@ -28,7 +28,7 @@ from deployer.run.ahead import Ahead
 from deployer.run.gitops import HEAD, OBJECT_ID, usual_git_dir
 from deployer.run.lease import Lease, run_trailer
 from deployer.run.preflight import Reads
-from deployer.run.state import FileRecord, Phase, RunRecordError, git_blob_id
+from deployer.run.state import FileRecord, Phase, RunRecordError, ensure_headroom, git_blob_id
 from deployer.runlog import utc_now
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Change, Context
@@ -36,6 +36,7 @@ from deployer.text import shown
 
 # The identity the batch assumes the target has (the email read is a guard): preflight reads the real one.
 ASSUMED_IDENTITY = "(the target's own)"
+IDENTITY = "a git identity (user.email is empty there)"
 
 
 @dataclass
@@ -85,6 +86,8 @@ class Whole:
             self._forget(ctx)
             return
         try:
+            # Room for the pre-run copies, kept once the answers are in (about the new bytes' size: a fix is small).
+            ensure_headroom(record.dir.parent, 2 * sum(len(c.new) for c in ctx.changes))
             record.update(files=[FileRecord(dest=c.dest, path=c.path, existed=True, tracked=True, sha256=None,
                                             new_sha256=sha256_hex(c.new), new_blob=git_blob_id(c.new))
                                  for c in ctx.changes],
@@ -138,13 +141,18 @@ class Whole:
         cut): when that answer says the premise did not hold, the record says nothing was changed. When no
         answer came, the record stays where it is and this says what the target may hold (None: nothing)."""
         try:
-            self.held(ctx)
+            if not self.held(ctx):
+                return None
+            record = ctx.record
+            # Taken in by the run (restored, kept, rolled back), or by its own words (an answer it refused).
+            if record is None or record.state.phase != Phase.changing or record.state.git_before is not None:
+                return None
+            why = "its premise held"
         except TransportError as exc:
-            return (f"The chain up to the commit went to the target with the lock, and its premise's answer was "
-                    f"lost ({exc}): the files {', '.join(ctx.dests)} may hold the new bytes, and HEAD may be this "
-                    f"run's commit ({run_trailer(ctx.run_id)}). `deployer recover {ctx.run_id}` reads the target "
-                    "and ends it")
-        return None
+            why = f"its premise's answer was lost ({exc})"
+        return (f"The chain up to the commit went to the target with the lock, and {why}: the files "
+                f"{', '.join(ctx.dests)} may hold the new bytes, and HEAD may be this run's commit "
+                f"({run_trailer(ctx.run_id)}). `deployer recover {ctx.run_id}` reads the target and ends it")
 
     def record_premised(self, ctx: Context) -> None:
         """The premise held: what it found on the target (HEAD, each dest's pre-run sha256, owner and mode) is
@@ -182,13 +190,14 @@ class Whole:
             ("HEAD", premised.head == ctx.git_before),
             ("tracked", all(c.tracked for c in ctx.changes)),
             ("changed", not ctx.facts.unchanged),
-            ("identity", bool(ctx.facts.identity)),
+            (IDENTITY, bool(ctx.facts.identity)),
             ("pre-run bytes", [f.get("sha256") for f in premised.files] ==
              [None if c.old is None else sha256_hex(c.old) for c in ctx.changes]))
             if not ok]
         if wrong:
+            raced = "" if wrong == [IDENTITY] else f": something else changed {ctx.repo} meanwhile"
             raise DeployerError(f"the target's answers differ from what the chain sent with the lock was built on "
-                                f"({', '.join(wrong)}): something else changed {ctx.repo} meanwhile")
+                                f"({', '.join(wrong)}){raced}")
 
     def _forget(self, ctx: Context) -> None:
         ctx.changes, ctx.facts.identity, ctx.facts.unchanged = [], None, []

@@ -73,6 +73,23 @@ def test_a_file_that_already_has_its_bytes_declines_the_premise_and_fails_as_bef
     assert "holds its new bytes already" in declined["reason"]
 
 
+def test_a_read_that_fails_preflight_fails_the_premise_too_and_nothing_changes(target: Project) -> None:
+    # A dest larger than a read may bring back: preflight fails on it, so the chain behind it must not run.
+    big = "x = 1\n" * (3 << 20)  # 18 MiB, over the 16 MiB a get returns
+    (target.repo / "pkg/big.py").write_text(big)
+    git(target.repo, "add", "pkg/big.py")
+    git(target.repo, "commit", "-qm", "big")
+    target.write("fix/big.py", big + "y = 2\n")
+    target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/big.py", "dest": "pkg/big.py"}],
+                    steps=["upload", {"commit": {"message": "m"}}])
+    tree, head = work_tree(target.repo), target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode != 0 and "larger than max_bytes" in result.stderr, result.stderr
+    assert work_tree(target.repo) == tree and target.head() == head
+    assert "sent_whole_declined" in kinds(target) and state_of(target)["phase"] == "failed_restored"
+    assert not (target.repo / ".git/deployer/inflight.json").exists()
+
+
 def test_allow_dirty_is_never_sent_whole_and_ships_over_local_edits_as_before(target: Project) -> None:
     # Its pre-run bytes are in no git object: they are read, and kept here, before anything changes.
     (target.repo / "pkg/b.py").write_text("VALUE = 2\n")
@@ -171,3 +188,21 @@ def test_every_kind_that_judges_before_the_change_says_whether_it_needs_the_targ
     for kind, cls in judging.items():
         assert cls.local or cls.judged_on_target or cls is DiffBounds, kind
     assert KINDS["co_restart"].judged_on_target and KINDS["local_compile"].local
+
+
+def test_answers_that_differ_from_what_the_chain_was_built_on_end_the_run_consistently(target: Project) -> None:
+    # An empty user.email passes the identity read on the target (exit 0) but is no identity here: the chain
+    # has run, its commit included, when this machine learns it. The run keeps that commit and says so.
+    git(target.repo, "config", "user.email", "")
+    target.playbook()
+    before = target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert "user.email" in result.stderr, result.stderr
+    state = state_of(target)
+    if target.head() == before:
+        assert result.returncode == 1 and state["phase"] == "failed_restored" and target.file("pkg/a.py") == ORIGINAL_A
+    else:
+        assert result.returncode == 5 and state["phase"] == "failed_committed" and target.file("pkg/a.py") == FIXED_A
+    assert not (target.repo / ".git/deployer/inflight.json").exists()
+    assert not (target.repo / ".git/deployer.run.lock").exists()
