@@ -157,7 +157,7 @@ class Engine:
         self.check_host()
         bus = self.new_bus()
         with self.connect(bus) as transport:
-            return plan(self.context("<dry-run>", bus, transport), self.steps)
+            return plan(self.context("<dry-run>", bus, transport), self.steps, allow_dirty=self.allow_dirty)
 
     # -- the run ---------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from deployer import diffs
 from deployer.command import Masker
+from deployer.run import whole
 from deployer.run.lock import LockState, read_state
 from deployer.run.mounts import describe
 from deployer.run.preflight import preflight, projected_stat
@@ -38,6 +39,7 @@ class PlanReport:
     lock: LockState | None
     dirty: list[str] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # a container target's: its id and where each dest lives
+    unsent: str | None = None  # why apply would not send its chain up to the commit with the lock (None: it would)
 
     @property
     def places(self) -> list[str]:
@@ -61,6 +63,7 @@ class PlanReport:
                            "new": not f.exists, "diff": f.diff} for f in self.files],
                 "stat": self.stat.summary(), "bounds": self.bounds, "compile": self.judged.get("compile"),
                 "dirty": self.dirty, "placement": self.placement, "lock": self.lock.info if self.lock else None,
+                "sent_whole": {"yes": self.unsent is None, "why_not": self.unsent},
                 "steps": [{"name": n, "actions": [a.describe() for a in acts],
                            "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in self.steps]}
 
@@ -70,9 +73,9 @@ def masked(masker: Masker, actions: Sequence[Action]) -> list[Action]:
     return [action.mapped(masker) for action in actions]
 
 
-def plan(ctx: Context, steps: Sequence[Step]) -> PlanReport:
-    """Preflight's reads, the projected diff, what the steps judge before the target is touched, and each
-    step's actions."""
+def plan(ctx: Context, steps: Sequence[Step], *, allow_dirty: bool = False) -> PlanReport:
+    """Preflight's reads, the projected diff, what the steps judge before the target is touched, each step's
+    actions, and whether apply would send its chain up to the commit with the lock (run/whole.py)."""
     bus = ctx.bus
     bus.step = "preflight"
     head = preflight(ctx, allow_dirty=True)
@@ -84,5 +87,6 @@ def plan(ctx: Context, steps: Sequence[Step]) -> PlanReport:
     assert ctx.git_dir is not None and ctx.git_before is not None
     lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]
+    unsent = whole.unsent(ctx, list(steps), allow_dirty=allow_dirty) or whole.declined(ctx)
     return PlanReport(ctx.host_name, ctx.repo, ctx.git_before, files, stat, judged, shown, lock,
-                      list(ctx.facts.dirty), ctx.facts.placement)
+                      list(ctx.facts.dirty), ctx.facts.placement, unsent)

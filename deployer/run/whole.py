@@ -17,6 +17,7 @@ the run before it changes it. A failure anywhere after the premise held restores
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,16 +54,10 @@ class Whole:
     @classmethod
     def of(cls, ctx: Context, chain: list[Step], lease: Lease, ahead: Ahead, *, allow_dirty: bool) -> Whole | None:
         """The chain, when it may be sent whole (see the module's docstring); None when it goes step by step."""
-        if ctx.playbook.patch is not None or allow_dirty or ctx.host.container is not None or \
-                lease.adopt_of is not None or any(s.judged_on_target for s in chain):
+        if lease.adopt_of is not None or unsent(ctx, chain, allow_dirty=allow_dirty) is not None:
             return None
-        upload = next((i for i, s in enumerate(chain) if not s.local), None)
-        if upload is None or chain[upload].effect != Effect.changes_files:
-            return None
-        commit = next((i for i, s in enumerate(chain) if s.effect == Effect.commits), None)
-        if commit is None or not all(s.effect == Effect.observes for s in chain[upload + 1:commit]):
-            return None
-        return cls(chain, upload, commit, lease, ahead)
+        upload = next(i for i, s in enumerate(chain) if not s.local)
+        return cls(chain, upload, next(i for i, s in enumerate(chain) if s.effect == Effect.commits), lease, ahead)
 
     def send(self, ctx: Context, reads: Reads, guards: list[Pending[Any]]) -> None:
         """Sent behind preflight's reads (before any reply): the premise behind the guards, then the changes,
@@ -202,6 +197,40 @@ class Whole:
     def _forget(self, ctx: Context) -> None:
         ctx.changes, ctx.facts.identity, ctx.facts.unchanged = [], None, []
         ctx.prefetched.clear()
+
+
+def unsent(ctx: Context, chain: Sequence[Step], *, allow_dirty: bool) -> str | None:
+    """Why the chain waits for preflight's answers before its first change (None: it goes whole, if the target's
+    premises hold there)."""
+    if ctx.playbook.patch is not None:
+        return "the playbook ships a patch, applied here to the target's own bytes, read first"
+    if allow_dirty:
+        return "--allow-dirty: the pre-run bytes are in no git object, so they are read and kept here first"
+    if ctx.host.container is not None:
+        return "a container target: where each dest lives is read first"
+    if judging := [s.name for s in chain if s.judged_on_target]:
+        return f"{', '.join(judging)} reads the target to judge the run before it changes it"
+    upload = next((i for i, s in enumerate(chain) if not s.local), None)
+    if upload is None or chain[upload].effect != Effect.changes_files:
+        return "a step before the upload reads the target" if upload is not None else "nothing is uploaded"
+    commit = next((i for i, s in enumerate(chain) if s.effect == Effect.commits), None)
+    if commit is None:
+        return "no commit"
+    if not all(s.effect == Effect.observes for s in chain[upload + 1:commit]):
+        return "a step between the upload and the commit is more than a check"
+    return None
+
+
+def declined(ctx: Context) -> str | None:
+    """After preflight read the target: why the premise would not hold there (None: it would)."""
+    problems = [*(f"{c.dest} is not tracked" for c in ctx.changes if not c.tracked),
+                *(f"{d} has uncommitted changes" for d in ctx.facts.dirty),
+                *(f"{d} already holds the new bytes" for d in ctx.facts.unchanged)]
+    if not ctx.facts.identity:
+        problems.append("the target has no git identity")
+    if ctx.git_dir != usual_git_dir(ctx.repo):
+        problems.append(f"the git dir is {ctx.git_dir}, not {usual_git_dir(ctx.repo)}")
+    return "; ".join(problems) or None
 
 
 def _no_projection() -> Any:

@@ -48,6 +48,11 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     elif "compile" in report.judged:
         console.print("[green]compile: ok[/green] (the shipped Python compiles here)")
     console.rule("steps")
+    if report.unsent is None:
+        console.print("sent whole: the steps up to the commit go with the lock and preflight's reads, in one round "
+                      "trip, behind the target's own checks")
+    else:
+        console.print(f"sent in two round trips (the changes wait for preflight's answers): {escape(report.unsent)}")
     for number, (name, actions) in enumerate(report.steps, 1):
         console.print(f"{number}. [bold]{escape(name)}[/bold]")
         for action in actions:

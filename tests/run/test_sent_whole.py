@@ -206,3 +206,25 @@ def test_answers_that_differ_from_what_the_chain_was_built_on_end_the_run_consis
         assert result.returncode == 5 and state["phase"] == "failed_committed" and target.file("pkg/a.py") == FIXED_A
     assert not (target.repo / ".git/deployer/inflight.json").exists()
     assert not (target.repo / ".git/deployer.run.lock").exists()
+
+
+def test_plan_says_whether_apply_would_send_the_chain_whole_and_why_not(target: Project) -> None:
+    target.playbook()
+    shown = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert shown.returncode == 0, shown.stderr
+    assert "sent whole: the steps up to the commit go with the lock" in shown.stdout
+    as_json = target.deployer("plan", "fix.yaml", "--host", "box", "--json")
+    assert json.loads(as_json.stdout)["sent_whole"] == {"yes": True, "why_not": None}
+    # The target's own state decides too: a dirty dest declines the premise (and apply refuses it).
+    (target.repo / "pkg/a.py").write_text(ORIGINAL_A + "# local edit\n")
+    as_json = target.deployer("plan", "fix.yaml", "--host", "box", "--json")
+    assert json.loads(as_json.stdout)["sent_whole"] == {"yes": False, "why_not": "pkg/a.py has uncommitted changes"}
+    git(target.repo, "checkout", "--", "pkg/a.py")
+    target.playbook(steps=["upload", {"commit": {"message": "m"}}], files=[
+        {"src": "fix/a.py", "dest": "pkg/new.py", "create": True}])
+    shown = target.deployer("plan", "fix.yaml", "--host", "box")
+    assert "sent in two round trips (the changes wait for preflight's answers): pkg/new.py is not tracked" \
+        in shown.stdout, shown.stdout
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stderr
+    assert "sent_whole_declined" in kinds(target) and target.file("pkg/new.py") == FIXED_A
