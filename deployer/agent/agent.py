@@ -632,10 +632,7 @@ class Agent:
                 os.close(fd)
                 raise OpError("premise", f"{where} has a setuid, setgid or sticky bit")
             with os.fdopen(fd, "rb") as handle:
-                digest = hashlib.sha256()
-                for chunk in iter(lambda: handle.read(CHUNK), b""):
-                    digest.update(chunk)
-            sha256 = digest.hexdigest()
+                sha256 = _sha256_of(handle)
             if sha256 == entry["new_sha256"]:
                 raise OpError("premise", f"{where} holds its new bytes already")
             found.append({"dest": dest, "path": where, "existed": True, "tracked": True, "sha256": sha256,
@@ -869,10 +866,14 @@ def _kind(mode: int) -> str:
 
 
 def _sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(chunk)
+        return _sha256_of(handle)
+
+
+def _sha256_of(handle: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: handle.read(CHUNK), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -20,7 +20,6 @@ from deployer.run.lock import DeployLock, force_release, read_state
 from deployer.run.preflight import Reads, send_reads
 from deployer.run.state import Phase
 from deployer.runlog import RunLogWriter, utc_now
-from deployer.steps.action import Action
 from deployer.steps.context import Context, EventBus, Submitted
 from deployer.steps.git import EndNote, end_note_argv, trailers
 from deployer.transport.base import Transport
@@ -104,7 +103,7 @@ class Lease:
         sent behind a guess that proved wrong, was not run)."""
         guess = usual_git_dir(ctx.repo)
         # Exactly the guess, or what is sent whole behind it does not run.
-        found = ctx.send(Action.run("", "", GIT_DIR, ctx.repo, expect=f"{guess}\n".encode()), timeout=30)
+        found = ctx.submit(GIT_DIR, timeout=30, expect=f"{guess}\n".encode())
 
         def behind(taking: Pending[ExecResult]) -> None:
             self._send_reads(ctx, clean=whole is not None)

@@ -24,7 +24,6 @@ from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.run.gitops import HEAD, git, git_dirs_argv, names
 from deployer.run.mounts import inspection, place_dests, refuse_layer
-from deployer.steps.action import Action
 from deployer.steps.context import Change, Context, Submitted
 
 if TYPE_CHECKING:
@@ -71,21 +70,18 @@ def send_reads(ctx: Context, *, clean: bool = False) -> Reads:
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
     inspection(ctx)  # a container target: its inspect runs on the host meanwhile (run/mounts.py)
 
-    def read(argv: tuple[str, ...], expect: bytes | None = None, failure: str = "") -> Submitted:
-        # A guard fails by the agent's rule (its exit code, its output); preflight reads it all the same.
-        return ctx.send(Action.run("", "", argv, ctx.repo, expect=expect if clean else None,
-                                   failure=failure if clean else ""), timeout=30)
+    def read(argv: tuple[str, ...], expect: bytes | None = None, quiet: bool = False) -> Submitted:
+        return ctx.submit(argv, timeout=30, quiet=quiet, expect=expect if clean else None, guard=clean)
     return Reads(
         new=new, paths=paths,
-        git_dirs=ctx.send(Action.run("", "", git_dirs_argv(ctx.repo), ctx.repo, failure="no git dirs" if clean else ""),
-                          timeout=30, quiet=True),
-        head=read(HEAD, failure="cannot read HEAD"),
+        git_dirs=read(git_dirs_argv(ctx.repo), quiet=True),
+        head=read(HEAD),
         # git lists paths in bytewise order: the order of sorted str (UTF-8 keeps code point order).
         listed=read(git("ls-files", "-z", "--", *dests), b"".join(d.encode() + b"\0" for d in dests)),
         # --no-optional-locks: a plain `git status` may rewrite .git/index, and a dry run writes nothing.
         status=read(git("--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
                         "--untracked-files=all", "--", *dests), b""),
-        email=read(git("config", "user.email"), failure="the target has no git identity"),
+        email=read(git("config", "user.email")),
         stats=ctx.transport.submit(Stat((ctx.repo, *paths, *parents))),
         olds=[ctx.transport.submit(Get(path)) for path in paths])
 

@@ -257,10 +257,14 @@ class Context:
 
     def submit(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, stdin: bytes | None = None,
-               quiet: bool = False, capture: int | None = CAPTURE_BYTES) -> Submitted:
+               quiet: bool = False, capture: int | None = CAPTURE_BYTES, expect: bytes | None = None,
+               guard: bool = False) -> Submitted:
         """run() without waiting: send a phase's commands together, then read their results (one round trip).
-        A command no step planned (preflight's, a restore's): the run log records it without an action key."""
-        action = Action.run("", "", tuple(argv), self.repo if cwd is None else cwd, env=tuple((env or {}).items()))
+        A command no step planned (preflight's, a restore's): the run log records it without an action key.
+        With `expect` (its exact output) or `guard`, it fails by the agent's rule unless it printed that and
+        exited 0: a request sent `after` it then does not run. Its result is read here all the same."""
+        action = Action.run("", "", tuple(argv), self.repo if cwd is None else cwd, env=tuple((env or {}).items()),
+                            expect=expect, failure="a guard" if guard else "")
         return self.send(action, timeout=timeout, stdin=stdin, quiet=quiet, capture=capture)
 
     def act(self, action: Action, bound: Bound = NOTHING, *, timeout: float = DEFAULT_TIMEOUT_S,
