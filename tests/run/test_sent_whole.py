@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, work_tree
-from polling import wait_for
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, work_tree
+from test_recover import kill_marker, start_and_kill
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -116,22 +115,13 @@ def test_cut_before_the_premise_ran_recover_finds_nothing_changed(target: Projec
     target.playbook()
     tree, head = work_tree(target.repo), target.head()
     target.extra_env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
-    proc = target.popen("apply", "fix.yaml", "--host", "box")
     try:
-        wait_for(lambda: marker.exists() or proc.poll() is not None, "the identity read")
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        run = start_and_kill(target, marker.exists, "the identity read")  # SIGKILL there, then the lock aged
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        if marker.exists():
-            os.kill(int(marker.read_text()), signal.SIGKILL)
+        kill_marker(marker)
     del target.extra_env["PATH"]
-    run = target.runs / target.newest_run()
     cut = json.loads((run / "state.json").read_text())
     assert cut["phase"] == "changing" and cut["git_before"] is None and cut["sent_ahead"][-1] == "commit"
-    age_lock(target.repo)
     recovered = target.deployer("recover", run.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert work_tree(target.repo) == tree and target.head() == head
