@@ -61,16 +61,29 @@ def detail_of(event: dict[str, Any]) -> str:
     return str(event.get("summary") or next(iter(str(event.get("error") or "").splitlines()), ""))
 
 
+# What ends a service's phase without a next phase: its stop or start done (co_restart moves on to another
+# service), or its step's end. From then on its row shows how long that phase took, not how long ago it began.
+PHASE_ENDS = ("service_stopped", "service_started")
+
+
 @dataclass
 class ServiceRow:
-    """One service's wait as its newest `service_phase` event told it; its clock runs on from there."""
+    """One service's wait as its newest `service_phase` event told it; its clock runs on from there until the
+    phase ends."""
 
     event: dict[str, Any]
     seen: float  # monotonic time the event came
+    ended: float | None = None  # monotonic time the phase ended
 
     def clock(self) -> float:
         elapsed = float(self.event.get("elapsed_s") or 0.0)
-        return elapsed if self.event.get("phase") == "healthy" else elapsed + time.monotonic() - self.seen
+        if self.event.get("phase") == "healthy":
+            return elapsed
+        return elapsed + (time.monotonic() if self.ended is None else self.ended) - self.seen
+
+    def end(self) -> None:
+        if self.ended is None:
+            self.ended = time.monotonic()
 
 
 def phase_text(event: dict[str, Any], elapsed: float) -> str:
@@ -121,6 +134,9 @@ class StepView(LiveView):
             row = self.rows[step]
             row[0], row[2] = event["status"], event.get("duration_s", 0.0)
             row[3] = detail_of(event)
+            for (of_step, _), service in self.services.items():
+                if of_step == step:
+                    service.end()
             self._line(f"[{step}] {event['status']} {row[2]:.2f}s {row[3]}")
         elif kind == "sample" and step and step in self.rows:
             self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
@@ -128,6 +144,8 @@ class StepView(LiveView):
         elif kind == "service_phase" and step:
             self.services[step, str(event["service"])] = ServiceRow(event, time.monotonic())
             self._line(f"[{step}] {phase_text(event, float(event.get('elapsed_s') or 0.0))}")
+        elif kind in PHASE_ENDS and step and (step, str(event.get("service"))) in self.services:
+            self.services[step, str(event.get("service"))].end()
         elif kind in NOTICES:
             self._line(NOTICES[kind](event))
         elif kind in ROUTER_EVENTS:

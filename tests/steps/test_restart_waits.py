@@ -12,6 +12,7 @@ import shutil
 import sys
 from typing import Any
 
+import pytest
 from fixtures_repo import Project
 from fixtures_services import Stack, free_port
 
@@ -137,3 +138,56 @@ def test_rollback_and_recover_take_the_health_budget_too(target: Project) -> Non
         assert "--health-timeout S" in shown.stdout, command
     refused = target.deployer("rollback", "20260101T000000.000Z-abcdef", "--health-timeout", "0")
     assert refused.returncode == 2 and "--health-timeout" in refused.stderr
+
+
+# -- issue 33 item 13: a row's clock stops when its phase ends ------------------------------------------------
+
+class Clock:
+    """The live view's clock, moved by the test: each second of a restart, without waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_live_row_stops_its_clock_when_its_phase_ends_and_shows_that_phases_own_duration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    from types import SimpleNamespace
+
+    from deployer.ui import live
+    from deployer.ui.console import make_console
+
+    clock = Clock()
+    monkeypatch.setattr(live, "time", SimpleNamespace(monotonic=clock.monotonic))
+    view = live.StepView(make_console())
+    step = "co_restart"
+
+    def at(seconds: float, event: str, **fields: Any) -> None:
+        clock.now = 1000.0 + seconds
+        view({"type": event, "step": step, **fields})
+
+    def rows(seconds: float) -> list[str]:
+        clock.now = 1000.0 + seconds
+        terminal = make_console()
+        terminal.file, terminal.width = io.StringIO(), 200
+        terminal.print(view._table())
+        return [line.strip() for line in terminal.file.getvalue().splitlines() if " decode " in f" {line} "]
+
+    # The order co_restart goes in: decode stops first (6 s, of a 10 s grace), then prefill stops, waits for its
+    # GPUs and loads, and only then does decode wait for its own GPUs.
+    at(0, "step_start", kind="co_restart")
+    at(0.1, "service_phase", service="decode", phase="stopping", elapsed_s=0.1, budget_s=10, pid=4755)
+    at(2.0, "service_phase", service="decode", phase="waiting_tree", elapsed_s=2.0, budget_s=10, pid=4755)
+    at(6.0, "service_stopped", service="decode", pid=4755)
+    at(6.1, "service_phase", service="prefill", phase="stopping", elapsed_s=0.1, budget_s=10, pid=4604)
+    at(9.0, "service_stopped", service="prefill", pid=4604)
+    at(9.1, "service_phase", service="prefill", phase="waiting_gpu", elapsed_s=0.1, budget_s=120)
+    at(30.0, "service_phase", service="prefill", phase="loading", elapsed_s=0.2, budget_s=600, pid=7450)
+    assert rows(56.0) == ["decode waiting_tree: pid 4755, 6.0s of 10s"], "decode's stop took 6 s, not 56"
+    at(56.0, "service_phase", service="decode", phase="waiting_gpu", elapsed_s=0.0, budget_s=120)
+    assert rows(58.5) == ["decode waiting_gpu: 2.5s of 120s"]  # its next phase's clock runs
+    at(60.0, "step_end", status="failed", duration_s=60.0, error="cancelled")
+    assert view.services[step, "decode"].clock() == 4.0  # the step's end ends the phase it was in
