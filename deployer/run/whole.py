@@ -92,12 +92,18 @@ class Whole:
             self._forget(ctx)
             return
         state = record.state
-        self.premise = ctx.transport.write_ahead(Premise(
-            repo=ctx.repo, git_dir=git_dir, head_argv=HEAD, record=intent.path_in(git_dir),
-            record_fields={"run_id": ctx.run_id, "operator": state.operator, "host": state.host,
-                           "started": state.history[0].time, "trailer": run_trailer(ctx.run_id)},
-            files=[{"dest": f.dest, "new_sha256": f.new_sha256, "new_blob": f.new_blob} for f in state.files]),
-            after=guards)
+        try:
+            self.premise = ctx.transport.write_ahead(Premise(
+                repo=ctx.repo, git_dir=git_dir, head_argv=HEAD, record=intent.path_in(git_dir),
+                record_fields={"run_id": ctx.run_id, "operator": state.operator, "host": state.host,
+                               "started": state.history[0].time, "trailer": run_trailer(ctx.run_id)},
+                files=[{"dest": f.dest, "new_sha256": f.new_sha256, "new_blob": f.new_blob} for f in state.files]),
+                after=guards)
+        except TransportError:
+            # Refused before a byte went (the stream was already known broken, e.g. a reply read while this
+            # machine was slow to get here): nothing of the chain can run there, and the record says so.
+            self._back_to_locked(ctx)
+            raise
         self.lease.recorded_ahead(self.premise)
         upload = self.chain[self.upload]
         changes = upload.send_changes(ctx)
@@ -117,8 +123,6 @@ class Whole:
         why = self.premise.declined()
         if why is None:
             return True
-        record = ctx.record
-        assert record is not None
         ctx.emit("sent_whole_declined", reason=why)
         self.lease.recorded_ahead(None)
         self.ahead.land(ctx)  # each request sent whole was answered: skipped
@@ -126,9 +130,7 @@ class Whole:
         ctx.ahead.clear()
         ctx.closing = None
         self.premise = None
-        self._forget(ctx)
-        record.update(files=[], sent_ahead=[])
-        record.advance(Phase.locked, utc_now())
+        self._back_to_locked(ctx)
         return False
 
     def settle(self, ctx: Context) -> str | None:
@@ -197,6 +199,14 @@ class Whole:
     def _forget(self, ctx: Context) -> None:
         ctx.changes, ctx.facts.identity, ctx.facts.unchanged = [], None, []
         ctx.prefetched.clear()
+
+    def _back_to_locked(self, ctx: Context) -> None:
+        """Nothing behind the premise ran: the record goes back to `locked`, naming no file."""
+        record = ctx.record
+        assert record is not None
+        self._forget(ctx)
+        record.update(files=[], sent_ahead=[])
+        record.advance(Phase.locked, utc_now())
 
 
 def unsent(ctx: Context, chain: Sequence[Step], *, allow_dirty: bool) -> str | None:

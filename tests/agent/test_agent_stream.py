@@ -25,7 +25,7 @@ HUGE = 250 << 20  # under the client's absolute cap of 256 MiB, far over what an
 STAND_IN = textwrap.dedent('''\
     #!{python}
     import json, os, struct, subprocess, sys, threading
-    REAL, MODE, AFTER = {python!r}, {mode!r}, {after!r}
+    REAL, MODE, AFTER, UNTIL = {python!r}, {mode!r}, {after!r}, {until!r}
     if len(sys.argv) < 5 or "AGENT_SOURCE" not in sys.argv[4]:  # a step's own python: the real one
         os.execv(REAL, [REAL, *sys.argv[1:]])
     HEADER = struct.Struct(">I")
@@ -53,6 +53,10 @@ STAND_IN = textwrap.dedent('''\
                 out.flush()
                 armed = armed or AFTER.encode() in body
                 continue
+            while UNTIL is not None:  # the agent answered it: the client had sent it before it read the break
+                later = agent.stdout.read(4)
+                if len(later) < 4 or UNTIL.encode() in agent.stdout.read(HEADER.unpack(later)[0]):
+                    break
             if MODE == "close":  # both streams: sshd sends no end of output while stderr stays open
                 out.close()
                 os.close(1)
@@ -91,10 +95,12 @@ MEASURED = textwrap.dedent("""\
 """)
 
 
-def stand_in(project: Project, mode: str, after: str | None = None) -> str:
+def stand_in(project: Project, mode: str, after: str | None = None, until: str | None = None) -> str:
     """A target python whose agent breaks its stream the reply after one holding `after` (None: the first
-    reply after the hello, before anything changed)."""
-    path = project.write("standin/python", STAND_IN.format(python=sys.executable, mode=mode, after=after, huge=HUGE))
+    reply after the hello, before anything changed); with `until`, the break waits for a later reply holding
+    that, and the replies in between are never seen."""
+    path = project.write("standin/python", STAND_IN.format(python=sys.executable, mode=mode, after=after, huge=HUGE,
+                                                           until=until))
     path.chmod(0o755)
     return str(path)
 
@@ -144,7 +150,9 @@ def test_a_broken_stream_before_any_answer_to_a_chain_sent_whole_says_what_it_ma
         target: Project, mode: str) -> None:
     # The agent runs on behind its broken stream until the client's close reaches it: the chain sent with the lock
     # may have run in part, or to its commit and release. The run cannot know; it says so, and recover reads it.
-    target.write_inventory(python=stand_in(target, mode), lock_ttl_s=2)
+    # The break waits for the premise's answer (its files' new_blob): a client that read it before sending the
+    # chain sent nothing of it, and rightly says that instead (exit 4), which is not what this test is about.
+    target.write_inventory(python=stand_in(target, mode, until='"new_blob"'), lock_ttl_s=2)
     target.playbook()
     head = target.head()
     result, elapsed, rss_kb = apply_measured(target)
