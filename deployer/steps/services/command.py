@@ -29,13 +29,18 @@ from deployer.steps.services.manager import (
 )
 
 # Detached start: own session (so a stop finds every process of it, whatever group a child moves to),
-# output to the log, stdin closed, and the PID written before the shell returns; it prints the pid and the
-# log's size before this start, where this start's output begins. The log holds whatever the service
-# prints, secrets included: 0600, even when an older deployer made it 0644; the umask is changed
-# only for creating it, so the service keeps its own.
-LAUNCH = ('log=$1; pidfile=$2; shift 2; (umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
-          'offset=$(wc -c <"$log"); nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $! >"$pidfile"; '
-          'echo $! $offset')
+# output to the log, stdin closed, and the process recorded before the shell returns: its pid with its start
+# time (field 22 of /proc/PID/stat, read after the command name) in one file, renamed into place, so a cut at
+# any moment leaves a record that names a process deployer started whole (a pid file and a start-time file
+# written apart left a new pid beside the old start time, and its own server refused as a stranger's). The pid
+# file alone is for people and their scripts. It prints the pid and the log's size before this start, where
+# this start's output begins. The log holds whatever the service prints, secrets included: 0600, even when an
+# older deployer made it 0644; the umask is changed only for creating it, so the service keeps its own.
+LAUNCH = ('log=$1; pidfile=$2; record=$3; shift 3; (umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
+          'offset=$(wc -c <"$log"); nohup setsid "$@" >>"$log" 2>&1 </dev/null & pid=$!; '
+          'stat=$(cat "/proc/$pid/stat" 2>/dev/null); set -- ${stat##*) }; '
+          'echo "$pid ${20}" >"$record.tmp" && mv -f -- "$record.tmp" "$record" || exit 1; echo $pid >"$pidfile"; '
+          'echo $pid $offset')
 # This start's output only: from its offset, the last LOG_TAIL bytes.
 TAIL = 'tail -c "+$1" -- "$2" | tail -c "$3"'
 KILL_WAIT_S = 10.0  # how long a KILLed process may take to disappear
@@ -65,6 +70,17 @@ def living(found: Processes) -> list[ProcInfo]:
     return [p for p in found.procs if p.alive]
 
 
+def recorded_process(record: bytes | None, pidfile: bytes | None, started: bytes | None) -> tuple[str, str | None]:
+    """The pid deployer recorded for a service and the start time of that process (None: not recorded). The
+    record holds both, written at once; without one (an older deployer), the pid file and the start-time file."""
+    def text(read: bytes | None) -> str:
+        return read.decode(errors="replace").strip() if read else ""
+    if record is not None:
+        pid, _, start = text(record).partition(" ")
+        return pid, start.strip()
+    return text(pidfile), None if started is None else text(started)
+
+
 class CommandManager(Manager):
     """A service deployer starts itself: detached, with a pid file and a record of its process's start time."""
 
@@ -73,16 +89,24 @@ class CommandManager(Manager):
         state = ctx.state_dir()
         self.pidfile = posixpath.join(state, f"{name}.pid")
         self.logfile = posixpath.join(state, f"{name}.log")
-        self.startfile = posixpath.join(state, f"{name}.started")
+        self.record = posixpath.join(state, f"{name}.proc")
+        self.startfile = posixpath.join(state, f"{name}.started")  # an older deployer's record of the start time
         self.cwd = posixpath.join(ctx.repo, service.cwd or "")
         old, new, tree = pid_of(name), new_pid_of(name), tree_of(name)
         grace = f"{service.stop_grace_s:g}s"
         port = {} if self.port is None else {"ports": str(self.port)}
         on_port = "" if self.port is None else f" and whoever listens on port {self.port}"
-        self.read_pid = Action.get(f"{name}.pidfile", f"read {name}'s pid", self.pidfile)
+        self.read_record = Action.get(f"{name}.record", f"read the pid and start time of {name}'s process",
+                                      self.record)
+        self.read_pid = Action.get(f"{name}.pidfile", "or, as an older deployer recorded them, its pid file",
+                                   self.pidfile)
         self.read_started = Action.get(f"{name}.started", "and the start time of the process it names", self.startfile)
         self.stat = Action.get(f"{name}.stat", f"is {old} running (and the process the pid file meant)",
                                f"/proc/{old}/stat", when="the pid file names a pid")
+        # A launcher that exited leaves its server in the session it led: still the run's own process.
+        self.heir = None if self.port is None else Action.procs(
+            f"{name}.heir", f"who listens on port {self.port}: {name}'s when in the session {old} led",
+            {"ports": str(self.port)}, when="the recorded process is gone")
         self.listener = None if service.adopt is None else Action.procs(
             f"{name}.listener", f"who listens on port {self.port}: adopted as {name}", port,
             when="the pid file names no live process")
@@ -112,17 +136,19 @@ class CommandManager(Manager):
         self.mkdir = Action.run(f"{name}.mkdir", "create deployer's state dir", ("mkdir", "-p", "--", state),
                                 failure="cannot create deployer's state dir")
         self.launch = Action.run(f"{name}.launch", f"start {name} (log {self.logfile})",
-                                 ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, *service.start),
+                                 ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, self.record,
+                                  *service.start),
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
                                  failure=f"cannot start {name}")
         # A launcher may exit once it has backgrounded the server: the service is then what serves its port.
         # By pid too: until setsid has run in it, the launched process is not yet in a session of its own.
         self.up = Action.procs(f"{name}.up", f"wait for {new} or its session to keep running{on_port}",
                                {"sessions": new, "pids": new, **port}, repeats=True)
-        self.note = Action.put(f"{name}.note", f"keep the start time of {name}'s process, so a recycled pid is "
-                               f"never taken for {name}", self.startfile)
-        self.repoint = Action.put(f"{name}.repoint", f"record the process serving port {self.port} as {name}",
-                                  self.pidfile, when="the launched process exited and another serves the port")
+        self.repoint = Action.put(f"{name}.repoint", f"record the process serving port {self.port} (its pid and "
+                                  f"start time) as {name}", self.record,
+                                  when="the launched process exited and another serves the port")
+        self.repoint_pid = Action.put(f"{name}.repoint_pid", "and its pid in the pid file", self.pidfile,
+                                      when="the launched process exited and another serves the port")
         self.reap_list = Action.procs(f"{name}.reap_list", f"list what {new} launched", {"sessions": new, "pids": new},
                                       when=f"{name} never came up")
         self.reap = Action.signal(f"{name}.reap", f"KILL what {new} launched", "KILL", f"<launched by {name}>",
@@ -140,7 +166,8 @@ class CommandManager(Manager):
 
     def observe_actions(self) -> list[Action]:
         theirs = [] if self.read_theirs is None else [self.read_theirs, self.their_stat]
-        return [self.read_pid, self.read_started, self.stat, *theirs,
+        return [self.read_record, self.read_pid, self.read_started, self.stat,
+                *([] if self.heir is None else [self.heir]), *theirs,
                 *([] if self.listener is None else [self.listener]), *([] if self.health is None else [self.health])]
 
     def stop_actions(self) -> list[Action]:
@@ -149,7 +176,7 @@ class CommandManager(Manager):
 
     def start_actions(self) -> list[Action]:
         return [self.mkdir, self.launch, self.up, *([] if self.up_health is None else [self.up_health]),
-                self.note, self.repoint, self.reap_list, self.reap]
+                self.repoint, self.repoint_pid, self.reap_list, self.reap]
 
     def confirm_actions(self) -> list[Action]:
         return [self.still]
@@ -162,19 +189,28 @@ class CommandManager(Manager):
         return {log_start_of(self.name): self.log_from}
 
     def observe(self, health: bool = True) -> Observed:
-        recorded, started = self.ctx.act_all([(self.read_pid, NOTHING), (self.read_started, NOTHING)],
-                                             timeout=PROBE_TIMEOUT_S)
-        text = recorded.decode(errors="replace").strip() if recorded else ""
+        text, meant = recorded_process(*self.ctx.act_all(
+            [(self.read_record, NOTHING), (self.read_pid, NOTHING), (self.read_started, NOTHING)],
+            timeout=PROBE_TIMEOUT_S))
         ask = [(self.health, NOTHING)] if health and self.health is not None else []
         pid = None
         if text.isdigit():
             # A pid file can outlive its process, and the number then name another one: the start time tells.
-            meant = None if started is None else started.decode(errors="replace").strip()
             stat = self.ctx.act(self.stat, {pid_of(self.name): text}, timeout=PROBE_TIMEOUT_S)
-            pid = int(text) if runs(stat, meant) else None
+            pid = int(text) if runs(stat, meant) else self._heir(int(text), meant)
         adopted = None if pid is not None else self._adoptable()
         answer = answered(self.ctx.act_all(ask, timeout=PROBE_TIMEOUT_S)[0]) if ask else None
         return Observed(pid if adopted is None else adopted, answer, adopted is not None)
+
+    def _heir(self, launched: int, started: str | None) -> int | None:
+        """The server a launcher deployer started left behind in the session it led (`nohup server &`, then
+        exit), serving the port: it began after the launcher did. A pid is not reused while a session bears its
+        number, so the session names the launch."""
+        if self.heir is None or not started or not started.isdigit():
+            return None
+        found = self.ctx.act(self.heir, timeout=PROBE_TIMEOUT_S)
+        return next((p.pid for p in living(found) if self.port in p.listens and p.sid == launched
+                     and p.start.isdigit() and int(p.start) >= int(started)), None)
 
     def _adoptable(self) -> int | None:
         """The process deployer did not start that is the service: the live one the service's own pid file
@@ -272,10 +308,9 @@ class CommandManager(Manager):
             found = self.ctx.act(self.up, bound, timeout=PROBE_TIMEOUT_S)
         server = self.server(found, int(launched))
         self.started_at = server.start
-        # Remembered so a recycled PID is never mistaken for the service.
-        self.ctx.act(self.note, data=server.start.encode(), timeout=self.timeout)
         if server.pid != int(launched):
-            self.ctx.act(self.repoint, data=f"{server.pid}\n".encode(), timeout=self.timeout)
+            self.ctx.act(self.repoint, data=f"{server.pid} {server.start}\n".encode(), timeout=self.timeout)
+            self.ctx.act(self.repoint_pid, data=f"{server.pid}\n".encode(), timeout=self.timeout)
         return server.pid
 
     def server(self, found: Processes, launched: int) -> ProcInfo:
