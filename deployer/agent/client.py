@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from deployer.agent.protocol import (
     DEFAULT_TIMEOUT_S,
     ENVELOPE,
+    GET_MAX,
     IO_TIMEOUT_S,
     Batch,
     BatchResult,
@@ -294,7 +295,7 @@ class AgentClient:
             mkdirs: bool = False) -> PutReply:
         return self.call(Put(path, data, mode=mode, keep_owner=keep_owner, mkdirs=mkdirs))
 
-    def get(self, path: str, *, max_bytes: int = 16 << 20) -> bytes | None:
+    def get(self, path: str, *, max_bytes: int = GET_MAX) -> bytes | None:
         return self.call(Get(path, max_bytes=max_bytes))
 
     def stat(self, paths: Sequence[str], *, sha256: bool = False) -> list[StatEntry]:

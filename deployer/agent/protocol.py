@@ -202,13 +202,17 @@ class Put(Request[PutReply]):
                         owner_kept=result["owner_kept"], created_dirs=tuple(result["created_dirs"]))
 
 
+# What a get reads unless told otherwise: a run's pre-run bytes of each dest, so the most a shipped file may be.
+GET_MAX = 16 << 20
+
+
 @dataclass(frozen=True)
 class Get(Request[bytes | None]):
     """The file's bytes, None when absent; a file over max_bytes is an error."""
 
     op: ClassVar[str] = "get"
     path: str
-    max_bytes: int = 16 << 20
+    max_bytes: int = GET_MAX
 
     def fields(self) -> dict[str, Any]:
         return {"path": self.path, "max_bytes": self.max_bytes}

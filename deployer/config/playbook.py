@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from deployer.agent.protocol import GET_MAX
 from deployer.config import yamlsrc
 from deployer.config.models import Playbook
 from deployer.config.validation import validate
@@ -46,9 +48,16 @@ BINARY_PROBE = 8000
 def _read(path: Path, mark: yamlsrc.Mark, field: str) -> bytes:
     """The bytes of a src or patch, which must be text: the compile, the diffs and git apply read them so."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as stream:
+            # Sized before it is read: a 50 MB file cost a minute and 365 MB before anything refused it.
+            size = os.fstat(stream.fileno()).st_size
+            data = b"" if size > GET_MAX else stream.read(GET_MAX + 1)  # bounded: a pipe has no size
     except OSError as exc:
         raise ConfigError(f"{mark}: {field}: cannot read {path}: {exc.strerror}") from None
+    if (size := max(size, len(data))) > GET_MAX:
+        # A later run reads the pre-run bytes of its dests with a get: a larger file could not be restored.
+        raise ConfigError(f"{mark}: {field}: {path} is {size:,} bytes, over the {GET_MAX >> 20} MiB "
+                          f"({GET_MAX:,} bytes) a shipped file may have")
     try:
         if b"\0" in data[:BINARY_PROBE]:
             raise ValueError("it holds a NUL byte")

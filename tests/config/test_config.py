@@ -196,3 +196,18 @@ def test_a_binary_src_is_named_and_refused_as_a_usage_error(tmp_path: Path, data
     assert caught.value.exit_code == 2
     assert str(caught.value).startswith(f"{path}:3:10: files.0.src: {tmp_path / 'blob.py'} is a binary file (")
     assert "codec" not in str(caught.value)
+
+
+def test_a_src_over_16_mib_is_refused_by_its_size_before_it_is_read_and_the_target_is_untouched(
+        target: Project) -> None:
+    big = target.root / "fix" / "big.py"
+    big.touch()
+    os.truncate(big, 50 << 20)  # sparse: reading it would cost 50 MB, stating it nothing
+    target.playbook(files=[{"src": "fix/big.py", "dest": "pkg/a.py"}])
+    snapshot, head = tree_snapshot(target.repo), target.head()
+    result = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 2, result.stderr
+    assert (f"fix.yaml:3:8: files.0.src: fix/big.py is {50 << 20:,} bytes, over the 16 MiB ({16 << 20:,} bytes) "
+            "a shipped file may have") in result.stderr, result.stderr
+    assert tree_snapshot(target.repo) == snapshot and target.head() == head
+    assert not target.runs.exists()  # refused before a run (and a connection) started
