@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from deployer.command import quote
 from deployer.ui.chart import num, show_chart
+from deployer.ui.checks import checks_of
 from deployer.ui.report import events_of, pid_text
 
 if TYPE_CHECKING:  # the demo is not loaded by any other command
@@ -19,23 +21,26 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
 
     result, stack = outcome.result, outcome.stack
     facts = result.facts
-    drain = facts.get("drain", {}).get(GAUGE, {})
-    before = facts.get("baseline", {}).get(GAUGE)
-    after = drain.get("final")
-    inventory, runs = stack.workdir / "hosts.yaml", stack.workdir / "runs"
+    events = events_of(result)
+    runs = stack.workdir / "runs"
+    reverted = facts.get("rollback_commit")
     console.rule("demo report")
+    gauge = [check.line() for check in checks_of(events) if check.metric == GAUGE]
     rows = [
-        ("gauge", f"{GAUGE}: {num(before)} before the fix -> {num(after)} after"),
+        *((("gauge" if i == 0 else "", line) for i, line in enumerate(gauge or ["-"]))),
         ("pids", pid_text(facts) or "-"),
-        ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"),
+        *([("", f"after the rollback: {pid_text(facts, 'rollback_pids')}")] if facts.get("rollback_pids") else []),
+        ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"
+                   + (f"; reverted by {reverted}" if reverted else "")),
         ("run", f"{result.run_id}: {result.status}"),
         ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),
-        ("rollback", f"deployer rollback {result.run_id} -i {inventory} --runs-dir {runs}" if result.git_after
-         else "- (the run made no commit: nothing to roll back)"),
+        ("rollback", rollback_row(result.run_id, stack.workdir, outcome.kept,
+                                  f"the run rolled itself back: {reverted[:12]} reverts its commit" if reverted
+                                  else None if result.git_after else "the run made no commit: nothing to roll back")),
     ]
     for key, value in rows:
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
-    show_chart(console, events_of(result))
+    show_chart(console, events)
     if outcome.kept:
         console.print("  the stack is still running (--keep):", markup=False)
         for name in ("router", "prefill", "decode"):
@@ -51,7 +56,7 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
     """After the fleet table: each unit's gauge before and after, its samples, and what to run next."""
     from deployer.demo.run import FLEET, GAUGE
 
-    inventory, runs, fleet_id = outcome.workdir / "hosts.yaml", outcome.runs, outcome.state.fleet_id
+    runs, fleet_id = outcome.runs, outcome.state.fleet_id
     console.rule("demo report")
     events = outcome.unit_events()
     for unit, gauge in outcome.gauges().items():
@@ -67,8 +72,8 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
     if outcome.proof is not None:
         console.print(f"  proof  {outcome.proof.describe()}", markup=False, highlight=False)
     for key, value in (("run log", f"deployer runs show {fleet_id} --runs-dir {runs}"),
-                       ("rollback", f"deployer rollback {fleet_id} -i {inventory} --runs-dir {runs}" if committed
-                        else "- (no host made a commit: nothing to roll back)")):
+                       ("rollback", rollback_row(fleet_id, outcome.workdir, outcome.kept, None if committed
+                                                 else "no host made a commit: nothing to roll back"))):
         console.print(f"  {key:<9} {value}", markup=False, highlight=False)
     if outcome.kept:
         console.print(f"  the stacks are still running (--keep), behind router {outcome.router_url}:", markup=False,
@@ -80,6 +85,19 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
                       highlight=False)
     else:
         console.print("  every process the demo started has been stopped", markup=False)
+
+
+def rollback_row(run_id: str, workdir: Path, kept: bool, why_not: str | None) -> str:
+    """The rollback command, only where it works as printed: a commit of the run left to undo, and the stack it
+    restarts still running (--keep). The export lets the commands deployer suggests on the way (`deployer
+    rollback RUN`, `deployer recover RUN`) find this demo's hosts and runs too."""
+    if why_not is not None:
+        return f"- ({why_not})"
+    if not kept:
+        return "- (the demo stopped its stack, and a rollback would start it again: to try one, run the demo again " \
+               "with --keep)"
+    return (quote(["export", f"DEPLOYER_INVENTORY={workdir / 'hosts.yaml'}", f"DEPLOYER_RUNS_DIR={workdir / 'runs'}"])
+            + "; " + quote(["deployer", "rollback", run_id]))
 
 
 def show_stopped(console: Console, stopped: dict[Path, dict[str, int]], workdir: Path | None) -> None:

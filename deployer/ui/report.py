@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 from deployer import runlog
 from deployer.errors import DeployerError
 from deployer.steps.services.manager import pid_text as one_pid
-from deployer.ui.chart import num, show_chart
+from deployer.ui.chart import show_chart
+from deployer.ui.checks import checks_of
 from deployer.ui.console import columns
 from deployer.ui.live import detail_of
 
@@ -30,9 +31,10 @@ def show_result(console: Lines, result: RunResult) -> None:
                   f"(exit {result.exit_code})", markup=coloured)
     if result.git_after:
         console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
-    for line in fact_lines(result.facts):
+    events = events_of(result)
+    for line in fact_lines(result.facts, events):
         console.print(f"  {line}", markup=False, highlight=False)
-    show_chart(console, events_of(result))
+    show_chart(console, events)
     console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
 
 
@@ -48,18 +50,13 @@ def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
     return ", ".join(f"{name} {one_pid(p['old'])} -> {one_pid(p['new'])}" for name, p in facts.get(key, {}).items())
 
 
-def fact_lines(facts: dict[str, Any]) -> list[str]:
-    """The run's facts as short lines for people (the JSON summary keeps them as data)."""
+def fact_lines(facts: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """The run's facts as short lines for people (the JSON summary keeps them as data); its checks as its log
+    tells them, each with the build it ran on."""
     lines = []
     if facts.get("diffstat"):
         lines.append(f"diff: {facts['diffstat']}")
-    for metric, value in facts.get("baseline", {}).items():
-        lines.append(f"baseline: {metric} = {num(value)}")
-    for metric, drain in facts.get("drain", {}).items():
-        lines.append(f"drain: {metric} {num(drain.get('baseline'))} -> {num(drain.get('final'))}")
-    for storm in facts.get("storms", []):
-        lines.append(f"storm: sent {storm['sent']}, completed {storm['completed']}, aborted {storm['aborted']}, "
-                     f"errors {storm['errors']}")
+    lines += [check.line() for check in checks_of(events)]
     if facts.get("pids"):
         lines.append(f"pids: {pid_text(facts)}")
     if facts.get("restored"):

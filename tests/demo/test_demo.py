@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,8 +15,9 @@ from pathlib import Path
 
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
+from polling import within
 
-from deployer.demo.run import DemoStack
+from deployer.demo.run import GAUGE, DemoStack
 
 
 def demo_pids(workdir: Path) -> dict[str, int]:
@@ -30,20 +33,24 @@ def all_gone(pids: list[int]) -> bool:
     return all(wait_dead(pid) for pid in pids)
 
 
-def test_demo_shows_the_bug_fixes_it_and_cleans_up(tmp_path: Path) -> None:
+def test_demo_shows_the_bug_fixes_it_cleans_up_and_offers_no_rollback_of_the_stack_it_stopped(
+        tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     result = deployer("demo", "--workdir", str(workdir), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     report = result.stdout[result.stdout.index("demo report"):]
-    gauge = next(line for line in report.splitlines() if line.strip().startswith("gauge"))
-    before, after = gauge.split(": ", 1)[1].split(" before the fix -> ")
-    assert float(before) >= 1 and after.strip() == "0 after"
+    repo = workdir / "repo"
+    before, fix = (git_out(repo, "rev-parse", rev).strip()[:12] for rev in ("HEAD~1", "HEAD"))
+    baseline = re.search(rf"gauge +baseline: {GAUGE} = (\d+) on the build before the fix \({before}\)\n", report)
+    assert baseline and int(baseline.group(1)) >= 1, report
+    assert f"drain: {GAUGE} = 0 on the fix's build ({fix}): passed\n" in report, report
     assert "every process the demo started has been stopped" in report
     pids = demo_pids(workdir)
     assert set(pids) == {"prefill", "decode", "router"}
     assert all_gone(list(pids.values()))
     run_id = next(p.name for p in (workdir / "runs").iterdir())
-    assert f"deployer rollback {run_id}" in report
+    # A rollback would start the stopped stack again and leave it running: no command, but how to get one.
+    assert "deployer rollback" not in report and "to try one, run the demo again with --keep" in report, report
     verify = deployer("runs", "verify", run_id, "--runs-dir", str(workdir / "runs"), cwd=tmp_path)
     assert verify.returncode == 0
     log = subprocess.run(["git", "-C", str(workdir / "repo"), "log", "-1", "--format=%B"], capture_output=True,
@@ -104,6 +111,71 @@ def test_ctrl_c_during_the_demo_stops_everything_and_exits_130(tmp_path: Path) -
         assert "Deployer-Rollback-Of:" in git_out(repo, "log", "-1", "--format=%B")
     else:  # no commit was made: the report offers no rollback
         assert "deployer rollback" not in out and "nothing to roll back" in out, out
+
+
+def test_a_kept_demos_rollback_line_works_as_printed_and_demo_stop_then_stops_the_stack_it_restarted(
+        tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = deployer("demo", "--workdir", str(workdir), "--keep", cwd=tmp_path)
+    pids = demo_pids(workdir)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        line = next(row.split("rollback", 1)[1].strip() for row in result.stdout.splitlines()
+                    if row.strip().startswith("rollback "))
+        # As a person would: pasted into a shell elsewhere, with `deployer` on PATH and no DEPLOYER_* set.
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "deployer").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m deployer \"$@\"\n")
+        (bin_dir / "deployer").chmod(0o755)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")}
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        rolled = subprocess.run(["sh", "-c", line], cwd=elsewhere, env=env, capture_output=True, text=True,
+                                timeout=240, stdin=subprocess.DEVNULL)
+        assert rolled.returncode == 0, f"{line}\n{rolled.stdout}{rolled.stderr}"
+        assert "Deployer-Rollback-Of:" in git_out(workdir / "repo", "log", "-1", "--format=%B")
+        restarted = demo_pids(workdir)
+        assert restarted["prefill"] != pids["prefill"] and all(alive(pid) for pid in restarted.values())
+        stopped = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path)
+        assert stopped.returncode == 0 and f"{workdir}: stopped " in stopped.stdout, stopped.stdout + stopped.stderr
+        assert all_gone(list(restarted.values()))
+    finally:
+        for pid in {*pids.values(), *demo_pids(workdir).values()}:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_demo_interrupted_after_its_commit_reports_the_fixs_drain_as_not_run_and_no_rollback_of_a_rolled_back_run(
+        tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "deployer", "demo", "--workdir", str(workdir)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    repo = workdir / "repo"
+    def committed() -> bool:  # the demo's own first commit, then the run's
+        count = subprocess.run(["git", "-C", str(repo), "rev-list", "--count", "HEAD"], capture_output=True, text=True)
+        return count.returncode == 0 and int(count.stdout) >= 2
+
+    try:
+        assert within(committed, 120), "the demo never committed its fix"
+        proc.send_signal(signal.SIGINT)  # the restart of the fix is next: it never runs, the commit is rolled back
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out + err
+    report = out[out.index("demo report"):]
+    before, fix, revert = (git_out(repo, "rev-parse", rev).strip() for rev in ("HEAD~2", "HEAD~1", "HEAD"))
+    assert "Deployer-Rollback-Of:" in git_out(repo, "log", "-1", "--format=%B")
+    assert re.search(rf"gauge +baseline: {GAUGE} = \d+ on the build before the fix \({before[:12]}\)\n", report)
+    assert "drain: not run\n" in report, report
+    assert f"rollback:drain: {GAUGE} = 0 on the reverted build ({revert[:12]}), no load since its restart: " \
+           "passed\n" in report, report
+    assert "after\n" not in report and "the fix's build" not in report, report  # nothing measured the fix
+    assert f"commit    {fix} (was {before}); reverted by {revert}" in report, report
+    assert "deployer rollback" not in report and f"the run rolled itself back: {revert[:12]} reverts its commit" \
+        in report, report
 
 
 def test_demo_stop_leaves_a_demo_that_was_not_kept_running(tmp_path: Path) -> None:

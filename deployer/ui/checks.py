@@ -1,0 +1,89 @@
+"""What each check of a run measured, read from its log: the figure, the build it was measured on, how it ended.
+
+The run's facts keep one figure per metric, and a rollback runs the fix's drain again on the same run, so a
+summary made from them can show the reverted build's 0 as the fix's proof. The log keeps every check apart: its
+step's name (a rollback's are `rollback:<step>`), its samples, its storm, its end, and the restarts and commits
+that say which build served it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deployer.ui.chart import num
+
+METRIC_CHECKS = ("baseline", "drain")
+SHOWN_END = {"ok": "passed", "failed": "failed", "canceled": "canceled"}
+
+
+@dataclass
+class Check:
+    """One check of a run, or one storm: what it measured and on which build (None: the run never reached it)."""
+
+    step: str
+    kind: str  # baseline, drain, storm
+    build: str | None = None
+    metric: str | None = None
+    value: float | None = None  # the last real sample
+    status: str | None = None  # its step_end's; None: it never ended
+    loaded: bool = True  # a storm reached the services since their restart in this run
+    storm: dict[str, Any] | None = None
+
+    def line(self) -> str:
+        if self.build is None:
+            return f"{self.step}: not run"
+        if self.storm is not None:
+            name = "storm" if self.step == "storm" else f"storm of {self.step}"
+            s = self.storm
+            return (f"{name}: sent {s.get('sent')}, completed {s.get('completed')}, aborted {s.get('aborted')}, "
+                    f"errors {s.get('errors')} on {self.build}")
+        value = "? (no reading)" if self.value is None else num(self.value)
+        load = "" if self.loaded or self.kind != "drain" else ", no load since its restart"
+        end = SHOWN_END.get(str(self.status), "did not finish")
+        said = "" if self.kind == "baseline" and end == "passed" else f": {end}"  # a baseline gates nothing
+        return f"{self.step}: {self.metric} = {value} on {self.build}{load}{said}"
+
+
+def checks_of(events: list[dict[str, Any]]) -> list[Check]:
+    """The run's baselines, storms and drains in the order they ran, each followed by the planned drains it never
+    reached (an apply's own, and a rollback's, run again once it reverted)."""
+    start = next((e for e in events if e.get("type") == "run_start"), {})
+    git = next((e for e in events if e.get("type") == "run_end"), {}).get("git") or {}
+    planned = {str(s.get("name")): s for s in start.get("steps") or [] if isinstance(s, dict)}
+
+    def metric_of(step: str) -> Any:
+        return ((planned.get(step.removeprefix("rollback:")) or {}).get("params") or {}).get("metric")
+
+    build = built("the build before the fix", git.get("before"))
+    reverted: str | None = None
+    loaded = True
+    found: list[Check] = []
+    metric_checks: dict[str, Check] = {}
+    for event in events:
+        kind, step = event.get("type"), str(event.get("step") or "")
+        if kind == "rollback":
+            reverted = event.get("commit")
+        elif kind == "restart":  # from here the services run the code this run's restart started
+            build = built("the reverted build", reverted) if step.startswith("rollback:") else \
+                built("the fix's build", git.get("after")) if git.get("after") else \
+                built("the build at HEAD", git.get("before"))
+            loaded = False
+        elif kind == "storm":
+            found.append(Check(step, "storm", build, storm=event))
+            loaded = True
+        elif kind == "step_start" and event.get("kind") in METRIC_CHECKS:
+            metric_checks[step] = Check(step, str(event["kind"]), build, metric_of(step), loaded=loaded)
+            found.append(metric_checks[step])
+        elif kind == "sample" and step in metric_checks and event.get("value") is not None:
+            metric_checks[step].metric, metric_checks[step].value = event.get("metric"), event["value"]
+        elif kind == "step_end" and step in metric_checks:
+            metric_checks[step].status = event.get("status")
+    drains = [name for name, s in planned.items() if s.get("kind") == "drain"]
+    expected = ([] if start.get("kind") not in (None, "apply") else drains) + \
+        ([f"rollback:{name}" for name in drains] if reverted else [])
+    missing = [Check(name, "drain", metric=metric_of(name)) for name in expected if name not in metric_checks]
+    return sorted(found + missing, key=lambda check: check.step.startswith("rollback:"))  # the fix's, then the revert's
+
+
+def built(what: str, commit: object) -> str:
+    return f"{what} ({str(commit)[:12]})" if commit else what

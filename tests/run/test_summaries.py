@@ -1,0 +1,91 @@
+"""A run's summary says what its log says: each figure with the build it was measured on (the one before the fix,
+the fix's, the reverted one), the fix's drain apart from the one a rollback ran again, each storm under its step,
+and a check the run never reached as not run (issue 33, item 10).
+
+The services are real processes that load the target's code at start (tests/fixtures_services.py GAUGE_SERVER):
+on the fix the gauge stays at 3, on the code before it the gauge reads 0."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from fixtures_repo import Project
+from fixtures_services import GAUGE, Stack, gauge_server
+
+pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
+
+STORM = {"requests": 5, "concurrency": 1, "client_timeout_s": 5}
+
+
+def code_following(stack: Stack) -> Project:
+    """Services whose gauge follows the code they loaded (3 on the fix, 0 before it), started by deployer, with
+    the storm's endpoint on prefill."""
+    project = stack.project
+    stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                              "start": gauge_server(project.root, port, project.repo, stack.www)}
+                       for name, port in stack.ports.items()})
+    host = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
+    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
+    stack.start_services()
+    return project
+
+
+def fix_playbook(project: Project, **extra: object) -> None:
+    project.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "storm": STORM}}, "upload",
+                            {"commit": {"message": "fix"}}, "co_restart", {"storm": STORM},
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1.5}}], **extra)
+
+
+def summary(out: str) -> list[str]:
+    """The report's fact lines (indented under `run ...:`)."""
+    return [line.strip() for line in out.splitlines() if line.startswith("  ") and not line.startswith("    ")]
+
+
+def test_a_drain_that_failed_on_the_fix_and_passed_after_the_rollback_is_summarised_as_two_figures_of_two_builds(
+        stack: Stack) -> None:
+    project = code_following(stack)
+    before = project.head()
+    fix_playbook(project, on_failure="rollback")
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 5, result.stdout + result.stderr
+    revert = project.head()
+    commit = next(e["commit"] for e in project.events() if e["type"] == "commit")
+    lines = summary(result.stdout)
+    assert f"baseline: {GAUGE} = 0 on the build before the fix ({before[:12]})" in lines, lines
+    assert f"storm of baseline: sent 5, completed 5, aborted 0, errors 0 on the build before the fix " \
+           f"({before[:12]})" in lines, lines
+    assert f"storm: sent 5, completed 5, aborted 0, errors 0 on the fix's build ({commit[:12]})" in lines, lines
+    # The fix's drain: its last real sample, on its build, failed; the rollback's: the reverted build, no load.
+    assert f"drain: {GAUGE} = 3 on the fix's build ({commit[:12]}): failed" in lines, lines
+    assert f"rollback:drain: {GAUGE} = 0 on the reverted build ({revert[:12]}), no load since its restart: " \
+           "passed" in lines, lines
+    assert not [line for line in lines if "?" in line or "-> 0" in line], lines
+
+
+def test_a_rollback_summarises_its_drain_on_the_reverted_build_and_a_check_it_never_reached_as_not_run(
+        stack: Stack) -> None:
+    project = code_following(stack)
+    fix_playbook(project)
+    applied = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 5, applied.stdout + applied.stderr  # the fix's gauge stays at 3: kept, failed
+    run_id = project.newest_run()
+    assert f"drain: {GAUGE} = 3 on the fix's build ({project.head()[:12]}): failed" in summary(applied.stdout)
+    rolled = project.deployer("rollback", run_id)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    lines = summary(rolled.stdout)
+    assert f"rollback:drain: {GAUGE} = 0 on the reverted build ({project.head()[:12]}), no load since its " \
+           "restart: passed" in lines, lines
+    assert not [line for line in lines if "?" in line], lines
+
+
+def test_a_drain_the_run_never_reached_is_summarised_as_not_run(stack: Stack) -> None:
+    project = code_following(stack)
+    project.playbook(steps=["upload", {"commit": {"message": "fix"}}, "co_restart",
+                            {"drain": {"metric": "sglang:no_such_gauge", "to": 0, "interval_s": 0.2, "within_s": 1}},
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1.5}}])
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 5, result.stdout + result.stderr  # the first drain is inconclusive: failed_committed
+    lines = summary(result.stdout)
+    assert f"drain: sglang:no_such_gauge = ? (no reading) on the fix's build ({project.head()[:12]}), no load " \
+           "since its restart: failed" in lines, lines
+    assert "drain#2: not run" in lines, lines
