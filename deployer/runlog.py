@@ -24,6 +24,10 @@ from deployer.errors import ConfigError, DeployerError
 
 GENESIS = "0" * 64
 EVENTS = "events.jsonl"
+# Disk held for the log's end from the run's start (RunLogWriter.keep_room): a run_end (its facts, an error)
+# is a few KiB; the rest lets the run record's last write go through with it.
+END_ROOM = ".end-room"
+END_ROOM_BYTES = 256 * 1024
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -129,6 +133,23 @@ class RunLogWriter:
         """The sha256 of the log as written so far."""
         return self._sha256.hexdigest()
 
+    def keep_room(self) -> None:
+        """Hold END_ROOM_BYTES of the runs dir's disk until free_room: a disk that fills while the run goes on
+        (once the commit is sent, nothing may stop it) still takes the run's end, so the log never says less than
+        the target holds. Without that room (a file-size limit) the run still goes: its end may then not fit,
+        and the run says so (engine.execute)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(self.dir / END_ROOM, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, END_ROOM_BYTES)
+            finally:
+                os.close(fd)
+
+    def free_room(self) -> None:
+        """Give back the room kept for the end: right before the end is written."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.dir / END_ROOM)
+
     def attach(self, name: str, data: bytes) -> None:
         """Store an artifact (playbook copy, diff) beside the log; its hash goes into the chain."""
         path = self.dir / name
@@ -184,7 +205,11 @@ class Run:
 
     @property
     def end(self) -> dict[str, Any] | None:
-        return self.first("run_end")
+        """run_end, as the target's end note proved it when the run lost its answer and recover found the note
+        (its recovered_by line says so: `end`, and how it learnt it)."""
+        end = self.first("run_end")
+        proved = [link["end"] for link in self.all("recovered_by") if isinstance(link.get("end"), dict)]
+        return {**end, **proved[-1]} if end is not None and proved else end
 
     @property
     def status(self) -> str:

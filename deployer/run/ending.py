@@ -32,7 +32,9 @@ class Ending:
         try:
             self.record.advance(phase, utc_now(), **fields)
         except RunRecordError as exc:
-            self.unrecorded = (phase, fields, exc)
+            # Ended again in the same phase (the run's end after its commit's), what the first end knew is kept.
+            known = self.unrecorded[1] if self.unrecorded is not None and self.unrecorded[0] == phase else {}
+            self.unrecorded = (phase, {**known, **fields}, exc)
 
     def settle(self, failure: DeployerError) -> None:
         """A run that stops leaves a phase that says what the target holds; never a forward phase."""

@@ -194,6 +194,7 @@ class Engine:
                                            "recover" if start.get("recover_of") else "apply")
         ensure_headroom(self.runs_dir, 0)
         log = self._log = RunLogWriter(self.runs_dir, run_id)
+        log.keep_room()
         record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
                                              kind=kind,
                                              repo=self.host.repo, trailer=run_trailer(run_id),
@@ -264,6 +265,13 @@ class Engine:
                 error += f"\nThe run log could not be written: {sink.broken.strerror or sink.broken}"
         finally:
             bus.step = None
+            # Events the sink dropped are gone; the end, in the room kept for it, says so.
+            lost = {"events_lost": str(sink.broken.strerror or sink.broken)} if sink.broken is not None else {}
+            if lost and not error:
+                said = (f"The run log {log.dir} could not be written ({lost['events_lost']}): some of this run's "
+                        "events are missing from it; its end records the run's commit and outcome")
+                warning = f"{warning}\n{said}" if warning else said
+            log.free_room()
             sink.resume()  # the run_end is worth a try: a full disk may have room again
             if unrecorded := ending.retry():
                 if error:
@@ -275,7 +283,14 @@ class Engine:
             phase = ending.held  # what the target holds
             anchored = {"anchor": "notes"} if noted else {}  # the end note is on the target: verify requires it
             bus.emit("run_end", status=status, exit_code=exit_code, error=error, git=commits, phase=phase,
-                     files=facts.get("files") or (ctx.dests if ctx else []), facts=facts, **anchored)
+                     files=facts.get("files") or (ctx.dests if ctx else []), facts=facts, **anchored, **lost)
+            if sink.broken is not None:
+                # Not even the end fit (no room could be kept: a file-size limit): an exit 0 would vouch for a run
+                # whose record here lacks its end, and its commit.
+                unlogged = (f"The run's end could not be written to its log {log.dir} "
+                            f"({sink.broken.strerror or sink.broken}): the target holds {phase.value}, which the log "
+                            f"does not say. Once the runs dir has room, `deployer recover {run_id}` records it")
+                error, exit_code = f"{error}\n{unlogged}" if error else unlogged, exit_code or 6
             log.close()
             self._log = self._ahead = self._whole = None
         return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts,

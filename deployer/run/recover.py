@@ -58,6 +58,8 @@ class Recovered:
             parts.append(f"its commit {self.commit[:12]} is on the target")
         if self.rollback_commit:
             parts.append(f"rolled back by {self.rollback_commit[:12]}")
+        if self.end_note is not None:
+            parts.append(f"it ended {self.end_note.status} there, as its end note on the target says")
         if self.restored or self.removed:
             parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")
         if self.temps:
@@ -99,7 +101,12 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         if pending is not None and pending.run_id != run_id:
             raise ConfigError(f"the target's intent record names run {pending.run_id}, not {run_id}: "
                               f"recover that one (deployer recover {pending.run_id} --host {engine.host_name})")
-        if pending is None and (record is None or record.state.terminal or not record.state.files):
+        # A run settled here with its commit whose log lacks its end (a full disk) still needs the commit the
+        # target has: it goes the long way, and its log's end names it.
+        settled = record is not None and record.state.terminal and (
+            record.state.phase not in (Phase.succeeded, Phase.failed_committed) or
+            ended(engine.runs_dir, run_id, record))
+        if pending is None and (record is None or settled or not record.state.files):
             # Nothing of the run to undo on the target: cut before its first change (perhaps holding the lock,
             # now released), or settled already. Its record and log may still need their end.
             if found.lock_released or not ended(engine.runs_dir, run_id, record):
@@ -118,8 +125,8 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             ctx.facts.files = found.dests  # the log names the kept commit and its files (runs verify --target)
             found.temps = remove_temps(ctx, files)
             # A run whose release went through behind its commit wrote its end note: it finished, though its
-            # record and log here could not say so (a full disk). The note counts once it names this log.
-            found.end_note = _proved_end(ctx, engine.runs_dir, run_id, commit)
+            # record and log here could not say so (a full disk, a link that froze before the answer).
+            found.end_note = _proved_end(ctx, engine.runs_dir, run_id, record, commit)
             outcome = Phase.succeeded if found.end_note is not None else Phase.failed_committed
             cut_rolling_back = len(commits) > 1 or (record is not None and record.state.phase == Phase.rolling_back)
             if rollback or cut_rolling_back:
@@ -212,17 +219,22 @@ def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:
     return not (runs_dir / run_id / EVENTS).is_file() or read_run(runs_dir, run_id).end is not None
 
 
-def _proved_end(ctx: Context, runs_dir: Path, run_id: str, commit: str) -> EndNote | None:
-    """The success the note on the run's commit proves, when the run's log here has no end and the note names
-    a beginning of it (the note is the target's word: only a note that vouches for this very log counts)."""
+def _proved_end(ctx: Context, runs_dir: Path, run_id: str, record: RunRecord | None, commit: str) -> EndNote | None:
+    """The success the note on the run's commit proves, when the run could not say how it ended: its log has no
+    end, or one written by a run whose record here never settled (it lost the answer: a frozen link). The note
+    is written on the target only behind the run's release, so it is what happened there; but it is the target's
+    word: only a note that names a beginning of this very log, before any end, counts."""
     path = runs_dir / run_id / EVENTS
-    if not path.is_file() or read_run(runs_dir, run_id).end is not None:
+    if not path.is_file() or ended(runs_dir, run_id, record):
         return None
     note = EndNote.parse(read_end_note(ctx, commit) or "")
-    if note is None or note.phase != Phase.succeeded.value or anchored_lines(path.read_bytes(),
-                                                                               note.log_sha256) is None:
+    if note is None or note.phase != Phase.succeeded.value:
         return None
-    return note
+    data = path.read_bytes()
+    covered = anchored_lines(data, note.log_sha256)
+    end_at = next((i for i, event in enumerate(read_run(runs_dir, run_id).events) if event.get("type") == "run_end"),
+                  None)
+    return note if covered is not None and (end_at is None or covered <= end_at) else None
 
 
 def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | None = None) -> Phase:
@@ -248,6 +260,7 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
         return
     run = read_run(runs_dir, run_id)
     writer = RunLogWriter.reopen(runs_dir, run_id)
+    writer.free_room()  # a cut run's, kept for the end written here
     try:
         if run.end is None:
             # The end its note proves, word for word; else as its record ended, without an exit code of its own.
@@ -257,8 +270,14 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
                           "error": "the run was cut; it was ended by deployer recover", "ended_by": result.run_id,
                           "git": {"before": result.git_before, "after": found.commit},
                           "files": found.dests, "facts": {}})
+        proved = {} if found.end_note is None or found.commit is None else {
+            "end": {"status": found.end_note.status, "exit_code": found.end_note.exit_code,
+                    "phase": found.end_note.phase},
+            "learnt": f"from the end note on its commit {found.commit[:12]} (refs/notes/deployer), written on the "
+                      "target only behind the run's release and naming this log's beginning: the run ended so "
+                      "there, though this machine never heard it"}
         writer.write({"type": "recovered_by", "by": result.run_id, "status": result.status,
                       "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit,
-                      "before": result.git_before})
+                      "before": result.git_before, **proved})
     finally:
         writer.close()

@@ -63,6 +63,9 @@ def allowed(old: Phase, new: Phase) -> bool:
     if (old, new) == (Phase.changing, Phase.locked):
         # Changes sent with the lock whose premise the agent answered did not hold: it ran none of them.
         return True
+    if (old, new) == (Phase.interrupted, Phase.succeeded):
+        # Recover: the run ended on the target and lost the answer; its end note there says it succeeded.
+        return True
     if new in FORWARD:
         if old not in FORWARD:
             return False

@@ -59,13 +59,19 @@ class CuttingRelay:
         self.first: list[socket.socket] = []
         self.connections = 0
         self.answers_left: int | None = None  # answers from the target still let through before a cut
+        self.frozen = False  # the first connection swallows what either side sends: no FIN, no RST
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, budget: int | None, *, rst: bool) -> None:
         with self.lock:
             self.budget, self.rst, self.relayed, self.first, self.connections = budget, rst, 0, [], 0
-            self.answers_left = None
+            self.answers_left, self.frozen = None, False
+
+    def freeze(self) -> None:
+        """A partition on the first connection: both ends stay open, and nothing more gets through."""
+        with self.lock:
+            self.frozen = True
 
     def cut_after_answer(self) -> None:
         """Let the target's next answer through whole, then cut: whatever it sends after that is lost."""
@@ -95,6 +101,8 @@ class CuttingRelay:
                 time.sleep(delay)
                 if cuttable:
                     with self.lock:
+                        if self.frozen:
+                            continue
                         room = None if self.budget is None else self.budget - self.relayed
                         if room is not None and room <= len(data):
                             if room > 0:
@@ -414,3 +422,52 @@ def test_a_fleet_host_cut_mid_upload_is_reported_interrupted_with_the_recover_co
     assert not (project.repo / "pkg/new_mod.py").exists()
     fleet = json.loads((project.runs / report["fleet_id"] / "fleet.json").read_text())
     assert fleet["hosts"]["box"]["state"] == "failed_restored", fleet["hosts"]["box"]
+
+
+def test_a_link_that_freezes_after_the_commit_batch_ran_ends_as_the_end_note_says_once_recovered(
+        cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
+    from test_recover import kill_marker
+
+    project, _ = cut_target
+    base = project.head()
+    marker = held_after_its_commit(project)
+    project.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/b.py", "dest": "pkg/b.py"}],
+                     steps=["upload", {"commit": {"message": "pkg: answer is 42", "hooks": True, "timeout_s": 2}}])
+    relay.arm(None, rst=False)
+
+    def freeze_then_go(_: object) -> None:
+        relay.freeze()  # the agent keeps its stdin: it runs the batch, the release and the note behind it
+        kill_marker(marker)
+
+    def parked_and_waited_for() -> bool:
+        with contextlib.suppress(ValueError, OSError, json.JSONDecodeError):
+            return marker.exists() and phase_of(project.runs / project.newest_run()) == "committing"
+        return False
+    try:
+        frozen = act_when(project, ("apply", "fix.yaml", "--host", "box"), parked_and_waited_for, freeze_then_go,
+                          "the post-commit hook", cleanup=lambda: kill_marker(marker))
+    finally:
+        relay.cut()  # the frozen link's agent ends with its stdin
+    run = project.runs / project.newest_run()
+    # The client lost the answer; the target holds the commit, released, with the note that says it succeeded.
+    assert frozen.returncode == 6, frozen.stdout + frozen.stderr
+    assert git(project.repo, "rev-parse", "HEAD~1").strip() == base
+    assert "status=successful exit_code=0 phase=succeeded" in git(project.repo, "notes", "--ref", "deployer", "show",
+                                                                  "HEAD")
+    assert within(lambda: not (project.repo / ".git" / "deployer.run.lock").exists(), 10)
+    relay.arm(None, rst=False)
+    recovered = project.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    state = json.loads((run / "state.json").read_text())
+    assert (state["phase"], state["git_after"]) == ("succeeded", project.head()), state
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    link = events[-1]
+    assert link["type"] == "recovered_by" and link["end"] == {"status": "successful", "exit_code": 0,
+                                                               "phase": "succeeded"}, link
+    assert "end note" in link["learnt"], link
+    verified = project.deployer("runs", "verify", run.name, "--target")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    rolled = project.deployer("rollback", run.name)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert git(project.repo, "rev-parse", "HEAD~1").strip() == state["git_after"]
+    assert project.file("pkg/a.py") == ORIGINAL_A

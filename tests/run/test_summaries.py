@@ -11,6 +11,7 @@ import pytest
 import yaml
 from fixtures_repo import Project
 from fixtures_services import GAUGE, Stack, gauge_server
+from test_recover_restart import killed_in_its_restart
 
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
@@ -89,3 +90,16 @@ def test_a_drain_the_run_never_reached_is_summarised_as_not_run(stack: Stack) ->
     assert f"drain: sglang:no_such_gauge = ? (no reading) on the fix's build ({project.head()[:12]}), no load " \
            "since its restart: failed" in lines, lines
     assert "drain#2: not run" in lines, lines
+
+
+def test_a_recover_that_finishes_a_cut_restart_names_the_fixs_build_and_says_its_drain_ran_without_load(
+        stack: Stack) -> None:
+    project = stack.project
+    run = killed_in_its_restart(project, stack)
+    stack.set_gauge(0.0)
+    done = project.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = summary(done.stdout)
+    assert f"drain: {GAUGE} = 0 on the fix's build ({project.head()[:12]}), no load since its restart: passed" \
+        in lines, lines
+    assert not [line for line in lines if "?" in line], lines
