@@ -21,18 +21,20 @@ class StepFailed(DeployerError):
     exit_code = 1
 
     def __init__(self, step: str, message: str, *, command: str | None = None,
-                 exit_code: int | None = None, stderr_tail: str = "", timed_out: bool = False) -> None:
+                 exit_code: int | None = None, stderr_tail: str = "", timed_out: bool = False,
+                 tail_label: str = "stderr (tail)") -> None:
         self.step = step
         self.command = command
         self.command_exit = exit_code
         self.stderr_tail = stderr_tail
+        self.tail_label = tail_label  # what the tail holds, as its heading names it
         self.timed_out = timed_out
         parts = [f"step '{step}' failed: {message}"]
         if command is not None:
             how = "timed out" if timed_out else f"exited {exit_code}"
             parts.append(f"  command: {command}\n  {how}")
         if stderr_tail.strip():
-            parts.append("  stderr (tail):\n" + _indent(stderr_tail.rstrip(), "    "))
+            parts.append(f"  {tail_label}:\n" + _indent(stderr_tail.rstrip(), "    "))
         super().__init__("\n".join(parts))
 
 

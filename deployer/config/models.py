@@ -146,6 +146,10 @@ class Service(Strict):
     # `start` returns once the server runs in the background (a daemonizing script): the service is what serves
     # the port, and the launcher's own exit is no failure.
     detaches: bool = False
+    log: TargetPath | None = Field(default=None, description=(
+        "The file (absolute, on the target) the server writes its own output to, when its launcher sends it there "
+        "(`nohup server >> own.log &`): a failed start shows that file's tail since this start, not the "
+        "launcher's output in deployer's log."))
 
     _split = field_validator("start", "stop", mode="before")(_argv)
 
@@ -181,6 +185,8 @@ class Service(Strict):
                              "is the service")
         if self.pidfile is not None and self.start is None:
             raise ValueError("'pidfile' needs 'start': deployer adopts the process it names, then starts its own")
+        if self.log is not None and self.start is None:
+            raise ValueError("'log' needs 'start': a container's or a unit's output is read from its engine or journal")
         return self
 
 

@@ -94,9 +94,10 @@ def test_gpus_still_held_fail_the_restart_after_gpu_wait_s_naming_what_holds_the
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1, result.stdout + result.stderr
     assert time.monotonic() - started < 30
-    assert (f"step 'co_restart' failed: service prefill: GPU 0 not released within 1.5s: {LOADED}; the old server "
-            f"still holds GPU memory: pid {old['prefill']} (28234 MiB); not started (stopped by this restart): "
-            "prefill, decode") in result.stderr
+    assert (f"step 'co_restart' failed: service prefill was not started: GPU 0 not released within 1.5s: {LOADED}; "
+            f"the old server still holds GPU memory: pid {old['prefill']} (28234 MiB); nvidia-smi lists pid 10291 "
+            f"(2566 MiB), pid 10293 (1542 MiB), pid {old['prefill']} (28234 MiB); not started (stopped by this "
+            "restart): prefill, decode") in result.stderr
     assert wait_dead(old["prefill"]) and wait_dead(old["decode"])
     evs = project.events()
     assert not [e for e in evs if e["type"] == "service_started" or e.get("action") == "prefill.launch"]
@@ -113,8 +114,8 @@ def test_a_reading_that_is_not_one_fails_the_wait_with_its_line_escaped(stack: S
     running(stack, gpus=[0], gpu_wait_s=30)
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert ("service prefill: nvidia-smi's reading is not one: GPU 0 memory.used: '\\x1b[2J' is not a number of "
-            "MiB; not started (stopped by this restart): prefill, decode") in result.stderr
+    assert ("service prefill was not started: nvidia-smi's reading is not one: GPU 0 memory.used: '\\x1b[2J' is not "
+            "a number of MiB; not started (stopped by this restart): prefill, decode") in result.stderr
     assert "\x1b" not in result.stderr
 
 
@@ -156,3 +157,22 @@ def test_check_names_a_gpu_the_target_does_not_have_and_passes_the_ones_it_has(s
     stack.configure(prefill=stack.service("prefill", gpus=[0]), decode=stack.service("decode"))
     fine = {c["name"]: c for c in json.loads(project.deployer("check", "--host", "box", "--json").stdout)["checks"]}
     assert (fine["gpus prefill"]["status"], fine["gpus prefill"]["detail"]) == ("ok", "nvidia-smi lists GPU 0")
+
+
+def test_a_gpu_wait_that_times_out_says_the_service_was_not_started_and_why_never_an_earlier_runs_crash(
+        stack: Stack) -> None:
+    # The GPU is the suite's one stand-in (the replayed nvidia-smi readings, see the module's docstring): the
+    # processes, the log and the wait are real.
+    project = stack.project
+    stand_in(project, LOAD)
+    old = running(stack, gpus=[0], gpu_wait_s=1.5)
+    log = project.repo / ".git" / "deployer" / "prefill.log"
+    with log.open("a") as earlier:  # what an earlier run's start left at the end of the service's log
+        earlier.write("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory.\n")
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (f"service prefill was not started: GPU 0 not released within 1.5s: {LOADED}; nvidia-smi lists pid "
+            "10291 (2566 MiB), pid 10293 (1542 MiB), pid 10309 (28234 MiB); not started (stopped by this restart): "
+            "prefill, decode") in result.stderr
+    assert "OutOfMemoryError" not in result.stderr and "(tail)" not in result.stderr
+    assert wait_dead(old["prefill"])

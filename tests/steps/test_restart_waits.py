@@ -191,3 +191,37 @@ def test_a_live_row_stops_its_clock_when_its_phase_ends_and_shows_that_phases_ow
     assert rows(58.5) == ["decode waiting_gpu: 2.5s of 120s"]  # its next phase's clock runs
     at(60.0, "step_end", status="failed", duration_s=60.0, error="cancelled")
     assert view.services[step, "decode"].clock() == 4.0  # the step's end ends the phase it was in
+
+
+def test_a_launcher_that_writes_its_own_log_names_it_and_a_failed_start_shows_that_logs_tail_labelled(
+        stack: Stack) -> None:
+    own = stack.project.root / "own.log"
+    own.write_text("an earlier start's last line\n")
+    crash = ("import time; print('loading weights', flush=True); time.sleep(1); "
+             "raise SystemExit('torch.OutOfMemoryError')")
+    port = free_port()
+    # `nohup server >> own.log &`: the launcher exits at once, and all the server says goes to its own file.
+    launcher = {"start": ["sh", "-c", f'echo launching; nohup {sys.executable} -c "{crash}" >> {own} 2>&1 &'],
+                "log": str(own), "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 5}
+    stack.configure(decode=launcher)
+    restart_only(stack.project)
+    result = stack.project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stdout + result.stderr
+    label = f"decode's own log {own} since this start (tail):"
+    assert label in result.stderr, result.stderr
+    tail = result.stderr.split(label)[1]
+    assert "loading weights" in tail and "torch.OutOfMemoryError" in tail
+    assert "an earlier start's last line" not in tail
+
+
+def test_a_failed_start_labels_its_tail_as_the_services_stdout_and_stderr_combined(stack: Stack) -> None:
+    port = free_port()
+    dies = {"start": [sys.executable, "-c", "import sys; print('to stdout', flush=True); sys.exit('to stderr')"],
+            "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 10}
+    stack.configure(decode=dies)
+    restart_only(stack.project)
+    result = stack.project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 1, result.stdout + result.stderr
+    label = "decode's stdout and stderr, combined, since this start (tail):"
+    assert label in result.stderr, result.stderr
+    assert "to stdout" in result.stderr.split(label)[1] and "to stderr" in result.stderr.split(label)[1]

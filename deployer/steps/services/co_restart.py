@@ -117,7 +117,7 @@ class Restart:
 
     def released(self, m: Manager) -> None:
         if (problem := self.gpus[m].wait(old_tree(m, self.seen[m]))) is not None:
-            raise m.fail(f"{problem}; {self.left_down()}")
+            raise m.not_started(f"{problem}; {self.left_down()}")
 
     def left_down(self) -> str:
         """What a failure between the stops and the last start leaves: the services stopped and not started."""

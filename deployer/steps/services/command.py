@@ -33,14 +33,17 @@ from deployer.steps.services.manager import (
 # time (field 22 of /proc/PID/stat, read after the command name) in one file, renamed into place, so a cut at
 # any moment leaves a record that names a process deployer started whole (a pid file and a start-time file
 # written apart left a new pid beside the old start time, and its own server refused as a stranger's). The pid
-# file alone is for people and their scripts. It prints the pid and the log's size before this start, where
-# this start's output begins. The log holds whatever the service prints, secrets included: 0600, even when an
-# older deployer made it 0644; the umask is changed only for creating it, so the service keeps its own.
-LAUNCH = ('log=$1; pidfile=$2; record=$3; shift 3; (umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
-          'offset=$(wc -c <"$log"); nohup setsid "$@" >>"$log" 2>&1 </dev/null & pid=$!; '
+# file alone is for people and their scripts. It prints the pid and the sizes before this start of the log and
+# of the service's own log (`log:`, 0 when it has none yet), where this start's output begins. The log holds
+# whatever the service prints, secrets included: 0600, even when an older deployer made it 0644; the umask is
+# changed only for creating it, so the service keeps its own.
+LAUNCH = ('log=$1; pidfile=$2; record=$3; own=$4; shift 4; '
+          '(umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
+          'offset=$(wc -c <"$log"); mine=0; [ -z "$own" ] || mine=$(wc -c <"$own" 2>/dev/null) || mine=0; '
+          'nohup setsid "$@" >>"$log" 2>&1 </dev/null & pid=$!; '
           'stat=$(cat "/proc/$pid/stat" 2>/dev/null); set -- ${stat##*) }; '
           'echo "$pid ${20}" >"$record.tmp" && mv -f -- "$record.tmp" "$record" || exit 1; echo $pid >"$pidfile"; '
-          'echo $pid $offset')
+          'echo $pid $offset $mine')
 # This start's output only: from its offset, the last LOG_TAIL bytes.
 TAIL = 'tail -c "+$1" -- "$2" | tail -c "$3"'
 KILL_WAIT_S = 10.0  # how long a KILLed process may take to disappear
@@ -137,7 +140,7 @@ class CommandManager(Manager):
                                 failure="cannot create deployer's state dir")
         self.launch = Action.run(f"{name}.launch", f"start {name} (log {self.logfile})",
                                  ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, self.record,
-                                  *service.start),
+                                  service.log or "", *service.start),
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
                                  failure=f"cannot start {name}")
         # A launcher may exit once it has backgrounded the server: the service is then what serves its port.
@@ -154,11 +157,12 @@ class CommandManager(Manager):
         self.reap = Action.signal(f"{name}.reap", f"KILL what {new} launched", "KILL", f"<launched by {name}>",
                                   when=f"{name} never came up")
         self.still = Action.get(f"{name}.still", f"{new} still runs after every service started", f"/proc/{new}/stat")
-        self._log = Action.run(f"{name}.log", f"the tail of {name}'s output since it was started",
-                               ("sh", "-c", TAIL, "deployer-log", log_start_of(name), self.logfile, str(LOG_TAIL)),
-                               when=f"{name} fails")
+        # A server that writes its own log (`log:`) leaves in deployer's only what its launcher said.
+        self._log = Action.run(f"{name}.log", f"the tail of {service.log or self.logfile} since {name} was started",
+                               ("sh", "-c", TAIL, "deployer-log", log_start_of(name), service.log or self.logfile,
+                                str(LOG_TAIL)), when=f"{name} fails")
         self.started_at = ""  # the start time of the process start() launched
-        self.log_from = "1"  # where this start's output begins in the log (1: before a start, all of it)
+        self.log_from: str | None = None  # where this start's output begins in the log; None: not started yet
 
     @classmethod
     def manages(cls, service: Service) -> bool:
@@ -186,7 +190,12 @@ class CommandManager(Manager):
         return self._log
 
     def log_bound(self) -> Bound:
-        return {log_start_of(self.name): self.log_from}
+        return {log_start_of(self.name): self.log_from or "1"}
+
+    def tail_label(self) -> str:
+        held = f"own log {self.service.log}" if self.service.log else "stdout and stderr, combined,"
+        # Before this restart started it (a stop that failed), the log's end is the old server's.
+        return f"{self.name}'s {held} {'since this start' if self.log_from else 'before this restart'}"
 
     def observe(self, health: bool = True) -> Observed:
         text, meant = recorded_process(*self.ctx.act_all(
@@ -292,10 +301,10 @@ class CommandManager(Manager):
     def start(self) -> int:
         _, launch = self.ctx.act_all([(self.mkdir, NOTHING), (self.launch, NOTHING)], timeout=self.timeout)
         printed = str(launch.out).split()
-        if len(printed) != 2 or not all(word.isdigit() for word in printed):
+        if len(printed) != 3 or not all(word.isdigit() for word in printed):
             raise self.fail(f"the launch printed no pid: {str(launch.out)[:80]!r}")
-        launched, offset = printed
-        self.log_from = str(int(offset) + 1)
+        launched, offset, own_offset = printed
+        self.log_from = str(int(own_offset if self.service.log else offset) + 1)
         bound = {new_pid_of(self.name): launched}
         try:
             found = self.wait_up(self.up, bound)

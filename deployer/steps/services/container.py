@@ -100,6 +100,9 @@ class ContainerManager(Manager):
     def log(self) -> Action:
         return self._log
 
+    def tail_label(self) -> str:
+        return f"{self.name}'s container output, stdout and stderr combined, its last 40 lines"
+
     def observe(self, health: bool = True) -> Observed:
         ask = [(self.health, NOTHING)] if health and self.health is not None else []
         results = self.ctx.act_all([(self.inspect, NOTHING), *ask], timeout=PROBE_TIMEOUT_S)

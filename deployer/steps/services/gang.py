@@ -76,4 +76,5 @@ class GangStart:
         dead, failure = self.failures[0]
         cause = str(failure).split("\n", 1)[0].partition(" failed: ")[2]
         raise StepFailed(failure.step, f"gang member {member(dead)} failed: {cause}; stopped every member of the "
-                         f"gang ({', '.join(member(m) for m in self.members)})", stderr_tail=failure.stderr_tail)
+                         f"gang ({', '.join(member(m) for m in self.members)})", stderr_tail=failure.stderr_tail,
+                         tail_label=failure.tail_label)

@@ -120,6 +120,12 @@ def judge(gpus: dict[int, GpuMemory], apps: list[GpuApp], wanted: list[int], old
     return GpuVerdict(released, "; ".join(parts))
 
 
+def listed_apps(apps: list[GpuApp]) -> str:
+    """Every process nvidia-smi lists, the old server's or not: what else may hold the memory."""
+    held = ", ".join(f"pid {app.pid}" + ("" if app.used_mib is None else f" ({app.used_mib} MiB)") for app in apps)
+    return f"nvidia-smi lists {held}" if held else "nvidia-smi lists no process"
+
+
 def gpu_list(gpus: list[int]) -> str:
     return ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(map(str, gpus))
 
@@ -193,5 +199,5 @@ class GpuWait:
                     return None
                 if now - started >= service.gpu_wait_s:
                     return (f"{gpu_list(service.gpus)} not released within {service.gpu_wait_s:g}s: "
-                            f"{verdict.detail}")
+                            f"{verdict.detail}; {listed_apps(parse_apps(apps.out))}")
                 ctx.cancel.wait(POLL_S)

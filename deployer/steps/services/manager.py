@@ -326,7 +326,17 @@ class Manager(ABC):
         """The values the log tail is read with (where this start's output begins)."""
         return NOTHING
 
+    def tail_label(self) -> str:
+        """What the failure's tail holds, as its heading names it."""
+        return f"{self.name}'s output"
+
     def fail(self, message: str) -> StepFailed:
         tail = self.ctx.act(self.log, self.log_bound(), timeout=30).out_stream.text
         return StepFailed(self.step, f"service {self.name}: {message}",
-                          stderr_tail=self.ctx.bus.masker.tail(tail, LOG_TAIL))
+                          stderr_tail=self.ctx.bus.masker.tail(tail, LOG_TAIL),
+                          tail_label=f"{self.tail_label()} (tail)")
+
+    def not_started(self, why: str) -> StepFailed:
+        """A failure before this restart launched it: its log holds only what earlier starts wrote (an earlier
+        run's crash), so none of it is shown as this one's."""
+        return StepFailed(self.step, f"service {self.name} was not started: {why}")

@@ -47,6 +47,9 @@ class SystemdManager(Manager):
     def log(self) -> Action:
         return self._log
 
+    def tail_label(self) -> str:
+        return f"{self.name}'s journal, its last 40 lines"
+
     @staticmethod
     def pid_in(result: object) -> int | None:
         out = getattr(result, "out", "").strip()
