@@ -4,10 +4,12 @@ container service manager restarts them), everything removed again; and no engin
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from fixtures_containers import Box
 from fixtures_repo import deployer, deployer_env
+from test_demo import rollback_as_printed
 
 from deployer.demo.containers import ContainerEngine, ContainerStack
 
@@ -43,6 +45,29 @@ def test_demo_container_shows_the_bug_fixes_it_by_restarting_the_containers_and_
         for box in boxes:
             gone = box.podman("container", "exists", box.name, check=False)
             assert gone.returncode == 1, f"{box.name} is still there"
+    finally:
+        for box in boxes:
+            box.remove()
+
+
+def test_a_kept_container_demos_rollback_line_works_as_printed_and_demo_stop_then_removes_the_containers(
+        tmp_path: Path, podman_env: dict[str, str]) -> None:
+    workdir = tmp_path / "demo"
+    boxes = [Box(ContainerStack(workdir, engine=ContainerEngine("podman", "/x")).box(s).name, podman_env)
+             for s in ("prefill", "decode")]
+    try:
+        result = deployer("demo", "--container", "--workdir", str(workdir), "--keep", cwd=tmp_path, timeout=240)
+        assert result.returncode == 0, result.stdout + result.stderr
+        rolled = rollback_as_printed(result.stdout, tmp_path)  # once exit 6 and a revert left with no container
+        assert rolled.returncode == 0, rolled.args[-1] + "\n" + rolled.stdout + rolled.stderr
+        assert "Deployer-Rollback-Of:" in subprocess.run(["git", "-C", str(workdir / "repo"), "log", "-1",
+                                                          "--format=%B"], capture_output=True, text=True).stdout
+        for box in boxes:
+            running = box.podman("inspect", "--format", "{{.State.Status}}", box.name).stdout.strip()
+            assert running == "running", f"{box.name}: {running}"
+        stopped = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert all(box.podman("container", "exists", box.name, check=False).returncode == 1 for box in boxes)
     finally:
         for box in boxes:
             box.remove()

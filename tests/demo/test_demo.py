@@ -113,6 +113,22 @@ def test_ctrl_c_during_the_demo_stops_everything_and_exits_130(tmp_path: Path) -
         assert "deployer rollback" not in out and "nothing to roll back" in out, out
 
 
+def rollback_as_printed(report: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """The report's rollback line run as a person would: pasted into a shell in another directory, with `deployer`
+    on PATH and no DEPLOYER_* set."""
+    line = next(row.split("rollback", 1)[1].strip() for row in report.splitlines()
+                if row.strip().startswith("rollback "))
+    bin_dir, elsewhere = root / "bin", root / "elsewhere"
+    bin_dir.mkdir()
+    elsewhere.mkdir()
+    (bin_dir / "deployer").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m deployer \"$@\"\n")
+    (bin_dir / "deployer").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    return subprocess.run(["sh", "-c", line], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+
+
 def test_a_kept_demos_rollback_line_works_as_printed_and_demo_stop_then_stops_the_stack_it_restarted(
         tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
@@ -120,20 +136,8 @@ def test_a_kept_demos_rollback_line_works_as_printed_and_demo_stop_then_stops_th
     pids = demo_pids(workdir)
     try:
         assert result.returncode == 0, result.stdout + result.stderr
-        line = next(row.split("rollback", 1)[1].strip() for row in result.stdout.splitlines()
-                    if row.strip().startswith("rollback "))
-        # As a person would: pasted into a shell elsewhere, with `deployer` on PATH and no DEPLOYER_* set.
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "deployer").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m deployer \"$@\"\n")
-        (bin_dir / "deployer").chmod(0o755)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")}
-        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
-        elsewhere = tmp_path / "elsewhere"
-        elsewhere.mkdir()
-        rolled = subprocess.run(["sh", "-c", line], cwd=elsewhere, env=env, capture_output=True, text=True,
-                                timeout=240, stdin=subprocess.DEVNULL)
-        assert rolled.returncode == 0, f"{line}\n{rolled.stdout}{rolled.stderr}"
+        rolled = rollback_as_printed(result.stdout, tmp_path)
+        assert rolled.returncode == 0, rolled.args[-1] + "\n" + rolled.stdout + rolled.stderr
         assert "Deployer-Rollback-Of:" in git_out(workdir / "repo", "log", "-1", "--format=%B")
         restarted = demo_pids(workdir)
         assert restarted["prefill"] != pids["prefill"] and all(alive(pid) for pid in restarted.values())
