@@ -63,7 +63,7 @@ def test_a_drain_that_failed_on_the_fix_and_passed_after_the_rollback_is_summari
     assert not [line for line in lines if "?" in line or "-> 0" in line], lines
 
 
-def test_a_rollback_summarises_its_drain_on_the_reverted_build_and_a_check_it_never_reached_as_not_run(
+def test_a_rollback_summarises_its_drain_on_the_reverted_build_and_never_as_a_question_mark(
         stack: Stack) -> None:
     project = code_following(stack)
     fix_playbook(project)
