@@ -247,9 +247,12 @@ def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
     from deployer.ui.console import show_notice
 
     for host in hosts:
-        for run_id in unended_runs(runs_dir, host):
-            show_notice(f"run {run_id} on {host} never ended (killed?): its log has no run_end, so "
-                        f"`runs verify` fails until it is ended with: deployer recover {run_id}")
+        for run_id, gone in unended_runs(runs_dir, host):
+            show_notice(f"run {run_id} on {host} never ended (killed?): its log has no run_end, so `runs verify` "
+                        f"fails until it is ended with: deployer recover {run_id}" if gone else
+                        f"run {run_id} on {host} has no run_end, and its record names no process of this boot of "
+                        "this machine, so whether it still runs (elsewhere) is not known here; once it has stopped, "
+                        f"end it with: deployer recover {run_id}")
 
 
 @click.command()

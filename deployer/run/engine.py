@@ -21,6 +21,7 @@ from deployer.run import prepare, undo
 from deployer.run.ahead import Ahead
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer
+from deployer.run.owner import Owner
 from deployer.run.plan import PlanReport, plan
 from deployer.run.state import (
     PAST_COMMIT,
@@ -196,10 +197,11 @@ class Engine:
         log = self._log = RunLogWriter(self.runs_dir, run_id)
         log.keep_room()
         record = RunRecord(log.dir, RunState(run_id=run_id, host=self.host_name, operator=self.operator,
-                                             kind=kind,
+                                             kind=kind, owner=Owner.this(),
                                              repo=self.host.repo, trailer=run_trailer(run_id),
                                              rollback_of=start.get("rollback_of")), before_write=log.sync)
-        lease = self._lease = Lease(self.host_name, self.host.lock_ttl_s, self.operator, self.adopt_lock_of)
+        lease = self._lease = Lease(self.host_name, self.host.lock_ttl_s, self.operator, self.adopt_lock_of,
+                                    self.runs_dir / self.adopt_lock_of if self.adopt_lock_of else None)
         ending = self._ending = Ending(record)
         record.advance(Phase.preparing, utc_now())
         bus = self.new_bus()

@@ -9,17 +9,19 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from deployer.agent.client import Pending
+from deployer.agent.processes import Procs
 from deployer.agent.protocol import ExecResult, Get
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
 from deployer.run.gitops import GIT_DIR, usual_git_dir
 from deployer.run.lock import DeployLock, force_release, read_state
 from deployer.run.preflight import Reads, send_reads
-from deployer.run.state import Phase
-from deployer.runlog import RunLogWriter, utc_now
+from deployer.run.state import Phase, RunRecord
+from deployer.runlog import RunLogWriter, read_run, utc_now
 from deployer.steps.context import Context, EventBus, Submitted
 from deployer.steps.git import EndNote, end_note_argv, trailers
 from deployer.transport.base import Transport
@@ -87,6 +89,7 @@ class Lease:
     ttl_s: float
     operator: str
     adopt_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
+    adopt_dir: Path | None = None  # its run dir here: this machine's own record of it
     lock: DeployLock | None = None  # the run's lock, once taken (None again when a refused record keeps it)
     _reads: Reads | None = field(default=None, repr=False)  # preflight's, sent with the lock
     _intent: Pending[Any] | None = field(default=None, repr=False)  # the intent record, sent ahead
@@ -176,17 +179,42 @@ class Lease:
 
     def _adopt(self, ctx: Context, git_dir: str) -> bool:
         """Recover takes over the lock of the run it recovers, once that run is surely gone: its heartbeat is
-        older than its TTL. Nothing else counts: the pid in the lock's info is the target's word, not proof."""
+        older than its TTL, or (`_may_run`) this machine's own record of it shows it gone. The pid in the lock's
+        info is the target's word, never proof."""
         state = read_state(ctx.transport, git_dir, self.ttl_s, self.host_name)
         if state is None or self.adopt_of is None or state.info.get("run_id") != self.adopt_of:
             return False
-        if not state.stale:
+        if not state.stale and (running := self._may_run(ctx)) is not None:
             raise LockHeld(f"run {self.adopt_of} still holds the lock and its heartbeat is fresh "
-                           f"({state.describe()}); recover it once it has stopped (its heartbeat goes stale "
+                           f"({state.describe()}){running}; recover it once it has stopped (its heartbeat goes stale "
                            f"{state.ttl_s:.0f}s after its last beat)")
         force_release(ctx.transport, git_dir)
-        ctx.emit("lock_adopted", of_run=self.adopt_of, holder=state.info)
+        ctx.emit("lock_adopted", of_run=self.adopt_of, holder=state.info,
+                 because="its heartbeat is stale" if state.stale else "its process on this machine is gone")
         return True
+
+    def _may_run(self, ctx: Context) -> str | None:
+        """None when the run's record here names a process of this machine that is gone and no agent its log names
+        runs on the target: an agent exits once its stdin closes, as the process's death does, unless the link was
+        cut so that the target never heard it close. Else what may still run, for the refusal."""
+        record = RunRecord.load(self.adopt_dir) if self.adopt_dir is not None else None
+        if record is None or record.state.owner is None:
+            return ""
+        owner = record.state.owner
+        alive = owner.alive()
+        if alive is not False:
+            return (f"; its process on this machine (pid {owner.pid}) still runs" if alive else
+                    f"; its record here names process {owner.pid} of a boot or machine this one cannot judge")
+        gone = f"; its process on this machine (pid {owner.pid}) is gone, but"
+        try:
+            hellos = read_run(record.dir.parent, record.dir.name).all("agent")
+            pids = [e["pid"] for e in hellos if isinstance(e.get("pid"), int)]
+            if not pids:
+                return f"{gone} its log here names no agent of it on the target to look for"
+            agents = [p.pid for p in ctx.transport.submit(Procs(pids=pids)).result().procs if p.alive]
+        except DeployerError as exc:
+            return f"{gone} whether its agent on the target still runs is not known ({exc})"
+        return f"{gone} its agent on the target (pid {agents[0]}) still runs" if agents else None
 
     def _interrupted_hint(self, ctx: Context, git_dir: str) -> str:
         """Recover is the way out of a held lock whose run is gone (it refuses to take a live one)."""

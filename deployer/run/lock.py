@@ -14,7 +14,8 @@ lock look stale. A lock whose info cannot be read (an older deployer still writi
 "being taken" until the lock's own mtime is a TTL old.
 
 The info is the target's word: its fields are checked for type and size, and nothing in it that is not
-plain printable text is shown. Liveness is the heartbeat alone, never the pid it names.
+plain printable text is shown. Of what the target shows, liveness is the heartbeat alone, never the pid it names
+(recover also reads this machine's own record of its runs: run/lease.py).
 """
 
 from __future__ import annotations

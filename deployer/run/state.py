@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from deployer.errors import DeployerError
+from deployer.run.owner import Owner
 
 STATE = "state.json"
 BEFORE = "before"
@@ -115,6 +116,9 @@ class RunState(BaseModel):
     host: str
     operator: str
     kind: str = "apply"  # apply | rollback | recover | restart
+    # The process of this machine running the run, on disk before it takes the lock: recover's proof that a run of
+    # this machine is gone (None: not recorded, or not judged on this system).
+    owner: Owner | None = None
     phase: Phase = Phase.preparing
     repo: str
     git_dir: str | None = None

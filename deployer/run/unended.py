@@ -2,20 +2,25 @@
 
 A run killed before it took the target's lock leaves nothing on the target, so the next apply there would
 succeed and never mention it; only its log here, which `runs verify` then fails for good, says it was cut.
-The next apply names it, from a look at the newest run dirs alone: no target, no reading of old history."""
+The next apply names it, from a look at the newest run dirs alone: no target, no reading of old history. A run
+whose process on this machine still runs (its record names it: run/owner.py) is not named: it is going, not cut."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from deployer.errors import DeployerError
+from deployer.run.state import RunRecord
 from deployer.runlog import EVENTS, is_run_id, read_run
 
 NEWEST = 20  # run dirs looked at: a killed run is worth a notice on the next applies, not forever
 
 
-def unended_runs(runs_dir: Path, host: str, newest: int = NEWEST) -> list[str]:
-    """The ids of the newest runs on `host` whose log has neither a run_end nor a recovered_by line."""
+def unended_runs(runs_dir: Path, host: str, newest: int = NEWEST) -> list[tuple[str, bool]]:
+    """The newest runs on `host` whose log has neither a run_end nor a recovered_by line, and whose process does
+    not run here now: each id, and whether its process is known to be gone (else this machine cannot judge it)."""
     if not runs_dir.is_dir():
         return []
     names = sorted(p.name for p in runs_dir.iterdir() if is_run_id(p.name) and (p / EVENTS).is_file())
@@ -25,6 +30,14 @@ def unended_runs(runs_dir: Path, host: str, newest: int = NEWEST) -> list[str]:
             run = read_run(runs_dir, name)
         except DeployerError:
             continue  # a log that cannot be read is `runs verify`'s to report
-        if run.start.get("host") == host and run.end is None and run.first("recovered_by") is None:
-            found.append(name)
+        if run.start.get("host") != host or run.end is not None or run.first("recovered_by") is not None:
+            continue
+        try:
+            record = RunRecord.load(run.dir)
+        except (OSError, ValidationError):
+            record = None
+        owner = record.state.owner if record is not None else None
+        alive = owner.alive() if owner is not None else None
+        if not alive:
+            found.append((name, alive is False))
     return found

@@ -1,0 +1,200 @@
+"""This machine's own runs: a run killed here holds the target's lock only as long as its process lived.
+
+The target's lock (the pid it names included) is the target's word; a run's `state.json` here names the process
+of this machine that runs it (pid, start time, boot, pid namespace). Recover takes over the lock of a run whose
+process is gone at once, and still waits for the heartbeat of one whose process runs, or that this machine cannot
+judge (another boot: perhaps another machine sharing the runs dir). The next apply calls no run dead whose
+process still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from fixtures_repo import FIXED_A, Project, act_when, git, staged_bytes, target_python, work_tree
+from polling import wait_for
+from test_recover import gate, kill_marker, state_of
+
+pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
+
+TTL_S = 600  # no heartbeat goes stale while a test runs: only the record here can let recover in early
+
+
+def parked_in_compile(project: Project) -> Path:
+    """fix.yaml, whose remote_compile blocks for good on the target; the marker names the blocked process."""
+    script, marker = gate(project, "compile")
+    project.write_inventory(python=target_python(project, f"exec {script}"), lock_ttl_s=TTL_S)
+    project.playbook()
+    return marker
+
+
+def lock_of(project: Project) -> Path:
+    return project.repo / ".git" / "deployer.run.lock"
+
+
+def killed_holding_the_lock(project: Project) -> Path:
+    """The run dir of an apply SIGKILLed in its remote_compile: its lock on the target, its heartbeat fresh."""
+    marker = parked_in_compile(project)
+    try:
+        act_when(project, ("apply", "fix.yaml", "--host", "box"), marker.exists,
+                 lambda proc: proc.send_signal(signal.SIGKILL), "the apply's remote_compile")
+    finally:
+        kill_marker(marker)
+    assert time.time() - (lock_of(project) / "heartbeat").stat().st_mtime < TTL_S / 2
+    return project.runs / project.newest_run()
+
+
+@contextmanager
+def running_apply(project: Project) -> Iterator[subprocess.Popen[str]]:
+    """An apply of this machine, alive and holding the target's lock, parked in its remote_compile."""
+    marker = parked_in_compile(project)
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, "the apply's remote_compile")
+        assert proc.poll() is None, proc.communicate()
+        yield proc
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        kill_marker(marker)
+
+
+def settled_as_before(project: Project, tree: dict[str, str], head: str) -> None:
+    assert work_tree(project.repo) == tree and project.head() == head
+    assert git(project.repo, "status", "--porcelain") == ""
+    assert not lock_of(project).exists() and not lock_of(project).is_symlink()
+
+
+def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_is_fresh(target: Project) -> None:
+    tree, head = work_tree(target.repo), target.head()
+    run = killed_holding_the_lock(target)
+    recovered = target.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "its lock was released" in recovered.stdout, recovered.stdout
+    settled_as_before(target, tree, head)
+    [adopted] = [e for e in target.events() if e["type"] == "lock_adopted"]
+    assert adopted["of_run"] == run.name and adopted["because"] == "its process on this machine is gone", adopted
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_recover_waits_for_a_run_whose_process_on_this_machine_still_runs(target: Project) -> None:
+    with running_apply(target) as proc:
+        run = target.newest_run()
+        refused = target.deployer("recover", run)
+        assert refused.returncode == 3, refused.stdout + refused.stderr
+        assert "heartbeat is fresh" in refused.stderr, refused.stderr
+        assert f"its process on this machine (pid {proc.pid}) still runs" in refused.stderr, refused.stderr
+        assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and lock_of(target).is_symlink()
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+@pytest.mark.parametrize(("recorded", "waits"), [("another boot", True), ("a pid used again", False)])
+def test_a_killed_run_recorded_in_another_boot_waits_for_its_heartbeat_and_one_whose_pid_was_reused_does_not(
+        target: Project, recorded: str, waits: bool) -> None:
+    tree, head = work_tree(target.repo), target.head()
+    run = killed_holding_the_lock(target)
+    state = state_of(run)
+    if recorded == "another boot":  # or another machine sharing the runs dir: nothing here can tell it is gone
+        state["owner"]["boot_id"] = str(uuid.uuid4())
+    else:  # this test's own process, alive, but started long before the killed run's
+        state["owner"]["pid"] = os.getpid()
+    (run / "state.json").write_text(json.dumps(state))
+    recovered = target.deployer("recover", run.name)
+    if waits:
+        assert recovered.returncode == 3, recovered.stdout + recovered.stderr
+        assert "heartbeat is fresh" in recovered.stderr, recovered.stderr
+        assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and lock_of(target).is_symlink()
+    else:
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        settled_as_before(target, tree, head)
+
+
+# A ProxyCommand that keeps its connection to sshd open when its stdin closes (the deployer that started it was
+# killed) and drops what sshd sends: the target never hears the link close, as when it is cut under a live session.
+DEAF_RELAY = """
+import os, socket, sys, threading
+with open(sys.argv[1], "a") as pids:
+    pids.write(f"{os.getpid()}\\n")
+link = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+
+def down():
+    while data := link.recv(65536):
+        try:
+            os.write(1, data)
+        except OSError:
+            pass
+    os._exit(0)
+
+threading.Thread(target=down, daemon=True).start()
+while data := os.read(0, 65536):
+    link.sendall(data)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_recover_waits_while_the_killed_runs_agent_still_runs_on_a_target_that_never_heard_the_link_close(
+        target: Project) -> None:
+    relay, pids = target.write("relay.py", DEAF_RELAY), target.root / "relays.pids"
+    config = target.write("ssh_config", f"Host relayed\n    HostName {target.host['address']}\n"
+                                        f"    Port {target.host['port']}\n"
+                                        f"    ProxyCommand {sys.executable} {relay} {pids} %h %p\n")
+    config.chmod(0o600)
+    tree, head = work_tree(target.repo), target.head()
+    target.host.update(address="relayed", ssh_config=str(config))
+    try:
+        run = killed_holding_the_lock(target)
+        refused = target.deployer("recover", run.name)
+        assert refused.returncode == 3, refused.stdout + refused.stderr
+        found = re.search(r"its agent on the target \(pid (\d+)\) still runs", refused.stderr)
+        assert found is not None, refused.stderr
+        assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and lock_of(target).is_symlink()
+        kill_relays(pids)  # now sshd hears the link close, and the agent leaves with it
+        wait_for(lambda: not Path(f"/proc/{found[1]}").exists(), "the killed run's agent's end")
+        recovered = target.deployer("recover", run.name)
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        settled_as_before(target, tree, head)
+    finally:
+        kill_relays(pids)
+
+
+def kill_relays(pids: Path) -> None:
+    for pid in pids.read_text().split() if pids.exists() else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_second_apply_calls_no_run_dead_whose_process_on_this_machine_still_runs(target: Project) -> None:
+    with running_apply(target):
+        running = target.newest_run()
+        second = target.deployer("apply", "fix.yaml", "--host", "box")
+        assert second.returncode == 3, second.stdout + second.stderr
+        assert f"held by run {running}" in second.stderr, second.stderr
+        assert running not in second.stderr.split("held by run")[0], second.stderr
+        assert "never ended" not in second.stderr, second.stderr
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_run_this_machine_cannot_judge_is_named_without_being_called_dead(target: Project) -> None:
+    run = killed_holding_the_lock(target)
+    state = state_of(run)
+    state["owner"]["boot_id"] = str(uuid.uuid4())
+    (run / "state.json").write_text(json.dumps(state))
+    second = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 3, second.stdout + second.stderr
+    assert "never ended" not in second.stderr, second.stderr
+    assert f"notice: run {run.name} on box has no run_end" in second.stderr, second.stderr
+    assert f"deployer recover {run.name}" in second.stderr, second.stderr
