@@ -27,10 +27,11 @@ from deployer.run.restart import left_down, restarted_services
 from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
-from deployer.runlog import EVENTS, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
-from deployer.steps.base import Effect
+from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
+from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
+from deployer.steps.services.co_restart import CoRestart
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
@@ -49,6 +50,9 @@ class Recovered:
     dests: list[str] = field(default_factory=list)
     end_note: EndNote | None = None  # the cut run's end as its note on the target proves it (its log has none)
     lock_released: bool = False  # the cut run's lock, taken over from it
+    kept: list[str] = field(default_factory=list)  # services already serving its commit, left running
+    unproven: str | None = None  # why the checks recover ran again do not prove the fix
+    finish_failed: DeployerError | None = None  # its restart or checks failed again, and its playbook rolls back
 
     def summary(self) -> str:
         if self.outcome is None:
@@ -66,6 +70,10 @@ class Recovered:
             parts.append(f"removed temp files {', '.join(self.temps)}")
         if self.lock_released:
             parts.append("its lock was released")
+        if self.kept:
+            parts.append(f"kept {', '.join(self.kept)} (already serving its commit)")
+        if self.unproven:
+            parts.append(f"unproven: {self.unproven}")
         return "; ".join(parts)
 
 
@@ -129,14 +137,14 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             found.end_note = _proved_end(ctx, engine.runs_dir, run_id, record, commit)
             outcome = Phase.succeeded if found.end_note is not None else Phase.failed_committed
             cut_rolling_back = len(commits) > 1 or (record is not None and record.state.phase == Phase.rolling_back)
-            if rollback or cut_rolling_back:
+            if not (rollback or cut_rolling_back) and record is not None and _cut_restarting(record):
+                outcome = _finish(engine, ctx, record, found)
+            if rollback or cut_rolling_back or outcome == Phase.rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
                 found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
                                                       verify=VERIFY)
                 outcome = Phase.rolled_back
-            elif record is not None and _cut_restarting(record):
-                outcome = _finish(engine, ctx, record, found)
         elif pending is None:
             # No intent record and no commit: the agent let none of the run's changes through, or the run undid
             # them before it cleared the record (its own record here could not say so: a full disk). The target
@@ -152,6 +160,9 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         ctx.emit("recovered", of_run=run_id, outcome=found.outcome.value, commit=found.commit,
                  restored=found.restored, removed=found.removed, temps=found.temps,
                  rollback_commit=found.rollback_commit, lock_released=found.lock_released)
+        if found.finish_failed is not None:
+            raise VerificationFailed(f"{found.finish_failed}\nrun {run_id}: its playbook says on_failure: rollback, so "
+                                     f"recover rolled it back by {str(found.rollback_commit)[:12]} (rolled_back)")
 
     if rollback and record is not None and record.state.terminal and record.state.git_after and \
             record.state.phase != Phase.rolled_back and ended(engine.runs_dir, run_id, record):
@@ -175,26 +186,65 @@ def _cut_restarting(record: RunRecord) -> bool:
 
 
 def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -> Phase:
-    """What the cut run had left after its commit: its restart and checks, run again as the run would have.
-    Services that stay down settle the run as failed_committed all the same (its commit kept, its intent record
-    cleared, so `deployer restart` may run), and the failure names them with the command that tries again."""
+    """What the cut run had left after its commit: its restart and checks, run again as the run would have,
+    but for the services it had already brought up on its commit (kept: no second outage). A failure rolls the
+    run back when its playbook says on_failure: rollback (rolling_back: the caller reverts). Otherwise services
+    that stay down settle the run as failed_committed all the same (its commit kept, its intent record cleared, so
+    `deployer restart` may run), and the failure names them with the command that tries again."""
     steps = engine.steps
-    commit_at = next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1)
+    after = steps[next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1) + 1:]
+    cut = read_run(engine.runs_dir, found.run_id) if (engine.runs_dir / found.run_id / EVENTS).is_file() else None
+    started = {} if cut is None else {e["service"]: e["pid"] for e in cut.all("service_started")
+                                      if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)
+                                      and str(e.get("step", "")).split(":")[0] != "rollback"}
+    restarted: list[str] = []
     try:
-        for step in steps[commit_at + 1:]:
-            if step.effect in VERIFY:
-                engine.run_step(ctx, step, step.name)
+        for step in after:
+            if step.effect not in VERIFY:
+                continue
+            if isinstance(step, CoRestart):
+                rest, kept = step.keeping(ctx, started)
+                found.kept += kept
+                if rest is None:
+                    continue
+                restarted += rest.names(ctx)
+                step = rest
+            engine.run_step(ctx, step, step.name)
     except DeployerError as failure:
         ctx.bus.step = None
         if isinstance(failure, Interrupted):
             raise
+        if engine.playbook.model.on_failure == "rollback":
+            found.finish_failed = failure
+            return Phase.rolling_back
         found.outcome = _settle_original(record, Phase.failed_committed, found.commit)
         assert ctx.git_dir is not None
         intent.remove(ctx.transport, ctx.git_dir)()
         raise VerificationFailed(f"{failure}\nrun {found.run_id} keeps its commit {str(found.commit)[:12]} "
-                                 f"(failed_committed). {left_down(ctx, restarted_services(engine))}") from None
+                                 f"(failed_committed; its playbook's on_failure is "
+                                 f"{engine.playbook.model.on_failure}, so recover did not roll it back: deployer "
+                                 f"rollback {found.run_id} does). {left_down(ctx, restarted_services(engine))}"
+                                 ) from None
     ctx.bus.step = None
+    found.unproven = ctx.facts.unproven = _unproven(after, cut, restarted)
     return Phase.succeeded
+
+
+def _unproven(after: list[Step], cut: Run | None, restarted: list[str]) -> str | None:
+    """Why the checks recover ran do not prove the fix (None: they do, or the playbook sends no load): recover
+    never sends load again, so a check proves the fix only on the very servers that took the cut run's load."""
+    loads = [s.name for s in after if s.effect == Effect.loads]
+    checks = [s.name for s in after if s.effect == Effect.verifies]
+    if not loads or not checks:
+        return None
+    if restarted:
+        return (f"recover restarted {', '.join(restarted)} and sends no {', '.join(loads)} again, so the "
+                f"{', '.join(checks)} read servers that never saw the run's load")
+    done = {e.get("step") for e in ([] if cut is None else cut.all("step_end")) if e.get("status") == "ok"}
+    if unsent := [name for name in loads if name not in done]:
+        return (f"the cut run never finished its {', '.join(unsent)} and recover sends no load again, so the "
+                f"{', '.join(checks)} ran without it")
+    return None
 
 
 def _what_to_undo(ctx: Context, record: RunRecord | None,
@@ -269,15 +319,16 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
             writer.write({"type": "run_end", "status": status, "exit_code": code, "phase": found.outcome,
                           "error": "the run was cut; it was ended by deployer recover", "ended_by": result.run_id,
                           "git": {"before": result.git_before, "after": found.commit},
-                          "files": found.dests, "facts": {}})
+                          "files": found.dests, "facts": {"unproven": found.unproven} if found.unproven else {}})
         proved = {} if found.end_note is None or found.commit is None else {
             "end": {"status": found.end_note.status, "exit_code": found.end_note.exit_code,
                     "phase": found.end_note.phase},
             "learnt": f"from the end note on its commit {found.commit[:12]} (refs/notes/deployer), written on the "
                       "target only behind the run's release and naming this log's beginning: the run ended so "
                       "there, though this machine never heard it"}
+        mine = {"kept": found.kept, "unproven": found.unproven} if found.kept or found.unproven else {}
         writer.write({"type": "recovered_by", "by": result.run_id, "status": result.status,
                       "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit,
-                      "before": result.git_before, **proved})
+                      "before": result.git_before, **proved, **mine})
     finally:
         writer.close()

@@ -100,6 +100,7 @@ class Facts(BaseModel):
     pids: dict[str, dict[str, int | None]] | None = None  # service -> old, new
     rollback_pids: dict[str, dict[str, int | None]] | None = None
     restored: list[str] = Field(default_factory=list)
+    unproven: str | None = None  # why a recover's checks do not prove the fix (run again without their load)
     rollback_commit: str | None = None
     placement: dict[str, Any] | None = None  # a container target: its id and where each dest lives (run/mounts.py)
 

@@ -102,6 +102,10 @@ def show_run(console: Console, run: Run) -> None:
                       f"(deployer recover {run.run_id})", markup=False, highlight=False)
     if start.get("rollback_of"):
         console.print(f"rollback of run {start['rollback_of']}", markup=False, highlight=False)
+    for link in run.all("recovered_by"):
+        unproven = f"; unproven: {link['unproven']}" if link.get("unproven") else ""
+        console.print(f"recovered by run {_field(link.get('by'))} ({link.get('status', '?')}): "
+                      f"{_field(link.get('outcome'))}{unproven}", markup=False, highlight=False)
     for link in run.all("rolled_back_by"):
         console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')})", markup=False,
                       highlight=False)

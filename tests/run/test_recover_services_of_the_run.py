@@ -5,22 +5,20 @@ to the apply (local and over a real sshd)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fixtures_repo import ORIGINAL_A, Project, act_when, age_lock, git
-from fixtures_services import GAUGE, Stack, alive, wait_dead
+from fixtures_services import GAUGE, Stack, alive, gauge_server, wait_dead
 from polling import wait_for
+from test_recover import gate, kill_marker, state_of
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
 COMMIT: list[Any] = ["upload", {"commit": {"message": "pkg: answer is 42"}}]
-
-
-def state_of(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "state.json").read_text()))
 
 
 def logged(runs: list[Path], *needles: str) -> bool:
@@ -74,5 +72,94 @@ def test_a_server_the_rollback_started_before_a_second_ctrl_c_is_recovered_as_th
     assert wait_dead(orphan), "recover left the server the cut rollback started running"
     restarted = stack.pids()["prefill"]
     assert restarted != orphan and alive(restarted)
+    assert state_of(run)["phase"] == "rolled_back"
+    assert git(target.repo, "rev-parse", "HEAD~2").strip() == head and target.file("pkg/a.py") == ORIGINAL_A
+
+
+# -- recover keeps what the cut run brought up on its commit, and says what its checks prove ----------------------
+
+STORM: dict[str, Any] = {"storm": {"requests": 5, "concurrency": 1, "client_timeout_s": 5}}
+DRAIN: dict[str, Any] = {"drain": {"metric": GAUGE, "to": 0, "within_s": 120, "interval_s": 0.1}}
+
+
+def gauge_services(target: Project, stack: Stack, **decode: Any) -> None:
+    """prefill and decode in the inventory as servers that take a storm and serve the gauge the test sets (the
+    storm aimed at prefill); decode given `decode` too."""
+    services = {name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                       "start": gauge_server(target.root, port, target.repo, stack.www, follows_code=False)}
+                for name, port in stack.ports.items()}
+    services["decode"].update(decode)
+    stack.configure(**services)
+    host = yaml.safe_load(target.inventory.read_text())["hosts"]["box"]
+    target.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
+
+
+def killed_when(target: Project, reached: Callable[[list[Path]], bool], what: str, within_s: float = 120,
+                **playbook: Any) -> Path:
+    """An apply of the fix, its restart, storm and drain, SIGKILLed once `reached` (given the new run dirs)."""
+    target.playbook(steps=[*COMMIT, {"co_restart": {}}, STORM, {"drain": {**DRAIN["drain"], "within_s": within_s}}],
+                    **playbook)
+    before = set(target.runs.iterdir())
+    cut = act_when(target, ["apply", "fix.yaml", "--host", "box"],
+                   lambda: reached(list(set(target.runs.iterdir()) - before)),
+                   lambda proc: proc.send_signal(signal.SIGKILL), what)
+    assert cut.returncode == -signal.SIGKILL
+    age_lock(target.repo)
+    [run] = list(set(target.runs.iterdir()) - before)
+    return run
+
+
+def test_recover_keeps_the_services_the_cut_run_brought_up_on_its_commit_and_its_drain_after_the_storm_proves_it(
+        target: Project, stack: Stack) -> None:
+    gauge_services(target, stack)
+    stack.start_services()
+    run = killed_when(target, lambda runs: logged(runs, '"step": "drain"', '"type": "sample"'), "the drain")
+    up = stack.pids()
+    stack.set_gauge(0.0)  # the fixed build drains once the storm's aborts are handled
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert stack.pids() == up and all(alive(pid) for pid in up.values()), "recover restarted a service already up"
+    assert "kept prefill, decode (already serving its commit)" in done.stdout, done.stdout
+    assert "unproven" not in done.stdout
+    assert state_of(run)["phase"] == "succeeded"
+    assert not [e for e in target.events(target.newest_run()) if e["type"] == "service_stopped"]
+
+
+def test_a_drain_recover_runs_after_restarting_a_service_is_unproven_and_the_cut_run_names_its_recover(
+        target: Project, stack: Stack) -> None:
+    gauge_services(target, stack)
+    stack.start_services()
+    script, marker = gate(target, "decode-start")
+    gauge_services(target, stack, start=[str(script)])  # prefill starts on the commit; decode never comes up
+    run = killed_when(target, lambda runs: marker.exists(), "decode's start, prefill up on the commit")
+    kill_marker(marker)
+    kept = stack.pids()["prefill"]
+    gauge_services(target, stack)
+    stack.set_gauge(0.0)
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    recover_id = target.newest_run()
+    assert stack.pids()["prefill"] == kept and alive(kept)
+    restart = next(e for e in target.events(recover_id) if e["type"] == "restart")
+    assert list(restart["pids"]) == ["decode"]
+    said = ("unproven: recover restarted decode and sends no storm again, so the drain read servers that never "
+            "saw the run's load")
+    assert said in done.stdout
+    facts = next(e for e in target.events(recover_id) if e["type"] == "run_end")["facts"]
+    assert facts["unproven"] == said.removeprefix("unproven: ")
+    shown = target.deployer("runs", "show", run.name)
+    assert f"recovered by run {recover_id}" in shown.stdout and said in shown.stdout, shown.stdout
+
+
+def test_recover_whose_checks_fail_rolls_back_as_the_playbooks_on_failure_says(target: Project, stack: Stack) -> None:
+    gauge_services(target, stack)
+    stack.start_services()
+    head = target.head()
+    # The gauge stays at 3: the fix does not drain it, and recover's drain fails too.
+    run = killed_when(target, lambda runs: logged(runs, '"step": "drain"', '"type": "sample"'), "the drain",
+                      within_s=6, on_failure="rollback")
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "on_failure: rollback" in done.stderr
     assert state_of(run)["phase"] == "rolled_back"
     assert git(target.repo, "rev-parse", "HEAD~2").strip() == head and target.file("pkg/a.py") == ORIGINAL_A
