@@ -15,6 +15,7 @@ from deployer.config.paths import find_inventory
 from deployer.config.playbook import load_playbook, parse_playbook
 from deployer.errors import ConfigError
 from deployer.run.engine import Connector, Engine
+from deployer.run.revert_checks import RevertChecks
 from deployer.run.state import RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import EventBus, Listener, LoadedPlaybook
@@ -39,6 +40,7 @@ class Build:
     accept_new_host_key: bool = False
     listeners: tuple[Listener, ...] = ()  # on every engine's events, and on a bare connection's
     health_timeout_s: float | None = None  # every service's health budget for this command (--health-timeout)
+    revert_checks: RevertChecks | None = None  # a rollback's checks as the command gives them (--skip-check ...)
 
     def host(self, name: str) -> Host:
         path = find_inventory(self.inventory)
@@ -55,6 +57,9 @@ class Build:
                         connect=self.connector(name, host), cancel=cancel if cancel is not None else CancelToken())
         if self.health_timeout_s is not None:  # the run log says the budgets were not the inventory's
             engine.run_tags["health_timeout_s"] = self.health_timeout_s
+        if self.revert_checks is not None:
+            self.revert_checks.refuse_unknown(steps)
+            engine.revert_checks = self.revert_checks
         for step in steps:  # a canary `via:` a router of the inventory; read only if one names a router
             step.reach_routers(self.inventory_routers)
         return engine

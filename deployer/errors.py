@@ -60,6 +60,16 @@ class VerificationFailed(DeployerError):
     exit_code = 5
 
 
+class ChecksFailed(VerificationFailed):
+    """A rollback's revert stands (its commit made, the services restarted or not), but a check of the reverted
+    build failed: the run ends rolled_back, naming the check; running the rollback again would not change it."""
+
+    def __init__(self, message: str, *, commit: str | None, checks: list[str]) -> None:
+        self.commit = commit  # the revert (None: a unit's, one a host)
+        self.checks = checks  # the failed check first, then the ones it kept from running
+        super().__init__(message)
+
+
 class RollbackFailed(DeployerError):
     """Undoing a run did not complete; the message says what state the target is in."""
 

@@ -21,6 +21,8 @@ from deployer.cli.options import (
     json_option,
     limit_option,
     parallel_option,
+    revert_check_options,
+    revert_checks_from,
     runs_dir_option,
 )
 from deployer.cli.output import emit_json, failures_to_exit_codes
@@ -307,15 +309,26 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 @click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
 @click.option("--allow-downtime", is_flag=True, help="Roll back a host or unit even when no other unit serves "
                                                      "behind its router meanwhile.")
+@revert_check_options
 @follow_up_options
 @json_option()
 @failures_to_exit_codes
 def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
              inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None,
-             as_json: bool, allow_downtime: bool) -> None:
-    """Revert RUN_ID's files to before the run by a new commit, restart, verify again.
+             as_json: bool, allow_downtime: bool, skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
+    """Revert RUN_ID's files to before the run by a new commit, restart, and prove the revert.
 
-    RUN_ID may be a fleet run: each of its hosts that committed is rolled back."""
+    RUN_ID may be a fleet run: each of its hosts that committed is rolled back.
+
+    \b
+    What a rollback checks on the reverted build (the old build still has the bug):
+      - HEAD and the run's files hold their content from before the run (the revert commit);
+      - the playbook's restart: every service's PID changed, health answers, this start's log;
+      - the playbook's canary, if it has one;
+      - each drain's gauge no worse than the run's baseline before the fix (never the fix's own bound); a drain
+        with no recorded baseline is not run, and says so. The storm is never sent to the old build.
+    A check that fails leaves the revert standing: the run ends rolled_back with the check named, exit 5.
+    --skip-check and --baseline change the checks for this rollback only."""
     from deployer import runlog
     from deployer.config import targets
     from deployer.config.models import load_inventory
@@ -327,7 +340,8 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     from deployer.fleet.runner import FleetCancel
     from deployer.run import rollback as rollbacks
 
-    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
+    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s,
+                    revert_checks_from(skip_checks, baselines))
     if list_only:
         if not host_name:
             raise ConfigError("--list needs --host")
@@ -379,12 +393,15 @@ def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:
 @click.command()
 @click.argument("run_id", required=False, shell_complete=complete_runs)
 @host_option(help="Host (default: the run's host); alone, recovers the run its intent record names.")
-@click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, verify.")
+@click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, and "
+                                                            "prove the revert as `deployer rollback` does.")
+@revert_check_options
 @follow_up_options
 @json_option()
 @failures_to_exit_codes
 def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel: int, inventory: str | None,
-            runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None, as_json: bool) -> None:
+            runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None, as_json: bool,
+            skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
     """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
 
     RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
@@ -399,7 +416,8 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
 
     if not run_id and not host_name:
         raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
-    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s)
+    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s,
+                    revert_checks_from(skip_checks, baselines))
     runs_path = build.runs_dir
     if run_id and is_fleet(runs_path, run_id):
         fleet_id = run_id

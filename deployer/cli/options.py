@@ -4,10 +4,13 @@ dir, never from a target."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
+
+if TYPE_CHECKING:
+    from deployer.run.revert_checks import RevertChecks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,3 +81,33 @@ def follow_up_options(func: F) -> F:
     for option in (health_timeout_option, accept_option, runs_dir_option, inventory_option, parallel_option):
         func = option(func)
     return func
+
+
+def revert_check_options(func: F) -> F:
+    """A rollback's say over the checks it runs on the reverted build (rollback, recover --rollback)."""
+    func = click.option("--baseline", "baselines", multiple=True, metavar="METRIC=VALUE",
+                        help="Judge the reverted build's METRIC against VALUE instead of the run's recorded "
+                             "baseline (repeatable).")(func)
+    return click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
+                        help="Leave the playbook's check NAME (a drain, a canary) out of this rollback; `all`: every "
+                             "check after the restart (repeatable). The restart itself always runs.")(func)
+
+
+def revert_checks_from(skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> RevertChecks | None:
+    """The RevertChecks the options give (None: the playbook's, as they are)."""
+    from deployer.errors import ConfigError
+    from deployer.run.revert_checks import RevertChecks
+
+    if not skip_checks and not baselines:
+        return None
+    given: dict[str, float] = {}
+    for pair in baselines:
+        metric, sep, value = pair.partition("=")
+        try:
+            given[metric.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not metric.strip():
+            raise ConfigError(f"--baseline {pair!r}: write METRIC=VALUE, e.g. "
+                              "--baseline sglang:num_prefill_inflight_queue_reqs=13")
+    return RevertChecks(skip=frozenset(skip_checks), baseline=given)

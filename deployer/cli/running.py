@@ -19,18 +19,20 @@ if TYPE_CHECKING:
     from deployer.fleet.record import FleetState
     from deployer.fleet.runner import FleetCancel
     from deployer.run.engine import Engine, RunResult
+    from deployer.run.revert_checks import RevertChecks
     from deployer.steps.cancel import CancelToken
     from deployer.steps.context import Listener
     from deployer.ui.console import Lines
 
 
 def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool,
-            health_timeout_s: float | None = None) -> Build:
+            health_timeout_s: float | None = None, revert_checks: RevertChecks | None = None) -> Build:
     """What the command's engines and connections are made with, from its options."""
     from deployer import runlog
     from deployer.build import Build
 
-    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,), health_timeout_s)
+    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,), health_timeout_s,
+                 revert_checks)
 
 
 @contextmanager

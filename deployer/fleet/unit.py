@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployer.config.models import Unit
-from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
+from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, StepFailed, VerificationFailed
 from deployer.fleet.router import Routers, UnitRouting
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import head
 from deployer.run.restart import left_down
-from deployer.run.rollback import Target, check, check_recorded, link_rollback
+from deployer.run.revert_checks import NotRun, recorded_baseline
+from deployer.run.rollback import Target, check, check_recorded, finish_hint, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
@@ -99,8 +100,9 @@ class UnitRun:
                  on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
         """Roll back the unit's sub-runs of one fleet run: every host reverted, then one unit restart and
         the unit's checks again; each original run gets its rolled_back_by link, as a single rollback does."""
+        baseline = recorded_baseline(runs[self.metrics_host]) if self.metrics_host in runs else {}
         results = self._drive(lambda host, barrier, locked: self._rollback_body(host, runs[host], barrier, locked,
-                                                                                force),
+                                                                                force, baseline),
                               {host: {"rollback_of": run.run_id} for host, run in runs.items()}, on_result)
         for host, result in results.items():
             link_rollback(runs[host], result)
@@ -170,7 +172,7 @@ class UnitRun:
         return results
 
     def _rollback_body(self, host: str, run: Run, barrier: threading.Barrier, locked: threading.Event,
-                       force: bool) -> Body:
+                       force: bool, baseline: Mapping[str, float]) -> Body:
         target = Target.of(run)
 
         def body(ctx: Context, log: RunLogWriter) -> None:
@@ -191,7 +193,7 @@ class UnitRun:
             ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
             try:
                 revert = self.engines[host].revert(ctx, before=target.before, dests=target.files,
-                                                   rollback_of=run.run_id, verify=())
+                                                   rollback_of=run.run_id, verify=(), baseline={})
                 # When an earlier attempt already made the revert commit, this run made none of its own.
                 ctx.git_after = revert if revert != ctx.git_before else None
             except DeployerError:
@@ -199,11 +201,19 @@ class UnitRun:
                 raise
             self._meet(barrier, ctx, "every host of the unit reverted", reverted=True)
             if host == self.hosts[0]:
+                checks, left_out = self._reverted(baseline)
                 try:
-                    self._routed([s for s in self._post_steps() if s.effect in VERIFY], prefix="rollback:")
+                    self._routed(checks, prefix="rollback:")
+                    self._not_run(left_out)
+                except (StepFailed, VerificationFailed) as exc:  # every host's revert stands
+                    self.failure = ChecksFailed(
+                        f"unit {self.name}: {exc}\nEvery host's revert stands; the reverted build failed a check. "
+                        "A rollback again would not change the old build: `deployer check --host "
+                        f"{self.name}` shows the unit now, `deployer restart --host {self.name}` restarts it",
+                        commit=None, checks=[exc.step if isinstance(exc, StepFailed) else "rollback"])
                 except DeployerError as exc:
-                    self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert failed: {exc}\n"
-                                                  f"Run the rollback again to finish it")
+                    self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert stopped: {exc}\n"
+                                                  f"{finish_hint(exc, run.run_id)}")
             barrier.wait()
             self.through.add(host)
             if self.failure is not None:
@@ -280,9 +290,11 @@ class UnitRun:
             again = self._take_out_again(routing) if routing is not None and restarted and not routing.out else None
             # A rollback's steps as a manual one's (the restart and the drain, never a storm); while the unit is out,
             # its canary's request through the router waits until the old workers are back in it.
-            verify = [s for s in post if s.effect in VERIFY]
+            verify, left_out = self._reverted(self.ctxs[self.metrics_host].facts.baseline)
             redo, redo_back = self._split(verify) if routing is not None and routing.out else (verify, [])
             self.failure = self._settle_failure(ctxs, failure, redo)
+            if self.on_failure in ("rollback", "rollback_fleet") and isinstance(self.failure, VerificationFailed):
+                self._not_run(left_out)
             if again is not None:
                 self.failure = type(self.failure)(f"{self.failure}\n{again}")
             if routing is not None and routing.out:
@@ -365,6 +377,19 @@ class UnitRun:
             return RollbackFailed(f"{failure}\n{problem}")
         return type(failure)(f"{failure}\nThe old workers are back in router {router}")
 
+    def _reverted(self, baseline: Mapping[str, float]) -> tuple[list[Step], list[NotRun]]:
+        """The restarts and checks a rollback runs again, as they judge the reverted build (run/revert_checks.py),
+        and the checks it leaves out (said by _not_run once the others ran)."""
+        chosen = self.engines[self.metrics_host].revert_checks.choose(
+            [s for s in self._post_steps() if s.effect in VERIFY], baseline)
+        return [s for s in chosen if isinstance(s, Step)], [s for s in chosen if isinstance(s, NotRun)]
+
+    def _not_run(self, left_out: list[NotRun]) -> None:
+        """The checks a rollback left out, logged as not run on the unit's metrics host (never as passed)."""
+        host = self.metrics_host
+        for left in left_out:
+            self.engines[host].not_run(self.ctxs[host], left)
+
     def _post_steps(self) -> list[Step]:
         """The playbook's steps after the commit, in order (from the metrics host, which has them all)."""
         steps = self.engines[self.metrics_host].steps
@@ -423,16 +448,28 @@ class UnitRun:
                 ctx.cancel = CancelToken()  # the rollback must finish even when a signal caused it
                 ctx.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
                 revert = self.engines[ctx.host_name].revert(ctx, before=ctx.git_before, dests=ctx.dests,
-                                                            rollback_of=ctx.run_id, verify=())
+                                                            rollback_of=ctx.run_id, verify=(), baseline={})
                 ctx.facts.rollback_commit = revert
             forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs}
             for ctx in ctxs:
                 ctx.facts.pids = None
-            self._run_unit_steps(redo, "rollback:")
-            for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
-                if ctx.facts.pids is not None:
-                    ctx.facts.rollback_pids = ctx.facts.pids
-                ctx.facts.pids = forward[ctx.host_name]
+            try:
+                self._run_unit_steps(redo, "rollback:")
+            except (StepFailed, VerificationFailed) as exc:  # every revert stands: rolled back, the check named
+                checks_failed = [exc.step if isinstance(exc, StepFailed) else "rollback"]
+                for ctx in ctxs:
+                    assert ctx.record is not None
+                    ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts.rollback_commit,
+                                       checks_failed=checks_failed)
+                    ctx.bus.step = None
+                return VerificationFailed(f"{where}\nRolled back every host of the unit, but the reverted build "
+                                          f"failed its check: {exc}\nThe reverts stand; a rollback again would not "
+                                          "change the old build")
+            finally:
+                for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
+                    if ctx.facts.pids is not None:
+                        ctx.facts.rollback_pids = ctx.facts.pids
+                    ctx.facts.pids = forward[ctx.host_name]
         except DeployerError as exc:
             for ctx in ctxs:
                 assert ctx.record is not None

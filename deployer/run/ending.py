@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from deployer.errors import DeployerError
+from deployer.errors import ChecksFailed, DeployerError
 from deployer.run.state import Phase, RunRecord, RunRecordError
 from deployer.runlog import utc_now
 
@@ -40,6 +40,9 @@ class Ending:
         """A run that stops leaves a phase that says what the target holds; never a forward phase."""
         state = self.record.state
         if state.terminal or state.phase == Phase.interrupted or self.unrecorded is not None:
+            return
+        if isinstance(failure, ChecksFailed) and state.phase == Phase.rolling_back:  # the revert stands
+            self.end(Phase.rolled_back, rollback_commit=failure.commit, checks_failed=failure.checks)
             return
         if state.phase in (Phase.preparing, Phase.locked):  # nothing was changed
             self.end(Phase.failed_restored, error=str(failure))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,22 @@ from typing import Any
 import deployer
 from deployer.command import Masker
 from deployer.config.models import Host
-from deployer.errors import ConfigError, DeployerError, Interrupted, RecordRefused, RequestSkipped, RollbackFailed
+from deployer.errors import (
+    ChecksFailed,
+    ConfigError,
+    DeployerError,
+    Interrupted,
+    RecordRefused,
+    RequestSkipped,
+    RollbackFailed,
+)
 from deployer.run import prepare, undo
 from deployer.run.ahead import Ahead
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer
 from deployer.run.owner import Owner
 from deployer.run.plan import PlanReport, plan
+from deployer.run.revert_checks import NotRun, RevertChecks, checks_failed_message, failed_names, prove
 from deployer.run.state import (
     PAST_COMMIT,
     Phase,
@@ -126,6 +135,7 @@ class Engine:
     operator: str = field(default_factory=operator_id)
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
     run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
+    revert_checks: RevertChecks = field(default_factory=RevertChecks)  # a rollback's
     # The run's log, lease and ending while it runs (one run at a time per engine).
     _log: RunLogWriter | None = field(default=None, init=False, repr=False)
     _lease: Lease | None = field(default=None, init=False, repr=False)
@@ -249,8 +259,9 @@ class Engine:
             finally:
                 # A lost connection fails the release too; that must not replace the body's failure.
                 # A recover that did not end its cut run leaves that run's intent record for the next try.
+                # A recover whose rollback's revert stands ended its cut run too, though a check of it failed.
                 settled = (record.state.terminal or ending.unrecorded is not None) and not (
-                    self.adopt_lock_of is not None and record.state.phase != Phase.succeeded)
+                    self.adopt_lock_of is not None and record.state.phase not in (Phase.succeeded, Phase.rolled_back))
                 note = end_note(ctx if settled else None, log, EndNote(log.sha256(), *ended, ending.held.value))
                 left, noted = lease.release(transport, bus, ctx if settled else None, note)
             if left and not settled:
@@ -379,7 +390,7 @@ class Engine:
                 # A rollback can be long (it restarts services): a forced stop still stops it.
                 raise undo.after_commit_failure(
                     ctx, failure, ending, rollback=self.playbook.model.on_failure == "rollback",
-                    revert=self._revert_own, restarts=bool(self.checks_after_revert((Effect.restarts,)))) from None
+                    revert=self._revert_own, restarts=any(s.effect == Effect.restarts for s in self.steps)) from None
             finally:
                 ctx.on_sent = None
                 if not ctx.ahead:
@@ -422,8 +433,10 @@ class Engine:
         undo.restore(ctx, failure, self._ending)
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
-               verify: tuple[Effect, ...]) -> str:
-        """A commit giving dests their content at `before`; then the playbook's restart (and checks) again."""
+               verify: tuple[Effect, ...], baseline: Mapping[str, float]) -> str:
+        """A commit giving dests their content at `before`; then the playbook's restart and checks again, as
+        they prove the revert (run/revert_checks.py: judged against the run's `baseline`). A failed check leaves
+        the revert standing: ChecksFailed, with every check's verdict in the facts."""
         ctx.bus.step = "rollback"
         self._note_log_sha256(ctx)
         known = {RUN_ID: ctx.run_id, LOG_SHA256: ctx.facts.log_sha256}
@@ -433,24 +446,41 @@ class Engine:
         ctx.facts.rollback_commit = revert
         forward_pids, ctx.facts.pids = ctx.facts.pids, None
         try:
-            for step in self.checks_after_revert(verify):
-                self.run_step(ctx, step, f"rollback:{step.name}")
+            verdicts, failure = prove(
+                self.checks_after_revert(verify, baseline),
+                run=lambda step: self.run_step(ctx, step, f"rollback:{step.name}"),
+                not_run=lambda check: self.not_run(ctx, check))
         finally:  # both restarts stay in the record: the run's own, and the rollback's
             if ctx.facts.pids is not None:
                 ctx.facts.rollback_pids = ctx.facts.pids
             ctx.facts.pids = forward_pids
+        ctx.facts.rollback_checks = verdicts
         ctx.bus.step = None
+        if failure is not None:
+            raise ChecksFailed(checks_failed_message(verdicts, failure, revert, self.host_name),
+                               commit=revert, checks=failed_names(verdicts))
         return revert
+
+    @staticmethod
+    def not_run(ctx: Context, check: NotRun) -> None:
+        """A check the rollback leaves out, in the log as such (never as passed)."""
+        ctx.bus.step = f"rollback:{check.name}"
+        ctx.emit("step_start", kind="not_run")
+        ctx.emit("step_end", status="skipped", duration_s=0.0, summary=f"not run: {check.why}")
+        ctx.bus.step = None
 
     def _revert_own(self, ctx: Context) -> str:
         """on_failure: rollback, after this run's own commit failed its checks."""
         assert ctx.git_before is not None
-        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id, verify=VERIFY)
+        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id, verify=VERIFY,
+                           baseline=ctx.facts.baseline)
 
     def reverting(self, before: str, dests: list[str], rollback_of: str) -> undo.Revert:
         """The revert commit a rollback of run `rollback_of` makes: run by revert(), shown by its plan."""
         return undo.Revert.of(self.playbook.model.name, before, dests, rollback_of)
 
-    def checks_after_revert(self, verify: tuple[Effect, ...]) -> list[Step]:
-        """The playbook's steps a rollback runs again after its revert (a restart, and checks)."""
-        return [s for s in self.steps if s.effect in verify]
+    def checks_after_revert(self, verify: tuple[Effect, ...],
+                            baseline: Mapping[str, float]) -> list[Step | NotRun]:
+        """The playbook's steps a rollback runs again after its revert (a restart, and checks), as they judge the
+        reverted build."""
+        return self.revert_checks.choose([s for s in self.steps if s.effect in verify], baseline)

@@ -40,6 +40,7 @@ class PlanReport:
     dirty: list[str] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # a container target's: its id and where each dest lives
     unsent: str | None = None  # why apply would not send its chain up to the commit with the lock (None: it would)
+    not_run: dict[str, str] = field(default_factory=dict)  # step -> why it will not run (a rollback's left-out check)
 
     @property
     def places(self) -> list[str]:
@@ -65,7 +66,8 @@ class PlanReport:
                 "dirty": self.dirty, "placement": self.placement, "lock": self.lock.info if self.lock else None,
                 "sent_whole": {"yes": self.unsent is None, "why_not": self.unsent},
                 "steps": [{"name": n, "actions": [a.describe() for a in acts],
-                           "commands": [a.command() for a in acts if a.kind == Kind.run]} for n, acts in self.steps]}
+                           "commands": [a.command() for a in acts if a.kind == Kind.run],
+                           **({"not_run": self.not_run[n]} if n in self.not_run else {})} for n, acts in self.steps]}
 
 
 def masked(masker: Masker, actions: Sequence[Action]) -> list[Action]:

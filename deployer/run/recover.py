@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer.errors import ConfigError, DeployerError, Interrupted, VerificationFailed
+from deployer.errors import ChecksFailed, ConfigError, DeployerError, Interrupted, VerificationFailed
 from deployer.run import gitops, intent
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import touched_by
 from deployer.run.lock import read_state
 from deployer.run.restart import left_down, restarted_services
 from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
+from deployer.run.revert_checks import recorded_baseline
 from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
@@ -53,6 +54,7 @@ class Recovered:
     kept: list[str] = field(default_factory=list)  # services already serving its commit, left running
     unproven: str | None = None  # why the checks recover ran again do not prove the fix
     finish_failed: DeployerError | None = None  # its restart or checks failed again, and its playbook rolls back
+    checks_failed: ChecksFailed | None = None  # its rollback's revert stands, but the reverted build failed these
 
     def summary(self) -> str:
         if self.outcome is None:
@@ -142,8 +144,11 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             if rollback or cut_rolling_back or outcome == Phase.rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
-                found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
-                                                      verify=VERIFY)
+                try:
+                    found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
+                                                          verify=VERIFY, baseline=_baseline(engine.runs_dir, run_id))
+                except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
+                    found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
         elif pending is None:
             # No intent record and no commit: the agent let none of the run's changes through, or the run undid
@@ -156,10 +161,16 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             done = restore_files(ctx, files, before, trailer, record)
             found.restored, found.removed, found.temps = done.restored, done.removed, done.temps
             outcome = Phase.failed_restored
-        found.outcome = _settle_original(record, outcome, found.commit)
+        checks_failed = found.checks_failed.checks if found.checks_failed is not None else []
+        found.outcome = _settle_original(record, outcome, found.commit, checks_failed=checks_failed)
         ctx.emit("recovered", of_run=run_id, outcome=found.outcome.value, commit=found.commit,
                  restored=found.restored, removed=found.removed, temps=found.temps,
-                 rollback_commit=found.rollback_commit, lock_released=found.lock_released)
+                 rollback_commit=found.rollback_commit, lock_released=found.lock_released,
+                 checks_failed=checks_failed)
+        if found.checks_failed is not None:  # this run's record says so too: its revert stands
+            assert ctx.record is not None
+            ctx.record.advance(Phase.rolling_back, utc_now())
+            raise found.checks_failed
         if found.finish_failed is not None:
             raise VerificationFailed(f"{found.finish_failed}\nrun {run_id}: its playbook says on_failure: rollback, so "
                                      f"recover rolled it back by {str(found.rollback_commit)[:12]} (rolled_back)")
@@ -287,7 +298,13 @@ def _proved_end(ctx: Context, runs_dir: Path, run_id: str, record: RunRecord | N
     return note if covered is not None and (end_at is None or covered <= end_at) else None
 
 
-def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | None = None) -> Phase:
+def _baseline(runs_dir: Path, run_id: str) -> dict[str, float]:
+    """The cut run's baseline, which its rollback judges the reverted build against (none: no log here)."""
+    return recorded_baseline(read_run(runs_dir, run_id)) if (runs_dir / run_id / EVENTS).is_file() else {}
+
+
+def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | None = None,
+                     checks_failed: list[str] | None = None) -> Phase:
     """The cut run's record moved to what the target shows; returns the phase it ends in."""
     if record is None:
         return outcome
@@ -300,7 +317,7 @@ def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | Non
         # Cut while committing, or before its record here said so (the commit went ahead with the upload, and
         # the target ran it first): the commit exists after all.
         record.advance(Phase.interrupted, utc_now())
-    record.advance(outcome, utc_now(), git_after=after)
+    record.advance(outcome, utc_now(), git_after=after, **({"checks_failed": checks_failed} if checks_failed else {}))
     return outcome
 
 

@@ -12,15 +12,27 @@ from dataclasses import dataclass
 
 from deployer import diffs, runlog
 from deployer.agent.protocol import ExecResult
-from deployer.errors import ConfigError, DeployerError, RollbackFailed, StepFailed, VerificationFailed
+from deployer.errors import (
+    ChecksFailed,
+    ConfigError,
+    ConnectError,
+    DeployerError,
+    Interrupted,
+    RollbackFailed,
+    StepFailed,
+    TransportError,
+    VerificationFailed,
+)
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
 from deployer.run.lock import read_state
 from deployer.run.mounts import refuse_if_recreated
 from deployer.run.plan import FilePlan, PlanReport, masked
+from deployer.run.revert_checks import recorded_baseline
 from deployer.run.state import Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
+from deployer.steps.base import Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
@@ -179,7 +191,9 @@ def check_recorded(ctx: Context, run: Run, target: Target) -> None:
 
 def refuse_if_rolled_back(ctx: Context, run: Run) -> None:
     """A rollback the log claims counts only when its revert commit is in the target's history."""
-    claimed = {str(link.get("by")) for link in run.all("rolled_back_by") if link.get("status") == "successful"}
+    # A rollback whose checks of the reverted build failed still ended rolled_back: its revert stands.
+    claimed = {str(link.get("by")) for link in run.all("rolled_back_by")
+               if link.get("status") == "successful" or link.get("phase") == Phase.rolled_back.value}
     own_revert = ((run.end or {}).get("facts") or {}).get("rollback_commit") if run.status != "successful" else None
     # A recover that finished the run's rollback names the revert (the cut run's own, or one it made); recover
     # links itself to the run only when it succeeded.
@@ -226,7 +240,9 @@ def already_reverted(ctx: Context, target: Target) -> bool:
 
 
 def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
+    """Revert the run's commit, restart, and prove the revert (run/revert_checks.py)."""
     target = Target.of(run)
+    baseline = recorded_baseline(run)
 
     def body(ctx: Context, log: RunLogWriter) -> None:
         refuse_if_recreated(ctx, run)  # a container target recreated since the run lost its writable layer
@@ -239,11 +255,13 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         assert ctx.record is not None
         ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
         try:
-            revert = engine.revert(ctx, before=target.before, dests=target.files,
-                                   rollback_of=run.run_id, verify=VERIFY)
+            revert = engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id,
+                                   verify=VERIFY, baseline=baseline)
+        except ChecksFailed as exc:  # the revert stands: the run ends rolled_back, naming the check
+            ctx.git_after = exc.commit if exc.commit != ctx.git_before else None
+            raise
         except DeployerError as exc:
-            raise RollbackFailed(f"{exc}\n{target_state(ctx)}\nRun the rollback again to finish it: "
-                                 f"deployer rollback {run.run_id}") from None
+            raise RollbackFailed(f"{exc}\n{target_state(ctx)}\n{finish_hint(exc, run.run_id)}") from None
         # When an earlier attempt already made the revert commit, this run made none of its own.
         ctx.git_after = revert if revert != ctx.git_before else None
 
@@ -252,12 +270,21 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     return result
 
 
+def finish_hint(failure: DeployerError, run_id: str) -> str:
+    """What to do about a rollback that stopped half way: again as it is only when what stopped it passes (a lost
+    link, a stop); a failure that would repeat needs a person first."""
+    again = f"deployer rollback {run_id}"
+    if isinstance(failure, TransportError | ConnectError | Interrupted):
+        return f"Once the target answers again, finish it with: {again}"
+    return f"Fix what failed above on the target first (a rollback again would fail the same way), then: {again}"
+
+
 def link_rollback(run: Run, result: RunResult) -> None:
     """The rolled-back run's own log points at the rollback that undid it (the rollback's points back)."""
     link = RunLogWriter.reopen(run.dir.parent, run.run_id)
     try:
         link.write({"type": "rolled_back_by", "by": result.run_id, "status": result.status,
-                    "commit": result.git_after})
+                    "phase": result.phase, "commit": result.git_after})
     finally:
         link.close()
 
@@ -291,9 +318,12 @@ def plan(engine: Engine, run: Run) -> PlanReport:
         ctx.git_dir = git_dir or None
         bus.step = "rollback"
         steps = [("rollback", masked(bus.masker, engine.reverting(target.before, target.files, run.run_id).plan(ctx)))]
-        steps += [(f"rollback:{s.name}", masked(bus.masker, s.plan(ctx))) for s in engine.checks_after_revert(VERIFY)]
+        checks = engine.checks_after_revert(VERIFY, recorded_baseline(run))
+        steps += [(f"rollback:{s.name}", masked(bus.masker, s.plan(ctx)) if isinstance(s, Step) else [])
+                  for s in checks]
     stat = diffs.DiffStat(tuple(f.stat for f in files))
-    return PlanReport(engine.host_name, engine.host.repo, now, files, stat, {}, steps, lock)
+    return PlanReport(engine.host_name, engine.host.repo, now, files, stat, {}, steps, lock,
+                      not_run={f"rollback:{s.name}": s.why for s in checks if not isinstance(s, Step)})
 
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:

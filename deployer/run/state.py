@@ -127,6 +127,7 @@ class RunState(BaseModel):
     trailer: str | None = None  # the line the run's commit carries: how recovery finds it
     rollback_of: str | None = None
     rollback_commit: str | None = None
+    checks_failed: list[str] = Field(default_factory=list)  # rolled_back, but the reverted build failed these
     files: list[FileRecord] = Field(default_factory=list)
     # Steps sent with the changes, behind the checks before them (a commit): on the target they may have run
     # before their turn, even when the run stopped before it (recover looks for the commit by its trailer).

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deployer.agent.protocol import ExecResult
-from deployer.errors import DeployerError, Interrupted, RollbackFailed, VerificationFailed
+from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, VerificationFailed
 from deployer.run.ending import Ending
 from deployer.run.gitops import HEAD, differ_argv, exists_argv, git, names
 from deployer.run.lease import run_trailer
@@ -95,6 +95,10 @@ def after_commit_failure(ctx: Context, failure: DeployerError, ending: Ending, *
     record.advance(Phase.rolling_back, utc_now(), error=str(failure))
     try:
         made = revert(ctx)
+    except ChecksFailed as exc:  # the revert stands; the reverted build failed a check of its own
+        ending.end(Phase.rolled_back, rollback_commit=exc.commit, checks_failed=exc.checks)
+        return kind(f"{failure}\nRolled back: commit {str(exc.commit)[:12]} restores {', '.join(ctx.dests)} to "
+                    f"{str(ctx.git_before)[:12]}, but {exc}")
     except DeployerError as exc:
         record.advance(Phase.interrupted, utc_now())
         return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}\n{target_state(ctx)}\n"

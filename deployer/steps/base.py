@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -125,6 +125,12 @@ class Step(ABC):
         """What the target lacks for this step's run, read live and read-only right after preflight (nvidia-smi
         for a service with `gpus:`): any refuses the run before anything changes (exit 1)."""
         return []
+
+    def after_revert(self, baseline: Mapping[str, float]) -> Step | str:
+        """This step as a rollback runs it again on the reverted build (only steps that restart or verify), or
+        why it does not (a string, shown as not run). Itself by default (a restart, a canary); a check of the
+        fix's own symptom judges the old build against the run's baseline (metric -> value before the fix)."""
+        return self
 
     def live_checks(self, ctx: Context) -> list[LiveCheck]:
         """What `deployer check` reads for this step, live and read-only (a metric step: its gauge now)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -208,24 +208,75 @@ class Drain(MetricStep):
     params: DrainParams
 
     def scrape(self, ctx: Context) -> Action:
-        return scrape_action(ctx, self.params, self.name, f"{self.params.op} {self.params.to:g} for "
+        return scrape_action(ctx, self.params, self.name, f"{self.bound()} for "
                              f"{self.params.stable_polls} polls (at most {self.params.within_s:g}s)")
 
     def plan(self, ctx: Context) -> list[Action]:
         return [self.scrape(ctx)]
 
+    def holds(self, value: float) -> bool:
+        return COMPARE[self.params.op](value, self.params.to)
+
+    def bound(self) -> str:
+        return f"{self.params.op} {self.params.to:g}"
+
+    def after_revert(self, baseline: Mapping[str, float]) -> Step | str:
+        before = baseline.get(self.params.metric)
+        if before is None:
+            return (f"no baseline of {self.params.metric} was recorded before the fix: nothing to judge the "
+                    "reverted build against (add a `baseline` step to the playbook, or give one with --baseline)")
+        return RevertedDrain(self, before)
+
     def run(self, ctx: Context) -> str:
-        compare = COMPARE[self.params.op]
-        polled = poll(ctx, self.scrape(ctx), self.params, lambda v: compare(v, self.params.to), self.params.within_s)
+        polled = poll(ctx, self.scrape(ctx), self.params, self.holds, self.params.within_s)
         last, samples = polled.last, polled.samples
         final = next((r.value for r in reversed(samples) if r.value is not None), None)
-        before = ctx.facts.baseline.get(self.params.metric)
-        ctx.facts.drain = {self.params.metric: {"baseline": before, "final": final}}
+        before = self.baseline(ctx)
+        self.record(ctx, {"baseline": before, "final": final})
         if last.value is None:
             raise StepFailed(self.name, f"inconclusive: {last.problem} (last samples: {show(samples)})")
         if not polled.held:
-            raise StepFailed(self.name, f"{describe(self.params)} did not reach {self.params.op} "
-                             f"{self.params.to:g} for {self.params.stable_polls} polls within "
-                             f"{self.params.within_s:g}s (last samples: {show(samples)})")
+            raise StepFailed(self.name, f"{describe(self.params)} did not reach {self.bound()} for "
+                             f"{self.params.stable_polls} polls within {self.params.within_s:g}s (last samples: "
+                             f"{show(samples)})")
         shown = "?" if before is None else f"{before:g}"
         return f"{describe(self.params)}: {shown} -> {last.value:g} (samples: {show(samples)})"
+
+    def baseline(self, ctx: Context) -> float | None:
+        return ctx.facts.baseline.get(self.params.metric)
+
+    def record(self, ctx: Context, figures: dict[str, float | None]) -> None:
+        ctx.facts.drain = {**ctx.facts.drain, self.params.metric: figures}  # a playbook may drain several gauges
+
+
+class RevertedDrain(Drain):
+    """The fix's drain as a rollback runs it on the reverted build: no worse than the run's baseline before the
+    fix. The old build still has the bug, so the fix's own bound would fail it for ever (and under traffic it
+    wedges again within seconds): the rollback proves the revert, not the fix."""
+
+    def __init__(self, drain: Drain, before: float) -> None:
+        super().__init__(drain.params, drain.name, drain.where)
+        self.was = before
+
+    def holds(self, value: float) -> bool:
+        if self.params.op == "==":  # no further from the fix's value than the baseline was
+            return abs(value - self.params.to) <= abs(self.was - self.params.to)
+        return super().holds(value) or COMPARE[self.params.op](value, self.was)
+
+    def bound(self) -> str:
+        if self.params.op == "==":
+            return f"within {abs(self.was - self.params.to):g} of {self.params.to:g} (no worse than " \
+                   f"{self.was:g}, its baseline before the fix)"
+        loosest = max if self.params.op == "<=" else min
+        return f"{self.params.op} {loosest(self.was, self.params.to):g} (no worse than {self.was:g}, " \
+               "its baseline before the fix)"
+
+    def run(self, ctx: Context) -> str:
+        return f"reverted build, no worse than before the fix: {super().run(ctx)}"
+
+    def baseline(self, ctx: Context) -> float | None:
+        return self.was
+
+    def record(self, ctx: Context, figures: dict[str, float | None]) -> None:
+        # The fix's own drain stays in the record: this is the reverted build's
+        ctx.facts.rollback_drain = {**ctx.facts.rollback_drain, self.params.metric: figures}

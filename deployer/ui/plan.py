@@ -54,7 +54,9 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     else:
         console.print(f"sent in two round trips (the changes wait for preflight's answers): {escape(report.unsent)}")
     for number, (name, actions) in enumerate(report.steps, 1):
-        console.print(f"{number}. [bold]{escape(name)}[/bold]")
+        why = report.not_run.get(name)
+        console.print(f"{number}. [bold]{escape(name)}[/bold]" + (f" [yellow]not run:[/yellow] {escape(why)}"
+                                                                 if why else ""))
         for action in actions:
             console.print(f"     {action.render()}", markup=False, highlight=False)
     if timings:

@@ -65,6 +65,9 @@ def fact_lines(facts: dict[str, Any], events: list[dict[str, Any]]) -> list[str]
         lines.append(f"rollback commit: {facts['rollback_commit']}")
     if facts.get("rollback_pids"):
         lines.append(f"pids after the rollback: {pid_text(facts, 'rollback_pids')}")
+    if facts.get("rollback_checks"):
+        lines.append("checks of the reverted build: " + "; ".join(
+            f"{name} {verdict}" for name, verdict in facts["rollback_checks"].items()))
     return lines
 
 
@@ -107,8 +110,10 @@ def show_run(console: Console, run: Run) -> None:
         console.print(f"recovered by run {_field(link.get('by'))} ({link.get('status', '?')}): "
                       f"{_field(link.get('outcome'))}{unproven}", markup=False, highlight=False)
     for link in run.all("rolled_back_by"):
-        console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')})", markup=False,
-                      highlight=False)
+        checks = "; its checks of the reverted build failed" if link.get("status") != "successful" and \
+            link.get("phase") == "rolled_back" else ""
+        console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')}{checks})",
+                      markup=False, highlight=False)
     git = run.git
     console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
                   highlight=False)

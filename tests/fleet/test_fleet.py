@@ -300,10 +300,19 @@ def pd_unit(fleet: Project) -> Iterator[Project]:
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 UNIT_STEPS = [*BOUNDED, "co_restart", {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 1}}]
+# A rollback judges the reverted build's gauge against the baseline read before the fix (none: the drain is not run).
+UNIT_BASELINE = {"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}}
+
+
+def serving(pd_unit: Project) -> None:
+    """The unit's services up before the fix, so that its baseline reads them."""
+    started = pd_unit.deployer("restart", "--host", "pd-1")
+    assert started.returncode == 0, started.stderr
 
 
 def test_a_pd_unit_on_two_hosts_restarts_as_one_and_is_drained_on_its_metrics_host(pd_unit: Project) -> None:
-    pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
+    pd_unit.playbook(steps=[UNIT_BASELINE, *UNIT_STEPS], on_failure="rollback")
+    serving(pd_unit)
     result = pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json")
     report = as_json(result)
     assert result.returncode == 0, report
@@ -350,7 +359,8 @@ def test_a_unit_that_fails_its_drain_rolls_back_restarts_and_drains_every_host_o
         spec["start"] = gauge_server(pd_unit.root, port, repo(pd_unit, host), pd_unit.root / "www")
         spec["env"] = {"PYTHONDONTWRITEBYTECODE": "1"}
     pd_unit.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
-    pd_unit.playbook(steps=UNIT_STEPS, on_failure="rollback")
+    pd_unit.playbook(steps=[UNIT_BASELINE, *UNIT_STEPS], on_failure="rollback")
+    serving(pd_unit)
     trees = {h: git(repo(pd_unit, h), "rev-parse", "HEAD^{tree}").strip() for h in ("h1", "h3")}
     result = pd_unit.deployer("apply", "fix.yaml", "--host", "h1,h3", "--json")
     report = as_json(result)
@@ -662,3 +672,36 @@ def test_a_unit_host_whose_commit_fails_rolls_back_the_hosts_that_committed_with
         assert git(repo(pd_unit, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
         events = pd_unit.events(report["hosts"][host]["run_id"])
         assert not [e for e in events if e["type"] in ("service_stopped", "service_started")]
+
+
+def test_a_unit_rollback_whose_old_build_fails_its_check_still_ends_rolled_back_on_every_host(
+        pd_unit: Project) -> None:
+    from fixtures_services import gauge_server, metrics_text
+
+    www = pd_unit.root / "www"
+    inventory = yaml.safe_load(pd_unit.inventory.read_text())
+    for host, service in (("h1", "prefill"), ("h3", "decode")):
+        spec = inventory["hosts"][host]["services"][service]
+        port = int(spec["health"].rsplit(":", 1)[1].split("/")[0])
+        argv = gauge_server(pd_unit.root, port, repo(pd_unit, host), www)
+        spec["start"] = [*argv[:-2], str(www / "drained.prom"), str(www / "old.prom")]  # the old build: old.prom
+        spec["env"] = {"PYTHONDONTWRITEBYTECODE": "1"}
+    pd_unit.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    (www / "old.prom").write_text(metrics_text(3.0))
+    pd_unit.playbook(steps=[UNIT_BASELINE, *UNIT_STEPS])
+    serving(pd_unit)
+    report = as_json(applied := pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1", "--json"))
+    assert applied.returncode == 0, report
+    (www / "old.prom").write_text(metrics_text(9.0))  # the old build now wedges worse than before the fix
+    undone = pd_unit.deployer("rollback", report["fleet_id"], "--json")
+    rolled = as_json(undone)
+    assert undone.returncode == 5, rolled
+    for host in ("h1", "h3"):
+        sub = rolled["hosts"][host]
+        assert sub["phase"] == "rolled_back", sub
+        state = json.loads((pd_unit.runs / sub["run_id"] / "state.json").read_text())
+        assert state["checks_failed"] == ["drain"]
+        assert (repo(pd_unit, host) / "pkg/a.py").read_text() == ORIGINAL_A
+        assert "a rollback again would not change the old build" in " ".join(sub["error"].lower().split())
+    again = pd_unit.deployer("rollback", report["fleet_id"], "--json")
+    assert again.returncode != 0 and "already rolled back" in again.stdout, again.stdout

@@ -11,7 +11,8 @@ from fixtures_services import GAUGE, Stack
 
 from deployer.steps.action import Action
 
-STEPS = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
+STEPS = [{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}},
+         "local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
          {"commit": {"message": "pkg: answer is 42"}}, "co_restart",
          {"drain": {"metric": GAUGE, "to": 5, "interval_s": 0.2, "within_s": 10}}]
 
@@ -25,6 +26,7 @@ def bound_line(action: dict[str, Any], bound: dict[str, str]) -> str:
 
 def test_plan_rollback_lists_the_commands_the_rollback_then_runs(stack: Stack) -> None:
     project = stack.project
+    stack.start_services()  # the baseline reads them before the fix
     project.playbook(steps=STEPS)
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     applied = sorted(project.runs.iterdir())[-1].name

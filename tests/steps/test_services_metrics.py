@@ -165,7 +165,7 @@ def answers(stack: Stack) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
-def test_drain_failure_after_commit_rolls_back_restarts_and_drains_the_old_build_without_a_storm(
+def test_drain_failure_after_commit_rolls_back_restarts_and_judges_the_old_build_by_its_baseline_without_a_storm(
         stack: Stack) -> None:
     project = stack.project
     # The fix leaves the gauge at 3; the reverted build drains it: only a drain after the revert passes.
@@ -177,7 +177,8 @@ def test_drain_failure_after_commit_rolls_back_restarts_and_drains_the_old_build
     stack.start_services()
     assert answers(stack) == {"prefill": "41", "decode": "41"}
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
-    project.playbook(steps=["local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
+    project.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}},
+                            "local_compile", "upload", "remote_compile", {"commit": {"message": "fix"}},
                             "co_restart", {"storm": {"requests": 5, "concurrency": 1, "client_timeout_s": 5}},
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 1.5}}],
                      on_failure="rollback")

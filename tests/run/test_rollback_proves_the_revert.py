@@ -1,0 +1,221 @@
+"""A rollback proves the revert, not the fix: on the reverted build (which still has the bug) the fix's gauge is
+judged against the run's baseline, and a check that fails there still ends the rollback, rolled_back, exit 5.
+
+Real services (a gauge server that loads the target's code at start) over local and a real sshd."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fixtures_repo import Project, git
+from fixtures_services import GAUGE, Stack, gauge_server, metrics_text
+
+
+def old_build_stuck(stack: Stack, *, old: float = 3.0, refuse: Path | None = None) -> None:
+    """Services whose gauge reads `old` on the code before the fix (as SGLang's KVPoll wedge does under
+    traffic) and 0 on the fixed code, whatever load they see; while `refuse` exists, the old build cannot start."""
+    project = stack.project
+    services = {}
+    for name, port in stack.ports.items():
+        argv = gauge_server(project.root, port, project.repo, stack.www)
+        argv[-2:] = [str(stack.www / "drained.prom"), str(stack.www / "old.prom")]  # fixed: 0; before it: `old`
+        if refuse is not None:
+            argv = ["sh", "-c", f'[ -e {refuse} ] && grep -q "return 41" {project.repo}/pkg/a.py && '
+                    'echo "old build: cannot load the model" >&2 && exit 3; exec "$@"', "sh", *argv]
+        services[name] = {**stack.service(name), "start": argv, "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                          "health_timeout_s": 10}
+    (stack.www / "old.prom").write_text(metrics_text(old))
+    stack.configure(**services)
+    host = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
+    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
+
+
+def fix_playbook(project: Project, *, baseline: bool = True, within_s: float = 20, **extra: Any) -> None:
+    steps: list[Any] = [{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}}] if baseline else []
+    project.playbook(steps=[*steps, "upload", {"commit": {"message": "fix"}}, "co_restart",
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": within_s}}],
+                     **extra)
+
+
+def applied(project: Project) -> str:
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    return sorted(project.runs.iterdir())[-1].name
+
+
+def last_run(project: Project) -> str:
+    return sorted(project.runs.iterdir())[-1].name
+
+
+def state(project: Project, run_id: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((project.runs / run_id / "state.json").read_text())
+    return loaded
+
+
+def run_end(project: Project, run_id: str) -> dict[str, Any]:
+    return next(e for e in project.events(run_id) if e["type"] == "run_end")
+
+
+def test_a_rollback_judges_the_old_builds_gauge_against_the_runs_baseline_not_the_fixs_bound(stack: Stack) -> None:
+    project = stack.project
+    old_build_stuck(stack)
+    stack.start_services()
+    before = project.head()
+    fix_playbook(project, within_s=5)
+    run_id = applied(project)
+    result = project.deployer("rollback", run_id, "--json")
+    assert result.returncode == 0, result.stderr
+    rollback_id = last_run(project)
+    assert rollback_id != run_id and git(project.repo, "rev-parse", "HEAD^{tree}").strip() == \
+        git(project.repo, "rev-parse", f"{before}^{{tree}}").strip()
+    # The old build's gauge is back at 3: no worse than the 3 the run saw before its fix, so the revert is proven.
+    facts = run_end(project, rollback_id)["facts"]
+    assert facts["rollback_checks"] == {"co_restart": "passed", "drain": "passed"}
+    assert facts["rollback_drain"] == {GAUGE: {"baseline": 3.0, "final": 3.0}}
+    assert "drain" not in facts  # the fix's own drain figure is not claimed for the old build
+    drained = next(e for e in project.events(rollback_id) if e["type"] == "step_end" and e["step"] == "rollback:drain")
+    assert drained["status"] == "ok" and "reverted build" in drained["summary"] and "3 -> 3" in drained["summary"]
+    assert state(project, rollback_id)["phase"] == "rolled_back"
+    assert json.loads(result.stdout)["exit_code"] == 0
+
+
+def test_a_rollback_whose_old_build_is_worse_than_its_baseline_still_ends_rolled_back_naming_the_check(
+        stack: Stack) -> None:
+    project = stack.project
+    old_build_stuck(stack)
+    stack.start_services()
+    fix_playbook(project, within_s=1.5)
+    run_id = applied(project)
+    (stack.www / "old.prom").write_text(metrics_text(9.0))  # the old build now wedges worse than before the fix
+    result = project.deployer("rollback", run_id)
+    assert result.returncode == 5, result.stderr
+    rollback_id = last_run(project)
+    message = " ".join(result.stderr.split())
+    assert "The revert stands" in message and "failed its check drain" in message
+    assert "checks of the reverted build: co_restart passed; drain failed" in result.stdout
+    assert "Run the rollback again" not in message
+    assert state(project, rollback_id)["phase"] == "rolled_back"
+    assert state(project, rollback_id)["checks_failed"] == ["drain"]
+    assert run_end(project, rollback_id)["facts"]["rollback_checks"] == {"co_restart": "passed", "drain": "failed"}
+    assert "Roll back" in git(project.repo, "log", "-1", "--format=%s")
+    # Done is done: a second rollback of the same run is refused, and changes nothing.
+    head = project.head()
+    again = project.deployer("rollback", run_id)
+    assert again.returncode == 2 and f"already rolled back by run {rollback_id}" in again.stderr
+    assert project.head() == head
+
+
+def test_on_failure_rollback_proves_the_revert_and_ends_rolled_back_when_the_old_build_fails_a_check(
+        stack: Stack) -> None:
+    project = stack.project
+    old_build_stuck(stack)
+    stack.start_services()
+    before = project.head()
+    # The fix drains; a canary-like second check the old build also fails is enough: the drain within 1.5 s
+    # fails on the fix's build when the gauge file says so.
+    (stack.www / "drained.prom").write_text(metrics_text(2.0))  # the fix does not drain here
+    fix_playbook(project, within_s=1.5, on_failure="rollback")
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 5, result.stderr
+    run_id = last_run(project)
+    # The old build reads 3 again: no worse than its baseline 3, so the revert is proven and said so.
+    facts = run_end(project, run_id)["facts"]
+    assert facts["rollback_checks"] == {"co_restart": "passed", "drain": "passed"}
+    assert facts["drain"][GAUGE]["final"] == 2.0 and facts["rollback_drain"][GAUGE]["final"] == 3.0
+    assert state(project, run_id)["phase"] == "rolled_back" and not state(project, run_id).get("checks_failed")
+    assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == \
+        git(project.repo, "rev-parse", f"{before}^{{tree}}").strip()
+    # Now the old build cannot start at all: the in-run rollback still ends, its revert standing, the check named.
+    refuse = stack.www / "old-build-refuses"
+    old_build_stuck(stack, refuse=refuse)
+    (stack.www / "drained.prom").write_text(metrics_text(2.0))
+    refuse.write_text("")
+    second = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 5, second.stderr
+    second_id = last_run(project)
+    assert state(project, second_id)["phase"] == "rolled_back"
+    assert state(project, second_id)["checks_failed"] == ["co_restart", "drain"]
+    assert run_end(project, second_id)["facts"]["rollback_checks"] == {
+        "co_restart": "failed", "drain": "not run: an earlier check failed"}
+    message = " ".join(second.stderr.split())
+    assert "The revert stands" in message and "cannot load the model" in message
+    assert "Finish it with" not in message
+
+
+def test_a_drain_with_no_recorded_baseline_is_not_run_on_the_old_build_and_says_so(stack: Stack) -> None:
+    project = stack.project
+    old_build_stuck(stack)
+    stack.start_services()
+    fix_playbook(project, baseline=False, within_s=5)
+    run_id = applied(project)
+    preview = project.deployer("plan", "--rollback", run_id, "--json")
+    assert preview.returncode == 0, preview.stderr
+    planned = {step["name"]: step for step in json.loads(preview.stdout)["steps"]}
+    assert planned["rollback:drain"]["actions"] == [] and "no baseline of" in planned["rollback:drain"]["not_run"]
+    assert "not_run" not in planned["rollback:co_restart"]
+    result = project.deployer("rollback", run_id)
+    assert result.returncode == 0, result.stderr
+    rollback_id = last_run(project)
+    ended = {e["step"]: e for e in project.events(rollback_id) if e["type"] == "step_end"}
+    assert ended["rollback:drain"]["status"] == "skipped"
+    assert "no baseline of" in ended["rollback:drain"]["summary"]
+    assert run_end(project, rollback_id)["facts"]["rollback_checks"]["drain"].startswith("not run: no baseline")
+
+
+def test_one_rollback_may_skip_a_check_or_give_its_baseline(stack: Stack) -> None:
+    project = stack.project
+    old_build_stuck(stack)
+    stack.start_services()
+    fix_playbook(project, within_s=1.5)
+    first = applied(project)
+    (stack.www / "old.prom").write_text(metrics_text(9.0))
+    typo = project.deployer("rollback", first, "--skip-check", "drian")
+    assert typo.returncode == 2 and "--skip-check drian: not a check of this playbook" in typo.stderr
+    skipped = project.deployer("rollback", first, "--skip-check", "drain")
+    assert skipped.returncode == 0, skipped.stderr
+    facts = run_end(project, last_run(project))["facts"]
+    assert facts["rollback_checks"] == {"co_restart": "passed", "drain": "not run: skipped for this rollback "
+                                                                           "(--skip-check)"}
+    second = applied(project)
+    given = project.deployer("rollback", second, "--baseline", f"{GAUGE}=10")
+    assert given.returncode == 0, given.stderr
+    assert run_end(project, last_run(project))["facts"]["rollback_drain"][GAUGE] == {"baseline": 10.0, "final": 9.0}
+
+
+def test_rollback_help_says_what_a_rollback_checks(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from deployer.cli import main
+
+    shown = " ".join(CliRunner().invoke(main, ["rollback", "--help"]).output.split())
+    assert "no worse than the run's baseline before the fix" in shown and "--skip-check" in shown
+    assert "exit 5" in shown
+
+
+def test_recover_rollback_of_a_run_cut_in_its_drain_proves_the_revert_and_ends_it_rolled_back_naming_the_check(
+        stack: Stack) -> None:
+    from test_recover import start_and_kill
+
+    project = stack.project
+    old_build_stuck(stack)
+    (stack.www / "drained.prom").write_text(metrics_text(2.0))  # the fix does not drain: the drain polls on
+    stack.start_services()
+    fix_playbook(project, within_s=10)
+
+    def draining() -> bool:
+        runs = sorted(project.runs.iterdir()) if project.runs.is_dir() else []
+        return bool(runs) and any(e["type"] == "sample" and e.get("step") == "drain"
+                                  for e in project.events(runs[-1].name))
+    start_and_kill(project, draining, "the drain's first sample")
+    cut = last_run(project)
+    (stack.www / "old.prom").write_text(metrics_text(9.0))  # the old build wedges worse than before the fix
+    result = project.deployer("recover", cut, "--rollback")
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert "The revert stands" in " ".join(result.stderr.split())
+    assert state(project, cut)["phase"] == "rolled_back" and state(project, cut)["checks_failed"] == ["drain"]
+    assert project.file("pkg/a.py").startswith("def answer():\n    return 41")
+    again = project.deployer("rollback", cut)
+    assert again.returncode == 2 and "already rolled back" in again.stderr, again.stderr
