@@ -382,7 +382,7 @@ class UnitRun:
         and the checks it leaves out (said by _not_run once the others ran)."""
         chosen = self.engines[self.metrics_host].revert_checks.choose(
             [s for s in self._post_steps() if s.effect in VERIFY], baseline)
-        return [s for s in chosen if isinstance(s, Step)], [s for s in chosen if isinstance(s, NotRun)]
+        return [s for s in chosen if not isinstance(s, NotRun)], [s for s in chosen if isinstance(s, NotRun)]
 
     def _not_run(self, left_out: list[NotRun]) -> None:
         """The checks a rollback left out, logged as not run on the unit's metrics host (never as passed)."""

@@ -28,11 +28,10 @@ from deployer.run.gitops import GIT_DIR, differ_argv, exists_argv, git, head, na
 from deployer.run.lock import read_state
 from deployer.run.mounts import refuse_if_recreated
 from deployer.run.plan import FilePlan, PlanReport, masked
-from deployer.run.revert_checks import recorded_baseline
+from deployer.run.revert_checks import NotRun, recorded_baseline
 from deployer.run.state import Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
-from deployer.steps.base import Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
@@ -319,11 +318,11 @@ def plan(engine: Engine, run: Run) -> PlanReport:
         bus.step = "rollback"
         steps = [("rollback", masked(bus.masker, engine.reverting(target.before, target.files, run.run_id).plan(ctx)))]
         checks = engine.checks_after_revert(VERIFY, recorded_baseline(run))
-        steps += [(f"rollback:{s.name}", masked(bus.masker, s.plan(ctx)) if isinstance(s, Step) else [])
+        steps += [(f"rollback:{s.name}", [] if isinstance(s, NotRun) else masked(bus.masker, s.plan(ctx)))
                   for s in checks]
     stat = diffs.DiffStat(tuple(f.stat for f in files))
     return PlanReport(engine.host_name, engine.host.repo, now, files, stat, {}, steps, lock,
-                      not_run={f"rollback:{s.name}": s.why for s in checks if not isinstance(s, Step)})
+                      not_run={f"rollback:{s.name}": s.why for s in checks if isinstance(s, NotRun)})
 
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:
