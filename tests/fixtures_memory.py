@@ -66,7 +66,7 @@ class MemoryPipe:
     def write(self, data: bytes) -> None:
         self._ours.sendall(data)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:  # kill: the agent is a thread here, no process to kill
         with contextlib.suppress(OSError):  # already shut: a second close
             self._ours.shutdown(socket.SHUT_WR)  # the agent's EOF: it stops serving
         self._served.join(CLOSE_WAIT_S)

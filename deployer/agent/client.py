@@ -91,14 +91,23 @@ def agent_payload() -> bytes:
     return agent_source() + agent_code()
 
 
+# What the agent's python runs under, in the process group its start made (sshd's session for the exec, or
+# local_pipe's): the moment that python exits, whatever it left in the group goes too (a wrapper's background
+# child). The commands the agent runs, and the services a run starts, are in groups of their own: no kill here
+# reaches them. No sh here keeps stdin, stdout or stderr open: their ends are still the python's own. A python
+# that never ran the agent is killed with its group by our side (Pipe.close). POSIX sh, one line, no `!`: a login
+# shell of the csh family runs it too.
+ENDS_WITH_THE_RUN = 'exec 3<&0; "$@" <&3 3<&- & exec 3<&- <&- >&- 2>&-; wait; kill -9 0'
+
+
 def bootstrap_argv(python: str, within: Sequence[str] = ()) -> list[str]:
     """The argv that starts the agent: python reads exactly len(source) bytes of stdin, then exactly
     len(agent_code()), and runs that bytecode when its own magic number is this python's (it reads the same
     bytecode), else compiles the source; the rest of stdin, read through the same buffered reader, is the
     protocol. The source is sent either way: the hello's sha256 names it. -I -S: no PYTHON* variables, user
     site or site hooks can change what runs. `within` is what runs that python somewhere else on the host and
-    passes stdin through (`podman exec -i NAME`). One line, the program's newlines escaped in a string: a login
-    shell of the csh family refuses a newline inside quotes."""
+    passes stdin through (`podman exec -i NAME`); ENDS_WITH_THE_RUN runs on the host, around it. One line, the
+    program's newlines escaped in a string: a login shell of the csh family refuses a newline inside quotes."""
     size, code_size = len(agent_source()), len(agent_code())
     program = (f"r=sys.stdin.buffer.read;AGENT_SOURCE=r({size});C=r({code_size})\n"
                f"len(AGENT_SOURCE)=={size} and len(C)=={code_size} or sys.exit('deployer agent: source cut short')\n"
@@ -107,7 +116,7 @@ def bootstrap_argv(python: str, within: Sequence[str] = ()) -> list[str]:
                " try:\n  import marshal,zlib;B=marshal.loads(zlib.decompress(C))\n except Exception:\n  pass\n"
                "AGENT_BYTECODE=B is not None\n"
                "exec(B if AGENT_BYTECODE else compile(AGENT_SOURCE,'deployer-agent','exec'))")
-    return [*within, python, "-I", "-S", "-c", f"import sys;exec({program!r})"]
+    return ["sh", "-c", ENDS_WITH_THE_RUN, "sh", *within, python, "-I", "-S", "-c", f"import sys;exec({program!r})"]
 
 
 def bootstrap_command(python: str, prefix: Sequence[str] = ()) -> str:
@@ -408,16 +417,18 @@ class AgentClient:
             if self._closed:
                 return
             self._closed = True
-        threading.Thread(target=self._pipe.close, name=f"agent-close-{self.name}", daemon=True).start()
+        threading.Thread(target=self._pipe.close, kwargs={"kill": self.hello is None}, name=f"agent-close-{self.name}",
+                         daemon=True).start()
 
     def close(self) -> None:
-        """Close the agent's stdin: it kills what it still runs and exits."""
+        """Close the agent's stdin: it kills what it still runs and exits. One whose hello never checked out is
+        not known to be our agent, nor to read its stdin: it is killed, with all it started."""
         with self._state_lock:
             if self._closed:
                 return
             self._closed = True
         self._fail("the client closed the agent")
-        self._pipe.close()
+        self._pipe.close(kill=self.hello is None)
 
     def __enter__(self) -> AgentClient:
         return self

@@ -107,8 +107,8 @@ class ContainerPipe:
                 raise
             raise NeverStarted(self._explain(tail)) from None
 
-    def close(self) -> None:
-        self._pipe.close()
+    def close(self, kill: bool = False) -> None:
+        self._pipe.close(kill)  # the exec's group on the host: what runs inside the container is the engine's
 
     def stderr_tail(self) -> str:
         tail = self._pipe.stderr_tail()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import signal
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -27,8 +29,9 @@ class Pipe(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
-    def close(self) -> None:
-        """Close our sending side (the agent sees EOF and exits), then release the pipe."""
+    def close(self, kill: bool = False) -> None:
+        """Close our sending side (the agent sees EOF and exits), then release the pipe. kill: what runs there
+        is no agent known to exit on that EOF: its process group (what the pipe's start made) is killed first."""
 
     def stderr_tail(self) -> str:
         """The last of what the agent wrote on stderr (why it died, when it did)."""
@@ -78,13 +81,15 @@ class ProcessPipe:
         self._stdin.write(data)
         self._stdin.flush()
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        if kill:  # before the stdin's close, which waits for a write blocked on a python that never reads
+            self._kill_group()
         with contextlib.suppress(OSError):  # already broken: the agent is gone or going
             self._stdin.close()
         try:
             self.proc.wait(CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._kill_group()
             self.proc.wait(CLOSE_WAIT_S)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
@@ -92,6 +97,11 @@ class ProcessPipe:
 
     def stderr_tail(self) -> str:
         return self._stderr.text(settle=self._output_ended)
+
+    def _kill_group(self) -> None:
+        # The session local_pipe started it in; not reaped yet, so that id is no other process's.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def local_pipe(argv: Sequence[str], name: str) -> ProcessPipe:
@@ -127,8 +137,9 @@ class ChannelPipe:
     def write(self, data: bytes) -> None:
         self._chan.sendall(data)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
         # The connection may be gone, or go while this runs: then there is nothing left to tell the far end.
+        # kill: a socket's far end has no process group to reach; an exec's is reached over SSH (ExecPipe).
         for step in (self._chan.shutdown_write, self._chan.close):
             with contextlib.suppress(OSError, EOFError):
                 step()

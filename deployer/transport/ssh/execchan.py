@@ -11,6 +11,7 @@ would otherwise hang the run, and every waiter then fails at once.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 from deployer.agent.client import NeverStarted
@@ -24,8 +25,10 @@ class ExecPipe(ChannelPipe):
 
     _chan: paramiko.Channel
 
-    def __init__(self, channel: paramiko.Channel, line: str, *, name: str, where: str, timeout_s: float) -> None:
+    def __init__(self, channel: paramiko.Channel, line: str, *, name: str, where: str, timeout_s: float,
+                 kill: Callable[[], None] | None = None) -> None:
         super().__init__(channel)
+        self._kill = kill  # ends the exec's process group from elsewhere (close(kill=True))
         self._name, self._where, self._timeout_s = name, where, timeout_s
         self._started = False
         self._unanswered = False
@@ -39,6 +42,11 @@ class ExecPipe(ChannelPipe):
         channel.event_ready = False
         cast(Any, channel.transport)._send_user_message(request)
         threading.Thread(target=self._watch, name=f"exec-answer-{name}", daemon=True).start()
+
+    def close(self, kill: bool = False) -> None:
+        if kill and self._kill is not None:
+            self._kill()  # before the close: the channel's end is no news to a python that never reads
+        super().close(kill)
 
     def _watch(self) -> None:
         if not self._chan.event.wait(self._timeout_s):

@@ -37,6 +37,14 @@ if TYPE_CHECKING:
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 KEEPALIVE_S = 30
+# Run on a channel of its own to end what this connection's other sessions run: each session's command is a child
+# of the connection's sshd process, the leader of a process group of its own, which goes whole (this one's is
+# spared). What a run starts in a session of its own (a service) is out of reach. For a python that never ran the
+# agent: one that never reads nor exits does not notice the channel's end, and sshd refuses RFC 4254's "signal" to
+# a root login (no privilege separation after it). Linux /proc, POSIX sh, one line, no `!` (a csh login shell).
+KILL_SESSIONS = ("c=$$; while :; do p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$c/status); "
+                 '[ -n "$p" ] && [ "$p" -gt 1 ] || exit 3; case "$(cat /proc/$p/comm)" in sshd*) break ;; esac; '
+                 'c=$p; done; for s in $(cat /proc/$p/task/$p/children); do [ "$s" = "$c" ] || kill -9 -"$s"; done')
 
 
 def open_host(name: str, host: SshHost, bus: Emitter, accept_new_host_key: bool) -> SSHTransport:
@@ -122,7 +130,7 @@ class SSHTransport(Transport):
             chan = self._open_channel()
         try:
             return ExecPipe(chan, quote(argv), name=self.name, where=self.target.where,
-                            timeout_s=self._connect_timeout)
+                            timeout_s=self._connect_timeout, kill=self._kill_sessions)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             close_quietly(chan)
             raise TransportError(f"{self.name}: could not start the agent: {describe(exc)}") from None
@@ -137,6 +145,17 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.name}: could not open a channel to {self.target.where}: "
                                  f"{describe(exc)}") from None
+
+    def _kill_sessions(self) -> None:
+        """KILL_SESSIONS, waited for (bounded); a connection already lost has nothing left to end there."""
+        with contextlib.suppress(TransportError, paramiko.SSHException, OSError, EOFError):
+            chan = self._open_channel()
+            try:
+                chan.settimeout(self._connect_timeout)
+                chan.exec_command(quote(self._on_host(["sh", "-c", KILL_SESSIONS])))
+                chan.recv(1)  # its end, when the kill is done
+            finally:
+                close_quietly(chan)
 
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         key = (remote_host, remote_port)
