@@ -63,6 +63,7 @@ def test_a_server_the_rollback_started_before_a_second_ctrl_c_is_recovered_as_th
     orphan = stack.pids()["prefill"]
     health.write_text("ok\n")  # the server the rollback started now answers, as it did in the incident
     wait_for(lambda: answers(stack, "prefill"), "the orphaned server answering")
+    stack.set_gauge(0.0)  # the reverted build drains, so the checks of the rollback recover finishes pass
     age_lock(target.repo)
     [run] = new_runs()
 
@@ -82,11 +83,12 @@ STORM: dict[str, Any] = {"storm": {"requests": 5, "concurrency": 1, "client_time
 DRAIN: dict[str, Any] = {"drain": {"metric": GAUGE, "to": 0, "within_s": 120, "interval_s": 0.1}}
 
 
-def gauge_services(target: Project, stack: Stack, **decode: Any) -> None:
-    """prefill and decode in the inventory as servers that take a storm and serve the gauge the test sets (the
-    storm aimed at prefill); decode given `decode` too."""
+def gauge_services(target: Project, stack: Stack, follows_code: bool = False, **decode: Any) -> None:
+    """prefill and decode in the inventory as servers that take a storm and serve the gauge the test sets (or,
+    following the code, stuck on the fix and drained on the build before it); the storm aimed at prefill; decode
+    given `decode` too."""
     services = {name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-                       "start": gauge_server(target.root, port, target.repo, stack.www, follows_code=False)}
+                       "start": gauge_server(target.root, port, target.repo, stack.www, follows_code=follows_code)}
                 for name, port in stack.ports.items()}
     services["decode"].update(decode)
     stack.configure(**services)
@@ -152,10 +154,10 @@ def test_a_drain_recover_runs_after_restarting_a_service_is_unproven_and_the_cut
 
 
 def test_recover_whose_checks_fail_rolls_back_as_the_playbooks_on_failure_says(target: Project, stack: Stack) -> None:
-    gauge_services(target, stack)
+    gauge_services(target, stack, follows_code=True)
     stack.start_services()
     head = target.head()
-    # The gauge stays at 3: the fix does not drain it, and recover's drain fails too.
+    # The fix does not drain the gauge (stuck at 3), so recover's drain fails too; the reverted build drains it.
     run = killed_when(target, lambda runs: logged(runs, '"step": "drain"', '"type": "sample"'), "the drain",
                       within_s=6, on_failure="rollback")
     done = target.deployer("recover", run.name)
