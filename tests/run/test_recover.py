@@ -108,7 +108,7 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
         reached: Callable[[], bool] = marker.exists
     else:
         # A big second file keeps the upload busy; the kill lands while the state says `changing`.
-        big = "x = 1\n" * 4_000_000
+        big = "x = 1\n" * 2_500_000  # 15 MB: under the 16 MiB a shipped file may have
         target.write("fix/big.py", big)
         target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"},
                                {"src": "fix/big.py", "dest": "pkg/big.py", "create": True}],

@@ -8,11 +8,21 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fixtures_memory import MemoryTarget
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, work_tree
 from test_recover import kill_marker, start_and_kill
+
+from deployer.config.playbook import parse_playbook
+from deployer.errors import AgentLost
+from deployer.run.ahead import Ahead
+from deployer.run.lease import Lease
+from deployer.run.state import Phase, RunRecord, RunState
+from deployer.run.whole import Whole
+from deployer.runlog import utc_now
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -78,7 +88,7 @@ def test_a_read_that_fails_preflight_fails_the_premise_too_and_nothing_changes(t
     (target.repo / "pkg/big.py").write_text(big)
     git(target.repo, "add", "pkg/big.py")
     git(target.repo, "commit", "-qm", "big")
-    target.write("fix/big.py", big + "y = 2\n")
+    target.write("fix/big.py", "y = 2\n")  # small: a src over 16 MiB is refused before anything connects
     target.playbook(files=[{"src": "fix/a.py", "dest": "pkg/a.py"}, {"src": "fix/big.py", "dest": "pkg/big.py"}],
                     steps=["upload", {"commit": {"message": "m"}}])
     tree, head = work_tree(target.repo), target.head()
@@ -218,3 +228,28 @@ def test_plan_says_whether_apply_would_send_the_chain_whole_and_why_not(target: 
     applied = target.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 0, applied.stderr
     assert "sent_whole_declined" in kinds(target) and target.file("pkg/new.py") == FIXED_A
+
+
+def test_a_stream_found_broken_before_the_premise_went_sends_nothing_more_and_the_record_says_nothing_changed(
+        memory_target: MemoryTarget) -> None:
+    # A client slow to build the chain (a loaded machine) may read a broken reply to the lock's round trip before it
+    # sends the premise: then nothing of the chain went, and the run ends as one whose stream broke before any change.
+    fixed = {"pkg/a.py": FIXED_A.encode()}
+    ctx = memory_target.context(fixed)
+    playbook = memory_target.root / "fix.yaml"
+    playbook.write_text("name: x\nfiles: [{src: a.py, dest: pkg/a.py}]\n"
+                        "steps: [local_compile, upload, remote_compile, {commit: {message: m}}]\n")
+    _, chain, _ = parse_playbook(playbook)
+    record = RunRecord(memory_target.root / "runs" / ctx.run_id,
+                       RunState(run_id=ctx.run_id, host="memory", operator="tester", repo=str(memory_target.repo)))
+    record.dir.mkdir(parents=True)
+    record.advance(Phase.locked, utc_now())
+    ctx.record = record
+    whole = Whole(chain, 1, 3, Lease("memory", 120, "tester"), Ahead(chain, None, lambda _: None))
+    ctx.transport.agent().abort("a reply that is a JSON list, not an object: the stream is broken")
+    with pytest.raises(AgentLost, match="the stream is broken"):
+        whole.send(ctx, SimpleNamespace(new=fixed), [])  # type: ignore[arg-type]  # send reads only the new bytes
+    assert whole.premise is None and ctx.changes == [] and not ctx.prefetched
+    state = record.state
+    assert state.phase == Phase.locked and state.files == [] and state.sent_ahead == []
+    assert [t.phase for t in state.history] == [Phase.locked, Phase.changing, Phase.locked]

@@ -402,7 +402,7 @@ def test_an_upload_on_a_frozen_link_fails_within_its_step_timeout(target: Projec
     if target.host["transport"] != "ssh":
         pytest.skip("a frozen link needs the relay in front of sshd")
     sshd = request.getfixturevalue("sshd")
-    big = "# padding\n" * (2 << 20)  # 20 MiB: only the upload moves more than a MiB, so the freeze lands inside it
+    big = "# padding\n" * (3 << 19)  # 15 MiB: only the upload moves more than a MiB, so the freeze lands inside it
     target.write("fix/b.py", big)
     target.playbook(files=[{"src": "fix/b.py", "dest": "pkg/b.py"}], steps=[{"upload": {"timeout_s": 3}}])
     with relayed(sshd, tmp_path, after=1 << 20) as relay:
