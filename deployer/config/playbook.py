@@ -10,7 +10,7 @@ from typing import Any
 from deployer.agent.protocol import GET_MAX
 from deployer.config import yamlsrc
 from deployer.config.models import Playbook
-from deployer.config.validation import validate
+from deployer.config.validation import Problem, collect, did_you_mean, indent_hint
 from deployer.errors import ConfigError
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import LoadedPlaybook
@@ -22,8 +22,13 @@ def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:
     doc = yamlsrc.load(path)
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{path}:1:1: a playbook is a mapping (name, files or patch, steps)")
-    model = validate(Playbook, doc.data, doc)
-    steps = build_steps(model.steps, doc)
+    problems: list[Problem] = []
+    model = collect(Playbook, doc.data, doc, problems)
+    items = doc.data.get("steps")
+    steps = build_steps(items if isinstance(items, list) else [], doc, problems)
+    if model is None or problems:
+        raise ConfigError(yamlsrc.in_line_order(problems))
+    check_order(steps)
     shipping = [s for s in steps if s.effect in (Effect.changes_files, Effect.commits)]
     if shipping and not model.files and model.patch is None:
         raise ConfigError(f"{shipping[0].where}: {shipping[0].name}: give exactly one of 'files' or 'patch' "
@@ -69,7 +74,8 @@ def _read(path: Path, mark: yamlsrc.Mark, field: str) -> bytes:
     return data
 
 
-def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:
+def build_steps(items: list[Any], doc: yamlsrc.Document, problems: list[Problem]) -> list[Step]:
+    """The steps of items that are valid; what is wrong with the others is added to problems."""
     steps: list[Step] = []
     seen: Counter[str] = Counter()
     for i, item in enumerate(items):
@@ -82,18 +88,37 @@ def build_steps(items: list[Any], doc: yamlsrc.Document) -> list[Step]:
             params = {} if params is None else params
             loc = (*loc, kind)
         else:
-            raise ConfigError(f"{doc.mark(loc)}: steps.{i}: a step is a kind name or {{kind: {{params}}}}")
+            problems.extend(_not_a_step(item, loc, doc))
+            continue
         cls = KINDS.get(kind)
         if cls is None:  # point at the kind itself, not at its (possibly flow-style) parameters
-            raise ConfigError(f"{doc.key_mark(loc)}: steps.{i}: unknown step kind {kind!r} "
-                              f"(known: {', '.join(sorted(KINDS))})")
+            guess = did_you_mean(str(kind), list(KINDS))
+            problems.append((doc.key_mark(loc), f"steps.{i}: unknown step kind {kind!r}{guess} "
+                                                f"(known: {', '.join(sorted(KINDS))})"))
+            continue
         if not isinstance(params, dict):
-            raise ConfigError(f"{doc.mark(loc)}: steps.{i}.{kind}: parameters must be a mapping")
+            problems.append((doc.mark(loc), f"steps.{i}.{kind}: parameters must be a mapping"))
+            continue
         seen[kind] += 1
         name = kind if seen[kind] == 1 else f"{kind}#{seen[kind]}"
-        steps.append(cls(validate(cls.Params, params, doc, loc), name, str(doc.mark(("steps", i)))))
-    check_order(steps)
+        valid = collect(cls.Params, params, doc, problems, loc)
+        if valid is not None:
+            steps.append(cls(valid, name, str(doc.mark(("steps", i)))))
     return steps
+
+
+def _not_a_step(item: Any, loc: yamlsrc.Loc, doc: yamlsrc.Document) -> list[Problem]:
+    """Why an item is no step; a mapping of several keys is most often a step whose parameters lost their indentation
+    (`- co_restart:` with `services:` under it, as deep as `co_restart`)."""
+    keys = list(item) if isinstance(item, dict) else []
+    found = []
+    for key in keys[1:]:
+        hint = indent_hint(doc, (*loc, key))
+        if not hint and keys[0] in KINDS and key in KINDS[keys[0]].Params.model_fields:
+            hint = f" (a parameter of {keys[0]}: indent it as deep as {keys[0]}'s other parameters)"
+        if hint:
+            found.append((doc.key_mark((*loc, key)), f"{'.'.join(map(str, loc))}.{key}: not a step's key{hint}"))
+    return found or [(doc.mark(loc), f"{'.'.join(map(str, loc))}: a step is a kind name or {{kind: {{params}}}}")]
 
 
 def check_order(steps: list[Step]) -> None:

@@ -25,6 +25,10 @@ MAX_BYTES = 1024 * 1024  # a playbook or inventory is a page of text; 1 MiB is f
 MAX_DEPTH = 64
 MAX_ALIAS_VALUES = 10_000  # values that aliases may add in all; shared step params take a few dozen
 
+# PyYAML's words for a line indented as deep as no block above it (or deeper than a plain value allows).
+_INDENT_PROBLEMS = ("expected <block end>", "mapping values are not allowed here")
+_INDENT_HINT = " (check this line's indentation: a key lines up with the other keys of its mapping)"
+
 _PLAIN_TAGS = {
     "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
     "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null", "tag:yaml.org,2002:map",
@@ -68,6 +72,25 @@ class Document:
     def key_mark(self, loc: Loc) -> Mark:
         """The position of the key that holds loc (of the value where there is no key)."""
         return self.key_marks.get(loc) or self.mark(loc)
+
+    def empty_key_above(self, loc: Loc) -> str | None:
+        """The key just above loc's key in the file, at its column or deeper, when that key has no value (in any
+        mapping): loc's key was most likely meant to be under it, and lost its indentation."""
+        mine = self.key_marks.get(loc)
+        if mine is None:
+            return None
+        before = [(mark.line, mark.column, where) for where, mark in self.marks.items()
+                  if where and (mark.line, mark.column) < (mine.line, mine.column)]
+        if not before:
+            return None
+        where = max(before, key=lambda found: found[:2])[2]
+        key = self.key_marks.get(where)
+        if not isinstance(where[-1], str) or key is None or key.column < mine.column:
+            return None
+        value = self.data
+        for part in where:
+            value = value[part]
+        return where[-1] if value is None else None
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -151,7 +174,8 @@ def load(path: Path) -> Document:
     except yaml.MarkedYAMLError as exc:
         where = exc.problem_mark
         pos = f"{path}:{where.line + 1}:{where.column + 1}" if where else str(path)
-        raise ConfigError(f"{pos}: invalid YAML: {exc.problem}") from None
+        hint = _INDENT_HINT if exc.problem and exc.problem.startswith(_INDENT_PROBLEMS) else ""
+        raise ConfigError(f"{pos}: invalid YAML: {exc.problem}{hint}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from None
     finally:

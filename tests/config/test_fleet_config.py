@@ -148,7 +148,7 @@ def test_a_last_batch_repeats_until_every_host_is_in_one(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("batches, problem", [("['0%']", "above 0%"), ("[0]", "at least 1"),
-                                              ("['150%']", "at most 100%"), ("[]", "at least 1 item"),
+                                              ("['150%']", "at most 100%"), ("[]", "must not be empty"),
                                               ("['x']", "a host count or a percentage")])
 def test_bad_batches_are_refused_with_their_position(tmp_path: Path, batches: str, problem: str) -> None:
     path = write_playbook(tmp_path, f"rollout: {{batches: {batches}}}\n")

@@ -38,25 +38,25 @@ def test_a_host_without_transport_is_ssh_and_a_local_one_is_local(tmp_path: Path
 
 def test_a_local_host_with_an_ssh_key_is_refused_at_that_key_saying_whose_key_it_is(tmp_path: Path) -> None:
     error = inventory_error(tmp_path, "hosts:\n  demo:\n    transport: local\n    repo: /r\n    port: 22\n")
-    assert error == "hosts.yaml:5:11: hosts.demo.port: unknown key for transport: local ('port' is a key of " \
+    assert error == "hosts.yaml:5:5: hosts.demo.port: unknown key for transport: local ('port' is a key of " \
                     "transport: ssh only)"
 
 
 def test_a_host_named_like_a_kind_is_judged_by_its_own_kind(tmp_path: Path) -> None:
     error = inventory_error(tmp_path, "hosts:\n  ssh:\n    transport: local\n    repo: /r\n    user: root\n")
-    assert error.startswith("hosts.yaml:5:11: hosts.ssh.user: unknown key for transport: local")
+    assert error.startswith("hosts.yaml:5:5: hosts.ssh.user: unknown key for transport: local")
     error = inventory_error(tmp_path, "hosts:\n  local:\n    repo: /r\n    adress: a\n")
-    assert error == "hosts.yaml:4:13: hosts.local.adress: unknown key (did you mean 'address'?)"
+    assert error == "hosts.yaml:4:5: hosts.local.adress: unknown key (did you mean 'address'?)"
 
 
 def test_a_key_no_kind_takes_still_suggests_the_close_one(tmp_path: Path) -> None:
     error = inventory_error(tmp_path, "hosts:\n  demo:\n    transport: local\n    repo: /r\n    pyhton: x\n")
-    assert error == "hosts.yaml:5:13: hosts.demo.pyhton: unknown key (did you mean 'python'?)"
+    assert error == "hosts.yaml:5:5: hosts.demo.pyhton: unknown key (did you mean 'python'?)"
 
 
 def test_an_unknown_transport_is_refused_at_its_key(tmp_path: Path) -> None:
     error = inventory_error(tmp_path, "hosts:\n  box:\n    repo: /r\n    transport: docker\n")
-    assert error == "hosts.yaml:4:16: hosts.box.transport: Input should be 'ssh' or 'local'"
+    assert error == "hosts.yaml:4:16: hosts.box.transport: must be 'ssh' or 'local'"
 
 
 def test_every_host_kind_has_a_transport_that_opens_it() -> None:

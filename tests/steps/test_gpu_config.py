@@ -37,7 +37,7 @@ def test_bad_gpu_indices_and_budgets_are_refused_where_they_are_written(tmp_path
     lines = refused(tmp_path, "      a: {start: x, gpus: [0, 0]}\n      b: {start: x, gpus: [-1]}\n"
                               "      c: {start: x, gpus: [0], gpu_wait_s: 0, gpu_free_mib: 0}\n")
     assert lines[0] == "5:27: hosts.h.services.a.gpus: names a GPU twice: [0, 0]"
-    assert lines[1].startswith("6:28: hosts.h.services.b.gpus.0: Input should be greater than or equal to 0")
+    assert lines[1] == "6:28: hosts.h.services.b.gpus.0: must be 0 or more, got -1"
     assert sorted(lines[2:]) == [
-        "7:44: hosts.h.services.c.gpu_wait_s: Input should be greater than 0",
-        "7:61: hosts.h.services.c.gpu_free_mib: Input should be greater than 0"]
+        "7:44: hosts.h.services.c.gpu_wait_s: must be greater than 0, got 0",
+        "7:61: hosts.h.services.c.gpu_free_mib: must be greater than 0, got 0"]
