@@ -165,3 +165,25 @@ def test_recover_whose_checks_fail_rolls_back_as_the_playbooks_on_failure_says(t
     assert "on_failure: rollback" in done.stderr
     assert state_of(run)["phase"] == "rolled_back"
     assert git(target.repo, "rev-parse", "HEAD~2").strip() == head and target.file("pkg/a.py") == ORIGINAL_A
+
+
+def test_the_server_a_launcher_left_in_the_session_deployer_started_is_deployers_own_when_the_record_names_the_launcher(
+        target: Project, stack: Stack) -> None:
+    served = stack.service("prefill")
+    # `server &` and exit: the server stays in the session the launch led, whose leader is gone.
+    stack.configure(prefill={**served, "start": ["sh", "-c", '"$@" &', "launcher", *served["start"]]})
+    stack.start_services()
+    state = target.repo / ".git" / "deployer"
+    server = stack.pids()["prefill"]
+    fields = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+    session, started = int(fields[3]), int(fields[19])
+    assert session != server and not alive(session)
+    # As a cut between the launch and the record of the server that serves the port leaves it: the record names
+    # the launcher (a start time no later than its server's).
+    (state / "prefill.proc").write_text(f"{session} {started}\n")
+    (state / "prefill.pid").write_text(f"{session}\n")
+    restarted = target.deployer("restart", "--host", "box", "prefill")
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert wait_dead(server) and stack.pids()["prefill"] != server
+    stopped = next(e for e in target.events() if e["type"] == "service_stopped")
+    assert stopped["pid"] == server and "adopted" not in stopped["seen"]
