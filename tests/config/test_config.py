@@ -211,3 +211,16 @@ def test_a_src_over_16_mib_is_refused_by_its_size_before_it_is_read_and_the_targ
             "a shipped file may have") in result.stderr, result.stderr
     assert tree_snapshot(target.repo) == snapshot and target.head() == head
     assert not target.runs.exists()  # refused before a run (and a connection) started
+
+
+def test_a_services_own_log_is_an_absolute_path_and_needs_a_start_command(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  h:\n    repo: /r\n    services:\n"
+                           "      a: {start: [serve], log: /var/log/a.log}\n"
+                           "      b: {start: [serve], log: logs/b.log}\n"
+                           "      c: {systemd: c.service, log: /var/log/c.log}\n", "hosts.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(path)
+    said = str(caught.value)
+    assert "hosts.h.services.b.log: must be an absolute path" in said
+    assert "hosts.h.services.c: 'log' needs 'start'" in said
+    assert "services.a" not in said
