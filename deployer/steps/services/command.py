@@ -32,7 +32,8 @@ from deployer.steps.services.manager import (
 # output to the log, stdin closed, and the process recorded before the shell returns: its pid with its start
 # time (field 22 of /proc/PID/stat, read after the command name) in one file, renamed into place, so a cut at
 # any moment leaves a record that names a process deployer started whole (a pid file and a start-time file
-# written apart left a new pid beside the old start time, and its own server refused as a stranger's). The pid
+# written apart left a new pid beside the old start time, and its own server refused as a stranger's); a record
+# that cannot be written does not fail the launch, whose server runs by then and would be left unreaped. The pid
 # file alone is for people and their scripts. It prints the pid and the sizes before this start of the log and
 # of the service's own log (`log:`, 0 when it has none yet), where this start's output begins. The log holds
 # whatever the service prints, secrets included: 0600, even when an older deployer made it 0644; the umask is
@@ -42,7 +43,7 @@ LAUNCH = ('log=$1; pidfile=$2; record=$3; own=$4; shift 4; '
           'offset=$(wc -c <"$log"); mine=0; [ -z "$own" ] || mine=$(wc -c <"$own" 2>/dev/null) || mine=0; '
           'nohup setsid "$@" >>"$log" 2>&1 </dev/null & pid=$!; '
           'stat=$(cat "/proc/$pid/stat" 2>/dev/null); set -- ${stat##*) }; '
-          'echo "$pid ${20}" >"$record.tmp" && mv -f -- "$record.tmp" "$record" || exit 1; echo $pid >"$pidfile"; '
+          'echo "$pid ${20}" >"$record.tmp" && mv -f -- "$record.tmp" "$record"; echo $pid >"$pidfile"; '
           'echo $pid $offset $mine')
 # This start's output only: from its offset, the last LOG_TAIL bytes.
 TAIL = 'tail -c "+$1" -- "$2" | tail -c "$3"'
