@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 # What docker and podman accept as a container's name (or id): a name here cannot be read as an option.
 CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -19,11 +19,12 @@ class Container(BaseModel):
     # config.models.Strict's settings (that module imports this one)
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    engine: Literal["docker", "podman"]
-    name: Annotated[str, StringConstraints(pattern=CONTAINER_NAME, max_length=253)]
-    # The engine's command on the host when it is not the first `docker`/`podman` on its PATH (a second CLI
-    # that shadows it, a podman-docker shim at /usr/bin/docker).
-    engine_path: str | None = None
+    engine: Literal["docker", "podman"] = Field(description="The container engine: docker or podman.")
+    name: Annotated[str, StringConstraints(pattern=CONTAINER_NAME, max_length=253)] = Field(description=(
+        "The container's name (or id)."))
+    # a second CLI can shadow it, or a podman-docker shim sit at /usr/bin/docker
+    engine_path: str | None = Field(default=None, description=(
+        "The engine's command on the host (absolute), when it is not the first docker or podman on its PATH."))
 
     @field_validator("engine_path")
     @classmethod

@@ -5,7 +5,7 @@ it alone, and the other ranks' liveness is their process."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class GangFields(BaseModel):
@@ -13,8 +13,10 @@ class GangFields(BaseModel):
 
     model_config = ConfigDict(defer_build=True)  # a mixin: only Unit's validator is ever built and used
 
-    gang: bool = False
-    leader: str | None = None  # the member whose health says the gang is up
+    gang: bool = Field(default=False, description=(
+        "true: the unit is one model served by ranks on several hosts, stopped together and started concurrently."))
+    leader: str | None = Field(default=None, description=(
+        "The gang's member (HOST:SERVICE) that serves HTTP: its health says the gang is up."))
 
     @model_validator(mode="after")
     def _leader_of_the_gang(self) -> GangFields:

@@ -46,9 +46,10 @@ MIN_SECRET = 4
 class SecretValue(Strict):
     """An environment value that must never be shown: `{secret: true, value: ...}` or `value_from_env`."""
 
-    secret: bool = True
-    value: str | None = None
-    value_from_env: str | None = None
+    secret: bool = Field(default=True, description="true: the value is masked as *** in every output and log.")
+    value: str | None = Field(default=None, description="The value itself.")
+    value_from_env: str | None = Field(default=None, description=(
+        "The environment variable, on the machine deployer runs on, that holds the value."))
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretValue:
@@ -122,30 +123,42 @@ def _argv(value: str | list[str] | None) -> list[str] | None:
 class Service(Strict):
     """A process on the target that the patch's code runs in."""
 
-    start: list[str] | None = None
-    stop: list[str] | None = None
-    systemd: str | None = None
-    # The service is this container (a name: docker's; or {engine, name, engine_path}): the engine stops and
-    # starts it, its State.Pid and State.StartedAt prove the restart.
-    container: Container | None = None
-    health: Url | None = None
-    health_timeout_s: float = Field(default=60.0, gt=0)
-    stop_grace_s: float = Field(default=10.0, ge=0)
-    cwd: str | None = None
-    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
-    # The GPUs (nvidia-smi indices) the service loads onto: a restart starts it only once they are released.
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    gpu_free_mib: int | None = Field(default=None, gt=0)  # MiB free on each; None: used within 1 GiB of idle
-    gpu_wait_s: float = Field(default=120.0, gt=0)  # a killed server's memory can take a while to be freed
-    # port: whatever listens on the health URL's port is the service (started by hand, by a launcher), with its
-    # session and process group, when deployer's own record names no live process.
-    adopt: Literal["port"] | None = None
-    # The pid file (absolute, on the target) the server or its launcher writes: the live process it names is the
-    # service, with its session and process group, when deployer's own record names none.
-    pidfile: TargetPath | None = None
-    # `start` returns once the server runs in the background (a daemonizing script): the service is what serves
-    # the port, and the launcher's own exit is no failure.
-    detaches: bool = False
+    start: list[str] | None = Field(default=None, description=(
+        "The command that starts the service (a line, split as a shell would, or an argv list), run in its own "
+        "session."))
+    stop: list[str] | None = Field(default=None, description=(
+        "A command that stops the service, run before its process tree is signalled (TERM, then KILL after "
+        "stop_grace_s)."))
+    systemd: str | None = Field(default=None, description="The systemd unit that runs the service.")
+    container: Container | None = Field(default=None, description=(
+        "The container that is the service (its name, docker's; or {engine, name, engine_path}): the engine stops "
+        "and starts it, its State.Pid and State.StartedAt prove the restart."))
+    health: Url | None = Field(default=None, description=(
+        "The http URL, as the target sees it, that answers 200 once the service serves: each start waits for it."))
+    health_timeout_s: float = Field(default=60.0, gt=0, description="Seconds a start has to answer on health.")
+    stop_grace_s: float = Field(default=10.0, ge=0, description=(
+        "Seconds between TERM and KILL when the service's processes are stopped."))
+    cwd: str | None = Field(default=None, description=(
+        "The directory the start and stop commands run in, relative to the host's repo (default: the repo)."))
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(
+        default_factory=dict, description=(
+            "Environment variables of the service, beside the host's: a value, or {secret: true, value or "
+            "value_from_env}, masked everywhere."))
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, description=(
+        "The GPUs (nvidia-smi indices) the service loads onto: a restart starts it only once they are released."))
+    gpu_free_mib: int | None = Field(default=None, gt=0, description=(
+        "MiB that must be free on each of its GPUs before a start (default: used memory within 1 GiB of idle)."))
+    # a killed server's memory can take a while to be freed
+    gpu_wait_s: float = Field(default=120.0, gt=0, description="Seconds a restart waits for its GPUs to be released.")
+    adopt: Literal["port"] | None = Field(default=None, description=(
+        "port: whatever listens on the health URL's port is the service (started by hand, by a launcher), when "
+        "deployer's own record names no live process."))
+    pidfile: TargetPath | None = Field(default=None, description=(
+        "The pid file (absolute, on the target) the server or its launcher writes: the live process it names is "
+        "the service when deployer's own record names none."))
+    detaches: bool = Field(default=False, description=(
+        "true: `start` returns once the server runs in the background (a daemonizing script); the service is what "
+        "serves the port, and the launcher's own exit is no failure."))
     log: TargetPath | None = Field(default=None, description=(
         "The file (absolute, on the target) the server writes its own output to, when its launcher sends it there "
         "(`nohup server >> own.log &`): a failed start shows that file's tail since this start, not the "
@@ -194,16 +207,25 @@ class Host(BehindRouter, Strict):
     """What every host has, whatever reaches it (a plain host may name its router: BehindRouter); each transport
     kind's model adds its own fields."""
 
-    transport: str  # each kind's model narrows it to its own name (the union's tag)
-    repo: TargetPath
-    python: str = "python3"
-    metrics: Url | None = None
-    endpoint: LoopbackUrl | None = None  # the serving entry point (e.g. the router) that a storm hits
-    services: dict[str, Service] = Field(default_factory=dict)
-    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(default_factory=dict)
-    become: bool = False
-    lock_ttl_s: float = Field(default=120.0, gt=0)
-    container: Container | None = None  # the agent runs in this container on the host (its paths are its own)
+    transport: str  # each kind's model narrows it to its own name (the union's tag), and says what it means
+    repo: TargetPath = Field(description="The git checkout on the target (an absolute path) that a fix is applied to.")
+    python: str = Field(default="python3", description=(
+        "The Python on the target that runs deployer's agent and compiles the shipped files."))
+    metrics: Url | None = Field(default=None, description=(
+        "The Prometheus metrics URL, as the target sees it, that baseline and drain read by default."))
+    endpoint: LoopbackUrl | None = Field(default=None, description=(
+        "The serving entry point on the target's loopback (e.g. the router) that a storm is sent to by default."))
+    services: dict[str, Service] = Field(default_factory=dict, description=(
+        "The services the patched code runs in, by name: what co_restart restarts."))
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(
+        default_factory=dict, description=(
+            "Environment variables of every command on the host: a value, or {secret: true, value or "
+            "value_from_env}, masked everywhere."))
+    become: bool = Field(default=False, description="true: commands on the target run under sudo -n.")
+    lock_ttl_s: float = Field(default=120.0, gt=0, description=(
+        "Seconds a deploy lock holds without being renewed: after that, one whose run is gone may be taken over."))
+    container: Container | None = Field(default=None, description=(
+        "The container on the host that the agent runs in: the repo, python and paths are the container's."))
 
     def secrets(self) -> list[str]:
         envs = [self.env, *(s.env for s in self.services.values())]
@@ -213,21 +235,30 @@ class Host(BehindRouter, Strict):
 class SshHost(Host):
     """A host over SSH, the kind a host without `transport:` is."""
 
-    transport: Literal["ssh"] = "ssh"
-    address: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    ssh_config: str | None = None  # default ~/.ssh/config; the host name (or address) may be an alias there
-    host_key_policy: Literal["reject", "accept-new"] = "reject"
-    connect_timeout_s: float = Field(default=10.0, gt=0)  # TCP connect, handshake, login, each channel open
+    transport: Literal["ssh"] = Field(default="ssh", description=(
+        "ssh (the default): the host is reached over SSH; local: it is a directory on this machine."))
+    address: str | None = Field(default=None, description=(
+        "The host name or address to connect to, or an ssh_config alias (default: the inventory's name of the host)."))
+    port: int | None = Field(default=None, ge=1, le=65535, description="The SSH port (default: ssh_config's, or 22).")
+    user: str | None = Field(default=None, description="The user to log in as (default: ssh_config's, or yours).")
+    identity_file: str | None = Field(default=None, description=(
+        "The private key to log in with (default: ssh_config's IdentityFile for the host)."))
+    known_hosts: str | None = Field(default=None, description=(
+        "The known_hosts file the host's key is checked against (default: ~/.ssh/known_hosts)."))
+    ssh_config: str | None = Field(default=None, description=(
+        "The ssh_config whose HostName, User, Port, IdentityFile and ProxyJump apply (default: ~/.ssh/config)."))
+    host_key_policy: Literal["reject", "accept-new"] = Field(default="reject", description=(
+        "reject (the default) refuses an unknown host key; accept-new pins it. A changed key is always refused."))
+    connect_timeout_s: float = Field(default=10.0, gt=0, description=(
+        "Seconds for the TCP connect, for the handshake and login, and for each channel open."))
 
 
 class LocalHost(Host):
     """A directory on this machine (the demo, most tests): nothing to connect to."""
 
-    transport: Literal["local"]  # no default: a dumped inventory must keep saying it (ssh is the default)
+    # no default: a dumped inventory must keep saying it (ssh is the default)
+    transport: Literal["local"] = Field(description=(
+        "local: the host is a directory on this machine (the demo, tests); ssh (the default): reached over SSH."))
 
 
 def transport_of(data: Any) -> str:
@@ -251,10 +282,14 @@ def resolve_env(env: dict[str, EnvValue]) -> dict[str, str]:
 
 
 class Inventory(Strict):
-    hosts: dict[str, AnyHost]
-    groups: dict[str, list[str]] = Field(default_factory=dict)  # name -> hosts, groups or units
-    units: dict[str, Unit] = Field(default_factory=dict)
-    routers: dict[str, Router] = Field(default_factory=dict)
+    hosts: dict[str, AnyHost] = Field(description=(
+        "The targets by name: each one's repo, python, services and how to reach it."))
+    groups: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "Names for lists of hosts, groups or units, for --host."))
+    units: dict[str, Unit] = Field(default_factory=dict, description=(
+        "Services on several hosts that restart as one (prefill on one node, decode on another), by name."))
+    routers: dict[str, Router] = Field(default_factory=dict, description=(
+        "The routers that send units their traffic, by name, and how a worker is taken out and put back."))
 
 
 # Control characters split line-based answers and reach sshd as invalid packets; line and paragraph separators
@@ -273,9 +308,10 @@ def check_plain_name(path: str) -> str:
 
 
 class FileSpec(Strict):
-    src: Annotated[str, AfterValidator(check_plain_name)]
-    dest: str
-    create: bool = False  # the dest may be a file git does not track yet
+    src: Annotated[str, AfterValidator(check_plain_name)] = Field(description=(
+        "The file shipped, relative to the playbook."))
+    dest: str = Field(description="The file it replaces, relative to the host's repo.")
+    create: bool = Field(default=False, description="true: dest may be a file git does not track yet.")
 
     @field_validator("dest")
     @classmethod
@@ -322,12 +358,15 @@ def _all_at_once() -> list[int | str]:
 class Rollout(Strict):
     """How a fleet run spreads over its hosts: batches in order (the first is the canary)."""
 
-    # Each entry is the size of one batch (a count, or a percentage of all hosts, rounded up);
-    # the last size repeats until every host is in a batch (Ansible's `serial`).
-    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(default_factory=_all_at_once, min_length=1)
-    max_failures: int = Field(default=0, ge=0)  # more failed hosts than this: no further batch starts
-    pause_s: float = Field(default=0.0, ge=0)  # between batches
-    strategy: Literal["batches", "rolling"] = "batches"  # rolling: one unit at a time, drained from its router
+    # Ansible's `serial`
+    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(
+        default_factory=_all_at_once, min_length=1, description=(
+            "The size of each batch in order, a host count or a percentage of all hosts (rounded up); the last "
+            "size repeats until every host is in a batch."))
+    max_failures: int = Field(default=0, ge=0, description="More failed hosts than this, and no further batch starts.")
+    pause_s: float = Field(default=0.0, ge=0, description="Seconds between batches.")
+    strategy: Literal["batches", "rolling"] = Field(default="batches", description=(
+        "batches (the default), or rolling: one unit at a time, taken out of its router around its restart."))
 
     def split(self, hosts: list[str]) -> list[list[str]]:
         batches, start, index = [], 0, 0
@@ -341,15 +380,22 @@ class Rollout(Strict):
 
 
 class Playbook(Strict):
-    name: str = Field(min_length=1)
-    description: str = ""
-    files: list[FileSpec] = Field(default_factory=list)
-    patch: Annotated[str, AfterValidator(check_plain_name)] | None = None
-    steps: list[Any] = Field(min_length=1)
-    # rollback_fleet: a fleet run that fails rolls back every host of it that committed.
-    on_failure: Literal["restore", "rollback", "rollback_fleet"] = "restore"
-    persist: Persist = "any"  # `required`: no dest in a container's writable layer (config/persist.py)
-    rollout: Rollout = Field(default_factory=Rollout)
+    name: str = Field(min_length=1, description="The fix's name, in plans, summaries and the run log.")
+    description: str = Field(default="", description="What the fix changes and why, for the people who read it.")
+    files: list[FileSpec] = Field(default_factory=list, description=(
+        "Full-file replacements, each a src (relative to the playbook) and a dest (relative to the repo)."))
+    patch: Annotated[str, AfterValidator(check_plain_name)] | None = Field(default=None, description=(
+        "A diff (relative to the playbook) applied with git apply on the target, instead of files."))
+    steps: list[Any] = Field(min_length=1, description=(
+        "The steps, in order: a kind's name, or {kind: {its parameters}}; the first that fails stops the run."))
+    on_failure: Literal["restore", "rollback", "rollback_fleet"] = Field(default="restore", description=(
+        "After the commit, a failure leaves the commit (restore), reverts it and proves the old build (rollback), "
+        "or also rolls back every host of the fleet run that committed (rollback_fleet)."))
+    persist: Persist = Field(default="any", description=(
+        "required: every dest in a host's container must be on a bind mount or a volume; any (the default): "
+        "shipped wherever it lives."))
+    rollout: Rollout = Field(default_factory=Rollout, description=(
+        "How a fleet run spreads over its hosts: batch sizes, failures allowed, pauses, strategy."))
 
     @model_validator(mode="after")
     def _files_or_patch(self) -> Playbook:

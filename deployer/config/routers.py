@@ -123,9 +123,12 @@ class HttpChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    path: WorkerTemplate  # {worker} and the others URL-quoted here (e.g. /remove_worker?url={worker})
-    body: JsonBody | None = None  # a JSON object, its strings filled in raw (JSON quotes them)
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = Field(default="POST", description="The HTTP method.")
+    path: WorkerTemplate = Field(description=(
+        "The request's path; {worker}, {worker_type} and {bootstrap_port} are filled in URL-quoted "
+        "(e.g. /remove_worker?url={worker})."))
+    body: JsonBody | None = Field(default=None, description=(
+        "A JSON object sent as the body; the placeholders in its strings are filled in raw (JSON quotes them)."))
 
 
 class HttpList(BaseModel):
@@ -133,8 +136,9 @@ class HttpList(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
-    path: ListTemplate
-    urls: Annotated[str, AfterValidator(_urls_path)] = "$.urls"
+    path: ListTemplate = Field(description="The path whose answer lists the router's workers.")
+    urls: Annotated[str, AfterValidator(_urls_path)] = Field(default="$.urls", description=(
+        "Where the JSON answer holds the worker URLs: $.KEY... or $.KEY...[*].KEY... (e.g. $.workers[*].url)."))
 
 
 # argv run on the router's host (no shell); the list command prints one worker URL a line
@@ -157,23 +161,32 @@ class Router(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True,  # config.models.Strict's (that module imports this one)
                               populate_by_name=True, defer_build=True)
 
-    host: str  # the inventory host whose loopback serves it
-    url: Annotated[str, AfterValidator(_loopback_origin)]
+    host: str = Field(description="The inventory host whose loopback serves the router.")
+    url: Annotated[str, AfterValidator(_loopback_origin)] = Field(description=(
+        "The router's http://HOST:PORT on its host's loopback."))
     # sglang-gateway: GET/POST /workers, DELETE /workers/{id} (queued, 202); sglang-router: the older
-    # POST /add_worker?url=, POST /remove_worker?url=, GET /list_workers. http and command: the calls spelled out
-    # in remove/add/list (requests to the router, or argv run on its host: the list prints one URL a line).
-    api: Literal["sglang-gateway", "sglang-router", "http", "command"] = "sglang-gateway"
-    remove: Change | None = None
-    add: Change | None = None
+    # POST /add_worker?url=, POST /remove_worker?url=, GET /list_workers.
+    api: Literal["sglang-gateway", "sglang-router", "http", "command"] = Field(default="sglang-gateway", description=(
+        "How the router is called: sglang-gateway, sglang-router, or http or command with remove, add and list "
+        "spelled out."))
+    remove: Change | None = Field(default=None, description=(
+        "api http or command: the call that takes a worker out, {method, path, body} or an argv run on its host."))
+    add: Change | None = Field(default=None, description=(
+        "api http or command: the call that puts a worker back, {method, path, body} or an argv run on its host."))
     # `list` in the file (the name would shadow the builtin in this class's annotations)
-    listing: Listing | None = Field(default=None, alias="list")
-    inflight: list[str] = Field(default_factory=lambda: list(SGLANG_INFLIGHT), min_length=1)
-    change_timeout_s: float = Field(default=10.0, gt=0)  # a queued removal or addition to show in its list
-    drain_timeout_s: float = Field(default=120.0, gt=0)  # a removed worker's in-flight requests to reach 0
-    # ... and stay 0 this long: a request the router sent a worker's way just before the removal can still be on
-    # its way to it, counted by no gauge (a loaded router thread took over 0.4 s: the demo lost a request)
-    settle_s: float = Field(default=1.0, ge=0)
-    interval_s: float = Field(default=0.2, gt=0)
+    listing: Listing | None = Field(default=None, alias="list", description=(
+        "api http or command: the call that lists the workers, {path, urls} or an argv that prints one URL a line."))
+    inflight: list[str] = Field(default_factory=lambda: list(SGLANG_INFLIGHT), min_length=1, description=(
+        "The gauges whose sum is a worker's in-flight requests (default: SGLang's running, waiting and PD queues)."))
+    change_timeout_s: float = Field(default=10.0, gt=0, description=(
+        "Seconds a queued removal or addition has to show in the router's list."))
+    drain_timeout_s: float = Field(default=120.0, gt=0, description=(
+        "Seconds a removed worker's in-flight requests have to reach 0."))
+    # A request the router sent a worker's way just before the removal can still be on its way to it, counted by no
+    # gauge (a loaded router thread took over 0.4 s: the demo lost a request).
+    settle_s: float = Field(default=1.0, ge=0, description=(
+        "Seconds a removed worker's in-flight requests must stay 0 before it is restarted."))
+    interval_s: float = Field(default=0.2, gt=0, description="Seconds between reads of the router and the gauges.")
 
     @model_validator(mode="after")
     def _calls_fit_api(self) -> Router:
@@ -208,11 +221,13 @@ class RouterWorker(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use, not at import
 
-    service: str  # "host:service" of the unit (of the host itself, for a plain host behind a router)
-    worker_type: Literal["prefill", "decode", "regular"]
-    # As the router reaches it; by default the origin of the service's health URL (router and worker on one node).
-    url: Annotated[str, AfterValidator(http_origin)] | None = None
-    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)  # a prefill's, sent when it is added back
+    service: str = Field(description=(
+        "The HOST:SERVICE of the unit (of the host itself, for a plain host behind a router) this worker is."))
+    worker_type: Literal["prefill", "decode", "regular"] = Field(description="What the router knows it as.")
+    url: Annotated[str, AfterValidator(http_origin)] | None = Field(default=None, description=(
+        "The worker's http://HOST:PORT as the router reaches it (default: the origin of the service's health URL)."))
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535, description=(
+        "A prefill's bootstrap port, sent to the router when the worker is added back."))
 
 
 class BehindRouter(BaseModel):
@@ -221,8 +236,10 @@ class BehindRouter(BaseModel):
 
     model_config = ConfigDict(defer_build=True)  # a mixin: only its subclasses' validators are built and used
 
-    router: str | None = None  # a name in the inventory's routers:
-    workers: list[RouterWorker] = Field(default_factory=list)  # each "host:service" of it, as the router knows it
+    router: str | None = Field(default=None, description=(
+        "The router (a name in the inventory's routers:) that sends it traffic."))
+    workers: list[RouterWorker] = Field(default_factory=list, description=(
+        "Its services as that router knows them: each one's HOST:SERVICE, worker_type, url and bootstrap_port."))
 
 
 def metrics_origin(health: str | None) -> str:

@@ -32,8 +32,14 @@ def playbook_schema() -> dict[str, Any]:
         defs.update(params.pop("$defs", {}))
         defs[cls.Params.__name__] = params
         choices.append({"type": "object", "additionalProperties": False, "required": [name],
-                        "properties": {name: {"anyOf": [{"$ref": f"#/$defs/{cls.Params.__name__}"},
+                        "properties": {name: {"description": summary(cls),
+                                              "anyOf": [{"$ref": f"#/$defs/{cls.Params.__name__}"},
                                                         {"type": "null"}]}}})
     schema["properties"]["steps"]["items"] = {"anyOf": choices}
     schema["oneOf"] = [{"required": ["files"]}, {"required": ["patch"]}]
     return {"$schema": DIALECT, **schema}
+
+
+def summary(cls: type) -> str:
+    """The first paragraph of a step kind's docstring, on one line: what an editor shows beside its name."""
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())

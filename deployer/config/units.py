@@ -17,8 +17,8 @@ class Unit(GangFields, BehindRouter, BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # config.models.Strict's
 
-    services: list[str] = Field(min_length=1)  # "host:service", in start order
-    metrics: str | None = None  # the host whose metrics drain and baseline read
+    services: list[str] = Field(min_length=1, description="Its services, each HOST:SERVICE, in start order.")
+    metrics: str | None = Field(default=None, description="The host of the unit whose metrics baseline and drain read.")
     # router: and workers: (BehindRouter): the inventory's router that sends the unit traffic, its workers there
 
     def members(self) -> list[tuple[str, str]]:

@@ -47,16 +47,19 @@ def _via(value: str) -> str:
 
 
 class CanaryParams(Strict):
-    url: LoopbackUrl | None = None  # default: the service's health URL, path /generate
-    service: str | None = None  # whose health URL gives the default (default: the host's first with one)
-    # also through the router: its /generate URL, or a router of the inventory's `routers:` by name (asked on
-    # that router's host, at its url + /generate)
-    via: Annotated[str, AfterValidator(_via)] | None = None
-    text: str = Field(default="The capital of France is", min_length=1)
-    max_new_tokens: int = Field(default=8, ge=1, le=4096)
-    latency_s: float = Field(default=30.0, gt=0)  # each answer within this
-    golden: str | None = None  # a file `deployer canary --record` wrote (relative to the playbook)
-    timeout_s: float = Field(default=60.0, gt=0)
+    url: LoopbackUrl | None = Field(default=None, description=(
+        "The /generate URL asked, on the target's loopback (default: the service's health URL, path /generate)."))
+    service: str | None = Field(default=None, description=(
+        "The service whose health URL gives the default url (default: the host's first with one)."))
+    # a router by name is asked on that router's host, at its url + /generate
+    via: Annotated[str, AfterValidator(_via)] | None = Field(default=None, description=(
+        "Also ask through the router: its /generate URL, or a router of the inventory's routers: by name."))
+    text: str = Field(default="The capital of France is", min_length=1, description="The prompt sent.")
+    max_new_tokens: int = Field(default=8, ge=1, le=4096, description="The tokens each answer may have.")
+    latency_s: float = Field(default=30.0, gt=0, description="Seconds each answer must come within.")
+    golden: str | None = Field(default=None, description=(
+        "A file `deployer canary --record` wrote (relative to the playbook) that each answer must match."))
+    timeout_s: float = Field(default=60.0, gt=0, description="Seconds each request may take.")
 
     def body(self) -> str:
         return json.dumps({"text": self.text, "sampling_params": {"max_new_tokens": self.max_new_tokens}},
@@ -155,6 +158,8 @@ def golden_of(answer: Answer, params: CanaryParams) -> dict[str, Any]:
 
 
 class Canary(Step):
+    """Prove the new build with a real generation, optionally compared with a recorded golden answer."""
+
     kind = "canary"
     scope = Scope.metrics_host
     effect = Effect.verifies

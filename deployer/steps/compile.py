@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from pydantic import Field
+
 from deployer.config.models import Strict
 from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
@@ -30,6 +32,8 @@ def compile_error(ctx: Context, dest: str) -> str | None:
 
 
 class LocalCompile(Step):
+    """Compile the Python files to ship here, before the target is touched."""
+
     kind = "local_compile"
     before = ("upload",)
     judges = "compile"
@@ -52,7 +56,7 @@ class LocalCompile(Step):
 
 
 class RemoteCompileParams(Strict):
-    timeout_s: float = 120.0
+    timeout_s: float = Field(default=120.0, description="Seconds the compile on the target may take.")
 
 
 # compile() is what py_compile does, without writing a .pyc into the target's tree. Then, only when every file
@@ -71,6 +75,8 @@ INSTALL_SCRIPT = (
 
 
 class RemoteCompile(Step):
+    """Compile the uploaded files with the host's python, before they take effect."""
+
     kind = "remote_compile"
     Params = RemoteCompileParams
     # Observes, though it installs what the upload staged: the install finishes the upload's change (the run

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from deployer.config.models import Strict
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
@@ -38,10 +38,10 @@ def _check_bound(value: Bound | None) -> Bound | None:
 
 
 class BoundsParams(Strict):
-    files: Bound | None = None
-    insertions: Bound | None = None
-    deletions: Bound | None = None
-    timeout_s: float = 60.0
+    files: Bound | None = Field(default=None, description="Files the diff changes: a count, or [min, max].")
+    insertions: Bound | None = Field(default=None, description="Lines the diff inserts: a count, or [min, max].")
+    deletions: Bound | None = Field(default=None, description="Lines the diff deletes: a count, or [min, max].")
+    timeout_s: float = Field(default=60.0, description="Seconds the diff on the target may take.")
 
     _valid = field_validator("files", "insertions", "deletions")(_check_bound)
 
@@ -58,6 +58,8 @@ def _show(bound: Bound) -> str:
 
 
 class DiffBounds(Step):
+    """The diff against HEAD is the size the fix should be (files, insertions, deletions); zero changes fail."""
+
     kind = "diff_bounds"
     Params = BoundsParams
     after = ("upload",)
@@ -130,9 +132,10 @@ class DiffBounds(Step):
 
 
 class CommitParams(Strict):
-    message: str
-    hooks: bool = False  # run the target repo's commit hooks (pre-commit, commit-msg, post-commit, ...)
-    timeout_s: float = 60.0
+    message: str = Field(description="The commit message; deployer adds the trailers that name the run.")
+    hooks: bool = Field(default=False, description=(
+        "true: the target repo's commit hooks run (pre-commit, commit-msg, post-commit, ...)."))
+    timeout_s: float = Field(default=60.0, description="Seconds the commit on the target may take.")
 
     @field_validator("message")
     @classmethod
@@ -244,6 +247,8 @@ def read_end_note(ctx: Context, commit: str) -> str | None:
 
 
 class Commit(Step):
+    """Commit the change on the target, under a trailer naming the run: what a rollback reverts."""
+
     kind = "commit"
     effect = Effect.commits
     Params = CommitParams

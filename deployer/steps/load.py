@@ -15,13 +15,17 @@ from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
 
 class StormParams(Strict):
-    url: LoopbackUrl | None = None  # default: the host's `endpoint` + /generate
-    requests: int = Field(default=200, ge=1, le=MAX_REQUESTS)
-    concurrency: int = Field(default=32, ge=1, le=MAX_CONCURRENCY)
-    client_timeout_s: float = Field(default=0.2, gt=0, le=60)
-    abort_all_every: int | None = Field(default=None, ge=1)
-    abort_url: LoopbackUrl | None = None  # default: the storm URL's /abort_request
-    max_duration_s: float = Field(default=60.0, gt=0, le=600)
+    url: LoopbackUrl | None = Field(default=None, description=(
+        "Where the requests go, on the target's loopback (default: the host's endpoint + /generate)."))
+    requests: int = Field(default=200, ge=1, le=MAX_REQUESTS, description="How many requests are sent.")
+    concurrency: int = Field(default=32, ge=1, le=MAX_CONCURRENCY, description="How many are in flight at a time.")
+    client_timeout_s: float = Field(default=0.2, gt=0, le=60, description=(
+        "Seconds after which a client gives up on its request, which aborts it on the server."))
+    abort_all_every: int | None = Field(default=None, ge=1, description=(
+        "After every Nth request, also POST {abort_all: true} to abort_url."))
+    abort_url: LoopbackUrl | None = Field(default=None, description=(
+        "Where abort_all is sent (default: the storm URL's /abort_request)."))
+    max_duration_s: float = Field(default=60.0, gt=0, le=600, description="No request is sent after this many seconds.")
 
 
 def _sibling(url: str, path: str) -> str:
@@ -70,6 +74,8 @@ def storm(ctx: Context, params: StormParams) -> str:
 
 
 class Storm(Step):
+    """Fire a bounded burst of concurrent requests with short client timeouts, to provoke the bug's aborts."""
+
     kind = "storm"
     scope = Scope.metrics_host
     effect = Effect.loads

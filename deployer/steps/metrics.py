@@ -29,12 +29,14 @@ COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": o
 
 
 class MetricParams(Strict):
-    metric: str
-    labels: dict[str, str] = Field(default_factory=dict)
-    aggregate: Literal["sum", "max"] = "sum"
-    url: Url | None = None  # default: the host's `metrics` URL
-    interval_s: float = Field(default=1.0, gt=0)
-    stable_polls: int = Field(default=3, ge=1)
+    metric: str = Field(description="The Prometheus metric's name.")
+    labels: dict[str, str] = Field(default_factory=dict, description="The labels a series must have to be read.")
+    aggregate: Literal["sum", "max"] = Field(default="sum", description=(
+        "How the series that match are combined: sum or max."))
+    url: Url | None = Field(default=None, description=(
+        "The metrics URL, as the target sees it (default: the host's metrics)."))
+    interval_s: float = Field(default=1.0, gt=0, description="Seconds between polls.")
+    stable_polls: int = Field(default=3, ge=1, description="Consecutive polls that must agree.")
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,9 @@ class MetricStep(Step):
 
 
 class BaselineParams(MetricParams):
-    storm: StormParams | None = None  # `storm: true` is a storm with the defaults
-    within_s: float = Field(default=20.0, gt=0)
+    storm: StormParams | None = Field(default=None, description=(
+        "A storm sent first, to show the symptom: true (the storm's defaults) or the storm step's parameters."))
+    within_s: float = Field(default=20.0, gt=0, description="Seconds the reading has to settle.")
 
     @field_validator("storm", mode="before")
     @classmethod
@@ -193,9 +196,9 @@ class Baseline(MetricStep):
 
 
 class DrainParams(MetricParams):
-    to: float
-    op: Literal["<=", ">=", "=="] = "<="
-    within_s: float = Field(default=60.0, gt=0)
+    to: float = Field(description="The bound the metric must meet.")
+    op: Literal["<=", ">=", "=="] = Field(default="<=", description="How the metric is compared with to.")
+    within_s: float = Field(default=60.0, gt=0, description="Seconds the metric has to meet the bound.")
 
 
 class Drain(MetricStep):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from deployer.agent.protocol import sha256_hex
 from deployer.config.models import Strict
 from deployer.errors import StepFailed
@@ -13,10 +15,12 @@ from deployer.steps.git import owner_and_mode_kept
 
 
 class UploadParams(Strict):
-    timeout_s: float = 120.0
+    timeout_s: float = Field(default=120.0, description="Seconds the upload (or the patch's git apply) may take.")
 
 
 class Upload(Step):
+    """Ship the files (or apply the patch) into the target's repo, each file written whole and checked."""
+
     kind = "upload"
     Params = UploadParams
     effect = Effect.changes_files

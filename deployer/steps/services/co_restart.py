@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+from pydantic import Field
+
 from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
 from deployer.errors import ConfigError, StepFailed
@@ -151,11 +153,14 @@ def old_tree(m: Manager, seen: Observed) -> set[int]:
 
 
 class CoRestartParams(Strict):
-    services: list[str] | None = None  # default: every service of the host, in inventory order
-    timeout_s: float = 60.0
+    services: list[str] | None = Field(default=None, description=(
+        "The services restarted, in start order (default: every service of the host, in inventory order)."))
+    timeout_s: float = Field(default=60.0, description="Seconds each stop or start command may take.")
 
 
 class CoRestart(Step):
+    """Restart the services as one: stopped in reverse order, started in order, each proven by a new PID and health."""
+
     kind = "co_restart"
     scope = Scope.unit
     effect = Effect.restarts
