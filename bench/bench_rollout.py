@@ -9,6 +9,7 @@ Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every pr
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def one_run(units: int, routed: bool) -> tuple[LoadReport, int]:
             try:
                 done = subprocess.run([sys.executable, "-m", "deployer", "apply", "note.yaml", "--host",
                                        ",".join(f"pd-{n}" for n in range(units)), "--json"], cwd=root,
+                                      env={**os.environ, "DEPLOYER_RUNS_DIR": str(root / "runs")},  # not the user's
                                       capture_output=True, text=True, timeout=600)
             finally:
                 report = load.stop()

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,8 +51,29 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def runs_dir_from(explicit: str | None) -> Path:
-    return Path(explicit or os.environ.get("DEPLOYER_RUNS_DIR") or ".deployer/runs")
+# Where runs were kept before one history per user: relative to the cwd, so each directory had its own.
+CWD_RUNS_DIR = Path(".deployer/runs")
+
+
+def user_runs_dir() -> Path:
+    """This user's one history, the same from any directory (XDG's state dir: it outlives a cache)."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "deployer" / "runs"
+
+
+def runs_dir_from(explicit: str | None, cwd_notice: Callable[[str], object] | None = None) -> Path:
+    """--runs-dir, else $DEPLOYER_RUNS_DIR, else the cwd's .deployer/runs where there is one (its runs stay
+    found where they were made; cwd_notice is told so), else this user's history."""
+    chosen = explicit or os.environ.get("DEPLOYER_RUNS_DIR")
+    if chosen:
+        return Path(chosen)
+    if CWD_RUNS_DIR.is_dir():
+        found = CWD_RUNS_DIR.absolute()
+        if cwd_notice is not None:
+            cwd_notice(f"using ./{CWD_RUNS_DIR}, this directory's run history; deployer's default is now one history "
+                       f"per user, found from any directory ({user_runs_dir()}): move these runs there and remove "
+                       f"./{CWD_RUNS_DIR} to use it")
+        return found
+    return user_runs_dir()
 
 
 def _line_hash(line: bytes) -> str:

@@ -20,3 +20,12 @@ def own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         del os.environ["XDG_CACHE_HOME"]
     else:
         os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture(autouse=True)
+def own_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every deployer a test starts without a runs dir of its own keeps its runs in the default one,
+    $XDG_STATE_HOME/deployer/runs: that test's own temp dir, never this user's ~/.local/state or another test's."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from functools import partial
@@ -113,8 +114,8 @@ def show_plans(build: Build, engines: dict[str, Engine], units: dict[str, Unit],
 @click.command()
 @click.argument("playbook", type=click.Path(dir_okay=False), required=False)
 @host_option()
-@click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead.",
-              shell_complete=complete_runs)
+@click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead (`last`: "
+              "the newest run, on --host if given; or any unique beginning of a run id).", shell_complete=complete_runs)
 @inventory_option
 @runs_dir_option
 @accept_option
@@ -126,6 +127,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
+    from deployer.app.runs import resolve
     from deployer.config import targets
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
@@ -135,7 +137,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 
     build = builder(inventory, runs_dir, accept_new_host_key)
     if rollback_of:  # its host alone behind its router: downtime, as `rollback` refuses it
-        run = runlog.read_run(build.runs_dir, rollback_of)
+        run = runlog.read_run(build.runs_dir, resolve(build.runs_dir, rollback_of, host_name))
         engine = build.for_run(run, host_name)
         loaded = load_inventory(find_inventory(inventory))
         routed = routed_part(loaded, engine.host_name)
@@ -318,7 +320,8 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
              as_json: bool, allow_downtime: bool, skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
     """Revert RUN_ID's files to before the run by a new commit, restart, and prove the revert.
 
-    RUN_ID may be a fleet run: each of its hosts that committed is rolled back.
+    RUN_ID may be a fleet run: each of its hosts that committed is rolled back. It may be `last` (the newest run,
+    or the newest on --host) or any unique beginning of a run id.
 
     \b
     What a rollback checks on the reverted build (the old build still has the bug):
@@ -330,6 +333,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     A check that fails leaves the revert standing: the run ends rolled_back with the check named, exit 5.
     --skip-check and --baseline change the checks for this rollback only."""
     from deployer import runlog
+    from deployer.app.runs import resolve
     from deployer.config import targets
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
@@ -350,6 +354,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     if not run_id:
         raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
     root = build.runs_dir
+    run_id = resolve(root, run_id, host_name)
     if is_fleet(root, run_id):
         fleet_id = run_id
         loaded = load_inventory(find_inventory(inventory))
@@ -404,8 +409,11 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
             skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
     """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
 
-    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered."""
+    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered. It may be `last` (the newest run, or
+    the newest on --host) or any unique beginning of a run id; a whole id not in the runs dir is recovered from
+    --host's intent record."""
     from deployer import runlog
+    from deployer.app.runs import UnknownRun, resolve
     from deployer.errors import ConfigError
     from deployer.fleet.followup import cut_sub_runs, recover_fleet
     from deployer.fleet.record import FleetRecord, is_fleet
@@ -419,6 +427,9 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s,
                     revert_checks_from(skip_checks, baselines))
     runs_path = build.runs_dir
+    if run_id:
+        with contextlib.suppress(UnknownRun):  # a run this runs dir never saw: its host's intent record may name it
+            run_id = resolve(runs_path, run_id, host_name)
     if run_id and is_fleet(runs_path, run_id):
         fleet_id = run_id
         if not cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0

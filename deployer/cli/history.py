@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from deployer.cli.options import complete_runs, inventory_option, json_option, runs_dir_option
+from deployer.cli.options import (
+    complete_runs,
+    complete_states,
+    host_option,
+    inventory_option,
+    json_option,
+    runs_dir_option,
+)
 from deployer.cli.output import emit_json, failures_to_exit_codes
 from deployer.cli.running import builder
 
@@ -21,26 +28,35 @@ def runs() -> None:
 
 
 @runs.command("list")
+@host_option(help="Only the runs on this host, and the fleet runs that include it.")
+@click.option("--state", "states", multiple=True, metavar="STATE", shell_complete=complete_states,
+              help="Only the runs in this state (repeatable), and the fleet runs with a host in it.")
+@click.option("--last", type=click.IntRange(1), metavar="N", help="Only the N newest runs (and fleet runs).")
 @runs_dir_option
 @json_option()
 @failures_to_exit_codes
-def runs_list(runs_dir: str | None, as_json: bool) -> None:
-    """List recorded runs, oldest first."""
+def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, runs_dir: str | None,
+              as_json: bool) -> None:
+    """List recorded runs, oldest first (the runs dir: see --runs-dir)."""
     from deployer import runlog
+    from deployer.app.runs import listed
     from deployer.fleet.record import list_fleets
     from deployer.run.shown import shown_state
-    from deployer.ui.console import make_console
+    from deployer.ui.console import make_console, say
     from deployer.ui.fleet import show_fleets
     from deployer.ui.report import show_runs
 
     root = runlog.runs_dir_from(runs_dir)
-    found, fleets = runlog.list_runs(root), list_fleets(root)
+    found, fleets = listed(runlog.list_runs(root), list_fleets(root), host_name, states, last)
     if as_json:
-        emit_json({"runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
+        emit_json({"runs_dir": str(root),
+                   "runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
                              "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
                              "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
                              "git": r.git} for r in found],
                    "fleets": [f.document() for f in fleets]})
+    elif not found and not fleets:  # an empty header would not say where it looked
+        say(f"no runs in {root}{' match the filters' if host_name or states else ''}")
     else:
         console = make_console()
         show_runs(console, found)
@@ -55,14 +71,18 @@ def runs_list(runs_dir: str | None, as_json: bool) -> None:
 @json_option("Print the raw events.")
 @failures_to_exit_codes
 def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
-    """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts)."""
+    """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts).
+
+    RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
     from deployer import runlog
+    from deployer.app.runs import resolve
     from deployer.fleet.record import FleetRecord, is_fleet
     from deployer.ui.console import make_console
     from deployer.ui.fleet import show_fleet
     from deployer.ui.report import show_run
 
     root = runlog.runs_dir_from(runs_dir)
+    run_id = resolve(root, run_id)
     if is_fleet(root, run_id):
         state = FleetRecord.load(root, run_id).state
         emit_json(state.document()) if as_json else show_fleet(make_console(), state)
@@ -83,8 +103,11 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 @json_option()
 @failures_to_exit_codes
 def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
-    """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered."""
+    """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered.
+
+    RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
     from deployer import runlog
+    from deployer.app.runs import resolve
     from deployer.fleet.followup import verify_fleet
     from deployer.fleet.record import is_fleet
     from deployer.ui.console import say, show_error
@@ -100,6 +123,7 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
         return found
 
     unreachable: dict[str, str] = {}
+    run_id = resolve(root, run_id)
     if is_fleet(root, run_id):
         per_host, unreachable = verify_fleet(root, run_id, verify_one)
         problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]

@@ -30,11 +30,15 @@ def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     from deployer import runlog
-    root = runlog.runs_dir_from(ctx.params.get("runs_dir"))
-    if not root.is_dir():
-        return []
-    return [CompletionItem(p.name) for p in sorted(root.iterdir())
-            if p.name.startswith(incomplete) and ((p / runlog.EVENTS).is_file() or (p / "fleet.json").is_file())]
+    from deployer.app.runs import LAST, run_ids
+
+    names = [LAST, *run_ids(runlog.runs_dir_from(ctx.params.get("runs_dir")))]
+    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+
+
+def complete_states(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    from deployer.app.runs import STATES
+    return [CompletionItem(state) for state in STATES if state.startswith(incomplete)]
 
 
 def host_option(required: bool = False, help: str = "Inventory host name.") -> Callable[[F], F]:
@@ -47,8 +51,21 @@ def inventory_option(func: F) -> F:
 
 
 def runs_dir_option(func: F) -> F:
-    return click.option("--runs-dir", type=click.Path(file_okay=False), is_eager=True,
-                        help="Run log directory (default $DEPLOYER_RUNS_DIR, then .deployer/runs).")(func)
+    return click.option("--runs-dir", type=click.Path(file_okay=False), is_eager=True, callback=chosen_runs_dir,
+                        help="Run log directory (default $DEPLOYER_RUNS_DIR, then ./.deployer/runs where there is "
+                             "one, then $XDG_STATE_HOME/deployer/runs or ~/.local/state/deployer/runs).")(func)
+
+
+def chosen_runs_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """The runs dir the command works in, decided once: the cwd's .deployer/runs is said to be the one (every
+    other directory sees the user's history), except while completing, where a notice would garble the words."""
+    from deployer import runlog
+
+    def notice(message: str) -> None:
+        from deployer.ui.console import show_notice  # rich only for a command that has this to say
+        show_notice(message)
+
+    return str(runlog.runs_dir_from(value, None if ctx.resilient_parsing else notice))
 
 
 def accept_option(func: F) -> F:

@@ -2,7 +2,7 @@
 
 co_restart's refusals, a service's own `stop`, metric aggregation and comparisons, a failed
 rollback (exit 6), a second signal, `become` through a whole apply, short secrets, and the
-`./hosts.yaml` / `.deployer/runs` defaults.
+`./hosts.yaml` and runs dir defaults.
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ def test_secrets_shorter_than_4_characters_are_refused(target: Project, value: s
     assert "shorter than 4 characters; it cannot be masked reliably" in " ".join(result.stderr.split())
 
 
-def test_inventory_and_runs_dir_default_to_hosts_yaml_and_deployer_runs_in_the_cwd(target: Project) -> None:
+def test_inventory_defaults_to_hosts_yaml_in_the_cwd_and_runs_dir_to_the_users_state_dir(target: Project) -> None:
     target.playbook()
     env = {k: v for k, v in os.environ.items() if k not in ("DEPLOYER_INVENTORY", "DEPLOYER_RUNS_DIR")}
     env["NO_COLOR"] = "1"
@@ -360,9 +360,9 @@ def test_inventory_and_runs_dir_default_to_hosts_yaml_and_deployer_runs_in_the_c
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr  # found ./hosts.yaml (target.inventory is there)
     assert target.inventory == target.root / "hosts.yaml"
-    [run] = list((target.root / ".deployer" / "runs").iterdir())
+    [run] = list((Path(env["XDG_STATE_HOME"]) / "deployer" / "runs").iterdir())
     assert json.loads((run / "events.jsonl").read_text().splitlines()[0])["type"] == "run_start"
-    assert not target.runs.exists()
+    assert not target.runs.exists() and not (target.root / ".deployer").exists()
     elsewhere = subprocess.run([sys.executable, "-m", "deployer", "runs", "list"], cwd=target.root.parent,
                                env=env, capture_output=True, text=True, timeout=60)
-    assert run.name not in elsewhere.stdout  # relative to the cwd, not a fixed place
+    assert run.name in elsewhere.stdout  # one place per user, whatever the cwd

@@ -43,7 +43,7 @@ def with_canary(fleet: PdFleet, canary: dict[str, Any], **playbook: Any) -> None
 
 
 def events(fleet: PdFleet, run_id: str) -> list[dict[str, Any]]:
-    path = fleet.root / ".deployer" / "runs" / run_id / "events.jsonl"
+    path = fleet.runs / run_id / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 

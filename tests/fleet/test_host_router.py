@@ -47,7 +47,7 @@ def left_and_came_back(fleet: PdFleet, run_id: str, worker: str) -> None:
     kinds = router_steps(fleet, run_id)
     assert kinds[:2] == ["router_remove", "router_listed"] and "worker_inflight" in kinds, kinds
     assert kinds[-2:] == ["router_add", "router_listed"], kinds
-    events = [json.loads(line) for line in (fleet.root / ".deployer" / "runs" / run_id / "events.jsonl").read_text()
+    events = [json.loads(line) for line in (fleet.runs / run_id / "events.jsonl").read_text()
               .splitlines()]
     removed = next(e for e in events if e["type"] == "router_remove")
     seen_without = next(e for e in events if e["type"] == "router_listed")
@@ -97,7 +97,7 @@ def test_a_plain_host_naming_an_unknown_router_or_a_worker_outside_it_is_refused
 
 
 def events_of(fleet: PdFleet, run_id: str) -> list[dict[str, Any]]:
-    path = fleet.root / ".deployer" / "runs" / run_id / "events.jsonl"
+    path = fleet.runs / run_id / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 

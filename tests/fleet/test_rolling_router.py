@@ -26,6 +26,7 @@ from ports import demo_ports
 from deployer.config.models import LocalHost
 from deployer.demo.load import Load
 from deployer.demo.run import DemoStack, start_stacks
+from deployer.runlog import user_runs_dir
 from deployer.steps.cancel import CancelToken
 
 SETTLE_S = 0.5  # how long each removed worker must read 0 before its unit restarts
@@ -56,6 +57,11 @@ class PdFleet:
     router_port: int
     inventory: dict[str, Any]
 
+    @property
+    def runs(self) -> Path:
+        """Where its commands, run with no runs dir of their own, keep their runs: the test's history."""
+        return user_runs_dir()
+
     def write(self) -> None:
         (self.root / "hosts.yaml").write_text(yaml.safe_dump(self.inventory, sort_keys=False))
 
@@ -84,7 +90,7 @@ class PdFleet:
 
     def events(self, report: dict[str, Any], host: str) -> list[dict[str, Any]]:
         run_id = report["hosts"][host]["run_id"]
-        path = self.root / ".deployer" / "runs" / run_id / "events.jsonl"
+        path = self.runs / run_id / "events.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -314,7 +320,7 @@ def test_the_older_sglang_router_calls_take_a_unit_out_and_put_it_back_too(pd_fl
 
 
 def router_steps(fleet: PdFleet, run_id: str) -> list[str]:
-    path = fleet.root / ".deployer" / "runs" / run_id / "events.jsonl"
+    path = fleet.runs / run_id / "events.jsonl"
     return [e["type"] for e in map(json.loads, path.read_text().splitlines())
             if e["type"].startswith(("router_", "worker_"))]
 
@@ -376,7 +382,7 @@ class RouterWatch:
 def router_changes(fleet: PdFleet, run_ids: list[str]) -> list[tuple[str, str]]:
     """The units' router_remove/router_add events over several runs, in the order they happened: (unit, change)."""
     found = [(e["time"], e["unit"], e["type"]) for run_id in run_ids
-             for e in map(json.loads, (fleet.root / ".deployer" / "runs" / run_id / "events.jsonl")
+             for e in map(json.loads, (fleet.runs / run_id / "events.jsonl")
                           .read_text().splitlines()) if e["type"] in ("router_remove", "router_add")]
     return [(unit, change) for _, unit, change in sorted(found)]
 

@@ -156,7 +156,7 @@ def test_verifying_a_run_that_does_not_exist_is_a_usage_error(tmp_path: Path) ->
     result = subprocess.run([sys.executable, "-m", "deployer", "runs", "verify", "nosuch", "--runs-dir",
                              str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [f"error: no run 'nosuch' in {tmp_path}"]
+    assert result.stderr.splitlines() == [f"error: no run 'nosuch' in {tmp_path} (see 'deployer runs list')"]
 
 
 @pytest.mark.parametrize(("change", "problem"), [
