@@ -75,23 +75,31 @@ def problems_of(exc: ValidationError, doc: yamlsrc.Document, base: yamlsrc.Loc =
         elif error["type"] == "missing":
             message, mark = "required key is missing", doc.key_mark(loc[:-1])
         else:
-            message, mark, got = plain(error), doc.mark(loc), _got(error)
+            message, mark, got = plain(error), doc.mark(loc), "" if _in_env(loc) else _got(error)
         # A union tries each of its members, and each adds its name to the location: one problem, its ways joined.
         alternative = bool(raw) and tuple(raw[-1:]) != loc[-1:]
         mark, said, got = found.setdefault((loc, -1 if alternative else index), (mark, {}, got))
         said.setdefault(message, error["type"])
+    # A member the value got into (a mapping given for `str | SecretValue`) reports deeper, and knows better than
+    # the members whose type the value is not.
+    deeper = {loc[:cut] for loc, _ in found for cut in range(len(loc))}
     return [(mark, f"{'.'.join(str(p) for p in loc) or '(top level)'}: {_either(said)}{got}")
-            for (loc, _), (mark, said, got) in found.items()]
+            for (loc, _), (mark, said, got) in found.items()
+            if not (loc in deeper and all(_not_its_type(kind) for kind in said.values()))]
 
 
 def _either(said: dict[str, str]) -> str:
     """What a union's members said, as one sentence; a member the value got into knows better than one whose
     type it is not (a mapping given for `str | SecretValue` is a SecretValue with a problem, not a bad string)."""
-    closer = [way for way, kind in said.items() if not kind.endswith(("_type", "_parsing"))]
+    closer = [way for way, kind in said.items() if not _not_its_type(kind)]
     ways = closer or list(said)
     if len(ways) > 1 and all(way.startswith("must be ") for way in ways):
         return "must be " + " or ".join(way.removeprefix("must be ") for way in ways)
     return ", or ".join(ways)
+
+
+def _not_its_type(kind: str) -> bool:
+    return kind.endswith(("_type", "_parsing"))
 
 
 def indent_hint(doc: yamlsrc.Document, loc: yamlsrc.Loc) -> str:
@@ -136,6 +144,11 @@ def _got(error: ErrorDetails) -> str:
         shown = repr(value)
         return f", got {shown if len(shown) <= 40 else shown[:37] + '...'}"
     return ""
+
+
+def _in_env(loc: yamlsrc.Loc) -> bool:
+    """Whether loc is inside a host's or a service's `env:`, whose values may be secrets: named, never shown."""
+    return any(part == "env" and loc[i - 1] not in ("hosts", "services") for i, part in enumerate(loc) if i)
 
 
 def _number(value: Any) -> Any:

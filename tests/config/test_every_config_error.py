@@ -140,12 +140,25 @@ rollout: {batches: [], strategy: fast, max_failures: -1, pause_s: [1]}
 @local_only
 def test_a_value_that_fits_no_member_of_a_union_is_one_problem_said_by_the_member_it_came_closest_to(
         target: Project) -> None:
-    target.write("bad-hosts.yaml", "hosts:\n  box:\n    repo: /r\n    transport: k8s\n  env:\n    repo: /r\n"
+    target.write("bad-hosts.yaml", "hosts:\n  box:\n    repo: /r\n    transport: k8s\n  gpu:\n    repo: /r\n"
                                    "    env: {A: 3, B: {secret: true}}\n")
     result = target.deployer("check", "--host", "box", "-i", "bad-hosts.yaml")
     assert result.returncode == 2
     assert problems(result.stderr) == [
         "bad-hosts.yaml:4:16: hosts.box.transport: must be 'ssh' or 'local'",
-        "bad-hosts.yaml:7:14: hosts.env.env.A: must be a string or a mapping (key: value), got 3",
-        "bad-hosts.yaml:7:20: hosts.env.env.B: give exactly one of 'value' or 'value_from_env'",
+        "bad-hosts.yaml:7:14: hosts.gpu.env.A: must be a string or a mapping (key: value)",
+        "bad-hosts.yaml:7:20: hosts.gpu.env.B: give exactly one of 'value' or 'value_from_env'",
     ]
+
+
+@local_only
+def test_a_bad_environment_value_is_named_never_shown_for_it_may_be_a_secret(target: Project) -> None:
+    target.write("bad-hosts.yaml", "hosts:\n  box:\n    repo: /r\n    env: {TOKEN: {secret: true, value: 90210}}\n"
+                                   "    services:\n      web: {start: x, env: {PIN: [4711]}}\n")
+    result = target.deployer("check", "--host", "box", "-i", "bad-hosts.yaml")
+    assert result.returncode == 2
+    assert problems(result.stderr) == [
+        "bad-hosts.yaml:4:40: hosts.box.env.TOKEN.value: must be a string",
+        "bad-hosts.yaml:6:34: hosts.box.services.web.env.PIN: must be a string or a mapping (key: value)",
+    ]
+    assert "90210" not in result.stderr and "4711" not in result.stderr
