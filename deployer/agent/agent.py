@@ -21,8 +21,10 @@ code it was sent; `run` executes an argv list without a shell.
 Ops: hello, run, put, get, stat, http, batch, beat, procs, signal, premise (see each `op_*` below), and cancel,
 which the reader serves out of turn (see `_cancelled`). The agent never listens on a socket. It exits when its
 stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT), killing the process group of any command still
-running and dropping requests not yet started: a closed stdin means the client is gone. Services started by a
-finished `run` are left alone.
+running and dropping requests not yet started: a closed stdin means the client is gone. A request sent with
+"detached": true is the exception: at the end of stdin it still runs (in order, with its own timeout), and the
+agent exits once it has; its reply goes nowhere. It is how a client leaves a last record it does not wait for
+(a run's seal, written after its log has ended). Services started by a finished `run` are left alone.
 
 One file on purpose (the design sketch split ops into ops.py): the blob sent on stdin is this
 file verbatim, so the sha256 that `hello` reports is the sha256 of a file in our tree.
@@ -177,6 +179,8 @@ class Agent:
         self._beats: dict[str, threading.Event] = {}  # heartbeat files touched by a thread, by path
         self._succeeded: set[Any] = set()  # ids of the requests that succeeded, for "after"
         self._taken_back: set[Any] = set()  # ids of requests to skip unless already started (see `_cancelled`)
+        self._gone = False  # stdin ended: only detached requests still run
+        self._running_detached = False  # the request running now was sent detached
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
@@ -210,6 +214,20 @@ class Agent:
             if length <= CANCEL_FRAME_MAX and self._cancelled(body):
                 continue  # answered at once, out of turn: it is how a client stops what runs now
             work.put(body)
+        self._client_gone(work)
+
+    def _client_gone(self, work: queue.Queue[Any]) -> None:
+        """The end of stdin: what runs now is killed and what waits is dropped, but for detached requests, which
+        run to their end first (see the module's docstring)."""
+        self._gone = True
+        if not self._running_detached:
+            with self._groups_lock:
+                groups = list(self._groups)
+            for pgid in groups:
+                _kill_group(pgid)
+        drained = threading.Event()
+        work.put(drained)
+        drained.wait(DEFAULT_TIMEOUT_S)
         self.shutdown(0)
 
     def _cancelled(self, body: bytes) -> bool:
@@ -237,9 +255,12 @@ class Agent:
         self._reply({"id": req.get("id"), "ok": True, "result": {"killed": len(groups)}})
         return True
 
-    def _work(self, work: queue.Queue[bytes | dict[str, Any]]) -> None:
+    def _work(self, work: queue.Queue[Any]) -> None:
         while True:
             item = work.get()
+            if isinstance(item, threading.Event):  # the reader's mark, behind the last request stdin held
+                item.set()
+                return
             self._reply(self.handle(item) if isinstance(item, bytes) else item)
 
     def _read_exact(self, size: int) -> bytes | None:
@@ -263,7 +284,8 @@ class Agent:
                 self._out.write(HEADER.pack(len(body)) + body)
                 self._out.flush()
         except (OSError, ValueError):
-            self.shutdown(1)  # our reader is gone: nobody will ever see a reply again
+            if not self._gone:  # else the reader exits once the detached requests ran
+                self.shutdown(1)  # our reader is gone: nobody will ever see a reply again
 
     def shutdown(self, code: int) -> None:
         """Kill the groups of commands still running, then leave without waiting for anyone."""
@@ -283,6 +305,9 @@ class Agent:
         if not isinstance(req, dict):
             return _error("bad_frame", "a request must be a JSON object", frame=True)
         request_id = req.get("id")
+        self._running_detached = req.get("detached") is True
+        if self._gone and not self._running_detached:
+            return {"id": request_id, **_error("skipped", "the client is gone")}
         if isinstance(request_id, (int, str)) and request_id in self._taken_back:
             return {"id": request_id, **_error("skipped", "the client canceled it before it started")}
         after = req.get("after")

@@ -146,6 +146,7 @@ class Run(Request[ExecResult]):
     expect_stdout: bytes | None = None  # the exact output that counts as success (a batch stops otherwise)
     # A `git diff --numstat -z`'s totals that count as success: {"files": (min, max) or None, ...}.
     numstat_within: Mapping[str, tuple[int, int] | None] | None = None
+    detached: bool = False  # run even once the client has closed the agent's stdin (its reply goes nowhere)
 
     def fields(self) -> dict[str, Any]:
         within = {} if self.numstat_within is None else {"numstat_within": {
@@ -153,7 +154,8 @@ class Run(Request[ExecResult]):
         return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env or {}),
                 "stdin": None if self.stdin is None else _b64(self.stdin),
                 "timeout": self.timeout, "tail": self.tail, "check": self.check,
-                "expect_stdout": None if self.expect_stdout is None else _b64(self.expect_stdout), **within}
+                "expect_stdout": None if self.expect_stdout is None else _b64(self.expect_stdout), **within,
+                **({"detached": True} if self.detached else {})}
 
     def parse(self, result: dict[str, Any]) -> ExecResult:
         # The agent kept the tail of each stream and counted every byte: reading a cut stream whole raises.

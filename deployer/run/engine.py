@@ -28,7 +28,7 @@ from deployer.errors import (
 from deployer.run import prepare, undo
 from deployer.run.ahead import Ahead
 from deployer.run.ending import Ending
-from deployer.run.lease import Lease, Note, end_note, run_trailer
+from deployer.run.lease import Lease, Note, end_note, run_trailer, send_seal
 from deployer.run.owner import Owner
 from deployer.run.plan import PlanReport, plan
 from deployer.run.revert_checks import NotRun, RevertChecks, checks_failed_message, failed_names, prove
@@ -229,6 +229,7 @@ class Engine:
         status, exit_code, error, warning = "successful", 0, None, None
         ended = ("successful", 0)  # what the body ended with: the end note's claim
         noted = False
+        transport: Transport | None = None
         try:
             transport = self.connect(bus)
             try:
@@ -305,6 +306,11 @@ class Engine:
                             f"does not say. Once the runs dir has room, `deployer recover {run_id}` records it")
                 error, exit_code = f"{error}\n{unlogged}" if error else unlogged, exit_code or 6
             log.close()
+            if transport is not None:
+                if noted:
+                    send_seal(transport, ctx, log)
+                with contextlib.suppress(Exception):
+                    transport.close()
             self._log = self._ahead = self._whole = None
         return RunResult(run_id, log.dir, status, exit_code, error, commits["before"], commits["after"], facts,
                          phase.value, warning)

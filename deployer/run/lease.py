@@ -14,7 +14,7 @@ from typing import Any
 
 from deployer.agent.client import Pending
 from deployer.agent.processes import Procs
-from deployer.agent.protocol import ExecResult, Get
+from deployer.agent.protocol import ExecResult, Get, Run
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
 from deployer.run.gitops import GIT_DIR, usual_git_dir
@@ -23,7 +23,7 @@ from deployer.run.preflight import Reads, send_reads
 from deployer.run.state import Phase, RunRecord
 from deployer.runlog import RunLogWriter, read_run, utc_now
 from deployer.steps.context import Context, EventBus, Submitted
-from deployer.steps.git import EndNote, end_note_argv, trailers
+from deployer.steps.git import EndNote, end_note_argv, seal_argv, trailers
 from deployer.transport.base import Transport
 
 Note = tuple[tuple[str, ...], str]  # the end note's argv and the repo it runs in
@@ -36,19 +36,37 @@ def run_trailer(run_id: str) -> str:
     return trailers(Deployer_Run=run_id)
 
 
-def end_note(ctx: Context | None, log: RunLogWriter, note: EndNote, commit: str | None = None) -> Note | None:
-    """The end note for the newest commit this run made (None: it made none, or it is not settled). Its log
-    hash is of the log so far, on disk first: the note may name these bytes. Recover's git_after is the cut
-    run's commit, not its own: recover writes no note (see the README's run log section)."""
+def newest_commit(ctx: Context | None) -> str | None:
+    """The newest commit this run made, which its end note and its seal go on (None: it made none). Recover's
+    git_after is the cut run's commit, not its own: recover writes neither (see the README's run log section)."""
     if ctx is None or ctx.record is None:
         return None
     kind = ctx.record.state.kind
-    made = commit or (ctx.facts.rollback_commit if kind == "apply" else None) or \
-        (ctx.git_after if kind != "recover" else None)
+    return (ctx.facts.rollback_commit if kind == "apply" else None) or (ctx.git_after if kind != "recover" else None)
+
+
+def end_note(ctx: Context | None, log: RunLogWriter, note: EndNote, commit: str | None = None) -> Note | None:
+    """The end note for the newest commit this run made (None: it made none, or it is not settled). Its log
+    hash is of the log so far, on disk first: the note may name these bytes."""
+    if ctx is None or ctx.record is None:
+        return None
+    made = commit or newest_commit(ctx)
     if not made:
         return None
     log.sync()
     return end_note_argv(ctx, made, note), ctx.repo
+
+
+def send_seal(transport: Transport, ctx: Context | None, log: RunLogWriter) -> None:
+    """The seal of a run whose end note was written: the sha256 of its whole log, run_end included, on the note's
+    commit. The log has ended, so nothing of the run is left to wait for it: it is sent detached, and the agent
+    writes it once the connection closes (no round trip). A seal that does not land (the link went first) leaves
+    the log anchored up to its end note, as `runs verify --target` then says."""
+    made = newest_commit(ctx)
+    if made is None or ctx is None:
+        return
+    with contextlib.suppress(DeployerError):
+        transport.submit(Run(seal_argv(ctx, made, log.sha256()), cwd=ctx.repo, timeout=30, detached=True))
 
 
 def _send_release(lock: DeployLock, transport: Transport, git_dir: str | None,
@@ -290,8 +308,9 @@ class Lease:
 
     def release(self, transport: Transport, bus: EventBus, settled: Context | None,
                 note: Note | None = None) -> tuple[str | None, bool]:
-        """Clear the intent record (once the run is settled), release the lock, write the end note behind them
-        (when given) and close the connection: one round trip (or none, when it went behind the commit).
+        """Clear the intent record (once the run is settled), release the lock and write the end note behind them
+        (when given): one round trip (or none, when it went behind the commit). The connection stays open for the
+        run's seal (send_seal); the caller closes it.
 
         Never raises; says what it had to leave, and whether the end note was written. An interrupted run keeps
         its intent record on the target: it stops every later apply until `deployer recover` has ended it."""
@@ -318,8 +337,6 @@ class Lease:
                             "stale" if settled is None else
                             f"The deploy lock {lock.path} was left on the target ({exc}); once the target is checked, "
                             f"remove it with: deployer lock release --host {bus.host} --force")
-        with contextlib.suppress(Exception):
-            transport.close()
         return left, noted
 
 

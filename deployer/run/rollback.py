@@ -34,7 +34,7 @@ from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
-from deployer.steps.git import EndNote, read_end_note
+from deployer.steps.git import SEAL_REF, EndNote, parse_seal, read_end_note
 from deployer.text import shown
 from deployer.transport.base import Transport
 
@@ -108,11 +108,13 @@ def target_problems(ctx: Context, run: Run, notices: list[str] | None = None) ->
 
     The run's commits (trailer Deployer-Run) must anchor a beginning of this log (trailer Deployer-Log),
     and the commit the log names must be one of them, with the log's `before` as its parent and exactly
-    the log's files; the note on the newest of them must vouch for the log's end (see end_problems: without
-    one, `notices` says the end is not anchored)."""
+    the log's files; the note on the newest of them must vouch for the log's end, and its seal for every line
+    through run_end (see end_problems: without them, `notices` says how far the log is anchored); the lines after
+    run_end must name runs that acted on this one, and reverts of it that the history holds (link_problems)."""
     data = (run.dir / runlog.EVENTS).read_bytes()
-    own = [d for d in _mentioning(ctx, run.run_id) if d.run_id == run.run_id]
-    problems = []
+    mentioning = _mentioning(ctx, run.run_id)
+    own = [d for d in mentioning if d.run_id == run.run_id]
+    problems = link_problems(run, mentioning)
     for deploy in own:
         anchor = deploy.log.removeprefix("sha256:")
         if not deploy.log.startswith("sha256:") or runlog.anchored_lines(data, anchor) is None:
@@ -172,7 +174,52 @@ def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list
                 f"ends {end.get('status')} (exit {end.get('exit_code')}, phase {end.get('phase')})"
                 f"{'' if covered is not None else ' and has no such beginning'}: the log was rewritten after "
                 "the run's release"]
+    # The note was sent before the run's last lines existed (right behind its commit, when that was its last step);
+    # the seal, sent once its run_end was written, covers every line up to it.
+    sealed = read_end_note(ctx, newest, SEAL_REF)
+    if sealed is None:
+        if notices is not None:
+            notices.append(f"run {run.run_id}'s log is anchored on the target up to line {covered} only (its end "
+                           f"note): commit {newest[:12]} has no seal (refs/notes/{SEAL_REF}), as a run from before "
+                           "seals, or one whose connection went before its agent wrote it, has none")
+        return []
+    sha256 = parse_seal(sealed)
+    if sha256 is None:
+        return [f"the seal on commit {newest[:12]} is not deployer's: {shown(sealed)}"]
+    if runlog.anchored_lines(data, sha256) != end_line + 1:
+        return [f"the seal on commit {newest[:12]} names the log through its run_end as sha256:{sha256}, but this "
+                f"log's first {end_line + 1} lines hash otherwise: the log was rewritten after its end (a line "
+                "before its run_end edited, inserted or removed)"]
     return []
+
+
+def link_problems(run: Run, mentioning: list[Deploy]) -> list[str]:
+    """The lines after run_end (rolled_back_by, recovered_by) are written after the run's seal: each must name a
+    run of this runs dir that acted on this one, and the revert it names must be a revert of this run in HEAD's
+    history (a rolled_back_by's made by the run it names; a successful one without its own, some revert)."""
+    reverts = {d.commit: d.run_id for d in mentioning if d.rollback_of == run.run_id}
+    end_line = next((i for i, event in enumerate(run.events) if event.get("type") == "run_end"), len(run.events))
+    problems = []
+    for number, event in enumerate(run.events[end_line + 1:], end_line + 2):
+        kind, by = event.get("type"), str(event.get("by"))
+        if kind not in ("rolled_back_by", "recovered_by"):
+            continue
+        try:
+            start = runlog.read_run(run.dir.parent, by).start if runlog.is_run_id(by) else {}
+        except ConfigError:
+            start = {}
+        if run.run_id not in (start.get("rollback_of"), start.get("recover_of")):
+            problems.append(f"line {number}: {kind} names run {by!a}, which is no run of this runs dir that acted "
+                            "on this one")
+        revert = event.get("commit") if kind == "rolled_back_by" else event.get("rollback_commit")
+        maker = reverts.get(str(revert)) if revert is not None else None
+        if revert is not None and (maker is None or (kind == "rolled_back_by" and maker != by)):
+            problems.append(f"line {number}: {kind} names the revert {str(revert)[:12]}, which is not a revert of "
+                            f"this run{f' by run {by}' if kind == 'rolled_back_by' else ''} in the history of HEAD")
+        elif revert is None and kind == "rolled_back_by" and event.get("status") == "successful" and not reverts:
+            problems.append(f"line {number}: rolled_back_by says run {by} rolled this run back, but the history of "
+                            "HEAD holds no revert of it")
+    return problems
 
 
 def check_recorded(ctx: Context, run: Run, target: Target) -> None:

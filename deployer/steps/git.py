@@ -211,6 +211,9 @@ def trailers(**pairs: str) -> str:
 
 NOTES_REF = "deployer"  # refs/notes/deployer: the end anchors, one note on the newest commit of each run
 _END_NOTE = re.compile(r"deployer-end sha256:([0-9a-f]{64}) status=([a-z_]+) exit_code=(\d+) phase=([a-z_]+)\n?")
+# refs/notes/deployer-seal: the sha256 of a run's whole log through its run_end, on the same commit as its end note
+SEAL_REF = "deployer-seal"
+_SEAL = re.compile(r"deployer-seal sha256:([0-9a-f]{64})\n?")
 
 
 @dataclass(frozen=True)
@@ -240,10 +243,22 @@ def end_note_argv(ctx: Context, commit: str, note: EndNote) -> tuple[str, ...]:
     return git(*identity_args(ctx), "notes", "--ref", NOTES_REF, "add", "-m", note.text(), commit)
 
 
-def read_end_note(ctx: Context, commit: str) -> str | None:
-    """The raw note on commit under refs/notes/deployer; None when it has none."""
-    shown = ctx.run(git("notes", "--ref", NOTES_REF, "show", commit), timeout=30)
+def read_end_note(ctx: Context, commit: str, ref: str = NOTES_REF) -> str | None:
+    """The raw note on commit under refs/notes/<ref> (the end note's by default); None when it has none."""
+    shown = ctx.run(git("notes", "--ref", ref, "show", commit), timeout=30)
     return shown.out if shown.ok else None
+
+
+def seal_argv(ctx: Context, commit: str, log_sha256: str) -> tuple[str, ...]:
+    """The seal on commit: the sha256 of the run's whole log through its run_end (never -f, as the end note)."""
+    return git(*identity_args(ctx), "notes", "--ref", SEAL_REF, "add", "-m", f"deployer-seal sha256:{log_sha256}\n",
+               commit)
+
+
+def parse_seal(text: str) -> str | None:
+    """The log sha256 a seal names; None when the target's note is not of this form."""
+    found = _SEAL.fullmatch(text)
+    return found[1] if found else None
 
 
 class Commit(Step):

@@ -5,10 +5,13 @@ commit (run_end flipped, every hash recomputed) is caught by `runs verify --targ
 from __future__ import annotations
 
 import re
+import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from fixtures_repo import Project, git
+from polling import within
 from test_safety_git import rechain, refused_on_target, run_end
 
 # The default playbook ends with its commit (the release rides behind the commit's batch); the other has a step
@@ -90,3 +93,44 @@ def test_a_rollback_writes_the_end_note_of_its_own_commit(target: Project) -> No
     checked = target.deployer("runs", "verify", rollback_id, "--target")
     assert checked.returncode == 0 and "notice:" not in checked.stderr, checked.stderr
     assert target.deployer("runs", "verify", run_id, "--target").returncode == 0  # its own note, untouched
+
+
+def seal(project: Project, commit: str = "HEAD") -> str:
+    """The seal on commit (refs/notes/deployer-seal): written once the run's end is, and not waited for."""
+    def shown() -> str:
+        return subprocess.run(["git", "-C", str(project.repo), "notes", "--ref", "deployer-seal", "show", commit],
+                              capture_output=True, text=True).stdout
+    assert within(lambda: shown() != "", 30), "the run's seal never reached the target"
+    return shown()
+
+
+def drop(kind: str) -> Callable[[list[dict[str, Any]]], None]:
+    def edit(events: list[dict[str, Any]]) -> None:
+        events.remove(next(e for e in events if e["type"] == kind))
+        for seq, event in enumerate(events):
+            event["seq"] = seq
+    return edit
+
+
+def fail_the_compile(events: list[dict[str, Any]]) -> None:
+    next(e for e in events if e["type"] == "command" and e.get("step") == "remote_compile")["exit_code"] = 1
+
+
+def insert_a_sample(events: list[dict[str, Any]]) -> None:
+    at = events.index(run_end(events))
+    events.insert(at, {**events[at - 1], "type": "sample", "value": 0.0})
+    for seq, event in enumerate(events):
+        event["seq"] = seq
+
+
+@pytest.mark.parametrize("steps", [COMMIT_LAST, STEP_AFTER], ids=["commit-last", "step-after-commit"])
+@pytest.mark.parametrize("tamper", [drop("uploaded"), fail_the_compile, insert_a_sample],
+                         ids=["deleted", "edited", "inserted"])
+def test_a_line_deleted_edited_or_inserted_anywhere_before_run_end_and_rechained_fails_on_the_target(
+        target: Project, steps: Any, tamper: Callable[[list[dict[str, Any]]], None]) -> None:
+    run_id = target.applied(steps=steps)
+    assert seal(target).startswith("deployer-seal sha256:")
+    rechain(target, run_id, tamper)
+    # Before its end note's beginning, the note catches it; after it, the seal.
+    refused_on_target(target, run_id, target.head(), "the log was rewritten after")
+

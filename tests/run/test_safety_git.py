@@ -308,13 +308,23 @@ def test_an_on_failure_revert_is_anchored_too_and_counts_as_the_runs_rollback(ta
     assert target.head() == head
 
 
-def test_a_forged_rolled_back_by_line_does_not_stop_a_rollback(target: Project) -> None:
+FORGED = "20990101T000000.000Z-forged"
+
+
+def test_a_forged_rolled_back_by_line_fails_on_the_target_and_is_never_taken_for_a_rollback(target: Project) -> None:
     run_id = target.applied()
     link = RunLogWriter.reopen(target.runs, run_id)
-    link.write({"type": "rolled_back_by", "by": "20990101T000000.000Z-forged", "status": "successful",
-                "commit": "f" * 40})
+    link.write({"type": "rolled_back_by", "by": FORGED, "status": "successful", "commit": "f" * 40})
     link.close()
-    assert target.deployer("runs", "verify", run_id).returncode == 0
+    # The chain alone cannot tell; the target's history names the line: no such run, no such revert.
+    said = refused_on_target(target, run_id, target.head(), f"rolled_back_by names run '{FORGED}'")
+    assert "the revert ffffffffffff, which is not a revert of this run" in said and "already rolled back" not in said
+    # Without it, the rollback goes, and the real one is the one that counts.
+    def unforged(events: list[dict[str, Any]]) -> None:
+        events[:] = [e for e in events if e.get("by") != FORGED]
+        for seq, event in enumerate(events):
+            event["seq"] = seq
+    rechain(target, run_id, unforged)
     result = target.deployer("rollback", run_id)
     assert result.returncode == 0, result.stderr
     assert target.file("pkg/a.py") == ORIGINAL_A
