@@ -21,6 +21,7 @@ import prefork
 import pytest
 import yaml
 from fixtures_netns import Netns
+from polling import within
 from pydantic import TypeAdapter
 
 from deployer.command import Masker
@@ -270,6 +271,15 @@ class Project:
 
     def head(self) -> str:
         return git(self.repo, "rev-parse", "HEAD").strip()
+
+    def sealed(self, commit: str = "HEAD") -> str:
+        """The seal on commit (refs/notes/deployer-seal), once there: a run sends it as it closes the connection
+        and does not wait for it, so over SSH it may land a moment after deployer exited."""
+        def shown() -> str:
+            return subprocess.run(["git", "-C", str(self.repo), "notes", "--ref", "deployer-seal", "show", commit],
+                                  capture_output=True, text=True).stdout
+        assert within(lambda: shown() != "", 30), f"no seal on {commit} (refs/notes/deployer-seal)"
+        return shown()
 
     def file(self, rel: str) -> str:
         return (self.repo / rel).read_text()

@@ -307,7 +307,7 @@ class Engine:
                 error, exit_code = f"{error}\n{unlogged}" if error else unlogged, exit_code or 6
             log.close()
             if transport is not None:
-                if noted:
+                if noted and sink.broken is None:  # the seal names the log through its run_end
                     send_seal(transport, ctx, log)
                 with contextlib.suppress(Exception):
                     transport.close()

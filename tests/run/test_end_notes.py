@@ -5,13 +5,11 @@ commit (run_end flipped, every hash recomputed) is caught by `runs verify --targ
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from fixtures_repo import Project, git
-from polling import within
 from test_safety_git import rechain, refused_on_target, run_end
 
 # The default playbook ends with its commit (the release rides behind the commit's batch); the other has a step
@@ -95,15 +93,6 @@ def test_a_rollback_writes_the_end_note_of_its_own_commit(target: Project) -> No
     assert target.deployer("runs", "verify", run_id, "--target").returncode == 0  # its own note, untouched
 
 
-def seal(project: Project, commit: str = "HEAD") -> str:
-    """The seal on commit (refs/notes/deployer-seal): written once the run's end is, and not waited for."""
-    def shown() -> str:
-        return subprocess.run(["git", "-C", str(project.repo), "notes", "--ref", "deployer-seal", "show", commit],
-                              capture_output=True, text=True).stdout
-    assert within(lambda: shown() != "", 30), "the run's seal never reached the target"
-    return shown()
-
-
 def drop(kind: str) -> Callable[[list[dict[str, Any]]], None]:
     def edit(events: list[dict[str, Any]]) -> None:
         events.remove(next(e for e in events if e["type"] == kind))
@@ -129,7 +118,7 @@ def insert_a_sample(events: list[dict[str, Any]]) -> None:
 def test_a_line_deleted_edited_or_inserted_anywhere_before_run_end_and_rechained_fails_on_the_target(
         target: Project, steps: Any, tamper: Callable[[list[dict[str, Any]]], None]) -> None:
     run_id = target.applied(steps=steps)
-    assert seal(target).startswith("deployer-seal sha256:")
+    assert target.sealed().startswith("deployer-seal sha256:")
     rechain(target, run_id, tamper)
     # Before its end note's beginning, the note catches it; after it, the seal.
     refused_on_target(target, run_id, target.head(), "the log was rewritten after")

@@ -42,6 +42,7 @@ def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stac
     deployed_pids = stack.pids()
     assert project.file("pkg/a.py") == FIXED_A
 
+    project.sealed()  # the apply's last write, which lands after it exited
     preview_snapshot = tree_snapshot(project.repo)
     preview = project.deployer("plan", "--rollback", applied)
     assert preview.returncode == 0, preview.stderr

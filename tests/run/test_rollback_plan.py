@@ -31,6 +31,7 @@ def test_plan_rollback_lists_the_commands_the_rollback_then_runs(stack: Stack) -
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     applied = sorted(project.runs.iterdir())[-1].name
 
+    project.sealed()  # the apply's last write, which lands after it exited
     snapshot = tree_snapshot(project.repo)
     preview = project.deployer("plan", "--rollback", applied, "--json")
     assert preview.returncode == 0, preview.stderr
