@@ -22,9 +22,10 @@ Ops: hello, run, put, get, stat, http, batch, beat, procs, signal, premise (see 
 which the reader serves out of turn (see `_cancelled`). The agent never listens on a socket. It exits when its
 stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT), killing the process group of any command still
 running and dropping requests not yet started: a closed stdin means the client is gone. A request sent with
-"detached": true is the exception: at the end of stdin it still runs (in order, with its own timeout), and the
-agent exits once it has; its reply goes nowhere. It is how a client leaves a last record it does not wait for
-(a run's seal, written after its log has ended). Services started by a finished `run` are left alone.
+"detached": true (a frame of at most DETACHED_FRAME_MAX) is the exception: at the end of stdin it still runs
+(in order, with its own timeout), and the agent exits once it has; its reply goes nowhere. It is how a client
+leaves a last record it does not wait for (a run's seal, written after its log has ended). Services started by a
+finished `run` are left alone.
 
 One file on purpose (the design sketch split ops into ops.py): the blob sent on stdin is this
 file verbatim, so the sha256 that `hello` reports is the sha256 of a file in our tree.
@@ -64,6 +65,7 @@ HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
 DEFAULT_TIMEOUT_S = 120.0
 CANCEL_FRAME_MAX = 256  # a frame this small may be a `cancel`, which is served out of turn
+DETACHED_FRAME_MAX = 64 << 10  # a detached request is at most this large (the reader looks into it)
 DEFAULT_TAIL = 1 << 20  # bytes kept per output stream of `run`
 DEFAULT_GET_MAX = 16 << 20
 DEFAULT_HTTP_MAX = 4 << 20
@@ -181,6 +183,7 @@ class Agent:
         self._taken_back: set[Any] = set()  # ids of requests to skip unless already started (see `_cancelled`)
         self._gone = False  # stdin ended: only detached requests still run
         self._running_detached = False  # the request running now was sent detached
+        self._detached_sent = False  # stdin held a detached request: its end waits for them
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
@@ -213,12 +216,16 @@ class Agent:
                 break
             if length <= CANCEL_FRAME_MAX and self._cancelled(body):
                 continue  # answered at once, out of turn: it is how a client stops what runs now
+            self._detached_sent = self._detached_sent or (length <= DETACHED_FRAME_MAX and _detached(body))
             work.put(body)
         self._client_gone(work)
 
     def _client_gone(self, work: queue.Queue[Any]) -> None:
         """The end of stdin: what runs now is killed and what waits is dropped, but for detached requests, which
-        run to their end first (see the module's docstring)."""
+        run to their end first (see the module's docstring). Without any, the agent leaves at once, as ever: a
+        cut run's agent must not linger (its lock's heartbeat beats while it lives)."""
+        if not self._detached_sent:
+            self.shutdown(0)
         self._gone = True
         if not self._running_detached:
             with self._groups_lock:
@@ -305,7 +312,7 @@ class Agent:
         if not isinstance(req, dict):
             return _error("bad_frame", "a request must be a JSON object", frame=True)
         request_id = req.get("id")
-        self._running_detached = req.get("detached") is True
+        self._running_detached = self._detached_sent and req.get("detached") is True
         if self._gone and not self._running_detached:
             return {"id": request_id, **_error("skipped", "the client is gone")}
         if isinstance(request_id, (int, str)) and request_id in self._taken_back:
@@ -798,6 +805,15 @@ def _error(kind: str, message: str, *, frame: bool = False) -> dict[str, Any]:
     reply: dict[str, Any] = {"id": None} if frame else {}
     reply.update(ok=False, error={"type": kind, "message": message})
     return reply
+
+
+def _detached(body: bytes) -> bool:
+    """Whether a frame is a request sent detached (see the module's docstring)."""
+    try:
+        req = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(req, dict) and req.get("detached") is True
 
 
 def _failed(sub: Any, result: dict[str, Any]) -> bool:
