@@ -62,10 +62,10 @@ class Recovered:
         parts = [f"run {self.run_id} -> {self.outcome.value}"]
         if self.commit:
             parts.append(f"its commit {self.commit[:12]} is on the target")
-        if self.rollback_commit:
-            parts.append(f"rolled back by {self.rollback_commit[:12]}")
         if self.end_note is not None:
             parts.append(f"it ended {self.end_note.status} there, as its end note on the target says")
+        if self.rollback_commit:
+            parts.append(f"rolled back by {self.rollback_commit[:12]}")
         if self.restored or self.removed:
             parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")
         if self.temps:

@@ -33,7 +33,7 @@ class FrozenPipe:
             self.closed.wait()
             raise OSError("the link is closed")
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
         self.closed.set()
 
     def stderr_tail(self) -> str:

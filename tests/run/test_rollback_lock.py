@@ -16,6 +16,8 @@ from polling import wait_for
 FULL_STEPS = ["local_compile", "upload", "remote_compile", {"diff_bounds": {"files": 1}},
               {"commit": {"message": "pkg: answer is 42"}}, "co_restart",
               {"drain": {"metric": GAUGE, "to": 5, "interval_s": 0.2, "within_s": 10}}]
+# What a rollback judges the reverted build's gauge against (without it, a rollback's drain is not run).
+BASELINE = {"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}}
 
 
 def slow_python(project: Project, seconds: float) -> str:
@@ -35,7 +37,8 @@ def gated_python(project: Project) -> tuple[str, Path, Path]:
 
 def test_apply_then_rollback_restores_the_tree_restarts_and_verifies(stack: Stack) -> None:
     project = stack.project
-    project.playbook(steps=FULL_STEPS)
+    stack.start_services()
+    project.playbook(steps=[BASELINE, *FULL_STEPS])
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     assert project.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     applied = project.newest_run()
@@ -224,14 +227,16 @@ def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
     stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
                               "start": gauge_server(project.root, port, project.repo, stack.www)}
                        for name, port in stack.ports.items()})
+    stack.start_services()
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
-    project.playbook(steps=["upload", {"commit": {"message": "m"}}, "co_restart",
+    project.playbook(steps=[BASELINE, "upload", {"commit": {"message": "m"}}, "co_restart",
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.2, "within_s": 60}}],
                      on_failure="rollback")
     proc = project.popen("apply", "fix.yaml", "--host", "box")
 
     def draining() -> bool:  # the runs dir may exist a moment before the run's own dir and log in it
-        return any(project.runs.glob("*/events.jsonl")) and any(e["type"] == "sample" for e in project.events())
+        return any(project.runs.glob("*/events.jsonl")) and any(e["type"] == "sample" and e.get("step") == "drain"
+                                                                 for e in project.events())
 
     wait_for(draining, seconds=30, what="the drain step")
     proc.send_signal(signal.SIGINT)
