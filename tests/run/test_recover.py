@@ -114,8 +114,11 @@ def test_killed_before_its_commit_the_run_is_restored_byte_for_byte_by_recover(t
                                {"src": "fix/big.py", "dest": "pkg/big.py", "create": True}],
                         steps=["upload", {"commit": {"message": "m"}}])
         marker = target.root / "none"
-        reached = lambda: any(state_of(p).get("phase") == "changing"  # noqa: E731
-                              for p in target.runs.glob("*") if (p / "state.json").is_file())
+        # Killed before its chain reached the agent, the run would leave no intent record to recover from (nothing
+        # changed, and the next apply goes through): the kill waits for the record on the target too.
+        intent = target.repo / ".git" / "deployer" / "inflight.json"
+        reached = lambda: intent.exists() and any(  # noqa: E731
+            state_of(p).get("phase") == "changing" for p in target.runs.glob("*") if (p / "state.json").is_file())
     run = start_and_kill(target, reached, f"the {moment} moment")
     kill_marker(marker)
     assert state_of(run)["phase"] in ("changing", "changed", "committing")
