@@ -20,6 +20,7 @@ class Series:
     values: list[float | None]
     op: str | None = None  # the drain's condition, e.g. "<=" ...
     to: float | None = None  # ... this bound
+    note: str = ""  # what the bound is, when it is not the playbook's own
 
     def met(self, value: float | None) -> bool:
         if value is None or self.op is None or self.to is None:
@@ -35,10 +36,21 @@ def metric_series(events: list[dict[str, Any]]) -> list[Series]:
     for event in events:
         if event.get("type") == "sample" and event.get("step"):
             found.setdefault((str(event["step"]), str(event.get("metric"))), []).append(event.get("value"))
+    end = next((e for e in events if e.get("type") == "run_end"), {})
+    reverted = (end.get("facts") or {}).get("rollback_drain") or {}
     series = []
     for (step, metric), values in found.items():
         params = bounds.get(step.removeprefix("rollback:"), {})
-        series.append(Series(step, metric, values, params.get("op", "<=") if params else None, params.get("to")))
+        op, to = (params.get("op", "<="), params.get("to")) if params else (None, None)
+        before = (reverted.get(metric) or {}).get("baseline") if step.startswith("rollback:") else None
+        if before is not None and to is not None:  # a rollback judged the reverted build against the baseline
+            if op == "==":
+                series.append(Series(step, metric, values))
+                continue
+            to = max(before, to) if op == "<=" else min(before, to)
+            series.append(Series(step, metric, values, op, to, f" (no worse than {num(before)} before the fix)"))
+            continue
+        series.append(Series(step, metric, values, op, to))
     return series
 
 
@@ -70,7 +82,8 @@ def show_chart(console: Lines, events: list[dict[str, Any]]) -> None:
         console.print(line, highlight=False)
         if s.op is not None and s.to is not None:
             marks = "".join("✓" if s.met(v) else "·" for v in values)
-            console.print(f"{' ' * len(label)}{marks}  ✓ = {s.op} {num(s.to)}", markup=False, highlight=False)
+            console.print(f"{' ' * len(label)}{marks}  ✓ = {s.op} {num(s.to)}{s.note}", markup=False,
+                          highlight=False)
 
 
 def num(value: object) -> str:
