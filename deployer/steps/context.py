@@ -64,6 +64,12 @@ class LoadedPlaybook:
         return f"{dest} (after {self.model.patch})"
     patch: bytes | None
 
+    @classmethod
+    def none(cls, name: str) -> LoadedPlaybook:
+        """What a Context outside any run carries (check, logs): service managers read the target through one."""
+        return cls(path=Path("(no playbook)"), raw=b"", model=Playbook.model_construct(name=name, steps=[]),
+                   sources={}, patch=None)
+
 
 class EventBus:
     """Masks every event once, then hands it to each listener (run log, screen)."""
