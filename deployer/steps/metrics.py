@@ -21,7 +21,7 @@ from deployer.errors import StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, LiveCheck, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.load import StormParams, no_abort_all, storm, storm_actions
+from deployer.steps.load import StormParams, storm, storm_actions
 from deployer.transport.base import Transport
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -104,10 +104,12 @@ def scrape_action(ctx: Context, params: MetricParams, step: str, until: str) -> 
 
 
 def poll(ctx: Context, action: Action, params: MetricParams, until: Callable[[float], bool],
-         within_s: float) -> Polled:
+         within_s: float, target: str | None) -> Polled:
     """Scrape (one round trip a poll) until `until` holds for stable_polls consecutive readings, or within_s runs out.
-    Every sample is in the run log; the scrape itself once, with how often it ran."""
-    deadline = time.monotonic() + within_s
+    Every sample is in the run log, with the target it is polled for (`<= 0`; None: none but a steady reading)
+    and its time against within_s, as the live view shows it; the scrape itself once, with how often it ran."""
+    started = time.monotonic()
+    deadline = started + within_s
     samples: list[Reading] = []
     streak = 0
     with ctx.poll(SCRAPE_TIMEOUT_S) as rounds:
@@ -115,7 +117,8 @@ def poll(ctx: Context, action: Action, params: MetricParams, until: Callable[[fl
             [answer] = rounds.round([(action, NOTHING)])
             samples.append(now := reading(answer, params))
             ctx.emit("sample", metric=params.metric, labels=params.labels, aggregate=params.aggregate,
-                     url=action.target, value=now.value, problem=now.problem)
+                     url=action.target, value=now.value, problem=now.problem, target=target,
+                     elapsed_s=round(time.monotonic() - started, 1), budget_s=within_s)
             streak = streak + 1 if now.value is not None and until(now.value) else 0
             if streak >= params.stable_polls or time.monotonic() + params.interval_s > deadline:
                 return Polled(streak >= params.stable_polls, samples)
@@ -167,7 +170,7 @@ class Baseline(MetricStep):
     def check_host(self, host_name: str, host: Host) -> str | None:
         storm = self.params.storm
         missing = None if storm is None else no_url(storm.url, host.endpoint, host_name, "storm", "endpoint",
-                                                     "`storm: {url: ...}`") or no_abort_all(storm, host)
+                                                     "`storm: {url: ...}`")
         return missing or super().check_host(host_name, host)
 
     def scrape(self, ctx: Context) -> Action:
@@ -187,7 +190,7 @@ class Baseline(MetricStep):
             previous.append(value)
             return len(previous) < 2 or previous[-2] == value
 
-        polled = poll(ctx, self.scrape(ctx), self.params, steady, self.params.within_s)
+        polled = poll(ctx, self.scrape(ctx), self.params, steady, self.params.within_s, None)
         last, samples = polled.last, polled.samples
         if last.value is None:
             raise StepFailed(self.name, f"inconclusive: {last.problem}")
@@ -231,7 +234,7 @@ class Drain(MetricStep):
         return RevertedDrain(self, before)
 
     def run(self, ctx: Context) -> str:
-        polled = poll(ctx, self.scrape(ctx), self.params, self.holds, self.params.within_s)
+        polled = poll(ctx, self.scrape(ctx), self.params, self.holds, self.params.within_s, self.bound())
         last, samples = polled.last, polled.samples
         final = next((r.value for r in reversed(samples) if r.value is not None), None)
         before = self.baseline(ctx)

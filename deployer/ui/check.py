@@ -14,13 +14,16 @@ if TYPE_CHECKING:
 
 def show_check(console: Console, report: CheckReport) -> None:
     marks = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
-    rows = [(report.host, c.name, marks[c.status], c.detail) for c in report.checks]
-    columns(console, ("host", "check", "status", "detail"), rows)
     first = report.first_problem
+    said_below = first is not None and bool(first.message)  # a refusal's whole message: said once, as the error
+    rows = [(report.host, c.name, marks[c.status], "see the error below" if said_below and c is first else c.detail)
+            for c in report.checks]
+    columns(console, ("host", "check", "status", "detail"), rows)
     if first is None:
         console.print(f"{report.host}: ready to deploy", markup=False, highlight=False)
     else:
-        console.print(f"{report.host}: not ready: {first.name}: {first.detail} (exit {first.exit_code})",
+        detail = "" if said_below else f": {first.detail}"
+        console.print(f"{report.host}: not ready: {first.name}{detail} (exit {first.exit_code})",
                       markup=False, highlight=False)
         if first.message:
             show_error(first.message)

@@ -111,8 +111,26 @@ def rich_is_plain(stream: object) -> bool:
         return True
 
 
+# The consoles a live view is redrawing on, while it is. A line printed through any other (a notice from a
+# listener, say) would be written past the view, which then redraws a line too low and leaves its old header
+# on screen: so while one draws, every line goes through it, printed above the view (on its stream, as rich's
+# own redirect of stderr does).
+_DRAWING: list[Console] = []
+
+
+def drawing(console: Console) -> None:
+    _DRAWING.append(console)
+
+
+def drawn(console: Console) -> None:
+    _DRAWING.remove(console)
+
+
 def line_console(stderr: bool = False) -> Lines:
-    """The console for plain lines: rich's on a terminal (or with colour forced), the plain one otherwise."""
+    """The console for plain lines: the live view's while one draws, rich's on a terminal (or with colour
+    forced), the plain one otherwise."""
+    if _DRAWING:
+        return _DRAWING[-1]
     if rich_is_plain(sys.stderr if stderr else sys.stdout):
         return PlainConsole(stderr)
     return make_console(stderr)

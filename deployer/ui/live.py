@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from deployer.ui.console import drawing, drawn
 from deployer.ui.router import ROUTER_EVENTS, inflight_text, router_line
 
 if TYPE_CHECKING:  # rich is imported only when a view goes live (on a terminal)
@@ -48,12 +49,33 @@ class LiveView:
     def __enter__(self: V) -> V:
         if self.live is not None:
             self.live.__enter__()
+            drawing(self.live.console)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
             self.live.refresh()
             self.live.__exit__(None, None, None)
+            drawn(self.live.console)
+
+
+SAY_AGAIN_S = 10.0  # an unchanged reading is said again this often, as a service's wait is (PHASE_REPEAT_S)
+
+
+class Repeats:
+    """Which of a poll's readings were said off a terminal: a line on each change and every SAY_AGAIN_S, not one a
+    poll (a 60 s drain polled each second said the same `= 3` sixty times)."""
+
+    def __init__(self) -> None:
+        self.said: dict[object, tuple[object, float]] = {}  # what is polled: the reading said last, and when
+
+    def due(self, polled: object, reading: object) -> bool:
+        now = time.monotonic()
+        last = self.said.get(polled)
+        if last is not None and last[0] == reading and now - last[1] < SAY_AGAIN_S:
+            return False
+        self.said[polled] = (reading, now)
+        return True
 
 
 def detail_of(event: dict[str, Any]) -> str:
@@ -86,12 +108,28 @@ class ServiceRow:
             self.ended = time.monotonic()
 
 
+# The phases whose names in the run log are not words a person says.
+PHASE_WORDS = {"waiting_tree": "waiting for its process tree", "waiting_gpu": "waiting for its GPUs"}
+
+
 def phase_text(event: dict[str, Any], elapsed: float) -> str:
     """`prefill loading: pid 4242, health 503, 12.0s of 600s`: a service's wait in one line."""
     parts = [f"pid {event['pid']}" if event.get("pid") is not None else "",
              f"health {event['health']}" if event.get("health") else "",
              f"{elapsed:.1f}s" + (f" of {event['budget_s']:g}s" if event.get("budget_s") else "")]
-    return f"{event['service']} {event['phase']}: {', '.join(p for p in parts if p)}"
+    phase = str(event["phase"])
+    return f"{event['service']} {PHASE_WORDS.get(phase, phase)}: {', '.join(p for p in parts if p)}"
+
+
+def sample_text(event: dict[str, Any]) -> str:
+    """`sglang:num_requests_running = 3, target <= 0, 4.2s of 60s`: a metric poll in one line."""
+    value = event.get("value")
+    parts = [f"{event.get('metric')} = " + (f"{float(value):g}" if value is not None else
+                                             f"? ({event.get('problem') or 'no reading'})"),
+             f"target {event['target']}" if event.get("target") else "",
+             f"{float(event['elapsed_s']):.1f}s of {float(event['budget_s']):g}s"
+             if event.get("elapsed_s") is not None and event.get("budget_s") is not None else ""]
+    return ", ".join(p for p in parts if p)
 
 
 class StepView(LiveView):
@@ -103,13 +141,16 @@ class StepView(LiveView):
         self.rows: dict[str, list[Any]] = {}
         self.services: dict[tuple[str, str], ServiceRow] = {}  # (step, service): its newest phase
         self.drains: dict[str, dict[str, Any]] = {}  # worker: its newest in-flight count, while it drains
+        self.repeats = Repeats()
         self._go_live(console, quiet, self._table, 8)
 
     def _table(self) -> Table:
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+        # No header over no rows: a run that ends before its first step (a rollback with nothing to restart)
+        # would leave it alone above the report.
+        table = Table(box=None, pad_edge=False, show_header=bool(self.rows or self.drains), header_style="bold")
         for name in ("step", "status", "time", "detail"):
             table.add_column(name)
         for step, (status, started, duration, detail) in self.rows.items():
@@ -139,8 +180,9 @@ class StepView(LiveView):
                     service.end()
             self._line(f"[{step}] {event['status']} {row[2]:.2f}s {row[3]}")
         elif kind == "sample" and step and step in self.rows:
-            self.rows[step][3] = f"{event.get('metric')} = {event.get('value')}"
-            self._line(f"[{step}] sample {event.get('metric')} = {event.get('value')}")
+            self.rows[step][3] = sample_text(event)
+            if self.repeats.due((step, event.get("metric")), event.get("value")):
+                self._line(f"[{step}] sample {sample_text(event)}")
         elif kind == "service_phase" and step:
             self.services[step, str(event["service"])] = ServiceRow(event, time.monotonic())
             self._line(f"[{step}] {phase_text(event, float(event.get('elapsed_s') or 0.0))}")
@@ -160,7 +202,8 @@ class StepView(LiveView):
         else:
             self.drains.pop(worker, None)
         line = router_line(event)
-        if line:
+        if line and (event["type"] != "worker_inflight"
+                     or self.repeats.due((event.get("router"), worker), event.get("value"))):
             self._line(line)
 
     def _line(self, text: str) -> None:
@@ -199,6 +242,7 @@ class FleetView(LiveView):
         self.console, self.quiet = console, quiet
         self.rows = {host: HostRow() for host in hosts}
         self.note = ""
+        self.repeats = Repeats()
         self._lock = threading.Lock()
         self._go_live(console, quiet, self._render, 4)
 
@@ -214,11 +258,12 @@ class FleetView(LiveView):
         from rich.text import Text
 
         with self._lock:
-            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold", title=self.summary(),
-                          title_justify="left")
+            busy = [(h, r) for h, r in self.rows.items() if r.status not in ("waiting", "successful", "untouched")]
+            # No header over no rows: the view's last frame stays above the fleet's table.
+            table = Table(box=None, pad_edge=False, show_header=bool(busy), header_style="bold",
+                          title=self.summary(), title_justify="left")
             for name in ("host", "status", "step", "time", "detail"):
                 table.add_column(name)
-            busy = [(h, r) for h, r in self.rows.items() if r.status not in ("waiting", "successful", "untouched")]
             for host, row in busy[:FLEET_ROWS]:
                 table.add_row(host, Text(row.status, style=HOST_STYLE.get(row.status, "")), row.step,
                               f"{row.clock():5.1f}s", Text(row.detail, overflow="ellipsis", no_wrap=True))
@@ -251,8 +296,11 @@ class FleetView(LiveView):
         if row is None:
             return None
         if kind in ROUTER_EVENTS:
-            row.detail = inflight_text(event) if kind == "worker_inflight" else row.detail
-            return f"[{host}] {router_line(event)}"
+            if kind != "worker_inflight":
+                return f"[{host}] {router_line(event)}"
+            row.detail = inflight_text(event)
+            due = self.repeats.due((host, event.get("router"), event.get("worker")), event.get("value"))
+            return f"[{host}] {router_line(event)}" if due else None
         if kind == "host_status":
             row.status = str(event["status"])
             if row.status in ("running", "rolling back"):
@@ -263,7 +311,7 @@ class FleetView(LiveView):
             ran = f" run {event['run_id']}" if event.get("run_id") else ""
             return f"[{host}] {row.status}{ran}"
         if kind == "step_start" and event.get("step"):
-            row.step = str(event["step"])
+            row.step, row.detail = str(event["step"]), ""  # the step before's outcome is not this one's
         elif kind == "step_end" and event.get("step"):
             row.detail = detail_of(event)
             return f"[{host}] {event['step']} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"

@@ -186,9 +186,10 @@ def test_a_live_row_stops_its_clock_when_its_phase_ends_and_shows_that_phases_ow
     at(9.0, "service_stopped", service="prefill", pid=4604)
     at(9.1, "service_phase", service="prefill", phase="waiting_gpu", elapsed_s=0.1, budget_s=120)
     at(30.0, "service_phase", service="prefill", phase="loading", elapsed_s=0.2, budget_s=600, pid=7450)
-    assert rows(56.0) == ["decode waiting_tree: pid 4755, 6.0s of 10s"], "decode's stop took 6 s, not 56"
+    assert rows(56.0) == ["decode waiting for its process tree: pid 4755, 6.0s of 10s"], \
+        "decode's stop took 6 s, not 56"
     at(56.0, "service_phase", service="decode", phase="waiting_gpu", elapsed_s=0.0, budget_s=120)
-    assert rows(58.5) == ["decode waiting_gpu: 2.5s of 120s"]  # its next phase's clock runs
+    assert rows(58.5) == ["decode waiting for its GPUs: 2.5s of 120s"]  # its next phase's clock runs
     at(60.0, "step_end", status="failed", duration_s=60.0, error="cancelled")
     assert view.services[step, "decode"].clock() == 4.0  # the step's end ends the phase it was in
 
