@@ -156,9 +156,13 @@ class Build:
     def connection(self, name: str) -> tuple[Host, Transport]:
         """A connection to an inventory host outside any run (listing, lock inspection)."""
         host = self.host(name)
+        return host, self.connector(name, host)(self.bus(name, host))
+
+    def bus(self, name: str, host: Host) -> EventBus:
+        """The events of work on host outside any run: its secrets masked, to this command's listeners."""
         bus = EventBus(Masker(host.secrets()), name)
         bus.listeners.extend(self.listeners)
-        return host, self.connector(name, host)(bus)
+        return bus
 
     def routers(self, inventory: Inventory) -> Routers:
         """The inventory's routers, reached outside a unit on a connection of their own."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from deployer.command import Masker
 from deployer.config.container import Container
-from deployer.config.models import Host, Playbook, Unit
+from deployer.config.models import Host, Unit
 from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
@@ -195,10 +195,7 @@ def _check_places(report: CheckReport, ctx: Context, dests: list[str], runs_dir:
 
 def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,
              playbook: tuple[LoadedPlaybook, list[Step]] | None) -> Context:
-    # Service managers read the target through a Context; without a playbook it carries an empty one.
-    loaded = playbook[0] if playbook else LoadedPlaybook(
-        path=Path("(no playbook)"), raw=b"", model=Playbook.model_construct(name="check", steps=[]), sources={},
-        patch=None)
+    loaded = playbook[0] if playbook else LoadedPlaybook.none("check")
     return Context(run_id="<check>", host_name=host_name, host=host, transport=transport, playbook=loaded,
                    bus=bus, cancel=CancelToken())
 

@@ -21,9 +21,9 @@ from deployer.cli.output import emit_json, failures_to_exit_codes
 @failures_to_exit_codes
 def canary(playbook: str | None, host_name: str, out: str, inventory: str | None, accept_new_host_key: bool,
            as_json: bool) -> None:
-    """Send PLAYBOOK's canary request (its first `canary` step; without one, the defaults) straight to the
-    host's server and record the answer. Run it against a server you trust (before the fix, with
-    deterministic inference on)."""
+    """Send PLAYBOOK's canary request (its first `canary` step; without one, the defaults), in the step's or the
+    host's `api:` (sglang, openai, openai-chat or a template), straight to the host's server and record the
+    answer. Run it against a server you trust (before the fix, with deterministic inference on)."""
     from deployer.build import Build
     from deployer.config.playbook import load_playbook
     from deployer.runlog import runs_dir_from

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from deployer.config import yamlsrc
+from deployer.config.api import API_HELP, Api
 from deployer.config.container import Container
 from deployer.config.persist import Persist
 from deployer.config.routers import BehindRouter, Router
@@ -215,6 +216,8 @@ class Host(BehindRouter, Strict):
         "The Prometheus metrics URL, as the target sees it, that baseline and drain read by default."))
     endpoint: LoopbackUrl | None = Field(default=None, description=(
         "The serving entry point on the target's loopback (e.g. the router) that a storm is sent to by default."))
+    api: Api = Field(default="sglang", description=(
+        f"The serving API its storms and canaries speak (a step's `api:` overrides it): {API_HELP}."))
     services: dict[str, Service] = Field(default_factory=dict, description=(
         "The services the patched code runs in, by name: what co_restart restarts."))
     env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], EnvValue] = Field(

@@ -6,7 +6,9 @@ prefill restart), and a failed request can come back as HTTP 200 with `finish_re
 one more through the router) from the target's own loopback, and requires: HTTP 200, a JSON answer with
 non-empty text, a finish_reason that is not an error, an answer within the latency bound, and with `golden:` the
 exact text of a recorded answer (deterministic inference: SGLang `--enable-deterministic-inference`, vLLM
-`VLLM_BATCH_INVARIANT=1`). What came back is input: validated before it counts, shown escaped, and recorded in
+`VLLM_BATCH_INVARIANT=1`). The request speaks the host's API (or the step's): SGLang's /generate, an
+OpenAI-compatible /v1/completions or /v1/chat/completions, or a template; either answer's shape is read. What came
+back is input: validated before it counts, shown escaped, and recorded in
 the run log (masked as every event is).
 """
 
@@ -26,6 +28,7 @@ from pydantic import AfterValidator, Field
 
 from deployer.agent.protocol import HttpResult
 from deployer.command import Masker
+from deployer.config.api import API_HELP, Api, request
 from deployer.config.models import Host, LoopbackUrl, Playbook, Strict, check_loopback_url
 from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
@@ -48,12 +51,14 @@ def _via(value: str) -> str:
 
 class CanaryParams(Strict):
     url: LoopbackUrl | None = Field(default=None, description=(
-        "The /generate URL asked, on the target's loopback (default: the service's health URL, path /generate)."))
+        "The URL asked, on the target's loopback (default: the service's health URL, with the API's path)."))
     service: str | None = Field(default=None, description=(
         "The service whose health URL gives the default url (default: the host's first with one)."))
-    # a router by name is asked on that router's host, at its url + /generate
+    # a router by name is asked on that router's host, at its url + the API's path
     via: Annotated[str, AfterValidator(_via)] | None = Field(default=None, description=(
-        "Also ask through the router: its /generate URL, or a router of the inventory's routers: by name."))
+        "Also ask through the router: its URL, or a router of the inventory's routers: by name."))
+    api: Api | None = Field(default=None, description=(
+        f"The API the request speaks (default: the host's api): {API_HELP}."))
     text: str = Field(default="The capital of France is", min_length=1, description="The prompt sent.")
     max_new_tokens: int = Field(default=8, ge=1, le=4096, description="The tokens each answer may have.")
     latency_s: float = Field(default=30.0, gt=0, description="Seconds each answer must come within.")
@@ -61,9 +66,10 @@ class CanaryParams(Strict):
         "A file `deployer canary --record` wrote (relative to the playbook) that each answer must match."))
     timeout_s: float = Field(default=60.0, gt=0, description="Seconds each request may take.")
 
-    def body(self) -> str:
-        return json.dumps({"text": self.text, "sampling_params": {"max_new_tokens": self.max_new_tokens}},
-                          sort_keys=True)
+    def request(self, host: Host) -> tuple[str, str]:
+        """The path and JSON body of the canary's generation, in the step's API or else the host's."""
+        path, body = request(self.api or host.api, self.text, self.max_new_tokens)
+        return path, json.dumps(body, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -95,12 +101,11 @@ def judge(result: HttpResult, seconds: float, params: CanaryParams) -> Answer:
         reply = json.loads(result.body)
     except ValueError:
         return answer(f"not JSON: {shown(result.text)}")
-    meta = reply.get("meta_info") if isinstance(reply, dict) else None
-    text = reply.get("text") if isinstance(reply, dict) else None
-    reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    text, reason = generation(reply)
     finish = reason.get("type") if isinstance(reason, dict) else reason
     if not isinstance(text, str) or not isinstance(finish, (str, type(None))):
-        return answer(f"not a generation (text and meta_info.finish_reason): {shown(result.text)}")
+        return answer("not a generation (SGLang's text and meta_info.finish_reason, or OpenAI's choices[0] text "
+                      f"or message.content and finish_reason): {shown(result.text)}")
     if finish in ("error", "abort"):
         said = reason.get("message", "") if isinstance(reason, dict) else ""
         return answer(f"finish_reason {finish}: {shown(str(said))}", text, finish)
@@ -111,26 +116,41 @@ def judge(result: HttpResult, seconds: float, params: CanaryParams) -> Answer:
     return answer(None, text, finish)
 
 
+def generation(reply: Any) -> tuple[Any, Any]:
+    """The text and finish_reason of an answer, SGLang's (text, meta_info) or OpenAI's (choices[0]: a completion's
+    text, a chat completion's message.content)."""
+    if not isinstance(reply, dict):
+        return None, None
+    choices = reply.get("choices")
+    if "meta_info" not in reply and isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        return text, choice.get("finish_reason")
+    meta = reply.get("meta_info")
+    return reply.get("text"), meta.get("finish_reason") if isinstance(meta, dict) else None
+
+
 def first_difference(expected: str, got: str) -> str:
     at = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), min(len(expected), len(got)))
     return (f"first difference at character {at}: expected {shown(expected[at:])}, got {shown(got[at:])} "
             f"(after {shown(expected[max(0, at - 20):at])})")
 
 
-def default_url(host_name: str, host: Host, service: str | None) -> str | None:
-    """The service's health URL with the path /generate: where the new server answers a generation."""
+def default_url(host_name: str, host: Host, service: str | None, path: str) -> str | None:
+    """The service's health URL with the API's path: where the new server answers a generation."""
     names = [service] if service is not None else list(host.services)
     health = next((h for n in names if n in host.services and (h := host.services[n].health)), None)
     if health is None:
         return None
     parts = urlsplit(health)
-    return urlunsplit((parts.scheme, parts.netloc, "/generate", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def request_action(url: str, params: CanaryParams, through: str) -> Action:
+def request_action(url: str, params: CanaryParams, body: str, through: str) -> Action:
     return Action.http(f"canary.{through}", f"a {params.max_new_tokens}-token generation {through}, judged "
                        f"(200, output, finish_reason, within {params.latency_s:g}s)", url, method="POST",
-                       body=params.body())
+                       body=body)
 
 
 def ask(ctx: Context, action: Action, params: CanaryParams, **tags: str) -> Answer:
@@ -153,8 +173,9 @@ def golden_file(path: Path) -> dict[str, Any]:
     return recorded
 
 
-def golden_of(answer: Answer, params: CanaryParams) -> dict[str, Any]:
-    return {"format": GOLDEN_FORMAT, "request": json.loads(params.body()), "url": answer.url, "text": answer.text}
+def golden_of(answer: Answer, action: Action) -> dict[str, Any]:
+    assert action.body is not None
+    return {"format": GOLDEN_FORMAT, "request": json.loads(action.body), "url": answer.url, "text": answer.text}
 
 
 class Canary(Step):
@@ -207,20 +228,21 @@ class Canary(Step):
     def check_host(self, host_name: str, host: Host) -> str | None:
         if self.params.service is not None and self.params.service not in host.services:
             return f"host {host_name} has no service {self.params.service}"
-        if self.params.url is None and default_url(host_name, host, self.params.service) is None:
+        if self.params.url is None and default_url(host_name, host, self.params.service, "/") is None:
             return f"no canary URL: give a service a `health` URL on host {host_name}, or `url` on the step"
         return self.unknown_router()
 
     def requests(self, ctx: Context) -> list[Action]:
-        url = self.params.url or default_url(ctx.host_name, ctx.host, self.params.service)
+        path, body = self.params.request(ctx.host)
+        url = self.params.url or default_url(ctx.host_name, ctx.host, self.params.service, path)
         if url is None:
             raise StepFailed(self.name, self.check_host(ctx.host_name, ctx.host) or "no canary URL")
-        direct = [request_action(url, self.params, "to the new server")]
+        direct = [request_action(url, self.params, body, "to the new server")]
         if self.params.via is None:
             return direct
         router = self.router()
-        through = self.params.via if router is None else router[1].url + "/generate"
-        return [*direct, request_action(through, self.params, "through the router" if router is None else
+        through = self.params.via if router is None else router[1].url + path
+        return [*direct, request_action(through, self.params, body, "through the router" if router is None else
                                         f"through router {router[0]} (on {router[1].host})")]
 
     def golden(self, ctx: Context) -> Path | None:
@@ -292,8 +314,9 @@ def record(host_name: str, host: Host, connect: Callable[[EventBus], Transport],
     with connect(bus) as transport:
         ctx = Context(run_id="<canary>", host_name=host_name, host=host, transport=transport, playbook=shipped,
                       bus=bus, cancel=CancelToken())
-        answer = ask(ctx, step.requests(ctx)[0], step.params)
+        action = step.requests(ctx)[0]
+        answer = ask(ctx, action, step.params)
     if answer.problem is not None:
         raise StepFailed(step.name, f"canary {answer.url}: {answer.problem}; no golden answer written")
-    out.write_text(json.dumps(golden_of(answer, step.params), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(golden_of(answer, action), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return answer

@@ -64,6 +64,12 @@ class LoadedPlaybook:
         return f"{dest} (after {self.model.patch})"
     patch: bytes | None
 
+    @classmethod
+    def none(cls, name: str) -> LoadedPlaybook:
+        """What a Context outside any run carries (check, logs): service managers read the target through one."""
+        return cls(path=Path("(no playbook)"), raw=b"", model=Playbook.model_construct(name=name, steps=[]),
+                   sources={}, patch=None)
+
 
 class EventBus:
     """Masks every event once, then hands it to each listener (run log, screen)."""
@@ -348,6 +354,8 @@ class Context:
                         stderr_tail=self.bus.masker.tail(result.err_stream.text, EVENT_TAIL))
         elif action.kind == Kind.http:
             data = dict(method=action.method, url=action.bind(bound).target)
+            if action.body is not None:  # what was sent (a storm's and a canary's request), as plan shows it
+                data["body"] = action.bind(bound).body
             if result is not None:
                 data.update(status=result.status, error=result.error)
         elif action.kind == Kind.get:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 
+from deployer.config.api import API_HELP, Api, RequestTemplate, cancels_by_request, request
 from deployer.config.models import Host, LoopbackUrl, Strict
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, run_storm
+from deployer.steps.storm import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT, MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 
 
 class StormParams(Strict):
     url: LoopbackUrl | None = Field(default=None, description=(
-        "Where the requests go, on the target's loopback (default: the host's endpoint + /generate)."))
+        "Where the requests go, on the target's loopback (default: the host's endpoint + the API's path)."))
+    api: Api | None = Field(default=None, description=(
+        f"The API the requests speak (default: the host's api): {API_HELP}."))
     requests: int = Field(default=200, ge=1, le=MAX_REQUESTS, description="How many requests are sent.")
     concurrency: int = Field(default=32, ge=1, le=MAX_CONCURRENCY, description="How many are in flight at a time.")
     client_timeout_s: float = Field(default=0.2, gt=0, le=60, description=(
@@ -24,7 +28,7 @@ class StormParams(Strict):
     abort_all_every: int | None = Field(default=None, ge=1, description=(
         "After every Nth request, also POST {abort_all: true} to abort_url."))
     abort_url: LoopbackUrl | None = Field(default=None, description=(
-        "Where abort_all is sent (default: the storm URL's /abort_request)."))
+        "Where abort_all is sent (default: the storm URL's /abort_request); SGLang's API only."))
     max_duration_s: float = Field(default=60.0, gt=0, le=600, description="No request is sent after this many seconds.")
 
 
@@ -33,21 +37,37 @@ def _sibling(url: str, path: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, posixpath.join(posixpath.dirname(parts.path), path), "", ""))
 
 
-def storm_urls(ctx: Context, params: StormParams) -> tuple[str, str]:
-    url = params.url or (ctx.host.endpoint.rstrip("/") + "/generate" if ctx.host.endpoint else None)
+def storm_api(params: StormParams, host: Host) -> str | RequestTemplate:
+    return params.api or host.api
+
+
+def no_abort_all(params: StormParams, host: Host) -> str | None:
+    """Why the storm cannot send abort_all (None: it can, or it was not asked to)."""
+    if params.abort_all_every is None or cancels_by_request(storm_api(params, host)):
+        return None
+    return ("abort_all_every needs the sglang API (/abort_request): an OpenAI-compatible server cancels a request "
+            "only when its client goes away, which the storm's client_timeout_s does")
+
+
+def storm_request(ctx: Context, params: StormParams) -> tuple[str, str, str]:
+    """The storm's URL, its JSON body (streaming), and where abort_all goes."""
+    path, body = request(storm_api(params, ctx.host), DEFAULT_PROMPT, DEFAULT_MAX_NEW_TOKENS)
+    url = params.url or (ctx.host.endpoint.rstrip("/") + path if ctx.host.endpoint else None)
     if url is None:
         raise StepFailed(ctx.bus.step or "storm", f"no storm URL: set `endpoint` on host {ctx.host_name} "
                          "or `url` on the step")
-    return url, params.abort_url or _sibling(url, "abort_request")
+    if problem := no_abort_all(params, ctx.host):
+        raise StepFailed(ctx.bus.step or "storm", problem)
+    return url, json.dumps({**body, "stream": True}, sort_keys=True), params.abort_url or _sibling(url, "abort_request")
 
 
 def storm_actions(ctx: Context, params: StormParams) -> list[Action]:
     """What a storm does, as the target sees it: POSTs to its URL from here (through a tunnel when remote)."""
-    url, abort_url = storm_urls(ctx, params)
+    url, body, abort_url = storm_request(ctx, params)
     p = params
     actions = [Action.http("storm", f"{p.requests} streaming requests, {p.concurrency} at a time, clients give up "
                            f"after {p.client_timeout_s:g}s; none sent after {p.max_duration_s:g}s", url,
-                           method="POST", repeats=True)]
+                           method="POST", body=body, repeats=True)]
     if p.abort_all_every:
         actions.append(Action.http("abort_all", f"abort_all after every {p.abort_all_every}th request", abort_url,
                                    method="POST", repeats=True))
@@ -56,9 +76,11 @@ def storm_actions(ctx: Context, params: StormParams) -> list[Action]:
 
 def storm(ctx: Context, params: StormParams) -> str:
     flood, *abort_all = storm_actions(ctx, params)
+    assert flood.body is not None
     result = run_storm(ctx.transport.reach(flood.target), requests=params.requests, concurrency=params.concurrency,
                        client_timeout_s=params.client_timeout_s, abort_all_every=params.abort_all_every,
-                       abort_url=ctx.transport.reach(storm_urls(ctx, params)[1]), max_duration_s=params.max_duration_s)
+                       abort_url=ctx.transport.reach(storm_request(ctx, params)[2]),
+                       max_duration_s=params.max_duration_s, body=json.loads(flood.body))
     counts = {"sent": result.sent, "completed": result.completed, "aborted": result.aborted,
               "errors": result.errors, "abort_all_sent": result.abort_all_sent}
     # Thousands of requests at once: their totals, in a `storm` event.
@@ -83,7 +105,7 @@ class Storm(Step):
     params: StormParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        return no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint")
+        return no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint") or no_abort_all(self.params, host)
 
     def plan(self, ctx: Context) -> list[Action]:
         return storm_actions(ctx, self.params)

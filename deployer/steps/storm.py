@@ -14,8 +14,9 @@ Outcome of each request (``sent == completed + aborted + errors`` always holds):
 
 - *completed*: a 2xx response whose stream ended normally;
 - *aborted*: the client gave up after ``client_timeout_s`` and closed the socket (what the storm
-  is for), or the stream ended with ``finish_reason.type == "abort"`` (the server aborted it,
-  e.g. after an ``abort_all``);
+  is for; an OpenAI-compatible server has no other way to cancel), or the stream ended with SGLang's
+  ``meta_info.finish_reason.type == "abort"`` or an OpenAI chunk's ``choices[].finish_reason == "abort"``
+  (vLLM's word) (the server aborted it, e.g. after an ``abort_all``);
 - *errors*: connection failures, protocol errors and non-2xx answers.
 """
 
@@ -37,6 +38,7 @@ from deployer.config.models import LOOPBACK_HOSTS
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256
 DEFAULT_MAX_NEW_TOKENS = 8
+DEFAULT_PROMPT = "Explain prefill/decode disaggregation in one sentence."
 _ABORT_ALL_TIMEOUT_S = 5.0
 
 
@@ -118,6 +120,9 @@ def _final_event_is_abort(line: bytes) -> bool | None:
     finish = meta.get("finish_reason") if isinstance(meta, dict) else None
     if isinstance(finish, dict):
         return finish.get("type") == "abort"
+    choices = event.get("choices")
+    if isinstance(choices, list):
+        return any(isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices)
     return False
 
 
@@ -191,13 +196,14 @@ def run_storm(
     abort_url: str | None = None,
     max_duration_s: float = 60.0,
     payload: dict[str, Any] | None = None,
+    body: dict[str, Any] | None = None,
 ) -> StormResult:
     """Fire up to ``requests`` streaming POSTs at ``url``, at most ``concurrency`` in flight.
 
     With ``abort_all_every=K``, ``{"abort_all": true}`` is POSTed to ``abort_url`` (default: the
     same server's ``/abort_request``) after every K-th request sent, except after the last one;
-    ``abort_all_tried`` counts the ones sent, ``abort_all_sent`` those answered 2xx. ``payload``
-    entries override the default JSON body's top-level keys.
+    ``abort_all_tried`` counts the ones sent, ``abort_all_sent`` those answered 2xx. ``body`` is
+    the whole JSON body (default: SGLang's streaming /generate); ``payload`` entries override its top-level keys.
     Raises ValueError for a non-loopback URL or a value outside the caps; never raises for what
     happens to individual requests (they are counted instead).
     """
@@ -213,14 +219,14 @@ def run_storm(
     if abort_all_every is not None:
         _check_int("abort_all_every", abort_all_every, 1, MAX_REQUESTS)
 
-    document: dict[str, Any] = {
-        "text": "Explain prefill/decode disaggregation in one sentence.",
+    document: dict[str, Any] = dict(body) if body is not None else {
+        "text": DEFAULT_PROMPT,
         "stream": True,
         "sampling_params": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS},
     }
     if payload is not None:
         document.update(payload)
-    body = json.dumps(document).encode()
+    sent_body = json.dumps(document).encode()
 
     counts = {outcome: 0 for outcome in _Outcome}
     counts_lock = threading.Lock()
@@ -230,7 +236,7 @@ def run_storm(
 
     def task() -> None:
         try:
-            outcome = _one_request(target, body, client_timeout_s)
+            outcome = _one_request(target, sent_body, client_timeout_s)
         except Exception:  # a bug here must still be counted, or the totals stop adding up
             outcome = _Outcome.ERROR
         finally:
@@ -267,4 +273,4 @@ def run_storm(
     )
 
 
-__all__ = ["MAX_CONCURRENCY", "MAX_REQUESTS", "StormResult", "run_storm"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "DEFAULT_PROMPT", "MAX_CONCURRENCY", "MAX_REQUESTS", "StormResult", "run_storm"]

@@ -88,7 +88,7 @@ def logged_line(event: dict[str, Any]) -> str:
     if kind == "run":
         return str(event["command"])
     if kind == "http":
-        return f"{event['method']} {event['url']}"
+        return f"{event['method']} {event['url']}" + (f" {event['body']}" if "body" in event else "")
     if kind in ("procs", "signal"):
         return str(event["line"])
     return str(event["what"]) if kind == "local" else f"{kind} {event['path']}"

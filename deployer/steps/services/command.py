@@ -37,16 +37,29 @@ from deployer.steps.services.manager import (
 # file alone is for people and their scripts. It prints the pid and the sizes before this start of the log and
 # of the service's own log (`log:`, 0 when it has none yet), where this start's output begins. The log holds
 # whatever the service prints, secrets included: 0600, even when an older deployer made it 0644; the umask is
-# changed only for creating it, so the service keeps its own.
-LAUNCH = ('log=$1; pidfile=$2; record=$3; own=$4; shift 4; '
+# changed only for creating it, so the service keeps its own. Where this start's output begins (a 1-based byte
+# position in the log it writes to) is kept beside its record too, for `deployer logs` long after the run.
+LAUNCH = ('log=$1; pidfile=$2; record=$3; own=$4; from=$5; shift 5; '
           '(umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
           'offset=$(wc -c <"$log"); mine=0; [ -z "$own" ] || mine=$(wc -c <"$own" 2>/dev/null) || mine=0; '
+          'at=$offset; [ -z "$own" ] || at=$mine; echo $((at + 1)) >"$from.tmp" && mv -f -- "$from.tmp" "$from"; '
           'nohup setsid "$@" >>"$log" 2>&1 </dev/null & pid=$!; '
           'stat=$(cat "/proc/$pid/stat" 2>/dev/null); set -- ${stat##*) }; '
           'echo "$pid ${20}" >"$record.tmp" && mv -f -- "$record.tmp" "$record"; echo $pid >"$pidfile"; '
           'echo $pid $offset $mine')
 # This start's output only: from its offset, the last LOG_TAIL bytes.
 TAIL = 'tail -c "+$1" -- "$2" | tail -c "$3"'
+# `deployer logs`: without a cursor (a byte position), from where this start began (the position kept in $2; no
+# such file: the whole log), its last $5 bytes and of those its last $3 lines; with one, the next $5 bytes from
+# it. A log shorter than the cursor was truncated or replaced since: read from its beginning. Then, on stderr,
+# the position to read on from and how many bytes were left out.
+READ = ('f=$1; from=$2; lines=$3; at=$4; most=$5; [ -f "$f" ] || exit 3; size=$(wc -c <"$f") || exit 1; '
+        'first=; [ -n "$at" ] || { first=1; at=1; [ -z "$from" ] || at=$(cat -- "$from" 2>/dev/null) || at=1; }; '
+        'case $at in ""|*[!0-9]*) at=1;; esac; [ "$at" -le $((size + 1)) ] || at=1; '
+        'n=$((size + 1 - at)); skip=0; '
+        'if [ "$n" -gt "$most" ]; then [ -z "$first" ] || { skip=$((n - most)); at=$((at + skip)); }; n=$most; fi; '
+        'tail -c "+$at" -- "$f" | head -c "$n" | if [ -n "$lines" ]; then tail -n "$lines"; else cat; fi; '
+        'echo "$((at + n)) $skip" >&2')
 KILL_WAIT_S = 10.0  # how long a KILLed process may take to disappear
 
 
@@ -95,6 +108,7 @@ class CommandManager(Manager):
         self.logfile = posixpath.join(state, f"{name}.log")
         self.record = posixpath.join(state, f"{name}.proc")
         self.startfile = posixpath.join(state, f"{name}.started")  # an older deployer's record of the start time
+        self.fromfile = posixpath.join(state, f"{name}.from")  # where the last start's output begins in its log
         self.cwd = posixpath.join(ctx.repo, service.cwd or "")
         old, new, tree = pid_of(name), new_pid_of(name), tree_of(name)
         grace = f"{service.stop_grace_s:g}s"
@@ -141,7 +155,7 @@ class CommandManager(Manager):
                                 failure="cannot create deployer's state dir")
         self.launch = Action.run(f"{name}.launch", f"start {name} (log {self.logfile})",
                                  ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, self.record,
-                                  service.log or "", *service.start),
+                                  service.log or "", self.fromfile, *service.start),
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
                                  failure=f"cannot start {name}")
         # A launcher may exit once it has backgrounded the server: the service is then what serves its port.
@@ -192,6 +206,15 @@ class CommandManager(Manager):
 
     def log_bound(self) -> Bound:
         return {log_start_of(self.name): self.log_from or "1"}
+
+    def read_log(self, cursor: str, *, whole: bool, lines: int | None, most: int) -> Action:
+        return Action.run(f"{self.name}.read_log", f"read {self.log_source(whole)}",
+                          ("sh", "-c", READ, "deployer-read-log", self.service.log or self.logfile,
+                           "" if whole else self.fromfile, "" if lines is None else str(lines), cursor, str(most)))
+
+    def log_source(self, whole: bool) -> str:
+        held = "its own log" if self.service.log else "stdout and stderr"
+        return f"{held}{'' if whole else ' since this start'}, in {self.service.log or self.logfile}"
 
     def tail_label(self) -> str:
         held = f"own log {self.service.log}" if self.service.log else "stdout and stderr, combined,"

@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from deployer.agent.protocol import ExecResult
 from deployer.config.models import Service
 from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
@@ -53,6 +54,17 @@ class State:
     @property
     def live_pid(self) -> int | None:
         return self.pid if self.running and self.pid > 0 else None
+
+
+# `deployer logs`: the container's output, both streams in the order written; without a cursor since this start
+# (State.StartedAt; everything it kept when $3 is set), with one (a time on the host) what came after it. Each
+# read ends at the host's time it began, the cursor it prints last on stderr.
+READ = ('engine=$1; box=$2; whole=$3; lines=$4; at=$5; command -v "$engine" >/dev/null 2>&1 || exit 127; '
+        'now=$(date -u +%Y-%m-%dT%H:%M:%S.%NZ); set -- "$engine" logs --until "$now"; '
+        'if [ -n "$at" ]; then set -- "$@" --since "$at"; elif [ -z "$whole" ]; then '
+        'since=$("$engine" inspect --type container --format "{{json .State.StartedAt}}" "$box" 2>/dev/null) '
+        '|| exit 3; since=${since#\\"}; set -- "$@" --since "${since%\\"}"; fi; '
+        '[ -z "$lines" ] || set -- "$@" --tail "$lines"; "$@" "$box" 2>&1 || exit 1; echo "$now" >&2')
 
 
 class ContainerManager(Manager):
@@ -102,6 +114,21 @@ class ContainerManager(Manager):
 
     def tail_label(self) -> str:
         return f"{self.name}'s container output, stdout and stderr combined, its last 40 lines"
+
+    def read_log(self, cursor: str, *, whole: bool, lines: int | None, most: int) -> Action:
+        return Action.run(f"{self.name}.read_log", f"read {self.log_source(whole)}",
+                          ("sh", "-c", READ, "deployer-read-log", self.box.command, self.box.name,
+                           "1" if whole else "", "" if lines is None else str(lines), cursor))
+
+    def log_source(self, whole: bool) -> str:
+        return f"container {self.box.name}'s output{'' if whole else ' since this start'}"
+
+    def log_tool(self) -> str:
+        return f"the container engine {self.box.command}"
+
+    def log_read(self, result: ExecResult) -> tuple[str, str, int]:
+        text, cursor, _ = super().log_read(result)
+        return text, cursor, result.out_stream.total - len(result.out_stream.kept)
 
     def observe(self, health: bool = True) -> Observed:
         ask = [(self.health, NOTHING)] if health and self.health is not None else []

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deployer.agent.processes import Processes, ProcInfo
+from deployer.agent.protocol import ExecResult
 from deployer.command import shell_line
 from deployer.config.models import Service
 from deployer.errors import StepFailed
@@ -206,6 +207,26 @@ class Manager(ABC):
     @abstractmethod
     def log(self) -> Action:
         """The tail of its output, read when it fails."""
+
+    @abstractmethod
+    def read_log(self, cursor: str, *, whole: bool, lines: int | None, most: int) -> Action:
+        """A read of its log (`deployer logs`): without a cursor this start's output (whole: all it kept), its last
+        `lines` lines when given; with one, what was written after it. At most `most` bytes of text on stdout;
+        the last line of stderr is the cursor to read on from (and, after a space, how many bytes it left out).
+        Exit 3: it has no log yet; 127: the tool that keeps its log is not on the host."""
+
+    @abstractmethod
+    def log_source(self, whole: bool) -> str:
+        """What read_log shows, as its heading names it (`stdout and stderr since this start, in PATH`)."""
+
+    def log_tool(self) -> str:
+        """The command read_log needs on the host."""
+        return "tail"
+
+    def log_read(self, result: ExecResult) -> tuple[str, str, int]:
+        """The text, the next cursor and the bytes left out of a read_log's result that exited 0."""
+        cursor, _, skipped = (result.err.splitlines() or [""])[-1].partition(" ")
+        return result.out, cursor, int(skipped) if skipped.isdigit() else 0
 
     def failure_reads(self) -> list[Action]:
         """What a failed start reads to tell its story: the new process's memory, and the log's tail."""

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from deployer.agent.protocol import ExecResult
 from deployer.config.models import Service
 from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, answered
+
+# `deployer logs`: the unit's journal; without a cursor this start's (the entries of its current invocation; the
+# whole journal of the unit when $2 is set or it has none), with one what came after it. The cursor is the last
+# line journalctl prints.
+READ = ('unit=$1; whole=$2; lines=$3; at=$4; command -v journalctl >/dev/null 2>&1 || exit 127; '
+        'set -- journalctl --no-pager --quiet -o short-iso --show-cursor; '
+        'if [ -n "$at" ]; then set -- "$@" -u "$unit" --after-cursor "$at"; '
+        'else id=; [ -n "$whole" ] || id=$(systemctl show -p InvocationID --value "$unit" 2>/dev/null); '
+        'if [ -n "$id" ]; then set -- "$@" "_SYSTEMD_INVOCATION_ID=$id"; else set -- "$@" -u "$unit"; fi; '
+        '[ -z "$lines" ] || set -- "$@" -n "$lines"; fi; exec "$@"')
+CURSOR = "-- cursor: "
 
 
 class SystemdManager(Manager):
@@ -49,6 +61,25 @@ class SystemdManager(Manager):
 
     def tail_label(self) -> str:
         return f"{self.name}'s journal, its last 40 lines"
+
+    def read_log(self, cursor: str, *, whole: bool, lines: int | None, most: int) -> Action:
+        unit = self.service.systemd
+        assert unit is not None
+        return Action.run(f"{self.name}.read_log", f"read {self.log_source(whole)}",
+                          ("sh", "-c", READ, "deployer-read-log", unit, "1" if whole else "",
+                           "" if lines is None else str(lines), cursor))
+
+    def log_source(self, whole: bool) -> str:
+        return f"the journal of {self.service.systemd}{'' if whole else ' since this start'}"
+
+    def log_tool(self) -> str:
+        return "journalctl (systemd's journal, where a unit's output goes)"
+
+    def log_read(self, result: ExecResult) -> tuple[str, str, int]:
+        text, _, cursor = result.out.rpartition(CURSOR)
+        if not cursor:  # no entries: nothing to read on from yet
+            return "", "", 0
+        return text, cursor.strip(), result.out_stream.total - len(result.out_stream.kept)
 
     @staticmethod
     def pid_in(result: object) -> int | None:

@@ -33,6 +33,17 @@ def _max_new_tokens(body: dict[str, Any]) -> int:
     return min(max(value, 1), MAX_NEW_TOKENS_CAP)
 
 
+def tokens(model: str, prompt: str, max_new: int) -> list[str]:
+    """The demo model's output: each token follows from the model, the prompt and the tokens before it, so it is
+    deterministic, and different for a different prompt."""
+    digest = hashlib.sha256(f"{model}\0{prompt}".encode()).digest()
+    words = []
+    for i in range(max_new):
+        digest = hashlib.sha256(digest + i.to_bytes(4, "big")).digest()
+        words.append(VOCAB[digest[0] % len(VOCAB)])
+    return words
+
+
 def answer(model: str, body: dict[str, Any], fail: str) -> tuple[int, dict[str, Any]]:
     """The HTTP status and JSON body of a direct generation."""
     text = body.get("text")
@@ -46,13 +57,6 @@ def answer(model: str, body: dict[str, Any], fail: str) -> tuple[int, dict[str, 
     if fail == "error":
         return 200, {"text": "", "meta_info": {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": 0,
                                                "finish_reason": {"type": "error", "message": "KV transfer failed"}}}
-    # Each token follows from the model, the prompt and the tokens before it: deterministic, and different
-    # for a different prompt.
-    digest = hashlib.sha256(f"{model}\0{text}".encode()).digest()
-    words = []
-    for i in range(max_new):
-        digest = hashlib.sha256(digest + i.to_bytes(4, "big")).digest()
-        words.append(VOCAB[digest[0] % len(VOCAB)])
-    return 200, {"text": " " + " ".join(words),
+    return 200, {"text": "".join(" " + word for word in tokens(model, text, max_new)),
                  "meta_info": {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": max_new,
                                "finish_reason": {"type": "length", "length": max_new}}}

@@ -145,6 +145,26 @@ def client_gone(sock: socket.socket) -> bool:
     return data == b""
 
 
+def stream_tokens(handler: JSONHandler, events: list[bytes], last: bytes, token_s: float) -> bool:
+    """Stream one SSE event per token, token_s apart, then ``last`` and ``data: [DONE]``: False when the client went
+    away first (a closed stream is how a client cancels), True when the stream ended."""
+    sock = handler.connection
+    try:
+        handler.start_stream()
+        for event in events:
+            time.sleep(token_s)
+            if client_gone(sock):
+                raise ConnectionResetError("the client closed the stream")
+            handler.write_chunk(event)
+        handler.write_chunk(last)
+        handler.write_chunk(b"data: [DONE]\n\n")
+        handler.end_stream()
+    except OSError:
+        handler.abandon()
+        return False
+    return True
+
+
 class DisconnectWatch:
     """Runs ``on_gone`` once if the client disconnects while the handler is blocked elsewhere.
 

@@ -2,7 +2,8 @@
 
 Endpoints (both modes): ``GET /health`` ``/health_generate`` ``/ready`` (503 while warming up),
 ``/model_info`` ``/server_info`` (and the older ``/get_model_info`` ``/get_server_info``),
-``/metrics`` (with ``--enable-metrics``), ``POST /generate``, ``POST /abort_request``.
+``/metrics`` (with ``--enable-metrics``), ``POST /generate``, ``POST /abort_request``, and the OpenAI-compatible
+``POST /v1/completions`` ``/v1/chat/completions`` (demo_openai).
 The prefill server also listens on its bootstrap port for the decode side:
 ``POST /kv/register`` ``/kv/poll`` ``/kv/abort``.
 """
@@ -18,7 +19,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
-from sglang.srt import demo_generate, demo_ranks
+from sglang.srt import demo_generate, demo_openai, demo_ranks
 from sglang.srt.demo_http import (
     PROMETHEUS_CONTENT_TYPE,
     DemoHTTPServer,
@@ -29,6 +30,7 @@ from sglang.srt.demo_http import (
     require_loopback,
     serve_in_background,
     shutdown_servers,
+    stream_tokens,
 )
 from sglang.srt.demo_knobs import Knobs
 from sglang.srt.disaggregation.base.conn import KVPoll, poll_name
@@ -66,6 +68,7 @@ class BaseApp:
         self.model_name = str(args.served_model_name or args.model_path)
         self.ready = False
         self.started_at = time.time()
+        self.streams = demo_openai.StreamStats()
 
     # --- lifecycle ----------------------------------------------------------------------
     def start_engine(self) -> None:
@@ -104,6 +107,7 @@ class BaseApp:
             "port": self.args.port,
             "enable_metrics": self.args.enable_metrics,
             "demo_knobs": asdict(self.knobs),
+            "streams": dict(self.streams.counts),
         }
 
     # --- requests -----------------------------------------------------------------------
@@ -397,11 +401,7 @@ class ServerHandler(JSONHandler):
                 self.send_json(503, {"error": "server is starting"})
                 return
             if "bootstrap_room" not in body:  # straight to this server (a canary), not the router's fan-out
-                try:
-                    code, reply = demo_generate.answer(self.app.model_name, body, self.app.knobs.generate_fail)
-                except demo_generate.BadGenerate as exc:
-                    code, reply = 400, {"error": str(exc)}
-                self.send_json(code, reply)
+                self._direct_generate(body)
                 return
             try:
                 self.app.generate(self, body)
@@ -410,6 +410,12 @@ class ServerHandler(JSONHandler):
                     self.abandon()
                 else:
                     self.send_json(400, {"error": str(exc)})
+        elif path in demo_openai.ROUTES:
+            if not self.app.ready:
+                self.send_json(503, {"error": {"message": "server is starting"}})
+                return
+            app = self.app
+            demo_openai.serve(self, path, body, app.model_name, app.knobs.token_s, app.knobs.generate_fail, app.streams)
         elif path == "/abort_request":
             if body.get("abort_all"):
                 n = self.app.abort_all()
@@ -421,6 +427,24 @@ class ServerHandler(JSONHandler):
             self.send_json(200, {"success": True, "aborted": n})
         else:
             self.send_json(404, {"error": f"no route {path}"})
+
+
+    def _direct_generate(self, body: dict[str, Any]) -> None:
+        """A generation answered by this server alone; streamed token by token when asked, as SGLang does."""
+        try:
+            code, reply = demo_generate.answer(self.app.model_name, body, self.app.knobs.generate_fail)
+        except demo_generate.BadGenerate as exc:
+            code, reply = 400, {"error": str(exc)}
+        if code != 200 or not body.get("stream"):
+            self.send_json(code, reply)
+            return
+        meta = reply["meta_info"]
+        words = reply["text"].split(" ")[1:]
+        events = [_sse({"text": "".join(" " + w for w in words[:i + 1]),
+                        "meta_info": {"id": meta["id"], "completion_tokens": i + 1, "finish_reason": None}})
+                  for i in range(len(words))]
+        ended = stream_tokens(self, events, _sse(reply), self.app.knobs.token_s)
+        self.app.streams.add("completed" if ended else "aborted")
 
 
 class BootstrapHandler(JSONHandler):

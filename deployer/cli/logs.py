@@ -1,0 +1,59 @@
+"""`deployer logs`: a service's log on its host, read through the agent, without logging in to find it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import click
+
+from deployer.cli.options import accept_option, host_option, inventory_option, json_option
+from deployer.cli.output import emit_json, failures_to_exit_codes
+from deployer.cli.running import builder
+
+
+@click.command()
+@click.argument("service", required=False)
+@host_option(required=True, help="A host, or a group or unit: each of its hosts (those that have SERVICE).")
+@click.option("--all", "whole", is_flag=True, help="The whole log, every start's output (default: this start's).")
+@click.option("-n", "--lines", type=click.IntRange(min=1), help="Only the last N lines.")
+@click.option("-f", "--follow", is_flag=True, help="Then show what is written, until Ctrl-C (exit 130).")
+@inventory_option
+@accept_option
+@json_option()
+@failures_to_exit_codes
+def logs(service: str | None, host_name: str, whole: bool, lines: int | None, follow: bool, inventory: str | None,
+         accept_new_host_key: bool, as_json: bool) -> None:
+    """Show SERVICE's log on the host (default: every service of the host, each under a heading): what a
+    `start:` service printed (or its own `log:` file), a systemd unit's journal, a container's output. Text from
+    the target is shown with its control characters escaped. Exit 2 when no host has SERVICE."""
+    from deployer.app.logs import LogOptions, chosen, follow_logs, read_logs
+    from deployer.cli.deploy import select_hosts
+    from deployer.ui.logs import LogPrinter
+
+    if follow and as_json:
+        raise click.UsageError("--follow writes text as it comes: give --follow or --json")
+    loaded, hosts = select_hosts(host_name, None, inventory)
+    services = chosen(loaded, hosts, service)
+    build = builder(inventory, None, accept_new_host_key)
+    options = LogOptions(whole=whole, lines=lines)
+    printer = LogPrinter(headings=sum(map(len, services.values())) > 1)
+    if not follow:
+        read = read_logs(build, services, options)
+        if as_json:
+            emit_json({"logs": [one.document() for one in read], "exit_code": 0, "error": None})
+        for one in [] if as_json else read:
+            printer.show(one)
+        return
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        follow_logs(build, services, options, printer.show, stop)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    sys.exit(130)  # a follow ends only when it is interrupted
+
+
+COMMANDS = (logs,)
