@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 import pytest
-from fixtures_repo import Project, deployer, deployer_env
+from fixtures_repo import Project, deployer, deployer_env, hold_lock
 from fixtures_services import GAUGE, Stack
 from fixtures_ssh import SSHD
 
@@ -33,6 +33,7 @@ FAILING = {
     "recover": ["recover", "no-such-run"],
     "restart": ["restart", "--host", "nowhere"],
     "canary": ["canary", "--host", "nowhere", "--record", "golden.json"],
+    "logs": ["logs", "--host", "nowhere"],
 }
 
 
@@ -250,3 +251,15 @@ def test_rollback_list_json_is_one_object_with_exit_code_and_the_deploys_under_a
     body = json.loads(listed.stdout)
     assert (body["exit_code"], body["error"], body["host"]) == (0, None, "box")
     assert [d["run_id"] for d in body["deploys"]] == [run_id]
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_lock_release_json_has_exit_code_0_when_it_removed_a_lock_and_when_there_was_none(target: Project) -> None:
+    lock = hold_lock(target)
+    released = target.deployer("lock", "release", "--host", "box", "--force", "--json")
+    assert released.returncode == 0, released.stdout + released.stderr
+    report = json.loads(released.stdout)
+    assert (report["exit_code"], report["error"]) == (0, None) and report["released"] and not lock.exists()
+    again = target.deployer("lock", "release", "--host", "box", "--force", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout) == {"host": "box", "released": None, "exit_code": 0,
+                                                                   "error": None}
