@@ -50,10 +50,11 @@ class Build:
         return lambda bus: open_transport(name, host, bus, accept_new_host_key=self.accept_new_host_key)
 
     def engine(self, name: str, host: Host, playbook: LoadedPlaybook, steps: list[Step], *,
-               allow_dirty: bool = False, cancel: CancelToken | None = None) -> Engine:
+               allow_dirty: bool = False, restart: bool = False, cancel: CancelToken | None = None) -> Engine:
         # Each engine its own list: a command adds its live view to the one engine it shows.
         engine = Engine(host_name=name, host=self.budgeted(host), playbook=playbook, steps=steps,
                         listeners=list(self.listeners), runs_dir=self.runs_dir, allow_dirty=allow_dirty,
+                        restart=restart,
                         connect=self.connector(name, host), cancel=cancel if cancel is not None else CancelToken())
         if self.health_timeout_s is not None:  # the run log says the budgets were not the inventory's
             engine.run_tags["health_timeout_s"] = self.health_timeout_s
@@ -76,10 +77,11 @@ class Build:
         return host.model_copy(update={"services": services})
 
     def engines(self, playbook_path: Path, hosts: dict[str, Host], *, allow_dirty: bool = False,
-                cancel: CancelToken | None = None) -> dict[str, Engine]:
+                restart: bool = False, cancel: CancelToken | None = None) -> dict[str, Engine]:
         """One engine per host, in the order given, sharing the playbook (loaded once) and nothing else."""
         playbook, steps = load_playbook(playbook_path)
-        return {name: self.engine(name, host, playbook, steps, allow_dirty=allow_dirty, cancel=cancel)
+        return {name: self.engine(name, host, playbook, steps, allow_dirty=allow_dirty, restart=restart,
+                                  cancel=cancel)
                 for name, host in hosts.items()}
 
     def opening(self, engine: Engine, early: Opening | None = None) -> Opening:

@@ -258,6 +258,15 @@ class Run:
                 "after": commit.get("commit") if commit else None}
 
 
+    @property
+    def commits(self) -> list[str]:
+        """Every commit the run made on its target, in order: its own (the fix), and a revert (a rollback's, an
+        on_failure rollback's, a recover's)."""
+        made = [self.git.get("after"), *(e.get("commit") for e in self.all("commit")),
+                *(e.get("commit") for e in self.all("rollback"))]
+        return list(dict.fromkeys(str(c) for c in made if c))
+
+
 def read_run(runs_dir: Path, run_id: str) -> Run:
     path = runs_dir / run_id / EVENTS
     if not path.is_file():

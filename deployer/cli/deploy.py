@@ -115,7 +115,8 @@ def show_plans(build: Build, engines: dict[str, Engine], units: dict[str, Unit],
 @click.argument("playbook", type=click.Path(dir_okay=False), required=False)
 @host_option()
 @click.option("--rollback", "rollback_of", metavar="RUN_ID", help="Preview the rollback of a run instead (`last`: "
-              "the newest run, on --host if given; or any unique beginning of a run id).", shell_complete=complete_runs)
+              "the newest run that left a commit to roll back, on --host if given; or any unique beginning of a run "
+              "id).", shell_complete=complete_runs)
 @inventory_option
 @runs_dir_option
 @accept_option
@@ -127,7 +128,6 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
-    from deployer.app.runs import resolve
     from deployer.config import targets
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
@@ -137,7 +137,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 
     build = builder(inventory, runs_dir, accept_new_host_key)
     if rollback_of:  # its host alone behind its router: downtime, as `rollback` refuses it
-        run = runlog.read_run(build.runs_dir, resolve(build.runs_dir, rollback_of, host_name))
+        run = runlog.read_run(build.runs_dir, undone(build.runs_dir, rollback_of, host_name))
         engine = build.for_run(run, host_name)
         loaded = load_inventory(find_inventory(inventory))
         routed = routed_part(loaded, engine.host_name)
@@ -166,6 +166,9 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @runs_dir_option
 @accept_option
 @click.option("--allow-dirty", is_flag=True, help="Ship even over uncommitted changes in the target files.")
+@click.option("--restart", is_flag=True, help="When the fix is already applied (every file holds its bytes at "
+                                              "HEAD), restart and check the services all the same; the run still "
+                                              "ends `unchanged`.")
 @click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
 @click.option("--allow-downtime", is_flag=True, help="Restart units even when no other unit serves behind their "
                                                      "router meanwhile.")
@@ -173,9 +176,12 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
-          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, dry_run: bool, allow_downtime: bool,
-          health_timeout_s: float | None, as_json: bool) -> None:
-    """Run the chain: compile, upload, compile there, bound, commit, restart, verify."""
+          runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, restart: bool, dry_run: bool,
+          allow_downtime: bool, health_timeout_s: float | None, as_json: bool) -> None:
+    """Run the chain: compile, upload, compile there, bound, commit, restart, verify.
+
+    A fix already applied (every file holds its bytes at HEAD) changes nothing: the run ends `unchanged`, exit 0,
+    and restarts nothing unless --restart."""
     known = early = None
     try:
         with setting_up():
@@ -192,7 +198,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
             if not dry_run:
                 notice_unended(build.runs_dir, hosts)
             engines = build.engines(Path(playbook), {name: loaded.hosts[name] for name in hosts},
-                                    allow_dirty=allow_dirty)
+                                    allow_dirty=allow_dirty, restart=restart)
         if len(hosts) == 1:  # one host: a plain run, as before fleets existed
             engine = engines[hosts[0]]
             if dry_run:
@@ -242,6 +248,18 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
         run_with_view(engine, as_json, run)
     finally:
         opening.discard()
+
+
+def undone(runs_dir: Path, run_id: str, host_name: str | None) -> str:
+    """The run a rollback (or its plan) undoes; `last` says which newer runs it passed over, that left no commit."""
+    from deployer.app.runs import to_undo
+    from deployer.ui.console import show_notice
+
+    chosen, skipped = to_undo(runs_dir, run_id, host_name)
+    if skipped:
+        show_notice(f"last: run {chosen}, the newest that left a commit to roll back; passed over "
+                    f"{', '.join(skipped)}")
+    return chosen
 
 
 def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
@@ -320,8 +338,9 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
              as_json: bool, allow_downtime: bool, skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
     """Revert RUN_ID's files to before the run by a new commit, restart, and prove the revert.
 
-    RUN_ID may be a fleet run: each of its hosts that committed is rolled back. It may be `last` (the newest run,
-    or the newest on --host) or any unique beginning of a run id.
+    RUN_ID may be a fleet run: each of its hosts that committed is rolled back. It may be `last` (the newest run
+    that left a commit to roll back, or the newest such on --host: newer runs that left none, such as an unchanged
+    or refused apply or a rollback, are passed over and named) or any unique beginning of a run id.
 
     \b
     What a rollback checks on the reverted build (the old build still has the bug):
@@ -333,7 +352,6 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     A check that fails leaves the revert standing: the run ends rolled_back with the check named, exit 5.
     --skip-check and --baseline change the checks for this rollback only."""
     from deployer import runlog
-    from deployer.app.runs import resolve
     from deployer.config import targets
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
@@ -354,7 +372,7 @@ def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: 
     if not run_id:
         raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
     root = build.runs_dir
-    run_id = resolve(root, run_id, host_name)
+    run_id = undone(root, run_id, host_name)
     if is_fleet(root, run_id):
         fleet_id = run_id
         loaded = load_inventory(find_inventory(inventory))

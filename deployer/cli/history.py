@@ -32,12 +32,15 @@ def runs() -> None:
 @click.option("--state", "states", multiple=True, metavar="STATE", shell_complete=complete_states,
               help="Only the runs in this state (repeatable), and the fleet runs with a host in it.")
 @click.option("--last", type=click.IntRange(1), metavar="N", help="Only the N newest runs (and fleet runs).")
+@click.option("--all", "refused", is_flag=True, help="Also the refused runs (the lock held, an unknown host key: "
+                                                    "stopped before their first step, having changed nothing).")
 @runs_dir_option
 @json_option()
 @failures_to_exit_codes
-def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, runs_dir: str | None,
+def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, refused: bool, runs_dir: str | None,
               as_json: bool) -> None:
-    """List recorded runs, oldest first (the runs dir: see --runs-dir)."""
+    """List recorded runs, oldest first (the runs dir: see --runs-dir), each with every commit it made; refused
+    runs only with --all (or --state refused)."""
     from deployer import runlog
     from deployer.app.runs import listed
     from deployer.fleet.record import list_fleets
@@ -47,13 +50,13 @@ def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, 
     from deployer.ui.report import show_runs
 
     root = runlog.runs_dir_from(runs_dir)
-    found, fleets = listed(runlog.list_runs(root), list_fleets(root), host_name, states, last)
+    found, fleets = listed(runlog.list_runs(root), list_fleets(root), host_name, states, last, refused=refused)
     if as_json:
         emit_json({"runs_dir": str(root),
                    "runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
                              "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
                              "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
-                             "git": r.git} for r in found],
+                             "git": r.git, "commits": r.commits} for r in found],
                    "fleets": [f.document() for f in fleets]})
     elif not found and not fleets:  # an empty header would not say where it looked
         say(f"no runs in {root}{' match the filters' if host_name or states else ''}")

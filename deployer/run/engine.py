@@ -112,9 +112,12 @@ class RunResult:
 
     def document(self) -> dict[str, Any]:
         """The run's outcome as `--json` prints it."""
-        from deployer.run.shown import shown_state_of
+        from deployer.run.shown import FAILED, REFUSED, shown_state_of
 
-        return {"run_id": self.run_id, "state": shown_state_of(self.run_dir.parent, self.run_id, self.phase),
+        state = shown_state_of(self.run_dir.parent, self.run_id, self.phase)
+        # Ansible's changed=0: whether the run left the target otherwise than it found it.
+        return {"run_id": self.run_id, "state": state,
+                "changed": state not in (Phase.unchanged.value, REFUSED, FAILED),
                 "status": self.status, "exit_code": self.exit_code, "error": self.error, "warning": self.warning,
                 "git": {"before": self.git_before, "after": self.git_after}, "run_dir": str(self.run_dir),
                 "facts": self.facts}
@@ -132,6 +135,7 @@ class Engine:
     listeners: list[Listener] = field(default_factory=list)
     cancel: CancelToken = field(default_factory=CancelToken)
     allow_dirty: bool = False
+    restart: bool = False  # apply --restart: an apply with nothing to change restarts and checks all the same
     operator: str = field(default_factory=operator_id)
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
     run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
@@ -183,6 +187,11 @@ class Engine:
                 self.run_steps(ctx, prologue=lambda: prepare.after_premise(ctx, log, whole, self.runs_dir, sent))
                 return
             self.prepare(ctx, log)
+            if ctx.facts.already_applied:
+                ctx.emit("unchanged", files=ctx.facts.unchanged, head=ctx.git_before, restart=self.restart)
+                if self.restart:  # asked for: the services restarted and checked on the code they already run
+                    self.run_steps(ctx, [s for s in self.steps if s.effect in VERIFY])
+                return
             self.run_steps(ctx)
         # A patch is applied here to copies of the target's files, read one by one: no reads to send ahead.
         return self.execute(body, reads=self.playbook.patch is None, whole=True)
@@ -242,7 +251,8 @@ class Engine:
                     if whole and reads else None
                 lease.take(ctx, reads, whole=self._whole.send if self._whole else None)
                 body(ctx, log)
-                ending.end(Phase.rolled_back if record.state.kind == "rollback" else Phase.succeeded)
+                ending.end(Phase.rolled_back if record.state.kind == "rollback" else
+                           Phase.unchanged if ctx.facts.already_applied else Phase.succeeded)
             except (Exception, KeyboardInterrupt) as exc:
                 failed = as_failure(exc)
                 # A chain sent whole whose premise did not hold changed nothing; one whose answer was lost may

@@ -25,8 +25,17 @@ def before_steps(ctx: Context, log: RunLogWriter, steps: Sequence[Step], *, allo
     head = preflight(ctx, allow_dirty=allow_dirty, sent=sent)
     refuse_unready(ctx, steps)
     ctx.projected = lazy_projection(ctx, head)
-    judge_here(ctx, steps, ctx.projected)
+    ctx.facts.already_applied = already_applied(ctx)
+    if not ctx.facts.already_applied:  # its diff is empty: a bounds check would fail a run with nothing to do
+        judge_here(ctx, steps, ctx.projected)
     keep_here(ctx, log, runs_dir)
+
+
+def already_applied(ctx: Context) -> bool:
+    """Every dest holds its shipped bytes at HEAD (the fix's commit is there) and in the work tree: an apply
+    would change nothing. A file that has them uncommitted still needs the commit."""
+    unchanged = set(ctx.facts.unchanged)
+    return bool(ctx.changes) and all(c.dest in unchanged and c.old == c.new for c in ctx.changes)
 
 
 def after_premise(ctx: Context, log: RunLogWriter, whole: Whole, runs_dir: Path, sent: Reads | None) -> None:

@@ -11,6 +11,7 @@ from deployer.run.state import FORWARD, Phase, RunRecord
 from deployer.runlog import Run, read_run
 
 REFUSED = "refused"  # stopped before its first step, having changed nothing (lock held, already rolled back...)
+FAILED = "failed"  # a step failed before anything on the target changed (a fix that does not compile): no restore
 # Records without a phase (a `lock release`, logs from before phases were kept) say only how they ended.
 _BY_STATUS = {"successful": Phase.succeeded.value}
 
@@ -31,10 +32,10 @@ def shown_state(run: Run) -> str:
     history = [t.phase for t in record.state.history] if record else []
     # A chain sent with the lock whose premise did not hold went back to `locked`: it had changed nothing.
     reached = set(history[len(history) - history[::-1].index(Phase.locked):] if Phase.locked in history else history)
-    # A step that failed before the target was touched (a fix that does not compile) failed; it refused nothing.
-    if (phase == Phase.failed_restored.value and run.first("step_start") is None and run.first("judged_here") is None
-            and not reached & (set(FORWARD) - {Phase.preparing, Phase.locked})):
-        return REFUSED
+    if phase == Phase.failed_restored.value and not reached & (set(FORWARD) - {Phase.preparing, Phase.locked}):
+        # Nothing was changed, so nothing was restored: a step that failed first (a fix that does not compile)
+        # failed; a run stopped before its first step was refused.
+        return FAILED if run.first("step_start") or run.first("judged_here") else REFUSED
     return phase
 
 

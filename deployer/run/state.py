@@ -37,6 +37,9 @@ class Phase(str, Enum):
     restarting = "restarting"  # services may be down or on the new code
     verifying = "verifying"  # checks against the running services
     succeeded = "succeeded"
+    # Nothing to do: every dest already held its shipped bytes at HEAD, so the run changed nothing (services
+    # restarted only when asked: `apply --restart`).
+    unchanged = "unchanged"
     failed_restored = "failed_restored"  # failed before the commit; files hold their pre-run bytes
     failed_committed = "failed_committed"  # failed after the commit; the commit stays (on_failure: restore)
     rolling_back = "rolling_back"  # a revert commit and a restart may be under way
@@ -46,7 +49,8 @@ class Phase(str, Enum):
 
 FORWARD = (Phase.preparing, Phase.locked, Phase.changing, Phase.changed, Phase.committing, Phase.committed,
            Phase.restarting, Phase.verifying, Phase.succeeded)
-TERMINAL = frozenset({Phase.succeeded, Phase.failed_restored, Phase.failed_committed, Phase.rolled_back})
+TERMINAL = frozenset({Phase.succeeded, Phase.unchanged, Phase.failed_restored, Phase.failed_committed,
+                      Phase.rolled_back})
 # Phases in which the target may hold the run's commit: a failure there is no longer undone by a restore.
 PAST_COMMIT = frozenset({Phase.committed, Phase.restarting, Phase.verifying, Phase.rolling_back})
 # Pairs that may alternate: a playbook may upload twice, or verify and restart again.
@@ -79,6 +83,8 @@ def allowed(old: Phase, new: Phase) -> bool:
         # A rollback run of its own goes straight from locked to rolling_back.
         Phase.rolling_back: old in PAST_COMMIT or old in (Phase.interrupted, Phase.committing, Phase.locked),
         Phase.rolled_back: old == Phase.rolling_back,
+        # Found already applied in preflight; with --restart, after restarting and checking the services.
+        Phase.unchanged: old in (Phase.preparing, Phase.locked, Phase.restarting, Phase.verifying),
         Phase.interrupted: True,
     }[new]
 

@@ -97,6 +97,8 @@ class Facts(BaseModel):
     identity: str | None = None  # the target's git user.email ("" none); None: not read yet
     dirty: list[str] = Field(default_factory=list)  # dests with uncommitted changes before the run
     unchanged: list[str] = Field(default_factory=list)  # dests whose HEAD bytes are the shipped ones
+    # Every dest already holds its shipped bytes, at HEAD and in the work tree: the run has nothing to change.
+    already_applied: bool = False
     log_sha256: str | None = None  # the run log up to the running step's start (a commit anchors it)
     diffstat: str | None = None
     files: list[str] = Field(default_factory=list)  # what the run's commit holds (a rollback gives them back)

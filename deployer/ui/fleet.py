@@ -24,6 +24,9 @@ def show_fleet(console: Console, state: FleetState) -> None:
     style = "green" if state.status == "successful" else "red"
     console.print(f"fleet run {state.fleet_id} ({state.kind}): [{style}]{state.status}[/{style}] "
                   f"(exit {state.exit_code})")
+    unchanged = [name for name, run in state.hosts.items() if run.state == "unchanged"]
+    if unchanged:  # exit 0 as the hosts the fix reached, but nothing was done there
+        console.print(f"unchanged: {', '.join(unchanged)} (already applied)", markup=False, highlight=False)
     untouched = state.untouched()
     if untouched:
         console.print(f"never touched: {', '.join(untouched)}", markup=False, highlight=False)

@@ -31,6 +31,11 @@ def show_result(console: Lines, result: RunResult) -> None:
                   f"(exit {result.exit_code})", markup=coloured)
     if result.git_after:
         console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
+    if result.facts.get("already_applied"):
+        restarted = "services restarted" if result.facts.get("pids") else \
+            "services not restarted (apply --restart restarts them)"
+        console.print(f"nothing to do: {', '.join(result.facts.get('unchanged', []))} already hold these bytes at "
+                      f"HEAD {result.git_before}; {restarted}", markup=False, highlight=False)
     events = events_of(result)
     for line in fact_lines(result.facts, events):
         console.print(f"  {line}", markup=False, highlight=False)
@@ -79,7 +84,8 @@ def show_runs(console: Console, runs: list[Run]) -> None:
     for run in runs:
         start = run.start
         kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
-        rows.append((run.run_id, shown_state(run), _field(start.get("host")), _field(run.git.get("after"))[:12],
+        rows.append((run.run_id, shown_state(run), _field(start.get("host")),
+                     " ".join(commit[:12] for commit in run.commits) or "-",
                      kind, _field(start.get("playbook_name"))))
     columns(console, ("run", "state", "host", "commit", "kind", "playbook"), rows)
 

@@ -1,4 +1,5 @@
-"""`runs list` and `runs show` name a run's state as the README does, refusals as `refused`, and never `None`."""
+"""`runs list --all` and `runs show` name a run's state as the README does, refusals as `refused`, and never
+`None`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from fixtures_repo import Project, hold_lock
 
 
 def listed_states(project: Project) -> dict[str, str]:
-    shown = project.deployer("runs", "list")
+    shown = project.deployer("runs", "list", "--all")
     assert shown.returncode == 0, shown.stderr
     return {line.split()[0]: line.split()[1] for line in shown.stdout.splitlines()[1:] if line.strip()}
 
 
-def test_runs_list_names_the_documented_states_and_refusals_as_refused(target: Project) -> None:
+def test_runs_list_all_names_the_documented_states_and_refusals_as_refused(target: Project) -> None:
     applied = target.applied()
     assert target.deployer("rollback", applied).returncode == 0
     rollback = target.newest_run()
@@ -31,7 +32,7 @@ def test_runs_list_names_the_documented_states_and_refusals_as_refused(target: P
     states = listed_states(target)
     assert states == {applied: "succeeded", rollback: "rolled_back", refused_rollback: "refused",
                       restored: "failed_restored", locked_out: "refused"}
-    listed = json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]
+    listed = json.loads(target.deployer("runs", "list", "--all", "--json").stdout)["runs"]
     assert {r["run_id"]: r["state"] for r in listed} == states
 
 

@@ -58,9 +58,9 @@ def test_a_fix_that_does_not_compile_fails_before_a_baseline_listed_first_reache
     assert metrics.hits == 0  # the baseline never scraped, let alone stormed
     assert step_starts(target) == []
     assert tree_snapshot(target.repo) == snapshot
-    # A failed step, not a refusal: runs list names the state the record holds.
+    # A failed step, not a refusal, that changed nothing there, so restored nothing: runs list says `failed`.
     [row] = json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]
-    assert row["state"] == "failed_restored"
+    assert row["state"] == "failed"
 
 
 def test_a_projected_diff_outside_the_bounds_fails_before_a_baseline_listed_first(

@@ -71,15 +71,18 @@ def test_a_target_without_a_git_identity_goes_in_two_round_trips_and_commits_as_
     assert git(target.repo, "log", "-1", "--format=%ae").strip() == state_of(target)["operator"]
 
 
-def test_a_file_that_already_has_its_bytes_declines_the_premise_and_fails_as_before(target: Project) -> None:
+def test_a_file_that_already_has_its_bytes_declines_the_premise_and_the_run_ends_unchanged(target: Project) -> None:
     target.write("fix/a.py", ORIGINAL_A)
     target.playbook()
     head = target.head()
     result = target.deployer("apply", "fix.yaml", "--host", "box")
-    assert result.returncode == 1, result.stderr
-    assert "zero changes against HEAD" in result.stderr and target.head() == head
+    assert result.returncode == 0, result.stderr
+    assert f"run {target.newest_run()}: unchanged (exit 0)" in result.stdout and target.head() == head
     declined = next(e for e in events(target) if e["type"] == "sent_whole_declined")
     assert "holds its new bytes already" in declined["reason"]
+    # Nothing sent whole ran there: not a step of it, nor a commit.
+    assert not [e for e in events(target) if e["type"] in ("step_start", "commit")]
+    assert [t["phase"] for t in state_of(target)["history"]] == ["locked", "changing", "locked", "unchanged"]
 
 
 def test_a_read_that_fails_preflight_fails_the_premise_too_and_nothing_changes(target: Project) -> None:
