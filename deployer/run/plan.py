@@ -12,6 +12,7 @@ from deployer.run import whole
 from deployer.run.lock import LockState, read_state
 from deployer.run.mounts import describe
 from deployer.run.preflight import preflight, projected_stat
+from deployer.run.prepare import already_applied
 from deployer.steps.action import Kind
 from deployer.steps.base import Action, Step
 from deployer.steps.context import Context
@@ -40,6 +41,7 @@ class PlanReport:
     dirty: list[str] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # a container target's: its id and where each dest lives
     unsent: str | None = None  # why apply would not send its chain up to the commit with the lock (None: it would)
+    already_applied: bool = False  # every dest holds its bytes at HEAD: apply would end `unchanged`, judging nothing
     not_run: dict[str, str] = field(default_factory=dict)  # step -> why it will not run (a rollback's left-out check)
 
     @property
@@ -62,7 +64,8 @@ class PlanReport:
         return {"host": self.host_name, "repo": self.repo, "head": self.head,
                 "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
                            "new": not f.exists, "diff": f.diff} for f in self.files],
-                "stat": self.stat.summary(), "bounds": self.bounds, "compile": self.judged.get("compile"),
+                "stat": self.stat.summary(), "already_applied": self.already_applied, "bounds": self.bounds,
+                "compile": self.judged.get("compile"),
                 "dirty": self.dirty, "placement": self.placement, "lock": self.lock.info if self.lock else None,
                 "sent_whole": {"yes": self.unsent is None, "why_not": self.unsent},
                 "steps": [{"name": n, "actions": [a.describe() for a in acts],
@@ -85,10 +88,11 @@ def plan(ctx: Context, steps: Sequence[Step], *, allow_dirty: bool = False) -> P
     files = [FilePlan(c.dest, bus.masker(diffs.unified(c.dest, head[c.dest], c.new)), stat, c.old is not None)
              for c, stat in zip(ctx.changes, counts, strict=True)]
     stat = projected_stat(ctx, head, {f.dest: f.stat for f in files})
-    judged = {s.judges: s.judge_here(ctx, lambda: stat) for s in steps if s.judges}
+    applied = already_applied(ctx)  # as apply judges it: nothing to do, so nothing to judge
+    judged = {} if applied else {s.judges: s.judge_here(ctx, lambda: stat) for s in steps if s.judges}
     assert ctx.git_dir is not None and ctx.git_before is not None
     lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]
     unsent = whole.unsent(ctx, list(steps), allow_dirty=allow_dirty) or whole.declined(ctx)
     return PlanReport(ctx.host_name, ctx.repo, ctx.git_before, files, stat, judged, shown, lock,
-                      list(ctx.facts.dirty), ctx.facts.placement, unsent)
+                      list(ctx.facts.dirty), ctx.facts.placement, unsent, already_applied=applied)

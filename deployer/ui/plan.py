@@ -37,7 +37,10 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     console.rule("projected git diff --stat")
     for line in report.stat.lines():
         console.print(line, markup=False, highlight=False)
-    if report.bounds is None:
+    if report.already_applied:
+        console.print(f"[green]nothing to do:[/green] every file already holds these bytes at HEAD {report.head}: "
+                      "apply would end `unchanged`, restarting nothing (unless --restart)")
+    elif report.bounds is None:
         console.print("bounds: none set (the playbook has no diff_bounds step)")
     elif report.bounds:
         console.print(f"[red]bounds: FAIL[/red] — {escape('; '.join(report.bounds))}")

@@ -116,12 +116,15 @@ def test_bounds_too_high_restores_and_commits_nothing(target: Project) -> None:
     assert git(target.repo, "status", "--porcelain") == ""
 
 
-def test_zero_changes_fail_the_plans_bounds_and_an_apply_ends_unchanged_committing_nothing(target: Project) -> None:
+def test_zero_changes_already_applied_are_nothing_to_do_in_plan_and_apply_committing_nothing(target: Project) -> None:
     target.write("fix/a.py", ORIGINAL_A)
     target.playbook(steps=["upload", {"diff_bounds": {"files": [0, 5]}}, {"commit": {"message": "m"}}])
     head = target.head()
     plan = target.deployer("plan", "fix.yaml", "--host", "box")
-    assert "bounds: FAIL" in plan.stdout and "already has these bytes in pkg/a.py" in plan.stdout
+    assert plan.returncode == 0 and "bounds: FAIL" not in plan.stdout, plan.stdout
+    assert f"nothing to do: every file already holds these bytes at HEAD {head}: apply would end `unchanged`" \
+        in " ".join(plan.stdout.split()), plan.stdout
+    assert json.loads(target.deployer("plan", "fix.yaml", "--host", "box", "--json").stdout)["already_applied"]
     result = target.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stderr  # already applied: nothing to do (tests/cli/test_already_applied.py)
     assert f"run {target.newest_run()}: unchanged (exit 0)" in result.stdout
