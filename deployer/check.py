@@ -17,7 +17,7 @@ from typing import Any, Literal
 from deployer.command import Masker
 from deployer.config.container import Container
 from deployer.config.models import Host, Unit
-from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError
+from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError, PythonMissing
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
@@ -202,7 +202,11 @@ def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,
 
 def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None) -> None:
     host = ctx.host
-    version = ctx.transport.run((host.python, "-c", VERSION), timeout=30)
+    try:  # the agent's first request: it starts under the host's python
+        version = ctx.transport.run((host.python, "-c", VERSION), timeout=30)
+    except PythonMissing as exc:
+        report.refused("python", exc)
+        return
     report.add("python", "ok" if version.ok else "fail",
                f"{host.python}: Python {version.out.strip()}" if version.ok
                else f"{host.python} does not run: {(version.err or version.out).strip()[-200:]}", 1)

@@ -104,6 +104,13 @@ class AgentLost(TransportError):
     exit_code = 4
 
 
+class PythonMissing(AgentLost):
+    """The host answered, but its shell found no `python:` there to start the agent with: the inventory is wrong,
+    not the link (the agent never ran, so nothing changed)."""
+
+    exit_code = 2
+
+
 class RequestSkipped(TransportError):
     """The agent did not run a request: the earlier one it depended on (`after`) did not succeed."""
 

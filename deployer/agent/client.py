@@ -51,8 +51,8 @@ from deployer.agent.protocol import (
 )
 from deployer.agent.sendwatch import SendWatch
 from deployer.command import quote
-from deployer.errors import AgentLost, RequestSkipped, TransportError
-from deployer.transport.pipes import CHUNK, Pipe, local_pipe
+from deployer.errors import AgentLost, DeployerError, RequestSkipped, TransportError
+from deployer.transport.pipes import CHUNK, STDERR_SETTLE_S, Pipe, local_pipe
 from deployer.waiting import waited
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
@@ -236,6 +236,9 @@ class AgentClient:
         self._hello_timeout = IO_TIMEOUT_S
         self._hello_lock = threading.Lock()
         self.on_hello: Callable[[Hello], None] | None = None  # told once the hello checked out
+        # Told the stderr of a start that ended before the hello: the failure that says why in the operator's
+        # terms (a python the host does not have), or None for the lost agent it otherwise is.
+        self.why_never_ran: Callable[[str], DeployerError | None] | None = None
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -267,6 +270,12 @@ class AgentClient:
             assert self._hello is not None, "start() sends the hello"
             try:
                 hello = self._hello.result(self._hello_timeout)
+            except AgentLost:
+                why = self._why_never_ran()
+                self.close()
+                if why is not None:
+                    raise why from None
+                raise
             except BaseException:
                 self.close()
                 raise
@@ -278,6 +287,13 @@ class AgentClient:
         if self.on_hello is not None:
             self.on_hello(hello)
         return hello
+
+    def _why_never_ran(self) -> DeployerError | None:
+        if self.why_never_ran is None or self.hello is not None:
+            return None
+        # Its stderr is read once its output ended (the reader's end): a failed first write can come first.
+        self._reader.join(STDERR_SETTLE_S)
+        return self.why_never_ran(self._pipe.stderr_tail())
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -321,12 +337,14 @@ class AgentClient:
     def _enqueue(self, request: Request[T], prefix: bytes = b"", timeout: float | None = None,
                  after: Pending[Any] | Sequence[Pending[Any]] | None = None) -> Pending[T]:
         with self._state_lock:
-            if self._dead is not None:  # a request sent after the start failed (a write that blocked on it) says why
-                raise AgentLost(f"{self.name}: {self._dead}" if self._never_ran else
-                                f"{self.name}: agent is gone: {self._dead}")
-            self._next_id += 1
-            pending = Pending(self, request, self._next_id)
-            self._pending[pending.id] = pending
+            dead, never_ran = self._dead, self._never_ran
+            if dead is None:
+                self._next_id += 1
+                pending = Pending(self, request, self._next_id)
+                self._pending[pending.id] = pending
+        if dead is not None:  # a request sent after the start failed (a write that blocked on it) says why
+            raise self._why_never_ran() or AgentLost(f"{self.name}: {dead}" if never_ran else
+                                                     f"{self.name}: agent is gone: {dead}")
         gate = {} if after is None else {"after": after.id} if isinstance(after, Pending) else \
             {"after": [each.id for each in after]}
         body = json.dumps({"id": pending.id, **request.wire(), **gate}, separators=(",", ":")).encode("utf-8")

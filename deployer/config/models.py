@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     StringConstraints,
     Tag,
     ValidationInfo,
@@ -230,6 +231,14 @@ class Host(BehindRouter, Strict):
     container: Container | None = Field(default=None, description=(
         "The container on the host that the agent runs in: the repo, python and paths are the container's."))
 
+    # Where the inventory says `python:` (file:line:col), when it was read from one: a python the host does not
+    # have is reported there.
+    _python_at: str | None = PrivateAttr(default=None)
+
+    @property
+    def python_at(self) -> str | None:
+        return self._python_at
+
     def secrets(self) -> list[str]:
         envs = [self.env, *(s.env for s in self.services.values())]
         return [v.resolve() for env in envs for v in env.values() if isinstance(v, SecretValue) and v.secret]
@@ -417,6 +426,8 @@ def load_inventory(path: Path) -> Inventory:
         raise ConfigError(f"{path}:1:1: an inventory is a mapping with a 'hosts' key")
     inventory = validate(Inventory, doc.data, doc)
     check_topology(inventory, doc)
+    for name, host in inventory.hosts.items():
+        host._python_at = str(doc.key_mark(("hosts", name, "python"))) if "python" in host.model_fields_set else None
     return inventory
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from deployer.agent.client import Pending
 from deployer.agent.protocol import Premise, Premised, sha256_hex
-from deployer.errors import DeployerError, TransportError
+from deployer.errors import DeployerError, PythonMissing, TransportError
 from deployer.run import intent
 from deployer.run.ahead import Ahead
 from deployer.run.gitops import HEAD, OBJECT_ID, usual_git_dir
@@ -120,7 +120,10 @@ class Whole:
         behind it ran: the record goes back to `locked`, and what was sent is forgotten."""
         if self.premise is None:
             return False
-        why = self.premise.declined()
+        try:
+            why = self.premise.declined()
+        except PythonMissing as exc:  # the host's shell found no python to run the agent: nothing reached the repo
+            why = str(exc)
         if why is None:
             return True
         ctx.emit("sent_whole_declined", reason=why)

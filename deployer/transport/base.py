@@ -23,7 +23,9 @@ from deployer.agent.protocol import (
     Request,
     Run,
 )
-from deployer.transport.pipes import Pipe
+from deployer.errors import PythonMissing
+from deployer.text import visible
+from deployer.transport.pipes import Pipe, shell_found_no
 
 T = TypeVar("T")
 # What each output stream of a command may hold before only its tail is kept (memory stays bounded
@@ -75,6 +77,7 @@ class Transport(ABC):
         self._gate: Pending[Any] | None = None  # see write_ahead
         self._gated: list[Pending[Any]] = []  # sent behind the gate (see gated)
         self._within: Within | None = None
+        self.python_at: str | None = None  # where the inventory names the python (file:line:col), when known
 
     def run_within(self, within: Within) -> None:
         """Start the agent inside `within` (a container on the host) rather than on the host itself."""
@@ -113,9 +116,21 @@ class Transport(ABC):
                 pipe = self._pipe(argv) if within is None else within.open(self._pipe, argv, self.info.target)
                 agent = AgentClient(pipe, name=self.info.target)
                 agent.on_hello = lambda hello: self.on_agent(hello) if self.on_agent is not None else None
+                if within is None:  # in a container, the engine's exec says what it could not run (container.py)
+                    agent.why_never_ran = self._python_missing
                 # The hello is checked when the first reply is read: it shares the first requests' round trip.
                 self._agent = agent.start(wait=False)
             return self._agent
+
+    def _python_missing(self, stderr: str) -> PythonMissing | None:
+        """The host's shell found no python where the inventory says it is: a config problem, not a lost link."""
+        if not shell_found_no(self.python, stderr):
+            return None
+        named = f"`python: {self.python}` ({self.python_at})" if self.python_at else \
+            f"python {self.python} (the default: the host names no `python:`)"
+        said = visible(stderr.strip(), multiline=False)[-300:]
+        return PythonMissing(f"{self.info.target}: the host has no {named}: {said}; set the host's `python:` to an "
+                             "interpreter it has (`command -v python3` there says where one is)")
 
     def call(self, request: Request[T], timeout: float | None = None) -> T:
         return self.submit(request, timeout).result(timeout)

@@ -13,7 +13,6 @@ which. That is translated here into a sentence naming the container and the engi
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,7 +20,7 @@ from deployer.agent.client import NeverStarted
 from deployer.config.container import Container
 from deployer.errors import AgentLost, TransportError
 from deployer.text import visible
-from deployer.transport.pipes import Pipe
+from deployer.transport.pipes import Pipe, shell_found_no
 
 # What docker and podman (4.x) print when the container exists but runs no process to exec into.
 NOT_RUNNING = ("can only create exec sessions on running containers", "is not running", "is paused",
@@ -59,10 +58,7 @@ class ContainerExec:
         engine, name, command = self.container.engine, self.container.name, self.container.command
         said = visible(stderr.strip(), multiline=False)[-500:]
         low = stderr.lower()
-        # The host's shell, when the engine is not there: `sh: 1: podman: not found`, `bash: podman: command
-        # not found`, `bash: /usr/bin/podman: No such file or directory`.
-        if re.search(rf"{re.escape(command.lower())}: (?:command not found|not found|no such file or directory)",
-                     low):
+        if shell_found_no(command, stderr):
             return self._no_engine(stderr)
         if any(marker in low for marker in NO_SUCH):
             return f"the host has no {engine} container {name!r}: {said}"

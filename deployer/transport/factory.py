@@ -36,6 +36,7 @@ def finished(transport: Transport, host: Host, bus: Emitter) -> Transport:
                  bytecode=hello.bytecode)
 
     transport.on_agent = started
+    transport.python_at = host.python_at
     return transport
 
 

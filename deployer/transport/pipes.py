@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -19,6 +20,13 @@ CHUNK = 65536
 # How long a pipe whose output ended waits for the rest of its stderr (the reader of each stream runs on
 # its own): the tail read then says why the far end died, not half of it.
 STDERR_SETTLE_S = 2.0
+
+
+def shell_found_no(command: str, stderr: str) -> bool:
+    """Whether stderr is the host's shell saying there is no `command` to run: `sh: 1: podman: not found`,
+    `bash: podman: command not found`, `sh: line 1: /usr/bin/podman: No such file or directory`."""
+    return re.search(rf"{re.escape(command.lower())}: (?:command not found|not found|no such file or directory)",
+                     stderr.lower()) is not None
 
 
 class Pipe(Protocol):

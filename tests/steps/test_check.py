@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_repo import Project, hold_lock, tree_snapshot
+from fixtures_repo import ORIGINAL_A, Project, hold_lock, tree_snapshot
 from fixtures_services import GAUGE, Stack
 
 
@@ -123,3 +123,27 @@ def test_check_refuses_an_unpinned_host_key_with_the_same_message_as_plan(target
     pinned = target.deployer("check", "--host", "box", "--accept-new-host-key")
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
     assert "notice: pinned a new host key for" in pinned.stderr and empty.read_text().strip()
+
+
+@pytest.mark.parametrize("target", ["ssh", "local"], indirect=True)
+def test_a_python_the_host_does_not_have_is_a_config_error_naming_its_inventory_line_not_a_lost_link(
+        target: Project) -> None:
+    target.write_inventory(python="/nonexistent/python3")
+    line = next(n for n, text in enumerate(target.inventory.read_text().splitlines(), 1) if "python:" in text)
+    target.playbook()
+    result = target.deployer("check", "--host", "box", "--json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    found = checks(result)
+    assert found["python"]["status"] == "fail" and found["python"]["exit_code"] == 2
+    assert f"`python: /nonexistent/python3` ({target.inventory}:{line}:" in found["python"]["detail"]
+    assert "agent lost" not in result.stdout
+    shown = target.deployer("check", "--host", "box")
+    assert shown.returncode == 2 and "python    FAIL" in shown.stdout, shown.stdout + shown.stderr
+    for command in ("plan", "apply"):
+        refused = target.deployer(command, "fix.yaml", "--host", "box")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"`python: /nonexistent/python3` ({target.inventory}:{line}:" in refused.stderr
+        assert "agent lost" not in refused.stderr and "agent is gone" not in refused.stderr
+        assert "recover" not in refused.stderr  # nothing reached the target: no cut run to end
+    assert "refused (exit 2)" in refused.stdout  # the apply's: it changed nothing
+    assert target.file("pkg/a.py") == ORIGINAL_A
