@@ -102,7 +102,7 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
 
 def report(console: Lines, result: RunResult, as_json: bool) -> None:
     from deployer.ui.console import show_error, show_warning
-    from deployer.ui.report import show_result
+    from deployer.ui.report import proof_warnings, show_result
     if as_json:
         emit_json(result.document())
     else:
@@ -111,6 +111,8 @@ def report(console: Lines, result: RunResult, as_json: bool) -> None:
             show_error(result.error)
         if result.warning:
             show_warning(result.warning)
+        for unproven in proof_warnings(result.facts):
+            show_warning(unproven)
     sys.exit(result.exit_code)
 
 

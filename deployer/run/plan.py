@@ -43,6 +43,7 @@ class PlanReport:
     unsent: str | None = None  # why apply would not send its chain up to the commit with the lock (None: it would)
     already_applied: bool = False  # every dest holds its bytes at HEAD: apply would end `unchanged`, judging nothing
     not_run: dict[str, str] = field(default_factory=dict)  # step -> why it will not run (a rollback's left-out check)
+    notes: dict[str, str] = field(default_factory=dict)  # step -> what apply may warn of (Step.plan_note)
 
     @property
     def places(self) -> list[str]:
@@ -70,7 +71,8 @@ class PlanReport:
                 "sent_whole": {"yes": self.unsent is None, "why_not": self.unsent},
                 "steps": [{"name": n, "actions": [a.describe() for a in acts],
                            "commands": [a.command() for a in acts if a.kind == Kind.run],
-                           **({"not_run": self.not_run[n]} if n in self.not_run else {})} for n, acts in self.steps]}
+                           **({"not_run": self.not_run[n]} if n in self.not_run else {}),
+                           **({"note": self.notes[n]} if n in self.notes else {})} for n, acts in self.steps]}
 
 
 def masked(masker: Masker, actions: Sequence[Action]) -> list[Action]:
@@ -94,5 +96,6 @@ def plan(ctx: Context, steps: Sequence[Step], *, allow_dirty: bool = False) -> P
     lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]
     unsent = whole.unsent(ctx, list(steps), allow_dirty=allow_dirty) or whole.declined(ctx)
+    notes = {s.name: note for s in steps if (note := s.plan_note(ctx, steps)) is not None}
     return PlanReport(ctx.host_name, ctx.repo, ctx.git_before, files, stat, judged, shown, lock,
-                      list(ctx.facts.dirty), ctx.facts.placement, unsent, already_applied=applied)
+                      list(ctx.facts.dirty), ctx.facts.placement, unsent, notes=notes, already_applied=applied)

@@ -121,6 +121,10 @@ class Step(ABC):
         set `judges`."""
         return []
 
+    def plan_note(self, ctx: Context, steps: Sequence[Step]) -> str | None:
+        """What the plan should warn of about this step in this playbook (read-only reads allowed), or None."""
+        return None
+
     def refusals(self, ctx: Context) -> list[str]:
         """What the target lacks for this step's run, read live and read-only right after preflight (nvidia-smi
         for a service with `gpus:`): any refuses the run before anything changes (exit 1)."""

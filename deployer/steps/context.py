@@ -104,6 +104,8 @@ class Facts(BaseModel):
     files: list[str] = Field(default_factory=list)  # what the run's commit holds (a rollback gives them back)
     baseline: dict[str, float] = Field(default_factory=dict)  # metric -> value before the fix
     drain: dict[str, dict[str, float | None]] = Field(default_factory=dict)  # metric -> baseline, final
+    # The drains whose baseline already met their bound (metric -> that bound): their pass proves nothing.
+    baseline_met: dict[str, str] = Field(default_factory=dict)
     # A rollback's drain of the reverted build, judged against the baseline: metric -> baseline, final
     rollback_drain: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     # Each check a rollback ran again on the reverted build: name -> passed | failed | not run: why

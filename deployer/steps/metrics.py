@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -129,6 +129,16 @@ def show(samples: list[Reading], last: int = 8) -> str:
     return ", ".join("absent" if r.value is None else f"{r.value:g}" for r in samples[-last:])
 
 
+def proves_nothing(reading: str, bound: str) -> str:
+    """Why a drain whose baseline already met its bound proves nothing (the symptom was never shown)."""
+    return (f"{reading}, which already meets the drain's {bound}: the drain cannot tell the fix from no fix (show "
+            "the symptom first: `storm: true` on the baseline)")
+
+
+def baseline_was(metric: str, value: float) -> str:
+    return f"the baseline of {metric} was {value:g}"
+
+
 class MetricStep(Step):
     params: MetricParams
 
@@ -246,13 +256,39 @@ class Drain(MetricStep):
                              f"{self.params.stable_polls} polls within {self.params.within_s:g}s (last samples: "
                              f"{show(samples)})")
         shown = "?" if before is None else f"{before:g}"
-        return f"{describe(self.params)}: {shown} -> {last.value:g} (samples: {show(samples)})"
+        return f"{describe(self.params)}: {shown} -> {last.value:g} (samples: {show(samples)})" + \
+            self.unproven(ctx, before)
 
     def baseline(self, ctx: Context) -> float | None:
         return ctx.facts.baseline.get(self.params.metric)
 
     def record(self, ctx: Context, figures: dict[str, float | None]) -> None:
         ctx.facts.drain = {**ctx.facts.drain, self.params.metric: figures}  # a playbook may drain several gauges
+
+    def unproven(self, ctx: Context, before: float | None) -> str:
+        """A pass whose baseline already met the bound proves nothing: the symptom never showed, so this drain could
+        not have failed without the fix either. Kept in the facts and the log; how the step's detail ends."""
+        if before is None or not self.holds(before):
+            return ""
+        ctx.facts.baseline_met = {**ctx.facts.baseline_met, self.params.metric: self.bound()}
+        ctx.emit("baseline_met", metric=self.params.metric, baseline=before, bound=self.bound())
+        return f", proving nothing: its baseline already met {self.bound()}"
+
+    def plan_note(self, ctx: Context, steps: Sequence[Step]) -> str | None:
+        """Whether its baseline may already meet its bound: read now when the baseline reads the metric as it is
+        (no storm first); said as what apply will judge when a storm comes first."""
+        baseline = next((s for s in steps if isinstance(s, Baseline) and s.params.metric == self.params.metric),
+                        None)
+        if baseline is None:
+            return None
+        if baseline.params.storm is not None:
+            return (f"{baseline.name} reads {self.params.metric} after its storm: if it already meets {self.bound()} "
+                    "then, this drain proves nothing, and apply says so")
+        url = baseline.params.url or ctx.host.metrics
+        now = None if url is None else scrape(ctx.transport, url, baseline.params).value
+        return None if now is None or not self.holds(now) else proves_nothing(
+            f"{self.params.metric} reads {now:g} now, and {baseline.name} reads it without a storm first",
+            self.bound())
 
 
 class RevertedDrain(Drain):
@@ -286,3 +322,6 @@ class RevertedDrain(Drain):
     def record(self, ctx: Context, figures: dict[str, float | None]) -> None:
         # The fix's own drain stays in the record: this is the reverted build's
         ctx.facts.rollback_drain = {**ctx.facts.rollback_drain, self.params.metric: figures}
+
+    def unproven(self, ctx: Context, before: float | None) -> str:
+        return ""  # its bound is its baseline: no worse than before the fix is what it proves

@@ -28,6 +28,7 @@ class Check:
     status: str | None = None  # its step_end's; None: it never ended
     loaded: bool = True  # a storm reached the services since their restart in this run
     storm: dict[str, Any] | None = None
+    met: str | None = None  # a drain whose baseline already met its bound: which (its pass proves nothing)
 
     def line(self) -> str:
         if self.build is None:
@@ -41,6 +42,8 @@ class Check:
         load = "" if self.loaded or self.kind != "drain" else ", no load since its restart"
         end = SHOWN_END.get(str(self.status), "did not finish")
         said = "" if self.kind == "baseline" and end == "passed" else f": {end}"  # a baseline gates nothing
+        if self.met is not None:
+            said += f", proving nothing: {self.met}"
         return f"{self.step}: {self.metric} = {value} on {self.build}{load}{said}"
 
 
@@ -76,6 +79,8 @@ def checks_of(events: list[dict[str, Any]]) -> list[Check]:
             found.append(metric_checks[step])
         elif kind == "sample" and step in metric_checks and event.get("value") is not None:
             metric_checks[step].metric, metric_checks[step].value = event.get("metric"), event["value"]
+        elif kind == "baseline_met" and step in metric_checks:
+            metric_checks[step].met = f"its baseline {num(event.get('baseline'))} already met {event.get('bound')}"
         elif kind == "step_end" and step in metric_checks:
             metric_checks[step].status = event.get("status")
     drains = [name for name, s in planned.items() if s.get("kind") == "drain"]

@@ -62,6 +62,8 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
                                                                  if why else ""))
         for action in actions:
             console.print(f"     {action.render()}", markup=False, highlight=False)
+        if note := report.notes.get(name):
+            console.print(f"     [yellow]warning:[/yellow] {escape(note)}")
     if timings:
         console.rule("time to healthy (this machine's runs)")
     for timing in timings:

@@ -43,6 +43,14 @@ def show_result(console: Lines, result: RunResult) -> None:
     console.print(f"run log: {result.run_dir}", markup=False, highlight=False)
 
 
+def proof_warnings(facts: dict[str, Any]) -> list[str]:
+    """What the run's passed checks could not prove: each drain whose baseline already met its bound."""
+    from deployer.steps.metrics import baseline_was, proves_nothing
+
+    return [proves_nothing(baseline_was(metric, facts["drain"][metric]["baseline"]), bound)
+            for metric, bound in facts.get("baseline_met", {}).items()]
+
+
 def events_of(result: RunResult) -> list[dict[str, Any]]:
     """The run's events as its log holds them (the samples for the chart are there)."""
     try:

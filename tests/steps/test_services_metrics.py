@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -362,3 +363,33 @@ def test_a_stop_reaches_the_services_child_processes(stack: Stack) -> None:
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 0, result.stderr
     assert all(wait_dead(pid) for pid in members)
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_drain_whose_baseline_already_met_its_bound_is_warned_of_in_plan_apply_and_the_summary(
+        stack: Stack) -> None:
+    project = stack.project
+    stack.set_gauge(0.0)  # the symptom never shows: "0 -> 0" would read as a proof
+    stack.start_services()
+    project.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}},
+                            {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 10}}])
+    plan = project.deployer("plan", "fix.yaml", "--host", "box")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert f"warning: {GAUGE} reads 0 now, and baseline reads it without a storm first, which already meets the " \
+           "drain's <= 0: the drain cannot tell the fix from no fix" in plan.stdout
+    as_json = json.loads(project.deployer("plan", "fix.yaml", "--host", "box", "--json").stdout)
+    assert "already meets the drain's <= 0" in next(s for s in as_json["steps"] if s["name"] == "drain")["note"]
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"warning: the baseline of {GAUGE} was 0, which already meets the drain's <= 0: the drain cannot tell " \
+           "the fix from no fix" in result.stderr
+    assert "passed, proving nothing: its baseline 0 already met <= 0" in result.stdout
+    assert next(e for e in project.events() if e["type"] == "run_end")["facts"]["baseline_met"] == {GAUGE: "<= 0"}
+    # A baseline that shows the symptom: no warning anywhere.
+    stack.set_gauge(3.0)
+    assert "warning" not in project.deployer("plan", "fix.yaml", "--host", "box").stdout
+    # A storm comes before the baseline: what it will read is not known yet, so the plan says it will be judged.
+    project.playbook(steps=[{"baseline": {"metric": GAUGE, "storm": {"url": "http://127.0.0.1:1/generate"}}},
+                            {"drain": {"metric": GAUGE, "to": 0}}])
+    assert f"warning: baseline reads {GAUGE} after its storm: if it already meets <= 0 then, this drain proves " \
+           "nothing, and apply says so" in project.deployer("plan", "fix.yaml", "--host", "box").stdout
