@@ -68,14 +68,15 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
         git_dir = gitops.git_dir(transport, host.repo)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
         if state is None:
-            emit_json({"host": host_name, "released": None}) if as_json else say(f"{host_name}: not locked")
+            emit_json({"host": host_name, "released": None, "exit_code": 0, "error": None}) if as_json else \
+                say(f"{host_name}: not locked")
             return
         if not state.stale:
             show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
         locks.force_release(transport, git_dir)
     run_id = locks.record_forced_release(build.runs_dir, host_name, state, operator_id())
     if as_json:
-        emit_json({"host": host_name, "released": state.info, "run_id": run_id})
+        emit_json({"host": host_name, "released": state.info, "run_id": run_id, "exit_code": 0, "error": None})
     else:
         say(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
 
@@ -88,13 +89,14 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
               help="Prefill and decode each in its own podman container (or podman-docker's docker): the services "
                    "are the containers.")
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
-@click.option("--stop", "stop_kept", is_flag=True, help="Stop the stack a `deployer demo --keep` left running.")
+@click.option("--stop", "stop_kept", is_flag=True, help=(
+    "Stop the stack a `deployer demo --keep` left running, and remove the files of a demo whose stack is stopped."))
 @json_option()
 @failures_to_exit_codes
 def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop_kept: bool,
          as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
-    from deployer.demo.run import DemoStack, run_demo, stop_kept_stacks
+    from deployer.demo.run import DemoStack, remove_stopped, run_demo, stop_kept_stacks
     from deployer.steps.cancel import CancelToken
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_demo, show_stopped
@@ -104,10 +106,12 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
         from deployer.demo.containers import demo_stacks_in
         chosen = Path(workdir) if workdir else None
         stopped = stop_kept_stacks(chosen, demo_stacks_in)  # a container demo's containers too
+        removed = remove_stopped(chosen)
         if as_json:
-            emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "exit_code": 0, "error": None})
+            emit_json({"stopped": {str(w): pids for w, pids in stopped.items()}, "removed": [str(d) for d in removed],
+                       "exit_code": 0, "error": None})
         else:
-            show_stopped(make_console(), stopped, chosen)
+            show_stopped(make_console(), stopped, chosen, removed)
         return
     if fleet:
         if in_containers:

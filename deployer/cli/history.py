@@ -101,7 +101,8 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 @click.argument("run_id", shell_complete=complete_runs)
 @runs_dir_option
 @click.option("--target", "on_target", is_flag=True,
-              help="Also compare the log with the run's commits on its host (Deployer-Log trailers).")
+              help="Also compare the log with the run's commits on its host (Deployer-Log trailers, end note, "
+                   "seal), and say what the target vouched for.")
 @inventory_option
 @json_option()
 @failures_to_exit_codes
@@ -116,13 +117,15 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
     from deployer.ui.console import say, show_error
 
     root = runlog.runs_dir_from(runs_dir)
+    vouched: dict[str, list[str]] = {}  # host -> what its target vouched for
 
     def verify_one(runs_path: Path, one: str) -> list[str]:
         found = runlog.verify(runs_path, one)
         if on_target:
             from deployer.run import rollback as rollbacks
             run = runlog.read_run(runs_path, one)
-            found += rollbacks.verify_on_target(builder(inventory, runs_dir, False).for_run(run), run)
+            checked = vouched.setdefault(str(run.start.get("host")), [])
+            found += rollbacks.verify_on_target(builder(inventory, runs_dir, False).for_run(run), run, checked)
         return found
 
     unreachable: dict[str, str] = {}
@@ -137,14 +140,19 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
     errors = problems + [f"{host}: not verified against the target: {why}" for host, why in unreachable.items()]
     if as_json:
         emit_json({"run_id": run_id, "problems": problems, "unreachable": unreachable, "exit_code": exit_code,
-                   "error": "; ".join(errors) or None})
+                   "error": "; ".join(errors) or None, **({"on_target": vouched} if on_target else {})})
     if exit_code:
         if not as_json:
             for problem in errors:
                 show_error(problem)
         sys.exit(exit_code)
     if not as_json:
-        say(f"run {run_id}: log verifies")
+        say(f"run {run_id}: log verifies (its hash chain and artifacts"
+            f"{'' if on_target else '; --target also checks it against the target history'})")
+        for host, checked in vouched.items():
+            say(f"on {host}, the target vouches for it:")
+            for line in checked:
+                say(f"  {line}")
 
 
 COMMANDS = (runs,)

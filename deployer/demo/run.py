@@ -45,6 +45,9 @@ STACK = Path(__file__).parent / "stack"
 PLAYBOOK = Path(__file__).parent / "playbook" / "kvpoll-fix.yaml"  # package data: works from a wheel too
 HOST = "demo"
 KEPT = "kept.json"  # written by --keep in the workdir: the one sign `demo --stop` goes by
+# Written in the workdir once the demo's stack is stopped (at its end, or by `demo --stop`): the one sign that its
+# files (repo, inventory, run log) are no demo's in progress, and `demo --stop` may remove them.
+STOPPED = "stopped"
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
 
@@ -253,7 +256,23 @@ def stop_kept_stacks(workdir: Path | None,
             if still:
                 raise DeployerError(f"{stack.workdir}: still running after SIGKILL: {still}")
         (directory / KEPT).unlink()
+        (directory / STOPPED).touch()
     return stopped
+
+
+def remove_stopped(workdir: Path | None) -> list[Path]:
+    """Remove the files of stopped demos: workdir's, or those in the default place (the temp dir); a demo still
+    running, or kept, is left alone. The directories removed."""
+    chosen = [workdir] if workdir is not None else sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*"))
+    removed = [directory for directory in chosen if (directory / STOPPED).is_file()]
+    for directory in removed:
+        shutil.rmtree(directory)
+    return removed
+
+
+def size_of(directory: Path) -> int:
+    """The bytes of every file under directory."""
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file() and not path.is_symlink())
 
 
 def wait_healthy(url: str, seconds: float, cancel: CancelToken, log: Path) -> None:
@@ -295,6 +314,7 @@ def serve(workdir: Path | None, stacks: Callable[[Path], dict[str, DemoStack]],
         if not kept:
             for stack in made.values():
                 stack.stop()
+            (directory / STOPPED).touch()
 
 
 @dataclass

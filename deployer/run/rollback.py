@@ -103,28 +103,36 @@ def _mentioning(ctx: Context, run_id: str) -> list[Deploy]:
     return _deploys(lambda argv: ctx.run(argv, timeout=120), "--fixed-strings", f"--grep={run_id}")
 
 
-def target_problems(ctx: Context, run: Run, notices: list[str] | None = None) -> list[str]:
+def target_problems(ctx: Context, run: Run, notices: list[str] | None = None,
+                    checked: list[str] | None = None) -> list[str]:
     """Where the run's log and the target's history disagree; empty when the history vouches for the log.
 
     The run's commits (trailer Deployer-Run) must anchor a beginning of this log (trailer Deployer-Log),
     and the commit the log names must be one of them, with the log's `before` as its parent and exactly
     the log's files; the note on the newest of them must vouch for the log's end, and its seal for every line
     through run_end (see end_problems: without them, `notices` says how far the log is anchored); the lines after
-    run_end must name runs that acted on this one, and reverts of it that the history holds (link_problems)."""
+    run_end must name runs that acted on this one, and reverts of it that the history holds (link_problems).
+    `checked` is told each thing the target vouched for."""
     data = (run.dir / runlog.EVENTS).read_bytes()
+    vouched = checked if checked is not None else []
     mentioning = _mentioning(ctx, run.run_id)
     own = [d for d in mentioning if d.run_id == run.run_id]
     problems = link_problems(run, mentioning)
     for deploy in own:
         anchor = deploy.log.removeprefix("sha256:")
-        if not deploy.log.startswith("sha256:") or runlog.anchored_lines(data, anchor) is None:
+        if not deploy.log.startswith("sha256:") or (lines := runlog.anchored_lines(data, anchor)) is None:
             problems.append(f"commit {deploy.commit[:12]} on the target has Deployer-Log {deploy.log or '(none)'}, "
                             "which matches no beginning of this log: the log was rewritten after that commit")
+        else:
+            vouched.append(f"commit {deploy.commit[:12]}: its Deployer-Log matches the log's first {lines} lines")
     before, after = run.git.get("before"), run.git.get("after")
     if not after:
         if own:
             problems.append(f"the log records no commit, but the target's history has "
                             f"{', '.join(d.commit[:12] for d in own)} made by this run")
+        else:
+            vouched.append(f"no commit: the history of HEAD on {ctx.host_name} has none made by this run, as the log "
+                           "says")
         return problems
     # A recover's log names the commit of the run it recovered (its own commits are only a revert's).
     owner = str(run.start.get("recover_of") or run.run_id)
@@ -141,12 +149,16 @@ def target_problems(ctx: Context, run: Run, notices: list[str] | None = None) ->
     if files != touched:
         problems.append(f"the log names the files {', '.join(files)}, but commit {found.commit[:12]} "
                         f"touched {', '.join(touched)}")
+    elif found.parent == before:
+        vouched.append(f"commit {found.commit[:12]} is the log's: parent {found.parent[:12]}, files "
+                       f"{', '.join(files) or '(none)'}")
     if not own:  # a recover that kept the commit made none itself, and writes no end note (see lease.end_note)
         return problems
-    return problems + end_problems(ctx, run, own[0].commit, data, notices)
+    return problems + end_problems(ctx, run, own[0].commit, data, notices, vouched)
 
 
-def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list[str] | None = None) -> list[str]:
+def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list[str] | None = None,
+                 checked: list[str] | None = None) -> list[str]:
     """The run's end against the note on its newest commit: the note holds the sha256 of the log when the
     release was sent and the end that release proves. Lines after run_end (rollback and recover links) are
     not the note's: they are vouched for by the runs they name."""
@@ -176,6 +188,9 @@ def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list
                 "the run's release"]
     # The note was sent before the run's last lines existed (right behind its commit, when that was its last step);
     # the seal, sent once its run_end was written, covers every line up to it.
+    vouched = checked if checked is not None else []
+    vouched.append(f"the end note on {newest[:12]}: the run ended {note.status} (exit {note.exit_code}, phase "
+                   f"{note.phase}), its log's first {covered} lines as they are")
     sealed = read_end_note(ctx, newest, SEAL_REF)
     if sealed is None:
         if notices is not None:
@@ -190,6 +205,7 @@ def end_problems(ctx: Context, run: Run, newest: str, data: bytes, notices: list
         return [f"the seal on commit {newest[:12]} names the log through its run_end as sha256:{sha256}, but this "
                 f"log's first {end_line + 1} lines hash otherwise: the log was rewritten after its end (a line "
                 "before its run_end edited, inserted or removed)"]
+    vouched.append(f"the seal on {newest[:12]}: every line through the run_end (line {end_line + 1}) as it is")
     return []
 
 
@@ -335,13 +351,14 @@ def link_rollback(run: Run, result: RunResult) -> None:
         link.close()
 
 
-def verify_on_target(engine: Engine, run: Run) -> list[str]:
-    """`runs verify --target`: where the run's log and the target's history disagree."""
+def verify_on_target(engine: Engine, run: Run, checked: list[str] | None = None) -> list[str]:
+    """`runs verify --target`: where the run's log and the target's history disagree (`checked`: told what the
+    target vouched for)."""
     bus = engine.new_bus()
     with engine.connect(bus) as transport:
         ctx = engine.context("<verify>", bus, transport)
         notices: list[str] = []
-        problems = target_problems(ctx, run, notices)
+        problems = target_problems(ctx, run, notices, checked)
     for notice in notices:
         bus.emit("end_unanchored", message=notice)
     return problems

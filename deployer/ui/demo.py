@@ -50,6 +50,7 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
                       highlight=False)
     else:
         console.print("  every process the demo started has been stopped", markup=False)
+    show_files(console, stack.workdir)
 
 
 def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
@@ -85,6 +86,16 @@ def show_fleet_demo(console: Console, outcome: FleetDemoOutcome) -> None:
                       highlight=False)
     else:
         console.print("  every process the demo started has been stopped", markup=False)
+    show_files(console, outcome.workdir)
+
+
+def show_files(console: Console, workdir: Path) -> None:
+    """Where the demo left its files (its repos, inventory and run logs) and what removes them."""
+    from deployer.demo.run import size_of
+
+    console.print(f"  files    {workdir} ({size_of(workdir) / 1e6:.1f} MB: the demo's repo, inventory and run log); "
+                  f"{quote(['deployer', 'demo', '--stop', '--workdir', str(workdir)])} removes them", markup=False,
+                  highlight=False)
 
 
 def rollback_row(run_id: str, workdir: Path, kept: bool, why_not: str | None) -> str:
@@ -100,11 +111,14 @@ def rollback_row(run_id: str, workdir: Path, kept: bool, why_not: str | None) ->
             + "; " + quote(["deployer", "rollback", run_id]))
 
 
-def show_stopped(console: Console, stopped: dict[Path, dict[str, int]], workdir: Path | None) -> None:
-    if not stopped:
+def show_stopped(console: Console, stopped: dict[Path, dict[str, int]], workdir: Path | None,
+                 removed: list[Path]) -> None:
+    if not stopped and not removed:
         where = f"in {workdir}" if workdir else "in the temp dir"
-        console.print(f"nothing was kept {where} (only a `deployer demo --keep` is stopped): stopped nothing",
-                      markup=False, highlight=False)
+        console.print(f"nothing was kept {where} (only a `deployer demo --keep` is stopped), nor the files of a "
+                      "stopped demo: stopped nothing, removed nothing", markup=False, highlight=False)
     for workdir, pids in stopped.items():
         shown = ", ".join(f"{name} {pid}" for name, pid in pids.items()) or "nothing was running"
         console.print(f"{workdir}: stopped {shown}", markup=False, highlight=False)
+    for directory in removed:
+        console.print(f"{directory}: removed the demo's files", markup=False, highlight=False)

@@ -34,8 +34,8 @@ def show_result(console: Lines, result: RunResult) -> None:
     if result.facts.get("already_applied"):
         restarted = "services restarted" if result.facts.get("pids") else \
             "services not restarted (apply --restart restarts them)"
-        console.print(f"nothing to do: {', '.join(result.facts.get('unchanged', []))} already hold these bytes at "
-                      f"HEAD {result.git_before}; {restarted}", markup=False, highlight=False)
+        console.print(f"nothing to do: HEAD {result.git_before} already has these bytes in "
+                      f"{', '.join(result.facts.get('unchanged', []))}; {restarted}", markup=False, highlight=False)
     events = events_of(result)
     for line in fact_lines(result.facts, events):
         console.print(f"  {line}", markup=False, highlight=False)
@@ -133,12 +133,11 @@ def show_run(console: Console, run: Run) -> None:
                   highlight=False)
     for line in mounts.shown(run):  # a run into a container: where its files lived, and a recreate seen since
         console.print(line, markup=False, highlight=False)
-    for event in run.events:
-        if event.get("type") == "step_end":
-            detail = detail_of(event)
-            console.print(f"  {_field(event.get('step')):<16} {_field(event.get('status')):<9} "
-                          f"{event.get('duration_s') or 0:>7.2f}s "
-                          f"{detail}", markup=False, highlight=False)
+    ended = [event for event in run.events if event.get("type") == "step_end"]
+    width = max((len(_field(event.get("step"))) for event in ended), default=0)  # `rollback:co_restart` and longer
+    for event in ended:
+        console.print(f"  {_field(event.get('step')):<{width}} {_field(event.get('status')):<9} "
+                      f"{event.get('duration_s') or 0:>7.2f}s {detail_of(event)}", markup=False, highlight=False)
     show_chart(console, run.events)
     if end.get("error"):
         console.print(end["error"], markup=False, highlight=False, style="red")

@@ -22,7 +22,7 @@ def test_applying_a_fix_already_applied_changes_nothing_ends_unchanged_and_exits
     run_id = target.newest_run()
     assert run_id != first and target.head() == head and target.file("pkg/a.py") == FIXED_A
     assert f"run {run_id}: unchanged (exit 0)" in again.stdout, again.stdout
-    assert (f"nothing to do: pkg/a.py already hold these bytes at HEAD {head}; services not restarted "
+    assert (f"nothing to do: HEAD {head} already has these bytes in pkg/a.py; services not restarted "
             "(apply --restart restarts them)") in again.stdout, again.stdout
     assert "zero changes" not in again.stdout + again.stderr
     assert not [e for e in target.events(run_id) if e["type"] == "step_start"]  # not a step ran

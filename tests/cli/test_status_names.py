@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import re
 
 from fixtures_repo import Project, hold_lock
+from fixtures_services import Stack
 
 
 def listed_states(project: Project) -> dict[str, str]:
@@ -57,3 +59,17 @@ def test_the_end_of_an_apply_names_the_runs_state_and_json_keeps_its_status(targ
     assert refused.returncode == 3 and f"run {target.newest_run()}: refused (exit 3)" in refused.stdout
     report = json.loads(target.deployer("apply", "fix.yaml", "--host", "box", "--json").stdout)
     assert (report["state"], report["status"], report["exit_code"]) == ("refused", "failed", 3)
+
+
+def test_runs_show_lines_up_its_columns_for_step_names_longer_than_sixteen_characters(stack: Stack) -> None:
+    project = stack.project
+    stack.start_services()
+    project.playbook(steps=["local_compile", "upload", {"commit": {"message": "m"}}, "co_restart",
+                            {"drain": {"metric": "no_such_gauge", "to": 0, "interval_s": 0.1, "within_s": 0.3}}],
+                     on_failure="rollback")
+    assert project.deployer("apply", "fix.yaml", "--host", "box").returncode != 0  # the drain is inconclusive
+    shown = project.deployer("runs", "show", project.newest_run())
+    assert shown.returncode == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if re.match(r"  \S+ +(ok|failed|skipped) ", line)]
+    assert any(row.split()[0] == "rollback:co_restart" for row in rows), shown.stdout
+    assert len({row.index(row.split()[1], len(row.split()[0]) + 2) for row in rows}) == 1, shown.stdout

@@ -45,6 +45,9 @@ def test_demo_shows_the_bug_fixes_it_cleans_up_and_offers_no_rollback_of_the_sta
     assert baseline and int(baseline.group(1)) >= 1, report
     assert f"drain: {GAUGE} = 0 on the fix's build ({fix}): passed\n" in report, report
     assert "every process the demo started has been stopped" in report
+    files = re.search(rf"  files +{re.escape(str(workdir))} \((\d+\.\d) MB: the demo's repo, inventory and run log\); "
+                      rf"deployer demo --stop --workdir {re.escape(str(workdir))} removes them\n", report)
+    assert files and 0 < float(files.group(1)) < 20, report
     pids = demo_pids(workdir)
     assert set(pids) == {"prefill", "decode", "router"}
     assert all_gone(list(pids.values()))
@@ -56,6 +59,9 @@ def test_demo_shows_the_bug_fixes_it_cleans_up_and_offers_no_rollback_of_the_sta
     log = subprocess.run(["git", "-C", str(workdir / "repo"), "log", "-1", "--format=%B"], capture_output=True,
                          text=True, check=True).stdout
     assert f"Deployer-Run: {run_id}" in log
+    removed = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path)
+    assert removed.returncode == 0 and f"{workdir}: removed the demo's files" in removed.stdout, removed.stdout
+    assert not workdir.exists()
 
 
 def test_demo_json_and_keep_leave_the_stack_running_until_stopped(tmp_path: Path) -> None:
@@ -71,8 +77,9 @@ def test_demo_json_and_keep_leave_the_stack_running_until_stopped(tmp_path: Path
         stopped = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path)
         assert stopped.returncode == 0 and f"{workdir}: stopped " in stopped.stdout, stopped.stdout + stopped.stderr
         assert all_gone(list(pids.values()))
+        assert f"{workdir}: removed the demo's files" in stopped.stdout and not workdir.exists()
         again = deployer("demo", "--stop", "--workdir", str(workdir), cwd=tmp_path)
-        assert again.returncode == 0 and f"nothing was kept in {workdir}" in again.stdout, again.stdout
+        assert again.returncode == 2 and f"{workdir} holds no demo" in again.stderr, again.stdout + again.stderr
     finally:
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
@@ -206,6 +213,13 @@ def test_demo_stop_leaves_a_demo_that_was_not_kept_running(tmp_path: Path) -> No
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, out + err  # its services were left to it: the run went through
         assert "every process the demo started has been stopped" in out
+        assert f"files    {workdirs[0]} (" in out  # where the demo left its files, in the temp dir
+        # Now that it stopped its stack, --stop without --workdir removes its files from the temp dir.
+        removed = subprocess.run([sys.executable, "-m", "deployer", "demo", "--stop"], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert removed.returncode == 0 and f"{workdirs[0]}: removed the demo's files" in removed.stdout, \
+            removed.stdout + removed.stderr
+        assert not list(temp.glob("deployer-demo-*"))
     finally:
         if proc.poll() is None:
             proc.kill()

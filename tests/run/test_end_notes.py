@@ -4,6 +4,7 @@ commit (run_end flipped, every hash recomputed) is caught by `runs verify --targ
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,29 @@ def test_a_genuine_run_writes_its_end_note_and_verifies_on_the_target(target: Pr
     checked = target.deployer("runs", "verify", run_id, "--target")
     assert checked.returncode == 0, checked.stderr
     assert "notice:" not in checked.stderr
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_runs_verify_target_says_what_the_target_vouched_for_and_without_it_that_it_was_not_asked(
+        target: Project) -> None:
+    run_id = target.applied()
+    commit = target.head()
+    target.sealed()
+    before = git(target.repo, "rev-parse", "HEAD~1").strip()
+    alone = target.deployer("runs", "verify", run_id)
+    assert alone.returncode == 0, alone.stderr
+    assert "--target also checks it against the target" in alone.stdout and "vouches" not in alone.stdout
+    checked = target.deployer("runs", "verify", run_id, "--target")
+    assert checked.returncode == 0, checked.stderr
+    lines = checked.stdout.splitlines()
+    assert lines[1] == "on box, the target vouches for it:", checked.stdout
+    said = "\n".join(lines[2:])
+    assert re.search(rf"commit {commit[:12]}: its Deployer-Log matches the log's first \d+ lines", said), said
+    assert f"commit {commit[:12]} is the log's: parent {before[:12]}, files pkg/a.py" in said
+    assert f"the end note on {commit[:12]}: the run ended successful (exit 0, phase succeeded)" in said
+    assert f"the seal on {commit[:12]}: every line through the run_end" in said
+    as_json = json.loads(target.deployer("runs", "verify", run_id, "--target", "--json").stdout)
+    assert as_json["exit_code"] == 0 and len(as_json["on_target"]["box"]) == 4
 
 
 @pytest.mark.parametrize("steps", [COMMIT_LAST, STEP_AFTER], ids=["commit-last", "step-after-commit"])
