@@ -19,7 +19,9 @@ def test_a_stopped_containers_error_begins_with_the_container_and_its_engine(tar
     checked = project.deployer("check", "--host", "box")
     assert checked.returncode == 4, checked.stdout + checked.stderr
     row = next(line for line in checked.stdout.splitlines() if " container " in line)
-    assert row.split("FAIL", 1)[1].strip().startswith(said), row
+    # The row points at the error, which is said once, first thing on stderr.
+    assert row.split("FAIL", 1)[1].strip() == "see the error below", row
+    assert checked.stderr.startswith(f"error: {said}"), checked.stderr
     project.playbook()
     applied = project.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 4, applied.stdout + applied.stderr
