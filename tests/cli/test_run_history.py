@@ -81,7 +81,7 @@ def test_last_and_any_unique_beginning_of_an_id_name_a_run_wherever_a_run_id_is_
     shown = target.deployer("runs", "show", "last")
     assert shown.returncode == 0 and f"run {newest}  state refused  host other" in shown.stdout, shown.stdout
     verified = target.deployer("runs", "verify", unique_beginning(on_box, ids))
-    assert (verified.returncode, verified.stdout) == (0, f"run {on_box}: log verifies\n"), verified.stderr
+    assert verified.returncode == 0 and verified.stdout.startswith(f"run {on_box}: log verifies"), verified.stderr
     preview = target.deployer("plan", "--rollback", "last", "--host", "box", "--json")
     assert preview.returncode == 0, preview.stderr
     assert json.loads(preview.stdout)["steps"][0]["name"] == "rollback"
