@@ -32,7 +32,6 @@ from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
-from deployer.steps.services.co_restart import CoRestart
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
@@ -213,14 +212,12 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
         for step in after:
             if step.effect not in VERIFY:
                 continue
-            if isinstance(step, CoRestart):
-                rest, kept = step.keeping(ctx, started)
-                found.kept += kept
-                if rest is None:
-                    continue
-                restarted += rest.names(ctx)
-                step = rest
-            engine.run_step(ctx, step, step.name)
+            rest, kept, restarting = step.keeping(ctx, started)
+            found.kept += kept
+            if rest is None:
+                continue
+            restarted += restarting
+            engine.run_step(ctx, rest, rest.name)
     except DeployerError as failure:
         ctx.bus.step = None
         if isinstance(failure, Interrupted):

@@ -136,6 +136,12 @@ class Step(ABC):
         fix's own symptom judges the old build against the run's baseline (metric -> value before the fix)."""
         return self
 
+    def keeping(self, ctx: Context, started: Mapping[str, int]) -> tuple[Step | None, list[str], list[str]]:
+        """For a recover: this step over only the services that do not serve the cut run's commit yet (None: all
+        do), the services kept and those it restarts; `started` names the process the cut run started for each
+        service after its commit. Only a restart narrows (co_restart); any other step runs as it is."""
+        return self, [], []
+
     def live_checks(self, ctx: Context) -> list[LiveCheck]:
         """What `deployer check` reads for this step, live and read-only (a metric step: its gauge now)."""
         return []

@@ -203,7 +203,7 @@ class CoRestart(Step):
     def plan(self, ctx: Context) -> list[Action]:
         return self.restart([(ctx, n) for n in self.names(ctx)], self.name, NOTHING).plan()
 
-    def keeping(self, ctx: Context, started: Mapping[str, int]) -> tuple[CoRestart | None, list[str]]:
+    def keeping(self, ctx: Context, started: Mapping[str, int]) -> tuple[CoRestart | None, list[str], list[str]]:
         """For a recover: this restart over only the services that do not serve the run's commit yet (None: all
         do), and those kept. `started` names the process the cut run started for each service after its commit
         (its log); one is kept while deployer's record names that very process (its pid with the start time its
@@ -219,8 +219,8 @@ class CoRestart(Step):
                          why="started by the cut run on its commit, still that process, health answering")
         rest = [n for n in self.names(ctx) if n not in kept]
         if not rest or not kept:
-            return (self if rest else None), kept
-        return CoRestart(self.params.model_copy(update={"services": rest}), self.name, self.where), kept
+            return (self if rest else None), kept, rest
+        return CoRestart(self.params.model_copy(update={"services": rest}), self.name, self.where), kept, rest
 
     def run(self, ctx: Context) -> str:
         return self.across([(ctx, n) for n in self.names(ctx)], self.name)[ctx.host_name]
