@@ -69,8 +69,10 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert json.loads(stopped.stdout)["stopped"] == {str(workdir): pids}
         assert all(wait_dead(pid) for pid in pids.values())
+        assert json.loads(stopped.stdout)["removed"] == [str(workdir)] and not workdir.exists()
         again = run(deployer, "demo", "--stop", "--workdir", workdir, "--json", cwd=tmp_path, env=env)
-        assert json.loads(again.stdout)["stopped"] == {}  # nothing kept there any more: nothing stopped
+        # Its files went with its stack: nothing of a demo is there any more.
+        assert again.returncode == 2 and f"{workdir} holds no demo" in json.loads(again.stdout)["error"]
     finally:
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):

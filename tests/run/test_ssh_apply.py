@@ -82,9 +82,9 @@ def test_unknown_host_key_exits_4_with_the_fingerprint_and_runs_nothing(target: 
     assert connected["transport"]["host_key_fingerprint"].endswith(sshd.host_fingerprint.split()[-1])
 
     again = target.deployer("plan", "fix.yaml", "--host", "box", "--json")  # reject policy, key now known
-    # It connects; the plan then fails its bounds (exit 1): the fix is already applied.
-    assert again.returncode == 1, again.stderr
-    assert json.loads(again.stdout)["head"] == target.head()
+    # It connects; the plan then finds nothing to do: the fix is already applied.
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["head"] == target.head() and json.loads(again.stdout)["already_applied"]
 
 
 def through_ssh_config(target: Project, tmp_path: Path, config_text: str) -> None:

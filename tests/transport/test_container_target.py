@@ -91,7 +91,9 @@ def test_a_stopped_container_is_exit_4_naming_it_in_check_and_apply(target: Proj
     container.stop()
     checked = project.deployer("check", "--host", "box")
     assert checked.returncode == 4, checked.stdout + checked.stderr
-    assert f"the podman container {container.name!r} is not running" in checked.stdout
+    # The check's row points at the error, which is said once, on stderr.
+    assert f"the podman container {container.name!r} is not running" in checked.stderr
+    assert "see the error below" in checked.stdout
     project.playbook()
     applied = project.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 4, applied.stdout + applied.stderr
@@ -105,7 +107,7 @@ def test_a_missing_engine_is_exit_4_naming_it_and_the_container(target: Project,
     checked = project.deployer("check", "--host", "box")
     assert checked.returncode == 4, checked.stdout + checked.stderr
     said = f"the container engine podman ({missing}) is not installed on the host, so container {container.name!r}"
-    assert said in checked.stdout
+    assert said in checked.stderr and "see the error below" in checked.stdout
     project.playbook()
     applied = project.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 4, applied.stdout + applied.stderr
