@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fixtures_repo import Project
 from polling import within
 from ports import free_port
@@ -177,3 +178,16 @@ def gauge_server(root: Path, port: int, repo: Path, www: Path, *, follows_code: 
     (www / "drained.prom").write_text(metrics_text(0.0))
     gauges = ("stuck.prom", "drained.prom") if follows_code else ("metrics", "metrics")
     return [sys.executable, str(server), str(port), str(repo), str(www / "posts"), *(str(www / g) for g in gauges)]
+
+
+def code_following(stack: Stack) -> Project:
+    """Services whose gauge follows the code they loaded (3 on the fix, 0 before it), started by deployer, with
+    the storm's endpoint on prefill."""
+    project = stack.project
+    stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                              "start": gauge_server(project.root, port, project.repo, stack.www)}
+                       for name, port in stack.ports.items()})
+    host = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
+    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
+    stack.start_services()
+    return project

@@ -8,27 +8,13 @@ on the fix the gauge stays at 3, on the code before it the gauge reads 0."""
 from __future__ import annotations
 
 import pytest
-import yaml
 from fixtures_repo import Project
-from fixtures_services import GAUGE, Stack, gauge_server
+from fixtures_services import GAUGE, Stack, code_following
 from test_recover_restart import killed_in_its_restart
 
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
 STORM = {"requests": 5, "concurrency": 1, "client_timeout_s": 5}
-
-
-def code_following(stack: Stack) -> Project:
-    """Services whose gauge follows the code they loaded (3 on the fix, 0 before it), started by deployer, with
-    the storm's endpoint on prefill."""
-    project = stack.project
-    stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-                              "start": gauge_server(project.root, port, project.repo, stack.www)}
-                       for name, port in stack.ports.items()})
-    host = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
-    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
-    stack.start_services()
-    return project
 
 
 def fix_playbook(project: Project, **extra: object) -> None:

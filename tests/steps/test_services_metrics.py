@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import ALL_TRANSPORTS, FIXED_A, Project, git, tree_snapshot
-from fixtures_services import GAUGE, Stack, alive, free_port, gauge_server, wait_dead
+from fixtures_services import GAUGE, Stack, alive, code_following, free_port, gauge_server, wait_dead
 
 
 def restart_only(project: Project, **extra: Any) -> None:
@@ -168,14 +168,8 @@ def answers(stack: Stack) -> dict[str, str]:
 @pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
 def test_drain_failure_after_commit_rolls_back_restarts_and_judges_the_old_build_by_its_baseline_without_a_storm(
         stack: Stack) -> None:
-    project = stack.project
     # The fix leaves the gauge at 3; the reverted build drains it: only a drain after the revert passes.
-    stack.configure(**{name: {**stack.service(name), "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-                              "start": gauge_server(project.root, port, project.repo, stack.www)}
-                       for name, port in stack.ports.items()})
-    host = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
-    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
-    stack.start_services()
+    project = code_following(stack)
     assert answers(stack) == {"prefill": "41", "decode": "41"}
     pre_tree = git(project.repo, "rev-parse", "HEAD^{tree}").strip()
     project.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}},
