@@ -234,9 +234,10 @@ def test_sigint_after_the_commit_rolls_back_and_exits_130(stack: Stack) -> None:
                      on_failure="rollback")
     proc = project.popen("apply", "fix.yaml", "--host", "box")
 
-    def draining() -> bool:  # the runs dir may exist a moment before the run's own dir and log in it
-        return any(project.runs.glob("*/events.jsonl")) and any(e["type"] == "sample" and e.get("step") == "drain"
-                                                                 for e in project.events())
+    def draining() -> bool:  # the apply's own dir may exist a moment before its log in it
+        newest = project.runs / project.newest_run() / "events.jsonl"
+        return newest.is_file() and any(e["type"] == "sample" and e.get("step") == "drain"
+                                        for e in project.events())
 
     wait_for(draining, seconds=30, what="the drain step")
     proc.send_signal(signal.SIGINT)

@@ -208,10 +208,10 @@ def test_recover_rollback_of_a_run_cut_in_its_drain_proves_the_revert_and_ends_i
     stack.start_services()
     fix_playbook(project, within_s=10)
 
-    def draining() -> bool:
-        runs = sorted(project.runs.iterdir()) if project.runs.is_dir() else []
-        return bool(runs) and any(e["type"] == "sample" and e.get("step") == "drain"
-                                  for e in project.events(runs[-1].name))
+    def draining() -> bool:  # the apply's own dir may exist a moment before its log in it
+        newest = project.runs / last_run(project) / "events.jsonl"
+        return newest.is_file() and any(e["type"] == "sample" and e.get("step") == "drain"
+                                        for e in project.events(newest.parent.name))
     start_and_kill(project, draining, "the drain's first sample")
     cut = last_run(project)
     (stack.www / "old.prom").write_text(metrics_text(9.0))  # the old build wedges worse than before the fix
