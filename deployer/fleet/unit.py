@@ -27,7 +27,7 @@ from deployer.fleet.router import Routers, UnitRouting
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.gitops import head
 from deployer.run.restart import left_down
-from deployer.run.revert_checks import NotRun, recorded_baseline
+from deployer.run.revert_checks import NotRun, failed_check, recorded_baseline
 from deployer.run.rollback import Target, check, check_recorded, finish_hint, link_rollback
 from deployer.run.state import PAST_COMMIT, Phase
 from deployer.run.undo import target_state
@@ -210,7 +210,7 @@ class UnitRun:
                         f"unit {self.name}: {exc}\nEvery host's revert stands; the reverted build failed a check. "
                         "A rollback again would not change the old build: `deployer check --host "
                         f"{self.name}` shows the unit now, `deployer restart --host {self.name}` restarts it",
-                        commit=None, checks=[exc.step if isinstance(exc, StepFailed) else "rollback"])
+                        commit=None, checks=[failed_check(exc)])
                 except DeployerError as exc:
                     self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert stopped: {exc}\n"
                                                   f"{finish_hint(exc, run.run_id)}")
@@ -456,7 +456,7 @@ class UnitRun:
             try:
                 self._run_unit_steps(redo, "rollback:")
             except (StepFailed, VerificationFailed) as exc:  # every revert stands: rolled back, the check named
-                checks_failed = [exc.step if isinstance(exc, StepFailed) else "rollback"]
+                checks_failed = [failed_check(exc)]
                 for ctx in ctxs:
                     assert ctx.record is not None
                     ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts.rollback_commit,

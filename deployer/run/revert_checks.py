@@ -95,6 +95,12 @@ def prove(checks: Sequence[Step | NotRun], run: Callable[[Step], object],
     return verdicts, failure
 
 
+def failed_check(failure: DeployerFailure) -> str:
+    """The check a failure came from, where a unit runs its checks outside prove() (a step's name; else the
+    rollback's checks as a whole)."""
+    return failure.step if isinstance(failure, StepFailed) else "rollback"
+
+
 def failed_names(verdicts: Verdicts) -> list[str]:
     """The failed check, then those it kept from running."""
     return [name for name, verdict in verdicts.items() if verdict == "failed"] + \
