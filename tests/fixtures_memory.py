@@ -23,13 +23,13 @@ from fixtures_repo import ORIGINAL_A, ORIGINAL_B, init_repo
 
 from deployer.agent import agent
 from deployer.agent.client import agent_code, agent_source, bootstrap_argv
+from deployer.agent.pipe import CHUNK
 from deployer.command import Masker
 from deployer.config.models import FileSpec, Host, Playbook
 from deployer.run.preflight import preflight
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, LoadedPlaybook
 from deployer.transport.local import LocalTransport
-from deployer.transport.pipes import CHUNK
 
 CLOSE_WAIT_S = 5.0
 

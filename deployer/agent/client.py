@@ -1,8 +1,8 @@
 """Our end of the agent: start it over a byte pipe, send it requests, match its replies to them.
 
-A transport's only job is a byte pipe to a Python on the target (deployer/transport/pipes.py: a local
-subprocess, or one SSH exec channel running `bootstrap_argv(python)`); the requests and what their
-replies parse into are deployer/agent/protocol.py; everything above the pipe is shared.
+A transport's only job is a byte pipe to a Python on the target (an agent/pipe.py Pipe, made by
+deployer/transport/pipes.py: a local subprocess, or one SSH exec channel running `bootstrap_argv(python)`); the
+requests and what their replies parse into are deployer/agent/protocol.py; everything above the pipe is shared.
 
 Start-up costs no round trip of its own after the exec: the bootstrap, the agent's source and a
 `hello` go out in one write, and the first requests may follow at once (`start(wait=False)`):
@@ -19,7 +19,6 @@ import importlib.machinery
 import json
 import marshal
 import struct
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from deployer.agent.pipe import CHUNK, STDERR_SETTLE_S, Pipe
 from deployer.agent.protocol import (
     DEFAULT_TIMEOUT_S,
     ENVELOPE,
@@ -52,7 +52,6 @@ from deployer.agent.protocol import (
 from deployer.agent.sendwatch import SendWatch
 from deployer.command import quote
 from deployer.errors import AgentLost, DeployerError, RequestSkipped, TransportError
-from deployer.transport.pipes import CHUNK, STDERR_SETTLE_S, Pipe, local_pipe
 from deployer.waiting import waited
 
 AGENT_FILE = Path(__file__).with_name("agent.py")
@@ -241,12 +240,6 @@ class AgentClient:
         self.why_never_ran: Callable[[str], DeployerError | None] | None = None
 
     # -- starting ----------------------------------------------------------------------------
-
-    @classmethod
-    def spawn_local(cls, python: str = sys.executable, *, name: str = "local",
-                    timeout: float = IO_TIMEOUT_S) -> AgentClient:
-        """The agent as a local subprocess."""
-        return cls(local_pipe(bootstrap_argv(python), name), name=name).start(timeout)
 
     def start(self, timeout: float = IO_TIMEOUT_S, *, wait: bool = True) -> AgentClient:
         """Send the source and a hello in one write; check the agent runs exactly our source, now or

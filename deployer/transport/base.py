@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from deployer.agent.client import AgentClient, Pending, bootstrap_argv
+from deployer.agent.pipe import Pipe
 from deployer.agent.protocol import (
     DEFAULT_TIMEOUT_S,
     Cancel,
@@ -25,7 +26,7 @@ from deployer.agent.protocol import (
 )
 from deployer.errors import PythonMissing
 from deployer.text import visible
-from deployer.transport.pipes import Pipe, shell_found_no
+from deployer.transport.pipes import shell_found_no
 
 T = TypeVar("T")
 # What each output stream of a command may hold before only its tail is kept (memory stays bounded

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from deployer.agent.client import NeverStarted
+from deployer.agent.pipe import Pipe
 from deployer.config.container import Container
 from deployer.errors import AgentLost, TransportError
 from deployer.text import visible
-from deployer.transport.pipes import Pipe, shell_found_no
+from deployer.transport.pipes import shell_found_no
 
 # What docker and podman (4.x) print when the container exists but runs no process to exec into.
 NOT_RUNNING = ("can only create exec sessions on running containers", "is not running", "is paused",

@@ -8,8 +8,11 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from deployer.agent.client import AgentClient, bootstrap_argv
+from deployer.agent.pipe import Pipe
+from deployer.agent.protocol import IO_TIMEOUT_S
 from deployer.transport.base import Transport, TransportInfo
-from deployer.transport.pipes import Pipe, local_pipe
+from deployer.transport.pipes import local_pipe
 
 if TYPE_CHECKING:
     from deployer.config.models import LocalHost
@@ -19,6 +22,11 @@ if TYPE_CHECKING:
 def open_host(name: str, host: LocalHost, bus: Emitter, accept_new_host_key: bool) -> LocalTransport:
     """The registry's opener for `transport: local` (transport/kinds.py): no link, no host key."""
     return LocalTransport(name, python=host.python, become=host.become)
+
+
+def spawn_agent(python: str = sys.executable, *, name: str = "local", timeout: float = IO_TIMEOUT_S) -> AgentClient:
+    """The agent as a local subprocess, spoken to directly (no Transport around it)."""
+    return AgentClient(local_pipe(bootstrap_argv(python), name), name=name).start(timeout)
 
 
 class LocalTransport(Transport):

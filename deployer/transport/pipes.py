@@ -1,4 +1,4 @@
-"""Byte pipes to a Python on the target: what a transport provides and the agent client speaks over."""
+"""Byte pipes to a Python on the target: what a transport provides, each an agent.pipe.Pipe the client speaks over."""
 
 from __future__ import annotations
 
@@ -10,16 +10,13 @@ import signal
 import subprocess
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
+from deployer.agent.pipe import CHUNK, STDERR_SETTLE_S
 from deployer.errors import TransportError
 
 CLOSE_WAIT_S = 5.0
 STDERR_TAIL = 4096
-CHUNK = 65536
-# How long a pipe whose output ended waits for the rest of its stderr (the reader of each stream runs on
-# its own): the tail read then says why the far end died, not half of it.
-STDERR_SETTLE_S = 2.0
 
 
 def shell_found_no(command: str, stderr: str) -> bool:
@@ -27,22 +24,6 @@ def shell_found_no(command: str, stderr: str) -> bool:
     `bash: podman: command not found`, `sh: line 1: /usr/bin/podman: No such file or directory`."""
     return re.search(rf"{re.escape(command.lower())}: (?:command not found|not found|no such file or directory)",
                      stderr.lower()) is not None
-
-
-class Pipe(Protocol):
-    """A byte pipe to the agent's stdin and from its stdout."""
-
-    def read(self, size: int) -> bytes:
-        """Up to size bytes as soon as any arrive; b"" at end of stream."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def close(self, kill: bool = False) -> None:
-        """Close our sending side (the agent sees EOF and exits), then release the pipe. kill: what runs there
-        is no agent known to exit on that EOF: its process group (what the pipe's start made) is killed first."""
-
-    def stderr_tail(self) -> str:
-        """The last of what the agent wrote on stderr (why it died, when it did)."""
 
 
 class _TailBuffer:

@@ -19,6 +19,7 @@ from deployer.run import intent
 from deployer.run.gitops import HEAD
 from deployer.run.lease import run_trailer
 from deployer.run.state import git_blob_id
+from deployer.transport.local import spawn_agent
 
 RUN_ID = "20261202T120000.000Z-abcdef"
 NEW = b"def answer():\n    return 42\n"
@@ -26,7 +27,7 @@ NEW = b"def answer():\n    return 42\n"
 
 @pytest.fixture
 def client() -> Iterator[AgentClient]:
-    with AgentClient.spawn_local() as agent:
+    with spawn_agent() as agent:
         yield agent
 
 

@@ -22,6 +22,7 @@ from ports import free_port
 from deployer.agent.client import AgentClient
 from deployer.agent.processes import Procs, Signal
 from deployer.errors import DeployerError
+from deployer.transport.local import spawn_agent
 
 DEADLINE_S = 15.0
 
@@ -98,7 +99,7 @@ def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tree]:
 
 @pytest.fixture
 def client() -> Iterator[AgentClient]:
-    with AgentClient.spawn_local() as agent:
+    with spawn_agent() as agent:
         yield agent
 
 

@@ -43,6 +43,7 @@ from deployer.agent.client import (
 )
 from deployer.agent.protocol import Batch, Get, Http, OpFailure, Put, Run, Stat
 from deployer.errors import RequestSkipped, TransportError
+from deployer.transport.local import spawn_agent
 from deployer.transport.pipes import ChannelPipe
 
 HEADER = struct.Struct(">I")
@@ -115,7 +116,7 @@ def raw() -> Iterator[RawAgent]:
 
 @pytest.fixture
 def client() -> Iterator[AgentClient]:
-    with AgentClient.spawn_local() as agent:
+    with spawn_agent() as agent:
         yield agent
 
 
@@ -181,7 +182,7 @@ def test_an_agent_on_this_python_runs_our_bytecode_and_still_names_the_source() 
     assert shipped == compile(agent_source(), str(Path(agent_mod.__file__)), "exec", dont_inherit=True)
     # ... and the bootstrap is one line: a login shell of the csh family refuses a newline inside quotes.
     assert "\n" not in bootstrap_command(sys.executable)
-    with AgentClient.spawn_local(sys.executable) as agent:
+    with spawn_agent(sys.executable) as agent:
         assert agent.hello is not None and agent.hello.bytecode  # no compile there: it read our bytecode
         assert agent.hello.sha256 == hashlib.sha256(Path(agent_mod.__file__).read_bytes()).hexdigest()
         assert agent.run(["echo", "ran"]).stdout == b"ran\n"
@@ -204,7 +205,7 @@ def test_bytecode_the_target_cannot_load_falls_back_to_compiling_the_source() ->
 @pytest.mark.skipif(PY38 is None, reason="no Python 3.8 on this machine")
 def test_the_agent_runs_on_python_3_8(tmp_path: Path) -> None:
     assert PY38 is not None
-    with AgentClient.spawn_local(PY38) as agent:
+    with spawn_agent(PY38) as agent:
         assert agent.hello is not None and agent.hello.python.startswith("3.8.")
         assert not agent.hello.bytecode  # another magic number: it compiled the source
         reply = agent.batch([Put(str(tmp_path / "f"), b"x"), Run(["cat", str(tmp_path / "f")]),
@@ -223,12 +224,12 @@ def test_a_large_payload_goes_up_and_comes_back_intact(client: AgentClient, tmp_
 
 MEMORY_PROBE = textwrap.dedent("""
     import json, sys
-    from deployer.agent.client import AgentClient
+    from deployer.transport.local import spawn_agent
     def hwm_kb(pid):
         for line in open(f"/proc/{pid}/status"):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
-    with AgentClient.spawn_local() as agent:
+    with spawn_agent() as agent:
         before = (hwm_kb("self"), hwm_kb(agent.hello.pid))
         result = agent.run(["head", "-c", "50000000", "/dev/zero"], tail=65536, timeout=60)
         after = (hwm_kb("self"), hwm_kb(agent.hello.pid))
@@ -346,7 +347,7 @@ def test_a_client_call_the_agent_refuses_raises_a_transport_error(client: AgentC
 
 def test_eof_on_stdin_ends_the_agent_and_the_command_it_was_running(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    agent = AgentClient.spawn_local()
+    agent = spawn_agent()
     assert agent.hello is not None
     agent_pid = agent.hello.pid
     pending = agent.submit(Run(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"], timeout=300))
@@ -428,7 +429,7 @@ def test_an_agent_that_may_not_give_the_file_back_to_its_owner_says_so() -> None
         python = shared / "python-as-nobody"
         python.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {SYSTEM_PYTHON} "$@"\n')
         python.chmod(0o755)
-        with AgentClient.spawn_local(str(python)) as agent:
+        with spawn_agent(str(python)) as agent:
             reply = agent.put(str(dest), b"new\n")
         assert (reply.owner_kept, reply.uid, dest.stat().st_uid, dest.read_text()) == (False, 65534, 65534, "new\n")
     finally:

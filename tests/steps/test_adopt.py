@@ -15,8 +15,8 @@ from polling import within
 from ports import free_port
 from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
 
-from deployer.agent.client import AgentClient
 from deployer.agent.processes import Procs
+from deployer.transport.local import spawn_agent
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
@@ -97,7 +97,7 @@ def test_a_launcher_that_backgrounds_the_server_and_exits_is_restarted_through_t
 
 def listening_on(port: int) -> set[int]:
     """The pids that come to listen on port within a few seconds (the agent's own process table)."""
-    with AgentClient.spawn_local() as agent:
+    with spawn_agent() as agent:
         found: set[int] = set()
         within(lambda: bool(found.update(p.pid for p in agent.call(Procs(ports=[port])).procs) or found), 10)
         return found

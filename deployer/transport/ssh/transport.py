@@ -16,10 +16,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from deployer.agent.pipe import Pipe
 from deployer.command import quote
 from deployer.errors import ConfigError, TransportError
 from deployer.transport.base import Transport, TransportInfo
-from deployer.transport.pipes import Pipe
 from deployer.transport.ssh.config import known_hosts_file, load_config, proxy_jumps, resolve
 from deployer.transport.ssh.connect import Link, describe
 from deployer.transport.ssh.execchan import ExecPipe
