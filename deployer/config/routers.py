@@ -6,13 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from string import Formatter
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
-
-if TYPE_CHECKING:
-    from deployer.transport.base import Transport
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -203,17 +200,6 @@ class Router(BaseModel):
                         "{path, urls}" if name == "list" else "{method, path, body}")
                 raise ValueError(f"api {self.api} needs `{name}:` as {form}")
         return self
-
-
-class RouterReach(Protocol):
-    """The inventory's routers and a connection to a router's host (fleet.router.Routers): what a step that
-    sends through a router (the canary's `via:`) is given, typed here so that steps need not import the fleet."""
-
-    @property
-    def specs(self) -> dict[str, Router]: ...
-
-    @property
-    def connect(self) -> Callable[[str], Transport] | None: ...
 
 
 class RouterWorker(BaseModel):

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
@@ -15,9 +15,21 @@ from deployer.steps.context import Context, Submitted
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
-    from deployer.config.routers import RouterReach
+    from deployer.config.routers import Router
+    from deployer.transport.base import Transport
 
 __all__ = ["Action", "Effect", "LiveCheck", "NoParams", "Scope", "Step"]
+
+
+class RouterReach(Protocol):
+    """The inventory's routers and a connection to a router's host (fleet.router.Routers): what a step that
+    sends through a router (the canary's `via:`) is given, typed here so that steps need not import the fleet."""
+
+    @property
+    def specs(self) -> dict[str, Router]: ...
+
+    @property
+    def connect(self) -> Callable[[str], Transport] | None: ...
 
 
 class NoParams(Strict):

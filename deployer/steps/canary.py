@@ -39,7 +39,8 @@ from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
 if TYPE_CHECKING:
-    from deployer.config.routers import Router, RouterReach
+    from deployer.config.routers import Router
+    from deployer.steps.base import RouterReach
 
 GOLDEN_FORMAT = 1
 
