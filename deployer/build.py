@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from deployer.command import Masker
 from deployer.config.models import Host, get_host, load_inventory
 from deployer.config.paths import find_inventory
-from deployer.config.playbook import load_playbook, parse_playbook
 from deployer.errors import ConfigError
 from deployer.run.engine import Connector, Engine
 from deployer.run.revert_checks import RevertChecks
 from deployer.run.state import RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import EventBus, Listener, LoadedPlaybook
+from deployer.steps.playbook import load_playbook, parse_playbook
 from deployer.transport.factory import Opening, open_transport
 
 if TYPE_CHECKING:  # a single-host run never loads the fleet modules

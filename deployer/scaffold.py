@@ -20,8 +20,8 @@ import yaml
 
 from deployer import diffs
 from deployer.config.models import Host, check_repo_relative
-from deployer.config.playbook import BINARY_PROBE
 from deployer.errors import ConfigError
+from deployer.steps.playbook import BINARY_PROBE
 
 SYMLINK, SUBMODULE = "120000", "160000"
 

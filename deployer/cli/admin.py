@@ -216,7 +216,7 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
 @failures_to_exit_codes
 def schema(kind: str, as_json: bool) -> None:
     """Print the JSON Schema of a playbook or an inventory (for editors: see the README)."""
-    from deployer.config.schema import schema_for
+    from deployer.steps.schema import schema_for
 
     emit_json(schema_for(kind))
 

@@ -25,9 +25,9 @@ def canary(playbook: str | None, host_name: str, out: str, inventory: str | None
     host's `api:` (sglang, openai, openai-chat or a template), straight to the host's server and record the
     answer. Run it against a server you trust (before the fix, with deterministic inference on)."""
     from deployer.build import Build
-    from deployer.config.playbook import load_playbook
     from deployer.runlog import runs_dir_from
     from deployer.steps.canary import record
+    from deployer.steps.playbook import load_playbook
     from deployer.text import shown
 
     build = Build(runs_dir_from(None), inventory, accept_new_host_key)

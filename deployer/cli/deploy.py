@@ -298,7 +298,7 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
     from deployer import runlog
     from deployer.check import check_hosts
     from deployer.config import targets
-    from deployer.config.playbook import load_playbook
+    from deployer.steps.playbook import load_playbook
     from deployer.ui.check import show_check, show_check_group
     from deployer.ui.console import make_console
 

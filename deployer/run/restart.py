@@ -13,7 +13,6 @@ from pathlib import Path
 import yaml
 
 from deployer.config.models import Playbook
-from deployer.config.playbook import parse_playbook
 from deployer.errors import DeployerError, Interrupted, VerificationFailed
 from deployer.run.engine import Engine, RunResult
 from deployer.run.gitops import head
@@ -21,6 +20,7 @@ from deployer.run.state import Phase
 from deployer.runlog import RunLogWriter, utc_now
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context, LoadedPlaybook
+from deployer.steps.playbook import parse_playbook
 from deployer.steps.services import manager_for
 from deployer.steps.services.co_restart import CoRestart, CoRestartParams, services_restarted
 from deployer.text import shown

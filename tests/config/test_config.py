@@ -9,8 +9,8 @@ import pytest
 from fixtures_repo import ORIGINAL_A, Project, tree_snapshot
 
 from deployer.config.models import load_inventory
-from deployer.config.playbook import load_playbook
 from deployer.errors import ConfigError
+from deployer.steps.playbook import load_playbook
 
 
 def write(tmp_path: Path, text: str, name: str = "fix.yaml") -> Path:

@@ -16,8 +16,8 @@ from fixtures_repo import Project
 from test_config import error_of, write
 
 from deployer.config.models import load_inventory
-from deployer.config.playbook import load_playbook
 from deployer.errors import ConfigError
+from deployer.steps.playbook import load_playbook
 
 # A hang guard, not the timing target (that belongs in a bench): today a bomb runs for minutes.
 HANG_GUARD_S = 5.0

@@ -8,8 +8,8 @@ import pytest
 
 from deployer.config import targets
 from deployer.config.models import Inventory, load_inventory
-from deployer.config.playbook import parse_playbook
 from deployer.errors import ConfigError
+from deployer.steps.playbook import parse_playbook
 
 HOSTS = """\
 hosts:

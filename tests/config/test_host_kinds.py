@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from deployer.config.models import AnyHost, Inventory, LocalHost, SshHost, load_inventory
-from deployer.config.schema import schema_for
 from deployer.demo.run import DemoStack, fleet_inventory, fleet_stacks, unit_ports
 from deployer.errors import ConfigError
+from deployer.steps.schema import schema_for
 from deployer.transport.kinds import KINDS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 from fixtures_repo import Project, tree_snapshot
 from fixtures_services import GAUGE, Served, metrics_text, served
 
-from deployer.config.playbook import load_playbook
+from deployer.steps.playbook import load_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 
