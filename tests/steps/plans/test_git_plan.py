@@ -103,3 +103,9 @@ def test_commit_expects_the_files_in_gits_bytewise_order() -> None:
 def test_commit_refuses_a_blank_message_before_any_plan() -> None:
     with pytest.raises(ValidationError):
         step("commit", {"message": "  \n"})
+
+
+def test_commit_plan_asks_the_target_for_its_identity_only_when_preflight_did_not_read_it() -> None:
+    # A rollback has no preflight: its commit's plan reads `git config user.email` there. Here no target answers.
+    with pytest.raises(AssertionError, match=r"plan\(\) reached for the target"):
+        step("commit", {"message": "fix"}).plan(context(changes=[A], facts=Facts(identity=None)))
