@@ -1,4 +1,4 @@
-"""README claims that had no test: each one here, against real processes, real HTTP and real git.
+"""Docs claims (README.md, docs/) that had no test: each one here, against real processes, real HTTP and real git.
 
 co_restart's refusals, a service's own `stop`, metric aggregation and comparisons, a failed
 rollback (exit 6), a second signal, `become` through a whole apply, short secrets, and the

@@ -1,4 +1,4 @@
-"""Each run state has one meaning (the README's table): refusals are no part of the history but with `runs list
+"""Each run state has one meaning (the docs' table): refusals are no part of the history but with `runs list
 --all`, a step that failed before the target changed is `failed` (nothing was restored), every commit a run made is
 shown, and `rollback last` rolls back the newest run that left a commit (issue 34, item 2)."""
 

@@ -1,4 +1,4 @@
-"""`runs list --all` and `runs show` name a run's state as the README does, refusals as `refused`, and never
+"""`runs list --all` and `runs show` name a run's state as the docs do, refusals as `refused`, and never
 `None`."""
 
 from __future__ import annotations
