@@ -19,19 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from deployer.errors import ChecksFailed, ConfigError, DeployerError, Interrupted, VerificationFailed
-from deployer.run import gitops, intent
+from deployer.run import intent
+from deployer.run import rollback as rollbacks
 from deployer.run.engine import VERIFY, Engine, RunResult
-from deployer.run.gitops import touched_by
 from deployer.run.lock import read_state
 from deployer.run.restart import left_down, restarted_services
 from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
 from deployer.run.revert_checks import recorded_baseline
-from deployer.run.state import PAST_COMMIT, FileRecord, Phase, RunRecord
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
+from deployer.runstate import PAST_COMMIT, FileRecord, Phase, RunRecord
+from deployer.steps import gitops
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
+from deployer.steps.gitops import touched_by
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
@@ -54,6 +56,7 @@ class Recovered:
     unproven: str | None = None  # why the checks recover ran again do not prove the fix
     finish_failed: DeployerError | None = None  # its restart or checks failed again, and its playbook rolls back
     checks_failed: ChecksFailed | None = None  # its rollback's revert stands, but the reverted build failed these
+    rollback_of: str | None = None  # the cut run was a rollback of this run, and recover finished it
 
     def summary(self) -> str:
         if self.outcome is None:
@@ -115,6 +118,11 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         settled = record is not None and record.state.terminal and (
             record.state.phase not in (Phase.succeeded, Phase.failed_committed) or
             ended(engine.runs_dir, run_id, record))
+        if pending is None and record is not None and record.state.rollback_of and \
+                record.state.phase == Phase.rolling_back:
+            # A rollback cut after it had begun to change the target: finished as `deployer rollback` of the run
+            # it undoes would finish it (its revert commit kept if it made one), under this run's lock.
+            return end(ctx, _finish_rollback(engine, ctx, record.state.rollback_of, found))
         if pending is None and (record is None or settled or not record.state.files):
             # Nothing of the run to undo on the target: cut before its first change (perhaps holding the lock,
             # now released), or settled already. Its record and log may still need their end.
@@ -160,6 +168,10 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             done = restore_files(ctx, files, before, trailer, record)
             found.restored, found.removed, found.temps = done.restored, done.removed, done.temps
             outcome = Phase.failed_restored
+        end(ctx, outcome)
+
+    def end(ctx: Context, outcome: Phase) -> None:
+        """The cut run's record and log settled in outcome, and this run's end said."""
         checks_failed = found.checks_failed.checks if found.checks_failed is not None else []
         found.outcome = _settle_original(record, outcome, found.commit, checks_failed=checks_failed)
         ctx.emit("recovered", of_run=run_id, outcome=found.outcome.value, commit=found.commit,
@@ -186,7 +198,28 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         engine.listeners.remove(adopted)
     if found.outcome is not None:  # settled, even when the services it restarted stay down
         _link(engine.runs_dir, run_id, result, found)
+    if found.rollback_of is not None:  # the run it rolled back names it, as if it had ended by itself
+        rollbacks.link_rollback(read_run(engine.runs_dir, found.rollback_of), run_id,
+                                "failed" if found.checks_failed else "successful", Phase.rolled_back.value,
+                                found.rollback_commit)
     return result, found
+
+
+def _finish_rollback(engine: Engine, ctx: Context, of_run: str, found: Recovered) -> Phase:
+    """The rollback of of_run to its end, for a rollback run that was cut; its record ends rolled_back, even
+    when the reverted build fails a check (the revert stands)."""
+    run = read_run(engine.runs_dir, of_run)
+    ctx.git_before = gitops.head(ctx)
+    revert: str | None
+    try:
+        target = rollbacks.Target.of(run)
+        rollbacks.refuse(ctx, run, target, force=False)
+        revert = rollbacks.finish(engine, ctx, run, target)
+    except ChecksFailed as exc:
+        revert, found.checks_failed = exc.commit, exc
+    found.rollback_commit = found.commit = revert
+    found.rollback_of = of_run
+    return Phase.rolled_back
 
 
 def _cut_restarting(record: RunRecord) -> bool:
@@ -328,7 +361,8 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
     try:
         if run.end is None:
             # The end its note proves, word for word; else as its record ended, without an exit code of its own.
-            status = "successful" if found.outcome == Phase.succeeded else "failed"
+            done = found.outcome == Phase.succeeded or (found.rollback_of is not None and found.checks_failed is None)
+            status = "successful" if done else "failed"
             status, code = (found.end_note.status, found.end_note.exit_code) if found.end_note else (status, None)
             writer.write({"type": "run_end", "status": status, "exit_code": code, "phase": found.outcome,
                           "error": "the run was cut; it was ended by deployer recover", "ended_by": result.run_id,

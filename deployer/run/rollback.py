@@ -24,17 +24,17 @@ from deployer.errors import (
     VerificationFailed,
 )
 from deployer.run.engine import VERIFY, Engine, RunResult
-from deployer.run.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
 from deployer.run.lock import read_state
 from deployer.run.mounts import refuse_if_recreated
 from deployer.run.plan import FilePlan, PlanReport, masked
 from deployer.run.revert_checks import NotRun, recorded_baseline
-from deployer.run.state import Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
+from deployer.runstate import Phase
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
 from deployer.steps.git import SEAL_REF, EndNote, parse_seal, read_end_note
+from deployer.steps.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
 from deployer.text import shown
 from deployer.transport.base import Transport
 
@@ -301,24 +301,36 @@ def already_reverted(ctx: Context, target: Target) -> bool:
         not _differ(ctx, target.before, "HEAD", target.files)
 
 
+def refuse(ctx: Context, run: Run, target: Target, *, force: bool) -> None:
+    """A rollback of run refused before it changes anything: the target recreated, its log or history not
+    vouching, already rolled back, or the files changed since (unless forced)."""
+    refuse_if_recreated(ctx, run)  # a container target recreated since the run lost its writable layer
+    check_recorded(ctx, run, target)
+    check(ctx, target, force=force)
+    ctx.facts.files = target.files
+
+
+def finish(engine: Engine, ctx: Context, run: Run, target: Target) -> str:
+    """The rollback of run to its end, once refuse() let it through: the revert commit (unless an earlier
+    rollback already made it) and the checks that prove it. Used by `rollback`, and by `recover` of a rollback
+    that was cut."""
+    # From here the rollback must finish: the first signal no longer stops it (a second forces).
+    ctx.cancel = CancelToken()
+    return engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id, verify=VERIFY,
+                         baseline=recorded_baseline(run))
+
+
 def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     """Revert the run's commit, restart, and prove the revert (run/revert_checks.py)."""
     target = Target.of(run)
-    baseline = recorded_baseline(run)
 
     def body(ctx: Context, log: RunLogWriter) -> None:
-        refuse_if_recreated(ctx, run)  # a container target recreated since the run lost its writable layer
         ctx.git_before = head(ctx)
-        check_recorded(ctx, run, target)
-        check(ctx, target, force=force)
-        ctx.facts.files = target.files
-        # From here the rollback must finish: the first signal no longer stops it (a second forces).
-        ctx.cancel = CancelToken()
+        refuse(ctx, run, target, force=force)
         assert ctx.record is not None
         ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
         try:
-            revert = engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id,
-                                   verify=VERIFY, baseline=baseline)
+            revert = finish(engine, ctx, run, target)
         except ChecksFailed as exc:  # the revert stands: the run ends rolled_back, naming the check
             ctx.git_after = exc.commit if exc.commit != ctx.git_before else None
             raise
@@ -328,7 +340,7 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         ctx.git_after = revert if revert != ctx.git_before else None
 
     result = engine.execute(body, rollback_of=run.run_id)
-    link_rollback(run, result)
+    link_rollback(run, result.run_id, result.status, result.phase, result.git_after)
     return result
 
 
@@ -341,12 +353,11 @@ def finish_hint(failure: DeployerError, run_id: str) -> str:
     return f"Fix what failed above on the target first (a rollback again would fail the same way), then: {again}"
 
 
-def link_rollback(run: Run, result: RunResult) -> None:
+def link_rollback(run: Run, by: str, status: str, phase: str | None, commit: str | None) -> None:
     """The rolled-back run's own log points at the rollback that undid it (the rollback's points back)."""
     link = RunLogWriter.reopen(run.dir.parent, run.run_id)
     try:
-        link.write({"type": "rolled_back_by", "by": result.run_id, "status": result.status,
-                    "phase": result.phase, "commit": result.git_after})
+        link.write({"type": "rolled_back_by", "by": by, "status": status, "phase": phase, "commit": commit})
     finally:
         link.close()
 
