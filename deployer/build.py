@@ -15,7 +15,7 @@ from deployer.config.paths import find_inventory
 from deployer.errors import ConfigError
 from deployer.run.engine import Connector, Engine
 from deployer.run.revert_checks import RevertChecks
-from deployer.run.state import RunRecord
+from deployer.runstate import RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import EventBus, Listener, LoadedPlaybook
 from deployer.steps.playbook import load_playbook, parse_playbook

@@ -21,12 +21,12 @@ from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
-from deployer.run.gitops import GIT_DIR, git, names
 from deployer.run.mounts import gone, inspection, last_placement
 from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps.base import Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, Listener, LoadedPlaybook
+from deployer.steps.gitops import GIT_DIR, git, names
 from deployer.steps.services import manager_for
 from deployer.steps.services.budgets import last_times
 from deployer.steps.services.gpu import GpuWait, gpu_list

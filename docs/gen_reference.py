@@ -7,7 +7,7 @@ as Markdown from what deployer itself declares:
 - step kinds: the step registry (deployer/steps/kinds.py), each kind's docstring, effect, scope and Params;
 - CLI commands: the click group (deployer/cli/);
 - exit codes: the typed failures of deployer/errors.py;
-- run states: deployer/run/state.py's Phase and its transitions (and the shown names of deployer/run/shown.py);
+- run states: deployer/runstate.py's Phase and its transitions (and the shown names of deployer/run/shown.py);
 - run-log event types: every event the package emits, found in its source.
 
 It lives outside the package on purpose: the package never needs it, and only the docs build imports mkdocs.
@@ -241,7 +241,8 @@ def comments(source: str) -> dict[str, str]:
 
 
 def run_states_page() -> str:
-    from deployer.run import shown, state
+    from deployer import runstate as state
+    from deployer.run import shown
 
     Phase = state.Phase
     said = comments(inspect.getsource(state.Phase)) | comments(inspect.getsource(shown))
@@ -262,7 +263,7 @@ def run_states_page() -> str:
         marks = " | ".join("✓" if state.allowed(old, new) else "" for new in phases)
         matrix.append(f"| `{old.value}` | {marks} |")
     return ("# Run states\n\n" + GENERATED_NOTE
-            + "\nThe phases a run's `state.json` records (deployer/run/state.py), written before the remote effect of "
+            + "\nThe phases a run's `state.json` records (deployer/runstate.py), written before the remote effect of "
               "each transition. `refused` and `failed` are names `runs list` and `runs show` give a run that ended "
               "before changing anything (deployer/run/shown.py). What they mean for an operator, and how a cut run "
               "ends: [A run that can be cut anywhere](../explanation/run-states.md).\n\n"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deployer.errors import ConfigError, DeployerError
-from deployer.run import gitops
+from deployer.steps import gitops
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, LoadedPlaybook, Submitted
 from deployer.steps.services import manager_for

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from deployer.errors import ConfigError
 from deployer.fleet.record import FLEET, FleetRecord
 from deployer.run.shown import FAILED, REFUSED, shown_state
-from deployer.run.state import Phase
 from deployer.runlog import EVENTS, read_run
+from deployer.runstate import Phase
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -25,8 +25,8 @@ def lock() -> None:
 @failures_to_exit_codes
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
-    from deployer.run import gitops
     from deployer.run import lock as locks
+    from deployer.steps import gitops
     from deployer.ui.console import say
     host, transport = builder(inventory, None, accept_new_host_key).connection(host_name)
     with transport:
@@ -57,9 +57,9 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
 def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: str | None,
                  accept_new_host_key: bool, as_json: bool) -> None:
     """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
-    from deployer.run import gitops
     from deployer.run import lock as locks
     from deployer.runlog import operator_id
+    from deployer.steps import gitops
     from deployer.ui.console import say, show_error
 
     build = builder(inventory, runs_dir, accept_new_host_key)

@@ -22,9 +22,9 @@ from deployer.run import recover as recovery
 from deployer.run import rollback as rollbacks
 from deployer.run.engine import Engine, RunResult
 from deployer.run.shown import shown_state_of
-from deployer.run.state import RunRecord
 from deployer.runlog import EVENTS, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
+from deployer.runstate import RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Listener
 from deployer.waiting import all_done

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from deployer.errors import ConfigError
-from deployer.run.state import Phase
 from deployer.runlog import list_runs, new_run_id, utc_now
+from deployer.runstate import Phase
 
 FLEET = "fleet.json"
 UNTOUCHED = "untouched"

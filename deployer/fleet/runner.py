@@ -21,8 +21,8 @@ from deployer.fleet.strategies import Strategy
 from deployer.fleet.unit import ABORTED
 from deployer.run.engine import Engine, RunResult, as_failure
 from deployer.run.shown import REFUSED, shown_state_of
-from deployer.run.state import Phase
 from deployer.runlog import utc_now
+from deployer.runstate import Phase
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Listener
 from deployer.waiting import all_done

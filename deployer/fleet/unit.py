@@ -25,16 +25,16 @@ from deployer.config.models import Unit
 from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, StepFailed, VerificationFailed
 from deployer.fleet.router import Routers, UnitRouting
 from deployer.run.engine import VERIFY, Engine, RunResult
-from deployer.run.gitops import head
 from deployer.run.restart import left_down
 from deployer.run.revert_checks import NotRun, failed_check, recorded_baseline
 from deployer.run.rollback import Target, check, check_recorded, finish_hint, link_rollback
-from deployer.run.state import PAST_COMMIT, Phase
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
+from deployer.runstate import PAST_COMMIT, Phase
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
+from deployer.steps.gitops import head
 from deployer.waiting import joined, waited
 
 Body = Callable[[Context, RunLogWriter], None]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployer.errors import ChecksFailed, DeployerError
-from deployer.run.state import Phase, RunRecord, RunRecordError
 from deployer.runlog import utc_now
+from deployer.runstate import Phase, RunRecord, RunRecordError
 
 
 @dataclass

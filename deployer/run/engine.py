@@ -29,10 +29,12 @@ from deployer.run import prepare, undo
 from deployer.run.ahead import Ahead
 from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer, send_seal
-from deployer.run.owner import Owner
 from deployer.run.plan import PlanReport, plan
 from deployer.run.revert_checks import NotRun, RevertChecks, checks_failed_message, failed_names, prove
-from deployer.run.state import (
+from deployer.run.whole import Whole
+from deployer.runlog import RunLogWriter, new_run_id, operator_id, utc_now
+from deployer.runowner import Owner
+from deployer.runstate import (
     PAST_COMMIT,
     Phase,
     RunRecord,
@@ -40,8 +42,6 @@ from deployer.run.state import (
     RunState,
     ensure_headroom,
 )
-from deployer.run.whole import Whole
-from deployer.runlog import RunLogWriter, new_run_id, operator_id, utc_now
 from deployer.steps.base import Effect, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, Listener, LoadedPlaybook

@@ -23,9 +23,9 @@ from deployer.agent.client import Pending
 from deployer.agent.protocol import Put, PutReply
 from deployer.config.models import check_repo_relative
 from deployer.errors import DeployerError, RecordRefused
-from deployer.run.gitops import OBJECT_ID
-from deployer.run.state import FileRecord
+from deployer.runstate import FileRecord
 from deployer.steps.git import trailers
+from deployer.steps.gitops import OBJECT_ID
 from deployer.text import printable, shown
 from deployer.transport.base import Transport
 

@@ -17,13 +17,13 @@ from deployer.agent.processes import Procs
 from deployer.agent.protocol import ExecResult, Get, Run
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
-from deployer.run.gitops import GIT_DIR, usual_git_dir
 from deployer.run.lock import DeployLock, force_release, read_state
 from deployer.run.preflight import Reads, send_reads
-from deployer.run.state import Phase, RunRecord
 from deployer.runlog import RunLogWriter, read_run, utc_now
+from deployer.runstate import Phase, RunRecord
 from deployer.steps.context import Context, EventBus, Submitted
 from deployer.steps.git import EndNote, end_note_argv, seal_argv, trailers
+from deployer.steps.gitops import GIT_DIR, usual_git_dir
 from deployer.transport.base import Transport
 
 Note = tuple[tuple[str, ...], str]  # the end note's argv and the repo it runs in

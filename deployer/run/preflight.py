@@ -22,9 +22,9 @@ from deployer.agent.protocol import Get, Stat, StatEntry
 from deployer.config import yamlsrc
 from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
-from deployer.run.gitops import HEAD, git, git_dirs_argv, names
 from deployer.run.mounts import inspection, place_dests, refuse_layer
 from deployer.steps.context import Change, Context, Submitted
+from deployer.steps.gitops import HEAD, git, git_dirs_argv, names
 
 if TYPE_CHECKING:
     from deployer.steps.base import Step

@@ -11,9 +11,9 @@ from deployer import diffs
 from deployer.agent.protocol import sha256_hex
 from deployer.errors import StepFailed
 from deployer.run.preflight import Reads, lazy_projection, preflight, refuse_unready
-from deployer.run.state import FileRecord, ensure_headroom, git_blob_id
 from deployer.run.whole import Whole
 from deployer.runlog import RunLogWriter
+from deployer.runstate import FileRecord, ensure_headroom, git_blob_id
 from deployer.steps.base import Step
 from deployer.steps.context import Context
 

@@ -15,11 +15,11 @@ import yaml
 from deployer.config.models import Playbook
 from deployer.errors import DeployerError, Interrupted, VerificationFailed
 from deployer.run.engine import Engine, RunResult
-from deployer.run.gitops import head
-from deployer.run.state import Phase
 from deployer.runlog import RunLogWriter, utc_now
+from deployer.runstate import Phase
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context, LoadedPlaybook
+from deployer.steps.gitops import head
 from deployer.steps.playbook import parse_playbook
 from deployer.steps.services import manager_for
 from deployer.steps.services.co_restart import CoRestart, CoRestartParams, services_restarted

@@ -12,9 +12,10 @@ import posixpath
 from dataclasses import dataclass, field
 
 from deployer.errors import DeployerError, RollbackFailed
-from deployer.run.gitops import OBJECT_ID, git, head
-from deployer.run.state import FileRecord, RunRecord
+from deployer.runstate import FileRecord, RunRecord
 from deployer.steps.context import Context
+from deployer.steps.gitops import OBJECT_ID, git, head
+from deployer.steps.upload import staged_temp
 
 # A git command killed mid-way (a timeout, a cut run's agent exiting) leaves index.lock behind, and then
 # every later git command that writes the index fails. It is stale when no git process works in the repo.
@@ -27,14 +28,6 @@ _STALE_INDEX_LOCK = (
 # Every transport names its temp files `.<name>.deployer-<random>.tmp` (or `.deployer-<random>.tmp`); an
 # upload that stages for remote_compile, `.<name>.deployer-staged-<sha256>.tmp` (staged_temp).
 TEMP_GLOB = ".*deployer-*.tmp"
-
-
-def staged_temp(path: str, new_sha256: str) -> str:
-    """Where an upload stages the new bytes of path until remote_compile has compiled them: beside it (the
-    rename into place is atomic), named from the dest and its new bytes alone, so a restore or a recover
-    derives every name from the run's record and never has to trust a listing of the target."""
-    directory, name = posixpath.split(path)
-    return posixpath.join(directory, f".{name}.deployer-staged-{new_sha256[:16]}.tmp")
 
 
 @dataclass

@@ -7,8 +7,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from deployer.errors import DeployerError
-from deployer.run.state import FORWARD, Phase, RunRecord
 from deployer.runlog import Run, read_run
+from deployer.runstate import FORWARD, Phase, RunRecord
 
 REFUSED = "refused"  # stopped before its first step, having changed nothing (lock held, already rolled back...)
 FAILED = "failed"  # a step failed before anything on the target changed (a fix that does not compile): no restore

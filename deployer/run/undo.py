@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from deployer.agent.protocol import ExecResult
 from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, VerificationFailed
 from deployer.run.ending import Ending
-from deployer.run.gitops import HEAD, differ_argv, exists_argv, git, names
 from deployer.run.lease import run_trailer
 from deployer.run.restore import restore_files
-from deployer.run.state import Phase
 from deployer.runlog import utc_now
+from deployer.runstate import Phase
 from deployer.steps import services
 from deployer.steps.action import Bound
 from deployer.steps.base import Action
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.git import LOG_SHA256, RUN_ID, commit_actions, commit_staged, owner_and_mode_kept, trailers
+from deployer.steps.gitops import HEAD, differ_argv, exists_argv, git, names
 
 
 def target_state(ctx: Context) -> str:

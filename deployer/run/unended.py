@@ -3,7 +3,7 @@
 A run killed before it took the target's lock leaves nothing on the target, so the next apply there would
 succeed and never mention it; only its log here, which `runs verify` then fails for good, says it was cut.
 The next apply names it, from a look at the newest run dirs alone: no target, no reading of old history. A run
-whose process on this machine still runs (its record names it: run/owner.py) is not named: it is going, not cut."""
+whose process on this machine still runs (its record names it: runowner.py) is not named: it is going, not cut."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from deployer.errors import DeployerError
-from deployer.run.state import RunRecord
 from deployer.runlog import EVENTS, is_run_id, read_run
+from deployer.runstate import RunRecord
 
 NEWEST = 20  # run dirs looked at: a killed run is worth a notice on the next applies, not forever
 

@@ -8,7 +8,7 @@ crafted record cannot make recover (root, with `become`) write, remove or chown 
 - a file that existed gets back the bytes git holds for its dest at the record's HEAD, and no other owner than
   the one it has now (or, when it is gone, the owner of the directory it goes back into);
 - a file that did not exist is removed only while it holds the run's new bytes;
-- the staged temps it removes are named from the vetted path and new_sha256 (restore.staged_temp) and the
+- the staged temps it removes are named from the vetted path and new_sha256 (steps.upload.staged_temp) and the
   listing of TEMP_GLOB beside the dests, never from a name the record carries.
 """
 
@@ -19,11 +19,11 @@ import posixpath
 
 from deployer.agent.protocol import Stat, StatEntry
 from deployer.errors import DeployerError, StepFailed
-from deployer.run.gitops import git, git_dirs_argv, names
 from deployer.run.intent import Intent, path_in, refused
 from deployer.run.preflight import refuse_unsafe_dests
-from deployer.run.state import FileRecord
+from deployer.runstate import FileRecord
 from deployer.steps.context import Context, Submitted
+from deployer.steps.gitops import git, git_dirs_argv, names
 
 
 def vetted(ctx: Context, pending: Intent) -> list[FileRecord]:

@@ -26,13 +26,13 @@ from deployer.agent.protocol import Premise, Premised, sha256_hex
 from deployer.errors import DeployerError, PythonMissing, TransportError
 from deployer.run import intent
 from deployer.run.ahead import Ahead
-from deployer.run.gitops import HEAD, OBJECT_ID, usual_git_dir
 from deployer.run.lease import Lease, run_trailer
 from deployer.run.preflight import Reads
-from deployer.run.state import FileRecord, Phase, RunRecordError, ensure_headroom, git_blob_id
 from deployer.runlog import utc_now
+from deployer.runstate import FileRecord, Phase, RunRecordError, ensure_headroom, git_blob_id
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Change, Context
+from deployer.steps.gitops import HEAD, OBJECT_ID, usual_git_dir
 from deployer.text import shown
 
 # The identity the batch assumes the target has (the email read is a guard): preflight reads the real one.

@@ -15,7 +15,7 @@ from deployer.agent.protocol import DEFAULT_TIMEOUT_S, ExecResult
 from deployer.command import Masker, shell_line
 from deployer.config.models import Host, Playbook
 from deployer.errors import StepFailed, TransportError
-from deployer.run.state import RunRecord
+from deployer.runstate import RunRecord
 from deployer.steps.action import EVENT, Action, Bound, Kind
 from deployer.steps.cancel import CancelToken
 from deployer.text import visible

@@ -14,10 +14,10 @@ from pydantic import Field, field_validator
 from deployer.config.models import Strict
 from deployer.diffs import DIFF_ALGORITHM, DiffStat, FileStat, parse_numstat
 from deployer.errors import DeployerError, StepFailed
-from deployer.run.gitops import HEAD, git, names, touched_argv
 from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import NOTHING, Context, Submitted
+from deployer.steps.gitops import HEAD, git, names, touched_argv
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from pydantic import Field
 
 from deployer.agent.protocol import sha256_hex
 from deployer.config.models import Strict
 from deployer.errors import StepFailed
-from deployer.run.gitops import git
-from deployer.run.restore import staged_temp
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import Context, Submitted
 from deployer.steps.git import owner_and_mode_kept
+from deployer.steps.gitops import git
+
+
+def staged_temp(path: str, new_sha256: str) -> str:
+    """Where an upload stages the new bytes of path until remote_compile has compiled them: beside it (the
+    rename into place is atomic), named from the dest and its new bytes alone, so a restore or a recover
+    derives every name from the run's record and never has to trust a listing of the target."""
+    directory, name = posixpath.split(path)
+    return posixpath.join(directory, f".{name}.deployer-staged-{new_sha256[:16]}.tmp")
 
 
 class UploadParams(Strict):

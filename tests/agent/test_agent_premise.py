@@ -16,9 +16,9 @@ from deployer.agent.client import AgentClient
 from deployer.agent.protocol import Premise, Put, Run
 from deployer.errors import RequestSkipped, TransportError
 from deployer.run import intent
-from deployer.run.gitops import HEAD
 from deployer.run.lease import run_trailer
-from deployer.run.state import git_blob_id
+from deployer.runstate import git_blob_id
+from deployer.steps.gitops import HEAD
 from deployer.transport.local import spawn_agent
 
 RUN_ID = "20261202T120000.000Z-abcdef"

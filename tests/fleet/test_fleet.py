@@ -225,7 +225,7 @@ def test_hosts_of_one_fleet_start_their_runs_concurrently_in_one_runs_dir(tmp_pa
     # A fleet's sub-runs share a process: the runs dir's writability probe must not be shared between threads.
     from concurrent.futures import ThreadPoolExecutor
 
-    from deployer.run.state import ensure_headroom
+    from deployer.runstate import ensure_headroom
 
     def probe(_: int) -> None:
         for _ in range(200):

@@ -21,7 +21,7 @@ from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, git
 
 from deployer.errors import RollbackFailed
 from deployer.run.restore import restore_files
-from deployer.run.state import FileRecord, RunRecord, RunState, git_blob_id
+from deployer.runstate import FileRecord, RunRecord, RunState, git_blob_id
 from deployer.steps.context import Context
 from deployer.steps.git import trailers
 

@@ -13,7 +13,7 @@ import pytest
 from fixtures_repo import Project, git
 
 from deployer.cli import main
-from deployer.run.state import (
+from deployer.runstate import (
     FORWARD,
     TERMINAL,
     FileRecord,

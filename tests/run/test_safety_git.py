@@ -163,7 +163,7 @@ def test_deployers_git_commands_run_no_fsmonitor_program_the_repo_configures(
 
 
 DEPLOYER = Path(__file__).resolve().parents[2] / "deployer"
-GITOPS = DEPLOYER / "run" / "gitops.py"
+GITOPS = DEPLOYER / "steps" / "gitops.py"
 
 
 def raw_git_argvs(source: str) -> list[int]:
@@ -184,17 +184,17 @@ def test_no_module_but_gitops_builds_a_raw_git_argv_for_the_target() -> None:
     assert raw_git_argvs('ctx.run(["git", "status"])\nsubprocess.run(["git", "apply"])\n') == [1]
     raw = {f"{path.relative_to(DEPLOYER.parent)}:{line}" for path in sorted(DEPLOYER.rglob("*.py"))
            if path != GITOPS for line in raw_git_argvs(path.read_text())}
-    assert not raw, f"build these with deployer.run.gitops.git(): {', '.join(sorted(raw))}"
+    assert not raw, f"build these with deployer.steps.gitops.git(): {', '.join(sorted(raw))}"
 
 
 def test_a_commits_files_are_listed_by_one_argv_that_never_guesses_renames() -> None:
     # A source check: recover once listed them with its own copy, which had lost --no-renames.
-    from deployer.run.gitops import touched_argv
+    from deployer.steps.gitops import touched_argv
 
     assert "--no-renames" in touched_argv("HEAD")
     built = sorted(f"{path.relative_to(DEPLOYER.parent)}" for path in DEPLOYER.rglob("*.py")
                    if '"diff-tree"' in path.read_text())
-    assert built == ["deployer/run/gitops.py"], built
+    assert built == ["deployer/steps/gitops.py"], built
 
 
 def test_commit_skips_the_targets_hooks_unless_the_commit_step_says_hooks_true(

@@ -19,9 +19,9 @@ from test_recover import kill_marker, start_and_kill
 from deployer.errors import AgentLost
 from deployer.run.ahead import Ahead
 from deployer.run.lease import Lease
-from deployer.run.state import Phase, RunRecord, RunState
 from deployer.run.whole import Whole
 from deployer.runlog import utc_now
+from deployer.runstate import Phase, RunRecord, RunState
 from deployer.steps.playbook import parse_playbook
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]

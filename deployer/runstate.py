@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from deployer.errors import DeployerError
-from deployer.run.owner import Owner
+from deployer.runowner import Owner
 
 STATE = "state.json"
 BEFORE = "before"
