@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     from deployer.transport.factory import Opening
 
 
+verbose_option = click.option("--verbose", "-v", is_flag=True, help="With a dry run: every action exactly, as "
+                              "apply does it and its run log records it (the full command lines), not a line per "
+                              "thing a step does.")
+
+
 def select_hosts(host_spec: str, limit: str | None, inventory: str | None) -> tuple[Inventory, list[str]]:
     """The inventory and the hosts --host (a host, group, unit, comma list or glob) and --limit name."""
     from deployer.config import targets
@@ -68,7 +73,8 @@ def timings_of(build: Build, engine: Engine) -> list[Timing]:
     return last_times(build.runs_dir, engine.host_name, engine.host)
 
 
-def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime: Sequence[Downtime] = ()) -> None:
+def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime: Sequence[Downtime] = (),
+              verbose: bool = False) -> None:
     """The plan (and the router its restart leaves with nothing behind it); exit 1 when the projected change breaks
     the playbook's bounds or does not compile here, so a CI job can gate on it."""
     from deployer.ui.console import make_console
@@ -79,7 +85,7 @@ def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime
                    "downtime": [one.document() for one in downtime], "exit_code": 1 if failed else 0, "error": failed})
     else:
         console = make_console()
-        render(console, report, timings)
+        render(console, report, timings, verbose=verbose)
         for down in downtime:
             console.print(down.describe(), markup=False, highlight=False)
     if failed:
@@ -87,7 +93,7 @@ def show_plan(report: PlanReport, as_json: bool, timings: list[Timing], downtime
 
 
 def show_plans(build: Build, engines: dict[str, Engine], units: dict[str, Unit], inventory: Inventory,
-               as_json: bool) -> None:
+               as_json: bool, verbose: bool = False) -> None:
     """A fleet's plan (`plan`, `apply --dry-run`): every host's, and the routers a batch leaves with no unit behind
     it; exit 1 when any host's projected change breaks the bounds or does not compile."""
     from deployer.fleet.apply import for_units
@@ -104,7 +110,7 @@ def show_plans(build: Build, engines: dict[str, Engine], units: dict[str, Unit],
     else:
         console = make_console()
         for one, timings in reports:
-            render(console, one, timings)
+            render(console, one, timings, verbose=verbose)
         for down in downtime:
             console.print(down.describe(), markup=False, highlight=False)
     if failed:
@@ -120,12 +126,16 @@ def show_plans(build: Build, engines: dict[str, Engine], units: dict[str, Unit],
 @inventory_option
 @runs_dir_option
 @accept_option
-@json_option()
+@verbose_option
+@json_option(help="Print one machine-readable JSON object (also on failure): every action exactly, and each step's "
+                  "brief lines.")
 @failures_to_exit_codes
 def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, inventory: str | None,
-         runs_dir: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """Dry run: diffs, the projected diff --stat and the exact commands (every host of a group); changes nothing.
+         runs_dir: str | None, accept_new_host_key: bool, verbose: bool, as_json: bool) -> None:
+    """Dry run: diffs, the projected diff --stat and each step's actions (every host of a group); changes nothing.
 
+    Each step shows a line per thing it does (what runs where, what is sent, what is waited for), every change to
+    the target among them; --verbose shows every action exactly, as apply does it and its run log records it.
     Exits 1 when the projected change breaks the playbook's diff_bounds."""
     from deployer import runlog
     from deployer.config import targets
@@ -142,7 +152,7 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
         loaded = load_inventory(find_inventory(inventory))
         routed = routed_part(loaded, engine.host_name)
         show_plan(rollbacks.plan(engine, run), as_json, timings_of(build, engine),
-                  lone_downtime(build, engine, dict([routed] if routed else []), loaded, command="rollback"))
+                  lone_downtime(build, engine, dict([routed] if routed else []), loaded, command="rollback"), verbose)
         return
     if not playbook or not host_name:
         raise ConfigError("plan needs PLAYBOOK and --host (or --rollback RUN_ID)")
@@ -151,9 +161,10 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
     if len(hosts) == 1:
         engine = engines[hosts[0]]
         alone = {n: u for n, u in every_unit(loaded.units, loaded.hosts).items() if u.hosts() == hosts}
-        show_plan(engine.plan(), as_json, timings_of(build, engine), lone_downtime(build, engine, alone, loaded))
+        show_plan(engine.plan(), as_json, timings_of(build, engine), lone_downtime(build, engine, alone, loaded),
+                  verbose)
         return
-    show_plans(build, engines, targets.run_units(loaded, hosts), loaded, as_json)
+    show_plans(build, engines, targets.run_units(loaded, hosts), loaded, as_json, verbose)
 
 
 @click.command()
@@ -169,15 +180,16 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @click.option("--restart", is_flag=True, help="When the fix is already applied (every file holds its bytes at "
                                               "HEAD), restart and check the services all the same; the run still "
                                               "ends `unchanged`.")
-@click.option("--dry-run", is_flag=True, help="Same as `deployer plan`.")
+@click.option("--dry-run", is_flag=True, help="Same as `deployer plan` (with --verbose: every action exactly).")
 @click.option("--allow-downtime", is_flag=True, help="Restart units even when no other unit serves behind their "
                                                      "router meanwhile.")
 @health_timeout_option
+@verbose_option
 @json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, restart: bool, dry_run: bool,
-          allow_downtime: bool, health_timeout_s: float | None, as_json: bool) -> None:
+          allow_downtime: bool, health_timeout_s: float | None, verbose: bool, as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify.
 
     A fix already applied (every file holds its bytes at HEAD) changes nothing: the run ends `unchanged`, exit 0,
@@ -203,7 +215,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
             engine = engines[hosts[0]]
             if dry_run:
                 show_plan(engine.plan(), as_json, timings_of(build, engine),
-                          lone_downtime(build, engine, units, loaded))
+                          lone_downtime(build, engine, units, loaded), verbose)
             else:
                 apply_one(build, engine, as_json, units, loaded, allow_downtime=allow_downtime, known=known,
                           early=early)
@@ -214,7 +226,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
     from deployer.fleet.runner import FleetCancel
 
     if dry_run:
-        show_plans(build, engines, units, loaded, as_json)
+        show_plans(build, engines, units, loaded, as_json, verbose)
         return
     fleet = build.fleet_apply(engines, units, parallel=parallel, cancel=FleetCancel(), listeners=[], inventory=loaded,
                               allow_downtime=allow_downtime)

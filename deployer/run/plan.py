@@ -13,7 +13,7 @@ from deployer.run.lock import LockState, read_state
 from deployer.run.mounts import describe
 from deployer.run.preflight import preflight, projected_stat
 from deployer.run.prepare import already_applied
-from deployer.steps.action import Kind
+from deployer.steps.action import Kind, briefly
 from deployer.steps.base import Action, Step
 from deployer.steps.context import Context
 
@@ -71,6 +71,7 @@ class PlanReport:
                 "sent_whole": {"yes": self.unsent is None, "why_not": self.unsent},
                 "steps": [{"name": n, "actions": [a.describe() for a in acts],
                            "commands": [a.command() for a in acts if a.kind == Kind.run],
+                           "brief": [{"line": b.text, "actions": list(b.actions)} for b in briefly(acts)],
                            **({"not_run": self.not_run[n]} if n in self.not_run else {}),
                            **({"note": self.notes[n]} if n in self.notes else {})} for n, acts in self.steps]}
 

@@ -5,18 +5,24 @@ A step builds its actions in one place: `plan` renders them and `apply` sends th
 shows exactly what the run does. A value only the run can know (a PID it reads on the way) stands in
 the action as a placeholder such as `<pid of decode>`; the run binds it, and the run log records each
 action it did under the action's key, with the values it bound.
+
+`plan` shows the actions two ways, both from the same data: exactly (`render`: every command line as the
+run log records it) and briefly (`briefly`: a line per thing a person cares about, where every action that
+may change the target is still named).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, replace
 from enum import Enum
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from deployer.command import shell_line
+from deployer.command import quote, shell_line
 
 if TYPE_CHECKING:
     from deployer.agent.protocol import Request
@@ -62,6 +68,9 @@ class Action:
     expect: bytes | None = None  # a command's exact output that counts as success, on the target itself
     # A numstat's totals that count as success, on the target: (("files", (min, max) or None), ...).
     within: tuple[tuple[str, tuple[int, int] | None], ...] | None = None
+    size: int | None = None  # the bytes a put sends, where the plan knows them
+    gist: str = ""  # a command in a few words, where its argv alone would not say it (a launch script's program)
+    group: str = ""  # the thing a person cares about that it is part of ("stop decode"): brief plans show one line
 
     @classmethod
     def run(cls, key: str, what: str, argv: tuple[str, ...], cwd: str | None = None, **extra: Any) -> Action:
@@ -114,6 +123,34 @@ class Action:
             text += " [repeated]"
         return text if self.when is None else f"{text} [only if {self.when}]"
 
+    @property
+    def changes(self) -> bool:
+        """May it change the target? Commands count, whatever they are: only a step knows one that only reads."""
+        return self.kind in (Kind.run, Kind.put, Kind.signal) or (self.kind == Kind.http and self.method != "GET")
+
+    def program(self) -> str:
+        """A command in a few words: its gist, or its program and first words; an inline program as `<program>`."""
+        assert self.kind == Kind.run
+        return self.gist or program(self.argv)
+
+    def effect(self) -> str:
+        """What it does, in a few words: a command's program, `send N bytes -> PATH`, `TERM <tree of decode>`."""
+        if self.kind == Kind.run:
+            return self.program()
+        if self.kind == Kind.put:
+            return f"send {self.size} bytes -> {self.target}" if self.size is not None else f"write {self.target}"
+        if self.kind == Kind.signal:
+            return " ".join(self.argv)
+        return self.line()
+
+    def brief(self) -> str:
+        """The action alone on a brief plan's line: as render() shows it, a command's line and a put's path
+        shortened to their effect()."""
+        text = self.what if self.kind == Kind.local else f"{self.what}: {self.effect()}"
+        if self.repeats:
+            text += " [repeated]"
+        return text if self.when is None else f"{text} [only if {self.when}]"
+
     def placeholders(self) -> list[str]:
         return list(dict.fromkeys(PLACEHOLDER.findall(self.line())))
 
@@ -130,7 +167,8 @@ class Action:
         """Every value the action shows or sends, passed through f (binding placeholders, masking secrets)."""
         return replace(self, what=f(self.what), argv=tuple(f(a) for a in self.argv),
                        cwd=None if self.cwd is None else f(self.cwd), env=tuple((k, f(v)) for k, v in self.env),
-                       target=f(self.target), stage=f(self.stage), body=None if self.body is None else f(self.body))
+                       target=f(self.target), stage=f(self.stage), body=None if self.body is None else f(self.body),
+                       gist=f(self.gist), group=f(self.group))
 
     def describe(self) -> dict[str, Any]:
         """The action in `plan --json`; a command's argv too, since its line quotes the placeholders it holds."""
@@ -166,6 +204,67 @@ class Action:
             return Signal(sig, [(number(pid), start) for pid, start in
                                 (entry.split(":", 1) for entry in listed.split(",") if entry)])
         raise ValueError(f"the agent does not do {self.line()!r}")
+
+
+@dataclass(frozen=True)
+class Brief:
+    """One line of a brief plan, and the actions (indices into the step's list) it stands for."""
+    text: str
+    actions: tuple[int, ...]
+
+
+def briefly(actions: Sequence[Action]) -> list[Brief]:
+    """A step's actions, a line per thing a person cares about: an action alone as brief() shows it, and a run of
+    actions of one group as one line naming the group, then each effect on the target and each wait (in order),
+    or, when it only reads, how many reads. Nothing that may change the target goes unnamed."""
+    lines = []
+    for _, run in groupby(enumerate(actions), key=lambda pair: pair[1].group or pair[0]):
+        members = list(run)
+        first = members[0][1]
+        text = summed(first.group, [a for _, a in members]) if first.group else first.brief()
+        lines.append(Brief(text, tuple(i for i, _ in members)))
+    return lines
+
+
+def summed(group: str, actions: Sequence[Action]) -> str:
+    """A group's line: its name, then what it changes (the changes done only under one condition together) and
+    what it waits for, in order, each once; or, when it only reads, how many reads it does."""
+    said: list[tuple[list[str], str | None]] = []  # effects, and the condition they are done under
+    for a in actions:
+        if not (a.changes or a.repeats):
+            continue
+        text, when = (a.effect(), a.when) if a.changes else (a.what, None)
+        if said and when is not None and said[-1][1] == when:
+            said[-1][0].append(text)
+        else:
+            said.append(([text], when))
+    if not said:
+        return f"{group} ({len(actions)} read{'s' if len(actions) > 1 else ''})"
+    return f"{group}: " + "; ".join(dict.fromkeys(", ".join(texts) + ("" if when is None else f" [only if {when}]")
+                                                  for texts, when in said))
+
+
+# Options of git that harden it (steps/gitops.py), and say nothing to a person about what it does.
+GIT_HARDENING = ("-c", "-C", "--git-dir", "--work-tree")
+
+
+def program(argv: Sequence[str]) -> str:
+    """A command in a few words: its program's name and first words, an inline program (`sh -c`, `python -c`)
+    as `<program>`, git as `git SUBCOMMAND`; `…` where words were left out."""
+    name, rest = posixpath.basename(argv[0]), list(argv[1:])
+    if name == "git":
+        while rest and rest[0].startswith("-"):
+            rest = rest[2:] if rest[0] in GIT_HARDENING else rest[1:]
+        return f"git {rest[0]}{' …' if len(rest) > 1 else ''}" if rest else "git"
+    if "-c" in rest:
+        at = rest.index("-c")
+        tail = rest[at + 2:]
+        return " ".join([quote([name, *rest[:at]]), "-c <program>", *(["…"] if tail else [])])
+    short = quote([name, *rest])
+    if len(short) <= 60:
+        return short
+    words = [name, *(w for w in rest[:3] if len(w) <= 20)]
+    return f"{quote(words)} …"
 
 
 def number(text: str) -> int:

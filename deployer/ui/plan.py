@@ -9,12 +9,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from deployer.steps.action import briefly
+
 if TYPE_CHECKING:
     from deployer.run.plan import PlanReport
     from deployer.steps.services.budgets import Timing
 
 
-def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = ()) -> None:
+def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = (), *, verbose: bool = False) -> None:
+    """The plan; each step's actions a line per thing a person cares about (verbose: a line per action, exactly
+    as the run does and logs it)."""
     console.print(f"[bold]plan[/bold] for host {escape(f'{report.host_name}: {report.repo} at {report.head[:12]}')}")
     if report.lock is not None:
         console.print(f"[yellow]deploy lock[/yellow] {escape(report.lock.describe())}")
@@ -60,8 +64,8 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
         why = report.not_run.get(name)
         console.print(f"{number}. [bold]{escape(name)}[/bold]" + (f" [yellow]not run:[/yellow] {escape(why)}"
                                                                  if why else ""))
-        for action in actions:
-            console.print(f"     {action.render()}", markup=False, highlight=False)
+        for line in [a.render() for a in actions] if verbose else [b.text for b in briefly(actions)]:
+            console.print(f"     {line}", markup=False, highlight=False)
         if note := report.notes.get(name):
             console.print(f"     [yellow]warning:[/yellow] {escape(note)}")
     if timings:
@@ -70,5 +74,6 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
         style = "yellow" if timing.short else "green"
         console.print(f"[{style}]{'warn' if timing.short else 'ok'}[/{style}] "
                       f"{escape(f'{timing.service}: {timing.describe()}')}")
-    console.print("dry run: nothing was changed on the target")
+    console.print("dry run: nothing was changed on the target" + ("" if verbose or not report.steps else
+                                                                 "; --verbose shows every action exactly"))
 

@@ -181,7 +181,7 @@ def test_plan_changes_nothing_and_its_stat_equals_what_apply_commits(target: Pro
                            {"diff_bounds": {"files": 2, "insertions": [1, 20]}},
                            {"commit": {"message": "m"}}])
     snapshot = tree_snapshot(target.repo)
-    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    plan = target.deployer("plan", "fix.yaml", "--host", "box", "--verbose")
     assert plan.returncode == 0, plan.stderr
     assert tree_snapshot(target.repo) == snapshot
     assert "-    return 41" in plan.stdout and "+    return 42" in plan.stdout
@@ -213,7 +213,7 @@ def test_patch_mode_applies_with_git_apply(target: Project) -> None:
     target.playbook(patch="fix/b.diff", steps=["local_compile", "upload", "remote_compile",
                                                {"diff_bounds": {"files": 1, "insertions": 2, "deletions": 1}},
                                                {"commit": {"message": "patch b"}}])
-    plan = target.deployer("plan", "fix.yaml", "--host", "box")
+    plan = target.deployer("plan", "fix.yaml", "--host", "box", "--verbose")
     assert plan.returncode == 0, plan.stderr
     assert "+OTHER = 3" in plan.stdout and "apply --check -" in plan.stdout
     result = target.deployer("apply", "fix.yaml", "--host", "box")

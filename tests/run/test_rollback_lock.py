@@ -202,12 +202,14 @@ def test_a_secret_never_appears_in_logs_output_or_errors(stack: Stack) -> None:
     project.write("fix/a.py", FIXED_A + f"# {SECRET}\n")
     project.playbook(steps=["upload", {"diff_bounds": {"files": 1}}, {"commit": {"message": f"m {SECRET}"}},
                             "co_restart"])
-    plan = project.deployer("plan", "fix.yaml", "--host", "box")
+    plan = project.deployer("plan", "fix.yaml", "--host", "box", "--verbose")
+    brief = project.deployer("plan", "fix.yaml", "--host", "box")
     result = project.deployer("apply", "fix.yaml", "--host", "box")
     assert result.returncode == 5
     assert "***" in result.stderr and "service prefill" in result.stderr
-    assert "HF_TOKEN=***" in plan.stdout  # the plan shows the start command's environment, masked
-    for text in (plan.stdout, plan.stderr, result.stdout, result.stderr):
+    assert "HF_TOKEN=***" in plan.stdout  # the exact plan shows the start command's environment, masked
+    assert "start prefill: " in brief.stdout
+    for text in (plan.stdout, plan.stderr, brief.stdout, brief.stderr, result.stdout, result.stderr):
         assert SECRET not in text
     for path in Path(project.runs).rglob("*"):
         if path.is_file():

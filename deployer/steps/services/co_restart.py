@@ -14,7 +14,7 @@ the dry run shows what the run does by construction.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from pydantic import Field
@@ -33,10 +33,12 @@ from deployer.steps.services.manager import Manager, Observed, not_ours, pid_tex
 
 @dataclass(frozen=True)
 class Stage:
-    """One manager's part of one phase: the actions it plans, and what does exactly them."""
+    """One manager's part of one phase: the actions it plans, and what does exactly them; named as a person
+    reads it in a brief plan (`stop decode`), where the phase's actions are one line."""
 
     actions: list[Action]
     do: Callable[[], None]
+    label: str = ""
 
 
 @dataclass
@@ -58,20 +60,25 @@ class Restart:
 
     def stages(self) -> list[Stage]:
         def each(do: Callable[[Manager], None], actions: Callable[[Manager], list[Action]],
-                 order: Sequence[Manager]) -> list[Stage]:
-            return [Stage(actions(m), partial(do, m)) for m in order]
+                 order: Sequence[Manager], label: str) -> list[Stage]:
+            return [Stage(actions(m), partial(do, m), label.format(self.named(m))) for m in order]
         ms = self.members
-        return [*each(self.observe, lambda m: m.observe_actions(), ms),
-                *each(self.stop, lambda m: m.stop_actions(), ms[::-1]),
-                *each(self.free, lambda m: m.free_actions(), ms),
+        return [*each(self.observe, lambda m: m.observe_actions(), ms, "see {}'s process and health"),
+                *each(self.stop, lambda m: m.stop_actions(), ms[::-1], "stop {}"),
+                *each(self.free, lambda m: m.free_actions(), ms, "nothing else answers after the stops"),
                 *(self.gang_starting() if self.leader else [s for m in ms for s in self.starting(m)]),
                 Stage([], self.record),
-                *each(self.confirm, lambda m: m.confirm_actions(), ms)]
+                *each(self.confirm, lambda m: m.confirm_actions(), ms, "the new processes still run")]
+
+    def named(self, m: Manager) -> str:
+        """The service as a brief plan names it: with its host, where the restart spans hosts."""
+        return m.name if len(self.by_host()) == 1 else f"{m.name} on {m.ctx.host_name}"
 
     def plan(self) -> list[Action]:
         # The failure's reads last (memory, log tail): each is done only by the failure that ends the run.
-        return [*(a for stage in self.stages() for a in stage.actions),
-                *(a for m in self.members for a in m.failure_reads())]
+        return [*(replace(a, group=stage.label) for stage in self.stages() for a in stage.actions),
+                *(replace(a, group="if a start fails: what it held and its log")
+                  for m in self.members for a in m.failure_reads())]
 
     def run(self) -> dict[str, str]:
         """Do every stage in the plan's order; what happened, for each host."""
@@ -105,13 +112,18 @@ class Restart:
 
     def starting(self, m: Manager) -> list[Stage]:
         """Its GPUs released (when it has any), then its start: each start waits for its own GPUs."""
-        wait = [Stage(self.gpus[m].actions(), partial(self.released, m))] if m in self.gpus else []
-        return [*wait, Stage(m.start_actions(), partial(self.start, m))]
+        wait = [self.gpu_wait(m)] if m in self.gpus else []
+        return [*wait, Stage(m.start_actions(), partial(self.start, m), f"start {self.named(m)}")]
+
+    def gpu_wait(self, m: Manager) -> Stage:
+        label = f"wait for {self.named(m)}'s GPUs to be released"
+        return Stage(self.gpus[m].actions(), partial(self.released, m), label)
 
     def gang_starting(self) -> list[Stage]:
         """Every member's GPUs released, then one stage that starts them all at once."""
-        waits = [Stage(self.gpus[m].actions(), partial(self.released, m)) for m in self.members if m in self.gpus]
-        return [*waits, Stage([a for m in self.members for a in m.start_actions()], self.gang_start)]
+        waits = [self.gpu_wait(m) for m in self.members if m in self.gpus]
+        return [*waits, Stage([a for m in self.members for a in m.start_actions()], self.gang_start,
+                              f"start {', '.join(self.named(m) for m in self.members)} at once")]
 
     def gang_start(self) -> None:
         lead = next(m for m in self.members if (m.ctx.host_name, m.name) == self.leader)

@@ -10,7 +10,7 @@ import time
 from deployer.agent.processes import Processes, ProcInfo
 from deployer.config.models import Service, resolve_env
 from deployer.errors import StepFailed
-from deployer.steps.action import Action, Bound
+from deployer.steps.action import Action, Bound, program
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.manager import (
     LOG_TAIL,
@@ -157,7 +157,7 @@ class CommandManager(Manager):
                                  ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, self.record,
                                   service.log or "", self.fromfile, *service.start),
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
-                                 failure=f"cannot start {name}")
+                                 failure=f"cannot start {name}", gist=f"sh -c <launch> … {program(service.start)}")
         # A launcher may exit once it has backgrounded the server: the service is then what serves its port.
         # By pid too: until setsid has run in it, the launched process is not yet in a session of its own.
         self.up = Action.procs(f"{name}.up", f"wait for {new} or its session to keep running{on_port}",
@@ -175,7 +175,9 @@ class CommandManager(Manager):
         # A server that writes its own log (`log:`) leaves in deployer's only what its launcher said.
         self._log = Action.run(f"{name}.log", f"the tail of {service.log or self.logfile} since {name} was started",
                                ("sh", "-c", TAIL, "deployer-log", log_start_of(name), service.log or self.logfile,
-                                str(LOG_TAIL)), when=f"{name} fails")
+                                str(LOG_TAIL)), when=f"{name} fails",
+                               gist=f"sh -c <the last {LOG_TAIL} bytes of {service.log or self.logfile} since "
+                                    "this start>")
         self.started_at = ""  # the start time of the process start() launched
         self.log_from: str | None = None  # where this start's output begins in the log; None: not started yet
 
