@@ -29,6 +29,7 @@ class HostRun:
     batch: int
     status: str = UNTOUCHED  # untouched | running | successful | failed | canceled
     state: str = UNTOUCHED  # untouched | running | the README's state of the sub-run, from its record
+    changed: bool = False  # the sub-run left the target otherwise than it found it (Ansible's changed)
     run_id: str | None = None
     exit_code: int | None = None
     error: str | None = None

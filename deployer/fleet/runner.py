@@ -155,6 +155,7 @@ class FleetRunner:
                                                                  result.error)
             run.phase, run.git_before, run.git_after = result.phase, result.git_before, result.git_after
             run.state = shown_state_of(self.record.dir.parent, result.run_id, result.phase)
+            run.changed = result.document()["changed"]
         run.elapsed_s = round(elapsed, 3)
         self.record.save()
         self.emit("host_status", host=host, status=run.status, run_id=run.run_id, exit_code=run.exit_code,

@@ -89,6 +89,13 @@ class UnitRun:
         return sorted(self.engines)  # the canonical order: locks, threads, and the leader
 
     @property
+    def unchanged(self) -> bool:
+        """Every host of the unit already holds the fix (known once every host prepared): the unit changes nothing,
+        and restarts only when asked (`apply --restart`). One that changes elsewhere restarts the unit as one,
+        these hosts too: co_restart is one restart across the unit's hosts, never a part of it."""
+        return len(self.ctxs) == len(self.engines) and all(c.facts.already_applied for c in self.ctxs.values())
+
+    @property
     def metrics_host(self) -> str:
         return self.unit.metrics or self.unit.hosts()[0]
 
@@ -105,7 +112,7 @@ class UnitRun:
                                                                                 force, baseline),
                               {host: {"rollback_of": run.run_id} for host, run in runs.items()}, on_result)
         for host, result in results.items():
-            link_rollback(runs[host], result)
+            link_rollback(runs[host], result.run_id, result.status, result.phase, result.git_after)
         return results
 
     def restart_only(self, on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
@@ -120,23 +127,28 @@ class UnitRun:
             ctx.git_before = head(ctx)
             self._meet(barrier, ctx, "every host of the unit locked")
             if host == self.hosts[0]:
-                try:
-                    self._routed(self.engines[self.metrics_host].steps)
-                except DeployerError as failure:
-                    # No file changed: every host's record ends settled, whatever its services do now.
-                    for one in self.ctxs.values():
-                        assert one.record is not None
-                        one.bus.step = None
-                        one.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
-                    self.failure = failure if isinstance(failure, Interrupted) else VerificationFailed(
-                        f"unit {self.name}: {failure}\n" + "\n".join(
-                            left_down(c, [s for h, s in self.unit.members() if h == c.host_name])
-                            for c in self.ctxs.values()))
+                self._restart_as_is(self.engines[self.metrics_host].steps)
             barrier.wait()
             self.through.add(host)
             if self.failure is not None:
                 raise self.failure
         return body
+
+    def _restart_as_is(self, steps: list[Step]) -> None:
+        """The unit restarted and checked on the code it holds (`deployer restart`, `apply --restart` of a fix every
+        host already holds), by the leader; a failure is every host's."""
+        try:
+            self._routed(steps)
+        except DeployerError as failure:
+            # No file changed: every host's record ends settled, whatever its services do now.
+            for one in self.ctxs.values():
+                assert one.record is not None
+                one.bus.step = None
+                one.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+            self.failure = failure if isinstance(failure, Interrupted) else VerificationFailed(
+                f"unit {self.name}: {failure}\n" + "\n".join(
+                    left_down(c, [s for h, s in self.unit.members() if h == c.host_name])
+                    for c in self.ctxs.values()))
 
     def _drive(self, make_body: Callable[[str, threading.Barrier, threading.Event], Body],
                start: dict[str, dict[str, Any]],
@@ -231,19 +243,34 @@ class UnitRun:
             self._meet(barrier, ctx, "every host of the unit locked")
             try:
                 engine.prepare(ctx, log)
-                engine.run_steps(ctx, before)  # a failure restores this host and raises
+            except DeployerError:
+                barrier.abort()
+                raise
+            self._meet(barrier, ctx, "every host of the unit prepared")
+            kept = ctx.facts.already_applied
+            if kept:
+                ctx.emit("unchanged", files=ctx.facts.unchanged, head=ctx.git_before,
+                         restart=engine.restart or not self.unchanged)
+            try:
+                # A host already holding the fix ships and commits nothing; in a unit that changes elsewhere it
+                # still takes the unit's checks before the commits (a baseline on its metrics host).
+                engine.run_steps(ctx, [s for s in before if s.scope == Scope.metrics_host and not self.unchanged]
+                                 if kept else before)  # a failure restores this host and raises
             except DeployerError:
                 barrier.abort()
                 raise
             self._meet(barrier, ctx, "every host of the unit shipped and within bounds")
             try:
-                engine.run_steps(ctx, commit)
+                engine.run_steps(ctx, [] if kept else commit)
             except DeployerError:
                 barrier.abort()
                 raise
             self._meet(barrier, ctx, "every host of the unit committed")
             if host == self.hosts[0]:
-                self._after_commits()
+                if not self.unchanged:
+                    self._after_commits()
+                elif engine.restart:
+                    self._restart_as_is([s for s in self._post_steps() if s.effect in VERIFY])
             barrier.wait()  # the leader has restarted, checked (and maybe rolled back) the whole unit
             self.through.add(host)
             if self.failure is not None:
@@ -434,14 +461,36 @@ class UnitRun:
         ctx.bus.step = None
 
     def _settle_failure(self, ctxs: list[Context], failure: DeployerError, redo: list[Step]) -> DeployerError:
-        """After the commits: the whole unit is rolled back (and restarted again: redo), or keeps every commit."""
+        """After the commits: the whole unit is rolled back (and restarted again: redo), or keeps every commit. A host
+        that already held the fix made no commit: nothing of it is reverted, and its run ends failed_restored (its
+        files as they were) whatever the others' end."""
         where = f"unit {self.name}: {failure}"
+        kept = [ctx for ctx in ctxs if ctx.facts.already_applied]
+        ctxs = [ctx for ctx in ctxs if not ctx.facts.already_applied]
+
+        def settle_kept() -> None:
+            for ctx in kept:
+                assert ctx.record is not None
+                ctx.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+                ctx.bus.step = None
+
         if self.on_failure not in ("rollback", "rollback_fleet"):
             for ctx in ctxs:
                 assert ctx.record is not None
                 ctx.record.advance(Phase.failed_committed, utc_now(), error=str(failure))
+            settle_kept()
             return VerificationFailed(f"{where}\nEvery host of the unit keeps its commit (on_failure: restore). "
                                       f"To undo them: deployer rollback RUN_ID for each host's run")
+        try:
+            return self._roll_back(ctxs, kept, failure, redo)
+        finally:
+            settle_kept()  # after the unit's restart again
+
+    def _roll_back(self, ctxs: list[Context], kept: list[Context], failure: DeployerError,
+                   redo: list[Step]) -> DeployerError:
+        """Every host that committed reverted, then the unit restarted again (its hosts that made no commit, kept,
+        too) and checked (redo)."""
+        where = f"unit {self.name}: {failure}"
         try:
             for ctx in ctxs:
                 assert ctx.record is not None and ctx.git_before is not None
@@ -450,8 +499,8 @@ class UnitRun:
                 revert = self.engines[ctx.host_name].revert(ctx, before=ctx.git_before, dests=ctx.dests,
                                                             rollback_of=ctx.run_id, verify=(), baseline={})
                 ctx.facts.rollback_commit = revert
-            forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs}
-            for ctx in ctxs:
+            forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs + kept}
+            for ctx in ctxs + kept:
                 ctx.facts.pids = None
             try:
                 self._run_unit_steps(redo, "rollback:")
@@ -466,7 +515,7 @@ class UnitRun:
                                           f"failed its check: {exc}\nThe reverts stand; a rollback again would not "
                                           "change the old build")
             finally:
-                for ctx in ctxs:  # both restarts stay in the record: the run's own, and the rollback's
+                for ctx in ctxs + kept:  # both restarts stay in the record: the run's own, and the rollback's
                     if ctx.facts.pids is not None:
                         ctx.facts.rollback_pids = ctx.facts.pids
                     ctx.facts.pids = forward[ctx.host_name]
@@ -484,4 +533,3 @@ class UnitRun:
             ctx.bus.step = None
         return VerificationFailed(f"{where}\nRolled back every host of the unit "
                                   f"({', '.join(c.host_name for c in ctxs)}) and restarted it again")
-

@@ -254,8 +254,16 @@ def apply_patch_here(ctx: Context, patch: bytes) -> dict[str, bytes]:
             if current is not None:
                 Path(tmp, dest).parent.mkdir(parents=True, exist_ok=True)
                 Path(tmp, dest).write_bytes(current)
-        _git_apply(["-"], patch, tmp, failure=f"{ctx.playbook.model.patch} does not apply to the "
-                                               "target's current files")
+        try:
+            _git_apply(["-"], patch, tmp, failure=f"{ctx.playbook.model.patch} does not apply to the "
+                                                   "target's current files")
+        except StepFailed as refused:
+            # Already applied: its reverse applies, so the files already hold what it makes (an apply of it then
+            # ends `unchanged` when HEAD holds them too). Anything else that does not apply stays refused.
+            try:
+                _git_apply(["--reverse", "--check", "-"], patch, tmp)
+            except StepFailed:
+                raise refused from None
         result = {}
         for dest in paths:
             target = Path(tmp, dest)

@@ -36,18 +36,20 @@ class Upload(Step):
 
     def actions(self, ctx: Context) -> list[Action]:
         if ctx.playbook.patch is not None:
+            verify = [Action.get(f"verify:{c.dest}", f"read {c.dest} back", c.path) for c in ctx.changes]
+            if all(c.old == c.new for c in ctx.changes):  # applied by hand, not committed: the commit is left
+                return verify
             return [Action.run("apply_check", "check the patch applies (patch on stdin)", git("apply", "--check", "-"),
                                ctx.repo, failure="the patch does not apply to the target's tree"),
                     Action.run("apply", "apply the patch (patch on stdin), then give the files back their owner and "
-                               "mode", git("apply", "-"), ctx.repo, failure="git apply failed"),
-                    *(Action.get(f"verify:{c.dest}", f"read {c.dest} back", c.path) for c in ctx.changes)]
+                               "mode", git("apply", "-"), ctx.repo, failure="git apply failed"), *verify]
         if temps := staged(ctx):
             return [Action.put(f"stage:{c.dest}", f"stage {c.dest} ({len(c.new)} bytes, sha256 "
                                f"{sha256_hex(c.new)[:12]}) beside it, owner and mode set, sha256 checked; "
                                "remote_compile compiles it, then renames it into place",
-                               c.path, stage=temps[c.dest], size=len(c.new)) for c in ctx.changes]
+                               c.path, stage=temps[c.dest]) for c in ctx.changes]
         return [Action.put(f"write:{c.dest}", f"write {c.dest} ({len(c.new)} bytes, sha256 {sha256_hex(c.new)[:12]}) "
-                           "via temp file + sha256 check + rename", c.path, size=len(c.new)) for c in ctx.changes]
+                           "via temp file + sha256 check + rename", c.path) for c in ctx.changes]
 
     def plan(self, ctx: Context) -> list[Action]:
         return self.actions(ctx)
@@ -55,11 +57,13 @@ class Upload(Step):
     def run(self, ctx: Context) -> str:
         actions = self.actions(ctx)
         if ctx.playbook.patch is not None:
-            check, apply, *verify = actions
-            ctx.act(check, stdin=ctx.playbook.patch, timeout=self.timeout_s)
-            # git apply writes each file anew: as the user deployer runs as, with git's idea of the mode.
-            with owner_and_mode_kept(ctx, ctx.dests, self.timeout_s):
-                ctx.act(apply, stdin=ctx.playbook.patch, timeout=self.timeout_s)
+            verify = actions[-len(ctx.changes):]
+            if len(actions) > len(verify):  # none to apply when the work tree already holds the patch
+                check, apply = actions[:2]
+                ctx.act(check, stdin=ctx.playbook.patch, timeout=self.timeout_s)
+                # git apply writes each file anew: as the user deployer runs as, with git's idea of the mode.
+                with owner_and_mode_kept(ctx, ctx.dests, self.timeout_s):
+                    ctx.act(apply, stdin=ctx.playbook.patch, timeout=self.timeout_s)
             for change, action in zip(ctx.changes, verify, strict=True):
                 if ctx.act(action, timeout=self.timeout_s) != change.new:
                     raise StepFailed(self.name, f"after git apply, {change.dest} differs from the file the plan showed")

@@ -73,3 +73,42 @@ def test_a_fleet_run_counts_the_hosts_already_applied_as_unchanged(target: Proje
     assert {name: host["state"] for name, host in hosts.items()} == {"box": "succeeded", "other": "unchanged"}
     shown = target.deployer("apply", "fix.yaml", "--host", "box,other", "--parallel", "1")
     assert shown.returncode == 0 and "unchanged: box, other (already applied)" in shown.stdout, shown.stdout
+
+
+B_PATCH = "--- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1 +1,2 @@\n-VALUE = 1\n+VALUE = 2\n+OTHER = 3\n"
+PATCHED_B = "VALUE = 2\nOTHER = 3\n"
+
+
+def test_a_patch_already_applied_at_head_changes_nothing_and_ends_unchanged(target: Project) -> None:
+    """`git apply --check` fails on files that already hold the patch; its reverse applies: nothing to do."""
+    target.write("fix/b.diff", B_PATCH)
+    target.playbook(patch="fix/b.diff", steps=["upload", {"diff_bounds": {"files": 1}}, {"commit": {"message": "b"}}])
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    head = target.head()
+
+    planned = json.loads(target.deployer("plan", "fix.yaml", "--host", "box", "--json").stdout)
+    assert planned["already_applied"] is True, planned
+    again = target.deployer("apply", "fix.yaml", "--host", "box", "--json")
+    report = json.loads(again.stdout)
+    assert (report["state"], report["changed"], report["exit_code"]) == ("unchanged", False, 0), report
+    assert again.returncode == 0 and target.head() == head and target.file("pkg/b.py") == PATCHED_B
+    assert "does not apply" not in again.stdout + again.stderr
+
+
+def test_a_patch_that_neither_applies_nor_is_applied_is_still_refused_naming_the_forward_apply(
+        target: Project) -> None:
+    target.write("fix/b.diff", B_PATCH.replace("-VALUE = 1", "-VALUE = 9"))
+    target.playbook(patch="fix/b.diff", steps=["upload"])
+    refused = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert refused.returncode == 1 and "fix/b.diff does not apply to the target's current files" in refused.stderr
+
+
+def test_a_patch_applied_by_hand_but_not_committed_is_committed_not_unchanged(target: Project) -> None:
+    (target.repo / "pkg" / "b.py").write_text(PATCHED_B)
+    target.write("fix/b.diff", B_PATCH)
+    target.playbook(patch="fix/b.diff", steps=["upload", {"commit": {"message": "b"}}])
+    head = target.head()
+    done = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty", "--json")
+    report = json.loads(done.stdout)
+    assert (report["state"], report["changed"]) == ("succeeded", True), report
+    assert target.head() != head and target.file("pkg/b.py") == PATCHED_B
