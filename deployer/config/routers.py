@@ -148,6 +148,11 @@ def _form(value: object) -> str:
     return "command" if isinstance(value, list) else "http"
 
 
+# The forms a call is spelled out in, and how a change and a list call are written in each: an api of that name
+# takes its calls in it (fleet.routers' http and command adapters send them).
+CALL_FORMS = {"http": ("{method, path, body}", "{path, urls}"), "command": ("an argv list", "an argv list")}
+
+
 Change = Annotated[Annotated[HttpChange, Tag("http")] | Annotated[CommandCall, Tag("command")], Discriminator(_form)]
 Listing = Annotated[Annotated[HttpList, Tag("http")] | Annotated[ListCommand, Tag("command")], Discriminator(_form)]
 
@@ -161,8 +166,7 @@ class Router(BaseModel):
     host: str = Field(description="The inventory host whose loopback serves the router.")
     url: Annotated[str, AfterValidator(_loopback_origin)] = Field(description=(
         "The router's http://HOST:PORT on its host's loopback."))
-    # sglang-gateway: GET/POST /workers, DELETE /workers/{id} (queued, 202); sglang-router: the older
-    # POST /add_worker?url=, POST /remove_worker?url=, GET /list_workers.
+    # One adapter module each in fleet.routers (a test keeps this list and its APIS the same).
     api: Literal["sglang-gateway", "sglang-router", "http", "command"] = Field(default="sglang-gateway", description=(
         "How the router is called: sglang-gateway, sglang-router, or http or command with remove, add and list "
         "spelled out."))
@@ -187,18 +191,18 @@ class Router(BaseModel):
 
     @model_validator(mode="after")
     def _calls_fit_api(self) -> Router:
+        """An api named as a call form (http, command) takes its three calls spelled out in that form; any other
+        knows its own calls (its adapter in fleet.routers) and takes none."""
         calls = {"remove": self.remove, "add": self.add, "list": self.listing}
-        if self.api in ("sglang-gateway", "sglang-router"):
+        if self.api not in CALL_FORMS:
             given = [name for name, call in calls.items() if call is not None]
             if given:
-                raise ValueError(f"{', '.join(given)}: only for api http or command (api {self.api} knows its calls)")
+                raise ValueError(f"{', '.join(given)}: only for api {' or '.join(CALL_FORMS)} "
+                                 f"(api {self.api} knows its calls)")
             return self
         for name, call in calls.items():
-            wanted = (HttpList if name == "list" else HttpChange) if self.api == "http" else list
-            if not isinstance(call, wanted):
-                form = ("an argv list" if self.api == "command" else
-                        "{path, urls}" if name == "list" else "{method, path, body}")
-                raise ValueError(f"api {self.api} needs `{name}:` as {form}")
+            if call is None or _form(call) != self.api:
+                raise ValueError(f"api {self.api} needs `{name}:` as {CALL_FORMS[self.api][name == 'list']}")
         return self
 
 

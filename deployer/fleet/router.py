@@ -8,26 +8,17 @@ escaped in a message.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING
 
-from deployer.agent.protocol import ExecResult, Http, HttpResult
+from deployer.agent.protocol import Http
 from deployer.command import quote as shell_quote
-from deployer.config.routers import (
-    URLS_PATH,
-    HttpChange,
-    HttpList,
-    Router,
-    RouterWorker,
-    http_origin,
-    metrics_origin,
-    template_strings,
-)
+from deployer.config.routers import Router, RouterWorker, metrics_origin
 from deployer.errors import ConfigError, DeployerError
+from deployer.fleet.routers import api_of
+from deployer.fleet.routers.base import Call, Listed
 from deployer.steps.context import Context
 from deployer.steps.metrics import MetricParams, parse
 from deployer.text import shown, visible
@@ -47,16 +38,6 @@ class RouterFailed(DeployerError):
 
 
 @dataclass(frozen=True)
-class Listed:
-    """One worker as the router lists it."""
-
-    id: str
-    url: str
-    worker_type: str
-    is_healthy: bool
-
-
-@dataclass(frozen=True)
 class Worker:
     """A unit's worker: how the router names it, and where its own gauges are read (on its host's loopback)."""
 
@@ -67,132 +48,47 @@ class Worker:
 
 
 class RouterClient:
-    """The router's worker calls, in the api its config names."""
+    """The router's worker calls, as the adapter of the API its config names makes them (fleet.routers)."""
 
     def __init__(self, name: str, spec: Router, transport: Transport) -> None:
         self.name, self.spec, self.transport = name, spec, transport
+        self.api = api_of(spec)
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> HttpResult:
-        return self.transport.call(Http(self.spec.url + path, timeout=ROUTER_TIMEOUT_S, check=False,
-                                        method=method, json=body), ROUTER_TIMEOUT_S + 5)
-
-    def _refused(self, what: str, answer: HttpResult) -> RouterFailed:
-        seen = f"HTTP {answer.status}: {shown(answer.text)}" if answer.status is not None else answer.error
-        return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: {seen}")
-
-    def _refused_by(self, what: str, done: ExecResult) -> RouterFailed:
-        seen = "timed out" if done.timed_out else f"exit {done.exit_code}: {shown(done.err_stream.text.strip())}"
-        return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: "
-                            f"`{visible(shell_quote(done.argv), multiline=False)}` {seen}")
-
-    def _answer(self, call: HttpList | list[str] | None) -> str:
-        """The text of the router's worker list: its api's GET, or its spelled-out list call."""
+    def _send(self, call: Call, what: str) -> str:
+        """Make one call on the router's host: a request to its loopback, or an argv run there; its answer's text."""
         if isinstance(call, list):
             done = self.transport.run(call, timeout=ROUTER_TIMEOUT_S)
             if not done.ok:
-                raise self._refused_by("its worker list", done)
+                seen = "timed out" if done.timed_out else \
+                    f"exit {done.exit_code}: {shown(done.err_stream.text.strip())}"
+                raise self._refused(what, f"`{visible(shell_quote(done.argv), multiline=False)}` {seen}")
             return done.out_stream.text
-        path = call.path if call is not None else "/workers" if self.spec.api == "sglang-gateway" else "/list_workers"
-        answer = self._call("GET", path)
+        answer = self.transport.call(Http(self.spec.url + call.path, timeout=ROUTER_TIMEOUT_S, check=False,
+                                          method=call.method, json=call.body), ROUTER_TIMEOUT_S + 5)
         if not answer.ok:
-            raise self._refused("its worker list", answer)
+            raise self._refused(what, f"HTTP {answer.status}: {shown(answer.text)}" if answer.status is not None
+                                else str(answer.error))
         return answer.body.decode("utf-8", "replace")
+
+    def _refused(self, what: str, seen: str) -> RouterFailed:
+        return RouterFailed(f"router {self.name} ({self.spec.url} on {self.spec.host}) refused {what}: {seen}")
 
     def listed(self) -> dict[str, Listed]:
         """url -> the worker, as the router lists it now."""
-        api, call = self.spec.api, self.spec.listing
-        text = self._answer(call)
+        text = self._send(self.api.listing(self.spec), "its worker list")
         try:
-            # Every api but the gateway lists URLs only: a listed worker counts as healthy (its proofs checked it).
-            if isinstance(call, list):
-                urls: list[str] | None = [line.strip() for line in text.splitlines() if line.strip()]
-            else:
-                urls = None if api == "sglang-gateway" else urls_at(json.loads(text), "$.urls" if call is None
-                                                                     else call.urls)
-            rows: list[dict[str, Any]] = json.loads(text)["workers"] if urls is None else \
-                [{"id": u, "url": u} for u in urls]
-            found = {}
-            for row in rows:
-                if not (isinstance(row["id"], str) and isinstance(row["url"], str)
-                        and isinstance(row.get("is_healthy", True), bool)):
-                    raise TypeError(f"a worker entry of the wrong types: {row}")
-                found[http_origin(row["url"])] = Listed(row["id"], http_origin(row["url"]),
-                                                         str(row.get("worker_type", "")), row.get("is_healthy", True))
+            return {worker.url: worker for worker in self.api.workers(self.spec, text)}
         except (ValueError, TypeError, KeyError) as exc:
-            raise RouterFailed(f"router {self.name}: its worker list is not what its api ({api}) "
+            raise RouterFailed(f"router {self.name}: its worker list is not what its api ({self.spec.api}) "
                                f"answers: {shown(str(exc))}: {shown(text)}") from None
-        return found
-
-    def _change(self, call: HttpChange | list[str], worker: Worker, what: str) -> None:
-        """A spelled-out removal or addition, filled in with the worker's values."""
-        if isinstance(call, list):
-            done = self.transport.run([fill(arg, worker) for arg in call], timeout=ROUTER_TIMEOUT_S)
-            if not done.ok:
-                raise self._refused_by(what, done)
-            return
-        body = None if call.body is None else template_strings(call.body, lambda value: fill(value, worker))
-        answer = self._call(call.method, fill(call.path, worker, lambda v: quote(v, safe="")), body)
-        if not answer.ok:
-            raise self._refused(what, answer)
 
     def remove(self, worker: Worker, listed: dict[str, Listed]) -> None:
-        what = f"the removal of worker {worker.url} ({worker.spec.service})"
-        if self.spec.remove is not None:
-            return self._change(self.spec.remove, worker, what)
-        if self.spec.api == "sglang-gateway":
-            answer = self._call("DELETE", f"/workers/{quote(listed[worker.url].id, safe='')}")
-        else:
-            answer = self._call("POST", f"/remove_worker?url={quote(worker.url, safe='')}")
-        if not answer.ok:
-            raise self._refused(what, answer)
+        self._send(self.api.remove(self.spec, worker.url, worker.spec, listed[worker.url]),
+                   f"the removal of worker {worker.url} ({worker.spec.service})")
 
     def add(self, worker: Worker) -> None:
-        spec = worker.spec
-        what = f"the addition of worker {worker.url} ({spec.service})"
-        if self.spec.add is not None:
-            return self._change(self.spec.add, worker, what)
-        if self.spec.api == "sglang-gateway":
-            body: dict[str, Any] = {"url": worker.url, "worker_type": spec.worker_type}
-            if spec.bootstrap_port is not None:
-                body["bootstrap_port"] = spec.bootstrap_port
-            answer = self._call("POST", "/workers", body)
-        else:
-            query = f"url={quote(worker.url, safe='')}&worker_type={spec.worker_type}"
-            if spec.bootstrap_port is not None:
-                query += f"&bootstrap_port={spec.bootstrap_port}"
-            answer = self._call("POST", f"/add_worker?{query}")
-        if not answer.ok:
-            raise self._refused(what, answer)
-
-
-def fill(template: str, worker: Worker, escape: Callable[[str], str] = str) -> str:
-    """A call's template with the worker's values (escaped for where they stand: a URL's path and query)."""
-    port = worker.spec.bootstrap_port
-    values = {"worker": worker.url, "worker_type": worker.spec.worker_type,
-              "bootstrap_port": "" if port is None else str(port)}
-    return template.format(**{name: escape(value) for name, value in values.items()})
-
-
-def urls_at(data: Any, path: str) -> list[str]:
-    """The worker URLs where `urls:` ($.KEY..., or $.KEY...[*].KEY...) points in a router's JSON answer."""
-    match = URLS_PATH.fullmatch(path)
-    assert match is not None  # checked when the inventory loaded
-    head, each = match.groups()
-
-    def walk(value: Any, keys: str) -> Any:
-        for key in filter(None, keys.split(".")):
-            if not isinstance(value, dict) or key not in value:
-                raise KeyError(f"no key {key!r} on the way to {path}")
-            value = value[key]
-        return value
-
-    found = walk(data, head)
-    if not isinstance(found, list):
-        raise TypeError(f"{path}: not a list")
-    urls = [walk(item, each) for item in found] if each else found
-    if not all(isinstance(url, str) for url in urls):
-        raise TypeError(f"{path}: not a list of URL strings")
-    return urls
+        self._send(self.api.add(self.spec, worker.url, worker.spec),
+                   f"the addition of worker {worker.url} ({worker.spec.service})")
 
 
 def inflight(worker: Worker, gauges: list[str]) -> float | None:

@@ -185,3 +185,31 @@ def test_in_a_unit_co_restart_names_unit_services_and_each_host_gets_its_part(tm
         steps_for(steps, "pd-1", unit, "gpu-a")
     assert str(caught.value) == (f"{path}:6:5: co_restart: unit pd-1 has no service nope "
                                  "(it has: gpu-a:prefill, gpu-b:decode, gpu-c:router)")
+
+
+# A router refused as a whole is pointed at where its mapping starts (its `host:`, line 9).
+ROUTER = "routers:\n  r:\n    host: gpu-c\n    url: http://127.0.0.1:30000\n"
+
+
+@pytest.mark.parametrize("calls, problem", [
+    ("    api: sglang-router\n    remove: [drop, '{worker}']\n",
+     "9:5: routers.r: remove: only for api http or command (api sglang-router knows its calls)"),
+    ("    remove: {path: /out}\n    add: {path: /in}\n",
+     "9:5: routers.r: remove, add: only for api http or command (api sglang-gateway knows its calls)"),
+    ("    api: http\n    remove: {path: /out}\n    add: [in]\n    list: {path: /ls}\n",
+     "9:5: routers.r: api http needs `add:` as {method, path, body}"),
+    ("    api: http\n    remove: {path: /out}\n    add: {path: /in}\n    list: [ls]\n",
+     "9:5: routers.r: api http needs `list:` as {path, urls}"),
+    ("    api: command\n    remove: [out]\n    add: [in]\n",
+     "9:5: routers.r: api command needs `list:` as an argv list"),
+])
+def test_a_router_whose_calls_do_not_fit_its_api_is_refused_at_its_line(tmp_path: Path, calls: str,
+                                                                        problem: str) -> None:
+    path = inventory(tmp_path, ROUTER + calls)
+    assert f"{path}:{problem}" in load_error(path)
+
+
+def test_a_router_whose_calls_fit_its_api_loads(tmp_path: Path) -> None:
+    path = inventory(tmp_path, ROUTER + "    api: command\n    remove: [out, '{worker}']\n    add: [in, '{worker}']\n"
+                                        "    list: [ls]\n")
+    assert load_inventory(path).routers["r"].remove == ["out", "{worker}"]

@@ -236,3 +236,84 @@ def test_an_http_router_gets_the_worker_url_quoted_in_its_path_and_query_and_raw
     assert line == f"PUT /pool?for={quoted} HTTP/1.1", changes
     assert json.loads(body) == {"url": prefill, "labels": {"role": "prefill", "zone": "a"}, "weight": 2,
                                 "enabled": True, "drain": None, "also": [prefill, 1.5, False]}, body
+
+
+def test_the_registry_holds_exactly_the_four_apis_the_inventory_may_name() -> None:
+    from typing import get_args
+
+    from deployer.config.routers import Router
+    from deployer.fleet.routers import APIS
+
+    assert list(APIS) == ["sglang-gateway", "sglang-router", "http", "command"]
+    assert set(get_args(Router.model_fields["api"].annotation)) == set(APIS)
+
+
+def test_only_its_adapter_names_an_sglang_api_and_nothing_outside_the_adapters_branches_on_a_router_api() -> None:
+    """An API's calls live in its module of fleet/routers/: its name is written there (and in the schema's list,
+    config/routers.py, held to the registry above), and no code elsewhere compares an `api` with one."""
+    import ast
+
+    from deployer.fleet.routers import APIS
+
+    package = Path(__file__).resolve().parents[2] / "deployer"
+    schema, adapters = package / "config" / "routers.py", package / "fleet" / "routers"
+    named, branches = [], []
+    for path in package.rglob("*.py"):
+        if "demo/stack" in path.as_posix():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and node.value in ("sglang-gateway", "sglang-router") and \
+                    path not in (schema, adapters / (node.value.replace("-", "_") + ".py")):
+                named.append(f"{path}:{node.lineno}: {node.value}")
+            if isinstance(node, ast.Compare) and path.parent != adapters:
+                operands = [node.left, *node.comparators]
+                by_api = any((isinstance(o, ast.Name) and o.id == "api")
+                             or (isinstance(o, ast.Attribute) and o.attr == "api") for o in operands)
+                constants = {c.value for o in operands for c in ast.walk(o) if isinstance(c, ast.Constant)}
+                if by_api and constants & set(APIS):
+                    branches.append(f"{path}:{node.lineno}")
+    assert named == [] and branches == [], (named, branches)
+
+
+def adapter_calls(api: str, **calls: Any) -> tuple[Any, Any, Any, Any]:
+    """What the adapter of api sends to list, take out (the router listing the worker as id w-7) and put back a
+    prefill worker at http://127.0.0.1:30001 with bootstrap port 8998."""
+    from deployer.config.routers import Router, RouterWorker
+    from deployer.fleet.routers import api_of
+    from deployer.fleet.routers.base import Listed
+
+    spec = Router.model_validate({"host": "gpu-a", "url": "http://127.0.0.1:30000", "api": api, **calls})
+    worker = RouterWorker(service="gpu-a:prefill", worker_type="prefill", bootstrap_port=8998)
+    url, adapter = "http://127.0.0.1:30001", api_of(spec)
+    return (adapter.listing(spec), adapter.remove(spec, url, worker, Listed("w-7", url, "prefill", True)),
+            adapter.add(spec, url, worker), adapter)
+
+
+def test_each_adapter_says_what_it_sends_to_list_take_out_and_put_back_a_worker() -> None:
+    from deployer.config.routers import Router
+    from deployer.fleet.routers.base import Listed, Request
+
+    url, quoted = "http://127.0.0.1:30001", "http%3A%2F%2F127.0.0.1%3A30001"
+    listing, remove, add, gateway = adapter_calls("sglang-gateway")
+    assert (listing, remove) == (Request("GET", "/workers"), Request("DELETE", "/workers/w-7"))
+    assert add == Request("POST", "/workers", {"url": url, "worker_type": "prefill", "bootstrap_port": 8998})
+    spec = Router(host="gpu-a", url="http://127.0.0.1:30000")
+    assert gateway.workers(spec, json.dumps({"workers": [
+        {"id": "w-7", "url": url + "/", "worker_type": "prefill", "is_healthy": False}]})) == [
+        Listed("w-7", url, "prefill", False)]
+
+    listing, remove, add, older = adapter_calls("sglang-router")
+    assert (listing, remove) == (Request("GET", "/list_workers"), Request("POST", f"/remove_worker?url={quoted}"))
+    assert add == Request("POST", f"/add_worker?url={quoted}&worker_type=prefill&bootstrap_port=8998")
+    assert older.workers(spec, json.dumps({"urls": [url]})) == [Listed(url, url, "", True)]
+
+    put = {"method": "PUT", "path": "/in/{worker}", "body": {"to": ["{worker}", 1]}}
+    listing, remove, add, _ = adapter_calls("http", remove=OLDER_CALLS["remove"], list=OLDER_CALLS["list"], add=put)
+    assert (listing, remove) == (Request("GET", "/list_workers"), Request("POST", f"/remove_worker?url={quoted}"))
+    assert add == Request("PUT", f"/in/{quoted}", {"to": [url, 1]})
+
+    listing, remove, add, command = adapter_calls(
+        "command", remove=["ctl", "out", "{worker}"], add=["ctl", "in", "{worker}", "{worker_type}:{bootstrap_port}"],
+        list=["ctl", "ls"])
+    assert (listing, remove, add) == (["ctl", "ls"], ["ctl", "out", url], ["ctl", "in", url, "prefill:8998"])
+    assert command.workers(spec, f" {url}\n\n") == [Listed(url, url, "", True)]
