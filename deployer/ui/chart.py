@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
+from deployer.steps.metrics import Drain, DrainParams, RevertedDrain
+
 if TYPE_CHECKING:
     from deployer.ui.console import Lines
 
@@ -14,18 +18,25 @@ CHART_WIDTH = 60  # polls shown per series; a longer drain shows its last polls
 
 @dataclass(frozen=True)
 class Series:
-    """A metric's samples from one step, and the bound they were held to."""
+    """A metric's samples from one step, and the drain that judged them (None: a baseline, or a drain whose
+    params this version cannot read)."""
     step: str
     metric: str
     values: list[float | None]
-    op: str | None = None  # the drain's condition, e.g. "<=" ...
-    to: float | None = None  # ... this bound
-    note: str = ""  # what the bound is, when it is not the playbook's own
+    drain: Drain | None = None
 
     def met(self, value: float | None) -> bool:
-        if value is None or self.op is None or self.to is None:
-            return False
-        return {"<=": value <= self.to, ">=": value >= self.to, "==": value == self.to}[self.op]
+        return value is not None and self.drain is not None and self.drain.holds(value)
+
+
+def judged_by(step: str, params: dict[str, Any], baseline: float | None) -> Drain | None:
+    """The drain a step's samples were held to, as the step itself judged them (steps.metrics): the fix's own, or
+    on a rollback the reverted build's, no worse than the run's baseline before the fix."""
+    try:
+        drain = Drain(DrainParams.model_validate(params), step)
+    except ValidationError:
+        return None
+    return drain if baseline is None else RevertedDrain(drain, baseline)
 
 
 def metric_series(events: list[dict[str, Any]]) -> list[Series]:
@@ -40,17 +51,9 @@ def metric_series(events: list[dict[str, Any]]) -> list[Series]:
     reverted = (end.get("facts") or {}).get("rollback_drain") or {}
     series = []
     for (step, metric), values in found.items():
-        params = bounds.get(step.removeprefix("rollback:"), {})
-        op, to = (params.get("op", "<="), params.get("to")) if params else (None, None)
+        params = bounds.get(step.removeprefix("rollback:"))
         before = (reverted.get(metric) or {}).get("baseline") if step.startswith("rollback:") else None
-        if before is not None and to is not None:  # a rollback judged the reverted build against the baseline
-            if op == "==":
-                series.append(Series(step, metric, values))
-                continue
-            to = max(before, to) if op == "<=" else min(before, to)
-            series.append(Series(step, metric, values, op, to, f" (no worse than {num(before)} before the fix)"))
-            continue
-        series.append(Series(step, metric, values, op, to))
+        series.append(Series(step, metric, values, None if params is None else judged_by(step, params, before)))
     return series
 
 
@@ -74,16 +77,15 @@ def show_chart(console: Lines, events: list[dict[str, Any]]) -> None:
         label = f"    {s.step:<{width}}  "
         line = Text(label)
         for value in values:
-            style = "" if s.op is None else "green" if s.met(value) else "red"
+            style = "" if s.drain is None else "green" if s.met(value) else "red"
             line.append(sparkline([value], top), style=style if console.is_terminal else "")
         line.append(" " * (bars - len(values)))
         shown = " ".join("?" if v is None else num(v) for v in values[-8:])
         line.append(f"  {s.metric}: {'... ' if len(values) > 8 else ''}{shown}")
         console.print(line, highlight=False)
-        if s.op is not None and s.to is not None:
+        if s.drain is not None:
             marks = "".join("✓" if s.met(v) else "·" for v in values)
-            console.print(f"{' ' * len(label)}{marks}  ✓ = {s.op} {num(s.to)}{s.note}", markup=False,
-                          highlight=False)
+            console.print(f"{' ' * len(label)}{marks}  ✓ = {s.drain.bound()}", markup=False, highlight=False)
 
 
 def num(value: object) -> str:

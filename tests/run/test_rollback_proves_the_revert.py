@@ -71,7 +71,7 @@ def test_a_rollback_judges_the_old_builds_gauge_against_the_runs_baseline_not_th
     rollback_id = last_run(project)
     # Its chart marks the polls against the bound it held the old build to, not the fix's.
     shown = project.deployer("runs", "show", rollback_id).stdout
-    assert "✓ = <= 3 (no worse than 3 before the fix)" in shown and "✓ = <= 0" not in shown
+    assert "✓ = <= 3 (no worse than 3, its baseline before the fix)" in shown and "✓ = <= 0" not in shown
     assert rollback_id != run_id and git(project.repo, "rev-parse", "HEAD^{tree}").strip() == \
         git(project.repo, "rev-parse", f"{before}^{{tree}}").strip()
     # The old build's gauge is back at 3: no worse than the 3 the run saw before its fix, so the revert is proven.
