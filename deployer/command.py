@@ -20,6 +20,12 @@ def quote(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
+def container_inspect(engine: str, container: str, *options: str) -> tuple[str, ...]:
+    """`<engine> inspect` of one container (never an image or a volume of that name), with options before the
+    name (--format): docker's and podman's spelling alike."""
+    return (engine, "inspect", "--type", "container", *options, container)
+
+
 def shell_line(argv: Sequence[str], *, cwd: str | None = None,
                env: Mapping[str, str] | None = None) -> str:
     """A full shell line: optional `cd`, optional environment, then the quoted argv."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from threading import Thread
 from typing import TYPE_CHECKING, Any
 
+from deployer.command import container_inspect
 from deployer.config import yamlsrc
 from deployer.config.container import Container
 from deployer.errors import ConfigError, DeployerError, StepFailed
@@ -130,7 +131,7 @@ class Inspection:
 
     def __init__(self, transport: Transport, container: Container) -> None:
         self.container = container
-        self._argv = [container.command, "inspect", "--type", "container", container.name]
+        self._argv = container_inspect(container.command, container.name)
         self._future: Future[Inspected] = Future()
         Thread(target=self._read, args=(transport,), name=f"inspect-{container.name}", daemon=True).start()
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from deployer.agent.protocol import ExecResult
+from deployer.command import container_inspect
 from deployer.config.models import Service
 from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
@@ -76,7 +77,7 @@ class ContainerManager(Manager):
         self.box = service.container
         engine, box = self.box.command, self.box.name
         self.grace = math.ceil(service.stop_grace_s)  # the engines take whole seconds
-        inspect = (engine, "inspect", "--type", "container", "--format", "{{json .State}}", box)
+        inspect = container_inspect(engine, box, "--format", "{{json .State}}")
         self.inspect = Action.run(f"{name}.inspect", f"read container {box}'s main pid and start time", inspect)
         self.cmdline = Action.get(f"{name}.cmdline", f"what {pid_of(name)} runs (an init, or a bare interpreter)",
                                   f"/proc/{pid_of(name)}/cmdline", when="the container runs")
