@@ -167,3 +167,140 @@ def test_logs_of_a_container_service_shows_its_output_since_this_start(
 def fetch(url: str) -> None:
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as reply:
         assert reply.status == 200
+
+
+# systemd does not run here. As the systemd tests of tests/steps/test_services_metrics.py stand in for systemctl with
+# a script on the PATH, these stand in for journalctl: the journal is a file of entries, one a line, each
+# "INVOCATION MESSAGE"; an entry's cursor is its line number (printed after the entries, as --show-cursor does), and
+# `systemctl show -p InvocationID --value` says the current start's invocation.
+FAKE_JOURNALCTL = """#!/bin/sh
+inv=; after=0; n=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --after-cursor) after=$2; shift ;;
+    -n) n=$2; shift ;;
+    _SYSTEMD_INVOCATION_ID=*) inv=${1#*=} ;;
+  esac
+  shift
+done
+exec awk -v inv="$inv" -v after="$after" -v n="$n" '
+  NR > after && (inv == "" || $1 == inv) { k++; keep[k] = $0; at[k] = NR }
+  END { first = (n != "" && k > n + 0) ? k - n + 1 : 1
+        for (i = first; i <= k; i++) { m = keep[i]; sub(/^[^ ]* /, "", m); print "2026-01-01T00:00 web[7]: " m }
+        if (k > 0) print "-- cursor: " at[k] }' {journal}
+"""
+FAKE_SYSTEMCTL = """#!/bin/sh
+[ "$1" = show ] && exec cat {invocation}
+exit 1
+"""
+
+
+def marked_python(project: Project, tools: dict[str, str]) -> tuple[str, str]:
+    """A python for the target with `tools` (name: script) first on its PATH, and a mark in its environment that
+    every process of deployer's on the target inherits (the agent, what it runs): the python, and the mark."""
+    bin_dir = project.root / "tools"
+    bin_dir.mkdir(exist_ok=True)
+    for name, script in tools.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    mark = f"DEPLOYER_TEST_MARK={project.root.name}"
+    python = project.write("marked/python", f'#!/bin/sh\n{mark} PATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return str(python), mark
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Every process whose environment holds the mark: deployer's, on the target (this machine, under either
+    transport)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if mark.encode() in environ:
+                found.append(int(entry.name))
+    return found
+
+
+def journaled(target: Project) -> tuple[Path, str]:
+    """Service web, a systemd unit whose journal holds two starts' entries, the second the current one; the
+    journal file (append to it to log), and the mark of deployer's processes on the target."""
+    journal, invocation = target.root / "journal", target.root / "invocation"
+    journal.write_text("inv-1 first start \x1b[2J token\ninv-1 first start ends\ninv-2 second start\n")
+    invocation.write_text("inv-2\n")
+    python, mark = marked_python(target, {
+        "journalctl": FAKE_JOURNALCTL.replace("{journal}", str(journal)),
+        "systemctl": FAKE_SYSTEMCTL.replace("{invocation}", str(invocation))})
+    target.write_inventory(python=python, services={"web": {"systemd": "web.service"}})
+    return journal, mark
+
+
+def test_logs_of_a_systemd_unit_shows_its_journal_since_this_start_escaped(target: Project) -> None:
+    journaled(target)
+
+    shown = target.deployer("logs", "--host", "box", "web")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "second start" in shown.stdout and "first start" not in shown.stdout, shown.stdout
+    assert "-- cursor" not in shown.stdout, shown.stdout
+
+    whole = target.deployer("logs", "--host", "box", "web", "--all")
+    assert whole.stdout.index("first start \\x1b[2J token") < whole.stdout.index("second start"), whole.stdout
+    assert "\x1b" not in whole.stdout
+
+    last = target.deployer("logs", "--host", "box", "web", "--all", "-n", "2")
+    assert "first start ends" in last.stdout and "second start" in last.stdout, last.stdout
+    assert "first start \\x1b" not in last.stdout, last.stdout
+
+    [read] = json.loads(target.deployer("logs", "--host", "box", "web", "--json").stdout)["logs"]
+    assert read["source"] == "the journal of web.service since this start" and "second start" in read["text"], read
+
+
+def followed(target: Project, mark: str, args: list[str], append: Callable[[], None], first: str,
+             appended: str) -> list[str]:
+    """`deployer logs -f`: the first line shown, then a line written after it started; then Ctrl-C ends it with
+    exit 130 (as its --help says), no traceback, and no process of deployer's left on the target."""
+    following = target.popen("logs", "--host", "box", *args, "-f")
+    seen = lines_of(following)
+    try:
+        wait_for(lambda: any(first in line for line in seen), "the log shown before following", 60)
+        assert marked_processes(mark), "no agent of deployer's on the target while following"
+        append()
+        wait_for(lambda: any(appended in line for line in seen), "the line written after the follow started", 30)
+    finally:
+        following.send_signal(signal.SIGINT)
+        try:
+            code = following.wait(30)
+        except subprocess.TimeoutExpired:
+            following.kill()
+            following.wait()
+            raise AssertionError("logs -f did not end within 30s of its Ctrl-C") from None
+    assert code == 130, following.stderr.read() if following.stderr else code
+    assert following.stderr is not None and "Traceback" not in following.stderr.read()
+    wait_for(lambda: not marked_processes(mark), "every process of deployer's on the target ended", 30)
+    return seen
+
+
+def test_logs_follow_of_a_systemd_unit_shows_new_journal_entries_until_ctrl_c(target: Project) -> None:
+    journal, mark = journaled(target)
+
+    def log() -> None:
+        with journal.open("a") as entries:
+            entries.write("inv-2 written after the follow started\n")
+    seen = followed(target, mark, ["web"], log, "second start", "written after the follow started")
+    assert not any("first start" in line for line in seen), seen
+    assert sum("second start" in line for line in seen) == 1, seen  # each entry once: read on from its cursor
+
+
+def test_logs_follow_of_a_container_service_shows_its_new_output_until_ctrl_c(
+        target: Project, serving_container: Callable[..., Served]) -> None:
+    served = serving_container(init=True)
+    python, mark = marked_python(target, {})
+    target.write_inventory(python=python, services={
+        "prefill": {"container": {"engine": "podman", "name": served.box.name}, "health": served.health}})
+    fetch(served.health + "?before-the-follow")  # http.server logs each request it answers on stderr
+
+    seen = followed(target, mark, ["prefill", "--all"], lambda: fetch(served.health + "?after-the-follow-started"),
+                    "before-the-follow", "after-the-follow-started")
+    assert sum("before-the-follow" in line for line in seen) == 1, seen
