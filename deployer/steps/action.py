@@ -233,7 +233,9 @@ def summed(group: str, actions: Sequence[Action]) -> str:
     for a in actions:
         if not (a.changes or a.repeats):
             continue
-        text, when = (a.effect(), a.when) if a.changes else (a.what, None)
+        # A wait says what it waits for and how long (a command polled: its program too).
+        text = a.effect() if not a.repeats else f"{a.what}: {a.effect()}" if a.changes else a.what
+        when = a.when if a.changes else None
         if said and when is not None and said[-1][1] == when:
             said[-1][0].append(text)
         else:
@@ -244,6 +246,7 @@ def summed(group: str, actions: Sequence[Action]) -> str:
                                                   for texts, when in said))
 
 
+SHORT = 60  # a command's first words, shown in a brief plan, in at most this many characters
 # Options of git that harden it (steps/gitops.py), and say nothing to a person about what it does.
 GIT_HARDENING = ("-c", "-C", "--git-dir", "--work-tree")
 
@@ -260,11 +263,12 @@ def program(argv: Sequence[str]) -> str:
         at = rest.index("-c")
         tail = rest[at + 2:]
         return " ".join([quote([name, *rest[:at]]), "-c <program>", *(["…"] if tail else [])])
-    short = quote([name, *rest])
-    if len(short) <= 60:
-        return short
-    words = [name, *(w for w in rest[:3] if len(w) <= 20)]
-    return f"{quote(words)} …"
+    words = [name]
+    for word in rest:
+        if len(quote([*words, word])) > SHORT:
+            return f"{quote(words)} …"
+        words.append(word)
+    return quote(words)
 
 
 def number(text: str) -> int:
