@@ -1,1 +1,65 @@
-"""The use cases behind the commands, the command line's only way into the core (see DESIGN.md)."""
+"""The use cases behind the commands, and deployer's Python API: the command line's only way into the core (see
+DESIGN.md), and the same calls a CI job or a notebook makes.
+
+    from deployer import app
+
+    outcome = app.apply(app.ApplyOptions(playbook="fix.yaml", host="gpu-node"))
+    print(outcome.run_id, outcome.changed, outcome.exit_code)
+    app.rollback(app.RollbackOptions(run_id=outcome.run_id))
+
+Each use case takes its typed options (frozen dataclasses: ApplyOptions, PlanOptions, RollbackOptions,
+RecoverOptions, CheckOptions, RestartOptions, LogsOptions, InitOptions) and returns an outcome: its `exit_code`
+(what the command exits with), `changed` where it ran something, its `run_id` where it is recorded, and
+`document()`, the JSON object the command's --json prints.
+
+Failures, one rule: a use case RAISES the typed DeployerError of deployer.errors (each carries its exit code:
+ConfigError 2, LockHeld 3, ConnectError 4...) for a refusal before any run started, when nothing was recorded
+(a config that does not load, an unknown host, downtime not allowed, a host key not known). Once a run started,
+it RETURNS its outcome, a failed one too (a step that failed and was restored: exit 1; a check that failed after
+the commit: exit 5): its run log and record hold the rest, under the outcome's run_id.
+
+Events: `listener` (any callable taking an event dict) hears every event of the engines and connections the use
+case makes (a pinned host key, a notice such as which run `last` chose); `watch` is handed each run as it starts
+(app.watch.Watched: its hosts, its cancel token, its listeners) and the run goes on inside the context it returns:
+the command line draws its live view and catches signals there. Both may be left out.
+
+The names below load on first use, so that `import deployer.app` (and `deployer --help`) stays cheap; each
+use case's module is named apart from its function (app.restart is restarts.restart), so that importing the
+module never hides the function."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
+    from deployer.app.restarts import RestartOptions, restart
+    from deployer.app.setting import Setting
+    from deployer.app.watch import Watch, Watched
+
+# name -> the module of this package that defines it
+_EXPORTS = {
+    "Setting": "setting", "Watch": "watch", "Watched": "watch",
+    "RunOutcome": "outcome", "FleetOutcome": "outcome", "HostsOutcome": "outcome",
+    "restart": "restarts", "RestartOptions": "restarts",
+}
+
+__all__ = [
+    "FleetOutcome",
+    "HostsOutcome",
+    "RestartOptions",
+    "RunOutcome",
+    "Setting",
+    "Watch",
+    "Watched",
+    "restart",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # once: the next lookup finds it here
+    return value

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from deployer.app.setting import setting_up
 from deployer.cli.downtime import fleet_downtime, lone_downtime, refuse_lone, routed_part
 from deployer.cli.options import (
     accept_option,
@@ -34,7 +35,6 @@ from deployer.cli.running import (
     report,
     run_fleet,
     run_with_view,
-    setting_up,
 )
 
 if TYPE_CHECKING:

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import sys
-from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from deployer.cli.options import accept_option, host_option, inventory_option, json_option, runs_dir_option
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder, cancel_on_signals, run_with_view
+from deployer.cli.running import pin_notice, show_outcome, watcher
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from deployer.build import Build
-    from deployer.config.models import Inventory, Unit
-    from deployer.fleet.router import UnitRouting
-    from deployer.run.engine import Engine, RunResult
-    from deployer.steps.context import Context
+    from deployer.app.outcome import HostsOutcome
 
 
 @click.command()
@@ -41,95 +33,32 @@ def restart(services: tuple[str, ...], host_name: str, checks_from: str | None, 
     A run of its own (kind restart in `runs list`): its record and log, no file changed. Exits as apply does:
     3 when the lock is held, 5 when a service does not come back (the services still down are named, with the
     command that tries again)."""
-    from deployer.cli.deploy import select_hosts
+    from deployer.app.outcome import HostsOutcome
+    from deployer.app.restarts import RestartOptions, restart
 
-    build = builder(inventory, runs_dir, accept_new_host_key)
-    loaded, hosts = select_hosts(host_name, None, inventory)
-    checks = Path(checks_from) if checks_from else None
-    if host_name in loaded.units:
-        unit = loaded.units[host_name]
-        members = build.restart_unit(host_name, unit, list(services), checks)
-        restart_unit(members, host_name, unit, as_json, build.routers(loaded).for_unit(host_name, unit, members))
-        return
-    runs = [restarting(build, loaded, host, list(services), checks) for host in sorted(hosts)]
-    for engine, _ in runs:
-        engine.check_host()  # an unknown service is refused before anything connects, on any host
-    if len(runs) == 1:
-        engine, run = runs[0]
-        run_with_view(engine, as_json, run)
-        return
-    restart_in_turn(runs, as_json)
+    outcome = restart(RestartOptions(host=host_name, services=services, checks_from=checks_from, inventory=inventory,
+                                     runs_dir=runs_dir, accept_new_host_key=accept_new_host_key),
+                      listener=pin_notice, watch=watcher(as_json))
+    if isinstance(outcome, HostsOutcome):
+        report_hosts(outcome, as_json)
+    show_outcome(outcome, as_json)
 
 
-def restarting(build: Build, loaded: Inventory, host: str, services: list[str],
-               checks: Path | None) -> tuple[Engine, Callable[[], RunResult]]:
-    """A host's restart, and its engine: a plain host behind a router restarts as its unit of one, out of the router
-    around the restart (alone), wherever it is named (alone, or in a group)."""
-    from deployer.config.units import every_unit
-    from deployer.run.restart import restart as run_restart
-
-    routed = every_unit(loaded.units, loaded.hosts).get(host)  # a host of a unit names no router of its own
-    if routed is None:
-        engine = build.restart(host, services, checks)
-        return engine, partial(run_restart, engine, services)
-    from deployer.fleet.unit import alone
-
-    engine = build.restart_unit(host, routed, services, checks)[host]
-    return engine, partial(alone, host, routed, engine, build.routers(loaded), restart=True)
-
-
-def restart_in_turn(runs: list[tuple[Engine, Callable[[], RunResult]]], as_json: bool) -> None:
-    """A group that is no unit: one host after another, each its own run (a host behind a router out of it around
-    its own restart only, so the others serve meanwhile); the first that fails ends it, with its exit code (the
-    hosts after it are left as they are)."""
-    from deployer.ui.console import make_console
-    from deployer.ui.live import StepView
-
-    results = {}
-    for engine, run in runs:
-        view = StepView(make_console(), quiet=as_json)
-        engine.listeners.append(view)
-        with cancel_on_signals(engine.cancel), view:
-            results[engine.host_name] = run()
-        if results[engine.host_name].exit_code:
-            break
-    report_hosts(results, len(runs), as_json)
-
-
-def restart_unit(engines: dict[str, Engine], name: str, unit: Unit, as_json: bool,
-                 routing: Callable[[dict[str, Context]], UnitRouting] | None) -> None:
-    """A unit's restart as one (each host its own run, lock and log); each host's report, then the exit code
-    of the first host, in unit order, that failed."""
-    from deployer.fleet.unit import UnitRun
-    from deployer.steps.cancel import CancelToken
-
-    run = UnitRun(name, unit, engines, "restore", routing=routing)  # out of its router around the restart
-    cancel = CancelToken()
-    for engine in engines.values():
-        engine.cancel = cancel
-    with cancel_on_signals(cancel):
-        done = run.restart_only()
-    report_hosts({host: done[host] for host in engines if host in done}, len(engines), as_json, unit=name)
-
-
-def report_hosts(results: dict[str, RunResult], expected: int, as_json: bool, **document: str) -> None:
-    """Each host's run (in the order given), then the exit code of the first that failed; one JSON document."""
+def report_hosts(outcome: HostsOutcome, as_json: bool) -> NoReturn:
+    """Each host's run (in the order they ran), then the exit code of the first that failed; one JSON document."""
     from deployer.ui.console import make_console, show_error
     from deployer.ui.report import show_result
 
-    failed = [r for r in results.values() if r.exit_code]
-    exit_code = failed[0].exit_code if failed else 0 if len(results) == expected else 1
     if as_json:
-        emit_json({**document, "hosts": {h: r.document() for h, r in results.items()}, "exit_code": exit_code,
-                   "error": failed[0].error if failed else None})
+        emit_json(outcome.document())
     else:
         console = make_console()
-        for host, result in results.items():
+        for host, result in outcome.results.items():
             console.print(f"{host}:", markup=False, highlight=False)
             show_result(console, result)
-        if failed and failed[0].error:
-            show_error(failed[0].error)
-    sys.exit(exit_code)
+        if outcome.error:
+            show_error(outcome.error)
+    sys.exit(outcome.exit_code)
 
 
 COMMANDS = (restart,)

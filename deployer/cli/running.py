@@ -4,17 +4,18 @@ the exit code that report ends with."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from deployer.cli.output import emit_json
 
 if TYPE_CHECKING:
+    from deployer.app.outcome import FleetOutcome, RunOutcome
+    from deployer.app.watch import Watch, Watched
     from deployer.build import Build
     from deployer.fleet.record import FleetState
     from deployer.fleet.runner import FleetCancel
@@ -33,23 +34,6 @@ def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bo
 
     return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,), health_timeout_s,
                  revert_checks)
-
-
-@contextmanager
-def setting_up() -> Iterator[None]:
-    """No garbage collection while a command sets up: its imports and models make several hundred thousand
-    objects and free almost no cycles, and each full collection walks them all again (about 3% of an apply's
-    start-up). The collector is back on when the set-up ends, however it ends, before anything runs, with what
-    the set-up made frozen out of its reach: otherwise its first collection walks all of that (~20 ms, on the
-    way to the first command)."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.freeze()
-            gc.enable()
 
 
 @contextmanager
@@ -80,12 +64,52 @@ def cancel_on_signals(token: CancelToken) -> Iterator[None]:
 
 
 def pin_notice(event: dict[str, Any]) -> None:
-    """Pinning a host key is an explicit choice: say so on every command, as a notice (it is no error)."""
+    """Pinning a host key is an explicit choice: say so on every command, as a notice (it is no error); so is
+    what a use case has to tell the operator on the way (a notice event: which run `last` chose)."""
     from deployer.ui.console import show_notice
     if event.get("type") == "host_key_pinned":
         show_notice(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
-    if event.get("type") == "end_unanchored":
+    if event.get("type") in ("end_unanchored", "notice"):
         show_notice(str(event["message"]))
+
+
+def watcher(as_json: bool) -> Watch:
+    """The command line's watch on each run a use case starts: signals cancel it, and its live view follows it (a
+    step view for one host, a row per host for a fleet; none for a unit restarted as one, whose steps interleave);
+    with --json the view is quiet."""
+
+    @contextmanager
+    def watch(run: Watched) -> Iterator[None]:
+        from deployer.ui.console import line_console, make_console
+        from deployer.ui.live import FleetView, StepView
+
+        with cancel_on_signals(run.cancel):
+            if run.kind == "unit":
+                yield
+                return
+            view = FleetView(make_console(), run.hosts, quiet=as_json) if run.kind == "fleet" else \
+                StepView(line_console(), quiet=as_json)
+            run.listeners.append(view)
+            with view:
+                yield
+    return watch
+
+
+def show_outcome(outcome: RunOutcome | FleetOutcome, as_json: bool) -> NoReturn:
+    """A run's report (a fleet's: the per-host table), then exit with its code."""
+    from deployer.app.outcome import FleetOutcome
+    from deployer.ui.console import line_console, make_console, show_error
+    from deployer.ui.fleet import show_fleet
+
+    if not isinstance(outcome, FleetOutcome):
+        report(line_console(), outcome.result, as_json)
+    elif as_json:
+        emit_json(outcome.document())
+    else:
+        show_fleet(make_console(), outcome.state)
+        if outcome.error:
+            show_error(outcome.error)
+    sys.exit(outcome.exit_code)
 
 
 def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
@@ -100,7 +124,7 @@ def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -
     report(console, result, as_json)
 
 
-def report(console: Lines, result: RunResult, as_json: bool) -> None:
+def report(console: Lines, result: RunResult, as_json: bool) -> NoReturn:
     from deployer.ui.console import show_error, show_warning
     from deployer.ui.report import proof_warnings, show_result
     if as_json:
