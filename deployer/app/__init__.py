@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
+    from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
     from deployer.app.restarts import RestartOptions, restart
+    from deployer.app.rollbacks import DeploysOptions, DeploysOutcome, RollbackOptions, deploys, rollback
     from deployer.app.setting import Setting
     from deployer.app.watch import Watch, Watched
 
@@ -43,17 +45,29 @@ _EXPORTS = {
     "Setting": "setting", "Watch": "watch", "Watched": "watch",
     "RunOutcome": "outcome", "FleetOutcome": "outcome", "HostsOutcome": "outcome",
     "restart": "restarts", "RestartOptions": "restarts",
+    "rollback": "rollbacks", "RollbackOptions": "rollbacks", "deploys": "rollbacks", "DeploysOptions": "rollbacks",
+    "DeploysOutcome": "rollbacks",
+    "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
 
 __all__ = [
+    "DeploysOptions",
+    "DeploysOutcome",
     "FleetOutcome",
     "HostsOutcome",
+    "NothingToRecover",
+    "RecoverOptions",
+    "RecoveredRun",
     "RestartOptions",
+    "RollbackOptions",
     "RunOutcome",
     "Setting",
     "Watch",
     "Watched",
+    "deploys",
+    "recover",
     "restart",
+    "rollback",
 ]
 
 

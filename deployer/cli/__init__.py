@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-from deployer.cli import admin, canary, deploy, history, logs, restart
+from deployer.cli import admin, canary, deploy, followup, history, logs, restart
 from deployer.cli.output import EXIT_CODES, fail_json
 
 
@@ -40,7 +40,7 @@ class DeployerGroup(click.Group):
 
 
 @click.group(cls=DeployerGroup, epilog=EXIT_CODES,
-             commands=[*deploy.COMMANDS, *restart.COMMANDS, *canary.COMMANDS, *history.COMMANDS,
+             commands=[*deploy.COMMANDS, *followup.COMMANDS, *restart.COMMANDS, *canary.COMMANDS, *history.COMMANDS,
                        *logs.COMMANDS, *admin.COMMANDS])
 @click.version_option(package_name="deployer")
 def main() -> None:

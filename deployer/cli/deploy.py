@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from functools import partial
@@ -11,31 +10,21 @@ from typing import TYPE_CHECKING
 
 import click
 
+from deployer.app.downtime import fleet_downtime, lone_downtime, refuse_lone, routed_part
 from deployer.app.setting import setting_up
-from deployer.cli.downtime import fleet_downtime, lone_downtime, refuse_lone, routed_part
 from deployer.cli.options import (
     accept_option,
     complete_runs,
-    follow_up_options,
     health_timeout_option,
     host_option,
     inventory_option,
     json_option,
     limit_option,
     parallel_option,
-    revert_check_options,
-    revert_checks_from,
     runs_dir_option,
 )
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import (
-    builder,
-    cancel_on_signals,
-    pin_notice,
-    report,
-    run_fleet,
-    run_with_view,
-)
+from deployer.cli.running import builder, pin_notice, run_fleet, run_with_view
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -45,7 +34,6 @@ if TYPE_CHECKING:
     from deployer.fleet.apply import Downtime
     from deployer.run.engine import Engine
     from deployer.run.plan import PlanReport
-    from deployer.steps.context import Listener
     from deployer.steps.services.budgets import Timing
     from deployer.transport.early import KnownGood
     from deployer.transport.factory import Opening
@@ -263,15 +251,10 @@ def apply_one(build: Build, engine: Engine, as_json: bool, units: dict[str, Unit
 
 
 def undone(runs_dir: Path, run_id: str, host_name: str | None) -> str:
-    """The run a rollback (or its plan) undoes; `last` says which newer runs it passed over, that left no commit."""
-    from deployer.app.runs import to_undo
-    from deployer.ui.console import show_notice
+    """The run a rollback's plan undoes; `last` says which newer runs it passed over, that left no commit."""
+    from deployer.app.rollbacks import undone as chosen
 
-    chosen, skipped = to_undo(runs_dir, run_id, host_name)
-    if skipped:
-        show_notice(f"last: run {chosen}, the newest that left a commit to roll back; passed over "
-                    f"{', '.join(skipped)}")
-    return chosen
+    return chosen(runs_dir, run_id, host_name, pin_notice)
 
 
 def notice_unended(runs_dir: Path, hosts: list[str]) -> None:
@@ -333,172 +316,4 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
     sys.exit(group.exit_code)
 
 
-@click.command()
-@click.argument("run_id", required=False, shell_complete=complete_runs)
-@host_option(help="Host (default: the run's host; required with --list); for a fleet run, the hosts to roll "
-                  "back (default: every host that committed).")
-@click.option("--list", "list_only", is_flag=True, help="List the deployer commits on the host (from its git log).")
-@click.option("--force", is_flag=True, help="Roll back even if the run's files changed since.")
-@click.option("--allow-downtime", is_flag=True, help="Roll back a host or unit even when no other unit serves "
-                                                     "behind its router meanwhile.")
-@revert_check_options
-@follow_up_options
-@json_option()
-@failures_to_exit_codes
-def rollback(run_id: str | None, host_name: str | None, list_only: bool, force: bool, parallel: int,
-             inventory: str | None, runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None,
-             as_json: bool, allow_downtime: bool, skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
-    """Revert RUN_ID's files to before the run by a new commit, restart, and prove the revert.
-
-    RUN_ID may be a fleet run: each of its hosts that committed is rolled back. It may be `last` (the newest run
-    that left a commit to roll back, or the newest such on --host: newer runs that left none, such as an unchanged
-    or refused apply or a rollback, are passed over and named) or any unique beginning of a run id.
-
-    \b
-    What a rollback checks on the reverted build (the old build still has the bug):
-      - HEAD and the run's files hold their content from before the run (the revert commit);
-      - the playbook's restart: every service's PID changed, health answers, this start's log;
-      - the playbook's canary, if it has one;
-      - each drain's gauge no worse than the run's baseline before the fix (never the fix's own bound); a drain
-        with no recorded baseline is not run, and says so. The storm is never sent to the old build.
-    A check that fails leaves the revert standing: the run ends rolled_back with the check named, exit 5.
-    --skip-check and --baseline change the checks for this rollback only."""
-    from deployer import runlog
-    from deployer.config import targets
-    from deployer.config.models import load_inventory
-    from deployer.config.paths import find_inventory
-    from deployer.config.units import every_unit
-    from deployer.errors import ConfigError
-    from deployer.fleet.followup import rollback_fleet
-    from deployer.fleet.record import FleetRecord, is_fleet
-    from deployer.fleet.runner import FleetCancel
-    from deployer.run import rollback as rollbacks
-
-    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s,
-                    revert_checks_from(skip_checks, baselines))
-    if list_only:
-        if not host_name:
-            raise ConfigError("--list needs --host")
-        list_host_deploys(build, host_name, as_json)
-        return
-    if not run_id:
-        raise ConfigError("give a RUN_ID (see 'deployer runs list' or 'deployer rollback --host H --list')")
-    root = build.runs_dir
-    run_id = undone(root, run_id, host_name)
-    if is_fleet(root, run_id):
-        fleet_id = run_id
-        loaded = load_inventory(find_inventory(inventory))
-        chosen = targets.resolve(loaded, host_name) if host_name else None
-        hosts = chosen or list(FleetRecord.load(root, fleet_id).state.hosts)
-        cancel = FleetCancel()
-        listeners: list[Listener] = [pin_notice]
-        run_fleet(hosts, cancel, as_json, listeners, lambda: rollback_fleet(
-            root, fleet_id, build.sub_run, hosts=chosen, force=force, parallel=parallel, listeners=listeners,
-            cancel=cancel, units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded),
-            allow_downtime=allow_downtime))
-        return
-    run = runlog.read_run(root, run_id)
-    engine = build.for_run(run, host_name)
-    loaded = load_inventory(find_inventory(inventory))
-    routed = routed_part(loaded, engine.host_name)
-    if routed is not None:  # a host behind a router, or its part of a unit: out of the router around the restart
-        from deployer.fleet.unit import alone
-
-        name, unit = routed
-        refuse_lone(engine.host_name, {name: unit}, loaded, allow_downtime)  # alone behind it: downtime
-        run_with_view(engine, as_json, partial(alone, name, unit, engine, build.routers(loaded), rollback_of=run,
-                                               force=force))
-        return
-    run_with_view(engine, as_json, lambda: rollbacks.rollback(engine, run, force=force))
-
-
-def list_host_deploys(build: Build, host_name: str, as_json: bool) -> None:
-    from deployer.run import rollback as rollbacks
-    from deployer.ui.console import make_console
-    from deployer.ui.report import show_deploys
-    host, transport = build.connection(host_name)
-    with transport:
-        deploys = rollbacks.list_deploys(transport, host.repo)
-    if as_json:
-        emit_json({"host": host_name, "deploys": [vars(d) for d in deploys], "exit_code": 0, "error": None})
-    else:
-        show_deploys(make_console(), deploys)
-
-
-@click.command()
-@click.argument("run_id", required=False, shell_complete=complete_runs)
-@host_option(help="Host (default: the run's host); alone, recovers the run its intent record names.")
-@click.option("--rollback", "roll_back", is_flag=True, help="If the run's commit exists, revert it, restart, and "
-                                                            "prove the revert as `deployer rollback` does.")
-@revert_check_options
-@follow_up_options
-@json_option()
-@failures_to_exit_codes
-def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel: int, inventory: str | None,
-            runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None, as_json: bool,
-            skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
-    """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
-
-    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered. It may be `last` (the newest run, or
-    the newest on --host) or any unique beginning of a run id; a whole id not in the runs dir is recovered from
-    --host's intent record."""
-    from deployer import runlog
-    from deployer.app.runs import UnknownRun, resolve
-    from deployer.errors import ConfigError
-    from deployer.fleet.followup import cut_sub_runs, recover_fleet
-    from deployer.fleet.record import FleetRecord, is_fleet
-    from deployer.fleet.runner import FleetCancel
-    from deployer.run import recover as recovery
-    from deployer.ui.console import make_console, say
-    from deployer.ui.live import StepView
-
-    if not run_id and not host_name:
-        raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
-    build = builder(inventory, runs_dir, accept_new_host_key, health_timeout_s,
-                    revert_checks_from(skip_checks, baselines))
-    runs_path = build.runs_dir
-    if run_id:
-        with contextlib.suppress(UnknownRun):  # a run this runs dir never saw: its host's intent record may name it
-            run_id = resolve(runs_path, run_id, host_name)
-    if run_id and is_fleet(runs_path, run_id):
-        fleet_id = run_id
-        if not cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0
-            nothing_to_recover(f"fleet run {fleet_id}: nothing to recover (every host's record and log ended)",
-                               as_json, fleet_id=fleet_id)
-            return
-        cancel = FleetCancel()
-        listeners: list[Listener] = [pin_notice]
-        run_fleet(list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel, as_json, listeners,
-                  lambda: recover_fleet(runs_path, fleet_id, build.sub_run, rollback=roll_back, parallel=parallel,
-                                        listeners=listeners, cancel=cancel))
-        return
-    if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
-        engine = build.to_recover(runlog.read_run(runs_path, run_id), host_name)
-    elif host_name:
-        engine = build.bare(host_name)
-        run_id = run_id or recovery.pending_run(engine)
-        if run_id is None:  # as `recover RUN` says of a run with nothing left: exit 0
-            nothing_to_recover(f"{host_name}: {recovery.NOTHING}", as_json, host=host_name, run_id=None)
-            return
-    else:
-        raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
-                          "intent record")
-    console = make_console()
-    view = StepView(console, quiet=as_json)
-    engine.listeners.append(view)
-    with cancel_on_signals(engine.cancel), view:
-        result, found = recovery.recover(engine, run_id, rollback=roll_back)
-    if not as_json and result.exit_code == 0:
-        say(found.summary())
-    report(console, result, as_json)
-
-
-def nothing_to_recover(message: str, as_json: bool, **ids: str | None) -> None:
-    """Nothing was left to end: exit 0, as `recover RUN` of a settled run says."""
-    if as_json:
-        emit_json({**ids, "exit_code": 0, "error": None, "message": message})
-    else:
-        click.echo(message)
-
-
-COMMANDS = (plan, apply, check, rollback, recover)
+COMMANDS = (plan, apply, check)

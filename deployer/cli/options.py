@@ -4,13 +4,10 @@ dir, never from a target."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
-
-if TYPE_CHECKING:
-    from deployer.run.revert_checks import RevertChecks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -110,15 +107,12 @@ def revert_check_options(func: F) -> F:
                              "check after the restart (repeatable). The restart itself always runs.")(func)
 
 
-def revert_checks_from(skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> RevertChecks | None:
-    """The RevertChecks the options give (None: the playbook's, as they are)."""
+def baselines_from(pairs: tuple[str, ...]) -> dict[str, float]:
+    """Each --baseline METRIC=VALUE as metric -> value."""
     from deployer.errors import ConfigError
-    from deployer.run.revert_checks import RevertChecks
 
-    if not skip_checks and not baselines:
-        return None
     given: dict[str, float] = {}
-    for pair in baselines:
+    for pair in pairs:
         metric, sep, value = pair.partition("=")
         try:
             given[metric.strip()] = float(value)
@@ -127,4 +121,4 @@ def revert_checks_from(skip_checks: tuple[str, ...], baselines: tuple[str, ...])
         if not sep or not metric.strip():
             raise ConfigError(f"--baseline {pair!r}: write METRIC=VALUE, e.g. "
                               "--baseline sglang:num_prefill_inflight_queue_reqs=13")
-    return RevertChecks(skip=frozenset(skip_checks), baseline=given)
+    return given

@@ -1,6 +1,7 @@
-"""Downtime as the commands see it: a batch (a fleet's, or one host's run) that takes out every unit behind a
-router. `plan` and `apply --dry-run` say it with the expected seconds; `apply` and `rollback` refuse it (exit 2)
-unless --allow-downtime. The counting itself is the fleet's (fleet.strategies, fleet.apply.planned_downtime)."""
+"""Downtime as the use cases see it: a batch (a fleet's, or one host's run) that takes out every unit behind a
+router. `plan` (and a dry-run apply) says it with the expected seconds; `apply` and `rollback` refuse it (a
+ConfigError, exit 2) unless allowed (--allow-downtime). The counting itself is the fleet's (fleet.strategies,
+fleet.apply.planned_downtime)."""
 
 from __future__ import annotations
 

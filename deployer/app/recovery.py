@@ -1,0 +1,103 @@
+"""`recover`: end a cut run (killed, disconnected, disk full) in a consistent state, as a run of its own that
+adopts the cut one's lock; safe to run twice. A fleet run's cut sub-runs each; a run this machine never saw, from
+its host's intent record."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from deployer.app.outcome import FleetOutcome, RunOutcome
+from deployer.app.setting import RevertSetting, build_of
+from deployer.app.watch import Watch, Watched, watching
+from deployer.errors import ConfigError
+from deployer.fleet.runner import DEFAULT_PARALLEL
+
+if TYPE_CHECKING:
+    from deployer.build import Build
+    from deployer.run.recover import Recovered
+    from deployer.steps.context import Listener
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoverOptions(RevertSetting):
+    """run_id: the cut run or fleet run: `last` (the newest, on host if given), any unique beginning of an id, or
+    a whole id this runs dir never saw (recovered from host's intent record); host alone: the run its intent
+    record names. rollback: if the run's commit exists, revert it, restart and prove the revert."""
+
+    run_id: str | None = None
+    host: str | None = None
+    rollback: bool = False
+    parallel: int = DEFAULT_PARALLEL
+
+
+@dataclass(frozen=True)
+class RecoveredRun(RunOutcome):
+    """A recover's run, and what it found of the cut one (said before its report)."""
+
+    found: Recovered | None = None
+
+
+@dataclass(frozen=True)
+class NothingToRecover:
+    """Nothing was left to end (every record and log ended): exit 0."""
+
+    message: str
+    ids: dict[str, str | None] = field(default_factory=dict)
+    exit_code: int = 0
+    changed: bool = False
+
+    def document(self) -> dict[str, Any]:
+        return {**self.ids, "exit_code": 0, "error": None, "message": self.message}
+
+
+def recover(options: RecoverOptions, *, listener: Listener | None = None,
+            watch: Watch | None = None) -> RecoveredRun | FleetOutcome | NothingToRecover:
+    """Recover as options say. A refusal before the recover starts (no such run, a config error) raises its
+    DeployerError; once it started, its outcome says how it went."""
+    from deployer import runlog
+    from deployer.app.runs import UnknownRun, resolve
+    from deployer.fleet.record import is_fleet
+    from deployer.run import recover as recovery
+
+    if not options.run_id and not options.host:
+        raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
+    build = build_of(options, listener, options.health_timeout_s, options.revert_checks())
+    runs_path, run_id, host = build.runs_dir, options.run_id, options.host
+    if run_id:
+        with contextlib.suppress(UnknownRun):  # a run this runs dir never saw: its host's intent record may name it
+            run_id = resolve(runs_path, run_id, host)
+    if run_id and is_fleet(runs_path, run_id):
+        return recover_fleet(build, options, run_id, listener, watch)
+    if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
+        engine = build.to_recover(runlog.read_run(runs_path, run_id), host)
+    elif host:
+        engine = build.bare(host)
+        run_id = run_id or recovery.pending_run(engine)
+        if run_id is None:  # as `recover RUN` says of a run with nothing left: exit 0
+            return NothingToRecover(f"{host}: {recovery.NOTHING}", {"host": host, "run_id": None})
+    else:
+        raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
+                          "intent record")
+    with watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
+        result, found = recovery.recover(engine, run_id, rollback=options.rollback)
+    return RecoveredRun(result, found)
+
+
+def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener: Listener | None,
+                  watch: Watch | None) -> FleetOutcome | NothingToRecover:
+    from deployer.fleet import followup
+    from deployer.fleet.record import FleetRecord
+    from deployer.fleet.runner import FleetCancel
+
+    runs_path = build.runs_dir
+    if not followup.cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0
+        return NothingToRecover(f"fleet run {fleet_id}: nothing to recover (every host's record and log ended)",
+                                {"fleet_id": fleet_id})
+    cancel = FleetCancel()
+    listeners: list[Listener] = [listener] if listener is not None else []
+    with watching(watch, Watched("fleet", list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel,
+                                 listeners)):
+        return FleetOutcome(followup.recover_fleet(runs_path, fleet_id, build.sub_run, rollback=options.rollback,
+                                                   parallel=options.parallel, listeners=listeners, cancel=cancel))
