@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
     from deployer.app.restarts import RestartOptions, restart
     from deployer.app.rollbacks import DeploysOptions, DeploysOutcome, RollbackOptions, deploys, rollback
+    from deployer.app.scaffold import InitOptions, Made, init
     from deployer.app.setting import Setting
     from deployer.app.watch import Watch, Watched
 
@@ -47,6 +48,7 @@ _EXPORTS = {
     "restart": "restarts", "RestartOptions": "restarts",
     "rollback": "rollbacks", "RollbackOptions": "rollbacks", "deploys": "rollbacks", "DeploysOptions": "rollbacks",
     "DeploysOutcome": "rollbacks",
+    "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
 
@@ -55,6 +57,8 @@ __all__ = [
     "DeploysOutcome",
     "FleetOutcome",
     "HostsOutcome",
+    "InitOptions",
+    "Made",
     "NothingToRecover",
     "RecoverOptions",
     "RecoveredRun",
@@ -65,6 +69,7 @@ __all__ = [
     "Watch",
     "Watched",
     "deploys",
+    "init",
     "recover",
     "restart",
     "rollback",

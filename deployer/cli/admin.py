@@ -186,20 +186,13 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
 def init(source: str, base: str, host_name: str | None, metric: str | None, as_patch: bool, output: str,
          message: str | None, inventory: str | None, as_json: bool) -> None:
     """Write a playbook from a local change: dests, diff bounds and message measured, not typed."""
-    from deployer.config.models import get_host, load_inventory
-    from deployer.config.paths import find_inventory
-    from deployer.scaffold import write_playbook
+    from deployer.app import scaffold
     from deployer.ui.console import say
 
-    host = None
-    if host_name:
-        inventory_path = find_inventory(inventory)
-        host = get_host(load_inventory(inventory_path), host_name, inventory_path)
-    made = write_playbook(Path(source), base=base, output=Path(output), as_patch=as_patch, message=message,
-                          host=host, metric=metric, host_name=host_name)
+    made = scaffold.init(scaffold.InitOptions(source=source, base=base, output=output, as_patch=as_patch,
+                                              message=message, host=host_name, metric=metric, inventory=inventory))
     if as_json:
-        emit_json({"playbook": str(made.playbook), "written": [str(p) for p in made.written],
-                   "files": [vars(f) for f in made.files], "message": made.message, "exit_code": 0, "error": None})
+        emit_json(made.document())
         return
     say(f"wrote {made.playbook}: {len(made.files)} file(s), "
         f"+{sum(f.insertions for f in made.files)} -{sum(f.deletions for f in made.files)}")

@@ -1,4 +1,4 @@
-"""`deployer init`: a playbook written from a change in a local git checkout, measured rather than typed.
+"""`init` (`deployer init`): a playbook written from a change in a local git checkout, measured rather than typed.
 
 The local side is read with GitPython (the target keeps going through the transport). The
 changed files are copied beside the new playbook (or written as one patch), each `dest` is
@@ -19,7 +19,8 @@ import git
 import yaml
 
 from deployer import diffs
-from deployer.config.models import Host, check_repo_relative
+from deployer.config.models import Host, check_repo_relative, get_host, load_inventory
+from deployer.config.paths import find_inventory
 from deployer.errors import ConfigError
 from deployer.steps.playbook import BINARY_PROBE
 
@@ -35,18 +36,52 @@ class ChangedFile:
     new: bool  # git does not track it at the base: the playbook marks it `create: true`
 
 
+@dataclass(frozen=True, kw_only=True)
+class InitOptions:
+    """source: the local git checkout holding the fix; base: the changes against this ref (HEAD: the uncommitted
+    work) or a range A..B; output: the playbook to write (its files beside it, or as_patch one patch file);
+    message: the commit message (None: the local commit's subject); host: an inventory host whose supported
+    steps are added (co_restart of its services; with metric, the gauge that shows the symptom: baseline and
+    drain)."""
+
+    source: str | Path
+    base: str = "HEAD"
+    output: str | Path = "fix.yaml"
+    as_patch: bool = False
+    message: str | None = None
+    host: str | None = None
+    metric: str | None = None
+    inventory: str | Path | None = None
+
+
 @dataclass
 class Made:
-    """What `deployer new` wrote, and what it has to say about it."""
+    """What `init` wrote, and what it has to say about it: the outcome of the use case."""
     playbook: Path
     files: list[ChangedFile]
     message: str
     host_name: str | None = None
     written: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    exit_code: int = 0
 
     def next_step(self, playbook: object) -> str:
         return f"deployer plan {playbook} --host {self.host_name or 'HOST'}"
+
+    def document(self) -> dict[str, Any]:
+        return {"playbook": str(self.playbook), "written": [str(p) for p in self.written],
+                "files": [vars(f) for f in self.files], "message": self.message, "exit_code": 0, "error": None}
+
+
+def init(options: InitOptions) -> Made:
+    """Write the playbook options describe; a change or an option that cannot make one raises ConfigError."""
+    host = None
+    if options.host:
+        inventory_path = find_inventory(str(options.inventory) if options.inventory is not None else None)
+        host = get_host(load_inventory(inventory_path), options.host, inventory_path)
+    return write_playbook(Path(options.source), base=options.base, output=Path(options.output),
+                          as_patch=options.as_patch, message=options.message, host=host, metric=options.metric,
+                          host_name=options.host)
 
 
 @dataclass(frozen=True)
