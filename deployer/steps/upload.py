@@ -47,9 +47,9 @@ class Upload(Step):
             return [Action.put(f"stage:{c.dest}", f"stage {c.dest} ({len(c.new)} bytes, sha256 "
                                f"{sha256_hex(c.new)[:12]}) beside it, owner and mode set, sha256 checked; "
                                "remote_compile compiles it, then renames it into place",
-                               c.path, stage=temps[c.dest]) for c in ctx.changes]
+                               c.path, stage=temps[c.dest], size=len(c.new)) for c in ctx.changes]
         return [Action.put(f"write:{c.dest}", f"write {c.dest} ({len(c.new)} bytes, sha256 {sha256_hex(c.new)[:12]}) "
-                           "via temp file + sha256 check + rename", c.path) for c in ctx.changes]
+                           "via temp file + sha256 check + rename", c.path, size=len(c.new)) for c in ctx.changes]
 
     def plan(self, ctx: Context) -> list[Action]:
         return self.actions(ctx)
