@@ -33,7 +33,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from deployer.app.applies import ApplyOptions, apply
     from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
+    from deployer.app.plans import HostPlan, PlanOptions, PlanOutcome, plan
     from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
     from deployer.app.restarts import RestartOptions, restart
     from deployer.app.rollbacks import DeploysOptions, DeploysOutcome, RollbackOptions, deploys, rollback
@@ -48,18 +50,24 @@ _EXPORTS = {
     "restart": "restarts", "RestartOptions": "restarts",
     "rollback": "rollbacks", "RollbackOptions": "rollbacks", "deploys": "rollbacks", "DeploysOptions": "rollbacks",
     "DeploysOutcome": "rollbacks",
+    "apply": "applies", "ApplyOptions": "applies",
+    "plan": "plans", "PlanOptions": "plans", "PlanOutcome": "plans", "HostPlan": "plans",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
 
 __all__ = [
+    "ApplyOptions",
     "DeploysOptions",
     "DeploysOutcome",
     "FleetOutcome",
+    "HostPlan",
     "HostsOutcome",
     "InitOptions",
     "Made",
     "NothingToRecover",
+    "PlanOptions",
+    "PlanOutcome",
     "RecoverOptions",
     "RecoveredRun",
     "RestartOptions",
@@ -68,8 +76,10 @@ __all__ = [
     "Setting",
     "Watch",
     "Watched",
+    "apply",
     "deploys",
     "init",
+    "plan",
     "recover",
     "restart",
     "rollback",

@@ -1,6 +1,6 @@
 """The command line: parse, load, hand over to the core, render, map failures to exit codes.
 
-The `deployer` group is here, its commands in one module per family (deploy, history, admin). Only click is
+The `deployer` group is here, its commands in one module per family (deploy, followup, history, admin...). Only click is
 imported up front, so `deployer --help` and shell completion stay fast; each command imports the core
 (pydantic, paramiko, rich) when it runs."""
 
@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-from deployer.cli import admin, canary, deploy, followup, history, logs, restart
+from deployer.cli import admin, canary, check, deploy, followup, history, logs, restart
 from deployer.cli.output import EXIT_CODES, fail_json
 
 
@@ -40,8 +40,8 @@ class DeployerGroup(click.Group):
 
 
 @click.group(cls=DeployerGroup, epilog=EXIT_CODES,
-             commands=[*deploy.COMMANDS, *followup.COMMANDS, *restart.COMMANDS, *canary.COMMANDS, *history.COMMANDS,
-                       *logs.COMMANDS, *admin.COMMANDS])
+             commands=[*deploy.COMMANDS, *check.COMMANDS, *followup.COMMANDS, *restart.COMMANDS, *canary.COMMANDS,
+                       *history.COMMANDS, *logs.COMMANDS, *admin.COMMANDS])
 @click.version_option(package_name="deployer")
 def main() -> None:
     """Ship a source patch to a serving host and prove it."""

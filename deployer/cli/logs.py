@@ -29,12 +29,12 @@ def logs(service: str | None, host_name: str, whole: bool, lines: int | None, fo
     `start:` service printed (or its own `log:` file), a systemd unit's journal, a container's output. Text from
     the target is shown with its control characters escaped. Exit 2 when no host has SERVICE."""
     from deployer.app.logs import LogOptions, chosen, follow_logs, read_logs
-    from deployer.cli.deploy import select_hosts
+    from deployer.app.setting import Setting, select_hosts
     from deployer.ui.logs import LogPrinter
 
     if follow and as_json:
         raise click.UsageError("--follow writes text as it comes: give --follow or --json")
-    loaded, hosts = select_hosts(host_name, None, inventory)
+    loaded, hosts = select_hosts(Setting(inventory=inventory), host_name)
     services = chosen(loaded, hosts, service)
     build = builder(inventory, None, accept_new_host_key)
     options = LogOptions(whole=whole, lines=lines)

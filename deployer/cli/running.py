@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -17,23 +17,17 @@ if TYPE_CHECKING:
     from deployer.app.outcome import FleetOutcome, RunOutcome
     from deployer.app.watch import Watch, Watched
     from deployer.build import Build
-    from deployer.fleet.record import FleetState
-    from deployer.fleet.runner import FleetCancel
-    from deployer.run.engine import Engine, RunResult
-    from deployer.run.revert_checks import RevertChecks
+    from deployer.run.engine import RunResult
     from deployer.steps.cancel import CancelToken
-    from deployer.steps.context import Listener
     from deployer.ui.console import Lines
 
 
-def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool,
-            health_timeout_s: float | None = None, revert_checks: RevertChecks | None = None) -> Build:
+def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Build:
     """What the command's engines and connections are made with, from its options."""
     from deployer import runlog
     from deployer.build import Build
 
-    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,), health_timeout_s,
-                 revert_checks)
+    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,))
 
 
 @contextmanager
@@ -99,29 +93,18 @@ def show_outcome(outcome: RunOutcome | FleetOutcome, as_json: bool) -> NoReturn:
     """A run's report (a fleet's: the per-host table), then exit with its code."""
     from deployer.app.outcome import FleetOutcome
     from deployer.ui.console import line_console, make_console, show_error
-    from deployer.ui.fleet import show_fleet
 
     if not isinstance(outcome, FleetOutcome):
         report(line_console(), outcome.result, as_json)
     elif as_json:
         emit_json(outcome.document())
     else:
+        from deployer.ui.fleet import show_fleet  # rich: only a fleet's table needs it
+
         show_fleet(make_console(), outcome.state)
         if outcome.error:
             show_error(outcome.error)
     sys.exit(outcome.exit_code)
-
-
-def run_with_view(engine: Engine, as_json: bool, run: Callable[[], RunResult]) -> None:
-    """Run with the live step view and signal handling, then report and exit with the run's code."""
-    from deployer.ui.console import line_console
-    from deployer.ui.live import StepView
-    console = line_console()
-    view = StepView(console, quiet=as_json)
-    engine.listeners.append(view)
-    with cancel_on_signals(engine.cancel), view:
-        result = run()
-    report(console, result, as_json)
 
 
 def report(console: Lines, result: RunResult, as_json: bool) -> NoReturn:
@@ -138,23 +121,3 @@ def report(console: Lines, result: RunResult, as_json: bool) -> NoReturn:
         for unproven in proof_warnings(result.facts):
             show_warning(unproven)
     sys.exit(result.exit_code)
-
-
-def run_fleet(hosts: list[str], cancel: FleetCancel, as_json: bool, listeners: list[Listener],
-              run: Callable[[], FleetState]) -> None:
-    """A fleet run with its live view and signal handling; then the per-host table, and its exit code."""
-    from deployer.ui.console import make_console, show_error
-    from deployer.ui.fleet import show_fleet
-    from deployer.ui.live import FleetView
-    console = make_console()
-    view = FleetView(console, hosts, quiet=as_json)
-    listeners.append(view)
-    with cancel_on_signals(cancel), view:
-        state = run()
-    if as_json:
-        emit_json(state.document())
-    else:
-        show_fleet(console, state)
-        if state.error:
-            show_error(state.error)
-    sys.exit(state.exit_code or 0)
