@@ -291,7 +291,7 @@ def _check_services(report: CheckReport, ctx: Context) -> None:
             f"{service.health} answers {answer}" if answer else f"{service.health} does not answer")
         if pid is None and answer == 200 and service.health:  # running, just not deployer's: never "not running"
             running, health = "served by a process deployer did not start", not_ours(ctx.host_name, name,
-                                                                                       service.health)
+                                                                                       service)
         well = pid is not None and (not service.health or answer == 200)
         report.add(f"service {name}", "ok" if well else "fail", f"{running}; {health}", 1)
         if manager.warning:  # what its manager saw wrong (a container without an init)

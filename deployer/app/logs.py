@@ -75,7 +75,7 @@ class Reader:
     def send(self) -> None:
         lines = self.options.lines if not self.cursor else None
         action = self.manager.read_log(self.cursor, whole=self.options.whole, lines=lines, most=MOST)
-        self.pending = self.manager.ctx.send(action, timeout=READ_TIMEOUT_S, capture=MOST)
+        self.pending = self.manager.host_side.send(action, timeout=READ_TIMEOUT_S, capture=MOST)
 
     def result(self) -> LogText:
         assert self.pending is not None, "send() first"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import posixpath
-from typing import Annotated, Literal
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+if TYPE_CHECKING:
+    from deployer.config.models import Host
 
 # What docker and podman accept as a container's name (or id): a name here cannot be read as an option.
 CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -36,3 +40,43 @@ class Container(BaseModel):
     @property
     def command(self) -> str:
         return self.engine_path or self.engine
+
+
+def check_own_containers(hosts: Mapping[str, Host], refuse: Callable[[tuple[str, ...], str], None]) -> None:
+    """On a host with `container:`, the agent runs inside that container, where no engine runs: a service there may
+    be a container only when it is that very one (its main process is the server; its engine's stop and start
+    then run beside it, on the host), through the same engine, once, first among the host's services (the others
+    run inside it: stopped before it, started after it), and without `gpus:` (their wait needs the agent its stop
+    ends; the stop ends every process in it)."""
+    for name, host in hosts.items():
+        around = host.container
+        if around is None:
+            continue
+        own = [s for s, service in host.services.items() if service.container is not None
+               and service.container.name == around.name]
+        for index, (service_name, service) in enumerate(host.services.items()):
+            box, loc = service.container, ("hosts", name, "services", service_name, "container")
+            if box is None:
+                continue
+            if box.name != around.name:
+                refuse(loc, f"container {box.name} is not the host's container {around.name}: the agent runs inside "
+                            f"{around.name}, where no engine runs. Name the host's own container here (its main "
+                            f"process is the server), or put {box.name}'s service on a host entry without "
+                            "`container:` (the same address), whose agent runs on the host")
+            elif (box.engine, box.command) != (around.engine, around.command):
+                said = f"{{engine: {around.engine}, name: {around.name}" + \
+                    (f", engine_path: {around.engine_path}}}" if around.engine_path else "}")
+                refuse(loc, f"names the host's container {around.name} through {box.command}, but the host reaches "
+                            f"it through {around.command}: write `container: {said}`")
+            elif service_name != own[0]:
+                refuse(loc, f"the host's container {around.name} is already service {own[0]}: a container is one "
+                            "service")
+            elif index != 0:
+                refuse(loc, f"the host's own container must be its first service (its other services run inside it: "
+                            f"a restart stops them before it and starts them after it): move {service_name} above "
+                            f"{next(iter(host.services))}")
+            elif service.gpus:
+                refuse(("hosts", name, "services", service_name, "gpus"),
+                       f"the host's own container {around.name} cannot wait for its GPUs: the wait runs through the "
+                       "agent inside it, which its stop ends (and the stop ends every process in it, so its GPUs "
+                       "are released with it): drop `gpus:` here")

@@ -26,7 +26,7 @@ from pydantic import (
 
 from deployer.config import yamlsrc
 from deployer.config.api import API_HELP, Api
-from deployer.config.container import Container
+from deployer.config.container import Container, check_own_containers
 from deployer.config.persist import Persist
 from deployer.config.routers import BehindRouter, Router
 from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
@@ -472,6 +472,7 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
     check_routers(inventory.units, inventory.hosts, inventory.routers, refuse)  # each unit's and plain host's
+    check_own_containers(inventory.hosts, refuse)
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
 

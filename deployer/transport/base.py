@@ -79,6 +79,8 @@ class Transport(ABC):
         self._gated: list[Pending[Any]] = []  # sent behind the gate (see gated)
         self._within: Within | None = None
         self.python_at: str | None = None  # where the inventory names the python (file:line:col), when known
+        self._beats: dict[str, Request[Any]] = {}  # the agent's heartbeats, by path: reopen's agent keeps them
+        self.beside: list[Transport] = []  # over this one's link (an agent beside its container): closed with it
 
     def run_within(self, within: Within) -> None:
         """Start the agent inside `within` (a container on the host) rather than on the host itself."""
@@ -133,6 +135,16 @@ class Transport(ABC):
         return PythonMissing(f"{self.info.target}: the host has no {named}: {said}; set the host's `python:` to an "
                              "interpreter it has (`command -v python3` there says where one is)")
 
+    def reopen(self) -> None:
+        """The agent's pipe was ended on purpose (the container it ran in was restarted from its host): start a new
+        agent the same way, which keeps the heartbeats the old one kept. Raises what its start met."""
+        with self._agent_lock:
+            agent, self._agent = self._agent, None
+        if agent is not None:
+            agent.close()
+        for beat in [self.submit(beat) for beat in list(self._beats.values())]:
+            beat.result()
+
     def call(self, request: Request[T], timeout: float | None = None) -> T:
         return self.submit(request, timeout).result(timeout)
 
@@ -140,6 +152,11 @@ class Transport(ABC):
                after: Pending[Any] | Sequence[Pending[Any]] | None = None) -> Pending[T]:
         """Send without waiting for the reply (pipelining): a phase's requests cost one round trip. With
         `after`, the agent runs it only if that request (each of those) succeeded."""
+        if request.op == "beat":  # a lock's heartbeat (agent.protocol.Beat): a reopened agent keeps it too
+            beat = request.fields()
+            self._beats.pop(beat["path"], None)
+            if beat["interval_s"]:
+                self._beats[beat["path"]] = request
         pending = self.agent().submit(request, timeout, after=after or self._gate)
         if self._gate is not None:
             self._gated.append(pending)
@@ -221,6 +238,8 @@ class Transport(ABC):
             agent, self._agent = self._agent, None
         if agent is not None:
             agent.close()
+        for other in self.beside:
+            other.close()
         self._close_link()
 
     def __enter__(self) -> Transport:

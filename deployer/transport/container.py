@@ -9,6 +9,11 @@ of the bootstrap, the facts for the run log, and what a failed start means. A `k
 No probe before the exec: an engine that is missing, or a container that is absent or stopped, shows as the
 exec ending before the agent said anything, and what the engine (or the host's shell) wrote on stderr says
 which. That is translated here into a sentence naming the container and the engine.
+
+A container that is its own service (its main process is the server) is stopped and started by its engine on
+the host, which ends the agent inside it: those commands go to a second agent beside it, on the host itself
+(`beside_container`, over the host transport's own pipe), and the agent in the container is started anew once
+the container runs again (Transport.reopen).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from deployer.agent.pipe import Pipe
 from deployer.config.container import Container
 from deployer.errors import AgentLost, TransportError
 from deployer.text import visible
+from deployer.transport.base import Transport, TransportInfo
 from deployer.transport.pipes import shell_found_no
 
 # What docker and podman (4.x) print when the container exists but runs no process to exec into.
@@ -28,6 +34,7 @@ NOT_RUNNING = ("can only create exec sessions on running containers", "is not ru
                "container state improper")
 NO_SUCH = ("no such container", "no container with name or id")
 STDERR_WAIT_S = 2.0  # for an exec that refused our first write to have said why on stderr
+HOST_PYTHON = "python3"  # the agent beside a container runs on the host: the inventory's python is the container's
 
 
 class ContainerExec:
@@ -110,3 +117,32 @@ class ContainerPipe:
     def stderr_tail(self) -> str:
         tail = self._pipe.stderr_tail()
         return tail if self._started or not tail.strip() else self._explain(tail)
+
+
+class HostSide(Transport):
+    """The host around a container, reached over the host transport's own pipe (under its sudo when it becomes):
+    an agent on the host itself, beside the one in the container, for what must outlive the container's restart."""
+
+    def __init__(self, around: Transport) -> None:
+        super().__init__(python=HOST_PYTHON)  # become: the host_pipe it starts over says sudo already
+        self.around = around
+        self.info = TransportInfo(kind=around.info.kind, target=around.info.target, extra={"beside": "container"})
+
+    def _pipe(self, argv: Sequence[str]) -> Pipe:
+        return self.around.host_pipe(argv)
+
+    def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
+        return self.around.forward(remote_port, remote_host)
+
+    def _close_link(self) -> None:
+        pass  # the link is the around transport's
+
+
+def beside_container(transport: Transport) -> Transport:
+    """The agent on the host beside the container transport's agent: one per connection, opened on first use and
+    closed with it."""
+    found = next((t for t in transport.beside if isinstance(t, HostSide)), None)
+    if found is None:
+        found = HostSide(transport)
+        transport.beside.append(found)
+    return found

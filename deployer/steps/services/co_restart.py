@@ -186,7 +186,7 @@ class CoRestart(Step):
         """Before the run changes anything: a service whose health answers while no process of deployer's (nor
         an adopted one) runs it would make the restart fail after the commit, so the run is refused now."""
         found = [(m, m.observe()) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx))]
-        return [f"service {m.name}: {not_ours(ctx.host_name, m.name, m.service.health or '')}" for m, seen in found
+        return [f"service {m.name}: {not_ours(ctx.host_name, m.name, m.service)}" for m, seen in found
                 if seen.pid is None and seen.health]
 
     def check_host(self, host_name: str, host: Host) -> str | None:

@@ -1,10 +1,17 @@
 """A service that is a container (`container:` in the inventory): its engine stops and starts it, and
 `inspect`'s State.Pid and State.StartedAt prove the restart.
 
-The agent runs on the host here (the engine is the host's), so State.Pid is a pid of the host's namespace:
-its /proc entry is read to see that it lives and what it runs. `stop -t stop_grace_s` sends TERM, then KILL
-after the grace (the engines' default of 10 s is too short for a drain). A bare interpreter as PID 1, without
-an init, has no default action for TERM: it ignores it and every stop ends in KILL, so that is warned about.
+The engine is the host's, so State.Pid is a pid of the host's namespace: its /proc entry is read on the host
+to see that it lives and what it runs. Usually the agent runs on the host. On a host whose `container:` is this
+very service (the stock SGLang image: the server is the container's main process, the repo its editable
+checkout), the agent runs inside it and its engine's stop ends that agent: the engine's commands, the /proc reads
+and the log then go to an agent beside it on the host (transport/container.py), the health URL is still asked
+from inside, and once the container runs again a new agent is started in it (Transport.reopen, which also resumes
+the lock's heartbeat) before the health wait and the steps after the restart.
+
+`stop -t stop_grace_s` sends TERM, then KILL after the grace (the engines' default of 10 s is too short for a
+drain). A bare interpreter as PID 1, without an init, has no default action for TERM: it ignores it and every stop
+ends in KILL, so that is warned about.
 """
 
 from __future__ import annotations
@@ -14,15 +21,26 @@ import math
 import posixpath
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deployer.agent.protocol import ExecResult
 from deployer.command import container_inspect
 from deployer.config.models import Service
+from deployer.errors import AgentLost
 from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, Phase, answered, pid_of
+from deployer.steps.services.manager import (
+    PROBE_TIMEOUT_S,
+    START_POLL_S,
+    Manager,
+    Observed,
+    Phase,
+    answered,
+    pid_of,
+    runs,
+)
 from deployer.text import visible
+from deployer.transport.container import beside_container
 
 # What as PID 1 ignores TERM: an interpreter or a shell with no handler of its own (an init forwards it).
 BARE_PID1 = re.compile(r"^(?:python[\d.]*|node|ruby|perl|sh|bash|dash)$")
@@ -76,16 +94,26 @@ class ContainerManager(Manager):
         assert service.container is not None
         self.box = service.container
         engine, box = self.box.command, self.box.name
+        # The container the agent runs in is this service (config.container.check_own_containers holds the rest).
+        self.own = ctx.host.container is not None and ctx.host.container.name == box
+        if self.own:
+            self.host_side = beside(ctx)
+        host = " (on the host: the agent in it ends with it)" if self.own else ""
         self.grace = math.ceil(service.stop_grace_s)  # the engines take whole seconds
         inspect = container_inspect(engine, box, "--format", "{{json .State}}")
         self.inspect = Action.run(f"{name}.inspect", f"read container {box}'s main pid and start time", inspect)
         self.cmdline = Action.get(f"{name}.cmdline", f"what {pid_of(name)} runs (an init, or a bare interpreter)",
                                   f"/proc/{pid_of(name)}/cmdline", when="the container runs")
-        self.stop_it = Action.run(f"{name}.stop", f"stop {name}: TERM, KILL after {self.grace}s",
+        self.stop_it = Action.run(f"{name}.stop", f"stop {name}: TERM, KILL after {self.grace}s{host}",
                                   (engine, "stop", "-t", str(self.grace), box), failure=f"{engine} stop {box} failed")
         self.start_it = Action.run(f"{name}.start", f"start {name}", (engine, "start", box),
                                    failure=f"{engine} start {box} failed")
         self.up = Action.run(f"{name}.up", f"wait for container {box} to run", inspect, repeats=True)
+        # Its own service: a new agent in the restarted container, then its main process (PID 1 in it) and health.
+        self.reopen = Action(f"start a new agent in container {box} ({engine} exec -i {box} <python> ...) and resume "
+                             "the deploy lock's heartbeat in it", key=f"{name}.reopen")
+        self.main = Action.get(f"{name}.main", f"container {box}'s main process (PID 1 in it) runs", "/proc/1/stat",
+                               repeats=True)
         self.still = Action.run(f"{name}.still", f"container {box} still runs the same process", inspect)
         # Both of the container's streams, in the order it wrote them: the engine hands its stderr (where a
         # server's traceback goes) back on its own stderr, which the failure's tail would not show.
@@ -103,8 +131,14 @@ class ContainerManager(Manager):
     def stop_actions(self) -> list[Action]:
         return [self.stop_it]
 
+    def free_actions(self) -> list[Action]:
+        # Its own service: the health URL is the container's, asked through the agent its stop ended; nothing in
+        # a stopped container answers it.
+        return [] if self.own else super().free_actions()
+
     def start_actions(self) -> list[Action]:
-        return [self.start_it, self.up, *([] if self.up_health is None else [self.up_health])]
+        again = [self.reopen, self.main] if self.own else []
+        return [self.start_it, self.up, *again, *([] if self.up_health is None else [self.up_health])]
 
     def confirm_actions(self) -> list[Action]:
         return [self.still]
@@ -132,15 +166,20 @@ class ContainerManager(Manager):
         return text, cursor, result.out_stream.total - len(result.out_stream.kept)
 
     def observe(self, health: bool = True) -> Observed:
+        engine = [(self.inspect, NOTHING)]
         ask = [(self.health, NOTHING)] if health and self.health is not None else []
-        results = self.ctx.act_all([(self.inspect, NOTHING), *ask], timeout=PROBE_TIMEOUT_S)
+        if self.own:  # the engine beside the container, the health URL from inside it: two agents
+            results = [*self.host_side.act_all(engine, timeout=PROBE_TIMEOUT_S),
+                       *(self.ctx.act_all(ask, timeout=PROBE_TIMEOUT_S) if ask else [])]
+        else:
+            results = self.ctx.act_all([*engine, *ask], timeout=PROBE_TIMEOUT_S)
         answer = answered(results[1]) if ask else None
         state = State.of(results[0])
         pid = None if state is None else state.live_pid
         if pid is None:
             return Observed(None, answer)
         # The engine's word, checked: a pid is a live process of this host only if its /proc entry is there.
-        cmdline = self.ctx.act(self.cmdline, {pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
+        cmdline = self.host_side.act(self.cmdline, {pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
         if cmdline is None:
             return Observed(None, answer)
         self._warn_bare(cmdline)
@@ -163,24 +202,62 @@ class ContainerManager(Manager):
         # One phase for the whole stop: the engine itself sends TERM, waits the grace and KILLs.
         self.phase(Phase.stopping, time.monotonic(), self.grace, pid=pid,
                    detail=f"{self.box.engine} stop -t {self.grace}")
-        self.ctx.act(self.stop_it, timeout=self.grace + STOP_SLACK_S)
+        self.host_side.act(self.stop_it, timeout=self.grace + STOP_SLACK_S)
         return f"stopped ({self.box.engine} stop -t {self.grace})"
 
+    def answers_after_stop(self) -> bool:
+        return not self.own and super().answers_after_stop()
+
     def start(self) -> int:
-        self.ctx.act(self.start_it, timeout=self.timeout)
-        state = State.of(self.wait_up(self.up, NOTHING))  # wait_up shows starting, loading and healthy
-        assert state is not None and state.live_pid is not None, "wait_up returns once the container runs"
-        self.started = state
-        return state.live_pid
+        self.host_side.act(self.start_it, timeout=self.timeout)
+        if not self.own:
+            state = State.of(self.wait_up(self.up, NOTHING))  # wait_up shows starting, loading and healthy
+            assert state is not None and state.live_pid is not None, "wait_up returns once the container runs"
+            self.started = state
+            return state.live_pid
+        self.started = self.running_again()
+        self.ctx.transport.reopen()  # raises what the new exec met (the container stopped again at once)
+        self.ctx.log_action(self.reopen, NOTHING, None)
+        try:
+            self.wait_up(self.main, NOTHING)  # from inside: its main process and health; shows the phases
+        except AgentLost as lost:  # the container stopped under the new agent: the engine says so, and its log why
+            again = State.of(self.host_side.act(self.still, timeout=PROBE_TIMEOUT_S))
+            if again is not None and again.live_pid is not None:
+                raise
+            raise self.fail(f"container {self.box.name} stopped during start-up ({lost})") from None
+        assert self.started.live_pid is not None, "running_again returns a running container"
+        return self.started.live_pid
+
+    def running_again(self) -> State:
+        """Its own service: the engine's word that the container runs again, within health_timeout_s."""
+        budget = self.service.health_timeout_s
+        deadline = time.monotonic() + budget
+        with self.host_side.poll(PROBE_TIMEOUT_S) as poll:
+            while (state := State.of(poll.round([(self.up, NOTHING)])[0])) is None or state.live_pid is None:
+                if time.monotonic() >= deadline:
+                    raise self.fail(f"container {self.box.name} did not run within {budget:g}s of its start")
+                self.ctx.cancel.wait(START_POLL_S)
+        return state
 
     def probed_pid(self, probed: object, bound: Bound) -> int | None:
+        if self.own:  # the probe is PID 1 inside: the engine's State.Pid, read before, is the host's
+            return None if self.started is None else self.started.live_pid
         state = State.of(probed)
         return None if state is None else state.live_pid
 
     def alive(self, probed: object, started: str | None) -> bool:
+        if self.own:
+            return isinstance(probed, bytes) and runs(probed)
         state = State.of(probed)
         return state is not None and state.live_pid is not None
 
     def still_runs(self, pid: int) -> bool:
         # The same pid and the same start: a container restarted by its restart policy has a new StartedAt.
-        return State.of(self.ctx.act(self.still, timeout=PROBE_TIMEOUT_S)) == self.started
+        return State.of(self.host_side.act(self.still, timeout=PROBE_TIMEOUT_S)) == self.started
+
+
+def beside(ctx: Context) -> Context:
+    """ctx over the agent beside the container on its host: the same run, bus and facts; none of what the run sends
+    behind its own agent's requests (the release, a step's reads sent ahead)."""
+    return replace(ctx, transport=beside_container(ctx.transport), closing=None, on_sent=None, prefetched={},
+                   ahead={})

@@ -130,10 +130,16 @@ def answered(result: object) -> bool:
     return getattr(result, "status", None) == 200
 
 
-def not_ours(host: str, name: str, url: str) -> str:
+def not_ours(host: str, name: str, service: Service) -> str:
     """A service whose health answers while no process of deployer's (nor an adopted one) runs it."""
-    return (f"{url} answers 200, but no process deployer started (or adopted) runs {name}: add \"adopt: port\" "
-            f"to hosts.{host}.services.{name} in the inventory, or stop it once by hand")
+    if service.container is not None:  # `adopt:` is for a command's process: a container runs or does not
+        return (f"{service.health} answers 200, but container {service.container.name} does not run: another "
+                "process serves that URL; stop it, or correct the service's health URL")
+    if service.systemd is not None:
+        return (f"{service.health} answers 200, but unit {service.systemd} runs no process: another process serves "
+                "that URL; stop it, or correct the service's health URL")
+    return (f"{service.health} answers 200, but no process deployer started (or adopted) runs {name}: add "
+            f"\"adopt: port\" to hosts.{host}.services.{name} in the inventory, or stop it once by hand")
 
 
 def proc_line(proc: ProcInfo) -> str:
@@ -162,6 +168,9 @@ class Manager(ABC):
 
     def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
         self.ctx, self.name, self.service, self.step = ctx, name, service, step
+        # Where its processes and its log are read: the target's, but for a container that is its own service
+        # (container.py), whose engine and pids are the host's.
+        self.host_side = ctx
         self.timeout = timeout  # for the start and stop commands themselves
         self.tags: Mapping[str, str] = NOTHING  # on each event it emits (a unit's name): the restart sets them
         url, wait = service.health, f"{service.health_timeout_s:g}s"
@@ -315,7 +324,7 @@ class Manager(ABC):
     def memory_of(self, pid: int) -> str:
         """`pid N alive, RSS 3.1 GB`: how much the process that does not answer holds (a model loading, or a
         server stuck after loading), from its /proc/PID/status (input: read, never trusted)."""
-        status = self.ctx.act(self.memory, {new_pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
+        status = self.host_side.act(self.memory, {new_pid_of(self.name): str(pid)}, timeout=PROBE_TIMEOUT_S)
         rss = rss_kib(status)
         return f"pid {pid} alive, RSS {'unknown' if rss is None else size_text(rss * 1024)}"
 
@@ -352,7 +361,7 @@ class Manager(ABC):
         return f"{self.name}'s output"
 
     def fail(self, message: str) -> StepFailed:
-        tail = self.ctx.act(self.log, self.log_bound(), timeout=30).out_stream.text
+        tail = self.host_side.act(self.log, self.log_bound(), timeout=30).out_stream.text
         return StepFailed(self.step, f"service {self.name}: {message}",
                           stderr_tail=self.ctx.bus.masker.tail(tail, LOG_TAIL),
                           tail_label=f"{self.tail_label()} (tail)")

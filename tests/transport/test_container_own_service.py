@@ -1,0 +1,171 @@
+"""A container that is its own service (the stock SGLang image: `docker run ... python3 -m sglang.launch_server`,
+the server the container's main process, the code the image's checkout in its writable layer): the patch lands
+inside through the agent in the container, the engine restarts the container from the host side, State.Pid and
+State.StartedAt prove it, and the steps after it (here a drain of a gauge that follows the code the server loaded)
+run through a new agent in the restarted container. Against real podman containers (fixtures_containers),
+with the host's transport local and over the real sshd."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures_containers import CONTAINER_REPO, Box, Served, _answers, _unavailable, fill_repo
+from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project
+from polling import wait_for
+
+# The server the container runs as its main process: it serves the code it loaded (the gauge is answer()), so
+# only a restart makes the fix's bytes served.
+SERVER = """
+import http.server, sys
+sys.path.insert(0, sys.argv[2])
+from pkg.a import answer
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (b"ok" if self.path == "/health" else
+                f"# TYPE deployer_answer gauge\\ndeployer_answer {answer()}\\n".encode())
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+FILES = {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B, "serve.py": SERVER}
+RESTART = ["upload", {"commit": {"message": "pkg: answer is 42"}}, "co_restart",
+           {"drain": {"metric": "deployer_answer", "op": "==", "to": 42, "within_s": 20, "stable_polls": 2}}]
+
+
+@pytest.fixture
+def own_container(podman_env: dict[str, str]) -> Iterator[Served]:
+    """A container whose main process (under podman's --init) is SERVER from the repo in its own writable layer:
+    it waits for the repo, which the test fills after the container started, then serves on a free port."""
+    box = Box(f"deployer-test-{uuid.uuid4().hex[:12]}", podman_env)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    wait = f"until [ -f {CONTAINER_REPO}/serve.py ]; do sleep 0.1; done; "
+    try:
+        started = box.podman("run", "-d", "--name", box.name, "--network", "host", "--init", "--rootfs", "/:O",
+                             "sh", "-c", f"{wait}exec python3 {CONTAINER_REPO}/serve.py {port} {CONTAINER_REPO}",
+                             check=False)
+        if started.returncode != 0:
+            _unavailable(f"podman run failed: {started.stderr.strip()[-500:]}")
+        fill_repo(box, FILES)
+        served = Served(box, f"http://127.0.0.1:{port}/health")
+        wait_for(lambda: _answers(served.health), f"{box.name} serving {served.health}")
+        yield served
+    finally:
+        box.remove()
+
+
+def own_service(target: Project, served: Served, **service: Any) -> Project:
+    """target's host (local or over sshd) in served's container, whose one service is that container."""
+    box, url = served.box.name, served.health.removesuffix("/health")
+    host = {**target.host, "repo": CONTAINER_REPO, "python": "python3", "metrics": f"{url}/metrics",
+            "container": {"engine": "podman", "name": box},
+            "services": {"server": {"container": {"engine": "podman", "name": box}, "health": served.health,
+                                    "stop_grace_s": 5, **service}}}
+    project = dataclasses.replace(target, repo=Path(CONTAINER_REPO), host=host)
+    project.write_inventory()
+    project.playbook(steps=RESTART)
+    return project
+
+
+def events_of(project: Project, kind: str, run_id: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in project.events(run_id) if e["type"] == kind]
+
+
+def value_mark(path: Path, keys: tuple[str, ...]) -> str:
+    """`line:col` of the value at keys in the YAML file, as PyYAML's own composer places it."""
+    node = yaml.compose(path.read_text())
+    for key in keys:
+        node = next(value for name, value in node.value if name.value == key)
+    return f"{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def metric(served: Served) -> str:
+    return served.box.podman("exec", served.box.name, "python3", "-c", (
+        "import urllib.request; print(urllib.request.urlopen("
+        f"{served.health.removesuffix('/health') + '/metrics'!r}).read().decode().split()[-1])")).stdout.strip()
+
+
+def test_the_fix_lands_in_the_container_and_its_engine_restarts_it_from_the_host(
+        target: Project, own_container: Served) -> None:
+    project = own_service(target, own_container)
+    pid, started = own_container.state()
+    applied = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    new_pid, new_started = own_container.state()
+    assert new_pid != pid and new_started != started, "the container was not restarted"
+    assert own_container.box.read(f"{CONTAINER_REPO}/pkg/a.py") == FIXED_A
+    assert metric(own_container) == "42", "the restarted server does not serve the fix's code"
+    run_id = project.newest_run()
+    assert events_of(project, "restart", run_id)[0]["pids"] == {"server": {"old": pid, "new": new_pid}}
+    commands = {e.get("action"): e["command"] for e in events_of(project, "command", run_id)}
+    box = own_container.box.name
+    assert commands["server.stop"] == f"podman stop -t 5 {box}"
+    assert commands["server.start"] == f"podman start {box}"
+    # The agent the stop ended, and the one started in the restarted container for the health wait and the drain.
+    agents = events_of(project, "agent", run_id)
+    assert len(agents) == 2 and agents[0]["pid"] != agents[1]["pid"], agents
+    assert [e["what"] for e in events_of(project, "local", run_id) if e.get("action") == "server.reopen"]
+    drained = next(e for e in project.events(run_id) if e["type"] == "step_end" and e["step"] == "drain")
+    assert drained["status"] == "ok", drained
+    assert project.deployer("lock", "status", "--host", "box").returncode == 0, "the lock is still held"
+
+    rolled = project.deployer("rollback", run_id)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert own_container.state()[1] != new_started, "the rollback did not restart the container"
+    assert own_container.box.read(f"{CONTAINER_REPO}/pkg/a.py") == ORIGINAL_A
+    assert metric(own_container) == "41", "the restarted server does not serve the old code"
+
+
+def test_plan_says_the_layer_dest_survives_a_restart_not_a_recreate_and_the_restart_runs_on_the_host(
+        target: Project, own_container: Served) -> None:
+    project = own_service(target, own_container)
+    planned = project.deployer("plan", "fix.yaml", "--host", "box", "--verbose")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    text = " ".join(planned.stdout.split())
+    assert "in the container's writable layer: kept across restart, lost when the container is recreated" in text
+    box = own_container.box.name
+    assert f"podman stop -t 5 {box}" in text and f"podman start {box}" in text, planned.stdout
+    assert f"start a new agent in container {box}" in text, planned.stdout
+
+
+@pytest.mark.parametrize("service, where, said", [
+    ({"container": {"engine": "podman", "name": "another"}}, "services.server.container",
+     "container another is not the host's container"),
+    ({"container": "BOX"}, "services.server.container", "write `container: {engine: podman, name: BOX}`"),
+    ({"gpus": [0]}, "services.server.gpus", "drop `gpus:` here"),
+])
+def test_a_container_service_that_cannot_work_inside_the_hosts_container_is_refused_at_load(
+        target: Project, own_container: Served, service: dict[str, Any], where: str, said: str) -> None:
+    project = own_service(target, own_container)
+    box = own_container.box.name
+    spec = {k: (v.replace("BOX", box) if isinstance(v, str) else v) for k, v in service.items()}
+    project.write_inventory(services={"server": {**project.host["services"]["server"], **spec}})
+    planned = project.deployer("plan", "fix.yaml", "--host", "box")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    mark = value_mark(project.inventory, ("hosts", "box", *where.split(".")))
+    assert planned.stderr.startswith(f"error: {project.inventory}:{mark}: hosts.box.{where}: "), planned.stderr
+    assert f"hosts.box.{where}:" in planned.stderr and said.replace("BOX", box) in planned.stderr, planned.stderr
+
+
+def test_the_hosts_own_container_must_come_first_among_its_services(
+        target: Project, own_container: Served) -> None:
+    project = own_service(target, own_container)
+    project.write_inventory(services={"router": {"start": "sleep 1000"}, **project.host["services"]})
+    planned = project.deployer("plan", "fix.yaml", "--host", "box")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    assert "the host's own container must be its first service" in planned.stderr, planned.stderr
