@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deployer.app.applies import ApplyOptions, apply
+    from deployer.app.checks import CheckOptions, CheckReport, GroupReport, check
     from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
     from deployer.app.plans import HostPlan, PlanOptions, PlanOutcome, plan
     from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
@@ -52,15 +53,19 @@ _EXPORTS = {
     "DeploysOutcome": "rollbacks",
     "apply": "applies", "ApplyOptions": "applies",
     "plan": "plans", "PlanOptions": "plans", "PlanOutcome": "plans", "HostPlan": "plans",
+    "check": "checks", "CheckOptions": "checks", "GroupReport": "checks", "CheckReport": "checks",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
 
 __all__ = [
     "ApplyOptions",
+    "CheckOptions",
+    "CheckReport",
     "DeploysOptions",
     "DeploysOutcome",
     "FleetOutcome",
+    "GroupReport",
     "HostPlan",
     "HostsOutcome",
     "InitOptions",
@@ -77,6 +82,7 @@ __all__ = [
     "Watch",
     "Watched",
     "apply",
+    "check",
     "deploys",
     "init",
     "plan",

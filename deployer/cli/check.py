@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
@@ -16,7 +15,7 @@ from deployer.cli.options import (
     runs_dir_option,
 )
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder, pin_notice
+from deployer.cli.running import pin_notice
 
 
 @click.command()
@@ -37,28 +36,16 @@ def check(playbook: str | None, host_name: str, parallel: int, inventory: str | 
 
     Exits 0 when all is well, otherwise with the exit code of the first problem (over several hosts: of
     the first host, in selection order, that has one)."""
-    from deployer import runlog
-    from deployer.app.setting import Setting, select_hosts
-    from deployer.check import check_hosts
-    from deployer.config import targets
-    from deployer.steps.playbook import load_playbook
+    from deployer.app.checks import CheckOptions, check
     from deployer.ui.check import show_check, show_check_group
     from deployer.ui.console import make_console
 
-    loaded, hosts = select_hosts(Setting(inventory=inventory), host_name)
-    steps = load_playbook(Path(playbook)) if playbook else None
-    build = builder(inventory, None, accept_new_host_key)
-    for step in steps[1] if steps else []:  # a canary `via:` names a router of this inventory
-        step.reach_routers(lambda: build.routers(loaded))
-    group = check_hosts({name: loaded.hosts[name] for name in hosts}, steps,
-                        connect=build.connector,
-                        units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
-                        listeners=[pin_notice], parallel=parallel, runs_dir=runlog.runs_dir_from(runs_dir))
-    if len(hosts) == 1:  # one host: its own report, as before groups existed
-        (result,) = group.reports
-        emit_json(result.as_json()) if as_json else show_check(make_console(), result)
-    elif as_json:
-        emit_json(group.as_json())
+    group = check(CheckOptions(host=host_name, playbook=playbook, parallel=parallel, inventory=inventory,
+                               runs_dir=runs_dir, accept_new_host_key=accept_new_host_key), listener=pin_notice)
+    if as_json:
+        emit_json(group.document())
+    elif len(group.reports) == 1:  # one host: its own report, as before groups existed
+        show_check(make_console(), group.reports[0])
     else:
         show_check_group(make_console(), group)
     sys.exit(group.exit_code)

@@ -9,7 +9,7 @@ from rich.console import Console
 from deployer.ui.console import columns, show_error
 
 if TYPE_CHECKING:
-    from deployer.check import CheckReport, GroupReport
+    from deployer.app.checks import CheckReport, GroupReport
 
 
 def show_check(console: Console, report: CheckReport) -> None:

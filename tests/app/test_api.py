@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, hold_lock
 
 from deployer import app
 from deployer.errors import ConfigError, DeployerError
@@ -77,6 +77,21 @@ def test_a_plan_over_its_bounds_is_a_failed_outcome_not_an_exception(target: Pro
     outcome = app.plan(app.PlanOptions(playbook=playbook, host="box", **where(target)))
     assert outcome.exit_code == 1
     assert outcome.error is not None and "bounds" in outcome.error
+
+
+@LOCAL
+def test_a_check_reads_the_host_and_a_held_lock_is_a_failed_row_with_exit_3(target: Project) -> None:
+    playbook = target.playbook()
+    ready = app.check(app.CheckOptions(host="box", playbook=playbook, **where(target)))
+    assert ready.exit_code == 0, ready.document()
+    rows = {c.name: c.status for c in ready.reports[0].checks}
+    assert rows["lock"] == "ok" and "fail" not in rows.values()
+    assert ready.document()["host"] == "box"  # one host: its own report, as `check --json` prints it
+    hold_lock(target)
+    held = app.check(app.CheckOptions(host="box", **where(target)))
+    assert held.exit_code == 3
+    assert [c.name for c in held.reports[0].checks if c.status == "fail"] == ["lock"]
+    assert target.file("pkg/a.py") == ORIGINAL_A
 
 
 @LOCAL

@@ -1,4 +1,4 @@
-"""`deployer check`: can I deploy here now? Every answer read from the host, nothing changed on it.
+"""`check` (`deployer check`): can I deploy here now? Every answer read from the host, nothing changed on it.
 
 Each check has a status and, when it fails, the exit code the operation it predicts would end
 with (a host key that is not pinned: 4, a held lock: 3, a dest git does not track: 2, ...), so
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from deployer.app.setting import Setting, build_of, select_hosts
 from deployer.command import Masker
 from deployer.config.container import Container
 from deployer.config.models import Host, Unit
@@ -82,7 +83,8 @@ class CheckReport:
 
 @dataclass
 class GroupReport:
-    """`check` over several hosts: one report per host, in the order the selection names them."""
+    """`check` over several hosts: one report per host, in the order the selection names them. The outcome of
+    the check use case: one host's report alone when it checked one host."""
 
     reports: list[CheckReport]
 
@@ -99,6 +101,39 @@ class GroupReport:
         found = self.first_problem
         return {"hosts": {r.host: r.as_json() for r in self.reports}, "exit_code": self.exit_code,
                 "error": None if found is None else f"{found[0]}: {found[1].name}: {found[1].detail}"}
+
+    def document(self) -> dict[str, Any]:
+        """What `check --json` prints: one host's report, as before groups existed, or every host's."""
+        return self.reports[0].as_json() if len(self.reports) == 1 else self.as_json()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckOptions(Setting):
+    """host: a host, group or unit, a comma list, or a glob (a report per host); playbook: also what it needs of
+    each (its metrics exist, its dests are tracked, ...); parallel: hosts checked at once (None: the fleet's
+    default). The runs dir is read for each service's last time to healthy."""
+
+    host: str
+    playbook: str | Path | None = None
+    parallel: int | None = None
+
+
+def check(options: CheckOptions, *, listener: Listener | None = None) -> GroupReport:
+    """Every host's checks (each problem a failed row, never an exception); a config that cannot be loaded, or
+    a playbook that does not parse, raises its ConfigError."""
+    from deployer.config import targets
+    from deployer.steps.playbook import load_playbook
+
+    loaded, hosts = select_hosts(options, options.host)
+    steps = load_playbook(Path(options.playbook)) if options.playbook else None
+    build = build_of(options, listener)
+    for step in steps[1] if steps else []:  # a canary `via:` names a router of this inventory
+        step.reach_routers(lambda: build.routers(loaded))
+    return check_hosts({name: loaded.hosts[name] for name in hosts}, steps, connect=build.connector,
+                       units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
+                       listeners=[listener] if listener is not None else [],
+                       parallel=options.parallel or DEFAULT_PARALLEL,
+                       runs_dir=build.runs_dir)
 
 
 def check_hosts(hosts: dict[str, Host], playbook: tuple[LoadedPlaybook, list[Step]] | None, *,
