@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from deployer.app.applies import ApplyOptions, apply
     from deployer.app.checks import CheckOptions, CheckReport, GroupReport, check
+    from deployer.app.logs import LogOptions, LogsOutcome, LogText, ServiceLogs, read_logs, service_logs
     from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
     from deployer.app.plans import HostPlan, PlanOptions, PlanOutcome, plan
     from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
@@ -54,6 +55,8 @@ _EXPORTS = {
     "apply": "applies", "ApplyOptions": "applies",
     "plan": "plans", "PlanOptions": "plans", "PlanOutcome": "plans", "HostPlan": "plans",
     "check": "checks", "CheckOptions": "checks", "GroupReport": "checks", "CheckReport": "checks",
+    "read_logs": "logs", "service_logs": "logs", "LogOptions": "logs", "LogsOutcome": "logs", "LogText": "logs",
+    "ServiceLogs": "logs",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
@@ -69,6 +72,9 @@ __all__ = [
     "HostPlan",
     "HostsOutcome",
     "InitOptions",
+    "LogOptions",
+    "LogText",
+    "LogsOutcome",
     "Made",
     "NothingToRecover",
     "PlanOptions",
@@ -78,6 +84,7 @@ __all__ = [
     "RestartOptions",
     "RollbackOptions",
     "RunOutcome",
+    "ServiceLogs",
     "Setting",
     "Watch",
     "Watched",
@@ -86,9 +93,11 @@ __all__ = [
     "deploys",
     "init",
     "plan",
+    "read_logs",
     "recover",
     "restart",
     "rollback",
+    "service_logs",
 ]
 
 

@@ -1,6 +1,6 @@
-"""`deployer logs`: a service's log read on its host through the agent, as its manager keeps it (what a `start:`
-service printed, a unit's journal, a container's output), this start's unless the whole is asked for; `follow`
-then reads what each wrote since, one bounded read per service and poll, until it is told to stop."""
+"""`logs` (`deployer logs`): a service's log read on its host through the agent, as its manager keeps it (what a
+`start:` service printed, a unit's journal, a container's output), this start's unless the whole is asked for;
+`follow` then reads what each wrote since, one bounded read per service and poll, until it is told to stop."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from deployer.app.setting import Setting, build_of, select_hosts
 from deployer.errors import ConfigError, DeployerError
 from deployer.steps import gitops
 from deployer.steps.cancel import CancelToken
@@ -20,6 +21,7 @@ from deployer.text import shown, visible
 if TYPE_CHECKING:
     from deployer.build import Build
     from deployer.config.models import Inventory
+    from deployer.steps.context import Listener
     from deployer.steps.services.manager import Manager
 
 MOST = 1 << 20  # bytes of text one read brings back, for each service
@@ -28,10 +30,13 @@ READ_TIMEOUT_S = 60.0
 NO_LOG, NO_TOOL = 3, 127  # what a manager's read_log exits with when there is nothing to read, or nothing to read it
 
 
-@dataclass(frozen=True)
-class LogOptions:
-    """What to show of each log: this start's (whole: all of it), its last `lines` lines when given."""
+@dataclass(frozen=True, kw_only=True)
+class LogOptions(Setting):
+    """host: a host, or a group or unit (each of its hosts that has service); service: one (None: every service of
+    each host). What to show of each log: this start's (whole: all of it), its last `lines` lines when given."""
 
+    host: str
+    service: str | None = None
     whole: bool = False
     lines: int | None = None
 
@@ -119,19 +124,48 @@ def read_all(readers: list[Reader]) -> list[LogText]:
     return [reader.result() for reader in readers]
 
 
-def read_logs(build: Build, services: dict[str, list[str]], options: LogOptions) -> list[LogText]:
-    with opened(build, services, options) as readers:
-        return read_all(readers)
+@dataclass(frozen=True)
+class LogsOutcome:
+    """One read of each service's log, in the order chosen."""
+
+    logs: list[LogText]
+    exit_code: int = 0
+
+    def document(self) -> dict[str, Any]:
+        return {"logs": [one.document() for one in self.logs], "exit_code": 0, "error": None}
 
 
-def follow_logs(build: Build, services: dict[str, list[str]], options: LogOptions,
-                show: Callable[[LogText], None], stop: threading.Event) -> None:
-    """Show each log as read_logs does, then what each service wrote since, every FOLLOW_POLL_S, until stop is
-    set (a read under way ends first: each is bounded, in time and in bytes)."""
-    with opened(build, services, options) as readers:
-        for text in read_all(readers):
-            show(text)
-        while not stop.wait(FOLLOW_POLL_S):
+@dataclass(frozen=True)
+class ServiceLogs:
+    """The logs options name: each host's services chosen (a config error raised already), to read or follow."""
+
+    build: Build
+    services: dict[str, list[str]]
+    options: LogOptions
+
+    def read(self) -> LogsOutcome:
+        with opened(self.build, self.services, self.options) as readers:
+            return LogsOutcome(read_all(readers))
+
+    def follow(self, show: Callable[[LogText], None], stop: threading.Event) -> None:
+        """Show each log as read() does, then what each service wrote since, every FOLLOW_POLL_S, until stop is
+        set (a read under way ends first: each is bounded, in time and in bytes)."""
+        with opened(self.build, self.services, self.options) as readers:
             for text in read_all(readers):
-                if text.text or text.skipped:
-                    show(text)
+                show(text)
+            while not stop.wait(FOLLOW_POLL_S):
+                for text in read_all(readers):
+                    if text.text or text.skipped:
+                        show(text)
+
+
+def service_logs(options: LogOptions, *, listener: Listener | None = None) -> ServiceLogs:
+    """The services whose logs options name, on their hosts; no host having the service is a ConfigError."""
+    loaded, hosts = select_hosts(options, options.host)
+    services = chosen(loaded, hosts, options.service)
+    return ServiceLogs(build_of(options, listener), services, options)
+
+
+def read_logs(options: LogOptions, *, listener: Listener | None = None) -> LogsOutcome:
+    """One read of each log options name (the Python API's `logs`)."""
+    return service_logs(options, listener=listener).read()

@@ -10,7 +10,7 @@ import click
 
 from deployer.cli.options import accept_option, host_option, inventory_option, json_option
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder
+from deployer.cli.running import pin_notice
 
 
 @click.command()
@@ -28,28 +28,25 @@ def logs(service: str | None, host_name: str, whole: bool, lines: int | None, fo
     """Show SERVICE's log on the host (default: every service of the host, each under a heading): what a
     `start:` service printed (or its own `log:` file), a systemd unit's journal, a container's output. Text from
     the target is shown with its control characters escaped. Exit 2 when no host has SERVICE."""
-    from deployer.app.logs import LogOptions, chosen, follow_logs, read_logs
-    from deployer.app.setting import Setting, select_hosts
+    from deployer.app.logs import LogOptions, service_logs
     from deployer.ui.logs import LogPrinter
 
     if follow and as_json:
         raise click.UsageError("--follow writes text as it comes: give --follow or --json")
-    loaded, hosts = select_hosts(Setting(inventory=inventory), host_name)
-    services = chosen(loaded, hosts, service)
-    build = builder(inventory, None, accept_new_host_key)
-    options = LogOptions(whole=whole, lines=lines)
-    printer = LogPrinter(headings=sum(map(len, services.values())) > 1)
+    chosen = service_logs(LogOptions(host=host_name, service=service, whole=whole, lines=lines, inventory=inventory,
+                                     accept_new_host_key=accept_new_host_key), listener=pin_notice)
+    printer = LogPrinter(headings=sum(map(len, chosen.services.values())) > 1)
     if not follow:
-        read = read_logs(build, services, options)
+        read = chosen.read()
         if as_json:
-            emit_json({"logs": [one.document() for one in read], "exit_code": 0, "error": None})
-        for one in [] if as_json else read:
+            emit_json(read.document())
+        for one in [] if as_json else read.logs:
             printer.show(one)
         return
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        follow_logs(build, services, options, printer.show, stop)
+        chosen.follow(printer.show, stop)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

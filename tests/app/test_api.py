@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, hold_lock
+from fixtures_services import Stack
 
 from deployer import app
 from deployer.errors import ConfigError, DeployerError
@@ -92,6 +93,19 @@ def test_a_check_reads_the_host_and_a_held_lock_is_a_failed_row_with_exit_3(targ
     assert held.exit_code == 3
     assert [c.name for c in held.reports[0].checks if c.status == "fail"] == ["lock"]
     assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@LOCAL
+def test_a_restart_is_a_run_of_its_own_and_a_services_log_comes_back_as_data(target: Project, stack: Stack) -> None:
+    stack.start_services()
+    restarted = app.restart(app.RestartOptions(host="box", services=("prefill",), **where(target)))
+    assert isinstance(restarted, app.RunOutcome) and restarted.exit_code == 0, restarted.document()
+    assert restarted.run_id == target.newest_run() and target.events()[0]["kind"] == "restart"
+    read = app.read_logs(app.LogOptions(host="box", service="prefill", inventory=target.inventory))
+    (log,) = read.logs
+    assert (log.host, log.service, log.missing) == ("box", "prefill", False)
+    assert "Serving HTTP" in log.text, log.text  # http.server's own start line, of this start
+    assert read.document()["logs"][0]["service"] == "prefill" and read.exit_code == 0
 
 
 @LOCAL
