@@ -225,7 +225,11 @@ class Lease:
                     f"; its record here names process {owner.pid} of a boot or machine this one cannot judge")
         gone = f"; its process on this machine (pid {owner.pid}) is gone, but"
         try:
-            hellos = read_run(record.dir.parent, record.dir.name).all("agent")
+            events = read_run(record.dir.parent, record.dir.name).events
+            # An agent its container's restart ended (services/container.py) is gone: its pid, of that container's
+            # old pid namespace, may well be another process's in the new one.
+            ended = max((i for i, e in enumerate(events) if e.get("type") == "agent_ended"), default=-1)
+            hellos = [e for e in events[ended + 1:] if e.get("type") == "agent"]
             pids = [e["pid"] for e in hellos if isinstance(e.get("pid"), int)]
             if not pids:
                 return f"{gone} its log here names no agent of it on the target to look for"

@@ -54,14 +54,16 @@ def own_container(podman_env: dict[str, str]) -> Iterator[Served]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    wait = f"until [ -f {CONTAINER_REPO}/serve.py ]; do sleep 0.1; done; "
+    ready = "/srv/deployer-target-ready"  # made once the repo is committed: the server loads it from then on
+    wait = f"until [ -f {ready} ]; do sleep 0.1; done; "
     try:
-        started = box.podman("run", "-d", "--name", box.name, "--network", "host", "--init", "--rootfs", "/:O",
-                             "sh", "-c", f"{wait}exec python3 {CONTAINER_REPO}/serve.py {port} {CONTAINER_REPO}",
-                             check=False)
+        started = box.podman("run", "-d", "--name", box.name, "--network", "host", "--init",
+                             "-e", "PYTHONDONTWRITEBYTECODE=1", "--rootfs", "/:O", "sh", "-c",
+                             f"{wait}exec python3 {CONTAINER_REPO}/serve.py {port} {CONTAINER_REPO}", check=False)
         if started.returncode != 0:
             _unavailable(f"podman run failed: {started.stderr.strip()[-500:]}")
         fill_repo(box, FILES)
+        box.sh(f"touch {ready}")
         served = Served(box, f"http://127.0.0.1:{port}/health")
         wait_for(lambda: _answers(served.health), f"{box.name} serving {served.health}")
         yield served
@@ -169,3 +171,34 @@ def test_the_hosts_own_container_must_come_first_among_its_services(
     planned = project.deployer("plan", "fix.yaml", "--host", "box")
     assert planned.returncode == 2, planned.stdout + planned.stderr
     assert "the host's own container must be its first service" in planned.stderr, planned.stderr
+
+
+def test_a_run_cut_after_the_containers_restart_is_recovered_through_a_new_agent_in_it(
+        target: Project, own_container: Served) -> None:
+    project = own_service(target, own_container)
+    project.playbook(steps=[*RESTART[:-1], {**RESTART[-1], "drain": {**RESTART[-1]["drain"], "stable_polls": 5}}])
+    git_dir = f"{CONTAINER_REPO}/.git"
+    proc = project.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        def reopened() -> bool:  # the agent in the restarted container said hello: the run is past the restart
+            logs = list(project.runs.glob("*/events.jsonl"))
+            return bool(logs) and logs[0].read_text().count('"type": "agent"') >= 2 or proc.poll() is not None
+        wait_for(reopened, "the agent in the restarted container")
+        assert proc.poll() is None, proc.communicate()
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = next(project.runs.glob("*/events.jsonl")).parent
+    # The agent the stop ended is said to be gone: recover does not look for its pid in the restarted container.
+    assert [e["type"] for e in project.events(run.name) if e["type"] in ("agent", "agent_ended")] == \
+        ["agent", "agent_ended", "agent"]
+    # recover takes over only a stale lock: the killed run's heartbeat (beaten by its second agent), backdated.
+    own_container.box.sh(f"touch -d '2 days ago' {git_dir}/deployer.run.lock/heartbeat")
+    recovered = project.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert own_container.box.read(f"{CONTAINER_REPO}/pkg/a.py") == FIXED_A
+    assert metric(own_container) == "42"
+    assert own_container.box.read(f"{git_dir}/deployer/inflight.json") is None, "the intent record is still there"
+    assert own_container.box.sh(f"test -e {git_dir}/deployer.run.lock && echo held || true") == "", "lock held"

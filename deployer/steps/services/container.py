@@ -203,6 +203,8 @@ class ContainerManager(Manager):
         self.phase(Phase.stopping, time.monotonic(), self.grace, pid=pid,
                    detail=f"{self.box.engine} stop -t {self.grace}")
         self.host_side.act(self.stop_it, timeout=self.grace + STOP_SLACK_S)
+        if self.own:  # recover looks for a cut run's agents by pid: this one is gone, whatever runs under its pid
+            self.ctx.emit("agent_ended", why=f"{self.box.engine} stop {self.box.name} ended the agent in it")
         return f"stopped ({self.box.engine} stop -t {self.grace})"
 
     def answers_after_stop(self) -> bool:
