@@ -142,6 +142,9 @@ class Transport(ABC):
             agent, self._agent = self._agent, None
         if agent is not None:
             agent.close()
+        if self._gate is not None:  # the old agent answered the record (else this raises): the new one needs no gate
+            self._gate.result()
+            self.lift_gate()
         for beat in [self.submit(beat) for beat in list(self._beats.values())]:
             beat.result()
 

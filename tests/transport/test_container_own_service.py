@@ -182,7 +182,7 @@ def test_a_run_cut_after_the_containers_restart_is_recovered_through_a_new_agent
     try:
         def reopened() -> bool:  # the agent in the restarted container said hello: the run is past the restart
             logs = list(project.runs.glob("*/events.jsonl"))
-            return bool(logs) and logs[0].read_text().count('"type": "agent"') >= 2 or proc.poll() is not None
+            return (bool(logs) and logs[0].read_text().count('"type": "agent"') >= 2) or proc.poll() is not None
         wait_for(reopened, "the agent in the restarted container")
         assert proc.poll() is None, proc.communicate()
         proc.kill()
@@ -202,3 +202,17 @@ def test_a_run_cut_after_the_containers_restart_is_recovered_through_a_new_agent
     assert metric(own_container) == "42"
     assert own_container.box.read(f"{git_dir}/deployer/inflight.json") is None, "the intent record is still there"
     assert own_container.box.sh(f"test -e {git_dir}/deployer.run.lock && echo held || true") == "", "lock held"
+
+
+def test_restart_alone_restarts_the_container_under_the_lock_its_intent_record_gated(
+        target: Project, own_container: Served) -> None:
+    project = own_service(target, own_container)
+    pid, started = own_container.state()
+    restarted = project.deployer("restart", "--host", "box")
+    # The intent record went out on the agent the stop ended: the new agent's requests (the heartbeat) are not
+    # gated behind a request it never saw.
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    new_pid, new_started = own_container.state()
+    assert new_pid != pid and new_started != started
+    assert events_of(project, "restart")[0]["pids"] == {"server": {"old": pid, "new": new_pid}}
+    assert project.deployer("lock", "status", "--host", "box").returncode == 0, "the lock is still held"

@@ -96,28 +96,31 @@ class ContainerManager(Manager):
         engine, box = self.box.command, self.box.name
         # The container the agent runs in is this service (config.container.check_own_containers holds the rest).
         self.own = ctx.host.container is not None and ctx.host.container.name == box
+        # What runs beside the container says so in the plan: the rest runs inside it, through the agent there.
+        at = " (on the host)" if self.own else ""
         if self.own:
             self.host_side = beside(ctx)
-        host = " (on the host: the agent in it ends with it)" if self.own else ""
+            self.memory = replace(self.memory, what=self.memory.what + at)
         self.grace = math.ceil(service.stop_grace_s)  # the engines take whole seconds
         inspect = container_inspect(engine, box, "--format", "{{json .State}}")
-        self.inspect = Action.run(f"{name}.inspect", f"read container {box}'s main pid and start time", inspect)
-        self.cmdline = Action.get(f"{name}.cmdline", f"what {pid_of(name)} runs (an init, or a bare interpreter)",
+        self.inspect = Action.run(f"{name}.inspect", f"read container {box}'s main pid and start time{at}", inspect)
+        self.cmdline = Action.get(f"{name}.cmdline", f"what {pid_of(name)} runs (an init, or a bare interpreter){at}",
                                   f"/proc/{pid_of(name)}/cmdline", when="the container runs")
-        self.stop_it = Action.run(f"{name}.stop", f"stop {name}: TERM, KILL after {self.grace}s{host}",
+        self.stop_it = Action.run(f"{name}.stop", f"stop {name}: TERM, KILL after {self.grace}s{at}",
                                   (engine, "stop", "-t", str(self.grace), box), failure=f"{engine} stop {box} failed")
-        self.start_it = Action.run(f"{name}.start", f"start {name}", (engine, "start", box),
+        self.start_it = Action.run(f"{name}.start", f"start {name}{at}", (engine, "start", box),
                                    failure=f"{engine} start {box} failed")
-        self.up = Action.run(f"{name}.up", f"wait for container {box} to run", inspect, repeats=True)
-        # Its own service: a new agent in the restarted container, then its main process (PID 1 in it) and health.
-        self.reopen = Action(f"start a new agent in container {box} ({engine} exec -i {box} <python> ...) and resume "
-                             "the deploy lock's heartbeat in it", key=f"{name}.reopen")
+        self.up = Action.run(f"{name}.up", f"wait for container {box} to run{at}", inspect, repeats=True)
+        # Its own service: the stop ended the agent in it; a new one in the restarted container, then its main
+        # process (PID 1 in it) and health, from inside.
+        self.reopen = Action(f"start a new agent in container {box} ({engine} exec -i {box} <python> ...; the stop "
+                             "ended the one in it) and resume the deploy lock's heartbeat there", key=f"{name}.reopen")
         self.main = Action.get(f"{name}.main", f"container {box}'s main process (PID 1 in it) runs", "/proc/1/stat",
                                repeats=True)
-        self.still = Action.run(f"{name}.still", f"container {box} still runs the same process", inspect)
+        self.still = Action.run(f"{name}.still", f"container {box} still runs the same process{at}", inspect)
         # Both of the container's streams, in the order it wrote them: the engine hands its stderr (where a
         # server's traceback goes) back on its own stderr, which the failure's tail would not show.
-        self._log = Action.run(f"{name}.log", f"the end of container {box}'s output (stdout and stderr)",
+        self._log = Action.run(f"{name}.log", f"the end of container {box}'s output (stdout and stderr){at}",
                                ("sh", "-c", 'exec "$0" logs --tail 40 "$1" 2>&1', engine, box), when=f"{name} fails")
         self.started: State | None = None  # what start() brought up
 
