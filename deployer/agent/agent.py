@@ -3,7 +3,10 @@
 It is started over ONE exec channel by the host's own python with a tiny bootstrap
 (`client.bootstrap_argv`) that reads exactly this file's bytes from stdin, then the client's own bytecode of
 it, and runs that bytecode when the host's python reads it (the same magic number), else compiles the bytes;
-the rest of stdin is the framed protocol. Nothing is installed, nothing is left behind.
+the rest of stdin is the framed protocol. Nothing is installed. Over a far link the bootstrap first looks for a
+copy of both that an earlier run left in the user's cache (~/.cache/deployer/agent-<sha256 of both>), runs it
+when its bytes hash to exactly what the client expects, and otherwise asks for them; the agent then keeps what
+came for the next run (`_keep`).
 
 Protocol (both ways): a frame is a 4-byte big-endian length, then that many bytes of UTF-8
 JSON. A request is {"id": any, "op": str, ...fields}; its reply is {"id": same, "ok": true,
@@ -68,6 +71,8 @@ CANCEL_FRAME_MAX = 256  # a frame this small may be a `cancel`, which is served 
 DETACHED_FRAME_MAX = 64 << 10  # a detached request is at most this large (the reader looks into it)
 DEFAULT_TAIL = 1 << 20  # bytes kept per output stream of `run`
 DEFAULT_GET_MAX = 16 << 20
+KEEP_OTHERS = 8  # copies of other agents (other deployer versions) the cache keeps beside the one just written
+KEEP_WAIT_S = 5.0  # how long the end of stdin waits for a copy being written, so a short run leaves one too
 DEFAULT_HTTP_MAX = 4 << 20
 HTTP_METHODS = ("GET", "POST", "PUT", "DELETE")  # a router's worker calls add POST and DELETE to the probes' GET
 # After a command's leader exits, how long background children holding its stdout/stderr
@@ -170,9 +175,11 @@ class _Tail:
 
 
 class Agent:
-    def __init__(self, source: bytes, proto_in: IO[bytes], proto_out: IO[bytes], *, bytecode: bool = False) -> None:
+    def __init__(self, source: bytes, proto_in: IO[bytes], proto_out: IO[bytes], *, bytecode: bool = False,
+                 cached: bool = False) -> None:
         self.source = source
         self.bytecode = bytecode  # the bootstrap ran the client's bytecode of source (no compile here)
+        self.cached = cached  # the bootstrap ran the copy an earlier run left (no source sent this time)
         self._in = proto_in
         self._out = proto_out
         self._out_lock = threading.Lock()
@@ -184,6 +191,7 @@ class Agent:
         self._gone = False  # stdin ended: only detached requests still run
         self._running_detached = False  # the request running now was sent detached
         self._detached_sent = False  # stdin held a detached request: its end waits for them
+        self.keeping: threading.Thread | None = None  # the copy of this agent being left for the next run (_keep)
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
@@ -224,6 +232,8 @@ class Agent:
         """The end of stdin: what runs now is killed and what waits is dropped, but for detached requests, which
         run to their end first (see the module's docstring). Without any, the agent leaves at once, as ever: a
         cut run's agent must not linger (its lock's heartbeat beats while it lives)."""
+        if self.keeping is not None:
+            self.keeping.join(KEEP_WAIT_S)
         if not self._detached_sent:
             self.shutdown(0)
         self._gone = True
@@ -347,7 +357,7 @@ class Agent:
         return {"version": VERSION, "sha256": hashlib.sha256(self.source).hexdigest(),
                 "python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
                 "pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "euid": os.geteuid(),
-                "bytecode": self.bytecode}
+                "bytecode": self.bytecode, "cached": self.cached}
 
     def op_beat(self, req: dict[str, Any]) -> dict[str, Any]:
         """path, interval_s: touch path every interval_s seconds for as long as this agent lives (0 stops).
@@ -1037,16 +1047,87 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def main(source: bytes, bytecode: bool = False) -> None:
-    proto_in = sys.stdin.buffer
+class _Ahead:
+    """stdin, behind the requests the bootstrap read before the source it had to ask for (they came first)."""
+
+    def __init__(self, ahead: bytes, rest: IO[bytes]) -> None:
+        self._ahead = memoryview(ahead)  # read through, never copied whole again (it may hold an upload)
+        self._at = 0
+        self._rest = rest
+
+    def read(self, size: int) -> bytes:
+        data = bytes(self._ahead[self._at:self._at + size])
+        self._at += len(data)
+        return data + self._rest.read(size - len(data)) if len(data) < size else data
+
+
+def _keep(path: str, payload: bytes) -> None:
+    """Leave payload at path for the next run's bootstrap, which runs it only if the file and its directory are
+    this user's and no one else can write them (so that is how they are made: 0700, 0600) and its bytes hash to
+    the name. Written whole before it has its name (temp, fsync, rename); a copy there under that name, even a
+    tampered one, is replaced. A directory it cannot make, or that is not its own alone, keeps nothing: the next
+    run asks for the source again. Old agents beyond KEEP_OTHERS go."""
+    directory, name = os.path.split(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    temp = f".{name}.{os.urandom(4).hex()}.tmp"
+    try:
+        found = os.fstat(dir_fd)
+        if found.st_uid != os.geteuid() or found.st_mode & 0o022:
+            return
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                     0o600, dir_fd=dir_fd)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory; the rename happened
+            os.fsync(dir_fd)
+        _prune(dir_fd, name)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _prune(dir_fd: int, kept: str) -> None:
+    """The other agents' copies beyond the KEEP_OTHERS newest, and temps a cut write left an hour ago or more."""
+    ages: list[tuple[float, str]] = []
+    for entry in os.listdir(dir_fd):
+        if entry != kept and entry.startswith(("agent-", ".agent-")):
+            with contextlib.suppress(OSError):
+                ages.append((os.stat(entry, dir_fd=dir_fd, follow_symlinks=False).st_mtime, entry))
+    ages.sort(reverse=True)
+    stale = [entry for at, entry in ages if entry.startswith(".") and at < time.time() - 3600]
+    for entry in [*stale, *[entry for _, entry in ages if entry.startswith("agent-")][KEEP_OTHERS:]]:
+        with contextlib.suppress(OSError):
+            os.unlink(entry, dir_fd=dir_fd)
+
+
+def main(source: bytes, bytecode: bool = False, *, cached: bool = False, ahead: bytes = b"",
+         keep: tuple[str, bytes] | None = None) -> None:
+    proto_in: IO[bytes] = sys.stdin.buffer
+    if ahead:
+        proto_in = _Ahead(ahead, proto_in)  # type: ignore[assignment]
     # The protocol keeps a private copy of stdout; fd 1 then points at stderr, so a stray print
     # (ours or a library's) can never corrupt a frame.
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    agent = Agent(source, proto_in, proto_out, bytecode=bytecode)
+    agent = Agent(source, proto_in, proto_out, bytecode=bytecode, cached=cached)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda num, _frame: agent.shutdown(128 + num))
+    if keep is not None:  # beside the first requests, not before them
+        agent.keeping = threading.Thread(target=_keep, args=keep, name="agent-keep", daemon=True)
+        agent.keeping.start()
     agent.serve()
 
 
@@ -1056,4 +1137,6 @@ if __name__ == "__main__":
     if not isinstance(_source, bytes):
         with open(__file__, "rb") as _handle:
             _source = _handle.read()
-    main(_source, globals().get("AGENT_BYTECODE") is True)
+    _keep_it = globals().get("AGENT_KEEP")
+    main(_source, globals().get("AGENT_BYTECODE") is True, cached=globals().get("AGENT_CACHED") is True,
+         ahead=globals().get("AGENT_PENDING") or b"", keep=_keep_it if isinstance(_keep_it, tuple) else None)

@@ -6,7 +6,10 @@ requests and what their replies parse into are deployer/agent/protocol.py; every
 
 Start-up costs no round trip of its own after the exec: the bootstrap, the agent's source and a
 `hello` go out in one write, and the first requests may follow at once (`start(wait=False)`):
-no reply is handed out before the hello proved the agent runs exactly our source. Calls may be
+no reply is handed out before the hello proved the agent runs exactly our source. Over a far link
+(`bootstrap_argv(cached=True)`) the source stays here: the bootstrap runs the copy a run before left on the
+target when it hashes to exactly ours, so the hello and the first requests go alone; only without one (the first
+run, a copy it may not trust) does it ask, and that start costs one round trip more. Calls may be
 pipelined (`submit`, then `Pending.result`); every call has a timeout on our side too, and a dead
 pipe or a stalled reply raises TransportError and closes the agent (its stdin closes, so it exits
 and kills what it was running).
@@ -99,23 +102,98 @@ def agent_payload() -> bytes:
 ENDS_WITH_THE_RUN = 'exec 3<&0; "$@" <&3 3<&- & exec 3<&- <&- >&- 2>&-; wait; kill -9 0'
 
 
-def bootstrap_argv(python: str, within: Sequence[str] = ()) -> list[str]:
-    """The argv that starts the agent: python reads exactly len(source) bytes of stdin, then exactly
-    len(agent_code()), and runs that bytecode when its own magic number is this python's (it reads the same
-    bytecode), else compiles the source; the rest of stdin, read through the same buffered reader, is the
-    protocol. The source is sent either way: the hello's sha256 names it. -I -S: no PYTHON* variables, user
-    site or site hooks can change what runs. `within` is what runs that python somewhere else on the host and
-    passes stdin through (`podman exec -i NAME`); ENDS_WITH_THE_RUN runs on the host, around it. One line, the
-    program's newlines escaped in a string: a login shell of the csh family refuses a newline inside quotes."""
+# The bootstrap's ask for the source, when it found no copy it may run (cached=True): the first frame the client
+# reads. The client answers with SOURCE_FOLLOWS and the payload, behind whatever requests it had pipelined: a frame
+# header no request has (the agent refuses any frame over its 64 MiB), so the bootstrap keeps those requests for the
+# agent and knows where the source starts.
+SOURCE_WANTED = {"want": "source"}
+SOURCE_FOLLOWS = HEADER.pack(0xFFFFFFFF)
+# Where the bootstrap keeps the agent (cached=True), under the home of the user it runs as: $XDG_CACHE_HOME or
+# ~/.cache as that user's own programs find them, when $HOME is that user's (sudo may keep the caller's), else the
+# password database's home. The name holds the sha256 of the payload, the one it is checked against.
+_CACHED = """
+def where():
+ u=os.geteuid();e=os.environ;h=e.get('HOME','')
+ try:
+  mine=h[:1]=='/' and os.stat(h).st_uid==u
+ except OSError:
+  mine=False
+ x=e.get('XDG_CACHE_HOME','') if mine else ''
+ if x[:1]!='/':
+  if not mine:
+   import pwd;h=pwd.getpwuid(u).pw_dir
+  x=h+'/.cache'
+ return x+'/deployer'
+def look(d):
+ u=os.geteuid();g=os.open(d,os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW);b=b''
+ try:
+  s=os.fstat(g)
+  f=s.st_uid==u and not s.st_mode&0o22 and os.open('agent-'+H,os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK,dir_fd=g)
+ finally:
+  os.close(g)
+ if f is False:
+  return b
+ try:
+  s=os.fstat(f)
+  while s.st_mode&0o170000==0o100000 and s.st_uid==u and not s.st_mode&0o22 and s.st_size==n:
+   c=os.read(f,n+1-len(b))
+   if not c:
+    break
+   b+=c
+ finally:
+  os.close(f)
+ import hashlib
+ return b if hashlib.sha256(b).hexdigest()==H else b''
+d=A=None
+try:
+ d=where();A=look(d)
+except Exception:
+ pass
+AGENT_CACHED=A is not None and len(A)==n;AGENT_PENDING=b'';AGENT_KEEP=None
+if not AGENT_CACHED:
+ os.write(1,W);F=[]
+ while 1:
+  h=r(4)
+  if len(h)<4 or h==M:
+   break
+  F.append(h+r(int.from_bytes(h,'big')))
+ A=r(n);AGENT_PENDING=b''.join(F);AGENT_KEEP=d and (d+'/agent-'+H,A)
+"""
+
+
+def bootstrap_argv(python: str, within: Sequence[str] = (), *, cached: bool = False) -> list[str]:
+    """The argv that starts the agent: python gets the payload (the source, then agent_code()), runs that bytecode
+    when its own magic number is this python's (it reads the same bytecode), else compiles the source; the rest of
+    stdin, read through the same buffered reader, is the protocol. -I -S: no PYTHON* variables, user site or site
+    hooks can change what runs. `within` is what runs that python somewhere else on the host and passes stdin
+    through (`podman exec -i NAME`); ENDS_WITH_THE_RUN runs on the host, around it. One line, the program's
+    newlines escaped in a string: a login shell of the csh family refuses a newline inside quotes.
+
+    The payload is read off stdin (the client sends it first: start(source_ahead=True)), or, cached=True, from the
+    copy a run before left on the target (_CACHED), when that copy is the user's own, in a directory that is the
+    user's own and no one else can write, and its bytes, read once from the descriptor they are run from, hash to
+    exactly the payload's sha256, which this argv carries; else the bootstrap asks for it (SOURCE_WANTED) and the
+    agent keeps what comes for the next run (agent.py's `_keep`). The hello's sha256 names the source either way."""
     size, code_size = len(agent_source()), len(agent_code())
-    program = (f"r=sys.stdin.buffer.read;AGENT_SOURCE=r({size});C=r({code_size})\n"
-               f"len(AGENT_SOURCE)=={size} and len(C)=={code_size} or sys.exit('deployer agent: source cut short')\n"
+    payload = size + code_size
+    if cached:
+        fetch = (f"import os\nr=sys.stdin.buffer.read;n={payload};H={sha256_hex(agent_payload())!r};"
+                 f"W={_frame(SOURCE_WANTED)!r};M={SOURCE_FOLLOWS!r}{_CACHED}")
+    else:
+        fetch = f"r=sys.stdin.buffer.read;A=r({payload})\n"
+    program = (f"{fetch}len(A)=={payload} or sys.exit('deployer agent: source cut short')\n"
+               f"AGENT_SOURCE=A[:{size}];C=A[{size}:];A=None\n"
                "B=None\n"
                f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={MAGIC_NUMBER!r}:\n"
                " try:\n  import marshal,zlib;B=marshal.loads(zlib.decompress(C))\n except Exception:\n  pass\n"
                "AGENT_BYTECODE=B is not None\n"
                "exec(B if AGENT_BYTECODE else compile(AGENT_SOURCE,'deployer-agent','exec'))")
     return ["sh", "-c", ENDS_WITH_THE_RUN, "sh", *within, python, "-I", "-S", "-c", f"import sys;exec({program!r})"]
+
+
+def _frame(message: Mapping[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode("ascii")
+    return HEADER.pack(len(body)) + body
 
 
 def bootstrap_command(python: str, prefix: Sequence[str] = ()) -> str:
@@ -235,19 +313,25 @@ class AgentClient:
         self._hello_timeout = IO_TIMEOUT_S
         self._hello_lock = threading.Lock()
         self.on_hello: Callable[[Hello], None] | None = None  # told once the hello checked out
+        self._source_wanted = False  # the first frame may be the bootstrap asking for the source (see start)
+        self.bytes_sent = 0  # everything written to the pipe: what a far link carries for us
         # Told the stderr of a start that ended before the hello: the failure that says why in the operator's
         # terms (a python the host does not have), or None for the lost agent it otherwise is.
         self.why_never_ran: Callable[[str], DeployerError | None] | None = None
 
     # -- starting ----------------------------------------------------------------------------
 
-    def start(self, timeout: float = IO_TIMEOUT_S, *, wait: bool = True) -> AgentClient:
+    def start(self, timeout: float = IO_TIMEOUT_S, *, wait: bool = True, source_ahead: bool = True) -> AgentClient:
         """Send the source and a hello in one write; check the agent runs exactly our source, now or
-        (wait=False) when the first reply is read, so the hello shares the first requests' round trip."""
+        (wait=False) when the first reply is read, so the hello shares the first requests' round trip.
+        source_ahead=False, for a bootstrap_argv(cached=True): the hello goes alone, and the source only when the
+        bootstrap asks for it (it found no copy of the agent it may run), one round trip later."""
+        self._source_wanted = not source_ahead
         self._reader.start()
         self._hello_timeout = timeout
         try:
-            self._hello = self._enqueue(HelloRequest(), prefix=agent_payload(), timeout=timeout)
+            self._hello = self._enqueue(HelloRequest(), prefix=agent_payload() if source_ahead else b"",
+                                        timeout=timeout)
         except BaseException:
             self.close()
             raise
@@ -347,12 +431,25 @@ class AgentClient:
         try:
             with self._send_watch.bounded(limit, f"sending '{request.op}' to the agent did not finish within "
                                                  f"{limit:g}s"), self._write_lock:
-                self._pipe.write(prefix + HEADER.pack(len(body)) + body)
+                self._write(prefix + HEADER.pack(len(body)) + body)
         except NeverStarted as exc:
             self._fail(str(exc), started=False)
         except (OSError, EOFError, ValueError) as exc:
             self._fail(f"cannot send to the agent: {exc}")
         return pending
+
+    def _write(self, data: bytes) -> None:
+        """Under the write lock."""
+        self._pipe.write(data)
+        self.bytes_sent += len(data)
+
+    def _send_source(self) -> None:
+        """The bootstrap's answer to a start without the source: it found no copy to run. What was pipelined is
+        in the stream before it; the bootstrap keeps that for the agent."""
+        limit = self._hello_timeout
+        with self._send_watch.bounded(limit, f"sending the agent's source did not finish within {limit:g}s"), \
+                self._write_lock:
+            self._write(SOURCE_FOLLOWS + agent_payload())
 
     def _read_loop(self) -> None:
         buf = bytearray()
@@ -370,6 +467,10 @@ class AgentClient:
                         return self._fail("the agent closed its output mid-reply")
                 reply = json.loads(buf[HEADER.size:HEADER.size + length])
                 del buf[:HEADER.size + length]
+                wanted, self._source_wanted = self._source_wanted, False  # only the first frame may ask
+                if wanted and reply == SOURCE_WANTED:
+                    self._send_source()
+                    continue
                 if problem := _envelope_problem(reply):
                     return self._fail(f"{problem}: the stream is broken")
                 if not self._dispatch(reply):

@@ -382,6 +382,7 @@ class Hello:
     gid: int
     euid: int
     bytecode: bool  # it ran our bytecode of its source, not a compile of it there
+    cached: bool = False  # it ran the copy an earlier run left on the target (client.bootstrap_argv(cached=True))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ class Transport(ABC):
     Paths are absolute paths on the target."""
 
     info: TransportInfo
+    # The agent's source kept on the target by its hash (agent/client.py, bootstrap_argv(cached=True)): where
+    # sending it costs (a far link), not a pipe on this machine.
+    caches_agent = False
 
     def __init__(self, *, python: str, become: bool = False) -> None:
         self.python = python
@@ -115,14 +118,15 @@ class Transport(ABC):
             if self._agent is None:
                 within = self._within
                 # On the host: sudo runs the container's engine, not a sudo inside it.
-                argv = self._on_host(bootstrap_argv(self.python, within.prefix() if within else ()))
+                argv = self._on_host(bootstrap_argv(self.python, within.prefix() if within else (),
+                                                    cached=self.caches_agent))
                 pipe = self._pipe(argv) if within is None else within.open(self._pipe, argv, self.info.target)
                 agent = AgentClient(pipe, name=self.info.target)
                 agent.on_hello = lambda hello: self.on_agent(hello) if self.on_agent is not None else None
                 if within is None:  # in a container, the engine's exec says what it could not run (container.py)
                     agent.why_never_ran = self._python_missing
                 # The hello is checked when the first reply is read: it shares the first requests' round trip.
-                self._agent = agent.start(wait=False)
+                self._agent = agent.start(wait=False, source_ahead=not self.caches_agent)
             return self._agent
 
     def _python_missing(self, stderr: str) -> PythonMissing | None:

@@ -71,6 +71,8 @@ def connect_host(name: str, params: SshParams, bus: Emitter, accept_new_host_key
 class SSHTransport(Transport):
     """One host through a single SSH connection: the agent's exec channel, and port forwards."""
 
+    caches_agent = True  # its 93 KB would cross the link on every run
+
     def __init__(self, *, name: str, address: str, port: int | None = None,
                  user: str | None = None, identity_file: str | None = None,
                  known_hosts: str | None = None, host_key_policy: HostKeyPolicy = "reject",
