@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["fixtures_ssh", "fixtures_netns", "fixtures_repo", "fixtures_services", "fixtures_memory",
-                  "fixtures_containers"]
+                  "fixtures_containers", "fixtures_kube"]
 
 
 @pytest.fixture(autouse=True, scope="session")
