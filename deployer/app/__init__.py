@@ -7,21 +7,32 @@ DESIGN.md), and the same calls a CI job or a notebook makes.
     print(outcome.run_id, outcome.changed, outcome.exit_code)
     app.rollback(app.RollbackOptions(run_id=outcome.run_id))
 
-Each use case takes its typed options (frozen dataclasses: ApplyOptions, PlanOptions, RollbackOptions,
-RecoverOptions, CheckOptions, RestartOptions, LogsOptions, InitOptions) and returns an outcome: its `exit_code`
-(what the command exits with), `changed` where it ran something, its `run_id` where it is recorded, and
-`document()`, the JSON object the command's --json prints.
+Each use case takes its typed options (frozen dataclasses; Setting's fields name the inventory, the runs dir and
+the host-key choice) and returns an outcome: its `exit_code` (what the command exits with), `changed` where it
+ran something, its `run_id` where it is recorded, and `document()`, the JSON object the command's --json prints.
+
+    apply(ApplyOptions)          RunOutcome (one host), FleetOutcome (several), PlanOutcome (dry_run)
+    plan(PlanOptions)            PlanOutcome: each host's actions as data, the downtime
+    rollback(RollbackOptions)    RunOutcome, FleetOutcome; deploys(DeploysOptions): a host's deployer commits
+    recover(RecoverOptions)      RecoveredRun, FleetOutcome, NothingToRecover
+    check(CheckOptions)          GroupReport: a report per host, every check a row
+    restart(RestartOptions)      RunOutcome, HostsOutcome (a group in turn, a unit as one)
+    read_logs(LogOptions)        LogsOutcome; service_logs(LogOptions).follow(show, stop) follows them
+    init(InitOptions)            Made: the playbook written from a local change
+    history, recorded, verify    the recorded runs: listed, one shown, its log verified
+    lock_status, release_lock    the deploy lock on a host; record_golden: a canary's golden answer
 
 Failures, one rule: a use case RAISES the typed DeployerError of deployer.errors (each carries its exit code:
-ConfigError 2, LockHeld 3, ConnectError 4...) for a refusal before any run started, when nothing was recorded
-(a config that does not load, an unknown host, downtime not allowed, a host key not known). Once a run started,
-it RETURNS its outcome, a failed one too (a step that failed and was restored: exit 1; a check that failed after
-the commit: exit 5): its run log and record hold the rest, under the outcome's run_id.
+ConfigError 2, ConnectError 4...) for a refusal before any run started, when nothing was recorded (a config that
+does not load, an unknown host or run, downtime not allowed). Once a run started, it RETURNS its outcome, a
+failed or refused one too (the lock held: exit 3; a step that failed and was restored: 1; a check that failed
+after the commit: 5): its run log and record hold the rest, under the outcome's run_id.
 
 Events: `listener` (any callable taking an event dict) hears every event of the engines and connections the use
-case makes (a pinned host key, a notice such as which run `last` chose); `watch` is handed each run as it starts
-(app.watch.Watched: its hosts, its cancel token, its listeners) and the run goes on inside the context it returns:
-the command line draws its live view and catches signals there. Both may be left out.
+case makes, and the notices it has for the operator (a notice event: which run `last` chose, a run that never
+ended); `watch` is handed each run as it starts (app.watch.Watched: its hosts, its cancel token, its listeners)
+and the run goes on inside the context it returns: the command line draws its live view and turns signals into
+the token's cancel there. Both may be left out.
 
 The names below load on first use, so that `import deployer.app` (and `deployer --help`) stays cheap; each
 use case's module is named apart from its function (app.restart is restarts.restart), so that importing the
@@ -41,6 +52,7 @@ if TYPE_CHECKING:
     from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
     from deployer.app.restarts import RestartOptions, restart
     from deployer.app.rollbacks import DeploysOptions, DeploysOutcome, RollbackOptions, deploys, rollback
+    from deployer.app.runs import History, HistoryOptions, Recorded, Verified, VerifyOptions, history, recorded, verify
     from deployer.app.scaffold import InitOptions, Made, init
     from deployer.app.setting import Setting
     from deployer.app.watch import Watch, Watched
@@ -57,6 +69,8 @@ _EXPORTS = {
     "check": "checks", "CheckOptions": "checks", "GroupReport": "checks", "CheckReport": "checks",
     "read_logs": "logs", "service_logs": "logs", "LogOptions": "logs", "LogsOutcome": "logs", "LogText": "logs",
     "ServiceLogs": "logs",
+    "history": "runs", "HistoryOptions": "runs", "History": "runs", "recorded": "runs", "Recorded": "runs",
+    "verify": "runs", "VerifyOptions": "runs", "Verified": "runs",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
@@ -69,6 +83,8 @@ __all__ = [
     "DeploysOutcome",
     "FleetOutcome",
     "GroupReport",
+    "History",
+    "HistoryOptions",
     "HostPlan",
     "HostsOutcome",
     "InitOptions",
@@ -79,6 +95,7 @@ __all__ = [
     "NothingToRecover",
     "PlanOptions",
     "PlanOutcome",
+    "Recorded",
     "RecoverOptions",
     "RecoveredRun",
     "RestartOptions",
@@ -86,18 +103,23 @@ __all__ = [
     "RunOutcome",
     "ServiceLogs",
     "Setting",
+    "Verified",
+    "VerifyOptions",
     "Watch",
     "Watched",
     "apply",
     "check",
     "deploys",
+    "history",
     "init",
     "plan",
     "read_logs",
+    "recorded",
     "recover",
     "restart",
     "rollback",
     "service_logs",
+    "verify",
 ]
 
 

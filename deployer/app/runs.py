@@ -1,22 +1,26 @@
 """The recorded runs as a person names and picks them: a run or a fleet run by `last` or by any unique beginning
-of its id, wherever a command takes a run id, and the runs that `runs list` shows."""
+of its id, wherever a command takes a run id; and the history use cases: the runs `runs list` shows (history),
+one run (recorded, `runs show`), its log verified (verify, `runs verify`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from deployer.app.setting import Setting, runs_dir_of
 from deployer.errors import ConfigError
-from deployer.fleet.record import FLEET, FleetRecord
+from deployer.fleet.record import FLEET, FleetRecord, is_fleet
 from deployer.run.shown import FAILED, REFUSED, shown_state
 from deployer.runlog import EVENTS, read_run
 from deployer.runstate import Phase
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
 
     from deployer.fleet.record import FleetState
     from deployer.runlog import Run
+    from deployer.steps.context import Listener
 
 LAST = "last"
 STATES = (*(phase.value for phase in Phase), FAILED, REFUSED)
@@ -114,3 +118,128 @@ def listed(runs: list[Run], fleets: list[FleetState], host: str | None, states: 
     kept_fleets = [fleet for fleet in fleets if (host is None and not states)
                    or any(chosen(name, one.state) for name, one in fleet.hosts.items())]
     return (kept[-last:], kept_fleets[-last:]) if last else (kept, kept_fleets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryOptions:
+    """The recorded runs to list (`runs list`): on host, in one of states, the last newest; refused runs only
+    with refused (or asked for by their state). runs_dir: None, the default one (see Setting)."""
+
+    runs_dir: str | Path | None = None
+    host: str | None = None
+    states: tuple[str, ...] = ()
+    last: int | None = None
+    refused: bool = False
+
+
+@dataclass(frozen=True)
+class History:
+    """The runs and fleet runs listed, oldest first, from runs_dir."""
+
+    runs_dir: Path
+    runs: list[Run]
+    fleets: list[FleetState]
+    exit_code: int = 0
+
+    def document(self) -> dict[str, Any]:
+        return {"runs_dir": str(self.runs_dir),
+                "runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
+                          "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
+                          "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
+                          "git": r.git, "commits": r.commits} for r in self.runs],
+                "fleets": [f.document() for f in self.fleets]}
+
+
+def history(options: HistoryOptions) -> History:
+    from deployer.fleet.record import list_fleets
+    from deployer.runlog import list_runs
+
+    root = runs_dir_of(options.runs_dir)
+    runs, fleets = listed(list_runs(root), list_fleets(root), options.host, options.states, options.last,
+                          refused=options.refused)
+    return History(root, runs, fleets)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One recorded run (`runs show`): its log, or a fleet run's record."""
+
+    run: Run | None = None
+    fleet: FleetState | None = None
+    exit_code: int = 0
+
+    def document(self) -> Any:
+        """A run's raw events; a fleet run's record."""
+        return self.fleet.document() if self.fleet is not None else self.run.events if self.run is not None else None
+
+
+def recorded(given: str, runs_dir: str | Path | None = None) -> Recorded:
+    """The run or fleet run `given` names (`last`, or any unique beginning of an id)."""
+    root = runs_dir_of(runs_dir)
+    run_id = resolve(root, given)
+    if is_fleet(root, run_id):
+        return Recorded(fleet=FleetRecord.load(root, run_id).state)
+    return Recorded(run=read_run(root, run_id))
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions(Setting):
+    """The run or fleet run to verify (`last`, or any unique beginning of an id): its log's hash chain and
+    artifacts (every sub-run's), and with on_target its commits on its host."""
+
+    run_id: str
+    on_target: bool = False
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What verifying found: each problem (a fleet's: `HOST: problem`), the hosts whose history could not be read
+    and why, and with on_target what each target vouched for. A tampered log (5) outweighs a host whose history
+    could not be read (4, as for a single run)."""
+
+    run_id: str
+    problems: list[str]
+    unreachable: dict[str, str]
+    vouched: dict[str, list[str]] | None
+
+    @property
+    def errors(self) -> list[str]:
+        return self.problems + [f"{host}: not verified against the target: {why}"
+                                for host, why in self.unreachable.items()]
+
+    @property
+    def exit_code(self) -> int:
+        return 5 if self.problems else 4 if self.unreachable else 0
+
+    def document(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "problems": self.problems, "unreachable": self.unreachable,
+                "exit_code": self.exit_code, "error": "; ".join(self.errors) or None,
+                **({"on_target": self.vouched} if self.vouched is not None else {})}
+
+
+def verify(options: VerifyOptions, *, listener: Listener | None = None) -> Verified:
+    """Verify as options say; a host that cannot be reached for a single run raises its ConnectError."""
+    from deployer import runlog
+    from deployer.app.setting import build_of
+    from deployer.fleet.followup import verify_fleet
+
+    build = build_of(options, listener)
+    vouched: dict[str, list[str]] = {}  # host -> what its target vouched for
+
+    def verify_one(runs_path: Path, one: str) -> list[str]:
+        found = runlog.verify(runs_path, one)
+        if options.on_target:
+            from deployer.run import rollback as rollbacks
+            run = runlog.read_run(runs_path, one)
+            checked = vouched.setdefault(str(run.start.get("host")), [])
+            found += rollbacks.verify_on_target(build.for_run(run), run, checked)
+        return found
+
+    unreachable: dict[str, str] = {}
+    run_id = resolve(build.runs_dir, options.run_id)
+    if is_fleet(build.runs_dir, run_id):
+        per_host, unreachable = verify_fleet(build.runs_dir, run_id, verify_one)
+        problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]
+    else:
+        problems = verify_one(build.runs_dir, run_id)
+    return Verified(run_id, problems, unreachable, vouched if options.on_target else None)

@@ -4,7 +4,7 @@ choice it names (Setting), the Build its engines and connections come from, and 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,16 +50,23 @@ def build_of(setting: Setting, listener: Listener | None, health_timeout_s: floa
              revert_checks: RevertChecks | None = None) -> Build:
     """What the use case's engines and connections are made with; listener hears every engine's events, and a
     bare connection's (a pinned host key)."""
-    from deployer import runlog
     from deployer.build import Build
 
     inventory = str(setting.inventory) if setting.inventory is not None else None
-    runs_dir = str(setting.runs_dir) if setting.runs_dir is not None else None
-    return Build(runlog.runs_dir_from(runs_dir), inventory, setting.accept_new_host_key,
+    return Build(runs_dir_of(setting.runs_dir), inventory, setting.accept_new_host_key,
                  (listener,) if listener is not None else (), health_timeout_s, revert_checks)
 
 
+def runs_dir_of(given: str | Path | None, notice: Callable[[str], object] | None = None) -> Path:
+    """The runs dir a use case works in: given, else $DEPLOYER_RUNS_DIR, else the cwd's .deployer/runs where
+    there is one (notice is told so: its runs stay found where they were made), else this user's history."""
+    from deployer import runlog
+
+    return runlog.runs_dir_from(str(given) if given is not None else None, notice)
+
+
 def inventory_of(setting: Setting) -> Inventory:
+    """The inventory the setting names, loaded and checked (a ConfigError says where it is wrong)."""
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
@@ -16,10 +15,7 @@ from deployer.cli.options import (
     runs_dir_option,
 )
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from deployer.cli.running import pin_notice
 
 
 @click.group()
@@ -41,31 +37,22 @@ def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, 
               as_json: bool) -> None:
     """List recorded runs, oldest first (the runs dir: see --runs-dir), each with every commit it made; refused
     runs only with --all (or --state refused)."""
-    from deployer import runlog
-    from deployer.app.runs import listed
-    from deployer.fleet.record import list_fleets
-    from deployer.run.shown import shown_state
+    from deployer.app.runs import HistoryOptions, history
     from deployer.ui.console import make_console, say
     from deployer.ui.fleet import show_fleets
     from deployer.ui.report import show_runs
 
-    root = runlog.runs_dir_from(runs_dir)
-    found, fleets = listed(runlog.list_runs(root), list_fleets(root), host_name, states, last, refused=refused)
+    found = history(HistoryOptions(runs_dir=runs_dir, host=host_name, states=states, last=last, refused=refused))
     if as_json:
-        emit_json({"runs_dir": str(root),
-                   "runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
-                             "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
-                             "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
-                             "git": r.git, "commits": r.commits} for r in found],
-                   "fleets": [f.document() for f in fleets]})
-    elif not found and not fleets:  # an empty header would not say where it looked
-        say(f"no runs in {root}{' match the filters' if host_name or states else ''}")
+        emit_json(found.document())
+    elif not found.runs and not found.fleets:  # an empty header would not say where it looked
+        say(f"no runs in {found.runs_dir}{' match the filters' if host_name or states else ''}")
     else:
         console = make_console()
-        show_runs(console, found)
-        if fleets:
+        show_runs(console, found.runs)
+        if found.fleets:
             console.print()
-            show_fleets(console, fleets)
+            show_fleets(console, found.fleets)
 
 
 @runs.command("show")
@@ -77,24 +64,18 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts).
 
     RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
-    from deployer import runlog
-    from deployer.app.runs import resolve
-    from deployer.fleet.record import FleetRecord, is_fleet
+    from deployer.app.runs import recorded
     from deployer.ui.console import make_console
     from deployer.ui.fleet import show_fleet
     from deployer.ui.report import show_run
 
-    root = runlog.runs_dir_from(runs_dir)
-    run_id = resolve(root, run_id)
-    if is_fleet(root, run_id):
-        state = FleetRecord.load(root, run_id).state
-        emit_json(state.document()) if as_json else show_fleet(make_console(), state)
-        return
-    run = runlog.read_run(root, run_id)
+    shown = recorded(run_id, runs_dir)
     if as_json:
-        emit_json(run.events)
-    else:
-        show_run(make_console(), run)
+        emit_json(shown.document())
+    elif shown.fleet is not None:
+        show_fleet(make_console(), shown.fleet)
+    elif shown.run is not None:
+        show_run(make_console(), shown.run)
 
 
 @runs.command("verify")
@@ -110,46 +91,22 @@ def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: s
     """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered.
 
     RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
-    from deployer import runlog
-    from deployer.app.runs import resolve
-    from deployer.fleet.followup import verify_fleet
-    from deployer.fleet.record import is_fleet
+    from deployer.app.runs import VerifyOptions, verify
     from deployer.ui.console import say, show_error
 
-    root = runlog.runs_dir_from(runs_dir)
-    vouched: dict[str, list[str]] = {}  # host -> what its target vouched for
-
-    def verify_one(runs_path: Path, one: str) -> list[str]:
-        found = runlog.verify(runs_path, one)
-        if on_target:
-            from deployer.run import rollback as rollbacks
-            run = runlog.read_run(runs_path, one)
-            checked = vouched.setdefault(str(run.start.get("host")), [])
-            found += rollbacks.verify_on_target(builder(inventory, runs_dir, False).for_run(run), run, checked)
-        return found
-
-    unreachable: dict[str, str] = {}
-    run_id = resolve(root, run_id)
-    if is_fleet(root, run_id):
-        per_host, unreachable = verify_fleet(root, run_id, verify_one)
-        problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]
-    else:
-        problems = verify_one(root, run_id)
-    # A tampered log (5) outweighs a host whose history could not be read (4, as for a single run).
-    exit_code = 5 if problems else 4 if unreachable else 0
-    errors = problems + [f"{host}: not verified against the target: {why}" for host, why in unreachable.items()]
+    found = verify(VerifyOptions(run_id=run_id, on_target=on_target, inventory=inventory, runs_dir=runs_dir),
+                   listener=pin_notice)
     if as_json:
-        emit_json({"run_id": run_id, "problems": problems, "unreachable": unreachable, "exit_code": exit_code,
-                   "error": "; ".join(errors) or None, **({"on_target": vouched} if on_target else {})})
-    if exit_code:
+        emit_json(found.document())
+    if found.exit_code:
         if not as_json:
-            for problem in errors:
+            for problem in found.errors:
                 show_error(problem)
-        sys.exit(exit_code)
+        sys.exit(found.exit_code)
     if not as_json:
-        say(f"run {run_id}: log verifies (its hash chain and artifacts"
+        say(f"run {found.run_id}: log verifies (its hash chain and artifacts"
             f"{'' if on_target else '; --target also checks it against the target history'})")
-        for host, checked in vouched.items():
+        for host, checked in (found.vouched or {}).items():
             say(f"on {host}, the target vouches for it:")
             for line in checked:
                 say(f"  {line}")

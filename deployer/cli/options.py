@@ -13,12 +13,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from deployer.config.models import load_inventory
-    from deployer.config.paths import find_inventory
+    from deployer.app.setting import Setting, inventory_of
     from deployer.errors import DeployerError
 
     try:
-        inventory = load_inventory(find_inventory(ctx.params.get("inventory")))
+        inventory = inventory_of(Setting(inventory=ctx.params.get("inventory")))
     except DeployerError:
         return []
     names = [*inventory.hosts, *inventory.groups, *inventory.units]
@@ -26,10 +25,10 @@ def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from deployer import runlog
     from deployer.app.runs import LAST, run_ids
+    from deployer.app.setting import runs_dir_of
 
-    names = [LAST, *run_ids(runlog.runs_dir_from(ctx.params.get("runs_dir")))]
+    names = [LAST, *run_ids(runs_dir_of(ctx.params.get("runs_dir")))]
     return [CompletionItem(name) for name in names if name.startswith(incomplete)]
 
 
@@ -56,13 +55,13 @@ def runs_dir_option(func: F) -> F:
 def chosen_runs_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
     """The runs dir the command works in, decided once: the cwd's .deployer/runs is said to be the one (every
     other directory sees the user's history), except while completing, where a notice would garble the words."""
-    from deployer import runlog
+    from deployer.app.setting import runs_dir_of
 
     def notice(message: str) -> None:
         from deployer.ui.console import show_notice  # rich only for a command that has this to say
         show_notice(message)
 
-    return str(runlog.runs_dir_from(value, None if ctx.resilient_parsing else notice))
+    return str(runs_dir_of(value, None if ctx.resilient_parsing else notice))
 
 
 def accept_option(func: F) -> F:

@@ -122,6 +122,23 @@ def test_a_refusal_before_any_run_raises_its_typed_error_with_its_exit_code(targ
 
 
 @LOCAL
+def test_the_history_lists_a_run_and_verifies_its_log(target: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(target.root / "cache"))
+    applied = app.apply(app.ApplyOptions(playbook=target.playbook(), host="box", **where(target)))
+    listed = app.history(app.HistoryOptions(runs_dir=target.runs, host="box"))
+    assert [run.run_id for run in listed.runs] == [applied.run_id]
+    assert listed.document()["runs"][0]["state"] == "succeeded"
+    assert app.recorded("last", target.runs).run is not None
+    verified = app.verify(app.VerifyOptions(run_id=applied.run_id, on_target=True, **where(target)))
+    assert (verified.exit_code, verified.problems) == (0, [])
+    assert verified.vouched is not None and verified.vouched["box"]  # what the target's history vouched for
+    events = target.runs / applied.run_id / "events.jsonl"
+    events.write_text(events.read_text().replace('"box"', '"b0x"', 1))
+    tampered = app.verify(app.VerifyOptions(run_id=applied.run_id, **where(target)))
+    assert tampered.exit_code == 5 and tampered.problems
+
+
+@LOCAL
 def test_a_watch_is_handed_the_run_as_it_starts_and_can_cancel_it(target: Project,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(target.root / "cache"))
