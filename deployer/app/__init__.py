@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from deployer.app.applies import ApplyOptions, apply
     from deployer.app.checks import CheckOptions, CheckReport, GroupReport, check
+    from deployer.app.locks import LockOptions, LockReleased, LockStatus, lock_status, release_lock
     from deployer.app.logs import LogOptions, LogsOutcome, LogText, ServiceLogs, read_logs, service_logs
     from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
     from deployer.app.plans import HostPlan, PlanOptions, PlanOutcome, plan
@@ -71,6 +72,8 @@ _EXPORTS = {
     "ServiceLogs": "logs",
     "history": "runs", "HistoryOptions": "runs", "History": "runs", "recorded": "runs", "Recorded": "runs",
     "verify": "runs", "VerifyOptions": "runs", "Verified": "runs",
+    "lock_status": "locks", "release_lock": "locks", "LockOptions": "locks", "LockStatus": "locks",
+    "LockReleased": "locks",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
@@ -88,6 +91,9 @@ __all__ = [
     "HostPlan",
     "HostsOutcome",
     "InitOptions",
+    "LockOptions",
+    "LockReleased",
+    "LockStatus",
     "LogOptions",
     "LogText",
     "LogsOutcome",
@@ -112,10 +118,12 @@ __all__ = [
     "deploys",
     "history",
     "init",
+    "lock_status",
     "plan",
     "read_logs",
     "recorded",
     "recover",
+    "release_lock",
     "restart",
     "rollback",
     "service_logs",

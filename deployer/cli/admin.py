@@ -9,7 +9,7 @@ import click
 
 from deployer.cli.options import accept_option, host_option, inventory_option, json_option, runs_dir_option
 from deployer.cli.output import emit_json, failures_to_exit_codes
-from deployer.cli.running import builder, cancel_on_signals
+from deployer.cli.running import cancel_on_signals, pin_notice
 
 
 @click.group()
@@ -25,25 +25,20 @@ def lock() -> None:
 @failures_to_exit_codes
 def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Who holds the deploy lock, since when, and whether it is stale. Exit 3 when held."""
-    from deployer.run import lock as locks
-    from deployer.steps import gitops
+    from deployer.app.locks import LockOptions, lock_status
     from deployer.ui.console import say
-    host, transport = builder(inventory, None, accept_new_host_key).connection(host_name)
-    with transport:
-        git_dir = gitops.git_dir(transport, host.repo)
-        state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
-        strays = locks.strays(transport, git_dir)
+
+    status = lock_status(LockOptions(host=host_name, inventory=inventory, accept_new_host_key=accept_new_host_key),
+                         listener=pin_notice)
     if as_json:
-        emit_json({"host": host_name, "locked": state is not None, "exit_code": 0 if state is None else 3,
-                   "holder": None if state is None else {**state.info, "stale": state.stale,
-                                                         "heartbeat_age_s": state.heartbeat_age_s}})
+        emit_json(status.document())
     else:
-        say(f"{host_name}: " + ("unlocked" if state is None else f"locked, {state.describe()}"))
-        for stray in strays:
+        say(f"{host_name}: " + ("unlocked" if status.state is None else f"locked, {status.state.describe()}"))
+        for stray in status.strays:
             say(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
                 "the next run that takes the lock removes it")
-    if state is not None:
-        sys.exit(3)
+    if status.exit_code:
+        sys.exit(status.exit_code)
 
 
 @lock.command("release")
@@ -57,28 +52,18 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
 def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: str | None,
                  accept_new_host_key: bool, as_json: bool) -> None:
     """Remove a held (normally stale) lock; the removal is recorded as a run of its own."""
-    from deployer.run import lock as locks
-    from deployer.runlog import operator_id
-    from deployer.steps import gitops
-    from deployer.ui.console import say, show_error
+    from deployer.app.locks import LockOptions, release_lock
+    from deployer.ui.console import say
 
-    build = builder(inventory, runs_dir, accept_new_host_key)
-    host, transport = build.connection(host_name)
-    with transport:
-        git_dir = gitops.git_dir(transport, host.repo)
-        state = locks.read_state(transport, git_dir, host.lock_ttl_s, host_name)
-        if state is None:
-            emit_json({"host": host_name, "released": None, "exit_code": 0, "error": None}) if as_json else \
-                say(f"{host_name}: not locked")
-            return
-        if not state.stale:
-            show_error(f"the lock was NOT stale: {state.describe()}; that run may still be going")
-        locks.force_release(transport, git_dir)
-    run_id = locks.record_forced_release(build.runs_dir, host_name, state, operator_id())
+    released = release_lock(LockOptions(host=host_name, inventory=inventory, runs_dir=runs_dir,
+                                        accept_new_host_key=accept_new_host_key), listener=pin_notice)
     if as_json:
-        emit_json({"host": host_name, "released": state.info, "run_id": run_id, "exit_code": 0, "error": None})
+        emit_json(released.document())
+    elif released.state is None:
+        say(f"{host_name}: not locked")
     else:
-        say(f"{host_name}: removed the lock of run {state.info.get('run_id')} (recorded as run {run_id})")
+        say(f"{host_name}: removed the lock of run {released.state.info.get('run_id')} (recorded as run "
+            f"{released.run_id})")
 
 
 @click.command()

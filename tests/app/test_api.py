@@ -122,6 +122,20 @@ def test_a_refusal_before_any_run_raises_its_typed_error_with_its_exit_code(targ
 
 
 @LOCAL
+def test_a_run_refused_on_the_target_is_a_returned_outcome_recorded_under_its_run_id(
+        target: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(target.root / "cache"))
+    hold_lock(target)
+    held = app.lock_status(app.LockOptions(host="box", **where(target)))
+    assert held.exit_code == 3 and held.document()["locked"] is True
+    refused = app.apply(app.ApplyOptions(playbook=target.playbook(), host="box", **where(target)))
+    assert isinstance(refused, app.RunOutcome)
+    assert (refused.exit_code, refused.changed, refused.document()["state"]) == (3, False, "refused")
+    assert refused.run_id == target.newest_run()
+    assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@LOCAL
 def test_the_history_lists_a_run_and_verifies_its_log(target: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(target.root / "cache"))
     applied = app.apply(app.ApplyOptions(playbook=target.playbook(), host="box", **where(target)))
