@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from deployer.app.applies import ApplyOptions, apply
     from deployer.app.checks import CheckOptions, CheckReport, GroupReport, check
+    from deployer.app.golden import Golden, GoldenOptions, record_golden
     from deployer.app.locks import LockOptions, LockReleased, LockStatus, lock_status, release_lock
     from deployer.app.logs import LogOptions, LogsOutcome, LogText, ServiceLogs, read_logs, service_logs
     from deployer.app.outcome import FleetOutcome, HostsOutcome, RunOutcome
@@ -74,6 +75,7 @@ _EXPORTS = {
     "verify": "runs", "VerifyOptions": "runs", "Verified": "runs",
     "lock_status": "locks", "release_lock": "locks", "LockOptions": "locks", "LockStatus": "locks",
     "LockReleased": "locks",
+    "record_golden": "golden", "GoldenOptions": "golden", "Golden": "golden",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
 }
@@ -85,6 +87,8 @@ __all__ = [
     "DeploysOptions",
     "DeploysOutcome",
     "FleetOutcome",
+    "Golden",
+    "GoldenOptions",
     "GroupReport",
     "History",
     "HistoryOptions",
@@ -121,6 +125,7 @@ __all__ = [
     "lock_status",
     "plan",
     "read_logs",
+    "record_golden",
     "recorded",
     "recover",
     "release_lock",

@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from deployer.steps.cancel import CancelToken
@@ -32,6 +32,18 @@ class Watched:
 
 
 Watch = Callable[[Watched], AbstractContextManager[object]]
+
+
+class Cancel(Protocol):
+    """What a watcher does with a run's token (a CancelToken): cancel it at the next safe point, and know when
+    it is cancelled already and a stop is forced (a second signal)."""
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def cancel(self, reason: str = ...) -> None: ...
+
+    def forced(self) -> bool: ...
 
 
 def watching(watch: Watch | None, watched: Watched) -> AbstractContextManager[object]:

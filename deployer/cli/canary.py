@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from deployer.cli.options import accept_option, host_option, inventory_option, json_option
@@ -24,19 +22,15 @@ def canary(playbook: str | None, host_name: str, out: str, inventory: str | None
     """Send PLAYBOOK's canary request (its first `canary` step; without one, the defaults), in the step's or the
     host's `api:` (sglang, openai, openai-chat or a template), straight to the host's server and record the
     answer. Run it against a server you trust (before the fix, with deterministic inference on)."""
-    from deployer.build import Build
-    from deployer.runlog import runs_dir_from
-    from deployer.steps.canary import record
-    from deployer.steps.playbook import load_playbook
+    from deployer.app.golden import GoldenOptions, record_golden
     from deployer.text import shown
 
-    build = Build(runs_dir_from(None), inventory, accept_new_host_key)
-    host = build.host(host_name)
-    answer = record(host_name, host, build.connector(host_name, host),
-                    load_playbook(Path(playbook)) if playbook else None, Path(out))
+    golden = record_golden(GoldenOptions(host=host_name, out=out, playbook=playbook, inventory=inventory,
+                                         accept_new_host_key=accept_new_host_key))
     if as_json:
-        emit_json({**answer.event(), "golden": out, "exit_code": 0, "error": None})
+        emit_json(golden.document())
         return
+    answer = golden.answer
     click.echo(f"recorded {out}: {answer.url} answered {answer.status} in {answer.seconds:.2f}s, "
                f"{shown(answer.text or '')}")
 

@@ -1,5 +1,5 @@
-"""What every command that works on targets shares: how it builds, its signals, its live view, its report and
-the exit code that report ends with."""
+"""What every command that works on targets shares: its signals, its live view (the Watch it hands the use
+case), the notices it says on the way, its report and the exit code that report ends with."""
 
 from __future__ import annotations
 
@@ -15,23 +15,12 @@ from deployer.cli.output import emit_json
 
 if TYPE_CHECKING:
     from deployer.app.outcome import FleetOutcome, RunOutcome
-    from deployer.app.watch import Watch, Watched
-    from deployer.build import Build
-    from deployer.run.engine import RunResult
-    from deployer.steps.cancel import CancelToken
+    from deployer.app.watch import Cancel, Watch, Watched
     from deployer.ui.console import Lines
 
 
-def builder(inventory: str | None, runs_dir: str | None, accept_new_host_key: bool) -> Build:
-    """What the command's engines and connections are made with, from its options."""
-    from deployer import runlog
-    from deployer.build import Build
-
-    return Build(runlog.runs_dir_from(runs_dir), inventory, accept_new_host_key, (pin_notice,))
-
-
 @contextmanager
-def cancel_on_signals(token: CancelToken) -> Iterator[None]:
+def cancel_on_signals(token: Cancel) -> Iterator[None]:
     """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now, except that a restore
     under way finishes first (a third stops that too)."""
     from deployer.ui.console import show_error
@@ -97,7 +86,7 @@ def show_outcome(outcome: RunOutcome | FleetOutcome, as_json: bool) -> NoReturn:
     from deployer.ui.console import line_console, make_console, show_error
 
     if not isinstance(outcome, FleetOutcome):
-        report(line_console(), outcome.result, as_json)
+        report(line_console(), outcome, as_json)
     elif as_json:
         emit_json(outcome.document())
     else:
@@ -109,9 +98,12 @@ def show_outcome(outcome: RunOutcome | FleetOutcome, as_json: bool) -> NoReturn:
     sys.exit(outcome.exit_code)
 
 
-def report(console: Lines, result: RunResult, as_json: bool) -> NoReturn:
+def report(console: Lines, outcome: RunOutcome, as_json: bool) -> NoReturn:
+    """One host's run: its result, its error and warnings (what it could not prove), then its exit code."""
     from deployer.ui.console import show_error, show_warning
     from deployer.ui.report import proof_warnings, show_result
+
+    result = outcome.result
     if as_json:
         emit_json(result.document())
     else:
