@@ -24,13 +24,13 @@ from typing import Any
 from deployer.config.models import Unit
 from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, StepFailed, VerificationFailed
 from deployer.fleet.router import Routers, UnitRouting
+from deployer.run import undo
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.restart import left_down
 from deployer.run.revert_checks import NotRun, failed_check, recorded_baseline
 from deployer.run.rollback import Target, check, check_recorded, finish_hint, link_rollback
-from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
-from deployer.runstate import PAST_COMMIT, Phase
+from deployer.runstate import Phase
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
@@ -320,7 +320,7 @@ class UnitRun:
             verify, left_out = self._reverted(self.ctxs[self.metrics_host].facts.baseline)
             redo, redo_back = self._split(verify) if routing is not None and routing.out else (verify, [])
             self.failure = self._settle_failure(ctxs, failure, redo)
-            if self.on_failure in ("rollback", "rollback_fleet") and isinstance(self.failure, VerificationFailed):
+            if self.on_failure in ("rollback", "rollback_fleet") and not isinstance(self.failure, RollbackFailed):
                 self._not_run(left_out)
             if again is not None:
                 self.failure = type(self.failure)(f"{self.failure}\n{again}")
@@ -461,75 +461,14 @@ class UnitRun:
         ctx.bus.step = None
 
     def _settle_failure(self, ctxs: list[Context], failure: DeployerError, redo: list[Step]) -> DeployerError:
-        """After the commits: the whole unit is rolled back (and restarted again: redo), or keeps every commit. A host
-        that already held the fix made no commit: nothing of it is reverted, and its run ends failed_restored (its
-        files as they were) whatever the others' end."""
-        where = f"unit {self.name}: {failure}"
-        kept = [ctx for ctx in ctxs if ctx.facts.already_applied]
-        ctxs = [ctx for ctx in ctxs if not ctx.facts.already_applied]
-
-        def settle_kept() -> None:
-            for ctx in kept:
-                assert ctx.record is not None
-                ctx.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
-                ctx.bus.step = None
-
-        if self.on_failure not in ("rollback", "rollback_fleet"):
-            for ctx in ctxs:
-                assert ctx.record is not None
-                ctx.record.advance(Phase.failed_committed, utc_now(), error=str(failure))
-            settle_kept()
-            return VerificationFailed(f"{where}\nEvery host of the unit keeps its commit (on_failure: restore). "
-                                      f"To undo them: deployer rollback RUN_ID for each host's run")
-        try:
-            return self._roll_back(ctxs, kept, failure, redo)
-        finally:
-            settle_kept()  # after the unit's restart again
-
-    def _roll_back(self, ctxs: list[Context], kept: list[Context], failure: DeployerError,
-                   redo: list[Step]) -> DeployerError:
-        """Every host that committed reverted, then the unit restarted again (its hosts that made no commit, kept,
-        too) and checked (redo)."""
-        where = f"unit {self.name}: {failure}"
-        try:
-            for ctx in ctxs:
-                assert ctx.record is not None and ctx.git_before is not None
-                ctx.cancel = CancelToken()  # the rollback must finish even when a signal caused it
-                ctx.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
-                revert = self.engines[ctx.host_name].revert(ctx, before=ctx.git_before, dests=ctx.dests,
-                                                            rollback_of=ctx.run_id, verify=(), baseline={})
-                ctx.facts.rollback_commit = revert
-            forward = {ctx.host_name: ctx.facts.pids for ctx in ctxs + kept}
-            for ctx in ctxs + kept:
-                ctx.facts.pids = None
+        """After the commits: the whole unit rolled back and restarted again (redo), or keeping every commit, as one
+        host's run is (run/undo.py). A host that already held the fix made no commit: nothing of it is reverted."""
+        def again() -> None:
             try:
                 self._run_unit_steps(redo, "rollback:")
             except (StepFailed, VerificationFailed) as exc:  # every revert stands: rolled back, the check named
-                checks_failed = [failed_check(exc)]
-                for ctx in ctxs:
-                    assert ctx.record is not None
-                    ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts.rollback_commit,
-                                       checks_failed=checks_failed)
-                    ctx.bus.step = None
-                return VerificationFailed(f"{where}\nRolled back every host of the unit, but the reverted build "
-                                          f"failed its check: {exc}\nThe reverts stand; a rollback again would not "
-                                          "change the old build")
-            finally:
-                for ctx in ctxs + kept:  # both restarts stay in the record: the run's own, and the rollback's
-                    if ctx.facts.pids is not None:
-                        ctx.facts.rollback_pids = ctx.facts.pids
-                    ctx.facts.pids = forward[ctx.host_name]
-        except DeployerError as exc:
-            for ctx in ctxs:
-                assert ctx.record is not None
-                if ctx.record.state.phase in PAST_COMMIT:
-                    ctx.record.advance(Phase.interrupted, utc_now())
-            return RollbackFailed(f"{where}\nThe unit's rollback failed too: {exc}\n"
-                                  f"{'; '.join(target_state(c) for c in ctxs)}\n"
-                                  "Finish it with: deployer recover RUN_ID --rollback for each host's run")
-        for ctx in ctxs:
-            assert ctx.record is not None
-            ctx.record.advance(Phase.rolled_back, utc_now(), rollback_commit=ctx.facts.rollback_commit)
-            ctx.bus.step = None
-        return VerificationFailed(f"{where}\nRolled back every host of the unit "
-                                  f"({', '.join(c.host_name for c in ctxs)}) and restarted it again")
+                raise ChecksFailed(str(exc), commit=None, checks=[failed_check(exc)]) from None
+        return undo.after_commit_failure(
+            [self.engines[ctx.host_name].past(ctx) for ctx in ctxs], failure,
+            rollback=self.on_failure in ("rollback", "rollback_fleet"), again=again,
+            restarts=any(step.effect == Effect.restarts for step in redo), unit=self.name)

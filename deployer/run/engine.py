@@ -405,8 +405,9 @@ class Engine:
                             record.advance(Phase.committed, utc_now(), git_after=ctx.git_after)
                 # A rollback can be long (it restarts services): a forced stop still stops it.
                 raise undo.after_commit_failure(
-                    ctx, failure, ending, rollback=self.playbook.model.on_failure == "rollback",
-                    revert=self._revert_own, restarts=any(s.effect == Effect.restarts for s in self.steps)) from None
+                    [self.past(ctx)], failure, rollback=self.playbook.model.on_failure == "rollback",
+                    again=lambda: self.prove_revert(ctx, VERIFY, ctx.facts.baseline),
+                    restarts=any(s.effect == Effect.restarts for s in self.steps)) from None
             finally:
                 ctx.on_sent = None
                 if not ctx.ahead:
@@ -451,8 +452,14 @@ class Engine:
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
                verify: tuple[Effect, ...], baseline: Mapping[str, float]) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart and checks again, as
-        they prove the revert (run/revert_checks.py: judged against the run's `baseline`). A failed check leaves
-        the revert standing: ChecksFailed, with every check's verdict in the facts."""
+        they prove the revert (prove_revert)."""
+        revert = self.revert_commit(ctx, before=before, dests=dests, rollback_of=rollback_of)
+        with undo.rollback_restarts([ctx]):
+            self.prove_revert(ctx, verify, baseline)
+        return revert
+
+    def revert_commit(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str) -> str:
+        """The commit giving dests their content at `before` (made, or found made by an earlier attempt)."""
         ctx.bus.step = "rollback"
         self._note_log_sha256(ctx)
         known = {RUN_ID: ctx.run_id, LOG_SHA256: ctx.facts.log_sha256}
@@ -460,22 +467,22 @@ class Engine:
         revert = self.reverting(before, dests, rollback_of).run(ctx, {k: v for k, v in known.items() if v})
         ctx.emit("rollback", commit=revert, of_run=rollback_of, restores=before, files=dests)
         ctx.facts.rollback_commit = revert
-        forward_pids, ctx.facts.pids = ctx.facts.pids, None
-        try:
-            verdicts, failure = prove(
-                self.checks_after_revert(verify, baseline),
-                run=lambda step: self.run_step(ctx, step, f"rollback:{step.name}"),
-                not_run=lambda check: self.not_run(ctx, check))
-        finally:  # both restarts stay in the record: the run's own, and the rollback's
-            if ctx.facts.pids is not None:
-                ctx.facts.rollback_pids = ctx.facts.pids
-            ctx.facts.pids = forward_pids
+        return revert
+
+    def prove_revert(self, ctx: Context, verify: tuple[Effect, ...], baseline: Mapping[str, float]) -> None:
+        """After the revert commit, the playbook's steps of effect `verify` again, as they judge the reverted build
+        (run/revert_checks.py: against the run's `baseline`). A failed check leaves the revert standing:
+        ChecksFailed, with every check's verdict in the facts."""
+        verdicts, failure = prove(
+            self.checks_after_revert(verify, baseline),
+            run=lambda step: self.run_step(ctx, step, f"rollback:{step.name}"),
+            not_run=lambda check: self.not_run(ctx, check))
         ctx.facts.rollback_checks = verdicts
         ctx.bus.step = None
         if failure is not None:
+            revert = str(ctx.facts.rollback_commit)
             raise ChecksFailed(checks_failed_message(verdicts, failure, revert, self.host_name),
                                commit=revert, checks=failed_names(verdicts))
-        return revert
 
     @staticmethod
     def not_run(ctx: Context, check: NotRun) -> None:
@@ -485,11 +492,12 @@ class Engine:
         ctx.emit("step_end", status="skipped", duration_s=0.0, summary=f"not run: {check.why}")
         ctx.bus.step = None
 
-    def _revert_own(self, ctx: Context) -> str:
-        """on_failure: rollback, after this run's own commit failed its checks."""
-        assert ctx.git_before is not None
-        return self.revert(ctx, before=ctx.git_before, dests=ctx.dests, rollback_of=ctx.run_id, verify=VERIFY,
-                           baseline=ctx.facts.baseline)
+    def past(self, ctx: Context) -> undo.Past:
+        """This host of a run that failed past its commit, for undo.after_commit_failure: its revert undoes the
+        run's own commit."""
+        assert self._ending is not None
+        return undo.Past(ctx, self._ending, lambda ctx: self.revert_commit(
+            ctx, before=str(ctx.git_before), dests=ctx.dests, rollback_of=ctx.run_id))
 
     def reverting(self, before: str, dests: list[str], rollback_of: str) -> undo.Revert:
         """The revert commit a rollback of run `rollback_of` makes: run by revert(), shown by its plan."""

@@ -7,7 +7,7 @@ them, so the preview is exact by construction."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from deployer.agent.protocol import ExecResult
@@ -16,7 +16,7 @@ from deployer.run.ending import Ending
 from deployer.run.lease import run_trailer
 from deployer.run.restore import restore_files
 from deployer.runlog import utc_now
-from deployer.runstate import Phase
+from deployer.runstate import PAST_COMMIT, Phase
 from deployer.steps import services
 from deployer.steps.action import Bound
 from deployer.steps.base import Action
@@ -79,34 +79,123 @@ def restore(ctx: Context, failure: DeployerError, ending: Ending) -> None:
     ending.end(Phase.failed_restored)
 
 
-def after_commit_failure(ctx: Context, failure: DeployerError, ending: Ending, *, rollback: bool,
-                         revert: Callable[[Context], str], restarts: bool) -> DeployerError:
-    """Past the commit: roll back (on_failure: rollback) or say exactly what stays on the target."""
-    kind = Interrupted if isinstance(failure, Interrupted) else VerificationFailed
-    record = ending.record
-    if not rollback:
-        ending.end(Phase.failed_committed, error=str(failure))
-        return kind(f"{failure}\nThe commit {ctx.git_after} stays on the target (on_failure: restore only "
-                    f"undoes failures before the commit). {target_state(ctx)}\n"
-                    f"To undo it: deployer rollback {ctx.run_id}")
-    # The rollback must finish even when a signal caused it; a second signal still forces a stop.
-    ctx.cancel = CancelToken()
-    stop_running(ctx)
-    record.advance(Phase.rolling_back, utc_now(), error=str(failure))
+@dataclass(frozen=True)
+class Past:
+    """A host of a run that failed past its commit: its context, how its record ends, and the revert commit of its
+    own run (made by its engine). In a unit, a host that already held the fix made no commit: nothing to revert."""
+    ctx: Context
+    ending: Ending
+    revert: Callable[[Context], str]
+
+
+@contextlib.contextmanager
+def rollback_restarts(ctxs: Sequence[Context]) -> Iterator[None]:
+    """Around a rollback's restart and checks: both restarts stay in the record, the run's own (facts.pids) and the
+    rollback's (facts.rollback_pids)."""
+    forward = [(ctx, ctx.facts.pids) for ctx in ctxs]
+    for ctx in ctxs:
+        ctx.facts.pids = None
     try:
-        made = revert(ctx)
-    except ChecksFailed as exc:  # the revert stands; the reverted build failed a check of its own
-        ending.end(Phase.rolled_back, rollback_commit=exc.commit, checks_failed=exc.checks)
-        return kind(f"{failure}\nRolled back: commit {str(exc.commit)[:12]} restores {', '.join(ctx.dests)} to "
-                    f"{str(ctx.git_before)[:12]}, but {exc}")
+        yield
+    finally:
+        for ctx, pids in forward:
+            if ctx.facts.pids is not None:
+                ctx.facts.rollback_pids = ctx.facts.pids
+            ctx.facts.pids = pids
+
+
+def after_commit_failure(hosts: Sequence[Past], failure: DeployerError, *, rollback: bool,
+                         again: Callable[[], None], restarts: bool, unit: str | None = None) -> DeployerError:
+    """Past the commit, on one host (its run) or on every host of a unit: roll back (on_failure: rollback), or say
+    exactly what stays on the targets. A rollback reverts every host that committed, then `again` restarts and checks
+    (every host: a unit restarts as one; a check the reverted build fails raises ChecksFailed, and the reverts
+    stand). A unit's host that made no commit has nothing reverted and ends failed_restored (its files as they
+    were), whatever the others' end."""
+    kind = Interrupted if isinstance(failure, Interrupted) else VerificationFailed
+    committed = [host for host in hosts if not host.ctx.facts.already_applied]
+    said = _Said(failure, [host.ctx for host in committed], unit)
+    try:
+        if not rollback:
+            for host in committed:
+                host.ending.end(Phase.failed_committed, error=str(failure))
+            return kind(said.kept())
+        return _roll_back(hosts, committed, failure, again, said, kind, restarts)
+    finally:  # after the rollback's restart, which these hosts took part in
+        for host in hosts:
+            if host.ctx.facts.already_applied:
+                host.ending.end(Phase.failed_restored, error=str(failure))
+            host.ctx.bus.step = None
+
+
+def _roll_back(hosts: Sequence[Past], committed: list[Past], failure: DeployerError, again: Callable[[], None],
+               said: _Said, kind: type[DeployerError], restarts: bool) -> DeployerError:
+    for host in hosts:
+        # The rollback must finish even when a signal caused it; a second signal still forces a stop.
+        host.ctx.cancel = CancelToken()
+        stop_running(host.ctx)
+    try:
+        for host in committed:
+            host.ending.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
+            host.revert(host.ctx)
+        with rollback_restarts([host.ctx for host in hosts]):
+            again()
+    except ChecksFailed as exc:  # the reverts stand; the reverted build failed a check of its own
+        for host in committed:
+            host.ending.end(Phase.rolled_back, rollback_commit=host.ctx.facts.rollback_commit,
+                            checks_failed=exc.checks)
+        return kind(said.checks_failed(exc))
     except DeployerError as exc:
-        record.advance(Phase.interrupted, utc_now())
-        return RollbackFailed(f"{failure}\nThe rollback failed too: {exc}\n{target_state(ctx)}\n"
-                              f"Finish it with: deployer recover {ctx.run_id} --rollback")
-    ending.end(Phase.rolled_back, rollback_commit=made)
-    restarted = "; services restarted" if restarts else ""
-    return kind(f"{failure}\nRolled back: commit {made[:12]} restores "
-                f"{', '.join(ctx.dests)} to {str(ctx.git_before)[:12]}{restarted}")
+        for host in committed:
+            if host.ending.record.state.phase in PAST_COMMIT:
+                host.ending.record.advance(Phase.interrupted, utc_now())
+        return RollbackFailed(said.rollback_failed(exc))
+    for host in committed:
+        host.ending.end(Phase.rolled_back, rollback_commit=host.ctx.facts.rollback_commit)
+    return kind(said.rolled_back(restarts))
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What a failure past the commit says it left: of one host's run (its commit, its run id), or of a unit (its
+    hosts' runs, each with a run id of its own)."""
+    failure: DeployerError
+    ctxs: list[Context]  # the hosts that committed
+    unit: str | None
+
+    @property
+    def where(self) -> str:
+        return f"unit {self.unit}: {self.failure}" if self.unit else str(self.failure)
+
+    def kept(self) -> str:
+        if self.unit:
+            return (f"{self.where}\nEvery host of the unit keeps its commit (on_failure: restore). To undo them: "
+                    "deployer rollback RUN_ID for each host's run")
+        ctx = self.ctxs[0]
+        return (f"{self.where}\nThe commit {ctx.git_after} stays on the target (on_failure: restore only undoes "
+                f"failures before the commit). {target_state(ctx)}\nTo undo it: deployer rollback {ctx.run_id}")
+
+    def rolled_back(self, restarts: bool) -> str:
+        if self.unit:
+            return (f"{self.where}\nRolled back every host of the unit ({', '.join(c.host_name for c in self.ctxs)})"
+                    f"{' and restarted it again' if restarts else ''}")
+        return f"{self.where}\nRolled back: {self._reverts()}{'; services restarted' if restarts else ''}"
+
+    def checks_failed(self, exc: ChecksFailed) -> str:
+        if self.unit:
+            return (f"{self.where}\nRolled back every host of the unit, but the reverted build failed its check: "
+                    f"{exc}\nThe reverts stand; a rollback again would not change the old build")
+        return f"{self.where}\nRolled back: {self._reverts()}, but {exc}"
+
+    def rollback_failed(self, exc: DeployerError) -> str:
+        whose, finish = ("The unit's", "RUN_ID --rollback for each host's run") if self.unit else \
+            ("The", f"{self.ctxs[0].run_id} --rollback")
+        return (f"{self.where}\n{whose} rollback failed too: {exc}\n{'; '.join(target_state(c) for c in self.ctxs)}\n"
+                f"Finish it with: deployer recover {finish}")
+
+    def _reverts(self) -> str:
+        ctx = self.ctxs[0]
+        return (f"commit {str(ctx.facts.rollback_commit)[:12]} restores {', '.join(ctx.dests)} to "
+                f"{str(ctx.git_before)[:12]}")
 
 
 @dataclass(frozen=True)
