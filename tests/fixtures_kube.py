@@ -6,8 +6,9 @@
                        labels={"role": "prefill"}, volumes=(Volume("cache"),), owner="StatefulSet/sglang")
         kube.kubectl("exec", "-i", "sglang-0", "-c", "server", "--", "sh", "-c", "cat", stdin=b"hi")
 
-`kube.kubeconfig`, `kube.context`, `kube.namespace` are what an inventory names; `kube.env` (KUBECONFIG and a
-private discovery cache) is the environment to run kubectl or deployer in. `kube.cluster` is the server's live
+`kube.kubeconfig`, `kube.context`, `kube.namespace` are what an inventory names; `kube.env` (KUBECONFIG, a
+private discovery cache, and PATH with this kubectl first) is the environment to run kubectl or deployer in.
+`kube.cluster` is the server's live
 state (cluster.pod(name, ns).containers[c].restart_count, .pid, ...; cluster.requests: what kubectl asked for).
 Every container the stand-in ran is removed by name after the test, however it ended.
 
@@ -119,7 +120,7 @@ class Kube:
     def kill_main(self, pod: str, container: str, sig: int = signal.SIGKILL) -> None:
         """Kill a container's main process from the host: the kubelet runs a new container from the image."""
         live = self.live(pod)
-        assert live is not None, f"no pod {pod}"
+        assert live is not None and live.containers[container].pid > 0, f"no running {pod}/{container}"
         self.cluster.kubelet.kill_main(live, container, sig)
 
 
@@ -157,7 +158,12 @@ def kube(podman_env: dict[str, str], kubectl_binary: Path, tmp_path: Path) -> It
     serving.start()
     config = tmp_path / "kubeconfig"
     config.write_text(kubeconfig_text(server.url, NAMESPACE))
-    env = {**os.environ, "KUBECONFIG": str(config), "KUBECACHEDIR": str(tmp_path / "kube-cache")}
+    # `kubectl` on PATH is this one (on these machines /usr/bin/kubectl is google-cloud-sdk's v1.32 dispatcher).
+    bin_dir = tmp_path / "kube-bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(kubectl_binary)
+    env = {**os.environ, "KUBECONFIG": str(config), "KUBECACHEDIR": str(tmp_path / "kube-cache"),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     try:
         yield Kube(cluster, server.url, config, kubectl_binary, env)
     finally:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from deployer.agent.client import NeverStarted
 from deployer.agent.pipe import Pipe
 from deployer.config.container import Container
-from deployer.errors import AgentLost, TransportError
+from deployer.errors import AgentLost, PythonMissing, TransportError
 from deployer.text import visible
 from deployer.transport.base import Transport, TransportInfo
 from deployer.transport.pipes import shell_found_no
@@ -123,13 +123,22 @@ class HostSide(Transport):
     """The host around a container, reached over the host transport's own pipe (under its sudo when it becomes):
     an agent on the host itself, beside the one in the container, for what must outlive the container's restart."""
 
-    def __init__(self, around: Transport) -> None:
-        super().__init__(python=HOST_PYTHON)  # become: the host_pipe it starts over says sudo already
+    def __init__(self, around: Transport, python: str = HOST_PYTHON) -> None:
+        super().__init__(python=python)  # become: the host_pipe it starts over says sudo already
         self.around = around
         self.info = TransportInfo(kind=around.info.kind, target=around.info.target, extra={"beside": "container"})
 
     def _pipe(self, argv: Sequence[str]) -> Pipe:
         return self.around.host_pipe(argv)
+
+    def _python_missing(self, stderr: str) -> PythonMissing | None:
+        # Not the inventory's `python:`, which is the container's: the host's own, for its engine's commands.
+        if not shell_found_no(self.python, stderr):
+            return None
+        said = visible(stderr.strip(), multiline=False)[-300:]
+        return PythonMissing(f"{self.info.target}: the host has no {self.python} to run the agent beside the "
+                             "container that is its own service (the engine's stop ends the agent inside it, so "
+                             f"the restart runs from the host): {said}; install {self.python} on the host")
 
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         return self.around.forward(remote_port, remote_host)

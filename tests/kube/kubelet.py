@@ -142,12 +142,15 @@ class Kubelet:
 
     def kill_main(self, pod: Pod, container: str, sig: int = signal.SIGKILL) -> None:
         """Signal a container's main process from the host (what an OOM kill or a failed liveness probe does)."""
-        os.kill(pod.containers[container].pid, sig)
+        pid = pod.containers[container].pid
+        if pid <= 0:  # os.kill(0, ...) would signal our own process group
+            raise ProcessLookupError(f"{pod.name}/{container} runs no main process now")
+        os.kill(pid, sig)
 
     def remove_all(self) -> None:
         """Every container this kubelet ever made (exited ones too), by name."""
         with self._lock:
             self.stopping = True
             names = list(self._names)  # each recorded before its podman run: none can be missed
-        if names:
-            self.podman("rm", "-f", "-t", "0", *names, check=False)
+        if names:  # --ignore: without it podman 4.3 stops at the first name already gone (a deleted pod's)
+            self.podman("rm", "-f", "--ignore", "-t", "0", *names, check=False)  # and silently removes none after

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import struct
+import subprocess
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ def test_exec_streams_stdin_through_and_kubectl_exits_with_the_commands_code(kub
     assert done.stdout == b"through the pipe\n"
     assert b"to-stderr" in done.stderr
     assert kube.kubectl("exec", "web-0", "-c", "server", "--", "true").returncode == 0
+    on_path = subprocess.run(["kubectl", "version", "--client", "-o", "json"], env=kube.env, capture_output=True,
+                             check=True)
+    assert json.loads(on_path.stdout)["clientVersion"]["minor"] == "37"  # kube.env finds the pinned kubectl
 
 
 def test_exec_carries_a_megabyte_each_way(kube: Kube) -> None:
@@ -146,6 +150,23 @@ def test_a_pod_whose_main_process_exits_by_itself_is_restarted_too(kube: Kube) -
     kube.wait_pod(lambda pod: pod.containers["worker"].restart_count >= 1, "a restart after exit 7")
     status = status_of(kube, "job-0", "worker")
     assert status["lastState"]["terminated"]["exitCode"] == 7
+
+
+def test_a_leaderworkerset_recreates_the_whole_group_when_one_container_restarts(kube: Kube) -> None:
+    """RecreateGroupOnPodRestart (LeaderWorkerSet's default): no container restart in place, a new group instead."""
+    kube.owner("LeaderWorkerSet", "pd", recreate_group=True)
+    group = {"leaderworkerset.sigs.k8s.io/group-index": "0"}
+    leader = kube.pod("pd-0", Container("sglang", STOPS_ON_TERM), labels=group, owner="LeaderWorkerSet/pd")
+    worker = kube.pod("pd-0-1", Container("sglang", STOPS_ON_TERM), labels=group, owner="LeaderWorkerSet/pd")
+    other = kube.pod("pd-1", Container("sglang", STOPS_ON_TERM),
+                     labels={"leaderworkerset.sigs.k8s.io/group-index": "1"}, owner="LeaderWorkerSet/pd")
+
+    kube.kill_main("pd-0-1", "sglang")
+
+    for name, old in (("pd-0", leader), ("pd-0-1", worker)):
+        kube.wait_pod(lambda pod, name=name, old=old: pod.name == name and pod.uid != old.uid  # type: ignore[misc]
+                      and pod.containers["sglang"].running, f"{name} recreated")
+    assert kube.live("pd-1") is other and other.containers["sglang"].restart_count == 0
 
 
 def test_forbidden_and_not_found_read_as_kubectl_prints_them(kube: Kube) -> None:
@@ -240,3 +261,17 @@ def raw_exec(url: str, path: str, protocols: str) -> tuple[str, list[tuple[int, 
             if first & 0x0F == websocket.OP_CLOSE:
                 return fields["Sec-WebSocket-Protocol"], frames
             frames.append((payload[0], payload[1:]))
+
+
+def test_no_container_outlives_the_cluster_not_even_a_replacement_made_after_a_delete(kube: Kube) -> None:
+    kube.owner("ReplicaSet", "router-5d4f")
+    kube.pod("router-5d4f-abcde", Container("router", STOPS_ON_TERM), owner="ReplicaSet/router-5d4f")
+    assert kube.kubectl("delete", "pod", "router-5d4f-abcde").returncode == 0
+    kube.wait_pod(lambda pod: pod.name != "router-5d4f-abcde" and pod.containers["router"].running, "a replacement")
+
+    kube.cluster.shutdown()
+
+    left = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}", "--filter",
+                           f"name={kube.cluster.kubelet.prefix}"], env=kube.cluster.kubelet.env, capture_output=True,
+                          text=True, check=True)
+    assert left.stdout.split() == []

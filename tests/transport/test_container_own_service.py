@@ -143,6 +143,11 @@ def test_plan_says_the_layer_dest_survives_a_restart_not_a_recreate_and_the_rest
     box = own_container.box.name
     assert f"podman stop -t 5 {box}" in text and f"podman start {box}" in text, planned.stdout
     assert f"start a new agent in container {box}" in text, planned.stdout
+    # check reads the container's main pid through the engine on the host, its health from inside.
+    checked = project.deployer("check", "--host", "box")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    row = next(line for line in checked.stdout.splitlines() if "service server" in line)
+    assert row.split()[3:6] == ["ok", "pid", str(own_container.state()[0])], row
 
 
 @pytest.mark.parametrize("service, where, said", [
@@ -216,3 +221,17 @@ def test_restart_alone_restarts_the_container_under_the_lock_its_intent_record_g
     assert new_pid != pid and new_started != started
     assert events_of(project, "restart")[0]["pids"] == {"server": {"old": pid, "new": new_pid}}
     assert project.deployer("lock", "status", "--host", "box").returncode == 0, "the lock is still held"
+
+
+def test_a_host_without_python_for_the_agent_beside_its_own_container_is_told_to_install_it() -> None:
+    from deployer.errors import PythonMissing
+    from deployer.transport.container import HostSide
+    from deployer.transport.local import LocalTransport
+
+    side = HostSide(LocalTransport("box"), python="/nonexistent/python3")
+    try:
+        with pytest.raises(PythonMissing, match=r"^box: the host has no /nonexistent/python3 to run the agent beside "
+                                                r"the container that is its own service .*; install "):
+            side.run(["true"])
+    finally:
+        side.close()
