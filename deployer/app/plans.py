@@ -123,8 +123,13 @@ def plan_fleet(build: Build, engines: dict[str, Engine], units: dict[str, Unit],
 
     downtime = fleet_downtime(build, engines, units, inventory)
     for_units(engines, units)
-    return PlanOutcome([HostPlan(engine.plan(), timings_of(build, engine)) for engine in engines.values()], downtime,
-                       alone=False)
+    plans = [HostPlan(engine.plan(), timings_of(build, engine)) for engine in engines.values()]
+    reports = {one.report.host_name: one.report for one in plans}
+    for name, unit in units.items():  # a unit that changes restarts as one: its hosts that hold the fix too
+        if not all(reports[host].already_applied for host in unit.hosts()):
+            for host in unit.hosts():
+                reports[host].restarts_with = name if reports[host].already_applied else None
+    return PlanOutcome(plans, downtime, alone=False)
 
 
 def timings_of(build: Build, engine: Engine) -> list[Timing]:

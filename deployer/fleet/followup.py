@@ -24,7 +24,7 @@ from deployer.run.engine import Engine, RunResult
 from deployer.run.shown import shown_state_of
 from deployer.runlog import EVENTS, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
-from deployer.runstate import RunRecord
+from deployer.runstate import Phase, RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Listener
 from deployer.waiting import all_done
@@ -40,6 +40,10 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
     runner.emit("fleet_rollback", hosts=list(committed))
 
     def report(host: str, result: RunResult | DeployerError) -> None:
+        if host not in committed:  # held the fix: restarted with its unit's rollback, nothing of it rolled back
+            runner.emit("host_status", host=host, status="restarted with its unit",
+                        run_id=None if isinstance(result, DeployerError) else result.run_id)
+            return
         run = committed[host]
         if isinstance(result, DeployerError):
             run.rollback_status, run.rollback_error = "failed", str(result)
@@ -65,22 +69,30 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
         for host in hosts:
             engines[host].cancel = CancelToken()
             runner.emit("host_status", host=host, status="rolling back")
-        runs = {h: read_run(engines[h].runs_dir, str(committed[h].run_id)) for h in hosts}
+        runs = {h: read_run(engines[h].runs_dir, str(record.state.hosts[h].run_id)) for h in hosts}
         chosen = {h: engines[h] for h in hosts}
         UnitRun(name, units[name], chosen, "restore", routing=routers.for_unit(name, units[name], chosen)).rollback(
-            runs, force=force, on_result=report)
+            runs, force=force, held=held, on_result=report)
 
-    members = {name: [h for h in hosts if h in committed] for name, hosts in record.state.units.items()
+    held = held_with_units(record.state, set(committed))
+    members = {name: [h for h in hosts if h in committed or h in held] for name, hosts in record.state.units.items()
                if any(h in committed for h in hosts)}
     in_units = {host for hosts in members.values() for host in hosts}
     # The units behind one router take turns, as `deployer rollback FLEET_ID` does. A turn takes one unit out of
     # its router: downtime only for a unit alone behind it, which the apply already needed --allow-downtime for.
     with ThreadPoolExecutor(max_workers=max(1, runner.parallel), thread_name_prefix="deployer-rollback") as pool:
-        for batch in taking_turns(units).batches(list(committed), members):
+        for batch in taking_turns(units).batches([*committed, *sorted(held)], members):
             work: list[Callable[[], None]] = [functools.partial(unit, name, hosts) for name, hosts in members.items()
                                               if hosts[0] in batch]
             work += [functools.partial(one, host) for host in batch if host not in in_units]
             all_done([pool.submit(item) for item in work])
+
+
+def held_with_units(state: FleetState, rolled_back: set[str]) -> set[str]:
+    """The hosts of the units being rolled back that held the fix already: they made no commit, but restarted with
+    their unit's apply, so they restart with its rollback too (a unit restarts as one), reverting nothing."""
+    return {host for hosts in state.units.values() if rolled_back & set(hosts)
+            for host in hosts if state.hosts[host].phase == Phase.unchanged.value}
 
 
 def taking_turns(units: dict[str, Unit]) -> TakingTurns:
@@ -134,13 +146,15 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
         return rollbacks.rollback(engine, read_run(runs_dir, run_id), force=force)
 
     def unit_task(name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
-        members = [h for h in original.state.units[name] if h in runs]
-        engines = {h: tagged(engine_for(h, str(runs[h])), fleet_id, listeners) for h in members}
+        members = {h: str(original.state.hosts[h].run_id) for h in chosen_units[name]}
+        engines = {h: tagged(engine_for(h, run_id), fleet_id, listeners) for h, run_id in members.items()}
         UnitRun(name, units[name], engines, "restore", routing=routers.for_unit(name, units[name], engines)).rollback(
-            {h: read_run(runs_dir, str(runs[h])) for h in members}, force=force, on_result=report)
+            {h: read_run(runs_dir, run_id) for h, run_id in members.items()}, force=force, held=held,
+            on_result=report)
 
-    chosen_units = {name: [h for h in members if h in runs] for name, members in original.state.units.items()
-                    if any(h in runs for h in members)}
+    held = held_with_units(original.state, set(runs))
+    chosen_units = {name: [h for h in members if h in runs or h in held]
+                    for name, members in original.state.units.items() if any(h in runs for h in members)}
     for name, chosen in chosen_units.items():
         left = [h for h in original.state.units[name] if h not in chosen and original.state.hosts[h].committed
                 and original.state.hosts[h].rollback_status != "successful"]
@@ -152,12 +166,13 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
         raise ConfigError(f"unit {', '.join(missing)} of fleet run {fleet_id} is no longer in the inventory; "
                           "roll its hosts back one by one with: deployer rollback RUN_ID")
     strategy = taking_turns(units)
-    refuse_downtime(strategy.batches(list(runs), chosen_units), chosen_units, units_behind(routers.specs, units),
+    hosts = [*runs, *sorted(held)]
+    refuse_downtime(strategy.batches(hosts, chosen_units), chosen_units, units_behind(routers.specs, units),
                     allow_downtime)
-    done = follow_up("rollback", runs_dir, original, list(runs), task, parallel=parallel, listeners=listeners,
+    done = follow_up("rollback", runs_dir, original, hosts, task, parallel=parallel, listeners=listeners,
                      cancel=cancel, units=chosen_units, unit_task=unit_task, strategy=strategy)
     for name, run in done.state.hosts.items():  # the original says which of its hosts were rolled back, by what
-        if run.status == "successful":
+        if run.status == "successful" and name in runs:
             original.state.hosts[name].rollback_run_id = run.run_id
             original.state.hosts[name].rollback_status = "successful"
     original.save()

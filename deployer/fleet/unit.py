@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,16 +103,21 @@ class UnitRun:
         """Apply on every host of the unit; a host whose lock was never tried has no result (never touched)."""
         return self._drive(self._body, {}, on_result)
 
-    def rollback(self, runs: dict[str, Run], *, force: bool,
+    def rollback(self, runs: dict[str, Run], *, force: bool, held: Collection[str] = (),
                  on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
         """Roll back the unit's sub-runs of one fleet run: every host reverted, then one unit restart and
-        the unit's checks again; each original run gets its rolled_back_by link, as a single rollback does."""
+        the unit's checks again; each original run gets its rolled_back_by link, as a single rollback does.
+        held: the hosts whose runs made no commit, as they held the fix already; nothing of theirs is reverted, and
+        they restart with the unit (a run of kind restart), as they did with its apply."""
         baseline = recorded_baseline(runs[self.metrics_host]) if self.metrics_host in runs else {}
-        results = self._drive(lambda host, barrier, locked: self._rollback_body(host, runs[host], barrier, locked,
-                                                                                force, baseline),
-                              {host: {"rollback_of": run.run_id} for host, run in runs.items()}, on_result)
+        again = next(run.run_id for host, run in sorted(runs.items()) if host not in held)  # what a hint names
+        results = self._drive(lambda host, barrier, locked: self._rollback_body(
+            host, None if host in held else runs[host], barrier, locked, force, baseline, again),
+            {host: {"kind": "restart"} if host in held else {"rollback_of": run.run_id} for host, run in runs.items()},
+            on_result)
         for host, result in results.items():
-            link_rollback(runs[host], result.run_id, result.status, result.phase, result.git_after)
+            if host not in held:
+                link_rollback(runs[host], result.run_id, result.status, result.phase, result.git_after)
         return results
 
     def restart_only(self, on_result: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
@@ -183,9 +188,11 @@ class UnitRun:
             joined(thread)
         return results
 
-    def _rollback_body(self, host: str, run: Run, barrier: threading.Barrier, locked: threading.Event,
-                       force: bool, baseline: Mapping[str, float]) -> Body:
-        target = Target.of(run)
+    def _rollback_body(self, host: str, run: Run | None, barrier: threading.Barrier, locked: threading.Event,
+                       force: bool, baseline: Mapping[str, float], again: str) -> Body:
+        """run: the host's run to roll back (None: the host held the fix, it only restarts with the unit); again: the
+        run a rollback that stopped names to finish it."""
+        target = Target.of(run) if run is not None else None
 
         def body(ctx: Context, log: RunLogWriter) -> None:
             self.ctxs[host] = ctx
@@ -193,25 +200,27 @@ class UnitRun:
             try:
                 # As deployer.run.rollback.rollback checks, before any host of the unit changes.
                 ctx.git_before = head(ctx)
-                check_recorded(ctx, run, target)
-                check(ctx, target, force=force)
-                ctx.facts.files = target.files
+                if run is not None and target is not None:
+                    check_recorded(ctx, run, target)
+                    check(ctx, target, force=force)
+                    ctx.facts.files = target.files
             except DeployerError:
                 barrier.abort()
                 raise
             self._meet(barrier, ctx, "every host of the unit was checked")
             assert ctx.record is not None
             ctx.cancel = CancelToken()  # from here the rollback must finish (a second signal still forces)
-            ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
-            try:
-                revert = self.engines[host].revert(ctx, before=target.before, dests=target.files,
-                                                   rollback_of=run.run_id, verify=(), baseline={})
-                # When an earlier attempt already made the revert commit, this run made none of its own.
-                ctx.git_after = revert if revert != ctx.git_before else None
-            except DeployerError:
-                barrier.abort()
-                raise
-            self._meet(barrier, ctx, "every host of the unit reverted", reverted=True)
+            if run is not None and target is not None:
+                ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
+                try:
+                    revert = self.engines[host].revert_commit(ctx, before=target.before, dests=target.files,
+                                                              rollback_of=run.run_id)
+                    # When an earlier attempt already made the revert commit, this run made none of its own.
+                    ctx.git_after = revert if revert != ctx.git_before else None
+                except DeployerError:
+                    barrier.abort()
+                    raise
+            self._meet(barrier, ctx, "every host of the unit reverted", reverted=run is not None)
             if host == self.hosts[0]:
                 checks, left_out = self._reverted(baseline)
                 try:
@@ -225,7 +234,7 @@ class UnitRun:
                         commit=None, checks=[failed_check(exc)])
                 except DeployerError as exc:
                     self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert stopped: {exc}\n"
-                                                  f"{finish_hint(exc, run.run_id)}")
+                                                  f"{finish_hint(exc, again)}")
             barrier.wait()
             self.through.add(host)
             if self.failure is not None:

@@ -42,6 +42,7 @@ class PlanReport:
     placement: dict[str, Any] | None = None  # a container target's: its id and where each dest lives
     unsent: str | None = None  # why apply would not send its chain up to the commit with the lock (None: it would)
     already_applied: bool = False  # every dest holds its bytes at HEAD: apply would end `unchanged`, judging nothing
+    restarts_with: str | None = None  # already applied, in a unit that changes elsewhere: restarted with it
     not_run: dict[str, str] = field(default_factory=dict)  # step -> why it will not run (a rollback's left-out check)
     notes: dict[str, str] = field(default_factory=dict)  # step -> what apply may warn of (Step.plan_note)
 
@@ -65,7 +66,8 @@ class PlanReport:
         return {"host": self.host_name, "repo": self.repo, "head": self.head,
                 "files": [{"dest": f.dest, "insertions": f.stat.insertions, "deletions": f.stat.deletions,
                            "new": not f.exists, "diff": f.diff} for f in self.files],
-                "stat": self.stat.summary(), "already_applied": self.already_applied, "bounds": self.bounds,
+                "stat": self.stat.summary(), "already_applied": self.already_applied,
+                "restarts_with_unit": self.restarts_with, "bounds": self.bounds,
                 "compile": self.judged.get("compile"),
                 "dirty": self.dirty, "placement": self.placement, "lock": self.lock.info if self.lock else None,
                 "sent_whole": {"yes": self.unsent is None, "why_not": self.unsent},

@@ -25,13 +25,20 @@ def show_fleet(console: Console, state: FleetState) -> None:
     console.print(f"fleet run {state.fleet_id} ({state.kind}): [{style}]{state.status}[/{style}] "
                   f"(exit {state.exit_code})")
     unchanged = [name for name, run in state.hosts.items() if run.state == "unchanged"]
-    if unchanged:  # exit 0 as the hosts the fix reached, but nothing was done there
-        console.print(f"unchanged: {', '.join(unchanged)} (already applied)", markup=False, highlight=False)
+    with_unit = [name for name in unchanged if restarted_with_unit(state, name)]
+    for hosts, how in ((with_unit, "; restarted with its unit"), ([n for n in unchanged if n not in with_unit], "")):
+        if hosts:  # exit 0 as the hosts the fix reached, but nothing was changed there
+            console.print(f"unchanged: {', '.join(hosts)} (already applied{how})", markup=False, highlight=False)
     untouched = state.untouched()
     if untouched:
         console.print(f"never touched: {', '.join(untouched)}", markup=False, highlight=False)
     if state.rolled_back_by:
         console.print(f"rolled back by fleet run {', '.join(state.rolled_back_by)}", markup=False)
+
+
+def restarted_with_unit(state: FleetState, host: str) -> bool:
+    """An unchanged host whose unit changed elsewhere in this run: the unit restarted as one, this host too."""
+    return any(state.hosts[other].changed for hosts in state.units.values() if host in hosts for other in hosts)
 
 
 def show_fleets(console: Console, fleets: list[FleetState]) -> None:

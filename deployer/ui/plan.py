@@ -41,7 +41,11 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     console.rule("projected git diff --stat")
     for line in report.stat.lines():
         console.print(line, markup=False, highlight=False)
-    if report.already_applied:
+    if report.restarts_with:
+        console.print(f"[green]already applied:[/green] every file already holds these bytes at HEAD {report.head}: "
+                      f"nothing is committed here, but its services restart with unit {escape(report.restarts_with)}, "
+                      "whose other hosts change; apply would end it `unchanged`")
+    elif report.already_applied:
         console.print(f"[green]nothing to do:[/green] every file already holds these bytes at HEAD {report.head}: "
                       "apply would end `unchanged`, restarting nothing (unless --restart)")
     elif report.bounds is None:

@@ -40,6 +40,18 @@ def kinds(project: Project, report: dict[str, Any], host: str) -> list[str]:
     return [e["type"] for e in project.events(report["hosts"][host]["run_id"])]
 
 
+def restarted_as_one(prefill: list[dict[str, Any]], decode: list[dict[str, Any]]) -> None:
+    """The unit restarted as one (each host's run log): decode stopped before prefill, prefill started before decode,
+    both new processes."""
+    def at(events: list[dict[str, Any]], kind: str) -> str:
+        return str(next(e["time"] for e in events if e["type"] == kind))
+    assert at(decode, "service_stopped") <= at(prefill, "service_stopped") <= at(prefill, "service_started") \
+        <= at(decode, "service_started")
+    for events in (prefill, decode):
+        restart = next(e for e in events if e["type"] == "restart")["pids"]
+        assert all(p["new"] != p["old"] for p in restart.values()), restart
+
+
 def applied(project: Project, *args: str) -> dict[str, Any]:
     result = project.deployer("apply", "fix.yaml", "--host", "pd-1", "--json", *args)
     report = as_json(result)
@@ -89,16 +101,8 @@ def test_a_unit_where_one_host_already_holds_the_fix_commits_the_other_and_resta
         before["h1"]
     assert (h3["state"], h3["changed"], h3["git_after"]) == ("unchanged", False, None), h3
     assert heads(pd_unit)["h3"] == before["h3"]
-    # The unit restarted as one: decode stopped before prefill, prefill started before decode, both new processes.
     prefill, decode = (pd_unit.events(report["hosts"][h]["run_id"]) for h in UNIT)
-
-    def at(events: list[dict[str, Any]], kind: str) -> str:
-        return str(next(e["time"] for e in events if e["type"] == kind))
-    assert at(decode, "service_stopped") <= at(prefill, "service_stopped") <= at(prefill, "service_started") \
-        <= at(decode, "service_started")
-    for events in (prefill, decode):
-        restart = next(e for e in events if e["type"] == "restart")["pids"]
-        assert all(p["new"] != p["old"] for p in restart.values()), restart
+    restarted_as_one(prefill, decode)
     assert not [e for e in decode if e["type"] == "commit"] and "unchanged" in [e["type"] for e in decode]
     shown = pd_unit.deployer("runs", "show", report["hosts"]["h3"]["run_id"])
     assert shown.returncode == 0 and "unchanged" in shown.stdout, shown.stdout
@@ -139,3 +143,48 @@ def test_a_unit_whose_changed_host_fails_its_check_rolls_that_host_back_and_the_
         ended = [(e["step"], e["status"]) for e in pd_unit.events(report["hosts"][host]["run_id"])
                  if e["type"] == "step_end"]
         assert ("rollback:co_restart", "ok") in ended, (host, ended)
+
+
+def test_a_partly_applied_unit_says_its_held_host_restarts_with_it_in_plan_and_apply_and_its_rollback_restarts_it(
+        pd_unit: Project) -> None:
+    """The plan and the plain output say h3 (holding the fix) restarts with the unit; `deployer rollback FLEET_ID`
+    reverts h1 and restarts the unit as one again, h3's decode too (a run of kind restart: nothing of h3 reverted,
+    and the apply's record does not call h3 rolled back)."""
+    import re
+
+    (repo(pd_unit, "h3") / "pkg/a.py").write_text(FIXED_A)
+    git(repo(pd_unit, "h3"), "commit", "-qam", "the fix, by hand")
+    pd_unit.playbook(steps=UNIT_STEPS)
+    serving(pd_unit)
+    before = heads(pd_unit)
+
+    planned = pd_unit.deployer("plan", "fix.yaml", "--host", "pd-1")
+    assert planned.returncode == 0, planned.stderr
+    assert "its services restart with unit pd-1, whose other hosts change" in planned.stdout, planned.stdout
+    assert "restarting nothing" not in planned.stdout
+    document = as_json(pd_unit.deployer("plan", "fix.yaml", "--host", "pd-1", "--json"))
+    assert {one["host"]: one["restarts_with_unit"] for one in document["hosts"]} == {"h1": None, "h3": "pd-1"}
+
+    shown = pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1")
+    assert shown.returncode == 0, shown.stderr
+    assert "unchanged: h3 (already applied; restarted with its unit)" in shown.stdout, shown.stdout
+    found = re.search(r"fleet run (\S+) \(apply\)", shown.stdout)
+    assert found is not None, shown.stdout
+    fleet_id = found.group(1)
+
+    result = pd_unit.deployer("rollback", fleet_id, "--json")
+    rolled = as_json(result)
+    assert result.returncode == 0, rolled
+    assert set(rolled["hosts"]) == set(UNIT) and rolled["units"] == {"pd-1": list(UNIT)}, rolled
+    assert rolled["hosts"]["h1"]["phase"] == "rolled_back", rolled["hosts"]["h1"]
+    assert git(repo(pd_unit, "h1"), "rev-parse", "HEAD^{tree}") == git(repo(pd_unit, "h1"), "rev-parse",
+                                                                        f"{before['h1']}^{{tree}}")
+    assert heads(pd_unit)["h3"] == before["h3"] and (repo(pd_unit, "h3") / "pkg/a.py").read_text() == FIXED_A
+    prefill, decode = (pd_unit.events(rolled["hosts"][h]["run_id"]) for h in UNIT)
+    assert next(e for e in decode if e["type"] == "run_start")["kind"] == "restart"
+    assert not [e for e in decode if e["type"] in ("rollback", "commit")]
+    restarted_as_one(prefill, decode)
+    [original] = [f for f in as_json(pd_unit.deployer("runs", "list", "--json"))["fleets"]
+                  if f["fleet_id"] == fleet_id]
+    assert (original["hosts"]["h1"]["rollback_status"], original["hosts"]["h3"]["rollback_status"]) == \
+        ("successful", None), original["hosts"]
