@@ -8,9 +8,10 @@ Emulated, with Kubernetes' paths, JSON shapes and status codes:
 - discovery: /version, /api, /apis, /api/v1 and the groups below (the legacy documents: kubectl asks for
   aggregated discovery first and takes these when the reply is plain application/json);
 - pods: list (all namespaces or one; labelSelector with =, ==, !=, in, notin, exists, !key; fieldSelector
-  metadata.name, metadata.namespace, status.phase), get, watch (chunked JSON events, resourceVersion), delete
-  (graceful: deletionTimestamp, SIGTERM then SIGKILL after the grace period, then gone), and PATCH of labels
-  and annotations (merge or strategic-merge patch, as `kubectl annotate`/`label` send);
+  metadata.name, metadata.namespace, status.phase; as the Table `kubectl get pods` asks for, or as JSON), get,
+  watch (chunked JSON events, resourceVersion, the watch-list's initial-events bookmark), delete (graceful:
+  deletionTimestamp, SIGTERM then SIGKILL after the grace period, then gone), and PATCH of labels and
+  annotations (merge or strategic-merge patch, as `kubectl annotate`/`label` send);
 - pods/exec over WebSocket, v5.channel.k8s.io with v4.channel.k8s.io as fallback (websocket.py): stdin, stdout,
   stderr streamed; v5's close of stdin; the exit code as the Status on channel 3 (reason NonZeroExitCode, the
   code in details.causes); the command runs by `podman exec` in the pod's container, a real process tree;
@@ -27,17 +28,21 @@ Emulated, with Kubernetes' paths, JSON shapes and status codes:
   a missing pod is the real 404 (`pods "x" not found`), and a missing namespace `namespaces "n" not found`.
 
 Not emulated: TLS and authentication (client-go sends no credentials over plain HTTP: every request is taken as
-`Cluster.user`'s), the watch-list's bookmarks beyond the initial-events one, SPDY exec (kubectl 1.37
+`Cluster.user`'s), bookmarks other than the watch-list's initial-events one, SPDY exec (kubectl 1.37
 uses WebSocket first; the fallback gets a 400), attach, port-forward, logs, cp (needs tar anyway), create/apply/
-replace of anything, Tables (kubectl prints pods from the plain list itself), namespaces as objects, events,
+replace of anything, Tables but the pods' (NAME READY STATUS RESTARTS AGE, for list and get; a watch streams
+plain objects), namespaces beyond GET (kubectl's check after a NotFound), events,
 OpenAPI, scheduling, nodes, probes other than httpGet readiness, pod IPs (pods use the host's network).
 """
+
 from __future__ import annotations
 
+import calendar
 import http.server
 import itertools
 import json
 import re
+import time
 import urllib.parse
 from typing import Any
 
@@ -174,6 +179,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with self.cluster.lock:
             return self.cluster.user
 
+    def _wants_table(self) -> bool:
+        return "as=Table" in self.headers.get("Accept", "")
+
     def _body(self) -> Json:
         size = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(size)) if size else {}
@@ -205,10 +213,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self._watch(keep, query)
                 return
             with cluster.lock:
-                items = [pod.to_json() for pod in cluster.pods.values() if keep(pod)]
+                chosen = [pod for pod in cluster.pods.values() if keep(pod)]
                 version = cluster.version
-            self._reply(200, {"kind": "PodList", "apiVersion": "v1",
-                              "metadata": {"resourceVersion": str(version)}, "items": items})
+                if self._wants_table():
+                    self._reply(200, pod_table(chosen, version))
+                else:
+                    self._reply(200, {"kind": "PodList", "apiVersion": "v1",
+                                      "metadata": {"resourceVersion": str(version)},
+                                      "items": [pod.to_json() for pod in chosen]})
             return
         if sub == "exec":
             cluster.authorize(user, "create", "pods/exec", ns, name)
@@ -223,7 +235,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pod = cluster.pod(name, ns)
         if verb == "get":
             with cluster.lock:
-                self._reply(200, pod.to_json())
+                self._reply(200, pod_table([pod], cluster.version) if self._wants_table() else pod.to_json())
         elif verb == "delete":
             options = self._body()
             grace = query.get("gracePeriodSeconds", [options.get("gracePeriodSeconds")])[0]
@@ -336,6 +348,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
         connection = websocket.Connection(self.rfile, self.connection.sendall, protocol)  # type: ignore[arg-type]
         bridge(connection, argv, command, self.cluster.kubelet.env, flag["stdin"], flag["stdout"], flag["stderr"])
+
+
+_POD_COLUMNS = [("Name", "string", "name"), ("Ready", "string", ""), ("Status", "string", ""),
+                ("Restarts", "string", ""), ("Age", "string", "")]
+
+
+def pod_table(pods: list[Pod], version: int) -> Json:
+    """The server-side Table `kubectl get pods` prints: its default columns, as the API server fills them."""
+    rows = []
+    for pod in pods:
+        states = list(pod.containers.values())
+        waiting = next((state.waiting.partition(":")[0] for state in states if not state.running), None)
+        status = "Terminating" if pod.deletion else waiting or pod.phase()
+        age = int(time.time() - calendar.timegm(time.strptime(pod.created, "%Y-%m-%dT%H:%M:%SZ")))
+        rows.append({"cells": [pod.name, f"{sum(state.ready() for state in states)}/{len(states)}", status,
+                               str(sum(state.restart_count for state in states)),
+                               f"{age}s" if age < 120 else f"{age // 60}m"],
+                     "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                "metadata": pod.to_json()["metadata"]}})
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(version)},
+            "columnDefinitions": [{"name": name, "type": kind, "format": form, "description": "", "priority": 0}
+                                  for name, kind, form in _POD_COLUMNS],
+            "rows": rows}
 
 
 class Server(http.server.ThreadingHTTPServer):

@@ -63,7 +63,6 @@ class Cluster:
         self.kubelet = Kubelet(podman_env, f"kube-standin-{secrets.token_hex(4)}", root, self.lock, self._changed,
                                self._exited)
         self.pods: dict[tuple[str, str], Pod] = {}
-        self.terminating: list[Pod] = []
         self.owners: dict[tuple[str, str, str], Owner] = {}  # (namespace, kind, name)
         self.namespaces: set[str] = {"default"}
         self.denied: list[Rule] = []
@@ -85,7 +84,7 @@ class Cluster:
         """A new pod (its containers start in the background; poll its status for Running)."""
         with self.lock:
             self.namespaces.add(namespace)
-            owner = self.owners[(namespace, *self._owner_key(spec.owner, namespace))] if spec.owner else None
+            owner = self.owners[(namespace, *self._owner_key(spec.owner))] if spec.owner else None
             if (namespace, spec.name) in self.pods:
                 raise ApiError(409, "AlreadyExists", f'pods "{spec.name}" already exists')
             pod = Pod(spec, spec.name, namespace, owner, labels=dict(spec.labels),
@@ -136,7 +135,7 @@ class Cluster:
     # --- the controllers ---------------------------------------------------------------------------------------
 
     @staticmethod
-    def _owner_key(name: str, namespace: str) -> tuple[str, str]:
+    def _owner_key(name: str) -> tuple[str, str]:
         kind, _, owner_name = name.partition("/")
         if kind not in OWNER_KINDS or not owner_name:
             raise ValueError(f"an owner is named KIND/NAME (KIND one of {sorted(OWNER_KINDS)}), not {name!r}")

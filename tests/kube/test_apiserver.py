@@ -140,6 +140,9 @@ def test_a_container_restart_is_a_new_container_from_the_image(kube: Kube, tmp_p
     assert after["restartCount"] == 1 and after["containerID"] != before["containerID"]
     assert after["lastState"]["terminated"]["exitCode"] == 137
     assert pod_json(kube, "sglang-0")["metadata"]["uid"] == uid  # the same pod
+    shown = kube.kubectl("get", "pod", "sglang-0").stdout.decode().splitlines()  # what an operator sees
+    assert shown[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert shown[1].split()[:4] == ["sglang-0", "1/1", "Running", "1"]
     assert exec_sh(kube, "sglang-0", "server", "cat /sgl-workspace/server.py; cat /cache/fix; "
                    "cat /etc/standin-fix 2>/dev/null || echo no-layer-file") == \
         "shipped in the image\nvolume\nno-layer-file\n"
