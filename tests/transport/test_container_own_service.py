@@ -235,3 +235,20 @@ def test_a_host_without_python_for_the_agent_beside_its_own_container_is_told_to
             side.run(["true"])
     finally:
         side.close()
+
+
+def test_a_restarted_container_that_never_gets_healthy_fails_with_its_engines_log_read_on_the_host(
+        target: Project, own_container: Served) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: the health wait never gets an answer
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    project = own_service(target, own_container, health=f"http://127.0.0.1:{closed}/health", health_timeout_s=2)
+    applied = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 5, applied.stdout + applied.stderr
+    assert "service server: http://127.0.0.1:" in applied.stderr and "did not answer 200 within 2s" in applied.stderr
+    # The tail is `podman logs` run on the host: no engine inside the container to run it, no lost agent.
+    tail = next(e for e in events_of(project, "command") if e.get("action") == "server.log")
+    assert tail["exit_code"] == 0 and tail["command"].endswith(f"podman {own_container.box.name}"), tail
+    assert "agent lost" not in applied.stderr
+    assert own_container.state()[0] > 0, "the container runs"
+    assert project.deployer("lock", "status", "--host", "box").returncode == 0, "the lock is still held"
