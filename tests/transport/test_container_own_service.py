@@ -252,3 +252,17 @@ def test_a_restarted_container_that_never_gets_healthy_fails_with_its_engines_lo
     assert "agent lost" not in applied.stderr
     assert own_container.state()[0] > 0, "the container runs"
     assert project.deployer("lock", "status", "--host", "box").returncode == 0, "the lock is still held"
+
+
+def test_a_service_answering_while_it_does_not_run_is_told_to_adopt_its_port_only_when_it_is_a_command() -> None:
+    from deployer.config.models import Service
+    from deployer.steps.services.manager import not_ours
+
+    url = "http://127.0.0.1:30000/health"
+    said = {kind: not_ours("box", "server", Service.model_validate({kind: value, "health": url}))
+            for kind, value in {"container": "sglang", "systemd": "sglang.service", "start": "serve"}.items()}
+    assert said["container"] == (f"{url} answers 200, but container sglang does not run: another process serves "
+                                 "that URL; stop it, or correct the service's health URL")
+    assert said["systemd"].startswith(f"{url} answers 200, but unit sglang.service runs no process")
+    assert 'add "adopt: port" to hosts.box.services.server' in said["start"]
+    assert not any("adopt" in said[kind] for kind in ("container", "systemd"))
