@@ -17,8 +17,10 @@ scratch repo (bench/scratch_target.py), shipped these ways:
   agent      bench/agent_sketch.py: one paramiko connection, the agent on one exec, 4 batches
              (preflight, upload+compile+numstat, commit, release): what the agent alone costs
 
-Each cell is the median wall time of --runs runs and the round trips the relay counted in
-them. Every run is checked: the fix must be committed on top of the first commit. Beside them:
+Each cell is the median wall time of --runs runs, and the round trips and the bytes the client sent that the
+relay counted in them (the agent's source is sent once: the first apply leaves it on the target, where later runs
+find it; the JSON keeps every run's count). Every run is checked: the fix must be committed on top of the first
+commit. Beside them:
 
   config not known yet   deployer apply with DEPLOYER_EARLY=off: as the first apply of a config, which has no
                          known-good record and connects once its config is checked (the `deployer apply` row,
@@ -33,7 +35,10 @@ them. Every run is checked: the fix must be committed on top of the first commit
                          deployer / hand <= 0.8x in every run (run i of one against run i of the other: min,
                          median and the worst, max); last, a cold `deployer --help` < 0.1 s
 
-    python bench/bench_rtt.py [--rtt-ms 0,10,50] [--runs 5] [--json FILE]
+  shaped                 every way again at the largest RTT with the relay shaping the link to --mbit (10 Mbit/s
+                         each way unless told), as a VPN or a bastion would: where the bytes sent cost time too
+
+    python bench/bench_rtt.py [--rtt-ms 0,10,50] [--runs 5] [--mbit 10] [--json FILE]
 
 To quote the table (as issue 23 asks), run it with --runs 9 on a quiet machine; --json FILE keeps every
 cell's samples, median, round trips and times to the first byte for a note to quote.
@@ -87,6 +92,7 @@ class Cell:
     seconds: list[float] = field(default_factory=list)
     round_trips: list[int] = field(default_factory=list)
     first_byte_s: list[float] = field(default_factory=list)  # exec of the first client to its first byte
+    bytes_sent: list[int] = field(default_factory=list)  # client to server, as the relay counted them
 
     @property
     def median(self) -> float:
@@ -100,9 +106,14 @@ class Cell:
     def ttfb(self) -> float:
         return statistics.median(self.first_byte_s)
 
+    @property
+    def sent(self) -> int:
+        return int(statistics.median(self.bytes_sent))
+
     def as_json(self) -> dict[str, object]:
         return {"seconds": self.seconds, "median_s": self.median, "round_trips": self.round_trips,
-                "trips": self.trips, "first_byte_s": self.first_byte_s, "ttfb_s": self.ttfb}
+                "trips": self.trips, "first_byte_s": self.first_byte_s, "ttfb_s": self.ttfb,
+                "bytes_sent": self.bytes_sent, "sent_bytes": self.sent}
 
 
 Cells = dict[tuple[str, int], Cell]
@@ -256,6 +267,7 @@ def measure(sshd: SSHD, target: ScratchTarget, relay: LatencyRelay, rtts_ms: lis
                 cell.seconds.append(elapsed)
                 cell.round_trips.append(relay.round_trips)
                 cell.first_byte_s.append(first_byte - client_spawned)
+                cell.bytes_sent.append(relay.bytes_sent)
     return cells
 
 
@@ -297,16 +309,29 @@ def targets(cells: Cells, rtts_ms: list[int]) -> list[Target]:
     return found
 
 
+def cell_text(cell: Cell) -> str:
+    return f"{cell.median:.2f} s / {cell.trips} rt / {cell.sent / 1000:.0f} KB"
+
+
+def render_shaped(shaped: Cells, rtt_ms: int, mbit: float, ways: list[str]) -> str:
+    """The link that is slow as well as far (a VPN, a bastion): where the bytes sent cost time too."""
+    width = max(map(len, ways)) + 2
+    ratio = shaped[DEPLOYER, rtt_ms].median / shaped[FLOOR, rtt_ms].median
+    return "\n".join(["", f"{f'at {mbit:g} Mbit/s each way and {rtt_ms} ms':<{width}}",
+                      *(f"{name:<{width}}{cell_text(shaped[name, rtt_ms]):>26}" for name in ways),
+                      f"{'deployer / floor (paramiko)':<{width}}{f'{ratio:.2f}x':>26}"])
+
+
 def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
     width = max(map(len, ways)) + 2
 
     def block(title: str, columns: list[int], rows: list[tuple[str, list[str]]]) -> list[str]:
-        head = f"{title:<{width}}" + "".join(f"{f'{rtt} ms':>20}" for rtt in columns)
-        return ["", head, *(f"{label:<{width}}" + "".join(f"{v:>20}" for v in values) for label, values in rows)]
+        head = f"{title:<{width}}" + "".join(f"{f'{rtt} ms':>26}" for rtt in columns)
+        return ["", head, *(f"{label:<{width}}" + "".join(f"{v:>26}" for v in values) for label, values in rows)]
 
-    lines = [f"median of {runs} runs; each cell: seconds / round trips the relay counted"]
-    lines += block("", rtts_ms, [(name, [f"{cells[name, rtt].median:.2f} s / {cells[name, rtt].trips} rt"
-                                         for rtt in rtts_ms]) for name in ways])
+    lines = [f"median of {runs} runs; each cell: seconds / round trips / KB sent (client to server), as the relay "
+             "counted them"]
+    lines += block("", rtts_ms, [(name, [cell_text(cells[name, rtt]) for rtt in rtts_ms]) for name in ways])
     ratios = [("container / host apply", IN_BOX, DEPLOYER)] if IN_BOX in ways else []
     lines += block("ratio of the medians", rtts_ms, [
         (label, [f"{cells[mine, rtt].median / cells[other, rtt].median:.2f}x" for rtt in rtts_ms])
@@ -330,11 +355,14 @@ def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, cells: Cells, rtts_ms: list[int], runs: int, cold: dict[str, float]) -> None:
+def write_json(path: Path, cells: Cells, rtts_ms: list[int], runs: int, cold: dict[str, float],
+               shaped: Cells, mbit: float) -> None:
     far = far_rtts(rtts_ms)
     path.write_text(json.dumps({
         "runs": runs, "rtt_ms": rtts_ms,
         "cells": [{"way": name, "rtt_ms": rtt, **cell.as_json()} for (name, rtt), cell in cells.items()],
+        "shaped": [{"way": name, "rtt_ms": rtt, "mbit": mbit, **cell.as_json()}
+                   for (name, rtt), cell in shaped.items()],
         "effective_round_trips": {name: {str(rtt): effective_trips(cells, name, rtt) for rtt in far}
                                   for name in dict.fromkeys(name for name, _ in cells)},
         "targets": [{"what": t.label, "figure": t.figure, "limit": t.limit} for t in targets(cells, rtts_ms)],
@@ -349,6 +377,9 @@ def main() -> None:
                         help="runs per cell (the median is shown); quote the table from --runs 9")
     parser.add_argument("--json", type=Path, metavar="FILE",
                         help="also write every cell (samples, median, round trips, time to the first byte) here")
+    parser.add_argument("--mbit", type=float, default=10.0,
+                        help="also measure every way with the link shaped to this many Mbit/s each way, at the "
+                             "largest --rtt-ms (0: not)")
     args = parser.parse_args()
     rtts_ms = [int(v) for v in args.rtt_ms.split(",")]
     if not 1 <= args.runs <= 20:
@@ -362,16 +393,22 @@ def main() -> None:
             with container_host(target) as boxed:
                 ways = [name for name in WAYS if boxed or name != IN_BOX]
                 cells = measure(sshd, target, relay, rtts_ms, args.runs, ways)
+                shaped: Cells = {}
+                if args.mbit > 0:
+                    relay.rate_bps = args.mbit * 1e6
+                    shaped = measure(sshd, target, relay, [max(rtts_ms)], args.runs, ways)
         finally:
             relay.close()
     print(render(cells, rtts_ms, args.runs, ways))
+    if shaped:
+        print(render_shaped(shaped, max(rtts_ms), args.mbit, ways))
     # The bare interpreter's start-up alongside: on a loaded machine both grow together.
     cold = {"deployer --help": cold_start("-m", "deployer", "--help"), "python -c pass": cold_start("-c", "pass")}
     verdict = "met" if cold["deployer --help"] < HELP_TARGET_S else "MISSED"
     print(f"\n`deployer --help`, cold process: median {cold['deployer --help']:.3f} s "
           f"of {HELP_RUNS} (target < {HELP_TARGET_S:g} s: {verdict}); `python -c pass`: {cold['python -c pass']:.3f} s")
     if args.json:
-        write_json(args.json, cells, rtts_ms, args.runs, cold)
+        write_json(args.json, cells, rtts_ms, args.runs, cold, shaped, args.mbit)
         print(f"every cell written to {args.json}")
 
 

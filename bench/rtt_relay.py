@@ -1,4 +1,5 @@
-"""A TCP relay on 127.0.0.1 that adds a round-trip time, and counts the round trips it saw.
+"""A TCP relay on 127.0.0.1 that adds a round-trip time (and, when asked, a bandwidth limit), and counts the round
+trips it saw and the bytes the client sent.
 
 These machines have no `tc netem`; a relay in front of sshd stands in for a far network. Each
 chunk is held RTT/2 in its direction (chunks keep their order and do not serialise: a burst
@@ -50,8 +51,10 @@ class LatencyRelay:
     def __init__(self, target_port: int, rtt_s: float = 0.0) -> None:
         self.target_port = target_port
         self.rtt_s = rtt_s
+        self.rate_bps = 0.0  # > 0: each direction of a connection carries at most this many bits a second
         self.round_trips = 0
         self.connections = 0
+        self.bytes_sent = 0  # client to server, every connection: what the client puts on the link
         self._first: _StampedReader | None = None  # the client side of the first connection since reset_counts()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -66,6 +69,7 @@ class LatencyRelay:
         with self._lock:
             self.round_trips = 0
             self.connections = 0
+            self.bytes_sent = 0
             self._first = None
 
     @property
@@ -102,10 +106,11 @@ class LatencyRelay:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _count(self, round_trips: int = 0, connections: int = 0) -> None:
+    def _count(self, round_trips: int = 0, connections: int = 0, sent: int = 0) -> None:
         with self._lock:
             self.round_trips += round_trips
             self.connections += connections
+            self.bytes_sent += sent
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         writers = [client_w]
@@ -128,14 +133,21 @@ class LatencyRelay:
                     last: list[str]) -> None:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(QUEUE_CHUNKS)
+        link_free_at = 0.0  # when the shaped link has sent what it was given so far (rate_bps)
 
         async def receive() -> None:
+            nonlocal link_free_at
             try:
                 while data := await reader.read(CHUNK):
                     if direction == S2C and last[0] == C2S:
                         self._count(round_trips=1)
+                    elif direction == C2S:
+                        self._count(sent=len(data))
                     last[0] = direction
-                    await queue.put((loop.time() + self.rtt_s / 2, data))
+                    sent_at = loop.time()
+                    if self.rate_bps > 0:  # a bottleneck: each chunk waits for the ones before it to go through
+                        sent_at = link_free_at = max(sent_at, link_free_at) + len(data) * 8 / self.rate_bps
+                    await queue.put((sent_at + self.rtt_s / 2, data))
             finally:
                 await queue.put(None)
 

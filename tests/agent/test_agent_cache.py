@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 from fixtures_ssh import SSHD, connect
 from polling import wait_for
+from test_agent_protocol import PY38
 
-from deployer.agent.client import agent_payload, agent_source
+from deployer.agent.client import AgentClient, agent_payload, agent_source, bootstrap_argv
 from deployer.agent.protocol import Hello, Put, Run
+from deployer.transport.pipes import local_pipe
 
 PAYLOAD = agent_payload()
 NAME = f"agent-{hashlib.sha256(PAYLOAD).hexdigest()}"
@@ -151,3 +153,17 @@ def test_a_copy_that_is_not_the_users_alone_is_not_run(sshd: SSHD, cache: Path, 
         wait_for(lambda: kept(cache) and path.stat().st_uid == os.geteuid()
                  and stat.S_IMODE(path.stat().st_mode) == 0o600, "a copy of the user's own in its place")
         assert one_run(sshd)[0].cached
+
+
+@pytest.mark.skipif(PY38 is None, reason="no Python 3.8 on this machine")
+def test_the_oldest_python_the_agent_runs_on_keeps_and_runs_the_copy_too(tmp_path: Path) -> None:
+    assert PY38 is not None
+    hellos = []
+    for _ in range(2):  # a local pipe under that HOME: the bootstrap and `_keep` as an SSH target runs them
+        within = ("env", f"HOME={tmp_path}", f"XDG_CACHE_HOME={tmp_path / 'xdg'}")  # $HOME is the user's: XDG counts
+        with AgentClient(local_pipe(bootstrap_argv(PY38, within, cached=True), "py38"), name="py38").start(
+                source_ahead=False) as agent:
+            assert agent.run(["echo", "ran"]).stdout == b"ran\n"
+            hellos.append(agent.hello)
+        wait_for(lambda: kept(tmp_path / "xdg" / "deployer"), "the copy under Python 3.8")
+    assert [(h.python[:4], h.cached, h.sha256) for h in hellos if h] == [("3.8.", False, OURS), ("3.8.", True, OURS)]
