@@ -66,12 +66,12 @@ class FleetOutcome:
 
 @dataclass(frozen=True)
 class HostsOutcome:
-    """Several hosts' runs, one after another or a unit's as one, each its own run; the exit code of the first
-    that failed, 1 when fewer ran than expected. labels: what the document says it was (the unit)."""
+    """Several hosts' runs, one after another or a unit's (unit) as one, each its own run; the exit code of the
+    first that failed, 1 when fewer ran than expected."""
 
     results: dict[str, RunResult]
     expected: int
-    labels: tuple[tuple[str, str], ...] = ()
+    unit: str | None = None
 
     @property
     def failed(self) -> list[RunResult]:
@@ -92,5 +92,6 @@ class HostsOutcome:
         return any(one.document()["changed"] for one in self.results.values())
 
     def document(self) -> dict[str, Any]:
-        return {**dict(self.labels), "hosts": {host: result.document() for host, result in self.results.items()},
+        return {**({"unit": self.unit} if self.unit is not None else {}),
+                "hosts": {host: result.document() for host, result in self.results.items()},
                 "exit_code": self.exit_code, "error": self.error}

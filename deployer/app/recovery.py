@@ -12,7 +12,6 @@ from deployer.app.outcome import FleetOutcome, RunOutcome
 from deployer.app.setting import RevertSetting, build_of
 from deployer.app.watch import Watch, Watched, watching
 from deployer.errors import ConfigError
-from deployer.fleet.runner import DEFAULT_PARALLEL
 
 if TYPE_CHECKING:
     from deployer.build import Build
@@ -29,14 +28,14 @@ class RecoverOptions(RevertSetting):
     run_id: str | None = None
     host: str | None = None
     rollback: bool = False
-    parallel: int = DEFAULT_PARALLEL
+    parallel: int | None = None  # hosts of a fleet run recovered at once (None: the fleet's default)
 
 
 @dataclass(frozen=True)
 class RecoveredRun(RunOutcome):
     """A recover's run, and what it found of the cut one (said before its report)."""
 
-    found: Recovered | None = None
+    found: Recovered
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener
                   watch: Watch | None) -> FleetOutcome | NothingToRecover:
     from deployer.fleet import followup
     from deployer.fleet.record import FleetRecord
-    from deployer.fleet.runner import FleetCancel
+    from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
     runs_path = build.runs_dir
     if not followup.cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0
@@ -100,4 +99,5 @@ def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener
     with watching(watch, Watched("fleet", list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel,
                                  listeners)):
         return FleetOutcome(followup.recover_fleet(runs_path, fleet_id, build.sub_run, rollback=options.rollback,
-                                                   parallel=options.parallel, listeners=listeners, cancel=cancel))
+                                                   parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners,
+                                                   cancel=cancel))

@@ -88,4 +88,4 @@ def restart_unit(build: Build, loaded: Inventory, name: str, services: list[str]
         engine.cancel = cancel
     with watching(watch, Watched("unit", list(engines), cancel, [])):
         done = run.restart_only()
-    return HostsOutcome({host: done[host] for host in engines if host in done}, len(engines), (("unit", name),))
+    return HostsOutcome({host: done[host] for host in engines if host in done}, len(engines), unit=name)

@@ -12,7 +12,6 @@ from deployer.app.downtime import refuse_lone, routed_part
 from deployer.app.outcome import FleetOutcome, RunOutcome
 from deployer.app.setting import RevertSetting, Setting, build_of, inventory_of
 from deployer.app.watch import Watch, Watched, watching
-from deployer.fleet.runner import DEFAULT_PARALLEL
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,7 +33,7 @@ class RollbackOptions(RevertSetting):
     host: str | None = None
     force: bool = False
     allow_downtime: bool = False
-    parallel: int = DEFAULT_PARALLEL
+    parallel: int | None = None  # hosts of a fleet run rolled back at once (None: the fleet's default)
 
 
 def rollback(options: RollbackOptions, *, listener: Listener | None = None,
@@ -70,7 +69,7 @@ def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listen
     from deployer.config.units import every_unit
     from deployer.fleet import followup
     from deployer.fleet.record import FleetRecord
-    from deployer.fleet.runner import FleetCancel
+    from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
     loaded = inventory_of(options)
     chosen = targets.resolve(loaded, options.host) if options.host else None
@@ -79,9 +78,10 @@ def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listen
     listeners: list[Listener] = [listener] if listener is not None else []
     with watching(watch, Watched("fleet", hosts, cancel, listeners)):
         return FleetOutcome(followup.rollback_fleet(
-            build.runs_dir, fleet_id, build.sub_run, hosts=chosen, force=options.force, parallel=options.parallel,
-            listeners=listeners, cancel=cancel, units=every_unit(loaded.units, loaded.hosts),
-            routers=build.routers(loaded), allow_downtime=options.allow_downtime))
+            build.runs_dir, fleet_id, build.sub_run, hosts=chosen, force=options.force,
+            parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners, cancel=cancel,
+            units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded),
+            allow_downtime=options.allow_downtime))
 
 
 def watched_run(engine: Engine, watch: Watch | None, run: Callable[[], RunResult]) -> RunResult:

@@ -99,7 +99,7 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
     if isinstance(outcome, NothingToRecover):  # as `recover RUN` of a settled run says: exit 0
         emit_json(outcome.document()) if as_json else click.echo(outcome.message)
         return
-    if isinstance(outcome, RecoveredRun) and outcome.found is not None and not as_json and outcome.exit_code == 0:
+    if isinstance(outcome, RecoveredRun) and not as_json and outcome.exit_code == 0:
         say(outcome.found.summary())
     show_outcome(outcome, as_json)
 
