@@ -266,3 +266,30 @@ def test_a_service_answering_while_it_does_not_run_is_told_to_adopt_its_port_onl
     assert said["systemd"].startswith(f"{url} answers 200, but unit sglang.service runs no process")
     assert 'add "adopt: port" to hosts.box.services.server' in said["start"]
     assert not any("adopt" in said[kind] for kind in ("container", "systemd"))
+
+
+def test_a_container_left_stopped_by_a_failed_start_is_recovered_once_started_by_hand(
+        target: Project, own_container: Served) -> None:
+    box = own_container.box.name
+    refuse = target.root / "refuse-start"
+    engine = target.write("engine.sh", f'#!/bin/sh\n[ "$1" = start ] && [ -e {refuse} ] && '
+                                       '{ echo "Error: start refused" >&2; exit 125; }\nexec podman "$@"\n')
+    engine.chmod(0o755)
+    project = own_service(target, own_container,
+                          container={"engine": "podman", "name": box, "engine_path": str(engine)})
+    project.write_inventory(container={"engine": "podman", "name": box, "engine_path": str(engine)})
+    refuse.touch()
+    applied = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode != 0, applied.stdout + applied.stderr
+    assert (f"{engine} start {box} failed (the container stays stopped, and the run's agent in it with it: start it "
+            f"with `{engine} start {box}`, then `deployer recover` the run)") in applied.stderr, applied.stderr
+    run_id = project.newest_run()
+    refuse.unlink()
+    refused = project.deployer("recover", run_id)
+    assert refused.returncode == 4 and f"the podman container {box!r} is not running" in refused.stderr, refused.stderr
+    own_container.box.podman("start", box)
+    own_container.box.sh(f"touch -d '2 days ago' {CONTAINER_REPO}/.git/deployer.run.lock/heartbeat")
+    recovered = project.deployer("recover", run_id)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert metric(own_container) == "42", "the started container does not serve the fix"
+    assert project.deployer("lock", "status", "--host", "box").returncode == 0, "the lock is still held"

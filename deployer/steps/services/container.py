@@ -108,8 +108,11 @@ class ContainerManager(Manager):
                                   f"/proc/{pid_of(name)}/cmdline", when="the container runs")
         self.stop_it = Action.run(f"{name}.stop", f"stop {name}: TERM, KILL after {self.grace}s{at}",
                                   (engine, "stop", "-t", str(self.grace), box), failure=f"{engine} stop {box} failed")
+        # Its own service left stopped: the agent that would undo the run stopped with it.
+        stays = (f" (the container stays stopped, and the run's agent in it with it: start it with `{engine} start "
+                 f"{box}`, then `deployer recover` the run)") if self.own else ""
         self.start_it = Action.run(f"{name}.start", f"start {name}{at}", (engine, "start", box),
-                                   failure=f"{engine} start {box} failed")
+                                   failure=f"{engine} start {box} failed{stays}")
         self.up = Action.run(f"{name}.up", f"wait for container {box} to run{at}", inspect, repeats=True)
         # Its own service: the stop ended the agent in it; a new one in the restarted container, then its main
         # process (PID 1 in it) and health, from inside.
