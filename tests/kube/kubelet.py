@@ -71,7 +71,8 @@ class Kubelet:
             if self.stopping:
                 return
             # The exited container stays (as a kubelet keeps it for its logs) until remove_all.
-            code = self.podman("inspect", "--format", "{{.State.ExitCode}}", state.podman_name, check=False)
+            # not inspect: right after the exit podman may not have its code yet (conmon records it): 0 then
+            code = self.podman("wait", state.podman_name, check=False)
             with self._lock:
                 if pod.deletion is not None or self.stopping:
                     return

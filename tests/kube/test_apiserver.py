@@ -17,8 +17,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from fixtures_kube import Container, Kube, Volume
+from fixtures_kube import Container, Kube, Probe, Volume
 from kube import websocket
+from polling import wait_for
+from ports import free_port
 
 PYTHON = "python3"
 # A main process that ends on SIGTERM, as a server does (a bare `sleep` as PID 1 ignores it: the grace period runs out).
@@ -146,6 +148,31 @@ def test_a_container_restart_is_a_new_container_from_the_image(kube: Kube, tmp_p
     assert exec_sh(kube, "sglang-0", "server", "cat /sgl-workspace/server.py; cat /cache/fix; "
                    "cat /etc/standin-fix 2>/dev/null || echo no-layer-file") == \
         "shipped in the image\nvolume\nno-layer-file\n"
+
+
+def test_ready_follows_the_readiness_probe_through_a_restart(kube: Kube) -> None:
+    """Running is not Ready: deployer's proof of a restart waits for Ready, which the probe decides."""
+    port = free_port()
+    server = Container("server", (PYTHON, "-m", "http.server", str(port), "--bind", "127.0.0.1"),
+                       readiness=Probe(port))
+    kube.pod("web-0", server)
+    kube.pod("idle-0", Container("server", readiness=Probe(free_port())))  # runs, never serves
+    idle = status_of(kube, "idle-0", "server")
+    assert (idle["ready"], "running" in idle["state"]) == (False, True)
+    wait_for(lambda: status_of(kube, "web-0", "server")["ready"], "ready once it serves")
+    kube.kill_main("web-0", "server")
+    kube.wait_pod(lambda pod: pod.containers["server"].restart_count == 1, "the new container")
+    wait_for(lambda: status_of(kube, "web-0", "server")["ready"], "ready again once the new container serves")
+    conditions = {item["type"]: item["status"] for item in pod_json(kube, "web-0")["status"]["conditions"]}
+    assert conditions["Ready"] == "True"
+
+
+def test_exec_into_a_container_that_is_not_running_fails_as_the_kubelet_says(kube: Kube) -> None:
+    kube.pod("crash-0", Container("server", ("sh", "-c", "exit 1")), running=False)
+    kube.wait_pod(lambda pod: pod.containers["server"].waiting == "CrashLoopBackOff", "a crash loop")
+    done = kube.kubectl("exec", "crash-0", "-c", "server", "--", "true")
+    assert done.returncode == 1
+    assert 'unable to upgrade connection: container not found ("server")' in done.stderr.decode()
 
 
 def test_a_pod_whose_main_process_exits_by_itself_is_restarted_too(kube: Kube) -> None:
