@@ -122,6 +122,7 @@ def config_page(kind: str, title: str, intro: str) -> str:
 
 def steps_page() -> str:
     from deployer.steps.kinds import KINDS
+    from deployer.steps.optional import Ordered
     from deployer.steps.schema import summary
 
     out = ["# Step kinds\n", GENERATED_NOTE,
@@ -132,10 +133,11 @@ def steps_page() -> str:
     for name, cls in KINDS.items():
         params = cls.Params.model_json_schema(ref_template="#/$defs/{model}")
         order = []
-        if cls.after:
-            order.append("after " + ", ".join(f"`{k}`" for k in cls.after))
-        if cls.before:
-            order.append("before " + ", ".join(f"`{k}`" for k in cls.before))
+        after, before = (cls.after, cls.before) if issubclass(cls, Ordered) else ((), ())
+        if after:
+            order.append("after " + ", ".join(f"`{k}`" for k in after))
+        if before:
+            order.append("before " + ", ".join(f"`{k}`" for k in before))
         out.append(f"## `{name}` {{ #{name} }}\n\n{cell(summary(cls))}\n\n"
                    f"- effect: `{cls.effect.value}`\n- scope: `{cls.scope.value}`\n"
                    + (f"- order: {'; '.join(order)}\n" if order else "")

@@ -19,9 +19,9 @@ import yaml
 from pydantic import BaseModel
 
 from deployer.steps.cancel import CancelToken
-from deployer.steps.load import StormParams
+from deployer.steps.loadgen import run_storm
 from deployer.steps.metrics import DrainParams, MetricParams, parse
-from deployer.steps.storm import run_storm
+from deployer.steps.storm import StormParams
 
 SAMPLE_S = 0.1  # how often the gauges are read during the storm
 

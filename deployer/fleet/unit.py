@@ -35,6 +35,7 @@ from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
 from deployer.steps.gitops import head
+from deployer.steps.optional import spanning
 from deployer.waiting import joined, waited
 
 Body = Callable[[Context, RunLogWriter], None]
@@ -52,7 +53,8 @@ def steps_for(steps: list[Step], name: str, unit: Unit, host: str) -> list[Step]
     kept: list[Step] = []
     for step in steps:
         if step.scope == Scope.unit:
-            kept.append(step.part([s for h, s in step.members_in(name, unit.members()) if h == host]))
+            spans = spanning(step)
+            kept.append(spans.part([s for h, s in spans.members_in(name, unit.members()) if h == host]))
         elif step.scope == Scope.each_host or host == (unit.metrics or unit.hosts()[0]):
             kept.append(step)
     return kept
@@ -448,7 +450,8 @@ class UnitRun:
     def restart(self, step: Step, name: str) -> None:
         """A step of scope unit (co_restart) across the unit's hosts, through the same code as on one host; every
         host it involves gets its own step_start and step_end, and the unit's name on its events."""
-        members = [(self.ctxs[host], service) for host, service in step.members_in(self.name, self.unit.members())
+        spans = spanning(step)
+        members = [(self.ctxs[host], service) for host, service in spans.members_in(self.name, self.unit.members())
                    if host in self.ctxs]
         involved = list(dict.fromkeys(ctx.host_name for ctx, _ in members))
         started = time.monotonic()
@@ -456,7 +459,7 @@ class UnitRun:
             self.ctxs[host].bus.step = name
             self.ctxs[host].emit("step_start", kind=step.kind, unit=self.name)
         try:
-            summaries = step.across(members, name, self.unit.gang_leader(), unit=self.name)
+            summaries = spans.across(members, name, self.unit.gang_leader(), unit=self.name)
         except DeployerError as exc:
             for host in involved:
                 self._end_step(host, "failed", started, error=str(exc))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from deployer.errors import DeployerError
 from deployer.run import undo
+from deployer.steps import optional
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context
 
@@ -26,17 +27,17 @@ class Ahead:
 
     def sent(self, ctx: Context, index: int) -> None:
         """The step at index sent its changes: the read-only steps after it send theirs now (one round trip).
-        When the target itself decides each of those (Step.decided_there) and a commit comes next, the commit
+        When the target itself decides each of those (Prefetches.target_decides) and a commit comes next, the commit
         goes too, behind every request since the intent record: lock, intent, changes, checks and commit (and
         the release, when the commit ends the run) are then one round trip whose order the agent enforces
         where the files are."""
         step, rest = self.chain[index], self.chain[index + 1:]
         ahead = list(itertools.takewhile(lambda s: s.effect == Effect.observes, rest))
-        ctx.prefetched.update({s.name: s.prefetch(ctx) for s in ahead})
+        ctx.prefetched.update({s.name: optional.prefetch(s, ctx) for s in ahead})
         then = rest[len(ahead)] if len(ahead) < len(rest) else None
         record = ctx.record
         if step.effect != Effect.changes_files or then is None or then.effect != Effect.commits or \
-                record is None or not all(s.decided_there(ctx) for s in ahead):
+                record is None or not all(optional.target_decides(s, ctx) for s in ahead):
             return
         record.update(sent_ahead=list(dict.fromkeys([*record.state.sent_ahead, then.name])))  # on disk first
         if self.close_behind is not None and then is self.chain[-1]:
@@ -44,7 +45,7 @@ class Ahead:
         self.note_log(ctx)  # the commit anchors the log as it is when the commit is sent
         behind = ctx.transport.gated()
         try:
-            sent = then.send_ahead(ctx, behind)
+            sent = optional.send_ahead(then, ctx, behind)
         finally:
             ctx.facts.log_sha256 = None
         if not sent:
@@ -60,9 +61,9 @@ class Ahead:
                 ctx.transport.skip(pending)
         self.unwatch = ctx.cancel.on_cancel(take_back)
 
-    def land(self, ctx: Context) -> None:
+    def settle(self, ctx: Context) -> None:
         """The run stops: commands sent for steps that never ran still ran on the target (logged under their
-        step), and a step sent ahead may have run all the same (Step.landed takes it in)."""
+        step), and a step sent ahead may have run all the same (SendsAhead.settle takes it in)."""
         for name, sent in list(ctx.prefetched.items()):
             ctx.bus.step = name
             for submitted in sent:
@@ -73,9 +74,9 @@ class Ahead:
             if step.name in ctx.ahead:
                 ctx.bus.step = step.name
                 try:
-                    step.landed(ctx)
+                    optional.settle(step, ctx)
                 except KeyboardInterrupt:  # a forced stop while it still runs: killed, then taken in
                     undo.stop_running(ctx)
-                    step.landed(ctx)
+                    optional.settle(step, ctx)
         ctx.bus.step = None
         self.unwatch()

@@ -181,7 +181,7 @@ class Engine:
 
         def body(ctx: Context, log: RunLogWriter) -> None:
             whole = self._whole
-            if whole is not None and whole.held(ctx):
+            if whole is not None and whole.premise_held(ctx):
                 whole.record_premised(ctx)  # what a restore needs, before anything else can fail
                 sent = self._lease.sent_reads() if self._lease else None
                 self.run_steps(ctx, prologue=lambda: prepare.after_premise(ctx, log, whole, self.runs_dir, sent))
@@ -388,7 +388,7 @@ class Engine:
                     ctx.bus.step = None
                     if isinstance(failure, Interrupted):  # a stop: what still runs is killed, not waited for
                         undo.stop_running(ctx)
-                    sending.land(ctx)
+                    sending.settle(ctx)
                     failure = lease.intent_failure(ctx) or failure
                     if isinstance(failure, RunRecordError) and lease.released_with_note():
                         # The commit was the last step and the release behind it ran with the end note: the

@@ -16,6 +16,7 @@ from deployer.run.prepare import already_applied
 from deployer.steps.action import Kind, briefly
 from deployer.steps.base import Action, Step
 from deployer.steps.context import Context
+from deployer.steps.optional import plan_note
 
 
 @dataclass
@@ -99,6 +100,6 @@ def plan(ctx: Context, steps: Sequence[Step], *, allow_dirty: bool = False) -> P
     lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]
     unsent = whole.unsent(ctx, list(steps), allow_dirty=allow_dirty) or whole.declined(ctx)
-    notes = {s.name: note for s in steps if (note := s.plan_note(ctx, steps)) is not None}
+    notes = {s.name: note for s in steps if (note := plan_note(s, ctx, steps)) is not None}
     return PlanReport(ctx.host_name, ctx.repo, ctx.git_before, files, stat, judged, shown, lock,
                       list(ctx.facts.dirty), ctx.facts.placement, unsent, notes=notes, already_applied=applied)

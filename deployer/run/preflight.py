@@ -25,6 +25,7 @@ from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.run.mounts import inspection, place_dests, refuse_layer
 from deployer.steps.context import Change, Context, Submitted
 from deployer.steps.gitops import HEAD, git, git_dirs_argv, names
+from deployer.steps.optional import refusals
 
 if TYPE_CHECKING:
     from deployer.steps.base import Step
@@ -150,8 +151,8 @@ def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> 
 
 
 def refuse_unready(ctx: Context, steps: Sequence[Step]) -> None:
-    """What a step needs the target to offer and it lacks (Step.refusals), before anything changes."""
-    problems = [f"{s.where}: {s.name}: {p}" if s.where else f"{s.name}: {p}" for s in steps for p in s.refusals(ctx)]
+    """What a step needs the target to offer and it lacks (Refuses.refusals), before anything changes."""
+    problems = [f"{s.where}: {s.name}: {p}" if s.where else f"{s.name}: {p}" for s in steps for p in refusals(s, ctx)]
     if problems:
         raise StepFailed(STEP, "; ".join(problems) + " (nothing on the target was changed)")
 

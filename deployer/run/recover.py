@@ -34,6 +34,7 @@ from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context
 from deployer.steps.git import EndNote, read_end_note
 from deployer.steps.gitops import touched_by
+from deployer.steps.optional import keeping
 
 NOTHING = "nothing to recover (no intent record or lock of it on the target, its record and log ended)"
 
@@ -245,7 +246,7 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
         for step in after:
             if step.effect not in VERIFY:
                 continue
-            rest, kept, restarting = step.keeping(ctx, started)
+            rest, kept, restarting = keeping(step, ctx, started)
             found.kept += kept
             if rest is None:
                 continue

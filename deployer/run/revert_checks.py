@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from deployer.errors import ConfigError, StepFailed, VerificationFailed
 from deployer.runlog import Run
 from deployer.steps.base import Effect, Step
+from deployer.steps.optional import after_revert
 
 ALL = "all"
 Verdicts = dict[str, str]  # check name -> passed | failed | not run: why
@@ -53,7 +54,7 @@ class RevertChecks:
             if step.effect == Effect.verifies and (ALL in self.skip or step.name in self.skip):
                 chosen.append(NotRun(step.name, "skipped for this rollback (--skip-check)"))
                 continue
-            after = step.after_revert(baseline)
+            after = after_revert(step, baseline)
             chosen.append(NotRun(step.name, after) if isinstance(after, str) else after)
         return chosen
 

@@ -33,6 +33,7 @@ from deployer.runstate import FileRecord, Phase, RunRecordError, ensure_headroom
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Change, Context
 from deployer.steps.gitops import HEAD, OBJECT_ID, usual_git_dir
+from deployer.steps.optional import reads_target_first, runs_here, send_changes, sends_changes, target_decides
 from deployer.text import shown
 
 # The identity the batch assumes the target has (the email read is a guard): preflight reads the real one.
@@ -56,7 +57,7 @@ class Whole:
         """The chain, when it may be sent whole (see the module's docstring); None when it goes step by step."""
         if lease.adopt_of is not None or unsent(ctx, chain, allow_dirty=allow_dirty) is not None:
             return None
-        upload = next(i for i, s in enumerate(chain) if not s.local)
+        upload = next(i for i, s in enumerate(chain) if not runs_here(s))
         return cls(chain, upload, next(i for i, s in enumerate(chain) if s.effect == Effect.commits), lease, ahead)
 
     def send(self, ctx: Context, reads: Reads, guards: list[Pending[Any]]) -> None:
@@ -77,7 +78,7 @@ class Whole:
             judged = any(s.judge_here(ctx, _no_projection) for s in self.chain[:self.upload] if s.judges)
         except DeployerError:
             judged = True  # said in its turn, as by any run
-        if judged or not all(s.decided_there(ctx) for s in rest):
+        if judged or not all(target_decides(s, ctx) for s in rest):
             self._forget(ctx)
             return
         try:
@@ -106,7 +107,7 @@ class Whole:
             raise
         self.lease.recorded_ahead(self.premise)
         upload = self.chain[self.upload]
-        changes = upload.send_changes(ctx)
+        changes = send_changes(upload, ctx)
         assert changes is not None, f"{upload.kind} sends whole files before its turn"  # of(): no patch
         ctx.prefetched[upload.name] = changes
         self.ahead.sent(ctx, self.upload)
@@ -115,7 +116,7 @@ class Whole:
         ctx.transport.lift_gate()
         ctx.emit("sent_whole", steps=state.sent_ahead, guards=len(guards))
 
-    def held(self, ctx: Context) -> bool:
+    def premise_held(self, ctx: Context) -> bool:
         """Whether the premise held (then the target may hold any part of the chain). When it did not, nothing
         behind it ran: the record goes back to `locked`, and what was sent is forgotten."""
         if self.premise is None:
@@ -128,7 +129,7 @@ class Whole:
             return True
         ctx.emit("sent_whole_declined", reason=why)
         self.lease.recorded_ahead(None)
-        self.ahead.land(ctx)  # each request sent whole was answered: skipped
+        self.ahead.settle(ctx)  # each request sent whole was answered: skipped
         self.ahead.unwatch()
         ctx.ahead.clear()
         ctx.closing = None
@@ -141,7 +142,7 @@ class Whole:
         cut): when that answer says the premise did not hold, the record says nothing was changed. When no
         answer came, the record stays where it is and this says what the target may hold (None: nothing)."""
         try:
-            if not self.held(ctx):
+            if not self.premise_held(ctx):
                 return None
             record = ctx.record
             # Taken in by the run (restored, kept, rolled back), or by its own words (an answer it refused).
@@ -221,11 +222,13 @@ def unsent(ctx: Context, chain: Sequence[Step], *, allow_dirty: bool) -> str | N
         return "--allow-dirty: the pre-run bytes are in no git object, so they are read and kept here first"
     if ctx.host.container is not None:
         return "a container target: where each dest lives is read first"
-    if judging := [s.name for s in chain if s.judged_on_target]:
+    if judging := [s.name for s in chain if reads_target_first(s)]:
         return f"{', '.join(judging)} reads the target to judge the run before it changes it"
-    upload = next((i for i, s in enumerate(chain) if not s.local), None)
+    upload = next((i for i, s in enumerate(chain) if not runs_here(s)), None)
     if upload is None or chain[upload].effect != Effect.changes_files:
         return "a step before the upload reads the target" if upload is not None else "nothing is uploaded"
+    if not sends_changes(chain[upload]):
+        return f"{chain[upload].name} sends its changes only in its turn"
     commit = next((i for i, s in enumerate(chain) if s.effect == Effect.commits), None)
     if commit is None:
         return "no commit"

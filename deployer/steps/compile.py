@@ -12,6 +12,7 @@ from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
 from deployer.steps.context import NOTHING, Context, Submitted
+from deployer.steps.optional import Ordered, Prefetches, RunsHere, sent
 from deployer.steps.upload import compiled_there, staged
 
 
@@ -31,13 +32,12 @@ def compile_error(ctx: Context, dest: str) -> str | None:
     return None
 
 
-class LocalCompile(Step):
+class LocalCompile(Step, RunsHere, Ordered):
     """Compile the Python files to ship here, before the target is touched."""
 
     kind = "local_compile"
     before = ("upload",)
     judges = "compile"
-    local = True
 
     def plan(self, ctx: Context) -> list[Action]:
         version = ".".join(map(str, sys.version_info[:2]))
@@ -74,7 +74,7 @@ INSTALL_SCRIPT = (
     f"    sys.exit({RENAME_FAILED})\n")
 
 
-class RemoteCompile(Step):
+class RemoteCompile(Step, Prefetches, Ordered):
     """Compile the uploaded files with the host's python, before they take effect."""
 
     kind = "remote_compile"
@@ -107,13 +107,13 @@ class RemoteCompile(Step):
     def prefetch(self, ctx: Context) -> list[Submitted]:
         return [ctx.send(action, timeout=self.timeout_s) for action in self.actions(ctx)]
 
-    def decided_there(self, ctx: Context) -> bool:
+    def target_decides(self, ctx: Context) -> bool:
         return True  # each command passes or fails the step by its exit code (run() below)
 
     def run(self, ctx: Context) -> str:
         if not self.actions(ctx):
             return "no Python files"
-        for submitted in self.sent(ctx) or self.prefetch(ctx):
+        for submitted in sent(self, ctx) or self.prefetch(ctx):
             rename_failed = submitted.result().exit_code == RENAME_FAILED  # past the compile: its message would lie
             submitted.check(RENAMING if rename_failed else submitted.action.failure)
         dests = python_dests(ctx)

@@ -18,6 +18,7 @@ from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import NOTHING, Context, Submitted
 from deployer.steps.gitops import HEAD, git, names, touched_argv
+from deployer.steps.optional import Ordered, Prefetches, SendsAhead, sent
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
@@ -57,7 +58,7 @@ def _show(bound: Bound) -> str:
     return str(bound) if isinstance(bound, int) else f"[{bound[0]}, {bound[1]}]"
 
 
-class DiffBounds(Step):
+class DiffBounds(Step, Prefetches, Ordered):
     """The diff against HEAD is the size the fix should be (files, insertions, deletions); zero changes fail."""
 
     kind = "diff_bounds"
@@ -92,7 +93,7 @@ class DiffBounds(Step):
                      for name, bound in (("files", self.params.files), ("insertions", self.params.insertions),
                                          ("deletions", self.params.deletions)))
 
-    def decided_there(self, ctx: Context) -> bool:
+    def target_decides(self, ctx: Context) -> bool:
         # One count of tracked files: a new file's git prints only against /dev/null, in a command of its own.
         return bool(ctx.changes) and all(c.tracked for c in ctx.changes)
 
@@ -115,8 +116,8 @@ class DiffBounds(Step):
 
     def run(self, ctx: Context) -> str:
         stats: list[FileStat] = []
-        for action, sent in zip(self.actions(ctx), self.sent(ctx) or self.prefetch(ctx), strict=True):
-            result = sent.result()
+        for action, submitted in zip(self.actions(ctx), sent(self, ctx) or self.prefetch(ctx), strict=True):
+            result = submitted.result()
             no_index = "--no-index" in action.argv
             if result.timed_out or result.exit_code not in ((0, 1) if no_index else (0,)):
                 raise ctx.failure("git diff failed on the target", result)
@@ -261,7 +262,7 @@ def parse_seal(text: str) -> str | None:
     return found[1] if found else None
 
 
-class Commit(Step):
+class Commit(Step, SendsAhead, Ordered):
     """Commit the change on the target, under a trailer naming the run: what a rollback reverts."""
 
     kind = "commit"
@@ -302,7 +303,7 @@ class Commit(Step):
         if not changed:
             raise StepFailed(self.name, f"nothing to commit: the target already has these bytes in "
                              f"{', '.join(unchanged)}")
-        # Kept in ctx.ahead until answered: a forced stop while it runs takes in what it did (Ahead.land).
+        # Kept in ctx.ahead until answered: a forced stop while it runs takes in what it did (Ahead.settle).
         try:
             self._made(ctx, ctx.ahead.get(self.name))
         finally:
@@ -310,14 +311,14 @@ class Commit(Step):
         note = f" ({', '.join(unchanged)} already up to date)" if unchanged else ""
         return f"commit {str(ctx.git_after)[:12]}{note}"
 
-    def landed(self, ctx: Context) -> None:
+    def settle(self, ctx: Context) -> None:
         """A run stopping before this step's turn: the commit it sent with the changes may have run on the
         target all the same; if it did, the run holds it (ctx.git_after) and undoes it as a commit."""
         sent = ctx.ahead.get(self.name)
         if sent is not None:
             with contextlib.suppress(DeployerError):
                 self._made(ctx, sent)
-            ctx.ahead.pop(self.name, None)  # not on a forced stop while waiting: Ahead.land kills it, then asks again
+            ctx.ahead.pop(self.name, None)  # not on a forced stop while waiting: Ahead.settle kills it, then asks again
 
     def _made(self, ctx: Context, sent: tuple[Pending[BatchResult], Values] | None) -> None:
         unchanged, changed = unchanged_dests(ctx), changed_dests(ctx)

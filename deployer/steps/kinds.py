@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from deployer.steps.base import Step
+from deployer.steps.base import Scope, Step
+from deployer.steps.optional import SpansUnit
 
-# kind -> (module, class); a new kind is its module and one line here.
+# kind -> (module, class); a new kind is its module and one line here (docs/explanation/extending.md).
 WHERE: dict[str, tuple[str, str]] = {
     "local_compile": ("deployer.steps.compile", "LocalCompile"),
     "upload": ("deployer.steps.upload", "Upload"),
@@ -23,7 +22,7 @@ WHERE: dict[str, tuple[str, str]] = {
     "commit": ("deployer.steps.git", "Commit"),
     "co_restart": ("deployer.steps.services.co_restart", "CoRestart"),
     "baseline": ("deployer.steps.metrics", "Baseline"),
-    "storm": ("deployer.steps.load", "Storm"),
+    "storm": ("deployer.steps.storm", "Storm"),
     "drain": ("deployer.steps.metrics", "Drain"),
     "canary": ("deployer.steps.canary", "Canary"),
 }
@@ -37,11 +36,13 @@ class Kinds(Mapping[str, "type[Step]"]):
         self._loaded: dict[str, type[Step]] = {}
 
     def __getitem__(self, kind: str) -> type[Step]:
+        module, name = self._where[kind]  # KeyError: no such kind (one taken out of WHERE is gone)
         found = self._loaded.get(kind)
         if found is None:
-            module, name = self._where[kind]
             found = getattr(importlib.import_module(module), name)
             assert found.kind == kind, (kind, found)
+            # A unit runs a step of scope unit across its hosts: only through SpansUnit's members.
+            assert found.scope != Scope.unit or issubclass(found, SpansUnit), (kind, found)
             self._loaded[kind] = found
         return found
 

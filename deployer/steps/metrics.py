@@ -21,7 +21,8 @@ from deployer.errors import StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, LiveCheck, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.load import StormParams, no_abort_all, storm, storm_actions
+from deployer.steps.optional import NotesPlan, Rejudged
+from deployer.steps.storm import StormParams, no_abort_all, storm, storm_actions
 from deployer.transport.base import Transport
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -214,7 +215,7 @@ class DrainParams(MetricParams):
     within_s: float = Field(default=60.0, gt=0, description="Seconds the metric has to meet the bound.")
 
 
-class Drain(MetricStep):
+class Drain(MetricStep, Rejudged, NotesPlan):
     """The symptom must be gone: the metric meets the bound over consecutive polls in time."""
 
     kind = "drain"

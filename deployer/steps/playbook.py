@@ -15,6 +15,7 @@ from deployer.errors import ConfigError
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import LoadedPlaybook
 from deployer.steps.kinds import KINDS
+from deployer.steps.optional import Ordered
 
 
 def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:
@@ -131,6 +132,8 @@ def check_order(steps: list[Step]) -> None:
     if "upload" not in kinds:
         return
     for index, step in enumerate(steps):
+        if not isinstance(step, Ordered):
+            continue
         for earlier in step.after:
             if earlier not in kinds[:index]:
                 raise ConfigError(f"{step.where}: {step.name} must come after {earlier} "

@@ -13,6 +13,7 @@ from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import Context, Submitted
 from deployer.steps.git import owner_and_mode_kept
 from deployer.steps.gitops import git
+from deployer.steps.optional import SendsChanges, sent
 
 
 def staged_temp(path: str, new_sha256: str) -> str:
@@ -27,7 +28,7 @@ class UploadParams(Strict):
     timeout_s: float = Field(default=120.0, description="Seconds the upload (or the patch's git apply) may take.")
 
 
-class Upload(Step):
+class Upload(Step, SendsChanges):
     """Ship the files (or apply the patch) into the target's repo, each file written whole and checked."""
 
     kind = "upload"
@@ -69,7 +70,7 @@ class Upload(Step):
                     raise StepFailed(self.name, f"after git apply, {change.dest} differs from the file the plan showed")
         else:
             ctx.cancel.check()
-            puts = self.sent(ctx)  # sent with the lock already (run/whole.py)
+            puts = sent(self, ctx)  # sent with the lock already (run/whole.py)
             if puts is None:
                 puts = self.send_changes(ctx) or []
                 ctx.sent()  # then the read-only steps after this one

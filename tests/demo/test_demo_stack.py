@@ -29,7 +29,7 @@ from polling import within
 from ports import free_ports
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployer.steps.storm import MAX_CONCURRENCY, MAX_REQUESTS, StormResult, run_storm
+from deployer.steps.loadgen import MAX_CONCURRENCY, MAX_REQUESTS, StormResult, run_storm
 
 REPO = Path(__file__).resolve().parents[2]
 STACK_SRC = REPO / "deployer" / "demo" / "stack"

@@ -180,17 +180,18 @@ def _real_git() -> str:
 
 def test_every_kind_that_judges_before_the_change_says_whether_it_needs_the_target_to() -> None:
     # A chain is sent whole only when no step needs the target's answers before the first change: a kind that
-    # judges the run there (judge_here, refusals) is local, decided on the target (diff_bounds), or says so.
+    # judges the run there (judge_here, refusals) runs here, is decided on the target (diff_bounds), or says so.
     from deployer.steps.base import Step
     from deployer.steps.git import DiffBounds
     from deployer.steps.kinds import KINDS
+    from deployer.steps.optional import Refuses, RunsHere
 
     judging = {kind: cls for kind, cls in KINDS.items()
-               if cls.judge_here is not Step.judge_here or cls.refusals is not Step.refusals}
+               if cls.judge_here is not Step.judge_here or issubclass(cls, Refuses)}
     assert judging, "no kind judges before the change: the test would pass on nothing"
     for kind, cls in judging.items():
-        assert cls.local or cls.judged_on_target or cls is DiffBounds, kind
-    assert KINDS["co_restart"].judged_on_target and KINDS["local_compile"].local
+        assert issubclass(cls, RunsHere | Refuses) or cls is DiffBounds, kind
+    assert issubclass(KINDS["co_restart"], Refuses) and issubclass(KINDS["local_compile"], RunsHere)
 
 
 def test_answers_that_differ_from_what_the_chain_was_built_on_end_the_run_consistently(target: Project) -> None:

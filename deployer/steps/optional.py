@@ -1,0 +1,220 @@
+"""What a step kind may do beyond the core (base.Step), each a small protocol the kind opts into.
+
+A kind opts in by naming the protocol among its bases and defining its members (mypy then holds them to the
+protocol's signatures). The run asks through the functions beside each protocol, which answer for a kind that did
+not opt in (outside steps/ no code tests a step's class: tests/test_structure.py). A new kind that only plans and
+runs needs none of them.
+
+- Prefetches, SendsChanges, SendsAhead, RunsHere: what a step adds to the run's first round trip (run/ahead.py,
+  run/whole.py); a kind that opts into none simply runs in its turn.
+- SpansUnit: a step of scope `unit`, done across a unit's hosts as one (fleet/unit.py); the registry refuses a
+  kind of that scope without it.
+- Narrows, Rejudged: what a recover and a rollback make of the step (run/recover.py, run/revert_checks.py).
+- Refuses, NotesPlan, Ordered: what the target must offer before the run changes it, what the plan warns of,
+  where the step goes in a playbook that uploads.
+
+RunsHere and Ordered hold no method: they are plain classes, named among a kind's bases all the same.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from deployer.steps.base import Scope, Step
+from deployer.steps.context import Context, Submitted
+
+if TYPE_CHECKING:
+    from deployer.agent.client import Pending
+
+
+# -- the first round trip ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Prefetches(Protocol):
+    """A read-only step whose commands go ahead of its turn, right after the step before it sent its changes: the
+    agent runs them in order, so they see those changes, and the whole stretch costs one round trip."""
+
+    @abstractmethod
+    def prefetch(self, ctx: Context) -> list[Submitted]:
+        """Send this step's commands now (the run keeps them in ctx.prefetched under its name; `sent` takes them)."""
+
+    @abstractmethod
+    def target_decides(self, ctx: Context) -> bool:
+        """Whether this step passes exactly when each command prefetch() sent succeeded by the agent's rule (exit 0,
+        and the output it was told to expect): then the target itself can hold back what comes after it, and a
+        commit may be sent with the changes, behind it (SendsAhead)."""
+
+
+@runtime_checkable
+class SendsChanges(Protocol):
+    """A step that changes files and can send every change at once, not waiting for one, so that the run sends them
+    before its turn, with the lock (run/whole.py); its run takes them in (`sent`)."""
+
+    @abstractmethod
+    def send_changes(self, ctx: Context) -> list[Submitted] | None:
+        """Send every change now; None: it cannot (a patch, applied to bytes read first)."""
+
+
+@runtime_checkable
+class SendsAhead(Protocol):
+    """A step sent with the changes before it, to run on the target only if each of them succeeded (the commit,
+    behind checks the target decides)."""
+
+    @abstractmethod
+    def send_ahead(self, ctx: Context, after: Sequence[Pending[Any]]) -> bool:
+        """Send it now, behind `after` (ctx.ahead holds it until its turn); False: it is sent in its turn."""
+
+    @abstractmethod
+    def settle(self, ctx: Context) -> None:
+        """The run stops before this step's turn: what send_ahead sent may have run all the same; take it in."""
+
+
+class RunsHere:
+    """A step that runs on this machine alone, never on the target (local_compile): a run may send its changes
+    before this step's turn (run/whole.py)."""
+
+
+def runs_here(step: Step) -> bool:
+    return isinstance(step, RunsHere)
+
+
+def sent(step: Step, ctx: Context) -> list[Submitted] | None:
+    """What the run sent for this step before its turn (Prefetches, SendsChanges), taken out: None when nothing was."""
+    return ctx.prefetched.pop(step.name, None)
+
+
+def prefetch(step: Step, ctx: Context) -> list[Submitted]:
+    return step.prefetch(ctx) if isinstance(step, Prefetches) else []
+
+
+def target_decides(step: Step, ctx: Context) -> bool:
+    return isinstance(step, Prefetches) and step.target_decides(ctx)
+
+
+def sends_changes(step: Step) -> bool:
+    return isinstance(step, SendsChanges)
+
+
+def send_changes(step: Step, ctx: Context) -> list[Submitted] | None:
+    return step.send_changes(ctx) if isinstance(step, SendsChanges) else None
+
+
+def send_ahead(step: Step, ctx: Context, after: Sequence[Pending[Any]]) -> bool:
+    return isinstance(step, SendsAhead) and step.send_ahead(ctx, after)
+
+
+def settle(step: Step, ctx: Context) -> None:
+    """The run stops before the step's turn: take in what it sent ahead (a step that sent nothing has nothing)."""
+    if isinstance(step, SendsAhead):
+        step.settle(ctx)
+    ctx.ahead.pop(step.name, None)
+
+
+# -- units ------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class SpansUnit(Protocol):
+    """A step of scope `unit`: done across a unit's hosts as one (co_restart: stops in reverse order, starts in
+    order)."""
+
+    @abstractmethod
+    def members_in(self, unit: str, members: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Which of a unit's (host, service) members the step works on, in unit order (ConfigError: it names a
+        service the unit lacks)."""
+
+    @abstractmethod
+    def part(self, services: list[str]) -> Step:
+        """The step as one host of a unit runs it in its own run (its plan, its check): that host's services."""
+
+    @abstractmethod
+    def across(self, members: Sequence[tuple[Context, str]], name: str, leader: tuple[str, str] | None = None,
+               **tags: str) -> dict[str, str]:
+        """Do it on members (each host's connection and a service) as one, tags on its events; each host's summary.
+        leader: the unit is a gang, and this (host, service) its leader."""
+
+
+def spanning(step: Step) -> SpansUnit:
+    """A step of scope `unit` as the unit runs it (the registry refuses a kind of that scope that cannot)."""
+    assert step.scope == Scope.unit and isinstance(step, SpansUnit), step.kind
+    return step
+
+
+# -- a recover, a rollback ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Narrows(Protocol):
+    """A restart that a recover narrows to the services that do not serve the cut run's commit yet."""
+
+    @abstractmethod
+    def keeping(self, ctx: Context, started: Mapping[str, int]) -> tuple[Step | None, list[str], list[str]]:
+        """This step over only the services that do not serve the cut run's commit yet (None: all do), the services
+        kept and those it restarts; `started` names the process the cut run started for each service after its
+        commit."""
+
+
+def keeping(step: Step, ctx: Context, started: Mapping[str, int]) -> tuple[Step | None, list[str], list[str]]:
+    """For a recover: the step as it runs (any step but a restart that narrows runs as it is)."""
+    return step.keeping(ctx, started) if isinstance(step, Narrows) else (step, [], [])
+
+
+@runtime_checkable
+class Rejudged(Protocol):
+    """A check that a rollback runs differently on the reverted build: a check of the fix's own symptom judges the
+    old build against the run's baseline."""
+
+    @abstractmethod
+    def after_revert(self, baseline: Mapping[str, float]) -> Step | str:
+        """This step as a rollback runs it again (baseline: metric -> value before the fix), or why it does not (a
+        string, shown as not run)."""
+
+
+def after_revert(step: Step, baseline: Mapping[str, float]) -> Step | str:
+    """The step as a rollback runs it again on the reverted build: itself unless it opted into Rejudged."""
+    return step.after_revert(baseline) if isinstance(step, Rejudged) else step
+
+
+# -- what the target must offer, what the plan says, where the step goes ---------------------------------------
+
+
+@runtime_checkable
+class Refuses(Protocol):
+    """A step that reads the target to judge the run before the run changes it (free GPUs for a service with
+    `gpus:`): the changes wait for that answer, so its chain is never sent with the lock (run/whole.py)."""
+
+    @abstractmethod
+    def refusals(self, ctx: Context) -> list[str]:
+        """What the target lacks for this step's run, read live and read-only right after preflight: any refuses
+        the run before anything changes (exit 1)."""
+
+
+def reads_target_first(step: Step) -> bool:
+    return isinstance(step, Refuses)
+
+
+def refusals(step: Step, ctx: Context) -> list[str]:
+    return step.refusals(ctx) if isinstance(step, Refuses) else []
+
+
+@runtime_checkable
+class NotesPlan(Protocol):
+    """A step that the plan warns about in some playbooks (a drain whose metric no storm raises)."""
+
+    @abstractmethod
+    def plan_note(self, ctx: Context, steps: Sequence[Step]) -> str | None:
+        """What the plan should warn of about this step in this playbook (read-only reads allowed), or None."""
+
+
+def plan_note(step: Step, ctx: Context, steps: Sequence[Step]) -> str | None:
+    return step.plan_note(ctx, steps) if isinstance(step, NotesPlan) else None
+
+
+class Ordered:
+    """In a playbook that uploads, these kinds must come earlier / later than this step (steps/playbook.py)."""
+
+    after: ClassVar[tuple[str, ...]] = ()
+    before: ClassVar[tuple[str, ...]] = ()
