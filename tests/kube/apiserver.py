@@ -63,7 +63,6 @@ CORE_RESOURCES = [
     {"name": "pods/exec", "singularName": "", "namespaced": True, "kind": "PodExecOptions", "verbs": ["create", "get"]},
     {"name": "namespaces", "singularName": "namespace", "namespaced": False, "kind": "Namespace",
      "verbs": ["get", "list"], "shortNames": ["ns"]},
-    {"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
 ]
 
 

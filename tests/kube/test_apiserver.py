@@ -22,6 +22,9 @@ from kube import websocket
 from polling import wait_for
 from ports import free_port
 
+from deployer.agent.client import AgentClient, bootstrap_argv
+from deployer.transport.pipes import local_pipe
+
 PYTHON = "python3"
 # A main process that ends on SIGTERM, as a server does (a bare `sleep` as PID 1 ignores it: the grace period runs out).
 STOPS_ON_TERM = ("sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait")
@@ -305,3 +308,20 @@ def test_no_container_outlives_the_cluster_not_even_a_replacement_made_after_a_d
                            f"name={kube.cluster.kubelet.prefix}"], env=kube.cluster.kubelet.env, capture_output=True,
                           text=True, check=True)
     assert left.stdout.split() == []
+
+
+def test_deployers_own_agent_speaks_its_protocol_through_kubectl_exec(kube: Kube, monkeypatch: Any) -> None:
+    """The real agent, started as the pod target will start it, over one kubectl exec pipe: a put lands in
+    the pod's container (not on this machine) and a run sees it there."""
+    kube.pod("sglang-0", Container("server"))
+    for key in ("KUBECONFIG", "KUBECACHEDIR", "PATH"):
+        monkeypatch.setenv(key, kube.env[key])
+    within = ["kubectl", "exec", "-i", "sglang-0", "-c", "server", "--"]
+    agent = AgentClient(local_pipe(bootstrap_argv(PYTHON, within), "sglang-0"), name="sglang-0").start(60)
+    try:
+        agent.put("/srv/agent-wrote-this", b"in the pod\n")
+        ran = agent.run(["sh", "-c", "cat /srv/agent-wrote-this; cat /proc/1/cmdline | tr '\\0' ' '"])
+    finally:
+        agent.close()
+    assert ran.stdout == b"in the pod\nsleep infinity "  # the container's PID 1, not this machine's
+    assert not Path("/srv/agent-wrote-this").exists()
