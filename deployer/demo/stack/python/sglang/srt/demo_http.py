@@ -24,7 +24,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # demo_latency renders with this module: only its type is needed here
+    from sglang.srt.demo_latency import Request
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -145,23 +148,26 @@ def client_gone(sock: socket.socket) -> bool:
     return data == b""
 
 
-def stream_tokens(handler: JSONHandler, events: list[bytes], last: bytes, token_s: float) -> bool:
-    """Stream one SSE event per token, token_s apart, then ``last`` and ``data: [DONE]``: False when the client went
-    away first (a closed stream is how a client cancels), True when the stream ended."""
+def stream_tokens(handler: JSONHandler, events: list[bytes], last: bytes, request: Request) -> bool:
+    """Stream one SSE event per token, each after the request's wait, then ``last`` and ``data: [DONE]``: False
+    when the client went away first (a closed stream is how a client cancels), True when the stream ended."""
     sock = handler.connection
     try:
         handler.start_stream()
         for event in events:
-            time.sleep(token_s)
+            time.sleep(request.wait_s())
             if client_gone(sock):
                 raise ConnectionResetError("the client closed the stream")
             handler.write_chunk(event)
+            request.token()
         handler.write_chunk(last)
         handler.write_chunk(b"data: [DONE]\n\n")
         handler.end_stream()
     except OSError:
         handler.abandon()
+        request.finish(completed=False)
         return False
+    request.finish(completed=True)
     return True
 
 

@@ -36,6 +36,12 @@ SGLANG_DEMO_GENERATE_FAIL       (none)  a direct ``/generate`` fails as broken P
                                         (smg#2382), ``500`` answers HTTP 500 (sglang#33789)
 SGLANG_DEMO_RANK_CRASH_S        (none)  a rank > 0 of a multi-node server exits with status 1 this long
                                         after it starts, before it joins the rendezvous
+SGLANG_DEMO_TTFT_S              0       the median of a simulated wait before a generation's first token
+                                        (prefill under load; log-normal, a long slow tail), so the time
+                                        to first token spreads over SGLang's buckets (0.25 looks like a
+                                        loaded server); 0: none
+SGLANG_DEMO_SLOWDOWN            0       a latency regression: every generation's waits (the one above and
+                                        each token's) are this fraction longer (0.2: 20% slower)
 =============================== ======= ==============================================================
 
 ``/abort_request {"abort_all": true}`` re-fails every request the prefill scheduler still holds,
@@ -84,6 +90,8 @@ class Knobs:
     scheduler_own_group: bool = False
     generate_fail: str = ""  # "", "error" or "500"
     rank_crash_s: float | None = None
+    ttft_s: float = 0.0
+    slowdown: float = 0.0
 
     @classmethod
     def from_env(cls) -> Knobs:
@@ -105,4 +113,6 @@ class Knobs:
             generate_fail=_choice("SGLANG_DEMO_GENERATE_FAIL", ("", "error", "500")),
             rank_crash_s=None if not os.environ.get("SGLANG_DEMO_RANK_CRASH_S")
             else _read("SGLANG_DEMO_RANK_CRASH_S", 0.0, minimum=0.0),
+            ttft_s=_read("SGLANG_DEMO_TTFT_S", d.ttft_s, minimum=0.0),
+            slowdown=_read("SGLANG_DEMO_SLOWDOWN", d.slowdown, minimum=0.0),
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from sglang.srt.demo_generate import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS_CAP, BadGenerate, tokens
 from sglang.srt.demo_http import JSONHandler, stream_tokens
+from sglang.srt.demo_latency import Request
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 
@@ -63,9 +64,9 @@ def _choice(chat: bool, text: str, finish: str | None, streamed: bool) -> dict[s
     return {"index": 0, "delta" if streamed else "message": said, "finish_reason": finish}
 
 
-def serve(handler: JSONHandler, path: str, body: dict[str, Any], model: str, token_s: float, fail: str,
+def serve(handler: JSONHandler, path: str, body: dict[str, Any], model: str, request: Request, fail: str,
           stats: StreamStats) -> None:
-    """Answer one request on an OpenAI route."""
+    """Answer one request on an OpenAI route, paced and timed by `request`."""
     chat = path == "/v1/chat/completions"
     try:
         prompt, max_new = _prompt(chat, body), _max_tokens(body)
@@ -77,6 +78,7 @@ def serve(handler: JSONHandler, path: str, body: dict[str, Any], model: str, tok
     usage = {"prompt_tokens": max(1, len(prompt.split())), "completion_tokens": max_new,
              "total_tokens": max(1, len(prompt.split())) + max_new}
     if not body.get("stream"):
+        request.answer_at_once(completed=not fail)
         if fail == "500":
             handler.send_json(500, {"error": {"message": "Internal server error", "type": "InternalServerError"}})
             return
@@ -91,5 +93,5 @@ def serve(handler: JSONHandler, path: str, body: dict[str, Any], model: str, tok
         chunk = {**head, "object": kind, "choices": [_choice(chat, text, finish, streamed=True)]}
         return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
-    ended = stream_tokens(handler, [event(word, None) for word in words], event("", "length"), token_s)
+    ended = stream_tokens(handler, [event(word, None) for word in words], event("", "length"), request)
     stats.add("completed" if ended else "aborted")

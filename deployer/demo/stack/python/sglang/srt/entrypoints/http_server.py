@@ -33,6 +33,7 @@ from sglang.srt.demo_http import (
     stream_tokens,
 )
 from sglang.srt.demo_knobs import Knobs
+from sglang.srt.demo_latency import Latencies
 from sglang.srt.disaggregation.base.conn import KVPoll, poll_name
 from sglang.srt.disaggregation.common.conn import TransferInfo
 from sglang.srt.disaggregation.decode import BootstrapClient, DecodeReq, DecodeRequests
@@ -69,6 +70,7 @@ class BaseApp:
         self.ready = False
         self.started_at = time.time()
         self.streams = demo_openai.StreamStats()
+        self.latencies = Latencies(knobs)
 
     # --- lifecycle ----------------------------------------------------------------------
     def start_engine(self) -> None:
@@ -96,7 +98,7 @@ class BaseApp:
             render_family(name, "gauge", GAUGE_HELP[name], [(name, labels, value)])
             for name, value in self.gauges().items()
         ]
-        return "".join(parts)
+        return "".join(parts) + self.latencies.render(labels)
 
     def server_info(self) -> dict[str, Any]:
         return {
@@ -281,6 +283,7 @@ class DecodeApp(BaseApp):
         rid = str(body.get("rid") or uuid.uuid4().hex)
 
         req = DecodeReq(rid=rid, room=room, max_new_tokens=max_new)
+        timing = self.latencies.request()
         self.requests.add(req)
         client = BootstrapClient(host, port)
         sock = handler.connection
@@ -314,13 +317,14 @@ class DecodeApp(BaseApp):
             self.requests.set_stage(req, "running")
             text = ""
             for i in range(max_new):
-                if req.aborted.wait(self.knobs.token_s) or should_stop():
+                if req.aborted.wait(timing.wait_s()) or should_stop():
                     self._end_with_abort(handler, req, req.abort_reason or "aborted")
                     return
                 text += f" tok{i}"
                 handler.write_chunk(
                     _sse({"text": text, "meta_info": {"id": rid, "completion_tokens": i + 1, "finish_reason": None}})
                 )
+                timing.token()
             handler.write_chunk(
                 _sse(
                     {
@@ -335,11 +339,13 @@ class DecodeApp(BaseApp):
             )
             handler.write_chunk(b"data: [DONE]\n\n")
             handler.end_stream()
+            timing.finish(completed=True)
         except OSError:
             # Writing to the client failed: it went away mid-stream.
             self.requests.abort(req, "client disconnected")
             handler.abandon()
         finally:
+            timing.finish(completed=False)  # every way out before the end is an abort (no-op after the end)
             self.requests.remove(req)
             client.close()
             if req.aborted.is_set() and not transfer_concluded:
@@ -415,7 +421,8 @@ class ServerHandler(JSONHandler):
                 self.send_json(503, {"error": {"message": "server is starting"}})
                 return
             app = self.app
-            demo_openai.serve(self, path, body, app.model_name, app.knobs.token_s, app.knobs.generate_fail, app.streams)
+            demo_openai.serve(self, path, body, app.model_name, app.latencies.request(), app.knobs.generate_fail,
+                              app.streams)
         elif path == "/abort_request":
             if body.get("abort_all"):
                 n = self.app.abort_all()
@@ -434,8 +441,11 @@ class ServerHandler(JSONHandler):
         try:
             code, reply = demo_generate.answer(self.app.model_name, body, self.app.knobs.generate_fail)
         except demo_generate.BadGenerate as exc:
-            code, reply = 400, {"error": str(exc)}
+            self.send_json(400, {"error": str(exc)})
+            return
+        request = self.app.latencies.request()
         if code != 200 or not body.get("stream"):
+            request.answer_at_once(completed=not self.app.knobs.generate_fail)
             self.send_json(code, reply)
             return
         meta = reply["meta_info"]
@@ -443,7 +453,7 @@ class ServerHandler(JSONHandler):
         events = [_sse({"text": "".join(" " + w for w in words[:i + 1]),
                         "meta_info": {"id": meta["id"], "completion_tokens": i + 1, "finish_reason": None}})
                   for i in range(len(words))]
-        ended = stream_tokens(self, events, _sse(reply), self.app.knobs.token_s)
+        ended = stream_tokens(self, events, _sse(reply), request)
         self.app.streams.add("completed" if ended else "aborted")
 
 
