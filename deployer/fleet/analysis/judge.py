@@ -142,16 +142,16 @@ def compare(check: LatencyCheck, base: Observed, new: Observed,
     if was is None or now is None:  # no observation: excluded by min_samples >= 1
         raise AssertionError("a side with observations has no statistic")
     worse_by = now - was if check.better == "lower" else was - now
-    too_worse = worse_by > check.allowed_change * abs(was)
+    beyond_allowed = worse_by > check.allowed_change * abs(was)
     change = now / was - 1 if was else None
-    shown = (f"{name} {was:.4g} -> {now:.4g}" + (f" ({change:+.1%}" if change is not None else " (")
-             + f", allowed {'+' if check.better == 'lower' else '-'}{check.allowed_change:.0%})")
+    allowed = f"allowed {'+' if check.better == 'lower' else '-'}{check.allowed_change:.0%}"
+    shown = f"{name} {was:.4g} -> {now:.4g} ({'' if change is None else f'{change:+.1%}, '}{allowed})"
     values = (was, now)
     test = mann_whitney(base.groups, new.groups) if fewest >= MIN_PER_SIDE else None
     if test is None:
         reason = (f"fewer than {MIN_PER_SIDE} observations a side" if fewest < MIN_PER_SIDE
                   else "every observation of both sides ties (one bucket): nothing to rank")
-        if too_worse:
+        if beyond_allowed:
             return verdict("fail", f"{shown}: worse than allowed (quantile comparison: {reason})", "quantile",
                            values=values, change=change)
         return verdict("pass", f"{shown}: within the allowed change (quantile comparison: {reason})", "quantile",
@@ -160,10 +160,10 @@ def compare(check: LatencyCheck, base: Observed, new: Observed,
     canary_worse = test.z > 0 if check.better == "lower" else test.z < 0
     stated = (f"Mann-Whitney U p={test.p:.2g} at confidence {check.confidence:g}, rank-biserial "
               f"{test.rank_biserial:+.3f}")
-    if too_worse and canary_worse and test.p < alpha:
+    if beyond_allowed and canary_worse and test.p < alpha:
         return verdict("fail", f"{shown}: worse than allowed, and the canary is significantly worse ({stated})",
                        "mann-whitney", test, values, change)
-    if too_worse:
+    if beyond_allowed:
         return verdict("pass", f"{shown}: worse than allowed, but the test finds no significant worsening "
                        f"({stated}): noise, as Kayenta scores it", "mann-whitney", test, values, change)
     return verdict("pass", f"{shown}: within the allowed change ({stated})", "mann-whitney", test, values, change)

@@ -71,7 +71,7 @@ class Lognormal:
     """Latencies whose log is normal: most requests near the median, a long slow tail, as TTFT under load is.
     `bucket_counts` draws n of them straight into the TTFT buckets: n uniform draws, sorted, cut at the
     distribution's own probabilities at the bucket bounds — exactly how n drawn latencies would fall, at a tenth
-    of the cost (the detection test draws 1.2 million)."""
+    of the cost (the detection test draws three million)."""
 
     def __init__(self, median: float, sigma: float, slower_by: float = 1.0) -> None:
         self.log = NormalDist(math.log(median * slower_by), sigma)
