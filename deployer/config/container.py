@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
-
-if TYPE_CHECKING:
-    from deployer.config.models import Host
 
 # What docker and podman accept as a container's name (or id): a name here cannot be read as an option.
 CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -42,7 +39,27 @@ class Container(BaseModel):
         return self.engine_path or self.engine
 
 
-def check_own_containers(hosts: Mapping[str, Host], refuse: Callable[[tuple[str, ...], str], None]) -> None:
+class _Service(Protocol):
+    """What check_own_containers reads of a service (config.models.Service, which imports this module)."""
+
+    @property
+    def container(self) -> Container | None: ...
+
+    @property
+    def gpus(self) -> object: ...
+
+
+class _Host(Protocol):
+    """What check_own_containers reads of a host (config.models.Host)."""
+
+    @property
+    def container(self) -> Container | None: ...
+
+    @property
+    def services(self) -> Mapping[str, _Service]: ...
+
+
+def check_own_containers(hosts: Mapping[str, _Host], refuse: Callable[[tuple[str, ...], str], None]) -> None:
     """On a host with `container:`, the agent runs inside that container, where no engine runs: a service there may
     be a container only when it is that very one (its main process is the server; its engine's stop and start
     then run beside it, on the host), through the same engine, once, first among the host's services (the others
