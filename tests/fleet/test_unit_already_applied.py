@@ -17,7 +17,7 @@ from typing import Any
 
 import test_fleet
 import yaml
-from fixtures_repo import FIXED_A, Project, git
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git
 from test_fleet import UNIT_STEPS, as_json, repo, serving
 
 fleet = test_fleet.fleet
@@ -188,3 +188,28 @@ def test_a_partly_applied_unit_says_its_held_host_restarts_with_it_in_plan_and_a
                   if f["fleet_id"] == fleet_id]
     assert (original["hosts"]["h1"]["rollback_status"], original["hosts"]["h3"]["rollback_status"]) == \
         ("successful", None), original["hosts"]
+
+
+def test_rollback_fleet_of_a_partly_applied_unit_restarts_its_held_host_with_it(pd_unit: Project) -> None:
+    """on_failure: rollback_fleet after a later batch fails: the unit's rollback reverts h1 and restarts the unit as
+    one, h3 (holding the fix, never committed) too, in a run of kind restart of the fleet; h3's HEAD stays."""
+    (repo(pd_unit, "h3") / "pkg/a.py").write_text(FIXED_A)
+    git(repo(pd_unit, "h3"), "commit", "-qam", "the fix, by hand")
+    (repo(pd_unit, "h2") / "pkg/a.py").write_text("".join(f"# line {i}\n" for i in range(20)) + ORIGINAL_A)
+    git(repo(pd_unit, "h2"), "commit", "-qam", "longer a.py")  # the fix breaks h2's diff_bounds
+    pd_unit.playbook(steps=UNIT_STEPS, rollout={"batches": [1, 1, "100%"]}, on_failure="rollback_fleet")
+    serving(pd_unit)
+    before = heads(pd_unit)
+
+    report = as_json(pd_unit.deployer("apply", "fix.yaml", "--host", "all", "--json"))
+    assert report["exit_code"] == 1 and "diff_bounds" in report["hosts"]["h2"]["error"], report
+    assert report["hosts"]["h1"]["rollback_status"] == "successful", report["hosts"]["h1"]
+    assert (report["hosts"]["h3"]["state"], report["hosts"]["h3"]["rollback_status"]) == ("unchanged", None)
+    assert git(repo(pd_unit, "h1"), "rev-parse", "HEAD^{tree}") == git(repo(pd_unit, "h1"), "rev-parse",
+                                                                        f"{before['h1']}^{{tree}}")
+    assert heads(pd_unit)["h3"] == before["h3"]
+    starts = {run.name: pd_unit.events(run.name)[0] for run in pd_unit.runs.iterdir()
+              if (run / "events.jsonl").is_file()}
+    [held] = [run_id for run_id, start in starts.items() if start.get("host") == "h3" and start.get("kind") ==
+              "restart" and start.get("fleet") == report["fleet_id"]]
+    restarted_as_one(pd_unit.events(report["hosts"]["h1"]["rollback_run_id"]), pd_unit.events(held))
