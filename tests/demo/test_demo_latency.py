@@ -16,8 +16,8 @@ import pytest
 from ports import free_ports
 from test_demo_stack import STACK_SRC, Stack, http_get
 
-from deployer.fleet.analysis import LatencyCheck, Scrape, canary_vs_baseline, parse_scrape, sglang_checks
-from deployer.fleet.analysis.window import counter_windows, histogram_windows
+from deployer.analysis import LatencyCheck, Scrape, canary_vs_baseline, parse_scrape, sglang_checks
+from deployer.analysis.window import counter_windows, histogram_windows
 
 TTFT = "sglang:time_to_first_token_seconds"
 ITL = "sglang:inter_token_latency_seconds"

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from deployer.fleet.analysis.mannwhitney import mann_whitney
-from deployer.fleet.analysis.quantile import histogram_quantile, sample_quantile
+from deployer.analysis.mannwhitney import mann_whitney
+from deployer.analysis.quantile import histogram_quantile, sample_quantile
 
 # 10 observations <= 0.1, 20 in (0.1, 0.2], 10 in (0.2, 0.4], 10 above 0.4
 BOUNDS, CUMULATIVE, COUNT = (0.1, 0.2, 0.4), (10.0, 30.0, 40.0), 50.0

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from deployer.fleet.analysis.quantile import histogram_quantile, sample_quantile
-from deployer.fleet.analysis.window import HistogramWindow
+from deployer.analysis.quantile import histogram_quantile, sample_quantile
+from deployer.analysis.window import HistogramWindow
 
 BUCKETED = ("bucket deltas: each observation stands at its bucket, so a bucket's observations all tie (the test "
             "uses only their order: a bucket's midpoint or bound gives the same U); quantiles by PromQL's "

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from deployer.fleet.analysis.exposition import Histogram, Scrape
+from deployer.analysis.exposition import Histogram, Scrape
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ import random
 from collections.abc import Sequence
 from statistics import NormalDist
 
-from deployer.fleet.analysis import Scrape, parse_scrape
+from deployer.analysis import Scrape, parse_scrape
 
 TTFT = "sglang:time_to_first_token_seconds"
 TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"

@@ -9,7 +9,7 @@ import random
 import pytest
 from analysis_reads import TRANSFER_FAILED, TTFT, Lognormal, Server
 
-from deployer.fleet.analysis import (
+from deployer.analysis import (
     CriticalCounter,
     LatencyCheck,
     Report,

@@ -7,8 +7,8 @@ import pytest
 from analysis_reads import TRANSFER_FAILED, TTFT, Server, histogram_text
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from deployer.fleet.analysis import ExpositionError, parse_scrape
-from deployer.fleet.analysis.window import Absent, counter_windows, histogram_windows
+from deployer.analysis import ExpositionError, parse_scrape
+from deployer.analysis.window import Absent, counter_windows, histogram_windows
 
 
 def test_a_prometheus_client_histogram_parses_into_its_cumulative_buckets_and_series_add_up_by_bound() -> None:

@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 from analysis_reads import TTFT, TTFT_BOUNDS, Lognormal
 
-from deployer.fleet.analysis import LatencyCheck, Scrape, canary_vs_baseline
-from deployer.fleet.analysis.exposition import Histogram
+from deployer.analysis import LatencyCheck, Scrape, canary_vs_baseline
+from deployer.analysis.exposition import Histogram
 
 P99_TTFT = LatencyCheck(name="p99 TTFT", metric=TTFT)  # at most +10%, 50 samples, confidence 0.98
 RUNS, WINDOWS, PER_WINDOW = 100, 5, 600

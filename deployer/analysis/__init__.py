@@ -5,9 +5,9 @@ exposition (a /metrics read) -> window (deltas between reads, restarts flagged) 
 -> judge (checks' verdicts and the report); quantile and mannwhitney are the arithmetic. Pure: no I/O.
 """
 
-from deployer.fleet.analysis.checks import Check, CriticalCounter, LatencyCheck, sglang_checks
-from deployer.fleet.analysis.exposition import ExpositionError, Scrape, parse_scrape
-from deployer.fleet.analysis.judge import Report, Verdict, before_after, canary_vs_baseline, judge, judge_samples
+from deployer.analysis.checks import Check, CriticalCounter, LatencyCheck, sglang_checks
+from deployer.analysis.exposition import ExpositionError, Scrape, parse_scrape
+from deployer.analysis.judge import Report, Verdict, before_after, canary_vs_baseline, judge, judge_samples
 
 __all__ = ["Check", "CriticalCounter", "ExpositionError", "LatencyCheck", "Report", "Scrape", "Verdict",
            "before_after", "canary_vs_baseline", "judge", "judge_samples", "parse_scrape", "sglang_checks"]

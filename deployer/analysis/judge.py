@@ -28,11 +28,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from deployer.fleet.analysis.checks import CriticalCounter, LatencyCheck
-from deployer.fleet.analysis.exposition import ExpositionError, Scrape
-from deployer.fleet.analysis.mannwhitney import MIN_PER_SIDE, MannWhitney, mann_whitney
-from deployer.fleet.analysis.observed import BucketsDiffer, Observed, from_samples, from_windows
-from deployer.fleet.analysis.window import Absent, CounterWindow, HistogramWindow, counter_windows, histogram_windows
+from deployer.analysis.checks import CriticalCounter, LatencyCheck
+from deployer.analysis.exposition import ExpositionError, Scrape
+from deployer.analysis.mannwhitney import MIN_PER_SIDE, MannWhitney, mann_whitney
+from deployer.analysis.observed import BucketsDiffer, Observed, from_samples, from_windows
+from deployer.analysis.window import Absent, CounterWindow, HistogramWindow, counter_windows, histogram_windows
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 Mode = Literal["canary-baseline", "before-after"]
