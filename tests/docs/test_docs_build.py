@@ -51,6 +51,10 @@ def test_the_docs_build_in_strict_mode_with_every_reference_page_generated(tmp_p
     assert "--skip-check" in cli and "deployer rollback" in cli
     events = (tmp_path / "site" / "reference" / "events" / "index.html").read_text()
     assert "service_phase" in events and "rolled_back_by" in events
+    # The README is no page of the site: its links into it are checked here, anchors included.
+    for page, anchor in re.findall(r"\]\(docs/([^)#]+)\.md#([^)]+)\)", README.read_text()):
+        html = tmp_path / "site" / ("" if page == "index" else page) / "index.html"
+        assert f'id="{anchor}"' in html.read_text(), (page, anchor)
 
 
 def test_a_broken_link_in_the_docs_fails_the_build(tmp_path: Path) -> None:
