@@ -33,6 +33,7 @@ from deployer.steps.services.budgets import last_times
 from deployer.steps.services.gpu import GpuWait, gpu_list
 from deployer.steps.services.manager import not_ours
 from deployer.transport.base import Transport
+from deployer.transport.kinds import rows
 
 Status = Literal["ok", "warn", "fail", "skip"]
 Connector = Callable[[EventBus], Transport]
@@ -175,13 +176,11 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
         report.refused("auth", exc)
         return report
     with transport:
-        info = transport.info
-        if info.kind == "local":
-            report.add("host key", "ok", "local host: no SSH")
-            report.add("auth", "ok", "local host: no SSH")
-        else:
-            report.add("host key", "ok", f"pinned: {info.host_key_fingerprint}")
-            report.add("auth", "ok", f"logged in to {info.target}")
+        kind_rows = rows(host.transport)(transport, host)  # the kind's own: how it reached the host
+        for row in kind_rows:
+            report.add(*row)
+        if any(row.status == "fail" for row in kind_rows):
+            return report
         if host.container is not None and not _check_container(report, transport, host.container):
             return report
         ctx = _context(host_name, host, transport, bus, playbook)

@@ -12,6 +12,7 @@ from deployer.agent.client import AgentClient, bootstrap_argv
 from deployer.agent.pipe import Pipe
 from deployer.agent.protocol import IO_TIMEOUT_S
 from deployer.transport.base import Transport, TransportInfo
+from deployer.transport.kinds import Row
 from deployer.transport.pipes import local_pipe
 
 if TYPE_CHECKING:
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
 def open_host(name: str, host: LocalHost, bus: Emitter, accept_new_host_key: bool) -> LocalTransport:
     """The registry's opener for `transport: local` (transport/kinds.py): no link, no host key."""
     return LocalTransport(name, python=host.python, become=host.become)
+
+
+def rows(transport: Transport, host: LocalHost) -> list[Row]:
+    """The kind's rows of `check` (transport/kinds.py): nothing to connect to."""
+    return [Row("host key", "ok", "local host: no SSH"), Row("auth", "ok", "local host: no SSH")]
 
 
 def spawn_agent(python: str = sys.executable, *, name: str = "local", timeout: float = IO_TIMEOUT_S) -> AgentClient:

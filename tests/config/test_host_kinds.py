@@ -9,11 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployer.config.models import AnyHost, Inventory, LocalHost, SshHost, load_inventory
+from deployer.config.models import (
+    HOST_MODELS,
+    AnyHost,
+    Inventory,
+    LocalHost,
+    SshHost,
+    load_inventory,
+)
 from deployer.demo.run import DemoStack, fleet_inventory, fleet_stacks, unit_ports
 from deployer.errors import ConfigError
 from deployer.steps.schema import schema_for
-from deployer.transport.kinds import KINDS
+from deployer.transport.kinds import KINDS, WRAPPERS, opener, rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,10 +66,13 @@ def test_an_unknown_transport_is_refused_at_its_key(tmp_path: Path) -> None:
     assert error == "hosts.yaml:4:16: hosts.box.transport: must be 'ssh' or 'local'"
 
 
-def test_every_host_kind_has_a_transport_that_opens_it() -> None:
+def test_every_host_kind_has_a_transport_that_opens_it_and_the_union_is_built_from_the_models_registry() -> None:
     members, _discriminator = typing.get_args(AnyHost)
     tags = {typing.get_args(member)[1].tag for member in typing.get_args(members)}
-    assert tags == set(KINDS) == {"ssh", "local"}
+    assert tags == set(KINDS) == set(HOST_MODELS) == {"ssh", "local"}
+    for kind in KINDS:  # each kind's module opens it and says its own rows of `check`
+        assert callable(opener(kind)) and callable(rows(kind))
+    assert "container" in WRAPPERS and "container" not in KINDS  # a wrapper around any kind's exec, not a kind
 
 
 def demo_inventories(tmp_path: Path) -> list[dict[str, object]]:

@@ -20,6 +20,7 @@ from deployer.agent.pipe import Pipe
 from deployer.command import quote
 from deployer.errors import ConfigError, TransportError
 from deployer.transport.base import Transport, TransportInfo
+from deployer.transport.kinds import Row
 from deployer.transport.ssh.config import known_hosts_file, load_config, proxy_jumps, resolve
 from deployer.transport.ssh.connect import Link, describe
 from deployer.transport.ssh.execchan import ExecPipe
@@ -50,6 +51,12 @@ KILL_SESSIONS = ("c=$$; while :; do p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$
 def open_host(name: str, host: SshHost, bus: Emitter, accept_new_host_key: bool) -> SSHTransport:
     """The registry's opener for `transport: ssh` (transport/kinds.py)."""
     return connect_host(name, SshParams.of(name, host), bus, accept_new_host_key)
+
+
+def rows(transport: Transport, host: SshHost) -> list[Row]:
+    """The kind's rows of `check` (transport/kinds.py): the host key it pinned, the login it made."""
+    return [Row("host key", "ok", f"pinned: {transport.info.host_key_fingerprint}"),
+            Row("auth", "ok", f"logged in to {transport.info.target}")]
 
 
 def connect_host(name: str, params: SshParams, bus: Emitter, accept_new_host_key: bool) -> SSHTransport:
