@@ -78,6 +78,7 @@ _EXPORTS = {
     "record_golden": "golden", "GoldenOptions": "golden", "Golden": "golden",
     "init": "scaffold", "InitOptions": "scaffold", "Made": "scaffold",
     "recover": "recovery", "RecoverOptions": "recovery", "RecoveredRun": "recovery", "NothingToRecover": "recovery",
+    "bake": "bakes", "BakeOptions": "bakes", "Baked": "bakes",
 }
 
 __all__ = [

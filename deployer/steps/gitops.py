@@ -82,3 +82,12 @@ def differ_argv(commit: str, other: str | None, files: Sequence[str]) -> tuple[s
 def exists_argv(name: str) -> tuple[str, ...]:
     """argv that succeeds only when the object git names so (`<commit>^{commit}`, `<commit>:<path>`) exists."""
     return git("cat-file", "-e", name)
+
+
+def format_patch_argv(commit: str) -> tuple[str, ...]:
+    """argv printing commit as one mail-formatted patch on stdout (`git am` applies it), the same whatever the
+    repo's config says: the standard a/ b/ prefixes (diff.noprefix), no base-commit line (format.useAutoBase,
+    which fails without an upstream), renames as a delete and an add (as touched_argv lists them), binary files
+    whole. On stdout, so no patch file is left on the target."""
+    return git("format-patch", "-1", "--stdout", "--no-base", "--no-renames", "--src-prefix=a/", "--dst-prefix=b/",
+               "--binary", commit, "--")
