@@ -89,7 +89,11 @@ def apply(options: ApplyOptions, *, listener: Listener | None = None,
 
     fleet = build.fleet_apply(engines, units, parallel=options.parallel or DEFAULT_PARALLEL, cancel=FleetCancel(),
                               listeners=[], inventory=loaded, allow_downtime=options.allow_downtime)
-    with watching(watch, Watched("fleet", hosts, fleet.cancel, fleet.listeners)):
+    from deployer.fleet.notify import notifying
+
+    unit_of = {host: name for name, unit in units.items() for host in unit.hosts()}
+    with notifying(loaded.notify, "fleet", fleet.listeners, runs_dir=build.runs_dir, say=build.listeners,
+                   units=unit_of), watching(watch, Watched("fleet", hosts, fleet.cancel, fleet.listeners)):
         return FleetOutcome(fleet.run())
 
 
@@ -117,7 +121,10 @@ def apply_one(build: Build, engine: Engine, units: dict[str, Unit], inventory: I
             known.record(engine.host_name, engine.host)
         opening = build.opening(engine, early)  # imports the transport's module (paramiko) here
     try:
-        with watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
+        from deployer.fleet.notify import notifying
+
+        with notifying(inventory.notify, "host", engine.listeners, runs_dir=build.runs_dir, say=build.listeners), \
+                watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
             return RunOutcome(run())
     finally:
         opening.discard()

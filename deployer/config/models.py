@@ -27,6 +27,7 @@ from pydantic import (
 from deployer.config import yamlsrc
 from deployer.config.api import API_HELP, Api
 from deployer.config.container import Container, check_own_containers
+from deployer.config.notify import Notify
 from deployer.config.persist import Persist
 from deployer.config.routers import BehindRouter, Router
 from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
@@ -315,6 +316,8 @@ class Inventory(Strict):
         "Services on several hosts that restart as one (prefill on one node, decode on another), by name."))
     routers: dict[str, Router] = Field(default_factory=dict, description=(
         "The routers that send units their traffic, by name, and how a worker is taken out and put back."))
+    notify: Notify | None = Field(default=None, description=(
+        "Where each rollout's events go besides the screen and the run log: webhooks, OpenTelemetry spans."))
 
 
 # Control characters split line-based answers and reach sshd as invalid packets; line and paragraph separators

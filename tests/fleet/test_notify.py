@@ -1,0 +1,193 @@
+"""A rollout's events out (issue 37 item 4): real fleet and single-host applies over the real sshd (test_fleet's
+four hosts) POST their events to real HTTP servers on 127.0.0.1; a webhook that fails is tried again within its
+bound, one that never answers costs the rollout a bounded wait and nothing else, and a header's secret is never
+shown. The spans go to a real OTLP/HTTP receiver on 127.0.0.1 that decodes the protobuf it is sent."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import test_fleet
+import yaml
+from fixtures_repo import Project
+from test_fleet import as_json
+
+fleet = test_fleet.fleet
+second_sshd = test_fleet.second_sshd
+TOKEN = "s3cret-hook-token"
+
+
+@dataclass
+class Hook:
+    """An HTTP server on 127.0.0.1 that records each POST; it answers 500 to the first `failing` ones, and
+    never answers at all while `hang` is set."""
+
+    failing: int = 0
+    hang: bool = False
+    posts: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    released: threading.Event = field(default_factory=threading.Event)
+    url: str = ""
+
+    @property
+    def documents(self) -> list[dict[str, Any]]:
+        return [json.loads(body) for _, body in self.posts]
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    state = Hook()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            state.posts.append((dict(self.headers), body))
+            if state.hang:
+                state.released.wait(60)
+                return
+            failed = len(state.posts) <= state.failing
+            self.send_response(500 if failed else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/team?token=url-secret-xyz"
+    yield state
+    state.released.set()
+    server.shutdown()
+    server.server_close()
+
+
+def notify(project: Project, **settings: Any) -> None:
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["notify"] = settings
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+
+
+def webhook(hook: Hook, **more: Any) -> dict[str, Any]:
+    return {"url": hook.url, "headers": {"Authorization": {"value_from_env": "HOOK_TOKEN"}}, **more}
+
+
+def test_a_fleet_apply_posts_every_rollout_event_in_order_with_its_fields(fleet: Project, hook: Hook) -> None:
+    fleet.extra_env["HOOK_TOKEN"] = TOKEN
+    notify(fleet, webhooks=[webhook(hook)])
+    fleet.playbook(steps=test_fleet.BOUNDED, rollout={"batches": [1, 3]})
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h*", "--json")
+    report = as_json(result)
+    assert result.returncode == 0, result.stderr
+    docs = hook.documents  # delivered before the command ended: its end flushes them
+    assert [d["type"] for d in docs] == ["rollout.start", "batch.start", "host.end", "batch.end", "batch.start",
+                                         "host.end", "host.end", "host.end", "batch.end", "rollout.end"]
+    assert all(d["schema"] == "deployer.event/1" and d["fleet"] == report["fleet_id"] and d["deployer"]
+               for d in docs)
+    assert docs[0]["data"]["hosts"] == list(test_fleet.HOSTS) and docs[0]["data"]["batches"] == [
+        ["h1"], ["h2", "h3", "h4"]]
+    assert [d["batch"] for d in docs[1:9]] == [0, 0, 0, 1, 1, 1, 1, 1]
+    ended = {d["host"]: d for d in docs if d["type"] == "host.end"}
+    assert set(ended) == set(test_fleet.HOSTS)
+    assert all(ended[h]["status"] == "successful" and ended[h]["run"] == report["hosts"][h]["run_id"]
+               and ended[h]["exit_code"] == 0 for h in ended)
+    assert docs[8]["status"] == "successful" and docs[8]["data"]["hosts"] == dict.fromkeys(("h2", "h3", "h4"),
+                                                                                             "successful")
+    assert docs[-1]["status"] == "successful" and docs[-1]["exit_code"] == 0
+    headers, _ = hook.posts[0]
+    assert headers["Authorization"] == TOKEN and headers["Content-Type"] == "application/json"
+    assert not (fleet.runs / ".notify.jsonl").exists()
+
+
+def test_a_webhook_that_fails_twice_gets_each_event_on_its_third_try(fleet: Project, hook: Hook) -> None:
+    hook.failing = 2
+    fleet.extra_env["HOOK_TOKEN"] = TOKEN
+    notify(fleet, webhooks=[webhook(hook, events=["run.start", "run.end"], retries=2)])
+    fleet.playbook(steps=test_fleet.BOUNDED)
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1")
+    assert result.returncode == 0, result.stderr
+    assert [d["type"] for d in hook.documents] == ["run.start"] * 3 + ["run.end"]
+    end = hook.documents[-1]
+    assert end["host"] == "h1" and end["status"] == "successful" and end["phase"] == "succeeded", end
+    assert "not delivered" not in result.stderr + result.stdout
+    assert not (fleet.runs / ".notify.jsonl").exists()
+
+
+def test_a_webhook_that_never_answers_costs_a_bounded_wait_is_recorded_and_never_shows_its_secrets(
+        fleet: Project, hook: Hook) -> None:
+    hook.hang = True
+    fleet.extra_env["HOOK_TOKEN"] = TOKEN
+    notify(fleet, webhooks=[webhook(hook, timeout_s=0.5, retries=1)], flush_s=2)
+    fleet.playbook(steps=test_fleet.BOUNDED)
+    started = time.monotonic()
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1,h2")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    # The first document's two tries (0.5 s each, 0.5 s apart) end inside the run; the end waits at most 2 s more.
+    assert elapsed < 30, elapsed
+    said = result.stdout + result.stderr
+    assert "webhook http://127.0.0.1:" in said and "not delivered" in said
+    [failed, *_] = [json.loads(line) for line in (fleet.runs / ".notify.jsonl").read_text().splitlines()]
+    assert failed["type"] == "notify_failed" and failed["attempts"] == 2 and failed["event"] == "rollout.start"
+    assert failed["url"].endswith("/***") and "timed out" in failed["error"]
+    assert hook.posts[0][0]["Authorization"] == TOKEN  # it was sent, and only there
+    logs = [p.read_text() for p in fleet.runs.rglob("*") if p.is_file()]
+    for secret in (TOKEN, "url-secret-xyz"):
+        assert secret not in said and not any(secret in text for text in logs)
+
+
+def test_a_fleet_apply_exports_its_spans_rollout_batch_host_step_to_an_otlp_receiver(fleet: Project) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[bytes] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        notify(fleet, otlp={"endpoint": f"http://127.0.0.1:{server.server_address[1]}/v1/traces"})
+        fleet.playbook(steps=test_fleet.BOUNDED, rollout={"batches": [1, 1]})
+        result = fleet.deployer("apply", "fix.yaml", "--host", "h1,h2")
+        assert result.returncode == 0, result.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = []
+    for body in received:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        spans += [s for r in request.resource_spans for scope in r.scope_spans for s in scope.spans]
+    by_id = {s.span_id: s for s in spans}
+    names = {s.name for s in spans}
+    assert {"rollout", "batch 0", "batch 1", "host h1", "host h2", "step commit"} <= names, names
+
+    def parents(span: Any) -> list[str]:
+        found = []
+        while span.parent_span_id:
+            span = by_id[span.parent_span_id]
+            found.append(span.name)
+        return found
+
+    commits = [s for s in spans if s.name == "step commit"]
+    assert sorted(parents(s) for s in commits) == [["host h1", "batch 0", "rollout"],
+                                                   ["host h2", "batch 1", "rollout"]]
+    rollout = next(s for s in spans if s.name == "rollout")
+    attributes = {a.key: a.value.string_value for a in rollout.attributes}
+    assert attributes["deployer.status"] == "successful" and attributes["deployer.fleet"]
