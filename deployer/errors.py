@@ -38,6 +38,14 @@ class StepFailed(DeployerError):
         super().__init__("\n".join(parts))
 
 
+class AnalysisInconclusive(DeployerError):
+    """An analysis could not judge the new build (too few requests, a metric absent, a canary that restarted):
+    inconclusive is held, never passed. Its commit stays on the target whatever on_failure says, for a person to
+    decide: keep it (run the analysis again under traffic) or `deployer rollback RUN_ID`."""
+
+    exit_code = 7
+
+
 class LockHeld(DeployerError):
     """Another run holds the deploy lock on the target."""
 

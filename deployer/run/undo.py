@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from deployer.agent.protocol import ExecResult
-from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, VerificationFailed
+from deployer.errors import (
+    AnalysisInconclusive,
+    ChecksFailed,
+    DeployerError,
+    Interrupted,
+    RollbackFailed,
+    VerificationFailed,
+)
 from deployer.run.ending import Ending
 from deployer.run.lease import run_trailer
 from deployer.run.restore import restore_files
@@ -115,10 +122,12 @@ def after_commit_failure(hosts: Sequence[Past], failure: DeployerError, *, rollb
     committed = [host for host in hosts if not host.ctx.facts.already_applied]
     said = _Said(failure, [host.ctx for host in committed], unit)
     try:
-        if not rollback:
+        # An inconclusive analysis is held for a person to decide, never rolled back on its own: its commit stays.
+        if not rollback or isinstance(failure, AnalysisInconclusive):
             for host in committed:
                 host.ending.end(Phase.failed_committed, error=str(failure))
-            return kind(said.kept())
+            return AnalysisInconclusive(said.kept()) if isinstance(failure, AnalysisInconclusive) else \
+                kind(said.kept())
         return _roll_back(hosts, committed, failure, again, said, kind, restarts)
     finally:  # after the rollback's restart, which these hosts took part in
         for host in hosts:
@@ -167,12 +176,17 @@ class _Said:
         return f"unit {self.unit}: {self.failure}" if self.unit else str(self.failure)
 
     def kept(self) -> str:
+        # Why the commit stays: on_failure: restore, or an inconclusive analysis held whatever on_failure says.
+        held = isinstance(self.failure, AnalysisInconclusive)
+        why = ("held for a person to decide: inconclusive is never a pass, nor a verdict to roll back on" if held
+               else "on_failure: restore" if self.unit else
+               "on_failure: restore only undoes failures before the commit")
         if self.unit:
-            return (f"{self.where}\nEvery host of the unit keeps its commit (on_failure: restore). To undo them: "
+            return (f"{self.where}\nEvery host of the unit keeps its commit ({why}). To undo them: "
                     "deployer rollback RUN_ID for each host's run")
         ctx = self.ctxs[0]
-        return (f"{self.where}\nThe commit {ctx.git_after} stays on the target (on_failure: restore only undoes "
-                f"failures before the commit). {target_state(ctx)}\nTo undo it: deployer rollback {ctx.run_id}")
+        return (f"{self.where}\nThe commit {ctx.git_after} stays on the target ({why}). {target_state(ctx)}\n"
+                f"To undo it: deployer rollback {ctx.run_id}")
 
     def rolled_back(self, restarts: bool) -> str:
         if self.unit:

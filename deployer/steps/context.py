@@ -110,6 +110,8 @@ class Facts(BaseModel):
     rollback_drain: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     # Each check a rollback ran again on the reverted build: name -> passed | failed | not run: why
     rollback_checks: dict[str, str] = Field(default_factory=dict)
+    # analysis_baseline's reads of /metrics before the restart, (time, text): the working input of `analysis`.
+    analysis_before: list[tuple[float, str]] = Field(default_factory=list)
     storms: list[dict[str, int]] = Field(default_factory=list)
     pids: dict[str, dict[str, int | None]] | None = None  # service -> old, new
     rollback_pids: dict[str, dict[str, int | None]] | None = None
@@ -120,7 +122,7 @@ class Facts(BaseModel):
 
     def record(self) -> dict[str, Any]:
         """The facts worth keeping in run_end (the working ones left out)."""
-        return self.model_dump(exclude={"identity", "log_sha256"}, exclude_defaults=True)
+        return self.model_dump(exclude={"identity", "log_sha256", "analysis_before"}, exclude_defaults=True)
 
 
 class Submitted:

@@ -25,6 +25,8 @@ WHERE: dict[str, tuple[str, str]] = {
     "storm": ("deployer.steps.storm", "Storm"),
     "drain": ("deployer.steps.metrics", "Drain"),
     "canary": ("deployer.steps.canary", "Canary"),
+    "analysis_baseline": ("deployer.steps.analysis", "AnalysisBaseline"),
+    "analysis": ("deployer.steps.analysis", "Analysis"),
 }
 
 
