@@ -262,8 +262,8 @@ class Pending(Generic[T]):
             self._client.abort(f"'{self.request.op}' did not finish within {limit:g}s (no reply from the agent)")
             raise TransportError(f"{self._client.name}: '{self.request.op}' did not finish within {limit:g}s "
                                  "(no reply from the agent); closed the agent")
-        if self._reply is None and not self._started:
-            raise AgentLost(f"{self._client.name}: {self._failure}")
+        if self._reply is None and not self._started:  # so a caller knows nothing it sent ran
+            raise NeverStarted(f"{self._client.name}: {self._failure}")
         if self._reply is None:
             raise AgentLost(f"{self._client.name}: agent lost during '{self.request.op}': {self._failure}")
         if not self._reply["ok"]:

@@ -69,8 +69,10 @@ def inventory_of(setting: Setting) -> Inventory:
     """The inventory the setting names, loaded and checked (a ConfigError says where it is wrong)."""
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
+    from deployer.transport.kubernetes import expand_selectors  # a selector's pods are hosts, listed now
 
-    return load_inventory(find_inventory(str(setting.inventory) if setting.inventory is not None else None))
+    return expand_selectors(load_inventory(find_inventory(str(setting.inventory) if setting.inventory is not None
+                                                          else None)))
 
 
 def select_hosts(setting: Setting, spec: str, limit: str | None = None) -> tuple[Inventory, list[str]]:

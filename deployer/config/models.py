@@ -274,6 +274,61 @@ class LocalHost(Host):
         "local: the host is a directory on this machine (the demo, tests); ssh (the default): reached over SSH."))
 
 
+class Pod(Strict):
+    """The pod a `transport: kubernetes` host runs its agent in, and the kubectl that reaches it."""
+
+    name: str | None = Field(default=None, min_length=1, description=(
+        "The pod's name: this host is that pod."))
+    selector: str | None = Field(default=None, min_length=1, description=(
+        "A label selector (app=sglang,role=decode): the host expands into one host per pod it selects, "
+        "named HOST.POD, like a group."))
+    container: str = Field(min_length=1, description="The container in the pod that the agent runs in.")
+    namespace: str = Field(default="default", min_length=1, description="The pod's namespace.")
+    context: str | None = Field(default=None, min_length=1, description=(
+        "The kubeconfig context (default: the kubeconfig's current-context)."))
+    kubeconfig: str | None = Field(default=None, min_length=1, description=(
+        "The kubeconfig, a path where kubectl runs (default: kubectl's own: $KUBECONFIG, then ~/.kube/config)."))
+    kubectl: str = Field(default="kubectl", min_length=1, description="The kubectl command where it runs.")
+
+    @model_validator(mode="after")
+    def _one_way_to_name(self) -> Pod:
+        if (self.name is None) == (self.selector is None):
+            raise ValueError("give exactly one of 'name' (a pod) or 'selector' (a label selector: one host per pod)")
+        return self
+
+    def named(self, name: str) -> Pod:
+        """This pod's settings for the pod of that name (a selector's expansion)."""
+        return self.model_copy(update={"name": name, "selector": None})
+
+    def where(self) -> str:
+        """How an error names it: the pod, its container, its namespace and its context."""
+        return (f"pod {self.name or self.selector!r} (container {self.container!r}, namespace {self.namespace!r}, "
+                f"context {self.context or '(current-context)'!r})")
+
+
+class KubernetesHost(Host):
+    """A container of a pod: the agent runs through `kubectl exec -i`, kubectl on this machine or on a bastion."""
+
+    transport: Literal["kubernetes"] = Field(description=(
+        "kubernetes: the agent runs in a pod's container through kubectl exec -i."))
+    pod: Pod = Field(description="The pod (or a label selector of pods), its container, namespace and context.")
+    via: str | None = Field(default=None, min_length=1, description=(
+        "An inventory host of transport ssh (a bastion) where kubectl runs (default: kubectl runs on this machine)."))
+
+    # The bastion's model, set by load_inventory from `via` (a host of the inventory, checked to be an ssh host).
+    _via_host: SshHost | None = PrivateAttr(default=None)
+
+    @property
+    def via_host(self) -> SshHost | None:
+        return self._via_host
+
+    @model_validator(mode="after")
+    def _no_container(self) -> KubernetesHost:
+        if self.container is not None:
+            raise ValueError("a kubernetes host names its container under 'pod:' (pod.container), not 'container:'")
+        return self
+
+
 def transport_of(data: Any) -> str:
     """The kind a host is: its `transport:`, ssh when it has none (and for what is not a mapping, so that
     SshHost says what is wrong with it)."""
@@ -284,7 +339,7 @@ def transport_of(data: Any) -> str:
 # The host model of each target kind, by the kind's name (its `transport:`): the inventory's union is built from it.
 # transport/kinds.py keys its registry by the same names (a test holds the two equal); `container:` is no kind but
 # a wrapper around any kind's exec (Host.container).
-HOST_MODELS: dict[str, type[Host]] = {"ssh": SshHost, "local": LocalHost}
+HOST_MODELS: dict[str, type[Host]] = {"ssh": SshHost, "local": LocalHost, "kubernetes": KubernetesHost}
 
 
 def _host_union() -> Any:
@@ -444,6 +499,8 @@ def load_inventory(path: Path) -> Inventory:
     check_topology(inventory, doc)
     for name, host in inventory.hosts.items():
         host._python_at = str(doc.key_mark(("hosts", name, "python"))) if "python" in host.model_fields_set else None
+        if isinstance(host, KubernetesHost) and isinstance(bastion := inventory.hosts.get(host.via or ""), SshHost):
+            host._via_host = bastion  # check_topology refused a `via:` that is not an ssh host
     return inventory
 
 
@@ -489,6 +546,11 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
     check_routers(inventory.units, inventory.hosts, inventory.routers, refuse)  # each unit's and plain host's
     check_own_containers(inventory.hosts, refuse)
+    for name, target in inventory.hosts.items():
+        if isinstance(target, KubernetesHost) and target.via is not None and \
+                not isinstance(inventory.hosts.get(target.via), SshHost):
+            refuse(("hosts", name, "via"), f"{target.via!r} is not a host of transport ssh in the inventory "
+                   "(kubectl runs on a bastion reached over SSH)")
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
 

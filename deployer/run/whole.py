@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deployer.agent.client import Pending
+from deployer.agent.client import NeverStarted, Pending
 from deployer.agent.protocol import Premise, Premised, sha256_hex
 from deployer.errors import DeployerError, PythonMissing, TransportError
 from deployer.run import intent
@@ -123,7 +123,8 @@ class Whole:
             return False
         try:
             why = self.premise.declined()
-        except PythonMissing as exc:  # the host's shell found no python to run the agent: nothing reached the repo
+        except (PythonMissing, NeverStarted) as exc:  # no python, or an exec (kubectl's) that ended before the
+            # agent ran: nothing reached the repo
             why = str(exc)
         if why is None:
             return True

@@ -12,7 +12,7 @@ loader can read it; a test holds the two registries to the same names. A new kin
 in HOST_MODELS, and one line in each.
 
 `container:` is not a kind: it wraps the exec of whichever kind reached the host (`<engine> exec -i` in front of
-the agent's bootstrap: transport/container.py).
+the agent's bootstrap: transport/container.py), as `kubernetes` wraps a local or ssh transport in `kubectl exec -i`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from deployer.transport.base import Transport
 KINDS: dict[str, str] = {
     "ssh": "deployer.transport.ssh.transport",
     "local": "deployer.transport.local",
+    "kubernetes": "deployer.transport.kubernetes",
 }
 # Not a kind: a wrapper any kind's host may have (Host.container), named here so that no one adds it above.
 WRAPPERS: dict[str, str] = {"container": "deployer.transport.container"}

@@ -145,7 +145,7 @@ def test_a_value_that_fits_no_member_of_a_union_is_one_problem_said_by_the_membe
     result = target.deployer("check", "--host", "box", "-i", "bad-hosts.yaml")
     assert result.returncode == 2
     assert problems(result.stderr) == [
-        "bad-hosts.yaml:4:16: hosts.box.transport: must be 'ssh' or 'local'",
+        "bad-hosts.yaml:4:16: hosts.box.transport: must be 'ssh', 'local' or 'kubernetes'",
         "bad-hosts.yaml:7:14: hosts.gpu.env.A: must be a string or a mapping (key: value)",
         "bad-hosts.yaml:7:20: hosts.gpu.env.B: give exactly one of 'value' or 'value_from_env'",
     ]

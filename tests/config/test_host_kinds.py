@@ -13,6 +13,7 @@ from deployer.config.models import (
     HOST_MODELS,
     AnyHost,
     Inventory,
+    KubernetesHost,
     LocalHost,
     SshHost,
     load_inventory,
@@ -63,16 +64,44 @@ def test_a_key_no_kind_takes_still_suggests_the_close_one(tmp_path: Path) -> Non
 
 def test_an_unknown_transport_is_refused_at_its_key(tmp_path: Path) -> None:
     error = inventory_error(tmp_path, "hosts:\n  box:\n    repo: /r\n    transport: docker\n")
-    assert error == "hosts.yaml:4:16: hosts.box.transport: must be 'ssh' or 'local'"
+    assert error == "hosts.yaml:4:16: hosts.box.transport: must be 'ssh', 'local' or 'kubernetes'"
 
 
 def test_every_host_kind_has_a_transport_that_opens_it_and_the_union_is_built_from_the_models_registry() -> None:
     members, _discriminator = typing.get_args(AnyHost)
     tags = {typing.get_args(member)[1].tag for member in typing.get_args(members)}
-    assert tags == set(KINDS) == set(HOST_MODELS) == {"ssh", "local"}
+    assert tags == set(KINDS) == set(HOST_MODELS) == {"ssh", "local", "kubernetes"}
     for kind in KINDS:  # each kind's module opens it and says its own rows of `check`
         assert callable(opener(kind)) and callable(rows(kind))
     assert "container" in WRAPPERS and "container" not in KINDS  # a wrapper around any kind's exec, not a kind
+
+
+def test_a_kubernetes_host_names_its_pod_container_namespace_and_context(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  bastion: {address: b.example, repo: /unused}\n"
+                    "  sglang:\n    transport: kubernetes\n    repo: /sgl-workspace\n"
+                    "    pod: {name: sglang-0, container: server, namespace: serving, context: prod}\n"
+                    "    via: bastion\n")
+    host = load_inventory(path).hosts["sglang"]
+    assert isinstance(host, KubernetesHost)
+    assert (host.pod.name, host.pod.container, host.pod.namespace, host.pod.context) == \
+        ("sglang-0", "server", "serving", "prod")
+    assert isinstance(host.via_host, SshHost) and host.via_host.address == "b.example"
+
+
+def test_a_kubernetes_host_refuses_a_pod_and_a_selector_together_a_container_key_and_a_via_that_is_not_ssh(
+        tmp_path: Path) -> None:
+    both = inventory_error(tmp_path, "hosts:\n  k:\n    transport: kubernetes\n    repo: /r\n"
+                           "    pod: {name: a, selector: app=x, container: c}\n")
+    assert "give exactly one of 'name' (a pod) or 'selector'" in both
+    wrapped = inventory_error(tmp_path, "hosts:\n  k:\n    transport: kubernetes\n    repo: /r\n"
+                              "    pod: {name: a, container: c}\n    container: {engine: podman, name: box}\n")
+    assert "names its container under 'pod:'" in wrapped
+    local_via = inventory_error(tmp_path, "hosts:\n  l: {transport: local, repo: /l}\n  k:\n"
+                                "    transport: kubernetes\n    repo: /r\n    pod: {name: a, container: c}\n"
+                                "    via: l\n")
+    assert local_via == "hosts.yaml:7:10: hosts.k.via: 'l' is not a host of transport ssh in the inventory " \
+                        "(kubectl runs on a bastion reached over SSH)"
 
 
 def demo_inventories(tmp_path: Path) -> list[dict[str, object]]:

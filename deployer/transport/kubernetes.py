@@ -1,0 +1,189 @@
+"""The `kubernetes` target kind: the agent runs in a pod's container as `kubectl exec -i POD -c CONTAINER -- <python>`.
+
+One pipe, the same protocol: every step, the lock and the intent record (in the container's repo) work unchanged.
+kubectl runs on this machine (a local transport around it) or on a bastion over SSH (the host's `via:`, an ssh
+host of the inventory): the exec is a `Within` on that transport, as a container's `<engine> exec -i` is
+(transport/container.py), so its pipe is the transport's own.
+
+No probe before the exec: kubectl's own failure (no such context, RBAC forbids pods/exec, no such pod or
+namespace, a container not running or not in the pod, no kubectl at all) shows as the exec ending before the
+agent said anything, and its stderr is translated here into a sentence naming the pod, its container, its
+namespace and its context. The agent's start fails with it (AgentLost: exit 4), in `check` as in `apply`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from deployer.agent.pipe import Pipe
+from deployer.config.models import KubernetesHost
+from deployer.errors import AgentLost, ConfigError, DeployerError, TransportError
+from deployer.text import visible
+from deployer.transport.base import Transport
+from deployer.transport.container import ContainerPipe
+from deployer.transport.kinds import Row
+from deployer.transport.local import LocalTransport
+from deployer.transport.pipes import shell_found_no
+
+if TYPE_CHECKING:
+    from deployer.config.models import Host, Inventory, Pod
+    from deployer.transport.kinds import Emitter
+
+# What the kubelet says (through kubectl) of a container it runs no process in: not started yet, crash-looping,
+# or (a runtime's words when the exec raced its exit) stopped.
+NOT_RUNNING = ("container not found", "not running", "containercreating", "cannot exec in a stopped state",
+               "can only create exec sessions on running containers", "container state improper")
+SELECTED_S = 60.0  # for `kubectl get pods -l`: an API server that does not answer by then is not reached
+
+
+def open_host(name: str, host: KubernetesHost, bus: Emitter, accept_new_host_key: bool) -> Transport:
+    """The registry's opener for `transport: kubernetes` (transport/kinds.py): the transport kubectl runs over,
+    with the pod's exec as where its agent runs."""
+    pod = host.pod
+    if pod.name is None:
+        raise ConfigError(f"{name}: pod.selector {pod.selector!r} names pods, not one: a host of a selector is "
+                          "opened as one host per pod (HOST.POD)")
+    transport = kubectl_side(name, host, bus, accept_new_host_key, python=host.python)
+    transport.run_within(KubectlExec(pod))
+    transport.info.extra["via"] = transport.info.kind  # where kubectl ran: local, or ssh to the bastion
+    transport.info.kind = "kubernetes"
+    return transport
+
+
+def kubectl_side(name: str, host: KubernetesHost, bus: Emitter, accept_new_host_key: bool, *,
+                 python: str) -> Transport:
+    """The machine kubectl runs on: this one, or the host's bastion (its `via:`) over SSH."""
+    bastion = host.via_host
+    if bastion is None:
+        return LocalTransport(name, python=python)
+    from deployer.transport.ssh.params import SshParams  # the ssh kind's import (paramiko) only for a bastion
+    from deployer.transport.ssh.transport import connect_host
+
+    assert host.via is not None
+    params = SshParams.of(host.via, bastion)
+    # The agent's python is the pod's; no sudo on the bastion (its kubeconfig is the login's).
+    return connect_host(name, SshParams(**{**params.document(), "python": python, "become": False}), bus,
+                        accept_new_host_key)
+
+
+def kubectl_argv(pod: Pod) -> list[str]:
+    """kubectl with the pod's kubeconfig, context and namespace, before its verb."""
+    return [pod.kubectl, *(["--kubeconfig", pod.kubeconfig] if pod.kubeconfig else []),
+            *(["--context", pod.context] if pod.context else []), "--namespace", pod.namespace]
+
+
+class KubectlExec:
+    """`Within` for a pod's container: the agent is `kubectl exec -i POD -c CONTAINER -- <python> ...`."""
+
+    def __init__(self, pod: Pod) -> None:
+        assert pod.name is not None
+        self.pod = pod
+
+    def prefix(self) -> list[str]:
+        # -i: stdin streams through (the agent's source, then the protocol); no -t: a tty would mangle the frames.
+        assert self.pod.name is not None
+        return [*kubectl_argv(self.pod), "exec", "-i", self.pod.name, "-c", self.pod.container, "--"]
+
+    def facts(self) -> dict[str, str]:
+        return {"pod": self.pod.name or "", "container": self.pod.container, "namespace": self.pod.namespace,
+                "context": self.pod.context or "(current-context)"}
+
+    def open(self, start: Callable[[Sequence[str]], Pipe], argv: Sequence[str], host: str) -> Pipe:
+        try:
+            pipe = start(argv)
+        except TransportError as exc:  # kubectl could not be executed at all (this machine has none)
+            raise AgentLost(f"{host}: {self.explain(str(exc))}") from None
+        return ContainerPipe(pipe, self.explain)
+
+    def explain(self, stderr: str) -> str:
+        """What kubectl said went wrong before the agent ran, as a sentence naming the pod and where it is."""
+        return kubectl_failure(self.pod, stderr)
+
+
+def kubectl_failure(pod: Pod, stderr: str) -> str:
+    where = pod.where()
+    said = visible(stderr.strip(), multiline=False)[-500:]
+    low = stderr.lower()
+    if shell_found_no(pod.kubectl, stderr) or ("no such file or directory" in low and pod.kubectl in stderr):
+        return f"kubectl ({pod.kubectl}) is not installed where it runs, so {where} cannot be reached: {said}"
+    if "context was not found" in low or ("context" in low and "does not exist" in low):
+        return f"the kubeconfig has no context {pod.context!r} for {where}: {said}"
+    if "forbidden" in low:
+        return f"RBAC forbids it: {where}: {said}"
+    if "namespaces" in low and "not found" in low:
+        return f"no namespace {pod.namespace!r}: {where}: {said}"
+    if "pods" in low and "not found" in low:
+        return f"no such pod: {where}: {said}"
+    if "is not valid for pod" in low:
+        return f"the pod has no container {pod.container!r}: {where}: {said}"
+    if any(marker in low for marker in NOT_RUNNING):
+        return f"the container is not running: {where}: {said}"
+    return f"kubectl exec ended before the agent started: {where}: {said}"
+
+
+def rows(transport: Transport, host: KubernetesHost) -> list[Row]:
+    """The kind's rows of `check`: where kubectl ran, and the agent started in the pod's container (or kubectl's
+    failure, exit 4). A failed row ends the host's check: nothing else can be asked without the agent."""
+    via = f"on the bastion {host.via} over SSH" if host.via else "on this machine"
+    found = [Row("kubectl", "ok", f"{host.pod.kubectl} runs {via}")]
+    try:
+        hello = transport.agent().verified()
+    except AgentLost as exc:
+        return [*found, Row("pod", "fail", str(exc), exc.exit_code)]
+    return [*found, Row("pod", "ok", f"{host.pod.where()}: the agent runs in it (pid {hello.pid} there)")]
+
+
+class _Quiet:
+    """The emitter of a listing made before any run (a bastion's first host key is pinned all the same)."""
+
+    def emit(self, kind: str, /, **data: object) -> None:
+        pass
+
+
+def expand_selectors(inventory: Inventory) -> Inventory:
+    """The inventory with each selector host as one host per pod it selects now (HOST.POD), and a group of
+    the host's name listing them, so that `--host HOST` names them all as a group does."""
+    selecting = {name: host for name, host in inventory.hosts.items()
+                 if isinstance(host, KubernetesHost) and host.pod.selector is not None}
+    if not selecting:
+        return inventory
+    hosts: dict[str, Host] = {}
+    groups = dict(inventory.groups)
+    for name, host in inventory.hosts.items():
+        if name not in selecting:
+            hosts[name] = host
+            continue
+        pods = expand(name, selecting[name], _Quiet())
+        hosts.update(pods)
+        groups[name] = list(pods)
+    return inventory.model_copy(update={"hosts": hosts, "groups": groups})
+
+
+def expand(name: str, host: KubernetesHost, bus: Emitter) -> dict[str, KubernetesHost]:
+    """A selector's host as one host per pod it selects now (HOST.POD), each of them that pod; a named pod as is."""
+    pod = host.pod
+    if pod.selector is None:
+        return {name: host}
+    argv = [*kubectl_argv(pod), "get", "pods", "--selector", pod.selector, "--output", "json"]
+    side = kubectl_side(name, host, bus, False, python="python3")
+    try:
+        done = side.run(argv, timeout=SELECTED_S)
+    except DeployerError as exc:
+        raise AgentLost(f"{name}: the pods of {pod.where()} could not be listed: {exc}") from None
+    finally:
+        side.close()
+    if done.exit_code != 0:
+        raise AgentLost(f"{name}: {kubectl_failure(pod, done.stderr.decode('utf-8', 'replace'))}")
+    names = sorted(item["metadata"]["name"] for item in json.loads(done.stdout)["items"])
+    if not names:
+        raise AgentLost(f"{name}: the selector selects no pod: {pod.where()}")
+    return {f"{name}.{found}": one(host, found) for found in names}
+
+
+def one(host: KubernetesHost, pod: str) -> KubernetesHost:
+    copy = host.model_copy(update={"pod": host.pod.named(pod)})
+    copy._via_host = host.via_host
+    copy._python_at = host.python_at
+    return copy
