@@ -132,6 +132,21 @@ def test_every_import_between_rooms_goes_down() -> None:
     assert upward == [], "imports that run back up the floors:\n" + "\n".join(upward)
 
 
+# What the command line may reach: its own modules, the renderers, the use cases (and the demo, which runs as one),
+# and the failures and text it shows. Everything else of the core is app's to call.
+FRONT = ("cli", "ui", "app", "demo", "errors", "text")
+
+
+def test_the_command_line_reaches_the_core_only_through_app() -> None:
+    """cli/ parses, calls app/ and maps outcomes to exit codes (DESIGN.md): a cli module that imports build,
+    fleet, run, steps, config... decides something a Python caller of deployer.app would not get."""
+    names = set(modules())
+    reached = [f"{source(name).relative_to(REPO)}:{line}: imports {target}"
+               for name in sorted(names) if room(name) == "cli"
+               for line, target in imports(source(name), names) if room(target) not in FRONT]
+    assert reached == [], "cli modules that reach past app:\n" + "\n".join(reached)
+
+
 def test_no_module_reaches_back_to_a_module_that_imports_it_even_inside_a_function() -> None:
     names = set(modules())
     edges = {name: imported_modules(source(name), names) - {name} for name in names}

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import click
 
 from deployer.cli.options import accept_option, host_option, inventory_option, json_option, runs_dir_option
 from deployer.cli.output import emit_json, failures_to_exit_codes
 from deployer.cli.running import cancel_on_signals, pin_notice
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from deployer.app.watch import Watch, Watched
 
 
 @click.group()
@@ -82,10 +90,8 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
          as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
     from deployer.demo.run import DemoStack, remove_stopped, run_demo, stop_kept_stacks
-    from deployer.steps.cancel import CancelToken
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_demo, show_stopped
-    from deployer.ui.live import StepView
 
     if stop_kept:
         from deployer.demo.containers import demo_stacks_in
@@ -108,14 +114,11 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
     # No engine for --container: exit 4, saying what to install.
     stack = container_stack_of(find_engine()) if in_containers else DemoStack
     console = make_console()
-    view = StepView(console, quiet=as_json)
-    token = CancelToken()
     if not as_json:
         where = " (prefill and decode in containers)" if in_containers else ""
         console.print(f"deployer demo: starting a buggy prefill/decode/router stack on 127.0.0.1{where} ...")
-    with cancel_on_signals(token), view:
-        outcome = run_demo(Path(workdir) if workdir else None, keep=keep, listeners=[view], cancel=token,
-                           stack=stack)
+    outcome = run_demo(Path(workdir) if workdir else None, keep=keep, watch=demo_watch(console, as_json),
+                       stack=stack)
     if as_json:
         emit_json({**outcome.result.document(), "workdir": str(outcome.stack.workdir)})
     else:
@@ -125,22 +128,33 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
     sys.exit(outcome.result.exit_code)
 
 
+def demo_watch(console: Console, as_json: bool) -> Watch:
+    """The demo's watch: signals cancel it, and its live view follows it on the console the demo prints to (a
+    step view for the single demo, a row per host for --fleet)."""
+
+    @contextmanager
+    def watch(run: Watched) -> Iterator[None]:
+        from deployer.ui.live import FleetView, StepView
+
+        view = FleetView(console, run.hosts, quiet=as_json) if run.kind == "fleet" else \
+            StepView(console, quiet=as_json)
+        run.listeners.append(view)
+        with cancel_on_signals(run.cancel), view:
+            yield
+    return watch
+
+
 def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
     """`deployer demo --fleet`: the fleet run's live view and per-host table, then each unit's gauge."""
-    from deployer.demo.run import fleet_hosts, run_fleet_demo
-    from deployer.fleet.runner import FleetCancel
+    from deployer.demo.run import run_fleet_demo
     from deployer.ui.console import make_console, show_error
     from deployer.ui.demo import show_fleet_demo
     from deployer.ui.fleet import show_fleet
-    from deployer.ui.live import FleetView
 
     console = make_console()
-    view = FleetView(console, fleet_hosts(), quiet=as_json)
-    cancel = FleetCancel()
     if not as_json:
         console.print("deployer demo --fleet: starting two buggy prefill/decode units over four local hosts ...")
-    with cancel_on_signals(cancel), view:
-        outcome = run_fleet_demo(workdir, keep=keep, listeners=[view], cancel=cancel)
+    outcome = run_fleet_demo(workdir, keep=keep, watch=demo_watch(console, as_json))
     state = outcome.state
     if as_json:
         emit_json({**state.document(), "gauges": outcome.gauges(), "load": outcome.load.summary(),
@@ -192,9 +206,9 @@ def init(source: str, base: str, host_name: str | None, metric: str | None, as_p
 @click.argument("kind", type=click.Choice(["playbook", "inventory"]))
 @json_option("Accepted for symmetry: the schema is JSON already.")
 @failures_to_exit_codes
-def schema(kind: str, as_json: bool) -> None:
-    """Print the JSON Schema of a playbook or an inventory (for editors: see the README)."""
-    from deployer.steps.schema import schema_for
+def schema(kind: Literal["playbook", "inventory"], as_json: bool) -> None:
+    """Print the JSON Schema of a playbook or an inventory (for editors: see the docs' editor how-to)."""
+    from deployer.app.schemas import schema_for
 
     emit_json(schema_for(kind))
 

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from deployer.app.watch import Watch, Watched, watching
 from deployer.build import Build
 from deployer.config.models import Inventory, LocalHost, Unit, resolve_env
 from deployer.config.routers import SGLANG_INFLIGHT, Router, RouterWorker
@@ -324,15 +325,20 @@ class DemoOutcome:
     kept: bool
 
 
-def run_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener], cancel: CancelToken,
+def run_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = None,
              stack: Callable[[Path], DemoStack] = DemoStack) -> DemoOutcome:
-    """The demo playbook on one local host; `stack` makes that host's stack (the container demo's, say)."""
+    """The demo playbook on one local host; `stack` makes that host's stack (the container demo's, say). The
+    demo is one run to the caller's watch (as app's use cases hand theirs), from its stack's start on."""
+    cancel = CancelToken()
+    listeners: list[Listener] = []
+
     def deploy(directory: Path, stacks: dict[str, DemoStack], inventory: Inventory) -> DemoOutcome:
         build = Build(directory / "runs", listeners=tuple(listeners))
         engine = build.engines(PLAYBOOK, {HOST: inventory.hosts[HOST]}, cancel=cancel)[HOST]
         return DemoOutcome(stacks[HOST], engine.apply(), keep)
 
-    return serve(workdir, lambda directory: {HOST: stack(directory)}, hosts_of, keep, cancel, deploy)
+    with watching(watch, Watched("host", [HOST], cancel, listeners)):
+        return serve(workdir, lambda directory: {HOST: stack(directory)}, hosts_of, keep, cancel, deploy)
 
 
 def hosts_of(stacks: dict[str, DemoStack]) -> Inventory:
@@ -437,8 +443,7 @@ class FleetDemoOutcome:
 LOAD: dict[str, Any] = {"clients": 2, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
 
 
-def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener],
-                   cancel: FleetCancel) -> FleetDemoOutcome:
+def run_fleet_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = None) -> FleetDemoOutcome:
     """The demo playbook as one rolling fleet run: one unit at a time taken out of the router, its hosts shipped,
     committed and restarted as one, drained on its prefill host and put back, while clients send requests
     through the router the whole time; then, every unit back, the playbook's storm through the router and every
@@ -458,5 +463,8 @@ def run_fleet_demo(workdir: Path | None, *, keep: bool, listeners: list[Listener
                                                     for unit, (prefill, _) in FLEET.items()}, PLAYBOOK, cancel)
         return FleetDemoOutcome(directory, stacks, state, report, keep, proof)
 
-    return serve(workdir, fleet_stacks, fleet_inventory, keep, cancel, deploy)
+    cancel = FleetCancel()
+    listeners: list[Listener] = []
+    with watching(watch, Watched("fleet", fleet_hosts(), cancel, listeners)):
+        return serve(workdir, fleet_stacks, fleet_inventory, keep, cancel, deploy)
 
