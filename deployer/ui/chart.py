@@ -1,4 +1,4 @@
-"""The metric chart: one bar per poll, the threshold marked."""
+"""The metric charts: one bar per poll, the threshold marked; an analysis's windows, baseline above new build."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def sparkline(values: list[float | None], top: float) -> str:
 
 def show_chart(console: Lines, events: list[dict[str, Any]]) -> None:
     """Each series as bars scaled to the largest sample; under a drain, ✓ marks the polls within its bound."""
+    show_analyses(console, events)
     series = metric_series(events)
     if not series:
         return
@@ -86,6 +87,31 @@ def show_chart(console: Lines, events: list[dict[str, Any]]) -> None:
         if s.drain is not None:
             marks = "".join("✓" if s.met(v) else "·" for v in values)
             console.print(f"{' ' * len(label)}{marks}  ✓ = {s.drain.bound()}", markup=False, highlight=False)
+
+
+SIDES = {"before-after": ("before", "after"), "canary-baseline": ("baseline", "canary")}
+
+
+def show_analyses(console: Lines, events: list[dict[str, Any]]) -> None:
+    """Each analysis's latency checks, a bar per window of each side (the check's statistic over that window
+    alone, scaled to the check's largest), the baseline above the new build; a counter's verdict line says it."""
+    for event in events:
+        if event.get("type") != "analysis":
+            continue
+        sides = SIDES.get(str(event.get("mode")), ("baseline", "canary"))
+        console.print(f"  {event.get('step')}: {event.get('outcome')} (one bar per window: {sides[0]}, then "
+                      f"{sides[1]})", markup=False, highlight=False)
+        latency = [v for v in event.get("verdicts", []) if v.get("method") != "counter" and
+                   (v.get("baseline_windows") or v.get("canary_windows"))]
+        width = max((len(str(v.get("check"))) for v in latency), default=0)
+        for verdict in latency:
+            rows = [[w.get("value") for w in verdict.get(key) or []] for key in ("baseline_windows", "canary_windows")]
+            top = max((x for row in rows for x in row if x is not None), default=0.0)
+            said = (str(verdict.get("check")), ""), ("", f"  {verdict.get('outcome')}")
+            for side, row, (name, outcome) in zip(sides, rows, said, strict=True):
+                shown = " ".join("?" if x is None else f"{x:.3g}" for x in row[-8:])
+                console.print(f"    {name:<{width}}  {side:<8} {sparkline(row, top)}  {shown}{outcome}", markup=False,
+                              highlight=False)
 
 
 def num(value: object) -> str:

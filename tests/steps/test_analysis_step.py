@@ -137,6 +137,12 @@ def test_a_fix_that_slows_the_server_fails_its_analysis_against_before_the_resta
     assert (ttft["check"], ttft["outcome"], ttft["method"]) == ("p99 TTFT", "fail", "mann-whitney"), ttft["why"]
     assert ttft["change"] > 0.10 and len(ttft["baseline_windows"]) == len(ttft["canary_windows"]) == 4
     assert "p99 TTFT" in result.stderr and "fail (Mann-Whitney U p=" in result.stderr
+    # the summary draws each side's windows, the p99 of each alone: before, then after
+    lines = result.stdout.splitlines()
+    at = lines.index("  analysis: fail (one bar per window: before, then after)")
+    before, after = (line.split() for line in lines[at + 1:at + 3])
+    assert before[:3] == ["p99", "TTFT", "before"] and len(before[3]) == 4 and len(before[4:]) == 4, lines
+    assert after[0] == "after" and len(after[1]) == 4 and after[-1] == "fail", lines
     assert project.file("pkg/a.py") == ORIGINAL_A  # rolled back
     # the reverted build is the one its reads before the restart were of: not judged against itself again
     [end] = [e for e in project.events() if e["type"] == "run_end"]
