@@ -36,6 +36,7 @@ LITERAL_PATH = re.compile(r"^[A-Za-z0-9._+@%=,:/-]+$")
 # An image reference as docker and podman print it: [registry[:port]/]name[:tag][@digest], or a bare image id.
 IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}$")
 IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
+PLAIN_KINDS = ("ssh", "local")  # target kinds that run no image of their own (unless the host names a container)
 MODES = {"100644": 0o644, "100755": 0o755}  # a commit's plain files; a symlink or submodule is not baked
 # A line of `git ls-tree -z`: mode, type, object id, then the path after a tab.
 TREE_ENTRY = re.compile(r"^([0-7]{6}) (\w+) ([0-9a-f]{40}|[0-9a-f]{64})\t(.+)$", re.DOTALL)
@@ -62,12 +63,12 @@ class BaseImage:
 
 @dataclass(frozen=True)
 class Shipped:
-    """One file of the run's commit: its dest in the repo, its absolute path in the image, its mode there (None:
-    the commit deleted it)."""
+    """One file of the run's commit: its dest in the repo, its absolute path in the image, its mode there (a run
+    ships files, it never deletes one)."""
 
     dest: str
     path: str
-    mode: int | None
+    mode: int
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Baked:
         return {"run_id": self.run_id, "host": self.host, "commit": self.commit, "before": self.before,
                 "out": str(self.out), "patch": str(self.patch), "dockerfile": str(self.dockerfile),
                 "readme": str(self.readme), "image": image,
-                "files": [{"dest": f.dest, "path": f.path, "mode": None if f.mode is None else f"{f.mode:04o}"}
+                "files": [{"dest": f.dest, "path": f.path, "mode": f"{f.mode:04o}"}
                           for f in self.files],
                 "vouched": self.vouched, "exit_code": self.exit_code, "error": None}
 
@@ -134,6 +135,7 @@ def bake(options: BakeOptions, *, listener: Listener | None = None) -> Baked:
             raise VerificationFailed(f"the history of {engine.host_name} does not vouch for run {run_id}'s log "
                                      "(deployer runs verify --target); refusing to bake from it:\n  "
                                      + "\n  ".join(disagree))
+        image = image_of(ctx)
         subject = ctx.submit(git("log", "-1", "--format=%s", commit, "--"), timeout=60, quiet=True)
         patch = ctx.run(format_patch_argv(commit), timeout=120, quiet=True, capture=None)
         if not patch.ok or not patch.stdout.startswith(f"From {commit} ".encode()):
@@ -141,7 +143,6 @@ def bake(options: BakeOptions, *, listener: Listener | None = None) -> Baked:
                                    f"{visible(patch.err.strip()[-300:], multiline=False)}")
         name = patch_name(subject.result().out.strip())
         files, blobs = shipped_files(ctx, commit, repo, sorted(str(f) for f in (run.end or {}).get("files") or []))
-        image = image_of(ctx)
     return write_out(out, run, engine.host_name, commit, before, patch.stdout, name, files, blobs, image, vouched)
 
 
@@ -180,7 +181,7 @@ def shipped_files(ctx: Context, commit: str, repo: str, dests: list[str]) -> tup
         raise ConfigError(f"not a path inside the repo {repo}: {', '.join(outside) or repo}")
     listed = ctx.check(git("ls-tree", "-z", "--full-tree", commit, "--", *dests), "cannot list the commit's files",
                        timeout=60, quiet=True).stdout.decode(errors="replace")
-    entries: dict[str, tuple[str, str, str]] = {}
+    entries: dict[str, tuple[str, str]] = {}  # dest -> its mode and blob
     for line in names(listed):
         found = TREE_ENTRY.match(line)
         if found is None or found.group(4) not in dests:
@@ -190,18 +191,19 @@ def shipped_files(ctx: Context, commit: str, repo: str, dests: list[str]) -> tup
         if mode not in MODES or kind != "blob" or not OBJECT_ID.fullmatch(oid):
             raise ConfigError(f"{dest} is not a plain file at {commit[:12]} (git mode {mode}): a Dockerfile COPY "
                               "would not make it so; apply the patch to the source instead")
-        entries[dest] = (mode, kind, oid)
+        entries[dest] = (mode, oid)
+    missing = sorted(set(dests) - set(entries))
+    if missing:
+        raise StepFailed(STEP, f"git ls-tree lists no {', '.join(missing)} at {commit[:12]}, which the run shipped")
     reads = {dest: ctx.submit(git("cat-file", "blob", oid), timeout=120, quiet=True, capture=None)
-             for dest, (_, _, oid) in entries.items()}
+             for dest, (_, oid) in entries.items()}
     blobs: dict[str, bytes] = {}
     for dest, submitted in reads.items():
         read = submitted.result()
         if not read.ok:
             raise StepFailed(STEP, f"cannot read {dest} at {commit[:12]} on the target")
         blobs[dest] = read.stdout
-    files = [Shipped(dest, posixpath.join(repo, dest), MODES[entries[dest][0]] if dest in entries else None)
-             for dest in dests]
-    return files, blobs
+    return [Shipped(dest, posixpath.join(repo, dest), MODES[entries[dest][0]]) for dest in dests], blobs
 
 
 def image_of(ctx: Context) -> BaseImage | None:
@@ -209,11 +211,18 @@ def image_of(ctx: Context) -> BaseImage | None:
 
     A host with `container:`: its engine's inspect of the container, on the host beside it (`.Config.Image`, the
     reference it was created from, else podman's `.ImageName`; `.Image`, the id it runs). A plain host: None, it
-    runs no image (the Dockerfile takes the image as its BASE_IMAGE build argument). A kubernetes target adds its
-    answer here: the `image` of the pod spec's container the host names (and `status.containerStatuses[].imageID`,
-    the digest it runs), read with the same kubectl the target's transport runs."""
+    runs no image (the Dockerfile takes the image as its BASE_IMAGE build argument). Any other kind is refused
+    until it answers here, never taken for a plain host: a kubernetes target's answer is the `image` of the pod
+    spec's container the host names (and `status.containerStatuses[].imageID`, the digest it runs), from `kubectl
+    get pod -o json` run where its kubectl runs (beside_container(ctx.transport): the host under its exec)."""
     container = ctx.host.container
-    return None if container is None else container_image(ctx, container)
+    if container is not None:
+        return container_image(ctx, container)
+    if ctx.host.transport in PLAIN_KINDS:
+        return None
+    raise ConfigError(f"{ctx.host_name}: bake cannot tell yet which image a {ctx.host.transport} target runs; "
+                      "apply the patch it would write to the image's source (git format-patch -1 of the run's "
+                      "commit, on the target)")
 
 
 def container_image(ctx: Context, container: Container) -> BaseImage | None:
@@ -255,8 +264,6 @@ def write_out(out: Path, run: Run, host: str, commit: str, before: str, patch: b
     patch_path = out / name
     patch_path.write_bytes(patch)
     for shipped in files:
-        if shipped.mode is None:
-            continue
         copy = out / "files" / shipped.dest
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_bytes(blobs[shipped.dest])
@@ -271,8 +278,7 @@ def write_out(out: Path, run: Run, host: str, commit: str, before: str, patch: b
 def dockerfile_text(run_id: str, host: str, commit: str, before: str, image: BaseImage | None,
                     files: list[Shipped]) -> str:
     """FROM the target's image (a plain host's: the BASE_IMAGE build argument), then each shipped file COPYed to
-    its absolute path (plain COPY: the mode is the context file's, so no BuildKit is needed), each file the
-    commit deleted removed."""
+    its absolute path (plain COPY: the mode is the context file's, so no BuildKit is needed)."""
     lines = [f"# Baked by deployer from run {run_id} on {host}: commit {commit} over {before}.",
              "# Each file below holds its bytes at that commit; see README.txt."]
     if image is None:
@@ -282,8 +288,7 @@ def dockerfile_text(run_id: str, host: str, commit: str, before: str, image: Bas
     else:
         runs = f", image id {image.id}" if image.id else ""
         lines += [f"# The image the target runs ({image.source}{runs}).", f"FROM {image.name}"]
-    lines += [f"COPY files/{f.dest} {f.path}" for f in files if f.mode is not None]
-    lines += [f'RUN ["rm", "-f", "--", "{f.path}"]' for f in files if f.mode is None]
+    lines += [f"COPY files/{f.dest} {f.path}" for f in files]
     return "\n".join(lines) + "\n"
 
 
@@ -297,7 +302,7 @@ def readme_text(run_id: str, host: str, commit: str, before: str, patch: str, im
         runs = f"; it runs image id {image.id}, and a tag may have moved since" if image.id else ""
         base = (f"FROM {image.name}: the image the target runs ({image.source}{runs}).\n\n"
                 "        docker build -t <new tag> .        (podman build the same)")
-    shipped = "\n".join(f"        {f.path}  ({'deleted' if f.mode is None else f'mode {f.mode:04o}'})" for f in files)
+    shipped = "\n".join(f"        {f.path}  (mode {f.mode:04o})" for f in files)
     return f"""The fix of deployer run {run_id} on {host}, made permanent.
 
 {patch}

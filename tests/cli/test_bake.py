@@ -187,3 +187,4 @@ def test_a_container_targets_dockerfile_is_from_its_image_and_builds_with_the_fi
     shown = box.podman("run", "--rm", *MOUNTS, f"{image}-fixed", "cat", f"{CONTAINER_REPO}/pkg/a.py")
     assert shown.stdout == FIXED_A
 
+
