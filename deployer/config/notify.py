@@ -51,10 +51,13 @@ def http_url(url: str) -> str:
     return url
 
 
-class FromEnv(BaseModel):
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # config.models.Strict's (it imports this)
+
+
+class FromEnv(Strict):
     """A header value read from this machine's environment when the run starts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)  # config.models.Strict's (that module imports this one)
     value_from_env: str = Field(min_length=1, description=(
         "The environment variable, on the machine deployer runs on, that holds the value."))
 
@@ -75,8 +78,7 @@ def resolve_headers(headers: dict[str, HeaderValue]) -> dict[str, str]:
     return {k: v.resolve() if isinstance(v, FromEnv) else v for k, v in headers.items()}
 
 
-class Webhook(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Webhook(Strict):
     url: Annotated[str, AfterValidator(http_url)] = Field(description=(
         "Where each event is POSTed as one JSON document (http or https), from the machine deployer runs on."))
     events: list[Annotated[str, AfterValidator(event_type)]] = Field(default_factory=list, description=(
@@ -91,16 +93,14 @@ class Webhook(BaseModel):
         return not self.events or kind in self.events
 
 
-class Otlp(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Otlp(Strict):
     endpoint: Annotated[str, AfterValidator(http_url)] | None = Field(default=None, description=(
         "The OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); default: OpenTelemetry's own "
         "environment variables (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)."))
     headers: dict[str, HeaderValue] = Field(default_factory=dict, description=HEADERS_HELP)
 
 
-class Notify(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Notify(Strict):
     webhooks: list[Webhook] = Field(default_factory=list, description=(
         "Webhooks that hear of each rollout's events (JSON over HTTP), e.g. a team chat's or an incident tool's."))
     otlp: Otlp | None = Field(default=None, description=(

@@ -107,7 +107,7 @@ class Notifier:
                  units: dict[str, str] | None = None) -> None:
         self.hooks = [(hook, resolve_headers(hook.headers)) for hook in notify.webhooks]
         self.flush_s = notify.flush_s
-        self.masker = Masker(notify.secrets())
+        self.masker = Masker([*notify.secrets(), *(hook.url for hook in notify.webhooks)])  # a URL may be a token
         self.documents = Documents(kind, units or {})
         self.log = runs_dir / NOTIFY_LOG
         self.say = say

@@ -191,3 +191,41 @@ def test_a_fleet_apply_exports_its_spans_rollout_batch_host_step_to_an_otlp_rece
     rollout = next(s for s in spans if s.name == "rollout")
     attributes = {a.key: a.value.string_value for a in rollout.attributes}
     assert attributes["deployer.status"] == "successful" and attributes["deployer.fleet"]
+
+
+def test_an_analysis_verdict_is_a_document_and_its_gate_numbers_are_attributes_of_the_step_that_judged() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from deployer.fleet.notify import Documents
+    from deployer.fleet.spans import Spans
+
+    verdict = {"type": "analysis_verdict", "host": "h1", "metric": "ttft_p99", "verdict": "fail", "measured": 0.31,
+               "threshold": 0.22, "method": "mann-whitney"}
+    events = [{"type": "fleet_start", "fleet": "F1", "hosts": ["h1"], "batches": [["h1"]]},
+              {"type": "batch_start", "fleet": "F1", "batch": 0, "hosts": ["h1"]},
+              {"type": "host_status", "fleet": "F1", "host": "h1", "status": "running"},
+              {"type": "step_start", "host": "h1", "step": "analysis", "kind": "analysis"}, verdict,
+              {"type": "step_end", "host": "h1", "step": "analysis", "status": "failed"},
+              {"type": "host_status", "fleet": "F1", "host": "h1", "status": "failed", "exit_code": 1},
+              {"type": "fleet_end", "fleet": "F1", "status": "failed", "exit_code": 1}]
+    documents = Documents("fleet", {"h1": "pd-1"})
+    [judged] = [d for e in events for d in documents.of(e) if d["type"] == "analysis.verdict"]
+    assert (judged["verdict"], judged["host"], judged["unit"], judged["batch"], judged["fleet"]) == (
+        "fail", "h1", "pd-1", 0, "F1")
+    assert judged["data"] == {"metric": "ttft_p99", "measured": 0.31, "threshold": 0.22, "method": "mann-whitney"}
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = Spans(provider, "fleet", 1.0)
+    for event in events:
+        spans(event)
+    spans.close()
+    step = next(s for s in exporter.get_finished_spans() if s.name == "step analysis")
+    assert step.attributes is not None
+    assert {k: step.attributes[k] for k in step.attributes if k.startswith("deployer.gate.")} == {
+        "deployer.gate.ttft_p99.verdict": "fail", "deployer.gate.ttft_p99.measured": 0.31,
+        "deployer.gate.ttft_p99.threshold": 0.22, "deployer.gate.ttft_p99.method": "mann-whitney"}
+    assert not step.status.is_ok and [s.name for s in exporter.get_finished_spans()][-1] == "rollout"
