@@ -110,6 +110,7 @@ class Notify(Strict):
         "How long the end of a run waits, at most, for the events not yet delivered."))
 
     def secrets(self) -> list[str]:
-        """Every header value: masked wherever a URL, an error or an event could show one."""
+        """Every header value: masked wherever a URL, an error or an event could show one (but one of 1-3
+        characters, a flag rather than a token: masking it would blank out the text around it)."""
         headers = [*(w.headers for w in self.webhooks), *([self.otlp.headers] if self.otlp else [])]
-        return [value for h in headers for value in resolve_headers(h).values() if value]
+        return [value for h in headers for value in resolve_headers(h).values() if len(value) >= 4]
