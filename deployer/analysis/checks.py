@@ -16,7 +16,8 @@ from deployer.config.models import Strict
 
 
 class LatencyCheck(Strict):
-    kind: Literal["histogram"] = "histogram"
+    kind: Literal["histogram"] = Field(default="histogram", description=(
+        "A latency histogram: its statistic compared with the baseline's."))
     name: str = Field(description="What the check is called in plan, the run log and the summary: `p99 TTFT`.")
     metric: str = Field(description="The histogram's family name: `sglang:time_to_first_token_seconds`.")
     labels: dict[str, str] = Field(default_factory=dict, description="The labels a series must have to count.")
@@ -38,7 +39,8 @@ class LatencyCheck(Strict):
 
 
 class CriticalCounter(Strict):
-    kind: Literal["critical"] = "critical"
+    kind: Literal["critical"] = Field(default="critical", description=(
+        "A critical counter: any increase in the canary fails it."))
     name: str = Field(description="What the check is called: `KV transfer failures`.")
     metric: str = Field(description="The counter's sample name: `sglang:num_transfer_failed_reqs_total`.")
     labels: dict[str, str] = Field(default_factory=dict, description="The labels a series must have to count.")
