@@ -171,10 +171,13 @@ def shipped_files(ctx: Context, commit: str, repo: str, dests: list[str]) -> tup
     bytes); ConfigError for a path or mode a Dockerfile layer cannot carry as it is."""
     from deployer.steps.gitops import OBJECT_ID, git, names
 
+    # What is left when the layer cannot carry a file: the patch, made by hand.
+    instead = (f"apply the patch to the image's source instead (git format-patch -1 {commit[:12]} in {repo} on "
+               "the target)")
     for path in (repo, *dests):
         if not LITERAL_PATH.match(path):
             raise ConfigError(f"{visible(path, multiline=False)} cannot be named literally in a Dockerfile (only "
-                              "letters, digits and ._+@%=,:/- are): apply the patch to the source instead")
+                              f"letters, digits and ._+@%=,:/- are): {instead}")
     outside = [d for d in dests
                if posixpath.isabs(d) or posixpath.normpath(d) != d or d.split("/")[0] in ("..", ".git")]
     if outside or not posixpath.isabs(repo):
@@ -190,7 +193,7 @@ def shipped_files(ctx: Context, commit: str, repo: str, dests: list[str]) -> tup
         mode, kind, oid, dest = found.groups()
         if mode not in MODES or kind != "blob" or not OBJECT_ID.fullmatch(oid):
             raise ConfigError(f"{dest} is not a plain file at {commit[:12]} (git mode {mode}): a Dockerfile COPY "
-                              "would not make it so; apply the patch to the source instead")
+                              f"would not make it so; {instead}")
         entries[dest] = (mode, oid)
     missing = sorted(set(dests) - set(entries))
     if missing:

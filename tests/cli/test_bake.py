@@ -188,3 +188,18 @@ def test_a_container_targets_dockerfile_is_from_its_image_and_builds_with_the_fi
     assert shown.stdout == FIXED_A
 
 
+
+
+@pytest.mark.parametrize("target", ["local"], indirect=True)
+def test_a_path_a_dockerfile_cannot_name_literally_is_refused_with_exit_2_and_nothing_written(
+        target: Project, tmp_path: Path) -> None:
+    target.write("fix/odd.py", "ODD = '${HOME}'\n")
+    run_id = target.applied(files=[{"src": "fix/odd.py", "dest": "pkg/odd $HOME.py", "create": True}],
+                            steps=["upload", {"commit": {"message": "an odd name"}}])
+    out = tmp_path / "baked"
+    done = baked(target, run_id, out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "pkg/odd $HOME.py cannot be named literally in a Dockerfile" in done.stderr
+    assert f"apply the patch to the image's source instead (git format-patch -1 {target.head()[:12]} in " \
+           f"{target.repo} on the target)" in done.stderr
+    assert not out.exists()
