@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import test_fleet
 import yaml
-from fixtures_repo import Project
-from test_fleet import as_json
+from fixtures_repo import Project, git
+from test_fleet import as_json, repo
 
 fleet = test_fleet.fleet
 second_sshd = test_fleet.second_sshd
@@ -142,6 +142,16 @@ def test_a_webhook_that_never_answers_costs_a_bounded_wait_is_recorded_and_never
     logs = [p.read_text() for p in fleet.runs.rglob("*") if p.is_file()]
     for secret in (TOKEN, "url-secret-xyz"):
         assert secret not in said and not any(secret in text for text in logs)
+
+
+def test_a_header_whose_environment_variable_is_unset_stops_the_apply_before_it_changes_anything(
+        fleet: Project, hook: Hook) -> None:
+    notify(fleet, webhooks=[webhook(hook)])
+    fleet.playbook(steps=test_fleet.BOUNDED)
+    head = git(repo(fleet, "h1"), "rev-parse", "HEAD")
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1")
+    assert result.returncode == 2 and "HOOK_TOKEN is not set" in result.stderr, result.stderr
+    assert git(repo(fleet, "h1"), "rev-parse", "HEAD") == head and hook.posts == []
 
 
 def test_a_fleet_apply_exports_its_spans_rollout_batch_host_step_to_an_otlp_receiver(fleet: Project) -> None:
