@@ -21,6 +21,7 @@ ran something, its `run_id` where it is recorded, and `document()`, the JSON obj
     init(InitOptions)            Made: the playbook written from a local change
     history, recorded, verify    the recorded runs: listed, one shown, its log verified
     lock_status, release_lock    the deploy lock on a host; record_golden: a canary's golden answer
+    bake(BakeOptions)            Baked: a succeeded run's commit as a patch and a Dockerfile layer on its image
 
 Failures, one rule: a use case RAISES the typed DeployerError of deployer.errors (each carries its exit code:
 ConfigError 2, ConnectError 4...) for a refusal before any run started, when nothing was recorded (a config that
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deployer.app.applies import ApplyOptions, apply
+    from deployer.app.bakes import Baked, BakeOptions, bake
     from deployer.app.checks import CheckOptions, CheckReport, GroupReport, check
     from deployer.app.golden import Golden, GoldenOptions, record_golden
     from deployer.app.locks import LockOptions, LockReleased, LockStatus, lock_status, release_lock
@@ -83,6 +85,8 @@ _EXPORTS = {
 
 __all__ = [
     "ApplyOptions",
+    "BakeOptions",
+    "Baked",
     "CheckOptions",
     "CheckReport",
     "DeploysOptions",
@@ -119,6 +123,7 @@ __all__ = [
     "Watch",
     "Watched",
     "apply",
+    "bake",
     "check",
     "deploys",
     "history",
