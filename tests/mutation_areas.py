@@ -92,7 +92,7 @@ AREAS = {
     # Run-log verify: the seal, chain, sequence, truncation and artifact checks.
     "run-log-verify": Area(
         {"deployer/runlog.py": ("verify", "_seal_intact", "_check_links", "_check_artifact")},
-        ("tests/run/test_runlog_tamper.py",), disable=""),  # as its recorded run was made
+        ("tests/test_runlog_tamper.py",), disable=""),  # as its recorded run was made
 }
 
 
