@@ -55,6 +55,7 @@ class Documents:
     fleet: str | None = None
     batches: list[list[str]] = field(default_factory=list)
     ended: dict[str, str] = field(default_factory=dict)  # host -> the status it ended with
+    closed: set[int] = field(default_factory=set)  # the batches whose batch.end was made
 
     def of(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         kind = event.get("type")
@@ -74,7 +75,8 @@ class Documents:
         self.ended[host] = status
         found = [self.document("host.end", event)]
         batch = self.batch_of(host)
-        if batch is not None and all(h in self.ended for h in self.batches[batch]) and host in self.batches[batch]:
+        if batch is not None and batch not in self.closed and all(h in self.ended for h in self.batches[batch]):
+            self.closed.add(batch)
             statuses = {h: self.ended[h] for h in self.batches[batch]}
             failed = [h for h, s in statuses.items() if s not in ("successful", "untouched")]
             found.append(self.document("batch.end", {"time": event.get("time"), "hosts": statuses},
@@ -143,9 +145,10 @@ class Notifier:
             missed = self.queued - self.delivered + self.dropped
             if missed:
                 waited = "" if not self.thread.is_alive() else f" within {self.flush_s:g}s"
+                failures = f"; see {self.log}" if self.failed else ""
                 self._say({"type": "notice", "message": (
-                    f"notify: {missed} of {self.queued + self.dropped} event(s) were not delivered{waited}; "
-                    f"see {self.log}")})
+                    f"notify: {missed} of {self.queued + self.dropped} event(s) were not delivered{waited}"
+                    f"{failures}")})
             return missed
 
     def _say(self, event: dict[str, Any]) -> None:
