@@ -16,7 +16,7 @@ decide, whatever on_failure says (exit 7).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -34,11 +34,12 @@ from deployer.analysis import (
     sglang_checks,
 )
 from deployer.config.models import Host, Strict, Url
+from deployer.diffs import DiffStat
 from deployer.errors import AnalysisInconclusive, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import Rejudged
+from deployer.steps.optional import Ordered, Rejudged
 
 SCRAPE_TIMEOUT_S = 5.0
 Checks = list[LatencyCheck | CriticalCounter]
@@ -117,11 +118,12 @@ def parsed(step: str, reads: Sequence[tuple[float, str]]) -> list[Scrape]:
         raise inconclusive(step, f"{exc}") from None
 
 
-class AnalysisBaseline(Step):
+class AnalysisBaseline(Step, Ordered):
     """Read this host's metrics before its restart, in windows, as the baseline of an `analysis` step with
     `baseline: before` (placed before the restart; it judges nothing)."""
 
     kind = "analysis_baseline"
+    before = ("co_restart",)
     scope = Scope.metrics_host
     Params = BaselineReadParams
     params: BaselineReadParams
@@ -147,6 +149,7 @@ class Analysis(Step, Rejudged):
     kind = "analysis"
     scope = Scope.metrics_host
     effect = Effect.verifies
+    judges = "analysis"
     Params = AnalysisParams
     params: AnalysisParams
 
@@ -172,6 +175,15 @@ class Analysis(Step, Rejudged):
         if isinstance(self.params.baseline, Sibling):
             return "this host against its sibling"
         return "this host after its restart against before it (analysis_baseline's reads)"
+
+    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+        """`baseline: before` without reads before the restart would fail after the commit and the restart."""
+        kinds = [item if isinstance(item, str) else next(iter(item), None) if isinstance(item, dict) else None
+                 for item in ctx.playbook.model.steps]
+        if self.params.baseline == "before" and AnalysisBaseline.kind not in kinds:
+            return [f"{self.name}: `baseline: before` needs an `analysis_baseline` step before the restart "
+                    "(or name an unpatched sibling: `baseline: {metrics: URL}`)"]
+        return []
 
     def after_revert(self, baseline: Mapping[str, float]) -> Step | str:
         """A rollback judges the reverted build against the sibling again; never against the reads before the

@@ -4,11 +4,15 @@ is one, then every check's metric, statistic, allowed change, minimum samples an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from planning import context, does, host, step
 
-from deployer.errors import StepFailed
+from deployer.diffs import DiffStat
+from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
+from deployer.steps.playbook import load_playbook
 
 METRICS = "http://127.0.0.1:30000/metrics"
 SIBLING = "http://10.0.0.3:30000/metrics"
@@ -71,3 +75,25 @@ def test_analysis_against_a_sibling_reads_both_at_the_same_instants_after_the_wa
 def test_analysis_steps_cannot_plan_without_a_metrics_url(kind: str) -> None:
     with pytest.raises(StepFailed, match="no metrics URL: set `metrics` on host gpu-1 or `url` on the step"):
         step(kind).plan(context(host()))
+
+
+def test_analysis_against_before_without_an_analysis_baseline_is_judged_before_the_run_touches_the_target() -> None:
+    unread = context(SERVING, steps=("upload", {"commit": {}}, "co_restart", "analysis"))
+    assert step("analysis").judge_here(unread, no_diff) == [
+        "analysis: `baseline: before` needs an `analysis_baseline` step before the restart (or name an unpatched "
+        "sibling: `baseline: {metrics: URL}`)"]
+    read = context(SERVING, steps=({"analysis_baseline": {"windows": 2}}, "upload", "co_restart", "analysis"))
+    assert step("analysis").judge_here(read, no_diff) == []
+    assert step("analysis", {"baseline": {"metrics": SIBLING}}).judge_here(unread, no_diff) == []
+
+
+def test_analysis_baseline_after_the_restart_is_refused_when_the_playbook_is_loaded(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "fix.yaml").write_text("name: late\nfiles: [{src: a.py, dest: a.py}]\nsteps: [upload, "
+                                       "{commit: {message: m}}, co_restart, analysis_baseline, analysis]\n")
+    with pytest.raises(ConfigError, match="analysis_baseline must come before co_restart"):
+        load_playbook(tmp_path / "fix.yaml")
+
+
+def no_diff() -> DiffStat:
+    raise AssertionError("the analysis needs no diff to judge its playbook")
