@@ -176,7 +176,7 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
         report.refused("auth", exc)
         return report
     with transport:
-        kind_rows = rows(host.transport)(transport, host)  # the kind's own: how it reached the host
+        kind_rows = rows(host.transport)(transport, host, _dests(playbook))  # the kind's own: how it reached the host
         for row in kind_rows:
             report.add(*row)
         if any(row.status == "fail" for row in kind_rows):

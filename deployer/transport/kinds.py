@@ -1,9 +1,10 @@
 """Target kinds by the name a host's `transport:` gives, each the module that owns it.
 
 A kind's module has `open_host(name, host, bus, accept_new_host_key) -> Transport` (the pipe to the target's
-python, and the connection's facts as TransportInfo) and `rows(transport, host) -> list[Row]` (its own rows of
-`deployer check`: how it was reached; a failed one ends that host's check). Modules are named, not imported,
-here: a kind is imported only when a host of it is opened (paramiko's import alone costs what a local run does).
+python, and the connection's facts as TransportInfo) and `rows(transport, host, dests) -> list[Row]` (its own
+rows of `deployer check`: how it was reached, where the playbook's dests live; a failed one ends that host's
+check). Modules are named, not imported, here: a kind is imported only when a host of it is opened (paramiko's
+import alone costs what a local run does).
 
 Each kind's host model is config.models.HOST_MODELS[kind], and the inventory's union is built from that: the
 inventory is loaded, checked and turned into JSON Schema in config/, a room below this one, which must know every
@@ -47,7 +48,7 @@ class Row(NamedTuple):
 
 # The host is the kind's own model (SshHost for ssh); the model's discriminator chose it by the same name.
 Opener = Callable[[str, Any, Emitter, bool], Transport]
-Rows = Callable[[Transport, Any], list[Row]]
+Rows = Callable[[Transport, Any, list[str]], list[Row]]  # the host, and the playbook's dests
 
 
 def opener(kind: str) -> Opener:

@@ -14,15 +14,16 @@ namespace and its context. The agent's start fails with it (AgentLost: exit 4), 
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deployer.agent.pipe import Pipe
 from deployer.config.models import KubernetesHost
 from deployer.errors import AgentLost, ConfigError, DeployerError, TransportError
 from deployer.text import visible
 from deployer.transport.base import Transport
-from deployer.transport.container import ContainerPipe
+from deployer.transport.container import ContainerPipe, beside_container
 from deployer.transport.kinds import Row
 from deployer.transport.local import LocalTransport
 from deployer.transport.pipes import shell_found_no
@@ -123,16 +124,60 @@ def kubectl_failure(pod: Pod, stderr: str) -> str:
     return f"kubectl exec ended before the agent started: {where}: {said}"
 
 
-def rows(transport: Transport, host: KubernetesHost) -> list[Row]:
-    """The kind's rows of `check`: where kubectl ran, and the agent started in the pod's container (or kubectl's
-    failure, exit 4). A failed row ends the host's check: nothing else can be asked without the agent."""
-    via = f"on the bastion {host.via} over SSH" if host.via else "on this machine"
-    found = [Row("kubectl", "ok", f"{host.pod.kubectl} runs {via}")]
+def rows(transport: Transport, host: KubernetesHost, dests: list[str]) -> list[Row]:
+    """The kind's rows of `check`: the agent started in the pod's container (or kubectl's failure, exit 4: a failed
+    row ends the host's check), then where the repo and each dest live in the pod (what a restart keeps)."""
     try:
         hello = transport.agent().verified()
     except AgentLost as exc:
-        return [*found, Row("pod", "fail", str(exc), exc.exit_code)]
-    return [*found, Row("pod", "ok", f"{host.pod.where()}: the agent runs in it (pid {hello.pid} there)")]
+        return [Row("pod", "fail", str(exc), exc.exit_code)]
+    via = f"on the bastion {host.via} over SSH" if host.via else "on this machine"
+    found = [Row("kubectl", "ok", f"{host.pod.kubectl} runs {via}"),
+             Row("pod", "ok", f"{host.pod.where()}: the agent runs in it (pid {hello.pid} there)")]
+    try:
+        spec = pod_spec(transport, host.pod)
+    except DeployerError as exc:
+        return [*found, Row("placement", "warn", f"the pod's spec could not be read: {exc}")]
+    paths = [posixpath.join(host.repo, dest) for dest in dests] or [host.repo]
+    for path, (volume, kind) in zip(paths, placements(spec, host.pod.container, paths), strict=True):
+        where = f"{path}: {KEEPS.get(kind, LAYER)}" + (f" (volume {volume!r})" if volume else "")
+        found.append(Row("placement", "warn" if volume is None else "ok", where))
+    return found
+
+
+# What survives where a file of the pod lives (docs: a container restart is a new container from the image).
+LAYER = "the container's own filesystem: gone when the container restarts (a new container from the image)"
+KEEPS = {"emptyDir": "an emptyDir: kept through a container restart, gone with the pod",
+         "hostPath": "a hostPath: kept through a container restart and by a new pod on the same node",
+         "persistentVolumeClaim": "a PVC: kept through a container restart and by a new pod",
+         "other": "a volume of another kind: see its own lifetime"}
+
+
+def pod_spec(transport: Transport, pod: Pod) -> dict[str, Any]:
+    """The pod's spec, as kubectl gets it where it runs (beside the agent in the pod, over the same transport)."""
+    assert pod.name is not None
+    done = beside_container(transport).run([*kubectl_argv(pod), "get", "pod", pod.name, "--output", "json"],
+                                           timeout=SELECTED_S)
+    if done.exit_code != 0:
+        raise AgentLost(kubectl_failure(pod, done.stderr.decode("utf-8", "replace")))
+    spec: dict[str, Any] = json.loads(done.stdout)["spec"]
+    return spec
+
+
+def placements(spec: dict[str, Any], container: str, paths: list[str]) -> list[tuple[str | None, str]]:
+    """For each absolute path in the container: the volume it is under (None: the container's own layer) and
+    that volume's kind (emptyDir, hostPath, persistentVolumeClaim, other)."""
+    kinds = {volume["name"]: next((kind for kind in KEEPS if kind in volume), "other")
+             for volume in spec.get("volumes", [])}
+    mounts = [(mount["mountPath"].rstrip("/") or "/", mount["name"])
+              for each in spec.get("containers", []) if each.get("name") == container
+              for mount in each.get("volumeMounts", [])]
+    found: list[tuple[str | None, str]] = []
+    for path in paths:
+        under = [(at, name) for at, name in mounts if path == at or path.startswith(at.rstrip("/") + "/")]
+        name = max(under, default=("", None), key=lambda mount: len(mount[0]))[1]
+        found.append((name, kinds.get(name, "other")) if name is not None else (None, "layer"))
+    return found
 
 
 class _Quiet:

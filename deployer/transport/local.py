@@ -25,7 +25,7 @@ def open_host(name: str, host: LocalHost, bus: Emitter, accept_new_host_key: boo
     return LocalTransport(name, python=host.python, become=host.become)
 
 
-def rows(transport: Transport, host: LocalHost) -> list[Row]:
+def rows(transport: Transport, host: LocalHost, dests: list[str]) -> list[Row]:
     """The kind's rows of `check` (transport/kinds.py): nothing to connect to."""
     return [Row("host key", "ok", "local host: no SSH"), Row("auth", "ok", "local host: no SSH")]
 

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_kube import Container, Kube
+from fixtures_kube import Container, Kube, Volume
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, init_repo
 from fixtures_ssh import SSHD
+
+from deployer.transport.kubernetes import placements
 
 POD_REPO = "/sgl-workspace"
 FILES = {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A, "pkg/b.py": ORIGINAL_B}
@@ -55,6 +57,8 @@ def test_check_and_apply_ship_into_the_pods_repo_and_rollback_undoes_it(sglang: 
     checked = project.deployer("check", "fix.yaml", "--host", "box")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "kubectl" in checked.stdout and "the agent runs in it" in checked.stdout
+    assert f"{POD_REPO}/pkg/a.py: the container's own filesystem: gone when the container restarts" in \
+        checked.stdout.replace("\n", " ")
 
     applied = project.deployer("apply", "fix.yaml", "--host", "box")
     assert applied.returncode == 0, applied.stdout + applied.stderr
@@ -131,3 +135,18 @@ def test_a_label_selector_is_one_host_per_pod_it_selects_named_like_a_group(kube
     assert applied.returncode == 0, applied.stdout + applied.stderr
     for pod, shipped in (("decode-0", FIXED_A), ("decode-1", FIXED_A), ("prefill-0", ORIGINAL_A)):
         assert in_pod(kube, f"cat {POD_REPO}/pkg/a.py", pod) == shipped, pod
+
+
+def test_each_path_is_placed_on_the_volume_it_is_under_in_the_pods_spec_or_on_the_layer(
+        kube: Kube, tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    volumes = (Volume("cache"), Volume("models", "hostPath", str(tmp_path / "models")),
+               Volume("data", "persistentVolumeClaim", "claim-0"))
+    mounts = {"cache": "/srv/cache", "models": "/srv/models", "data": "/srv/models/data"}
+    kube.pod("sglang-0", Container("server", mounts=mounts), volumes=volumes)
+    spec = kube.kubectl_json("get", "pod", "sglang-0")["spec"]
+    paths = ["/srv/cache/a.py", "/srv/models/b.py", "/srv/models/data/c.py", "/srv/cached.py", "/srv/models"]
+    assert placements(spec, "server", paths) == [
+        ("cache", "emptyDir"), ("models", "hostPath"), ("data", "persistentVolumeClaim"), (None, "layer"),
+        ("models", "hostPath")]
+    assert placements(spec, "sidecar", paths[:1]) == [(None, "layer")]  # another container's mounts are not its

@@ -53,7 +53,7 @@ def open_host(name: str, host: SshHost, bus: Emitter, accept_new_host_key: bool)
     return connect_host(name, SshParams.of(name, host), bus, accept_new_host_key)
 
 
-def rows(transport: Transport, host: SshHost) -> list[Row]:
+def rows(transport: Transport, host: SshHost, dests: list[str]) -> list[Row]:
     """The kind's rows of `check` (transport/kinds.py): the host key it pinned, the login it made."""
     return [Row("host key", "ok", f"pinned: {transport.info.host_key_fingerprint}"),
             Row("auth", "ok", f"logged in to {transport.info.target}")]
