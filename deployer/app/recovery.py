@@ -76,6 +76,10 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
         run_id = run_id or recovery.pending_run(engine)
         if run_id is None:  # as `recover RUN` says of a run with nothing left: exit 0
             return NothingToRecover(f"{host}: {recovery.NOTHING}", {"host": host, "run_id": None})
+        if (runs_path / run_id / runlog.EVENTS).is_file():
+            # The run the target names was made here: recovered with its own playbook (its restart and its checks,
+            # the drain too), as `recover RUN_ID` would, not with the bare restart another machine must make do with.
+            engine = build.to_recover(runlog.read_run(runs_path, run_id), host)
     else:
         raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
                           "intent record")
