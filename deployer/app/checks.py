@@ -305,7 +305,11 @@ def _check_lock(report: CheckReport, ctx: Context) -> None:
     if state is None:
         report.add("lock", "ok", "free")
     else:
-        report.add("lock", "fail", state.describe(), 3)
+        holder = None if state.taking or state.invalid is not None else state.info.get("run_id")
+        # As apply says of it: recover is the way out of a lock whose run is gone (it refuses a live one).
+        hint = f"; if run {holder} is gone (killed, disconnected), end it with: deployer recover {holder} " \
+            f"--host {ctx.host_name}" if holder else ""
+        report.add("lock", "fail", state.describe() + hint, 3)
 
 
 def _check_services(report: CheckReport, ctx: Context) -> None:

@@ -70,6 +70,8 @@ def test_check_exits_3_and_names_the_holder_when_the_lock_is_held(target: Projec
     found = checks(result)
     assert found["lock"]["status"] == "fail"
     assert "held by run 20260101T000000.000Z-abcdef of alice@ops" in found["lock"]["detail"]
+    # The way out, as apply names it: recover takes the lock of a run that is gone (and refuses a live one).
+    assert "end it with: deployer recover 20260101T000000.000Z-abcdef --host box" in found["lock"]["detail"]
     assert lock.is_dir()
 
 
