@@ -18,6 +18,7 @@ from deployer.run.revert_checks import RevertChecks
 from deployer.runstate import RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import EventBus, Listener, LoadedPlaybook
+from deployer.steps.optional import reach_routers
 from deployer.steps.playbook import load_playbook, parse_playbook
 from deployer.transport.factory import Opening, open_transport
 
@@ -62,7 +63,7 @@ class Build:
             self.revert_checks.refuse_unknown(steps)
             engine.revert_checks = self.revert_checks
         for step in steps:  # a canary `via:` a router of the inventory; read only if one names a router
-            step.reach_routers(self.inventory_routers)
+            reach_routers(step, self.inventory_routers)
         return engine
 
     def inventory_routers(self) -> Routers:

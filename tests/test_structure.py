@@ -119,7 +119,7 @@ def test_every_import_between_rooms_goes_down() -> None:
     later), under `if TYPE_CHECKING:` (a type named from a room above is knowledge of that room: mypy follows it,
     and the room cannot be understood, moved or tested without the one above), and a module a registry names as a
     string. A room that needs something from above it gets it moved down to where it belongs, or injected (a
-    Protocol in the lower room, implemented above: agent.pipe.Pipe, steps.base.RouterReach)."""
+    Protocol in the lower room, implemented above: agent.pipe.Pipe, steps.optional.RouterReach)."""
     names = set(modules())
     floor = {name: level for level, name in enumerate(FLOORS)}
     upward = []

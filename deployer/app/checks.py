@@ -24,6 +24,7 @@ from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
 from deployer.run.mounts import gone, inspection, last_placement
 from deployer.run.preflight import lazy_projection, preflight
+from deployer.steps import optional
 from deployer.steps.base import Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, Listener, LoadedPlaybook
@@ -129,7 +130,7 @@ def check(options: CheckOptions, *, listener: Listener | None = None) -> GroupRe
     steps = load_playbook(Path(options.playbook)) if options.playbook else None
     build = build_of(options, listener)
     for step in steps[1] if steps else []:  # a canary `via:` names a router of this inventory
-        step.reach_routers(lambda: build.routers(loaded))
+        optional.reach_routers(step, lambda: build.routers(loaded))
     return check_hosts({name: loaded.hosts[name] for name in hosts}, steps, connect=build.connector,
                        units={name: loaded.units[name] for name in targets.units_of(loaded, hosts)},
                        listeners=[listener] if listener is not None else [],
@@ -161,7 +162,8 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
                runs_dir: Path | None = None) -> CheckReport:
     report = CheckReport(host_name)
     if playbook is not None:
-        problems = [f"{s.where}: {s.name}: {p}" for s in playbook[1] if (p := s.check_host(host_name, host))]
+        problems = [f"{s.where}: {s.name}: {p}" for s in playbook[1]
+                    if (p := optional.check_host(s, host_name, host))]
         report.add("playbook", "fail" if problems else "ok", "; ".join(problems) or str(playbook[0].path), 2)
     bus = EventBus(Masker(host.secrets()), host_name)
     bus.listeners.extend(listeners or [])
@@ -265,7 +267,7 @@ def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlayb
 def _check_judged(report: CheckReport, ctx: Context, steps: list[Step]) -> None:
     """What apply judges right after its preflight, before it touches the target (the shipped Python compiles
     here, the projected diff is within the bounds): from the same reads, so check and apply agree."""
-    judging = [s for s in steps if s.judges]
+    judging = [s for s in steps if optional.judges(s)]
     if not judging:
         return
     try:
@@ -274,8 +276,8 @@ def _check_judged(report: CheckReport, ctx: Context, steps: list[Step]) -> None:
         report.add("preflight", "fail", str(exc), exc.exit_code)
         return
     for step in judging:
-        problems = step.judge_here(ctx, projected)
-        report.add(step.judges, "fail" if problems else "ok",
+        problems = optional.judge_here(step, ctx, projected)
+        report.add(optional.judges(step), "fail" if problems else "ok",
                    f"{step.where}: {step.name}: {'; '.join(problems)}" if problems else f"{step.name}: ok "
                    f"(projected: {projected().summary()})", 1)
 
@@ -355,7 +357,7 @@ def _check_metrics(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlay
         report.add("metrics", "ok" if answer == 200 else "fail",
                    f"{url} answers {answer}" if answer else f"{url} does not answer", 1)
     for step in playbook[1] if playbook else []:
-        for row in step.live_checks(ctx):
+        for row in optional.live_checks(step, ctx):
             report.add(row.name, "ok" if row.ok else "fail", row.detail, 1)
 
 

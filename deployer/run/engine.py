@@ -42,6 +42,7 @@ from deployer.runstate import (
     RunState,
     ensure_headroom,
 )
+from deployer.steps import optional
 from deployer.steps.base import Effect, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, Listener, LoadedPlaybook
@@ -163,7 +164,7 @@ class Engine:
     def check_host(self) -> None:
         """Everything the steps need from the inventory host, before anything connects."""
         problems = [f"{s.where}: {s.name}: {problem}" for s in self.steps
-                    if (problem := s.check_host(self.host_name, self.host))]
+                    if (problem := optional.check_host(s, self.host_name, self.host))]
         if problems:
             raise ConfigError("\n".join(problems))
 

@@ -16,7 +16,7 @@ from deployer.run.prepare import already_applied
 from deployer.steps.action import Kind, briefly
 from deployer.steps.base import Action, Step
 from deployer.steps.context import Context
-from deployer.steps.optional import plan_note
+from deployer.steps.optional import judge_here, judges, plan_note
 
 
 @dataclass
@@ -95,7 +95,7 @@ def plan(ctx: Context, steps: Sequence[Step], *, allow_dirty: bool = False) -> P
              for c, stat in zip(ctx.changes, counts, strict=True)]
     stat = projected_stat(ctx, head, {f.dest: f.stat for f in files})
     applied = already_applied(ctx)  # as apply judges it: nothing to do, so nothing to judge
-    judged = {} if applied else {s.judges: s.judge_here(ctx, lambda: stat) for s in steps if s.judges}
+    judged = {} if applied else {judges(s): judge_here(s, ctx, lambda: stat) for s in steps if judges(s)}
     assert ctx.git_dir is not None and ctx.git_before is not None
     lock = read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     shown = [(s.name, masked(bus.masker, s.plan(ctx))) for s in steps]

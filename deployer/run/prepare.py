@@ -14,6 +14,7 @@ from deployer.run.preflight import Reads, lazy_projection, preflight, refuse_unr
 from deployer.run.whole import Whole
 from deployer.runlog import RunLogWriter
 from deployer.runstate import FileRecord, ensure_headroom, git_blob_id
+from deployer.steps import optional
 from deployer.steps.base import Step
 from deployer.steps.context import Context
 
@@ -51,8 +52,8 @@ def judge_here(ctx: Context, steps: Sequence[Step], projected: Callable[[], diff
     """What can fail without the target fails before the run touches it (a baseline's storm included), in the
     playbook's own words: the first such step is named as the failed one."""
     for step in steps:
-        if problems := step.judge_here(ctx, projected):
-            ctx.emit("judged_here", judged=step.judges, of_step=step.name, problems=problems)
+        if problems := optional.judge_here(step, ctx, projected):
+            ctx.emit("judged_here", judged=optional.judges(step), of_step=step.name, problems=problems)
             failure = StepFailed(step.name, f"{'; '.join(problems)} (judged before the run touched the "
                                  "target: nothing on it was changed)")
             if step.where:

@@ -33,7 +33,15 @@ from deployer.runstate import FileRecord, Phase, RunRecordError, ensure_headroom
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Change, Context
 from deployer.steps.gitops import HEAD, OBJECT_ID, usual_git_dir
-from deployer.steps.optional import reads_target_first, runs_here, send_changes, sends_changes, target_decides
+from deployer.steps.optional import (
+    judge_here,
+    judges,
+    reads_target_first,
+    runs_here,
+    send_changes,
+    sends_changes,
+    target_decides,
+)
 from deployer.text import shown
 
 # The identity the batch assumes the target has (the email read is a guard): preflight reads the real one.
@@ -75,7 +83,7 @@ class Whole:
         ctx.facts.identity, ctx.facts.unchanged = ASSUMED_IDENTITY, []
         rest = self.chain[self.upload + 1:self.commit]
         try:
-            judged = any(s.judge_here(ctx, _no_projection) for s in self.chain[:self.upload] if s.judges)
+            judged = any(judge_here(s, ctx, _no_projection) for s in self.chain[:self.upload] if judges(s))
         except DeployerError:
             judged = True  # said in its turn, as by any run
         if judged or not all(target_decides(s, ctx) for s in rest):

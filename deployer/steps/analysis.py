@@ -39,7 +39,7 @@ from deployer.errors import AnalysisInconclusive, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import Ordered, Rejudged
+from deployer.steps.optional import ChecksHost, JudgesEarly, Ordered, Rejudged
 
 SCRAPE_TIMEOUT_S = 5.0
 Checks = list[LatencyCheck | CriticalCounter]
@@ -118,7 +118,7 @@ def parsed(step: str, reads: Sequence[tuple[float, str]]) -> list[Scrape]:
         raise inconclusive(step, f"{exc}") from None
 
 
-class AnalysisBaseline(Step, Ordered):
+class AnalysisBaseline(Step, ChecksHost, Ordered):
     """Read this host's metrics before its restart, in windows, as the baseline of an `analysis` step with
     `baseline: before` (placed before the restart; it judges nothing)."""
 
@@ -142,7 +142,7 @@ class AnalysisBaseline(Step, Ordered):
         return f"{self.params.windows} windows of {self.params.interval_s:g}s read before the restart"
 
 
-class Analysis(Step, Rejudged):
+class Analysis(Step, ChecksHost, JudgesEarly, Rejudged):
     """Judge the new build against a baseline on its serving metrics: each check's pass, fail or inconclusive,
     and why; a fail is a failed check, inconclusive is never a pass (exit 7: the commit is kept for a person)."""
 

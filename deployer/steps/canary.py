@@ -35,12 +35,13 @@ from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, LoadedPlaybook
+from deployer.steps.optional import ChecksHost, ReachesRouters
 from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
 if TYPE_CHECKING:
     from deployer.config.routers import Router
-    from deployer.steps.base import RouterReach
+    from deployer.steps.optional import RouterReach
 
 GOLDEN_FORMAT = 1
 
@@ -179,7 +180,7 @@ def golden_of(answer: Answer, action: Action) -> dict[str, Any]:
     return {"format": GOLDEN_FORMAT, "request": json.loads(action.body), "url": answer.url, "text": answer.text}
 
 
-class Canary(Step):
+class Canary(Step, ChecksHost, ReachesRouters):
     """Prove the new build with a real generation, optionally compared with a recorded golden answer."""
 
     kind = "canary"

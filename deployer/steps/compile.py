@@ -12,7 +12,7 @@ from deployer.diffs import DiffStat
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Step
 from deployer.steps.context import NOTHING, Context, Submitted
-from deployer.steps.optional import Ordered, Prefetches, RunsHere, sent
+from deployer.steps.optional import JudgesEarly, Ordered, Prefetches, RunsHere, sent
 from deployer.steps.upload import compiled_there, staged
 
 
@@ -32,7 +32,7 @@ def compile_error(ctx: Context, dest: str) -> str | None:
     return None
 
 
-class LocalCompile(Step, RunsHere, Ordered):
+class LocalCompile(Step, RunsHere, JudgesEarly, Ordered):
     """Compile the Python files to ship here, before the target is touched."""
 
     kind = "local_compile"

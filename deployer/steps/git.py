@@ -18,7 +18,7 @@ from deployer.steps.action import Bound as Values
 from deployer.steps.base import Action, Effect, Step
 from deployer.steps.context import NOTHING, Context, Submitted
 from deployer.steps.gitops import HEAD, git, names, touched_argv
-from deployer.steps.optional import Ordered, Prefetches, SendsAhead, sent
+from deployer.steps.optional import JudgesEarly, Ordered, Prefetches, SendsAhead, sent
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
@@ -58,7 +58,7 @@ def _show(bound: Bound) -> str:
     return str(bound) if isinstance(bound, int) else f"[{bound[0]}, {bound[1]}]"
 
 
-class DiffBounds(Step, Prefetches, Ordered):
+class DiffBounds(Step, Prefetches, JudgesEarly, Ordered):
     """The diff against HEAD is the size the fix should be (files, insertions, deletions); zero changes fail."""
 
     kind = "diff_bounds"

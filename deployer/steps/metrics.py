@@ -19,9 +19,9 @@ from deployer.agent.protocol import HttpResult
 from deployer.config.models import Host, Strict, Url
 from deployer.errors import StepFailed
 from deployer.steps.action import Action
-from deployer.steps.base import Effect, LiveCheck, Scope, Step, no_url
+from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import NotesPlan, Rejudged
+from deployer.steps.optional import ChecksHost, LiveCheck, NotesPlan, ReadsLive, Rejudged
 from deployer.steps.storm import StormParams, no_abort_all, storm, storm_actions
 from deployer.transport.base import Transport
 
@@ -140,7 +140,7 @@ def baseline_was(metric: str, value: float) -> str:
     return f"the baseline of {metric} was {value:g}"
 
 
-class MetricStep(Step):
+class MetricStep(Step, ChecksHost, ReadsLive):
     params: MetricParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:

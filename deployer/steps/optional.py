@@ -12,6 +12,8 @@ runs needs none of them.
 - Narrows, Rejudged: what a recover and a rollback make of the step (run/recover.py, run/revert_checks.py).
 - Refuses, NotesPlan, Ordered: what the target must offer before the run changes it, what the plan warns of,
   where the step goes in a playbook that uploads.
+- ChecksHost, JudgesEarly, ReadsLive, ReachesRouters: what the inventory check, the plan, the run's preparation
+  and `deployer check` ask of a step (app/checks.py, run/engine.py, run/plan.py, run/prepare.py, build.py).
 
 RunsHere and Ordered hold no method: they are plain classes, named among a kind's bases all the same.
 """
@@ -19,14 +21,19 @@ RunsHere and Ordered hold no method: they are plain classes, named among a kind'
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from deployer.config.models import Host
+from deployer.diffs import DiffStat
 from deployer.steps.base import Scope, Step
 from deployer.steps.context import Context, Submitted
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
+    from deployer.config.routers import Router
+    from deployer.transport.base import Transport
 
 
 # -- the first round trip ----------------------------------------------------------------------------------
@@ -218,3 +225,88 @@ class Ordered:
 
     after: ClassVar[tuple[str, ...]] = ()
     before: ClassVar[tuple[str, ...]] = ()
+
+
+# -- what the inventory check, the plan and `deployer check` ask of a step --------------------------------------
+
+
+@runtime_checkable
+class ChecksHost(Protocol):
+    """A step that needs something of its inventory host (a URL, a service), checked before anything connects."""
+
+    @abstractmethod
+    def check_host(self, host_name: str, host: Host) -> str | None:
+        """What this step needs from the inventory host and does not get; None: nothing."""
+
+
+def check_host(step: Step, host_name: str, host: Host) -> str | None:
+    return step.check_host(host_name, host) if isinstance(step, ChecksHost) else None
+
+
+@runtime_checkable
+class JudgesEarly(Protocol):
+    """A step that can say what would fail it before the run touches the target, whatever its place in the
+    playbook, so a broken fix never costs a storm: the run's preparation, the plan and `deployer check` ask it."""
+
+    judges: ClassVar[str]  # what it judges: the plan and `deployer check` report it under this label
+
+    @abstractmethod
+    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+        """What would fail this step (`projected()` is the diff the plan projects, counted on first call). "Here":
+        in the run's preparation, from the shipped bytes and the target's HEAD (read-only reads allowed)."""
+
+
+def judges(step: Step) -> str:
+    """The label of what the step judges early; "": it judges nothing early."""
+    return step.judges if isinstance(step, JudgesEarly) else ""
+
+
+def judge_here(step: Step, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+    return step.judge_here(ctx, projected) if isinstance(step, JudgesEarly) else []
+
+
+@dataclass(frozen=True)
+class LiveCheck:
+    """A row of `deployer check`: what a step reads on the target now, and whether its run could start from it."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@runtime_checkable
+class ReadsLive(Protocol):
+    """A step whose inputs `deployer check` reads live (a metric step: its gauge now)."""
+
+    @abstractmethod
+    def live_checks(self, ctx: Context) -> list[LiveCheck]:
+        """What `deployer check` reads for this step, live and read-only."""
+
+
+def live_checks(step: Step, ctx: Context) -> list[LiveCheck]:
+    return step.live_checks(ctx) if isinstance(step, ReadsLive) else []
+
+
+class RouterReach(Protocol):
+    """The inventory's routers and a connection to a router's host (fleet.router.Routers): what a step that
+    sends through a router (the canary's `via:`) is given, typed here so that steps need not import the fleet."""
+
+    @property
+    def specs(self) -> dict[str, Router]: ...
+
+    @property
+    def connect(self) -> Callable[[str], Transport] | None: ...
+
+
+@runtime_checkable
+class ReachesRouters(Protocol):
+    """A step that sends through a router of the inventory (the canary's `via:`)."""
+
+    @abstractmethod
+    def reach_routers(self, routers: Callable[[], RouterReach]) -> None:
+        """The inventory's routers (read when called)."""
+
+
+def reach_routers(step: Step, routers: Callable[[], RouterReach]) -> None:
+    if isinstance(step, ReachesRouters):
+        step.reach_routers(routers)

@@ -14,6 +14,7 @@ from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.loadgen import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT, MAX_CONCURRENCY, MAX_REQUESTS, run_storm
+from deployer.steps.optional import ChecksHost
 
 
 class StormParams(Strict):
@@ -95,7 +96,7 @@ def storm(ctx: Context, params: StormParams) -> str:
             f"{result.errors} errors in {result.duration_s:.1f}s")
 
 
-class Storm(Step):
+class Storm(Step, ChecksHost):
     """Fire a bounded burst of concurrent requests with short client timeouts, to provoke the bug's aborts."""
 
     kind = "storm"

@@ -25,7 +25,7 @@ from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import Narrows, Ordered, Refuses, SpansUnit
+from deployer.steps.optional import ChecksHost, JudgesEarly, Narrows, Ordered, Refuses, SpansUnit
 from deployer.steps.services import manager_for
 from deployer.steps.services.gang import GangStart
 from deployer.steps.services.gpu import GpuWait
@@ -171,7 +171,7 @@ class CoRestartParams(Strict):
     timeout_s: float = Field(default=60.0, description="Seconds each stop or start command may take.")
 
 
-class CoRestart(Step, Refuses, Narrows, SpansUnit, Ordered):
+class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, Narrows, SpansUnit, Ordered):
     """Restart the services as one: stopped in reverse order, started in order, each proven by a new PID and health."""
 
     kind = "co_restart"
