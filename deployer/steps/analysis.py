@@ -16,7 +16,7 @@ decide, whatever on_failure says (exit 7).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -34,12 +34,11 @@ from deployer.analysis import (
     sglang_checks,
 )
 from deployer.config.models import Host, Strict, Url
-from deployer.diffs import DiffStat
 from deployer.errors import AnalysisInconclusive, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import ChecksHost, JudgesEarly, Ordered, Rejudged
+from deployer.steps.optional import ChecksHost, Needs, Ordered, Rejudged
 
 SCRAPE_TIMEOUT_S = 5.0
 Checks = list[LatencyCheck | CriticalCounter]
@@ -142,14 +141,13 @@ class AnalysisBaseline(Step, ChecksHost, Ordered):
         return f"{self.params.windows} windows of {self.params.interval_s:g}s read before the restart"
 
 
-class Analysis(Step, ChecksHost, JudgesEarly, Rejudged):
+class Analysis(Step, ChecksHost, Needs, Rejudged):
     """Judge the new build against a baseline on its serving metrics: each check's pass, fail or inconclusive,
     and why; a fail is a failed check, inconclusive is never a pass (exit 7: the commit is kept for a person)."""
 
     kind = "analysis"
     scope = Scope.metrics_host
     effect = Effect.verifies
-    judges = "analysis"
     Params = AnalysisParams
     params: AnalysisParams
 
@@ -176,14 +174,12 @@ class Analysis(Step, ChecksHost, JudgesEarly, Rejudged):
             return "this host against its sibling"
         return "this host after its restart against before it (analysis_baseline's reads)"
 
-    def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
+    def needs(self) -> dict[str, str]:
         """`baseline: before` without reads before the restart would fail after the commit and the restart."""
-        kinds = [item if isinstance(item, str) else next(iter(item), None) if isinstance(item, dict) else None
-                 for item in ctx.playbook.model.steps]
-        if self.params.baseline == "before" and AnalysisBaseline.kind not in kinds:
-            return [f"{self.name}: `baseline: before` needs an `analysis_baseline` step before the restart "
-                    "(or name an unpatched sibling: `baseline: {metrics: URL}`)"]
-        return []
+        if self.params.baseline != "before":
+            return {}
+        return {AnalysisBaseline.kind: "`baseline: before` judges against its reads before the restart (or name "
+                                       "an unpatched sibling: `baseline: {metrics: URL}`)"}
 
     def after_revert(self, baseline: Mapping[str, float]) -> Step | str:
         """A rollback judges the reverted build against the sibling again; never against the reads before the

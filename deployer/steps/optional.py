@@ -227,6 +227,20 @@ class Ordered:
     before: ClassVar[tuple[str, ...]] = ()
 
 
+@runtime_checkable
+class Needs(Protocol):
+    """A step whose params need another kind earlier in any playbook (an analysis against `before` needs the
+    reads of an analysis_baseline): refused when the playbook loads, never after a commit."""
+
+    @abstractmethod
+    def needs(self) -> dict[str, str]:
+        """kind -> why this step needs it earlier."""
+
+
+def needs(step: Step) -> dict[str, str]:
+    return step.needs() if isinstance(step, Needs) else {}
+
+
 # -- what the inventory check, the plan and `deployer check` ask of a step --------------------------------------
 
 

@@ -15,7 +15,7 @@ from deployer.errors import ConfigError
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import LoadedPlaybook
 from deployer.steps.kinds import KINDS
-from deployer.steps.optional import Ordered
+from deployer.steps.optional import Ordered, needs
 
 
 def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:
@@ -129,6 +129,10 @@ def check_order(steps: list[Step]) -> None:
     removes from disk; a local_compile after the upload would check what was already sent.
     """
     kinds = [s.kind for s in steps]
+    for index, step in enumerate(steps):
+        for kind, why in needs(step).items():
+            if kind not in kinds[:index]:
+                raise ConfigError(f"{step.where}: {step.name} needs an earlier {kind} step: {why}")
     if "upload" not in kinds:
         return
     for index, step in enumerate(steps):

@@ -77,14 +77,25 @@ def test_analysis_steps_cannot_plan_without_a_metrics_url(kind: str) -> None:
         step(kind).plan(context(host()))
 
 
-def test_analysis_against_before_without_an_analysis_baseline_is_judged_before_the_run_touches_the_target() -> None:
-    unread = context(SERVING, steps=("upload", {"commit": {}}, "co_restart", "analysis"))
-    assert step("analysis").judge_here(unread, no_diff) == [
-        "analysis: `baseline: before` needs an `analysis_baseline` step before the restart (or name an unpatched "
-        "sibling: `baseline: {metrics: URL}`)"]
-    read = context(SERVING, steps=({"analysis_baseline": {"windows": 2}}, "upload", "co_restart", "analysis"))
-    assert step("analysis").judge_here(read, no_diff) == []
-    assert step("analysis", {"baseline": {"metrics": SIBLING}}).judge_here(unread, no_diff) == []
+def test_analysis_against_before_without_an_analysis_baseline_is_refused_when_the_playbook_is_loaded(
+        tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    playbook = tmp_path / "fix.yaml"
+    playbook.write_text("name: unread\nfiles: [{src: a.py, dest: a.py}]\nsteps: [upload, {commit: {message: m}}, "
+                        "co_restart, analysis]\n")
+    with pytest.raises(ConfigError, match="analysis needs an earlier analysis_baseline step: `baseline: before` "
+                                          "judges against its reads before the restart"):
+        load_playbook(playbook)
+    # A restart-only playbook too (its order rules for an upload do not apply): never found after a restart.
+    playbook.write_text("name: unread\nsteps: [co_restart, analysis]\n")
+    with pytest.raises(ConfigError, match="needs an earlier analysis_baseline"):
+        load_playbook(playbook)
+    playbook.write_text("name: read\nfiles: [{src: a.py, dest: a.py}]\nsteps: [{analysis_baseline: {windows: 2}}, "
+                        "upload, {commit: {message: m}}, co_restart, analysis]\n")
+    load_playbook(playbook)
+    playbook.write_text("name: sibling\nsteps: [co_restart, {analysis: {baseline: {metrics: "
+                        "'http://127.0.0.1:9/metrics'}}}]\n")
+    load_playbook(playbook)
 
 
 def test_analysis_baseline_after_the_restart_is_refused_when_the_playbook_is_loaded(tmp_path: Path) -> None:
