@@ -49,7 +49,8 @@ class Check:
 
 def checks_of(events: list[dict[str, Any]]) -> list[Check]:
     """The run's baselines, storms and drains in the order they ran, each followed by the planned drains it never
-    reached (an apply's own, and a rollback's, run again once it reverted)."""
+    reached once they were due: an apply's own once it changed what the target serves (its commit, its restart),
+    a rollback's once it reverted. An unchanged run, a refused one or one stopped before its commit owed none."""
     start = next((e for e in events if e.get("type") == "run_start"), {})
     git = next((e for e in events if e.get("type") == "run_end"), {}).get("git") or {}
     planned = {str(s.get("name")): s for s in start.get("steps") or [] if isinstance(s, dict)}
@@ -60,17 +61,21 @@ def checks_of(events: list[dict[str, Any]]) -> list[Check]:
     build = built("the build before the fix", git.get("before"))
     reverted: str | None = None
     loaded = True
+    due = False  # the apply's drains: owed once the run committed or restarted
     found: list[Check] = []
     metric_checks: dict[str, Check] = {}
     for event in events:
         kind, step = event.get("type"), str(event.get("step") or "")
         if kind == "rollback":
             reverted = event.get("commit")
+        elif kind == "commit":
+            due = True
         elif kind == "restart":  # from here the services run the code this run's restart started
             build = built("the reverted build", reverted) if step.startswith("rollback:") else \
                 built("the fix's build", git.get("after")) if git.get("after") else \
                 built("the build at HEAD", git.get("before"))
             loaded = False
+            due = due or not step.startswith("rollback:")
         elif kind == "storm":
             found.append(Check(step, "storm", build, storm=event))
             loaded = True
@@ -84,7 +89,7 @@ def checks_of(events: list[dict[str, Any]]) -> list[Check]:
         elif kind == "step_end" and step in metric_checks:
             metric_checks[step].status = event.get("status")
     drains = [name for name, s in planned.items() if s.get("kind") == "drain"]
-    expected = ([] if start.get("kind") not in (None, "apply") else drains) + \
+    expected = (drains if due and start.get("kind") in (None, "apply") else []) + \
         ([f"rollback:{name}" for name in drains] if reverted else [])
     missing = [Check(name, "drain", metric=metric_of(name)) for name in expected if name not in metric_checks]
     return sorted(found + missing, key=lambda check: check.step.startswith("rollback:"))  # the fix's, then the revert's
