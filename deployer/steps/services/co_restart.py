@@ -58,6 +58,8 @@ class Restart:
         self.gpus = {m: GpuWait(m) for m in self.members if m.service.gpus}
         for m in self.members:  # the events each manager emits itself carry them too
             m.tags = self.tags
+            if self.leader is not None and (m.ctx.host_name, m.name) != self.leader:
+                m.up_health = None  # a gang's health is its leader's: the other ranks' liveness is their process
 
     def stages(self) -> list[Stage]:
         def each(do: Callable[[Manager], None], actions: Callable[[Manager], list[Action]],

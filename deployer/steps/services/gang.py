@@ -58,9 +58,6 @@ class GangStart:
     def run(self) -> dict[Manager, int]:
         """Start every member at once; each one's new pid, or StepFailed naming the member that failed, once
         every member was stopped again."""
-        for m in self.members:
-            if m is not self.leader:
-                m.up_health = None  # health is the leader's: the other ranks' liveness is their process
         self.leader.watch = self.watch
         threads = [threading.Thread(target=self.start, args=(m,), name=f"deployer-gang-{member(m)}")
                    for m in self.members]

@@ -250,8 +250,6 @@ def test_co_restart_gang_waits_for_every_ranks_gpus_then_starts_every_rank_in_on
         *(f"rank0.{k}" for k in starts), "rank0.up_health", *(f"rank1.{k}" for k in starts)]
 
 
-@pytest.mark.xfail(strict=True, reason="GangStart.run drops a follower's health wait (up_health = None), but "
-                   "Restart.plan() lists it: the plan shows a wait the run never does")
 def test_co_restart_gang_plans_no_health_wait_for_a_follower_as_its_run_does_none() -> None:
     rank0 = context(host(services={"rank0": COMMAND}), host_name="node-0")
     rank1 = context(host(services={"rank1": {**COMMAND, "health": "http://127.0.0.1:30100/health"}}),
