@@ -50,6 +50,17 @@ def no_abort_all(params: StormParams, host: Host) -> str | None:
             "only when its client goes away, which the storm's client_timeout_s does")
 
 
+def unreachable(host: Host) -> str | None:
+    """Why this machine cannot send a storm to the host's endpoint (None: it can)."""
+    if getattr(host, "transport", None) != "kubernetes":
+        return None
+    # run_storm sends from here through a tunnel to the target's loopback; a pod's loopback is its own, and
+    # kubectl exec (one pipe to the agent) carries no connection into it.
+    return ("a storm is sent from this machine to the target's loopback, and a pod's loopback is its own, which "
+            "kubectl exec does not reach (no port-forward yet): drop the storm for a pod target (a drain still "
+            "reads the pod's metrics, through the agent in it)")
+
+
 def storm_request(ctx: Context, params: StormParams) -> tuple[str, str, str]:
     """The storm's URL, its JSON body (streaming), and where abort_all goes."""
     path, body = request(storm_api(params, ctx.host), DEFAULT_PROMPT, DEFAULT_MAX_NEW_TOKENS)
@@ -106,7 +117,8 @@ class Storm(Step, ChecksHost):
     params: StormParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        return no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint") or no_abort_all(self.params, host)
+        return unreachable(host) or no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint") or \
+            no_abort_all(self.params, host)
 
     def plan(self, ctx: Context) -> list[Action]:
         return storm_actions(ctx, self.params)
