@@ -241,6 +241,8 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     started = {} if cut is None else {e["service"]: e["pid"] for e in cut.all("service_started")
                                       if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)
                                       and str(e.get("step", "")).split(":")[0] != "rollback"}
+    if cut is not None:  # its drains judge the fix from the baseline the cut run read before its commit
+        ctx.facts.baseline = {**recorded_baseline(cut), **ctx.facts.baseline}
     restarted: list[str] = []
     try:
         for step in after:

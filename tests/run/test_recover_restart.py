@@ -25,11 +25,11 @@ def state_of(run: Path) -> dict[str, Any]:
     return dict(json.loads((run / "state.json").read_text()))
 
 
-def killed_in_its_restart(target: Project, stack: Stack) -> Path:
-    """An apply SIGKILLed once co_restart has stopped a service; then every service is down (as a kill that
-    took the services with it leaves them)."""
+def killed_in_its_restart(target: Project, stack: Stack, steps: list[Any] = CHAIN) -> Path:
+    """An apply of steps (by default CHAIN) SIGKILLed once co_restart has stopped a service; then every service is
+    down (as a kill that took the services with it leaves them)."""
     stack.start_services()
-    target.playbook(steps=CHAIN)
+    target.playbook(steps=steps)
     before = set(target.runs.iterdir())
 
     def stopped() -> bool:

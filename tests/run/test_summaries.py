@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 from fixtures_repo import Project
 from fixtures_services import GAUGE, Stack, code_following
-from test_recover_restart import killed_in_its_restart
+from test_recover_restart import CHAIN, killed_in_its_restart
+
+from deployer.run.revert_checks import recorded_baseline
+from deployer.runlog import read_run
 
 pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
 
@@ -89,3 +92,14 @@ def test_a_recover_that_finishes_a_cut_restart_names_the_fixs_build_and_says_its
     assert f"drain: {GAUGE} = 0 on the fix's build ({project.head()[:12]}), no load since its restart: passed" \
         in lines, lines
     assert not [line for line in lines if "?" in line], lines
+
+
+def test_recover_of_a_run_cut_in_its_restart_drains_from_the_baseline_the_cut_run_recorded(stack: Stack) -> None:
+    project = stack.project
+    run = killed_in_its_restart(project, stack, [{"baseline": {"metric": GAUGE, "interval_s": 0.1}}, *CHAIN])
+    assert recorded_baseline(read_run(project.runs, run.name)) == {GAUGE: 3.0}  # the gauge read 3 before the fix
+    stack.set_gauge(0.0)
+    done = project.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    drained = next(line for line in done.stdout.splitlines() if line.startswith("[drain] ok "))
+    assert f"sum({GAUGE}{{}}): 3 -> 0 (samples: " in drained, done.stdout
