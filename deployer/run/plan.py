@@ -46,6 +46,7 @@ class PlanReport:
     restarts_with: str | None = None  # already applied, in a unit that changes elsewhere: restarted with it
     not_run: dict[str, str] = field(default_factory=dict)  # step -> why it will not run (a rollback's left-out check)
     notes: dict[str, str] = field(default_factory=dict)  # step -> what apply may warn of (Step.plan_note)
+    rollback_of: str | None = None  # the run whose rollback this plans (None: a playbook's apply)
 
     @property
     def places(self) -> list[str]:

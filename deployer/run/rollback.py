@@ -397,7 +397,8 @@ def plan(engine: Engine, run: Run) -> PlanReport:
                   for s in checks]
     stat = diffs.DiffStat(tuple(f.stat for f in files))
     return PlanReport(engine.host_name, engine.host.repo, now, files, stat, {}, steps, lock,
-                      not_run={f"rollback:{s.name}": s.why for s in checks if isinstance(s, NotRun)})
+                      not_run={f"rollback:{s.name}": s.why for s in checks if isinstance(s, NotRun)},
+                      rollback_of=run.run_id)
 
 
 def _file_plan(transport: Transport, repo: str, target: Target, dest: str) -> FilePlan:

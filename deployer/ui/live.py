@@ -24,8 +24,8 @@ NOTICES = {
     "lock_acquired": lambda e: f"[lock] acquired {e['path']}",
     "restore": lambda e: (f"[restore] restored {', '.join(e['restored']) or 'nothing'}; "
                           f"removed {', '.join(e['removed']) or 'nothing'}; HEAD {str(e['head'])[:12]}"),
-    "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} their content "
-                           f"at {e['restores'][:12]}"),
+    "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} "
+                           f"{'its' if len(e['files']) == 1 else 'their'} content at {e['restores'][:12]}"),
 }
 
 

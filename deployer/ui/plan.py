@@ -48,6 +48,9 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     elif report.already_applied:
         console.print(f"[green]nothing to do:[/green] every file already holds these bytes at HEAD {report.head}: "
                       "apply would end `unchanged`, restarting nothing (unless --restart)")
+    elif report.rollback_of is not None:  # diff_bounds judge the fix's diff; a revert is that diff undone
+        console.print("bounds: a rollback restores the run's files as they were before it; the playbook's "
+                      "diff_bounds judge the fix, not its revert")
     elif report.bounds is None:
         console.print("bounds: none set (the playbook has no diff_bounds step)")
     elif report.bounds:

@@ -60,3 +60,17 @@ def test_a_run_stopped_by_sigint_before_its_commit_lists_its_baseline_but_no_dra
     lines = facts(stopped.stdout)
     assert [line for line in lines if line.startswith("baseline: ")], stopped.stdout
     assert not [line for line in lines if "drain" in line], stopped.stdout
+
+
+def test_a_rollback_says_it_gives_one_file_its_content_and_its_plan_says_what_bounds_it(target: Project) -> None:
+    run_id = target.applied()  # the default playbook has a diff_bounds step
+    preview = target.deployer("plan", "--rollback", run_id, "--host", "box")
+    assert preview.returncode == 0, preview.stdout + preview.stderr
+    assert "no diff_bounds step" not in preview.stdout, preview.stdout
+    assert "bounds: a rollback restores the run's files as they were before it; the playbook's diff_bounds judge " \
+           "the fix, not its revert" in preview.stdout, preview.stdout
+    rolled = target.deployer("rollback", run_id, "--host", "box")
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    before = next(e for e in target.events(run_id) if e["type"] == "run_end")["git"]["before"]
+    said = next(line for line in rolled.stdout.splitlines() if line.startswith("[rollback] commit "))
+    assert said.endswith(f" gives pkg/a.py its content at {before[:12]}"), said
