@@ -6,6 +6,7 @@ import os
 import posixpath
 import shlex
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
@@ -136,6 +137,10 @@ class Service(Strict):
     container: Container | None = Field(default=None, description=(
         "The container that is the service (its name, docker's; or {engine, name, engine_path}): the engine stops "
         "and starts it, its State.Pid and State.StartedAt prove the restart."))
+    kubernetes: Literal["container"] | None = Field(default=None, description=(
+        "container: on a kubernetes host, the service is the pod's container itself (its main process is the "
+        "server): a restart ends that process and the kubelet starts a new container from the image; "
+        "restartCount +1 and a new containerID prove it."))
     health: Url | None = Field(default=None, description=(
         "The http URL, as the target sees it, that answers 200 once the service serves: each start waits for it."))
     health_timeout_s: float = Field(default=60.0, gt=0, description="Seconds a start has to answer on health.")
@@ -191,9 +196,9 @@ class Service(Strict):
 
     @model_validator(mode="after")
     def _one_manager(self) -> Service:
-        if sum(way is not None for way in (self.start, self.systemd, self.container)) != 1:
-            raise ValueError("give exactly one of 'start' (a command), 'systemd' (a unit name) or 'container' "
-                             "(a container's name)")
+        if sum(way is not None for way in (self.start, self.systemd, self.container, self.kubernetes)) != 1:
+            raise ValueError("give exactly one of 'start' (a command), 'systemd' (a unit name), 'container' "
+                             "(a container's name) or 'kubernetes: container' (a pod's container itself)")
         if self.start is not None and not self.start:
             raise ValueError("'start' is empty")
         if (self.adopt is not None or self.detaches) and (self.health is None or self.start is None):
@@ -551,8 +556,33 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
                 not isinstance(inventory.hosts.get(target.via), SshHost):
             refuse(("hosts", name, "via"), f"{target.via!r} is not a host of transport ssh in the inventory "
                    "(kubectl runs on a bastion reached over SSH)")
+    for name, target in inventory.hosts.items():
+        check_pod_container(name, target, refuse)
     if problems:
         raise ConfigError(yamlsrc.in_line_order(problems))
+
+
+def check_pod_container(name: str, host: Host, refuse: Callable[[yamlsrc.Loc, str], None]) -> None:
+    """`kubernetes: container` is a pod's own container: only on a kubernetes host, once, first among its services
+    (the others run inside it: stopped before it, started after it), without `gpus:` (their wait runs through the
+    agent inside it, which its restart ends)."""
+    own = [s for s, service in host.services.items() if service.kubernetes is not None]
+    for index, service_name in enumerate(host.services):
+        if service_name not in own:
+            continue
+        loc: yamlsrc.Loc = ("hosts", name, "services", service_name, "kubernetes")
+        if not isinstance(host, KubernetesHost):
+            refuse(loc, f"'kubernetes: container' needs a host of transport kubernetes ({name} is "
+                        f"{host.transport}): a container on a host is `container: NAME`")
+        elif service_name != own[0]:
+            refuse(loc, f"the pod's container is already service {own[0]}: a container is one service")
+        elif index != 0:
+            refuse(loc, f"the pod's own container must be its first service (its other services run inside it): "
+                        f"move {service_name} above {next(iter(host.services))}")
+        elif host.services[service_name].gpus:
+            refuse(("hosts", name, "services", service_name, "gpus"),
+                   "the pod's own container cannot wait for its GPUs: the wait runs through the agent inside it, "
+                   "which its restart ends: drop `gpus:` here")
 
 
 def _cycle(groups: dict[str, list[str]], path: list[str]) -> list[str] | None:

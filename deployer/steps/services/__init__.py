@@ -7,11 +7,12 @@ from __future__ import annotations
 from deployer.steps.context import Context
 from deployer.steps.services.command import CommandManager
 from deployer.steps.services.container import ContainerManager
+from deployer.steps.services.kubernetes import PodContainerManager
 from deployer.steps.services.manager import Manager
 from deployer.steps.services.systemd import SystemdManager
 
 # Asked in turn; the inventory gives each service exactly one way to run it.
-MANAGERS: tuple[type[Manager], ...] = (SystemdManager, ContainerManager, CommandManager)
+MANAGERS: tuple[type[Manager], ...] = (SystemdManager, ContainerManager, PodContainerManager, CommandManager)
 
 
 def manager_for(ctx: Context, name: str, step: str = "status", timeout: float = 60.0) -> Manager:

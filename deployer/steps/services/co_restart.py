@@ -207,8 +207,10 @@ class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, Narrows, SpansUnit, Orde
         return self.params.services if self.params.services is not None else list(ctx.host.services)
 
     def refusals(self, ctx: Context) -> list[str]:
-        waits = [GpuWait(m) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx)) if m.service.gpus]
-        return [problem for wait in waits if (problem := wait.problem()) is not None]
+        managers = [manager_for(ctx, n, self.name) for n in self.names(ctx)]
+        own = [problem for m in managers for problem in m.refusals()]
+        return own + [problem for wait in map(GpuWait, (m for m in managers if m.service.gpus))
+                      if (problem := wait.problem()) is not None]
 
     def restart(self, members: Sequence[tuple[Context, str]], name: str, tags: Mapping[str, str],
                 leader: tuple[str, str] | None = None) -> Restart:

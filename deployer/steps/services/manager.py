@@ -237,6 +237,10 @@ class Manager(ABC):
         cursor, _, skipped = (result.err.splitlines() or [""])[-1].partition(" ")
         return result.out, cursor, int(skipped) if skipped.isdigit() else 0
 
+    def refusals(self) -> list[str]:
+        """What refuses a restart of it before the run changes anything (read live, after preflight): none here."""
+        return []
+
     def failure_reads(self) -> list[Action]:
         """What a failed start reads to tell its story: the new process's memory, and the log's tail."""
         return [self.memory, self.log]

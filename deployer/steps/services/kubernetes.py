@@ -1,0 +1,280 @@
+"""A service that is its pod's container itself (`kubernetes: container`): its main process is the server.
+
+A restart ends that process (`kubectl exec POD -c C -- <python> -c 'os.kill(1, SIGTERM)'`); the kubelet then starts
+a NEW container from the image, as Kubernetes does for any container that exits: its restartCount goes up by one,
+its containerID and startedAt are new. That is the proof, read with `kubectl get pod` where kubectl runs (this
+machine or the bastion: the agent beside the pod's exec, transport/container.py). No host pid is visible through
+kubectl, so the container's restartCount stands where other managers put a pid: it changes exactly when the
+restart happened. The agent ran in the old container and ended with it: a new one is started in the new container
+(Transport.reopen, which resumes the lock's heartbeat) before health and the steps after the restart.
+
+Deployer works with the pod's controller, never around it: the restart is refused while the owner (its
+ownerReferences' controller) is mid-rollout, and nothing is scaled or edited; the pod is only annotated with the
+run's id (deployer.dev/run), so `kubectl get pods` shows which run patched it.
+
+A new container has the image's filesystem: a dest in the container's own layer is thrown away by this restart,
+so such a run is refused before it changes anything (exit 2: the inventory and the playbook ask for what cannot
+keep the fix), naming what would keep it.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from deployer.config.models import KubernetesHost, Service
+from deployer.errors import AgentLost, ConfigError
+from deployer.steps.action import Action, Bound
+from deployer.steps.context import NOTHING, Context
+from deployer.steps.services.container import beside
+from deployer.steps.services.manager import PROBE_TIMEOUT_S, START_POLL_S, Manager, Observed, runs
+from deployer.transport.base import Transport
+from deployer.transport.kubernetes import KEEPS, LAYER, kubectl_argv, placements, pod_spec
+
+ANNOTATION = "deployer.dev/run"
+STOP_SLACK_S = 30.0  # the kubelet's own work after the main process ended (the new container's creation)
+# What keeps a file through this restart, said when a dest would be lost.
+WAYS = ("put the dest on a volume (a hostPath or a PVC; an emptyDir too, for a container restart), run the server "
+        "under a launcher inside the container and make it a `start:` service (restarted in place, the layer "
+        "kept), or make the fix part of the image (`deployer bake RUN_ID` after a run)")
+
+
+@dataclass(frozen=True)
+class Status:
+    """What `kubectl get pod -o json` says of the pod and its container."""
+
+    uid: str
+    running: bool
+    ready: bool
+    restarts: int
+    container_id: str
+    started_at: str
+    owners: tuple[tuple[str, str, str], ...]  # (apiVersion, kind, name) of each controller reference
+
+    @classmethod
+    def of(cls, result: object, container: str) -> Status | None:
+        if not getattr(result, "ok", False):
+            return None
+        try:
+            pod = json.loads(getattr(result, "out", ""))
+            meta, statuses = pod["metadata"], pod.get("status", {}).get("containerStatuses", [])
+            mine = next(s for s in statuses if s.get("name") == container)
+            running = mine.get("state", {}).get("running")
+            owners = tuple((o["apiVersion"], o["kind"], o["name"]) for o in meta.get("ownerReferences", [])
+                           if o.get("controller"))
+            return cls(str(meta["uid"]), running is not None, bool(mine.get("ready")), int(mine["restartCount"]),
+                       str(mine.get("containerID", "")), str((running or {}).get("startedAt", "")), owners)
+        except (ValueError, KeyError, TypeError, StopIteration):
+            return None
+
+
+_specs: weakref.WeakKeyDictionary[Transport, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+class PodContainerManager(Manager):
+    """The pod's container: its main process ended from inside, the kubelet's new container proved by restartCount,
+    containerID and startedAt, then health through a new agent, then Ready."""
+
+    def __init__(self, ctx: Context, name: str, service: Service, step: str, timeout: float) -> None:
+        super().__init__(ctx, name, service, step, timeout)
+        host = ctx.host
+        assert isinstance(host, KubernetesHost) and host.pod.name is not None, "config.check_pod_container"
+        self.pod = host.pod
+        self.host_side = beside(ctx)
+        pod, box = host.pod.name, host.pod.container
+        kubectl = kubectl_argv(host.pod)
+        at = " (where kubectl runs)"
+        got = (*kubectl, "get", "pod", pod, "-o", "json")
+        self.status = Action.run(f"{name}.pod", f"read pod {pod}: container {box}'s restartCount, containerID, "
+                                 f"startedAt, Ready and the pod's owner{at}", got)
+        self.annotate = Action.run(f"{name}.annotate", f"annotate pod {pod} with the run's id{at}",
+                                   (*kubectl, "annotate", "pod", pod, f"{ANNOTATION}={ctx.run_id}", "--overwrite"),
+                                   failure=f"kubectl annotate pod {pod} failed")
+        self.kill = Action.run(
+            f"{name}.stop", f"end container {box}'s main process (TERM to PID 1 in it): the kubelet starts a new "
+            f"container from the image{at}",
+            (*kubectl, "exec", pod, "-c", box, "--", host.python, "-c", "import os,signal; os.kill(1, signal.SIGTERM)"))
+        self.up = Action.run(f"{name}.up", f"wait for a new container {box} (restartCount +1, a new containerID){at}",
+                             got, repeats=True)
+        self.reopen = Action(f"start a new agent in the new container {box} (kubectl exec -i {pod} -c {box} <python> "
+                             "...; the old one ended with its container) and resume the deploy lock's heartbeat there",
+                             key=f"{name}.reopen")
+        self.main = Action.get(f"{name}.main", f"container {box}'s main process (PID 1 in it) runs", "/proc/1/stat",
+                               repeats=True)
+        self.ready = Action.run(f"{name}.ready", f"wait for container {box} to be Ready{at}",
+                                got, repeats=True)
+        self.still = Action.run(f"{name}.still", f"container {box} is still the one started{at}",
+                                got)
+        self._log = Action.run(f"{name}.log", f"the end of container {box}'s output, this container's and the one "
+                               f"before{at}", ("sh", "-c", '"$@" 2>&1; "$@" --previous 2>&1', "deployer-logs",
+                                              *kubectl, "logs", pod, "-c", box, "--tail", "40"),
+                               when=f"{name} fails")
+        self.seen: Status | None = None  # what observe() read last
+        self.started: Status | None = None  # the new container start() brought up
+
+    @classmethod
+    def manages(cls, service: Service) -> bool:
+        return service.kubernetes == "container"
+
+    # -- where the shipped files live, and whether this restart keeps them --------------------------------------
+
+    def places(self) -> list[tuple[str, str, bool]]:
+        """Each dest of the run: where it lives in the pod (the pod spec's volumes) and whether this restart (a new
+        container from the image) keeps it. The spec is read once per connection."""
+        dests = [change.dest for change in self.ctx.changes or []]
+        if not dests:  # before preflight (a restart alone has no dest to lose)
+            return []
+        if self.ctx.transport not in _specs:
+            _specs[self.ctx.transport] = pod_spec(self.ctx.transport, self.pod)
+        paths = [posixpath.join(self.ctx.repo, dest) for dest in dests]
+        placed = placements(_specs[self.ctx.transport], self.pod.container, paths)
+        return [(dest, f"{KEEPS.get(kind, LAYER)}" + (f" (volume {volume!r})" if volume else ""), volume is not None)
+                for dest, (volume, kind) in zip(dests, placed, strict=True)]
+
+    def placement_actions(self) -> list[Action]:
+        """For the plan: one line per dest, where it lives and what this restart does to it."""
+        return [Action(f"{dest}: {where}: {'kept' if kept else 'LOST'} by the restart of {self.name} (a new "
+                       "container from the image)", key=f"{self.name}.keeps.{dest}") for dest, where, kept in
+                self.places()]
+
+    def refusals(self) -> list[str]:
+        lost = [f"{dest} ({where})" for dest, where, kept in self.places() if not kept]
+        if lost:
+            raise ConfigError(f"service {self.name} restarts {self.pod.where()} as a new container from the image, "
+                              f"which throws away {', '.join(lost)}; nothing was changed. To keep the fix: {WAYS}")
+        status = self.read(self.host_side)
+        return [] if status is None else [problem for problem in [self.rollout(status)] if problem]
+
+    def rollout(self, status: Status) -> str | None:
+        """The owner's own rollout in progress (its updated or ready replicas short of its replicas), or None."""
+        for api_version, kind, name in status.owners:
+            group = api_version.rpartition("/")[0]
+            resource = f"{kind.lower()}.{group}" if group else kind.lower()
+            done = self.host_side.transport.run([*kubectl_argv(self.pod), "get", resource, name, "-o", "json"],
+                                                timeout=PROBE_TIMEOUT_S * 6)
+            if done.exit_code != 0:
+                return f"the pod's owner {kind}/{name} could not be read: {done.stderr.decode(errors='replace')[-300:]}"
+            owner = json.loads(done.stdout)
+            want, status_of = owner.get("spec", {}).get("replicas", 1), owner.get("status", {})
+            updated, ready = status_of.get("updatedReplicas", 0), status_of.get("readyReplicas", 0)
+            if updated < want or ready < want:
+                return (f"the pod's owner {kind}/{name} is mid-rollout ({updated} updated, {ready} ready of {want} "
+                        "replicas): deployer does not restart a pod under a rollout; wait for it to finish")
+        return None
+
+    # -- the actions, in the order the step does them ----------------------------------------------------------
+
+    def observe_actions(self) -> list[Action]:
+        return [self.status, *self.placement_actions(), *([] if self.health is None else [self.health])]
+
+    def stop_actions(self) -> list[Action]:
+        return [self.annotate, self.kill]
+
+    def free_actions(self) -> list[Action]:
+        return []  # its health URL is asked from inside: nothing there to ask while it is gone
+
+    def start_actions(self) -> list[Action]:
+        return [self.up, self.reopen, self.main, *([] if self.up_health is None else [self.up_health]), self.ready]
+
+    def confirm_actions(self) -> list[Action]:
+        return [self.still]
+
+    @property
+    def log(self) -> Action:
+        return self._log
+
+    def tail_label(self) -> str:
+        return f"{self.name}'s container output (kubectl logs, then --previous), its last 40 lines each"
+
+    def read_log(self, cursor: str, *, whole: bool, lines: int | None, most: int) -> Action:
+        return self._log
+
+    def log_source(self, whole: bool) -> str:
+        return f"container {self.pod.container}'s output (kubectl logs)"
+
+    def log_tool(self) -> str:
+        return "kubectl"
+
+    # -- doing them ------------------------------------------------------------------------------------------
+
+    def read(self, side: Context, action: Action | None = None) -> Status | None:
+        return Status.of(side.act(action or self.status, timeout=PROBE_TIMEOUT_S * 6), self.pod.container)
+
+    def observe(self, health: bool = True) -> Observed:
+        self.seen = self.read(self.host_side)
+        answer = None
+        if health and self.health is not None:
+            answer = getattr(self.ctx.act(self.health, timeout=PROBE_TIMEOUT_S), "status", None) == 200
+        if self.seen is None or not self.seen.running:
+            return Observed(None, answer)
+        return Observed(self.seen.restarts, answer)
+
+    def stop(self, pid: int | None) -> str:
+        seen = self.seen
+        if pid is None or seen is None:
+            return "the container is not running: nothing to stop"
+        if problem := self.rollout(seen):  # again, right before the restart: a rollout may have begun since
+            raise self.not_started(problem)
+        self.host_side.act(self.annotate, timeout=PROBE_TIMEOUT_S * 6)
+        self.host_side.act(self.kill, timeout=PROBE_TIMEOUT_S * 6)  # its exec may end with the container: judged below
+        self.ctx.emit("agent_ended", why=f"ending container {self.pod.container}'s main process ended the agent in it")
+        self.started = self.new_container(seen, self.service.stop_grace_s + STOP_SLACK_S)
+        return (f"container {self.pod.container} restarted by the kubelet: restartCount {seen.restarts} -> "
+                f"{self.started.restarts}, containerID {seen.container_id[-12:]} -> {self.started.container_id[-12:]}")
+
+    def new_container(self, old: Status, budget: float) -> Status:
+        """The kubelet's new container, running: restartCount up and a new containerID, within budget seconds."""
+        deadline = time.monotonic() + budget
+        with self.host_side.poll(PROBE_TIMEOUT_S * 6) as poll:
+            while True:
+                now = Status.of(poll.round([(self.up, NOTHING)])[0], self.pod.container)
+                if now is not None and now.uid != old.uid:
+                    raise self.fail(f"pod {self.pod.name} was recreated (uid {old.uid} -> {now.uid}), not restarted")
+                if now is not None and now.running and now.restarts > old.restarts and \
+                        now.container_id != old.container_id:
+                    return now
+                if time.monotonic() >= deadline:
+                    raise self.fail(f"container {self.pod.container} was not restarted within {budget:g}s of TERM "
+                                    "to its main process (PID 1 ignores TERM without a handler of its own: run the "
+                                    "server under an init such as tini, or as a `start:` service under a launcher)")
+                self.ctx.cancel.wait(START_POLL_S)
+
+    def answers_after_stop(self) -> bool:
+        return False
+
+    def start(self) -> int:
+        assert self.started is not None, "stop() waited for the new container"
+        self.ctx.transport.reopen()  # raises what the new exec met (the container ended again at once)
+        self.ctx.log_action(self.reopen, NOTHING, None)
+        try:
+            self.wait_up(self.main, NOTHING)  # from inside: its main process and health; shows the phases
+        except AgentLost as lost:
+            raise self.fail(f"container {self.pod.container} stopped during start-up ({lost})") from None
+        self.wait_ready()
+        return self.started.restarts
+
+    def wait_ready(self) -> None:
+        """The kubelet's own word: the new container is Ready (its readiness probe, if it has one, passed)."""
+        budget = self.service.health_timeout_s
+        deadline = time.monotonic() + budget
+        with self.host_side.poll(PROBE_TIMEOUT_S * 6) as poll:
+            while (now := Status.of(poll.round([(self.ready, NOTHING)])[0], self.pod.container)) is None \
+                    or not now.ready:
+                if time.monotonic() >= deadline:
+                    raise self.fail(f"container {self.pod.container} was not Ready within {budget:g}s")
+                self.ctx.cancel.wait(START_POLL_S)
+
+    def probed_pid(self, probed: object, bound: Bound) -> int | None:
+        return None if self.started is None else self.started.restarts
+
+    def alive(self, probed: object, started: str | None) -> bool:
+        return isinstance(probed, bytes) and runs(probed)
+
+    def still_runs(self, pid: int) -> bool:
+        now = self.read(self.host_side, self.still)
+        return now is not None and self.started is not None and now.running and \
+            (now.restarts, now.container_id) == (self.started.restarts, self.started.container_id)
