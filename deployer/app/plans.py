@@ -16,7 +16,7 @@ from deployer.errors import ConfigError
 if TYPE_CHECKING:
     from deployer.build import Build
     from deployer.config.models import Inventory, Unit
-    from deployer.fleet.apply import Downtime
+    from deployer.fleet.apply import Downtime, RolloutPlan
     from deployer.run.engine import Engine
     from deployer.run.plan import PlanReport
     from deployer.steps.context import Listener
@@ -53,6 +53,7 @@ class PlanOutcome:
     plans: list[HostPlan]
     downtime: list[Downtime]
     alone: bool
+    rollout: RolloutPlan | None = None  # a fleet's: its batches and the capacity each leaves serving
 
     @property
     def failed(self) -> list[str]:
@@ -73,7 +74,8 @@ class PlanOutcome:
                   "error": self.error}
         if self.alone:
             return {**self.plans[0].document(), **judged}
-        return {"hosts": [plan.document() for plan in self.plans], **judged}
+        rollout = {} if self.rollout is None else {"rollout": self.rollout.document()}
+        return {"hosts": [plan.document() for plan in self.plans], **rollout, **judged}
 
 
 def plan(options: PlanOptions, *, listener: Listener | None = None) -> PlanOutcome:
@@ -119,9 +121,10 @@ def plan_one(build: Build, engine: Engine, units: dict[str, Unit], inventory: In
 
 def plan_fleet(build: Build, engines: dict[str, Engine], units: dict[str, Unit], inventory: Inventory) -> PlanOutcome:
     """A fleet's plan: every host's, and the routers a batch leaves with no unit behind it."""
-    from deployer.fleet.apply import for_units
+    from deployer.fleet.apply import for_units, planned_rollout
 
     downtime = fleet_downtime(build, engines, units, inventory)
+    rollout = planned_rollout(list(engines), units, next(iter(engines.values())).playbook.model.rollout)
     for_units(engines, units)
     plans = [HostPlan(engine.plan(), timings_of(build, engine)) for engine in engines.values()]
     reports = {one.report.host_name: one.report for one in plans}
@@ -129,7 +132,7 @@ def plan_fleet(build: Build, engines: dict[str, Engine], units: dict[str, Unit],
         if not all(reports[host].already_applied for host in unit.hosts()):
             for host in unit.hosts():
                 reports[host].restarts_with = name if reports[host].already_applied else None
-    return PlanOutcome(plans, downtime, alone=False)
+    return PlanOutcome(plans, downtime, alone=False, rollout=rollout)
 
 
 def timings_of(build: Build, engine: Engine) -> list[Timing]:

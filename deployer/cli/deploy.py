@@ -103,6 +103,7 @@ def show_plan(outcome: PlanOutcome, as_json: bool, verbose: bool) -> None:
     breaks the playbook's bounds or does not compile here, so a CI job can gate on it."""
     from deployer.ui.console import make_console
     from deployer.ui.plan import show_plan as render
+    from deployer.ui.plan import show_rollout
 
     if as_json:
         emit_json(outcome.document())
@@ -110,6 +111,8 @@ def show_plan(outcome: PlanOutcome, as_json: bool, verbose: bool) -> None:
         console = make_console()
         for one in outcome.plans:
             render(console, one.report, one.timings, verbose=verbose)
+        if outcome.rollout is not None:
+            show_rollout(console, outcome.rollout)
         for down in outcome.downtime:
             console.print(down.describe(), markup=False, highlight=False)
     if outcome.exit_code:

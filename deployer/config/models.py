@@ -448,20 +448,34 @@ class Rollout(Strict):
 
     # Ansible's `serial`
     batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(
+def share_of(size: int | str, total: int) -> int:
+    """A count, or a percentage of total rounded up; at least 1."""
+    return max(1, size if isinstance(size, int) else int(-(-total * float(size[:-1]) // 100)))
+
+
         default_factory=_all_at_once, min_length=1, description=(
             "The size of each batch in order, a host count or a percentage of all hosts (rounded up); the last "
             "size repeats until every host is in a batch."))
     max_failures: int = Field(default=0, ge=0, description="More failed hosts than this, and no further batch starts.")
     pause_s: float = Field(default=0.0, ge=0, description="Seconds between batches.")
     strategy: Literal["batches", "rolling"] = Field(default="batches", description=(
-        "batches (the default), or rolling: one unit at a time, taken out of its router around its restart."))
+        "batches (the default), or rolling: units taken out of their router around their restart, "
+        "max_unavailable at a time."))
+    # Kubernetes' maxUnavailable, counted in units (a plain host outside a unit is a unit of its own)
+    max_unavailable: Annotated[int | str, AfterValidator(check_unavailable)] = Field(default=1, description=(
+        "strategy rolling: how many units restart at once, a count or a percentage of the run's units (rounded up, "
+        "at least 1); a batch never takes every worker of one role (prefill, decode) behind a router out of it."))
+
+    @model_validator(mode="after")
+    def _unavailable_rolls(self) -> Rollout:
+        if self.max_unavailable != 1 and self.strategy != "rolling":
+            raise ValueError("max_unavailable is for strategy: rolling (strategy batches takes its sizes in batches)")
+        return self
 
     def split(self, hosts: list[str]) -> list[list[str]]:
         batches, start, index = [], 0, 0
         while start < len(hosts):
-            size = self.batches[min(index, len(self.batches) - 1)]
-            count = size if isinstance(size, int) else -(-len(hosts) * float(size[:-1]) // 100)
-            end = start + max(1, int(count))
+            end = start + share_of(self.batches[min(index, len(self.batches) - 1)], len(hosts))
             batches.append(hosts[start:end])
             start, index = end, index + 1
         return batches

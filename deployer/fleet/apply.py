@@ -16,7 +16,16 @@ from deployer.fleet.followup import roll_back_hosts
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state
 from deployer.fleet.router import Routers
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel, FleetRunner, finish, tagged
-from deployer.fleet.strategies import downtime, no_unit_serves, refuse_downtime, strategy_for
+from deployer.fleet.strategies import (
+    BatchPlan,
+    Serving,
+    batch_plans,
+    downtime,
+    mixed_pairing,
+    no_unit_serves,
+    refuse_downtime,
+    strategy_for,
+)
 from deployer.fleet.unit import UnitRun, steps_for
 from deployer.run.engine import Engine, RunResult
 from deployer.steps.base import Effect
@@ -52,7 +61,7 @@ class FleetApply:
             engine.check_host()
         hosts = list(self.engines)
         first = next(iter(self.engines.values()))
-        strategy = strategy_for(self.rollout)
+        strategy = strategy_for(self.rollout, serving_of(self.units))
         batches = strategy.batches(hosts, members)
         refuse_downtime(batches, members, self.behind, self.allow_downtime)
         state = new_state("apply", first.playbook.model.name, first.operator, hosts, batches, self.parallel,
@@ -105,13 +114,37 @@ def planned_downtime(engines: dict[str, Engine], units: dict[str, Unit], rollout
 
     members = {name: sorted(unit.hosts()) for name, unit in units.items()}
     found = []
-    for router, names in downtime(strategy_for(rollout).batches(list(engines), members), members, behind).items():
+    batches = strategy_for(rollout, serving_of(units)).batches(list(engines), members)
+    for router, names in downtime(batches, members, behind).items():
         times = {(host, t.service): t.seconds for name in names for host in members[name]
                  for t in last_times(runs_dir, host, engines[host].host)}
         needed = [(host, service) for name in names for host, service in units[name].members()]
         seconds = sum(times[m] for m in needed) if all(m in times for m in needed) else None
         found.append(Downtime(router, names, None if seconds is None else round(seconds, 3)))
     return found
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """`plan`'s view of how a fleet run spreads: its batches, what each leaves serving behind its routers, and the
+    routers that may pair a patched worker with an unpatched one meanwhile."""
+
+    batches: list[BatchPlan]
+    pairing: list[str]
+
+    def document(self) -> dict[str, object]:
+        return {"batches": [batch.document() for batch in self.batches], "pairing": self.pairing}
+
+
+def planned_rollout(hosts: list[str], units: dict[str, Unit], rollout: Rollout) -> RolloutPlan:
+    members = {name: sorted(unit.hosts()) for name, unit in units.items()}
+    serving = serving_of(units)
+    plans = batch_plans(strategy_for(rollout, serving).batches(hosts, members), members, serving)
+    return RolloutPlan(plans, mixed_pairing(plans, serving))
+
+
+def serving_of(units: dict[str, Unit]) -> dict[str, Serving]:
+    return {name: Serving.of(unit) for name, unit in units.items()}
 
 
 def for_units(engines: dict[str, Engine], units: dict[str, Unit]) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from deployer.config.models import Rollout
+from deployer.config.models import Rollout, Unit, share_of
 from deployer.errors import ConfigError, Interrupted
 from deployer.fleet.record import FleetState
 from deployer.steps.cancel import CancelToken
@@ -48,12 +50,139 @@ class Batches(Strategy):
         return len(state.failed()) <= self.rollout.max_failures
 
 
+ROLES = ("prefill", "decode", "regular")  # a router worker's types, in the order plan shows them
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A unit as its router sees it: the router (None: behind none) and its workers there by role."""
+
+    router: str | None
+    roles: Mapping[str, int]  # worker_type (prefill, decode, regular) -> how many of the unit's workers
+
+    @classmethod
+    def of(cls, unit: Unit) -> Serving:
+        return cls(unit.router, Counter(worker.worker_type for worker in unit.workers))
+
+
 class Rolling(Batches):
-    """`rollout: {strategy: rolling}`: one unit (or one host outside a unit) per batch, in selection order, so
-    every other unit behind the same router serves while one is out of it; max_failures and pause_s as Batches."""
+    """`rollout: {strategy: rolling}`: max_unavailable units (or hosts outside a unit) per batch, in selection order,
+    so every other unit behind the same router serves while a batch is out of it (rolling_batches);
+    max_failures and pause_s as Batches. serving: each unit of the run as its router sees it."""
+
+    def __init__(self, rollout: Rollout, serving: Mapping[str, Serving] | None = None) -> None:
+        super().__init__(rollout)
+        self.serving = serving or {}
 
     def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
-        return unit_batches([[host] for host in hosts], units)
+        item = {host: host for host in hosts} | {host: name for name, members in units.items() for host in members}
+        order = list(dict.fromkeys(item[host] for host in hosts))
+        chosen = rolling_batches(order, self.serving, share_of(self.rollout.max_unavailable, len(order)))
+        return [[host for host in hosts if item[host] in batch] for batch in chosen]
+
+
+def rolling_batches(order: list[str], serving: Mapping[str, Serving], limit: int) -> list[list[str]]:
+    """The units (a name outside `serving`: behind no router) in batches of at most `limit`, each batch led by the
+    first unit still waiting, so the rollout moves in order. Its other units are those that keep every role behind
+    their router serving (one of its workers outside the batch), the one that keeps the roles' shares out of the
+    router closest together first (prefill and decode leave in their ratio), then in order. A unit that alone takes
+    a role's last worker out still gets its batch (floor 1): refuse_downtime judges that. Only the run's units count
+    as capacity: a unit outside the run serves too, so this errs on the side of smaller batches."""
+    total: dict[tuple[str, str], int] = Counter()
+    for name in order:
+        if (one := serving.get(name)) is not None and one.router is not None:
+            total.update({(one.router, role): count for role, count in one.roles.items()})
+    waiting, batches = list(order), []
+    while waiting:
+        batch = [waiting.pop(0)]
+        out = workers_of(serving.get(batch[0]))
+        while len(batch) < limit:
+            fits = [name for name in waiting
+                    if all(out[key] + count < total[key] for key, count in workers_of(serving.get(name)).items())]
+            if not fits:
+                break
+            best = min(fits, key=lambda name: (spread(out + workers_of(serving.get(name)), total,
+                                                      serving.get(name)), waiting.index(name)))
+            batch.append(best)
+            waiting.remove(best)
+            out.update(workers_of(serving.get(best)))
+        batches.append(batch)
+    return batches
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch as `plan` shows it: its units (a plain host outside a unit by its name), its hosts, and what each
+    router it touches keeps serving meanwhile, by role: (workers serving, of all the run's workers there)."""
+
+    units: list[str]
+    hosts: list[str]
+    left: dict[str, dict[str, tuple[int, int]]]
+
+    def document(self) -> dict[str, object]:
+        return {"units": self.units, "hosts": self.hosts,
+                "serving": {router: {role: {"serving": n, "of": of} for role, (n, of) in roles.items()}
+                            for router, roles in self.left.items()}}
+
+    def describe(self) -> str:
+        keeps = "; ".join(f"router {router} keeps " + ", ".join(f"{role} {n}/{of}" for role, (n, of) in roles.items())
+                          for router, roles in self.left.items())
+        return ", ".join(self.units) + (f" — {keeps}" if keeps else "")
+
+
+def batch_plans(batches: list[list[str]], units: Mapping[str, list[str]],
+                serving: Mapping[str, Serving]) -> list[BatchPlan]:
+    """The batches as units, and the capacity each leaves behind the routers it touches."""
+    item = {host: name for name, members in units.items() for host in members}
+    named = [list(dict.fromkeys(item.get(host, host) for host in batch)) for batch in batches]
+    total = Counter[tuple[str, str]]()
+    for batch in named:
+        for name in batch:
+            total.update(workers_of(serving.get(name)))
+    plans = []
+    for batch, hosts in zip(named, batches, strict=True):
+        out = Counter[tuple[str, str]]()
+        for name in batch:
+            out.update(workers_of(serving.get(name)))
+        routers = dict.fromkeys(router for router, _ in out)
+        left = {router: {role: (count - out[router, role], count) for (r, role), count in
+                         sorted(total.items(), key=lambda entry: ROLES.index(entry[0][1])) if r == router}
+                for router in routers}
+        plans.append(BatchPlan(batch, hosts, left))
+    return plans
+
+
+def mixed_pairing(plans: list[BatchPlan], serving: Mapping[str, Serving]) -> list[str]:
+    """What `plan` says of each router that may pair a patched prefill with an unpatched decode: one with prefill
+    and decode workers whose units restart in more than one batch. No router API here routes by a worker's build
+    (no labels, no worker groups), and a PD router picks the prefill and the decode of a request apart (the demo's
+    at random), so two units behind one router pair across each other, whatever each unit holds."""
+    batches_of: dict[str, set[int]] = {}
+    roles: dict[str, set[str]] = {}
+    for number, plan in enumerate(plans):
+        for name in plan.units:
+            if (one := serving.get(name)) is not None and one.router is not None:
+                batches_of.setdefault(one.router, set()).add(number)
+                roles.setdefault(one.router, set()).update(role for role, n in one.roles.items() if n)
+    return [f"router {router} cannot tell a patched worker from an unpatched one (it routes by no build label or "
+            f"worker group): between batches it may pair a patched prefill with an unpatched decode, and the "
+            f"reverse; give each build its own router to keep them apart"
+            for router, numbers in batches_of.items() if len(numbers) > 1 and {"prefill", "decode"} <= roles[router]]
+
+
+def workers_of(one: Serving | None) -> Counter[tuple[str, str]]:
+    """(router, role) -> the unit's workers there."""
+    if one is None or one.router is None:
+        return Counter()
+    return Counter({(one.router, role): count for role, count in one.roles.items()})
+
+
+def spread(out: Mapping[tuple[str, str], int], total: Mapping[tuple[str, str], int], one: Serving | None) -> float:
+    """How far apart the shares of each role out of one's router are (0: the prefill:decode ratio kept)."""
+    if one is None or one.router is None:
+        return 0.0
+    shares = [out.get(key, 0) / count for key, count in total.items() if key[0] == one.router]
+    return max(shares) - min(shares) if shares else 0.0
 
 
 class Together(Strategy):
@@ -95,9 +224,10 @@ class TakingTurns(Together):
         return [batch for batch in batches if batch]
 
 
-def strategy_for(rollout: Rollout) -> Strategy:
-    """The one place a playbook's `rollout:` chooses how its fleet run spreads over the hosts."""
-    return Rolling(rollout) if rollout.strategy == "rolling" else Batches(rollout)
+def strategy_for(rollout: Rollout, serving: Mapping[str, Serving] | None = None) -> Strategy:
+    """The one place a playbook's `rollout:` chooses how its fleet run spreads over the hosts. serving: each unit
+    of the run as its router sees it (Serving.of)."""
+    return Rolling(rollout, serving) if rollout.strategy == "rolling" else Batches(rollout)
 
 
 def no_unit_serves(router: str, units: list[str]) -> str:

@@ -12,6 +12,7 @@ from rich.text import Text
 from deployer.steps.action import briefly
 
 if TYPE_CHECKING:
+    from deployer.fleet.apply import RolloutPlan
     from deployer.run.plan import PlanReport
     from deployer.steps.services.budgets import Timing
 

@@ -94,13 +94,15 @@ class PdFleet:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | None = None) -> PdFleet:
-    ports = demo_ports(len(UNITS))
+def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | None = None,
+               pd_units: dict[str, tuple[str, str]] = UNITS) -> PdFleet:
+    """pd_units: unit -> (its prefill host, its decode host); the first prefill host also runs the router."""
+    ports = demo_ports(len(pd_units))
     router_port = ports[0]["router"]
     stacks: dict[str, DemoStack] = {}
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--port", str(router_port),
             "--worker-queue-delay-secs", "0.1", *router_args]
-    for (prefill, decode), unit_ports_ in zip(UNITS.values(), ports, strict=True):
+    for (prefill, decode), unit_ports_ in zip(pd_units.values(), ports, strict=True):
         argv += ["--prefill", f"http://127.0.0.1:{unit_ports_['prefill']}", str(unit_ports_["bootstrap"]),
                  "--decode", f"http://127.0.0.1:{unit_ports_['decode']}"]
         if prefill == "gpu-a":
@@ -112,7 +114,7 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | N
                     "workers": [{"service": f"{prefill}:prefill", "worker_type": "prefill",
                                  "bootstrap_port": stacks[prefill].ports["bootstrap"]},
                                 {"service": f"{decode}:decode", "worker_type": "decode"}]}
-             for name, (prefill, decode) in UNITS.items()}
+             for name, (prefill, decode) in pd_units.items()}
     routers = {"pd-router": {"host": "gpu-a", "url": f"http://127.0.0.1:{router_port}", "change_timeout_s": 10,
                              "drain_timeout_s": 20, "interval_s": 0.05, "settle_s": SETTLE_S}}
     for stack in stacks.values():
@@ -199,6 +201,41 @@ def test_a_rolling_apply_restarts_one_unit_at_a_time_behind_the_router_and_no_re
         busy = [i for i, e in enumerate(readings) if e["value"] != 0]
         quiet = readings[busy[-1] + 1 if busy else 0:]
         assert quiet[-1]["elapsed_s"] - quiet[0]["elapsed_s"] >= SETTLE_S - 0.1, (unit, quiet)
+
+
+THREE = {**UNITS, "pd-3": ("gpu-e", "gpu-f")}
+
+
+def test_max_unavailable_restarts_two_pd_units_at_once_keeping_one_serving_and_no_request_fails(
+        tmp_path: Path) -> None:
+    fleet = make_fleet(tmp_path, pd_units=THREE)
+    (tmp_path / "note.yaml").write_text(yaml.safe_dump(
+        {**PLAYBOOK, "rollout": {"strategy": "rolling", "max_unavailable": 2}}, sort_keys=False))
+    shown = deployer("plan", "note.yaml", "--host", "pd-1,pd-2,pd-3", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "batch 1: pd-1, pd-2 — router pd-router keeps prefill 1/3, decode 1/3" in shown.stdout, shown.stdout
+    assert "batch 2: pd-3 — router pd-router keeps prefill 2/3, decode 2/3" in shown.stdout
+    assert "router pd-router cannot tell a patched worker from an unpatched one" in shown.stdout
+    with running(fleet):
+        before = fleet.pids()
+        with load_through(fleet, "the apply") as load:
+            code, report, output = fleet.apply("pd-1,pd-2,pd-3")
+        assert code == 0, output
+        assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+        # 2 of 3 units at once: the third keeps a prefill and a decode behind the router
+        assert report["batches"] == [["gpu-a", "gpu-b", "gpu-c", "gpu-d"], ["gpu-e", "gpu-f"]]
+        after = fleet.pids()
+        assert all(after[host][service] != pid for host, pids in before.items() for service, pid in pids.items()
+                   if service != "router")
+        times = {unit: [e["time"] for e in fleet.events(report, prefill) if e.get("unit") == unit
+                        and e["type"] in ("router_remove", "router_listed")]
+                 for unit, (prefill, _) in THREE.items()}
+        # pd-2 left the router before pd-1 came back to it, and pd-3 only after both had
+        assert min(times["pd-2"]) < max(times["pd-1"]) and min(times["pd-1"]) < max(times["pd-2"]), times
+        assert min(times["pd-3"]) > max(times["pd-1"] + times["pd-2"]), times
+        wait_for(lambda: listed_healthy(fleet) == {fleet.worker_url(host, role) for prefill, decode in THREE.values()
+                                                   for host, role in ((prefill, "prefill"), (decode, "decode"))},
+                 "every worker listed again", 10)
 
 
 @pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
