@@ -423,9 +423,18 @@ def check_repo_relative(dest: str) -> str:
 
 
 def check_batch(size: int | str) -> int | str:
+    return check_share(size, "host")
+
+
+def check_unavailable(size: int | str) -> int | str:
+    return check_share(size, "unit")
+
+
+def check_share(size: int | str, of: str) -> int | str:
+    """A count of hosts or units (at least 1), or a percentage of them such as '25%'."""
     if isinstance(size, int):
         if size < 1:
-            raise ValueError("a batch of hosts has at least 1 host")
+            raise ValueError(f"must be at least 1 {of}")
         return size
     number = size[:-1] if size.endswith("%") else None
     try:
@@ -433,10 +442,15 @@ def check_batch(size: int | str) -> int | str:
     except ValueError:
         percent = None
     if percent is None:
-        raise ValueError(f"{size!r}: a batch is a host count or a percentage such as '25%'")
+        raise ValueError(f"{size!r}: must be a {of} count or a percentage such as '25%'")
     if not 0 < percent <= 100:
         raise ValueError(f"{size!r}: a percentage must be above 0% and at most 100%")
     return size
+
+
+def share_of(size: int | str, total: int) -> int:
+    """A count, or a percentage of total rounded up; at least 1."""
+    return max(1, size if isinstance(size, int) else int(-(-total * float(size[:-1]) // 100)))
 
 
 def _all_at_once() -> list[int | str]:
@@ -448,11 +462,6 @@ class Rollout(Strict):
 
     # Ansible's `serial`
     batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(
-def share_of(size: int | str, total: int) -> int:
-    """A count, or a percentage of total rounded up; at least 1."""
-    return max(1, size if isinstance(size, int) else int(-(-total * float(size[:-1]) // 100)))
-
-
         default_factory=_all_at_once, min_length=1, description=(
             "The size of each batch in order, a host count or a percentage of all hosts (rounded up); the last "
             "size repeats until every host is in a batch."))

@@ -85,3 +85,13 @@ def show_plan(console: Console, report: PlanReport, timings: Sequence[Timing] = 
     console.print("dry run: nothing was changed on the target" + ("" if verbose or not report.steps else
                                                                  "; --verbose shows every action exactly"))
 
+
+
+def show_rollout(console: Console, rollout: RolloutPlan) -> None:
+    """A fleet's batches in order, each with what its routers keep serving by role while it is out, and the routers
+    that may pair a patched worker with an unpatched one."""
+    console.rule("rollout")
+    for number, batch in enumerate(rollout.batches, 1):
+        console.print(f"batch {number}: {batch.describe()}", markup=False, highlight=False)
+    for note in rollout.pairing:
+        console.print(f"[yellow]warning:[/yellow] {escape(note)}")
