@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the demo is not loaded by any other command
 
 def show_demo(console: Console, outcome: DemoOutcome) -> None:
     from deployer.demo.run import GAUGE
+    from deployer.run.shown import shown_state_of
 
     result, stack = outcome.result, outcome.stack
     facts = result.facts
@@ -32,7 +33,7 @@ def show_demo(console: Console, outcome: DemoOutcome) -> None:
         *([("", f"after the rollback: {pid_text(facts, 'rollback_pids')}")] if facts.get("rollback_pids") else []),
         ("commit", f"{result.git_after or '-'} (was {result.git_before or '-'})"
                    + (f"; reverted by {reverted}" if reverted else "")),
-        ("run", f"{result.run_id}: {result.status}"),
+        ("run", f"{result.run_id}: {shown_state_of(runs, result.run_id, result.phase)}"),  # as apply says it
         ("run log", f"deployer runs show {result.run_id} --runs-dir {runs}"),
         ("rollback", rollback_row(result.run_id, stack.workdir, outcome.kept,
                                   f"the run rolled itself back: {reverted[:12]} reverts its commit" if reverted

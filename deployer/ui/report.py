@@ -105,7 +105,7 @@ def _field(value: object) -> str:
 
 def show_run(console: Console, run: Run) -> None:
     from deployer.run import mounts
-    from deployer.run.shown import shown_state
+    from deployer.run.shown import shown_state, shown_state_of
 
     start, end = run.start, run.end or {}
     state = shown_state(run)
@@ -119,15 +119,18 @@ def show_run(console: Console, run: Run) -> None:
                       f"(deployer recover {run.run_id})", markup=False, highlight=False)
     if start.get("rollback_of"):
         console.print(f"rollback of run {start['rollback_of']}", markup=False, highlight=False)
+    # The linked runs' states in the words this run's own has (their log's `status` is --json's field).
     for link in run.all("recovered_by"):
+        by = _field(link.get("by"))
         unproven = f"; unproven: {link['unproven']}" if link.get("unproven") else ""
-        console.print(f"recovered by run {_field(link.get('by'))} ({link.get('status', '?')}): "
+        console.print(f"recovered by run {by} ({shown_state_of(run.dir.parent, by, '?')}): this run ended "
                       f"{_field(link.get('outcome'))}{unproven}", markup=False, highlight=False)
     for link in run.all("rolled_back_by"):
+        by = _field(link.get("by"))
         checks = "; its checks of the reverted build failed" if link.get("status") != "successful" and \
             link.get("phase") == "rolled_back" else ""
-        console.print(f"rolled back by run {_field(link.get('by'))} ({link.get('status', '?')}{checks})",
-                      markup=False, highlight=False)
+        console.print(f"rolled back by run {by} ({shown_state_of(run.dir.parent, by, str(link.get('phase') or '?'))}"
+                      f"{checks})", markup=False, highlight=False)
     git = run.git
     console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
                   highlight=False)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
-from fixtures_repo import Project, act_when, hold_lock
+from fixtures_repo import Project, act_when, deployer, hold_lock
 from fixtures_services import GAUGE, Stack, code_following
 
-pytestmark = pytest.mark.parametrize("target", ["local"], indirect=True)
+LOCAL = pytest.mark.parametrize("target", ["local"], indirect=True)
 
 
 def fix_playbook(project: Project, baseline: dict[str, object] | None = None) -> None:
@@ -25,6 +26,7 @@ def facts(out: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.startswith("  ") and not line.startswith("    ")]
 
 
+@LOCAL
 def test_an_unchanged_or_refused_run_lists_no_drain_it_never_came_to(stack: Stack) -> None:
     project = code_following(stack)
     fix_playbook(project)
@@ -45,6 +47,7 @@ def test_an_unchanged_or_refused_run_lists_no_drain_it_never_came_to(stack: Stac
     assert facts(dirty.stdout) == [], dirty.stdout
 
 
+@LOCAL
 def test_a_run_stopped_by_sigint_before_its_commit_lists_its_baseline_but_no_drain(stack: Stack) -> None:
     project = code_following(stack)
     fix_playbook(project, baseline={"stable_polls": 10_000, "within_s": 600})  # samples until stopped
@@ -62,6 +65,7 @@ def test_a_run_stopped_by_sigint_before_its_commit_lists_its_baseline_but_no_dra
     assert not [line for line in lines if "drain" in line], stopped.stdout
 
 
+@LOCAL
 def test_a_rollback_says_it_gives_one_file_its_content_and_its_plan_says_what_bounds_it(target: Project) -> None:
     run_id = target.applied()  # the default playbook has a diff_bounds step
     preview = target.deployer("plan", "--rollback", run_id, "--host", "box")
@@ -74,3 +78,13 @@ def test_a_rollback_says_it_gives_one_file_its_content_and_its_plan_says_what_bo
     before = next(e for e in target.events(run_id) if e["type"] == "run_end")["git"]["before"]
     said = next(line for line in rolled.stdout.splitlines() if line.startswith("[rollback] commit "))
     assert said.endswith(f" gives pkg/a.py its content at {before[:12]}"), said
+
+
+def test_the_demo_report_names_its_run_in_the_state_words_apply_ends_with(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = deployer("demo", "--workdir", str(workdir), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_id = next(p.name for p in (workdir / "runs").iterdir())
+    report = result.stdout[result.stdout.index("demo report"):]
+    assert f"  run       {run_id}: succeeded\n" in report, report
+    assert "successful" not in report, report

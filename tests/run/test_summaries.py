@@ -103,3 +103,15 @@ def test_recover_of_a_run_cut_in_its_restart_drains_from_the_baseline_the_cut_ru
     assert done.returncode == 0, done.stdout + done.stderr
     drained = next(line for line in done.stdout.splitlines() if line.startswith("[drain] ok "))
     assert f"sum({GAUGE}{{}}): 3 -> 0 (samples: " in drained, done.stdout
+
+
+def test_runs_show_of_a_recovered_run_says_the_recover_and_its_outcome_in_run_state_words(stack: Stack) -> None:
+    project = stack.project
+    run = killed_in_its_restart(project, stack)
+    stack.set_gauge(0.0)
+    done = project.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = project.deployer("runs", "show", run.name)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("recovered by run "))
+    assert line == f"recovered by run {project.newest_run()} (succeeded): this run ended succeeded", line
