@@ -1,8 +1,9 @@
-"""Failed client requests and p99 latency while PD units restart behind one router (issue 22): (a) today's unit
-restart (every unit in one batch, the router never told) against (b) the rolling restart with router drain (one
-unit at a time taken out, drained, restarted, put back), for 2 and 4 units, under the same steady load.
+"""Failed client requests, p99 latency and the apply's wall time while PD units restart behind one router (issues 22
+and 37): (a) today's unit restart (every unit in one batch, the router never told) against (b) the rolling restart
+with router drain (one unit at a time taken out, drained, restarted, put back) and (c) the same with
+`max_unavailable: 25%` (a quarter of the units out at once), for 2 and 4 units, under the same steady load.
 
-Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4] [--runs 1]
+Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4 16] [--runs 1]
 Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every process started is stopped.
 """
 
@@ -14,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,17 @@ from deployer.demo.load import Load, LoadReport
 from deployer.demo.run import DEMO_INFLIGHT, DemoStack, start_stacks, unit_ports
 from deployer.steps.cancel import CancelToken
 
-TODAY, ROLLING = "(a) unit restart, no drain", "(b) rolling + router drain"
+TODAY, ROLLING, WIDE = "(a) unit restart, no drain", "(b) rolling + router drain", "(c) rolling, 25% at once"
+# each way: the playbook's rollout (None: none), and whether the units are behind the router in the inventory
+WAYS: dict[str, tuple[dict[str, Any] | None, bool]] = {
+    TODAY: (None, False), ROLLING: ({"strategy": "rolling"}, True),
+    WIDE: ({"strategy": "rolling", "max_unavailable": "25%"}, True)}
 NOTE = {"name": "note", "files": [{"src": "note.py", "dest": "python/sglang/srt/demo_note.py", "create": True}],
         "steps": ["upload", {"commit": {"message": "bench: a note"}}, "co_restart"], "on_failure": "restore"}
 LOAD: dict[str, Any] = {"clients": 4, "max_requests": 20000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.02}
 
 
-def fleet(root: Path, units: int, routed: bool) -> tuple[list[DemoStack], str]:
+def fleet(root: Path, units: int, rollout: dict[str, Any] | None, routed: bool) -> tuple[list[DemoStack], str]:
     """`units` PD units (prefill host, decode host), the router on the first prefill host fronting all of them."""
     ports = unit_ports(units)
     router = f"http://127.0.0.1:{ports[0]['router']}"
@@ -55,28 +61,31 @@ def fleet(root: Path, units: int, routed: bool) -> tuple[list[DemoStack], str]:
         inventory["routers"] = {"r": {"host": "p0", "url": router, "inflight": DEMO_INFLIGHT, "interval_s": 0.1}}
     (root / "hosts.yaml").write_text(yaml.safe_dump(inventory, sort_keys=False))
     (root / "note.py").write_text("NOTE = 'rolled'\n")
-    (root / "note.yaml").write_text(yaml.safe_dump({**NOTE, "rollout": {"strategy": "rolling"}} if routed else NOTE))
+    (root / "note.yaml").write_text(yaml.safe_dump(NOTE if rollout is None else {**NOTE, "rollout": rollout}))
     return list(stacks.values()), router
 
 
-def one_run(units: int, routed: bool) -> tuple[LoadReport, int]:
+def one_run(units: int, way: str) -> tuple[LoadReport, int, float]:
+    """The load's report, the apply's exit code and its wall time in seconds."""
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         root = Path(tmp)
-        stacks, router = fleet(root, units, routed)
+        stacks, router = fleet(root, units, *WAYS[way])
         try:
             start_stacks(stacks, CancelToken())
             load = Load(router + "/generate", **LOAD).start()
             try:
+                began = time.monotonic()
                 done = subprocess.run([sys.executable, "-m", "deployer", "apply", "note.yaml", "--host",
                                        ",".join(f"pd-{n}" for n in range(units)), "--json"], cwd=root,
                                       env={**os.environ, "DEPLOYER_RUNS_DIR": str(root / "runs")},  # not the user's
-                                      capture_output=True, text=True, timeout=600)
+                                      capture_output=True, text=True, timeout=1800)
+                wall = time.monotonic() - began
             finally:
                 report = load.stop()
         finally:
             for stack in stacks:
                 stack.stop()
-    return report, done.returncode
+    return report, done.returncode, wall
 
 
 def main() -> None:
@@ -86,16 +95,18 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for units in args.units:
-        for way, routed in ((TODAY, False), (ROLLING, True)):
-            got = [one_run(units, routed) for _ in range(args.runs)]
-            sent = sum(r.sent for r, _ in got)
-            failed = sum(r.failed for r, _ in got)
-            p99 = statistics.median(r.p99_ms for r, _ in got if r.p99_ms is not None) if sent else None
-            codes = ",".join(str(code) for _, code in got)
-            rows.append((units, way, sent, failed, p99, codes))
-    print(f"{'units':>5}  {'restart':<28} {'sent':>6} {'failed':>6} {'p99 ms':>8}  apply exit")
-    for units, way, sent, failed, p99, codes in rows:
-        print(f"{units:>5}  {way:<28} {sent:>6} {failed:>6} {p99 if p99 is not None else '-':>8}  {codes}")
+        for way in WAYS:
+            got = [one_run(units, way) for _ in range(args.runs)]
+            sent = sum(r.sent for r, _, _ in got)
+            failed = sum(r.failed for r, _, _ in got)
+            p99 = statistics.median(r.p99_ms for r, _, _ in got if r.p99_ms is not None) if sent else None
+            wall = statistics.median(s for _, _, s in got)
+            codes = ",".join(str(code) for _, code, _ in got)
+            rows.append((units, way, sent, failed, p99, wall, codes))
+    print(f"{'units':>5}  {'restart':<28} {'sent':>6} {'failed':>6} {'p99 ms':>8} {'wall s':>7}  apply exit")
+    for units, way, sent, failed, p99, wall, codes in rows:
+        print(f"{units:>5}  {way:<28} {sent:>6} {failed:>6} {p99 if p99 is not None else '-':>8} {wall:>7.1f}  "
+              f"{codes}")
 
 
 if __name__ == "__main__":
