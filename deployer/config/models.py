@@ -137,10 +137,11 @@ class Service(Strict):
     container: Container | None = Field(default=None, description=(
         "The container that is the service (its name, docker's; or {engine, name, engine_path}): the engine stops "
         "and starts it, its State.Pid and State.StartedAt prove the restart."))
-    kubernetes: Literal["container"] | None = Field(default=None, description=(
-        "container: on a kubernetes host, the service is the pod's container itself (its main process is the "
-        "server): a restart ends that process and the kubelet starts a new container from the image; "
-        "restartCount +1 and a new containerID prove it."))
+    kubernetes: Literal["container", "pod"] | None = Field(default=None, description=(
+        "On a kubernetes host, the service is the pod's container itself (its main process is the server). "
+        "container: a restart ends that process and the kubelet starts a new container from the image (restartCount "
+        "+1 and a new containerID prove it); pod: a restart deletes the pod and its controller makes a new one "
+        "(a new uid proves it)."))
     health: Url | None = Field(default=None, description=(
         "The http URL, as the target sees it, that answers 200 once the service serves: each start waits for it."))
     health_timeout_s: float = Field(default=60.0, gt=0, description="Seconds a start has to answer on health.")
@@ -198,7 +199,7 @@ class Service(Strict):
     def _one_manager(self) -> Service:
         if sum(way is not None for way in (self.start, self.systemd, self.container, self.kubernetes)) != 1:
             raise ValueError("give exactly one of 'start' (a command), 'systemd' (a unit name), 'container' "
-                             "(a container's name) or 'kubernetes: container' (a pod's container itself)")
+                             "(a container's name) or 'kubernetes' (container or pod: a pod's container itself)")
         if self.start is not None and not self.start:
             raise ValueError("'start' is empty")
         if (self.adopt is not None or self.detaches) and (self.health is None or self.start is None):
@@ -586,7 +587,7 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
 
 
 def check_pod_container(name: str, host: Host, refuse: Callable[[yamlsrc.Loc, str], None]) -> None:
-    """`kubernetes: container` is a pod's own container: only on a kubernetes host, once, first among its services
+    """`kubernetes: container|pod` is a pod's own container: only on a kubernetes host, once, first among its services
     (the others run inside it: stopped before it, started after it), without `gpus:` (their wait runs through the
     agent inside it, which its restart ends)."""
     own = [s for s, service in host.services.items() if service.kubernetes is not None]
@@ -595,7 +596,7 @@ def check_pod_container(name: str, host: Host, refuse: Callable[[yamlsrc.Loc, st
             continue
         loc: yamlsrc.Loc = ("hosts", name, "services", service_name, "kubernetes")
         if not isinstance(host, KubernetesHost):
-            refuse(loc, f"'kubernetes: container' needs a host of transport kubernetes ({name} is "
+            refuse(loc, f"'kubernetes:' needs a host of transport kubernetes ({name} is "
                         f"{host.transport}): a container on a host is `container: NAME`")
         elif service_name != own[0]:
             refuse(loc, f"the pod's container is already service {own[0]}: a container is one service")

@@ -33,15 +33,16 @@ def serving(port: int) -> str:
         return str(answer.read().decode())
 
 
-def pod_with_server(kube: Kube, tmp_path: Path, *, on_volume: bool, owner: str | None = None) -> int:
+def pod_with_server(kube: Kube, tmp_path: Path, *, on_volume: bool, owner: str | None = None,
+                    extra: tuple[Volume, ...] = (), mounts: dict[str, str] | None = None) -> int:
     """Pod sglang-0 whose container `server` is the server; its repo on a hostPath volume, or the image's."""
     repo = tmp_path / "checkout"
     init_repo(repo, FILES)
     port = free_port()
     command = ("python3", "-c", SERVER.format(repo=POD_REPO, port=port))
     if on_volume:
-        container = Container("server", command, mounts={"repo": POD_REPO})
-        kube.pod("sglang-0", container, volumes=(Volume("repo", "hostPath", str(repo)),), owner=owner)
+        container = Container("server", command, mounts={"repo": POD_REPO, **(mounts or {})})
+        kube.pod("sglang-0", container, volumes=(Volume("repo", "hostPath", str(repo)), *extra), owner=owner)
     else:
         kube.pod("sglang-0", Container("server", command, image_files={POD_REPO: repo}), owner=owner)
     wait_for(lambda: answers(port), f"the pod's server on port {port}", 30)
@@ -56,10 +57,10 @@ def answers(port: int) -> bool:
     return True
 
 
-def project(kube: Kube, tmp_path: Path, port: int) -> Project:
+def project(kube: Kube, tmp_path: Path, port: int, way: str = "container") -> Project:
     pod = {"name": "sglang-0", "container": "server", "namespace": kube.namespace, "context": kube.context,
            "kubeconfig": str(kube.kubeconfig)}
-    services: dict[str, Any] = {"server": {"kubernetes": "container", "health": f"http://127.0.0.1:{port}/",
+    services: dict[str, Any] = {"server": {"kubernetes": way, "health": f"http://127.0.0.1:{port}/",
                                            "health_timeout_s": 60}}
     (tmp_path / "project").mkdir(exist_ok=True)
     made = Project(root=tmp_path / "project", repo=Path(POD_REPO),
@@ -70,6 +71,10 @@ def project(kube: Kube, tmp_path: Path, port: int) -> Project:
     made.write("fix/a.py", FIXED_A)
     made.playbook(steps=["upload", {"commit": {"message": "pkg: answer is 42"}}, "co_restart"])
     return made
+
+
+def uid(kube: Kube) -> str:
+    return str(kube.kubectl_json("get", "pod", "sglang-0")["metadata"]["uid"])
 
 
 def container(kube: Kube) -> tuple[int, str]:
@@ -149,3 +154,36 @@ def test_kubernetes_container_is_refused_at_load_where_it_cannot_work(where: str
     assert done.returncode == 2, output
     assert "hosts.box.services.server.kubernetes" in output, output
     assert ("needs a host of transport kubernetes" if where == "ssh host" else "must be its first service") in output
+
+
+def test_a_pod_restart_deletes_the_pod_and_its_statefulset_brings_a_new_uid_serving_the_fix_from_its_volume(
+        kube: Kube, tmp_path: Path) -> None:
+    kube.owner("StatefulSet", "sglang")
+    port = pod_with_server(kube, tmp_path, on_volume=True, owner="StatefulSet/sglang")
+    made = project(kube, tmp_path, port, way="pod")
+    before = uid(kube)
+
+    applied = made.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert uid(kube) != before
+    assert serving(port) == FIXED_A, "the new pod's server loaded the fix from the hostPath volume"
+    annotations = kube.kubectl_json("get", "pod", "sglang-0")["metadata"]["annotations"]
+    assert annotations["deployer.dev/run"] == made.newest_run(), "the new pod carries the run's id"
+
+
+def test_an_emptydir_dest_is_refused_for_a_pod_restart_before_any_change(kube: Kube, tmp_path: Path) -> None:
+    kube.owner("StatefulSet", "sglang")
+    port = pod_with_server(kube, tmp_path, on_volume=True, owner="StatefulSet/sglang", extra=(Volume("gen"),),
+                           mounts={"gen": f"{POD_REPO}/gen"})
+    made = project(kube, tmp_path, port, way="pod")
+    made.playbook(files=[{"src": "fix/a.py", "dest": "gen/a.py", "create": True}],
+                  steps=["upload", {"commit": {"message": "gen"}}, "co_restart"])
+    before = uid(kube)
+
+    applied = made.deployer("apply", "fix.yaml", "--host", "box")
+    output = applied.stdout + applied.stderr
+    assert applied.returncode == 2, output
+    assert "as a new pod from its controller, which throws away gen/a.py (an emptyDir" in output, output
+    assert uid(kube) == before
+    done = kube.kubectl("exec", "sglang-0", "-c", "server", "--", "ls", f"{POD_REPO}/gen")
+    assert done.stdout.decode() == "", "nothing was shipped"
