@@ -88,10 +88,9 @@ def rolling_batches(order: list[str], serving: Mapping[str, Serving], limit: int
     router closest together first (prefill and decode leave in their ratio), then in order. A unit that alone takes
     a role's last worker out still gets its batch (floor 1): refuse_downtime judges that. Only the run's units count
     as capacity: a unit outside the run serves too, so this errs on the side of smaller batches."""
-    total: dict[tuple[str, str], int] = Counter()
+    total = Counter[tuple[str, str]]()
     for name in order:
-        if (one := serving.get(name)) is not None and one.router is not None:
-            total.update({(one.router, role): count for role, count in one.roles.items()})
+        total.update(workers_of(serving.get(name)))
     waiting, batches = list(order), []
     while waiting:
         batch = [waiting.pop(0)]
