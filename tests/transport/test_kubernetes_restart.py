@@ -83,7 +83,7 @@ def container(kube: Kube) -> tuple[int, str]:
         return state.restart_count, state.container_id
 
 
-def test_a_fix_on_a_volume_survives_the_container_restart_and_is_served_by_the_new_container(
+def test_a_fix_on_a_volume_survives_the_container_restart_is_served_by_the_new_container_and_rolls_back(
         kube: Kube, tmp_path: Path) -> None:
     port = pod_with_server(kube, tmp_path, on_volume=True)
     made = project(kube, tmp_path, port)
@@ -102,6 +102,12 @@ def test_a_fix_on_a_volume_survives_the_container_restart_and_is_served_by_the_n
     run_id = made.newest_run()
     annotations = kube.kubectl_json("get", "pod", "sglang-0")["metadata"]["annotations"]
     assert annotations["deployer.dev/run"] == run_id
+
+    rolled = made.deployer("rollback", run_id)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert container(kube)[0] == after[0] + 1, "the rollback restarted the container too"
+    assert serving(port) == ORIGINAL_A
+    assert (tmp_path / "checkout" / "pkg" / "a.py").read_text() == ORIGINAL_A
 
 
 def test_a_dest_in_the_containers_layer_is_refused_for_a_container_restart_before_any_change(
@@ -156,7 +162,7 @@ def test_kubernetes_container_is_refused_at_load_where_it_cannot_work(where: str
     assert ("needs a host of transport kubernetes" if where == "ssh host" else "must be its first service") in output
 
 
-def test_a_pod_restart_deletes_the_pod_and_its_statefulset_brings_a_new_uid_serving_the_fix_from_its_volume(
+def test_a_pod_restart_deletes_the_pod_its_statefulset_brings_a_new_uid_serving_the_fix_and_rolls_back(
         kube: Kube, tmp_path: Path) -> None:
     kube.owner("StatefulSet", "sglang")
     port = pod_with_server(kube, tmp_path, on_volume=True, owner="StatefulSet/sglang")
@@ -169,6 +175,12 @@ def test_a_pod_restart_deletes_the_pod_and_its_statefulset_brings_a_new_uid_serv
     assert serving(port) == FIXED_A, "the new pod's server loaded the fix from the hostPath volume"
     annotations = kube.kubectl_json("get", "pod", "sglang-0")["metadata"]["annotations"]
     assert annotations["deployer.dev/run"] == made.newest_run(), "the new pod carries the run's id"
+
+    restarted = uid(kube)
+    rolled = made.deployer("rollback", made.newest_run())
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert uid(kube) != restarted, "the rollback made a new pod too"
+    assert serving(port) == ORIGINAL_A
 
 
 def test_an_emptydir_dest_is_refused_for_a_pod_restart_before_any_change(kube: Kube, tmp_path: Path) -> None:
