@@ -90,6 +90,8 @@ def test_a_fix_on_a_volume_survives_the_container_restart_is_served_by_the_new_c
     assert serving(port) == ORIGINAL_A
     before = container(kube)
 
+    checked = made.deployer("check", "fix.yaml", "--host", "box")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     planned = made.deployer("plan", "fix.yaml", "--host", "box", "--verbose")
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert "pkg/a.py: a hostPath" in planned.stdout and "kept by the restart of server" in planned.stdout
