@@ -34,6 +34,7 @@ FAILING = {
     "restart": ["restart", "--host", "nowhere"],
     "canary": ["canary", "--host", "nowhere", "--record", "golden.json"],
     "logs": ["logs", "--host", "nowhere"],
+    "bake": ["bake", "no-such-run"],
 }
 
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from polling import within
 from ports import free_ports
 from test_demo_stack import STACK_SRC, Stack, http_get
 
@@ -70,7 +71,16 @@ def test_each_generation_moves_the_latency_buckets_of_real_prometheus_text(tmp_p
     assert [generate(server.decode_port, streamed) for _ in range(3)] == [200] * 3
     assert generate(server.decode_port, {"text": "hi", "sampling_params": {"max_new_tokens": 3}}) == 200
     assert generate(server.decode_port, {"prompt": "hi", "max_tokens": 2, "stream": True}, "/v1/completions") == 200
-    after = read(server)
+    # A request's end-to-end latency is observed when its handler returns, which may be just after the client read
+    # its last byte: read until all 5 are in (a deadline, never a sleep); the counts are asserted below all the same.
+    reads: list[Scrape] = []
+
+    def all_ended() -> bool:
+        reads.append(read(server))
+        return histogram_windows([before, reads[-1]], E2E, {})[0].count >= 5
+
+    within(all_ended, 10)
+    after = reads[-1]
 
     (ttft,) = histogram_windows([before, after], TTFT, {"engine_type": "decode"})
     (itl,) = histogram_windows([before, after], ITL, {})
