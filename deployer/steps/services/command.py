@@ -199,13 +199,6 @@ class CommandManager(Manager):
         return [self.mkdir, self.launch, self.up, *([] if self.up_health is None else [self.up_health]),
                 self.repoint, self.repoint_pid, self.reap_list, self.reap]
 
-    def confirm_actions(self) -> list[Action]:
-        return [self.still]
-
-    @property
-    def log(self) -> Action:
-        return self._log
-
     def log_bound(self) -> Bound:
         return {log_start_of(self.name): self.log_from or "1"}
 

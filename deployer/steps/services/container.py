@@ -146,13 +146,6 @@ class ContainerManager(Manager):
         again = [self.reopen, self.main] if self.own else []
         return [self.start_it, self.up, *again, *([] if self.up_health is None else [self.up_health])]
 
-    def confirm_actions(self) -> list[Action]:
-        return [self.still]
-
-    @property
-    def log(self) -> Action:
-        return self._log
-
     def tail_label(self) -> str:
         return f"{self.name}'s container output, stdout and stderr combined, its last 40 lines"
 

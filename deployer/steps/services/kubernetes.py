@@ -217,13 +217,6 @@ class PodContainerManager(Manager):
         return [self.up, self.reopen, self.main, *([] if self.up_health is None else [self.up_health]), self.ready,
                 self.annotate]
 
-    def confirm_actions(self) -> list[Action]:
-        return [self.still]
-
-    @property
-    def log(self) -> Action:
-        return self._log
-
     def tail_label(self) -> str:
         return f"{self.name}'s container output (kubectl logs, then --previous), its last 40 lines each"
 

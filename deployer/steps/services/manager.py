@@ -163,6 +163,9 @@ class Manager(ABC):
     """How one service is observed, stopped and started on the target: its actions, and the run that does them."""
 
     warning: str | None = None  # what observe() saw wrong with how the service runs (`check` shows it)
+    # Each manager's own: is the new process still the one running, and the tail of its output on a failure.
+    still: Action
+    _log: Action
     # Asked each round of its start's wait; raises to end it (a gang's leader: another rank died).
     watch: Callable[[], None] | None = None
 
@@ -208,14 +211,14 @@ class Manager(ABC):
     def start_actions(self) -> list[Action]:
         """Start it and wait until it runs and answers (one round trip per poll)."""
 
-    @abstractmethod
     def confirm_actions(self) -> list[Action]:
-        """After every service started: is the new process still the one running?"""
+        """After every service started: is the new process still the one running? (`still`, each manager's own.)"""
+        return [self.still]
 
     @property
-    @abstractmethod
     def log(self) -> Action:
-        """The tail of its output, read when it fails."""
+        """The tail of its output, read when it fails (`_log`, each manager's own)."""
+        return self._log
 
     @abstractmethod
     def read_log(self, cursor: str, *, whole: bool, lines: int | None, most: int) -> Action:

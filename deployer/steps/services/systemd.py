@@ -52,13 +52,6 @@ class SystemdManager(Manager):
     def start_actions(self) -> list[Action]:
         return [self.start_unit, self.up, *([] if self.up_health is None else [self.up_health])]
 
-    def confirm_actions(self) -> list[Action]:
-        return [self.still]
-
-    @property
-    def log(self) -> Action:
-        return self._log
-
     def tail_label(self) -> str:
         return f"{self.name}'s journal, its last 40 lines"
 
