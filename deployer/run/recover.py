@@ -63,11 +63,13 @@ class Recovered:
         if self.outcome is None:
             return f"run {self.run_id}: {NOTHING}"
         parts = [f"run {self.run_id} -> {self.outcome.value}"]
-        if self.commit:
+        if self.rollback_of is not None and self.commit:  # the cut run was a rollback: its revert is the commit
+            parts.append(f"its rollback of run {self.rollback_of} finished, its revert {self.commit[:12]} kept")
+        elif self.commit:
             parts.append(f"its commit {self.commit[:12]} is on the target")
         if self.end_note is not None:
             parts.append(f"it ended {self.end_note.status} there, as its end note on the target says")
-        if self.rollback_commit:
+        if self.rollback_commit and self.rollback_of is None:
             parts.append(f"rolled back by {self.rollback_commit[:12]}")
         if self.restored or self.removed:
             parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")

@@ -59,6 +59,9 @@ def test_a_rollback_killed_in_its_restart_is_finished_by_recover_of_that_rollbac
     recovered = target.deployer("recover", rollback.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "internal error" not in recovered.stderr
+    # Said as what it was: the rollback finished with its revert kept, not the rollback "rolled back" by its own revert.
+    assert f"its rollback of run {original.name} finished, its revert {target.head()[:12]} kept" in recovered.stdout
+    assert "rolled back by" not in recovered.stdout
     recover_id = target.newest_run()
     # The rollback ends as it would have: the revert kept (no second revert), the services up on it, its
     # record rolled_back; the run it undid keeps its own end, and its log names the rollback.
