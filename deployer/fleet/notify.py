@@ -56,12 +56,15 @@ class Documents:
     batches: list[list[str]] = field(default_factory=list)
     ended: dict[str, str] = field(default_factory=dict)  # host -> the status it ended with
     closed: set[int] = field(default_factory=set)  # the batches whose batch.end was made
+    run: str | None = None  # a single host's run: named by its run_start only, and in each of its documents
 
     def of(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         kind = event.get("type")
         if kind == VERDICT:
             return [self.document("analysis.verdict", event)]
         if self.kind == "host":
+            if kind == "run_start":
+                self.run = event.get("run_id")
             return [self.document(HOST_TYPES[kind], event)] if kind in HOST_TYPES else []
         if kind == "fleet_start":
             self.fleet, self.batches = event.get("fleet"), [list(b) for b in event.get("batches") or []]
@@ -91,7 +94,7 @@ class Documents:
         host = event.get("host")
         known = {"schema": SCHEMA, "type": kind, "time": event.get("time") or utc_now(),
                  "deployer": deployer.__version__, "fleet": event.get("fleet") or self.fleet,
-                 "run": event.get("run_id"), "host": host, "unit": self.units.get(host) if host else None,
+                 "run": event.get("run_id") or self.run, "host": host, "unit": self.units.get(host) if host else None,
                  "batch": event.get("batch", self.batch_of(host)), "status": event.get("status"),
                  "exit_code": event.get("exit_code"), "error": event.get("error"), "phase": event.get("phase"),
                  "verdict": event.get("verdict")}

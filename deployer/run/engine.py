@@ -227,7 +227,8 @@ class Engine:
         bus = self.new_bus()
         sink = LogSink(log, self.cancel)
         bus.listeners.insert(0, sink)
-        bus.emit("run_start", status="starting", operator=self.operator, version=deployer.__version__,
+        # Its run id too: a listener (the webhooks) hears the run's events from the bus, never its log's name.
+        bus.emit("run_start", status="starting", run_id=run_id, operator=self.operator, version=deployer.__version__,
                  playbook=str(self.playbook.path), playbook_name=self.playbook.model.name,
                  playbook_sha256=hashlib.sha256(self.playbook.raw).hexdigest(),
                  steps=[s.describe() for s in self.steps], on_failure=self.playbook.model.on_failure,

@@ -120,6 +120,17 @@ def test_a_webhook_that_fails_twice_gets_each_event_on_its_third_try(fleet: Proj
     assert not (fleet.runs / ".notify.jsonl").exists()
 
 
+def test_a_single_host_runs_documents_each_name_its_run(fleet: Project, hook: Hook) -> None:
+    fleet.extra_env["HOOK_TOKEN"] = TOKEN
+    notify(fleet, webhooks=[webhook(hook)])
+    fleet.playbook(steps=test_fleet.BOUNDED)
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1", "--json")
+    assert result.returncode == 0, result.stderr
+    run_id = as_json(result)["run_id"]
+    assert [(d["type"], d["run"]) for d in hook.documents] == [("run.start", run_id), ("run.end", run_id)]
+    assert all(d["fleet"] is None and d["host"] == "h1" for d in hook.documents)
+
+
 def test_a_webhook_that_never_answers_costs_a_bounded_wait_is_recorded_and_never_shows_its_secrets(
         fleet: Project, hook: Hook) -> None:
     hook.hang = True
