@@ -30,6 +30,7 @@ from deployer.config.api import API_HELP, Api
 from deployer.config.container import Container, check_own_containers
 from deployer.config.notify import Notify
 from deployer.config.persist import Persist
+from deployer.config.podunits import check_pod_units
 from deployer.config.routers import BehindRouter, Router
 from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
 from deployer.config.units import check_routers
@@ -574,6 +575,8 @@ def check_topology(inventory: Inventory, doc: yamlsrc.Document) -> None:
             refuse(("units", name, "metrics"),
                    f"{unit.metrics!r} is not a host of unit {name!r} ({', '.join(unit.hosts())})")
     check_routers(inventory.units, inventory.hosts, inventory.routers, refuse)  # each unit's and plain host's
+    check_pod_units(inventory.units, {name for name, host in inventory.hosts.items()
+                                      if isinstance(host, KubernetesHost) and host.pod.selector is not None}, refuse)
     check_own_containers(inventory.hosts, refuse)
     for name, target in inventory.hosts.items():
         if isinstance(target, KubernetesHost) and target.via is not None and \

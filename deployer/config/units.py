@@ -20,6 +20,11 @@ class Unit(GangFields, BehindRouter, BaseModel):
     services: list[str] = Field(min_length=1, description="Its services, each HOST:SERVICE, in start order.")
     metrics: str | None = Field(default=None, description="The host of the unit whose metrics baseline and drain read.")
     # router: and workers: (BehindRouter): the inventory's router that sends the unit traffic, its workers there
+    group_label: str | None = Field(default=None, min_length=1, description=(
+        "A pod label that pairs the pods of the unit's selector hosts (kubernetes hosts with pod.selector), such "
+        "as leaderworkerset.sigs.k8s.io/group-index: one unit per value of it, named UNIT.VALUE, each with that "
+        "value's pods of every host, and a group UNIT of them. Without it a unit takes every pod its selector "
+        "hosts select."))
 
     def members(self) -> list[tuple[str, str]]:
         return [(entry.partition(":")[0], entry.partition(":")[2]) for entry in self.services]

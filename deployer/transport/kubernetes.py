@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployer.agent.pipe import Pipe
 from deployer.config.models import KubernetesHost
+from deployer.config.podunits import expand_pod_units
 from deployer.errors import AgentLost, ConfigError, DeployerError, TransportError
 from deployer.text import visible
 from deployer.transport.base import Transport
@@ -189,28 +190,30 @@ class _Quiet:
 
 def expand_selectors(inventory: Inventory) -> Inventory:
     """The inventory with each selector host as one host per pod it selects now (HOST.POD), and a group of
-    the host's name listing them, so that `--host HOST` names them all as a group does."""
+    the host's name listing them, so that `--host HOST` names them all as a group does; a unit of selector hosts
+    as units of their pods (config.podunits)."""
     selecting = {name: host for name, host in inventory.hosts.items()
                  if isinstance(host, KubernetesHost) and host.pod.selector is not None}
     if not selecting:
         return inventory
     hosts: dict[str, Host] = {}
     groups = dict(inventory.groups)
+    labels: dict[str, dict[str, dict[str, str]]] = {}  # selector host -> HOST.POD -> the pod's labels
     for name, host in inventory.hosts.items():
         if name not in selecting:
             hosts[name] = host
             continue
-        pods = expand(name, selecting[name], _Quiet())
-        hosts.update(pods)
-        groups[name] = list(pods)
-    return inventory.model_copy(update={"hosts": hosts, "groups": groups})
+        labels[name] = {f"{name}.{pod}": of for pod, of in selected(name, selecting[name], _Quiet()).items()}
+        hosts.update({each: one(selecting[name], each[len(name) + 1:]) for each in labels[name]})
+        groups[name] = list(labels[name])
+    units, unit_groups = expand_pod_units(inventory.units, labels)
+    return inventory.model_copy(update={"hosts": hosts, "groups": {**groups, **unit_groups}, "units": units})
 
 
-def expand(name: str, host: KubernetesHost, bus: Emitter) -> dict[str, KubernetesHost]:
-    """A selector's host as one host per pod it selects now (HOST.POD), each of them that pod; a named pod as is."""
+def selected(name: str, host: KubernetesHost, bus: Emitter) -> dict[str, dict[str, str]]:
+    """The pods a selector's host selects now, by name in order, each with its labels."""
     pod = host.pod
-    if pod.selector is None:
-        return {name: host}
+    assert pod.selector is not None
     argv = [*kubectl_argv(pod), "get", "pods", "--selector", pod.selector, "--output", "json"]
     side = kubectl_side(name, host, bus, False, python="python3")
     try:
@@ -221,10 +224,11 @@ def expand(name: str, host: KubernetesHost, bus: Emitter) -> dict[str, Kubernete
         side.close()
     if done.exit_code != 0:
         raise AgentLost(f"{name}: {kubectl_failure(pod, done.stderr.decode('utf-8', 'replace'))}")
-    names = sorted(item["metadata"]["name"] for item in json.loads(done.stdout)["items"])
-    if not names:
+    items = json.loads(done.stdout)["items"]
+    found = {item["metadata"]["name"]: item["metadata"].get("labels") or {} for item in items}
+    if not found:
         raise AgentLost(f"{name}: the selector selects no pod: {pod.where()}")
-    return {f"{name}.{found}": one(host, found) for found in names}
+    return {each: found[each] for each in sorted(found)}
 
 
 def one(host: KubernetesHost, pod: str) -> KubernetesHost:

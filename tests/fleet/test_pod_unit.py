@@ -1,0 +1,134 @@
+"""A PD unit of pods behind the demo router: a prefill pod and a decode pod (real podman containers of the stand-in
+cluster, reached by the real kubectl's exec), selected by their role labels and paired by LeaderWorkerSet's group
+index, roll behind the router beside a unit of plain hosts while a steady client load runs through it: each unit
+is taken out, drained, restarted through the agent in its pods (or on its hosts) and put back, no request fails.
+
+The pods use the host's network (the stand-in's pods are hostNetwork), so the demo router on this machine's
+127.0.0.1 reaches the servers in them by their health URLs' origins."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures_kube import Container, Kube
+from fixtures_repo import deployer, deployer_env
+from polling import wait_for
+from test_rolling_router import PdFleet, listed_healthy, load_through, make_fleet, running
+
+from deployer.demo.run import DemoStack, http_status
+
+GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+POD_REPO = "/sgl-workspace"
+PODS = {"prefill": ("gpu-c", "sglang-prefill-0"), "decode": ("gpu-d", "sglang-decode-0")}  # role: its stack, pod
+NOTE = "python/sglang/srt/demo_note.py"
+# Started in the pod as co_restart starts a service: its own session, its pid file where deployer reads it.
+LAUNCH = """\
+import json, os, subprocess, sys
+start, name, repo = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+state = os.path.join(repo, ".git", "deployer")
+os.makedirs(state, exist_ok=True)
+with open(os.path.join(state, name + ".log"), "ab") as log:
+    proc = subprocess.Popen(start, cwd=os.path.join(repo, "python"), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+with open(os.path.join(state, name + ".pid"), "w") as pid:
+    pid.write(f"{proc.pid}\\n")
+"""
+
+
+def pod_host(kube: Kube, stack: DemoStack, role: str) -> dict[str, Any]:
+    """The selector host of one role: its pods' container `server`, its service as the stack's, at POD_REPO."""
+    host = stack.host().model_dump(exclude_defaults=True)
+    del host["transport"]
+    return {"transport": "kubernetes", **host, "repo": POD_REPO,
+            "pod": {"selector": f"app=sglang,role={role}", "container": "server", "namespace": kube.namespace,
+                    "context": kube.context, "kubeconfig": str(kube.kubeconfig)}}
+
+
+def in_pod(kube: Kube, pod: str, command: str) -> str:
+    done = kube.kubectl("exec", pod, "-c", "server", "--", "sh", "-c", command)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+@pytest.fixture
+def pod_fleet(kube: Kube, tmp_path: Path) -> Iterator[PdFleet]:
+    """Unit pd-1 on the plain hosts gpu-a (prefill and the router) and gpu-b (decode); unit pd-2 the pods
+    sglang-prefill-0 and sglang-decode-0 (group 0 of a LeaderWorkerSet), their servers started in them first."""
+    fleet = make_fleet(tmp_path)
+    for role, (stack_name, pod) in PODS.items():
+        stack = fleet.stacks.pop(stack_name)
+        labels = {"app": "sglang", "role": role, GROUP: "0", "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+        kube.pod(pod, Container("server", image_files={POD_REPO: stack.repo}), labels=labels)
+        start = stack.host().services[role].start
+        launched = kube.kubectl("exec", "-i", pod, "-c", "server", "--", sys.executable, "-", json.dumps(start), role,
+                                POD_REPO, stdin=LAUNCH)
+        assert launched.returncode == 0, launched.stderr.decode()
+        wait_for(lambda stack=stack, role=role: http_status(stack.url(role, "/health")) == 200,
+                 f"the {role} server in pod {pod}", 30)
+        fleet.inventory["hosts"].pop(stack_name)
+        fleet.inventory["hosts"][role] = pod_host(kube, stack, role)
+    bootstrap = fleet.inventory["units"]["pd-2"]["workers"][0]["bootstrap_port"]
+    fleet.inventory["units"]["pd-2"] = {
+        "services": ["prefill:prefill", "decode:decode"], "group_label": GROUP, "router": "pd-router",
+        "workers": [{"service": "prefill:prefill", "worker_type": "prefill", "bootstrap_port": bootstrap},
+                    {"service": "decode:decode", "worker_type": "decode"}]}
+    fleet.write()
+    with running(fleet):  # gpu-a's prefill and router, gpu-b's decode, on this machine
+        yield fleet
+
+
+def apply(kube: Kube, fleet: PdFleet, *args: str) -> tuple[int, dict[str, Any], str]:
+    env = deployer_env(PATH=kube.env["PATH"], KUBECACHEDIR=kube.env["KUBECACHEDIR"])
+    result = deployer("apply", "note.yaml", "--host", *args, "--json", cwd=fleet.root, env=env)
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        report = {}
+    return result.returncode, report, result.stdout + result.stderr
+
+
+def test_a_unit_of_a_prefill_pod_and_a_decode_pod_rolls_behind_the_router_and_no_request_fails(
+        kube: Kube, pod_fleet: PdFleet) -> None:
+    prefill, decode = "prefill.sglang-prefill-0", "decode.sglang-decode-0"
+    pids = {pod: in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/{role}.pid")
+            for role, (_, pod) in PODS.items()}
+    with load_through(pod_fleet, "the apply") as load:
+        code, report, output = apply(kube, pod_fleet, "pd-1,pd-2")
+        served_during = load.ok
+    assert code == 0, output
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    assert served_during > 5
+    assert report["batches"] == [["gpu-a", "gpu-b"], [prefill, decode]]  # the pods' unit pd-2.0 alone
+    for role, (_, pod) in PODS.items():
+        assert in_pod(kube, pod, f"cat {POD_REPO}/{NOTE}") == "NOTE = 'rolled'\n", pod
+        assert in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/{role}.pid") != pids[pod], f"{pod}: not restarted"
+    leader = min(report["units"]["pd-2.0"])  # the unit's first host in sorted order logs its router's steps
+    kinds = [e["type"] for e in pod_fleet.events(report, leader) if e.get("unit") == "pd-2.0"
+             and e["type"].startswith(("router_", "worker_"))]
+    assert kinds[:2] == ["router_remove", "router_remove"] and "worker_inflight" in kinds, kinds
+    assert kinds[-3:] == ["router_add", "router_add", "router_listed"], kinds
+    connected = next(e for e in pod_fleet.events(report, prefill) if e["type"] == "connected")["transport"]
+    assert (connected["kind"], connected["extra"]["pod"]) == ("kubernetes", "sglang-prefill-0")
+    every = {pod_fleet.worker_url(host, role) for host, role in (("gpu-a", "prefill"), ("gpu-b", "decode"))} | \
+        {f"http://127.0.0.1:{stack_port}" for stack_port in pod_ports(pod_fleet)}
+    wait_for(lambda: listed_healthy(pod_fleet) == every, "every worker listed and healthy again", 10)
+
+
+def pod_ports(fleet: PdFleet) -> list[int]:
+    """The pods' servers' ports (pd-2's, in its prefill and decode health URLs)."""
+    hosts = fleet.inventory["hosts"]
+    return [int(hosts[role]["services"][role]["health"].rsplit(":", 1)[1].split("/")[0]) for role in PODS]
+
+
+def test_plan_names_the_pods_unit_its_batches_and_the_kubectl_it_runs(kube: Kube, pod_fleet: PdFleet) -> None:
+    env = deployer_env(PATH=kube.env["PATH"], KUBECACHEDIR=kube.env["KUBECACHEDIR"])
+    shown = deployer("plan", "note.yaml", "--host", "pd-2", "--verbose", cwd=pod_fleet.root, env=env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "prefill.sglang-prefill-0" in shown.stdout and "decode.sglang-decode-0" in shown.stdout, shown.stdout
+    print(shown.stdout)  # the how-to quotes it (docs/how-to/pd-pods.md)
