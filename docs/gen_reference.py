@@ -249,14 +249,15 @@ def run_states_page() -> str:
     Phase = state.Phase
     said = comments(inspect.getsource(state.Phase)) | comments(inspect.getsource(shown))
     hand = (DOCS / "explanation" / "run-states.md").read_text()
-    for name in [*(p.value for p in state.TERMINAL), Phase.interrupted.value, shown.REFUSED, shown.FAILED]:
+    for name in [*(p.value for p in state.TERMINAL), Phase.interrupted.value, shown.REFUSED, shown.FAILED,
+                 shown.CANCELED]:
         if f"`{name}`" not in hand:
             raise ReferenceError(f"run state {name!r} is not explained in docs/explanation/run-states.md")
     rows = ["| state | terminal | meaning (from the code) |", "|---|---|---|"]
     for phase in Phase:
         terminal = "yes" if phase in state.TERMINAL else ""
         rows.append(f"| `{phase.value}` | {terminal} | {cell(said.get(phase.name, ''))} |")
-    for name, value in (("REFUSED", shown.REFUSED), ("FAILED", shown.FAILED)):
+    for name, value in (("REFUSED", shown.REFUSED), ("FAILED", shown.FAILED), ("CANCELED", shown.CANCELED)):
         rows.append(f"| `{value}` | yes (shown only) | {cell(said.get(name, ''))} |")
     phases = list(Phase)
     matrix = ["| from \\ to | " + " | ".join(f"`{p.value}`" for p in phases) + " |",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from deployer.app.setting import Setting, runs_dir_of
 from deployer.errors import ConfigError
 from deployer.fleet.record import FLEET, FleetRecord, is_fleet
-from deployer.run.shown import FAILED, REFUSED, shown_state
+from deployer.run.shown import CANCELED, FAILED, REFUSED, shown_state
 from deployer.runlog import EVENTS, read_run
 from deployer.runstate import Phase
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from deployer.steps.context import Listener
 
 LAST = "last"
-STATES = (*(phase.value for phase in Phase), FAILED, REFUSED)
+STATES = (*(phase.value for phase in Phase), FAILED, REFUSED, CANCELED)
 NAMED = 10  # the ids an ambiguous beginning names: enough to pick from, never a screenful
 
 

@@ -113,12 +113,10 @@ class RunResult:
 
     def document(self) -> dict[str, Any]:
         """The run's outcome as `--json` prints it."""
-        from deployer.run.shown import FAILED, REFUSED, shown_state_of
+        from deployer.run.shown import shown_outcome_of
 
-        state = shown_state_of(self.run_dir.parent, self.run_id, self.phase)
-        # Ansible's changed=0: whether the run left the target otherwise than it found it.
-        return {"run_id": self.run_id, "state": state,
-                "changed": state not in (Phase.unchanged.value, REFUSED, FAILED),
+        state, changed = shown_outcome_of(self.run_dir.parent, self.run_id, self.phase)
+        return {"run_id": self.run_id, "state": state, "changed": changed,
                 "status": self.status, "exit_code": self.exit_code, "error": self.error, "warning": self.warning,
                 "git": {"before": self.git_before, "after": self.git_after}, "run_dir": str(self.run_dir),
                 "facts": self.facts}

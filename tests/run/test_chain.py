@@ -307,6 +307,11 @@ def test_a_signal_after_upload_restores_the_target_and_exits_130(target: Project
     assert target.head() == head
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
     assert last_run_end(target)["status"] == "canceled"
+    # Shown as what it was, not as a failure: stopped before its commit, the target as it was.
+    run_id = run_dirs(target)[-1].name
+    assert f"run {run_id}: canceled (exit 130)" in out, out
+    listed = target.deployer("runs", "list")
+    assert any(line.split()[:2] == [run_id, "canceled"] for line in listed.stdout.splitlines()), listed.stdout
     events = [json.loads(x) for x in (run_dirs(target)[-1] / "events.jsonl").read_text().splitlines()]
     canceled = [e for e in events if e["type"] == "step_end" and e["status"] == "canceled"]
     started = [e["step"] for e in events if e["type"] == "step_start"]
