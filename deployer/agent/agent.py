@@ -681,6 +681,7 @@ class Agent:
                           "new_sha256": entry["new_sha256"], "new_blob": entry.get("new_blob"),
                           "mode": stat_mod.S_IMODE(info.st_mode), "uid": info.st_uid, "gid": info.st_gid,
                           "new_dirs": [], "before": None})
+        self._ready(req)
         head = subprocess.run(argv, cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, timeout=60, check=False)
         if head.returncode != 0:
@@ -691,6 +692,34 @@ class Agent:
         created = self._make_parents(directory, True)
         self._put_into(path, directory, data, hashlib.sha256(data).hexdigest(), 0o600, True, created, None)
         return {"head": record["head_before"], "files": found}
+
+    def _ready(self, req: dict[str, Any]) -> None:
+        """A premise's `services` and `gpus` (protocol.Ready): what the steps that judge the target before any
+        change (co_restart) need to find there. Each health URL that answers 200 must be served by the process
+        deployer recorded (its record: "PID START", that process alive and started then); each GPU list must
+        exit 0 and name every wanted index. Anything else refuses the premise: the client reads and judges."""
+        for entry in _field(req, "services", list, []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("service"), str):
+                raise OpError("bad_request", "each of 'services' must name its service")
+            url, record = _field(entry, "health", str), _abs_path(entry, "record")
+            if url is None or self.op_http({"url": url, "timeout": entry.get("timeout")}).get("status") != 200:
+                continue
+            if not _recorded_runs(record):
+                raise OpError("premise", f"service {entry['service']}: {url} answers 200, and no live process "
+                                         f"is the one {record} names")
+        for entry in _field(req, "gpus", list, []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("service"), str):
+                raise OpError("bad_request", "each of 'gpus' must name its service")
+            want = _field(entry, "want", list, [])
+            if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in want):
+                raise OpError("bad_request", "want must be a list of GPU indices")
+            done = self.op_run({"argv": entry.get("argv"), "env": entry.get("env"), "timeout": entry.get("timeout"),
+                                "tail": 65536})
+            lines = base64.b64decode(done["stdout"]).decode("utf-8", "replace").splitlines()
+            have = [line.strip() for line in lines if line.strip()]
+            if done["exit_code"] != 0 or done["timed_out"] or not all(index.isdecimal() for index in have) or \
+                    not set(want) <= {int(index) for index in have}:
+                raise OpError("premise", f"service {entry['service']}: nvidia-smi does not list GPUs {want}")
 
     def op_procs(self, req: dict[str, Any]) -> dict[str, Any]:
         """The processes in any of `sessions`, `groups` or `pids`, and those holding a TCP socket that listens
@@ -996,6 +1025,18 @@ def _proc_info(pid: int) -> dict[str, Any] | None:
         return None
     return {"pid": pid, "state": fields[0].decode(), "ppid": int(fields[1]), "pgid": int(fields[2]),
             "sid": int(fields[3]), "start": fields[19].decode(), "rss_kb": int(fields[21]) * PAGE_KB, "uid": uid}
+
+
+def _recorded_runs(record: str) -> bool:
+    """Whether `record` ("PID START", written when deployer started a service) names a live process (not a zombie)
+    that started then: a pid file can outlive its process, and the number then name another one."""
+    try:
+        with open(record, "rb") as handle:
+            pid, _, start = handle.read(4096).decode("ascii", "replace").strip().partition(" ")
+    except OSError:
+        return False
+    info = _proc_info(int(pid)) if pid.isdigit() else None
+    return info is not None and info["state"] != "Z" and info["start"] == start.strip()
 
 
 def _cmdline(pid: int) -> list[str]:

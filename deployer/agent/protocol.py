@@ -268,6 +268,23 @@ class Premised:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """What the target must show for a step's pre-change judgement to find nothing there (co_restart's): checked
+    by the premise before it writes the intent record, so that judgement needs no round trip of its own.
+
+    services: [{service, health (a loopback URL, or None), timeout, record}]: each health URL answers other than
+    200, or `record` ("PID START", as deployer writes it when it starts the service) names a live process that
+    started then. gpus: [{service, argv, env, timeout, want}]: argv (nvidia-smi's GPU list) exits 0 within the
+    timeout and lists every index in `want`, one number a line. Anything else is the premise's refusal: the run
+    then reads the target and judges here, in its own words (a process it adopts, a refusal)."""
+    services: Sequence[Mapping[str, Any]] = ()
+    gpus: Sequence[Mapping[str, Any]] = ()
+
+    def __add__(self, other: Ready) -> Ready:
+        return Ready([*self.services, *other.services], [*self.gpus, *other.gpus])
+
+
+@dataclass(frozen=True)
 class Premise(Request[Premised]):
     """A batch's premises, checked on the target, then its intent record written there: see op_premise."""
     op: ClassVar[str] = "premise"
@@ -277,10 +294,12 @@ class Premise(Request[Premised]):
     record: str
     record_fields: Mapping[str, Any]
     files: Sequence[Mapping[str, Any]]
+    ready: Ready = Ready()
 
     def fields(self) -> dict[str, Any]:
         return {"repo": self.repo, "git_dir": self.git_dir, "head_argv": list(self.head_argv),
-                "record": self.record, "fields": dict(self.record_fields), "files": [dict(f) for f in self.files]}
+                "record": self.record, "fields": dict(self.record_fields), "files": [dict(f) for f in self.files],
+                "services": [dict(s) for s in self.ready.services], "gpus": [dict(g) for g in self.ready.gpus]}
 
     def parse(self, result: dict[str, Any]) -> Premised:
         return Premised(result["head"], result["files"])

@@ -13,7 +13,10 @@ on as one that sent the reads alone (a round trip more).
 What this machine judges from the target's answers (preflight's refusals) comes after the changes in such a run,
 so only chains in which nothing needs those answers before the first change are sent whole (Whole.of): whole
 files, no --allow-dirty, no container, only local steps before the upload, no step that reads the target to judge
-the run before it changes it. A failure anywhere after the premise held restores the target as any run does."""
+the run before it changes it, unless the agent judges that inside the premise (JudgedThere: co_restart's services
+answering only through deployer's process, their GPUs listed; a premise that does not find so changes nothing,
+and the run judges here as any run does). A failure anywhere after the premise held restores the target as any
+run does."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployer.agent.client import NeverStarted, Pending
-from deployer.agent.protocol import Premise, Premised, sha256_hex
+from deployer.agent.protocol import Premise, Premised, Ready, sha256_hex
 from deployer.errors import DeployerError, PythonMissing, TransportError
 from deployer.run import intent
 from deployer.run.ahead import Ahead
@@ -35,6 +38,7 @@ from deployer.steps.context import Change, Context
 from deployer.steps.gitops import HEAD, OBJECT_ID, usual_git_dir
 from deployer.steps.optional import (
     judge_here,
+    judged_there,
     judges,
     reads_target_first,
     runs_here,
@@ -63,8 +67,16 @@ class Whole:
     @classmethod
     def of(cls, ctx: Context, chain: list[Step], lease: Lease, ahead: Ahead, *, allow_dirty: bool) -> Whole | None:
         """The chain, when it may be sent whole (see the module's docstring); None when it goes step by step."""
-        if lease.adopt_of is not None or unsent(ctx, chain, allow_dirty=allow_dirty) is not None:
+        if lease.adopt_of is not None:
             return None
+        # Judged as send() sends it: against the git dir the guards hold the target to (where a service's records
+        # lie); preflight reads the real one.
+        ctx.git_dir = usual_git_dir(ctx.repo)
+        try:
+            if unsent(ctx, chain, allow_dirty=allow_dirty) is not None:
+                return None
+        finally:
+            ctx.git_dir = None
         upload = next(i for i, s in enumerate(chain) if not runs_here(s))
         return cls(chain, upload, next(i for i, s in enumerate(chain) if s.effect == Effect.commits), lease, ahead)
 
@@ -106,7 +118,8 @@ class Whole:
                 repo=ctx.repo, git_dir=git_dir, head_argv=HEAD, record=intent.path_in(git_dir),
                 record_fields={"run_id": ctx.run_id, "operator": state.operator, "host": state.host,
                                "started": state.history[0].time, "trailer": run_trailer(ctx.run_id)},
-                files=[{"dest": f.dest, "new_sha256": f.new_sha256, "new_blob": f.new_blob} for f in state.files]),
+                files=[{"dest": f.dest, "new_sha256": f.new_sha256, "new_blob": f.new_blob} for f in state.files],
+                ready=sum((r for s in self.chain if (r := judged_there(s, ctx)) is not None), Ready())),
                 after=guards)
         except TransportError:
             # Refused before a byte went (the stream was already known broken, e.g. a reply read while this
@@ -231,7 +244,7 @@ def unsent(ctx: Context, chain: Sequence[Step], *, allow_dirty: bool) -> str | N
         return "--allow-dirty: the pre-run bytes are in no git object, so they are read and kept here first"
     if ctx.host.container is not None:
         return "a container target: where each dest lives is read first"
-    if judging := [s.name for s in chain if reads_target_first(s)]:
+    if judging := [s.name for s in chain if reads_target_first(s, ctx)]:
         return f"{', '.join(judging)} reads the target to judge the run before it changes it"
     upload = next((i for i, s in enumerate(chain) if not runs_here(s)), None)
     if upload is None or chain[upload].effect != Effect.changes_files:

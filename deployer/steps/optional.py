@@ -10,8 +10,9 @@ runs needs none of them.
 - SpansUnit: a step of scope `unit`, done across a unit's hosts as one (fleet/unit.py); the registry refuses a
   kind of that scope without it.
 - Narrows, Rejudged: what a recover and a rollback make of the step (run/recover.py, run/revert_checks.py).
-- Refuses, NotesPlan, Ordered: what the target must offer before the run changes it, what the plan warns of,
-  where the step goes in a playbook that uploads.
+- Refuses, JudgedThere, NotesPlan, Ordered: what the target must offer before the run changes it (and whether
+  the agent can judge that inside a premise), what the plan warns of, where the step goes in a playbook that
+  uploads.
 - ChecksHost, JudgesEarly, ReadsLive, ReachesRouters: what the inventory check, the plan, the run's preparation
   and `deployer check` ask of a step (app/checks.py, run/engine.py, run/plan.py, run/prepare.py, build.py).
 
@@ -32,6 +33,7 @@ from deployer.steps.context import Context, Submitted
 
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
+    from deployer.agent.protocol import Ready
     from deployer.config.routers import Router
     from deployer.transport.base import Transport
 
@@ -191,7 +193,8 @@ def after_revert(step: Step, baseline: Mapping[str, float]) -> Step | str:
 @runtime_checkable
 class Refuses(Protocol):
     """A step that reads the target to judge the run before the run changes it (free GPUs for a service with
-    `gpus:`): the changes wait for that answer, so its chain is never sent with the lock (run/whole.py)."""
+    `gpus:`): the changes wait for that answer, so its chain is sent with the lock only when the agent can judge
+    it there, inside the premise (JudgedThere)."""
 
     @abstractmethod
     def refusals(self, ctx: Context) -> list[str]:
@@ -199,8 +202,24 @@ class Refuses(Protocol):
         the run before anything changes (exit 1)."""
 
 
-def reads_target_first(step: Step) -> bool:
-    return isinstance(step, Refuses)
+@runtime_checkable
+class JudgedThere(Protocol):
+    """A step whose pre-change judgement of the target (Refuses, and JudgesEarly's reads of it) the agent can
+    make inside the premise of a chain sent whole (run/whole.py): the premise holds only where that judgement
+    would find nothing; where it does not hold, nothing was changed and the run judges here, in its own words."""
+
+    @abstractmethod
+    def judged_there(self, ctx: Context) -> Ready | None:
+        """What the premise must find on the target; None: this run's judgement needs this machine."""
+
+
+def judged_there(step: Step, ctx: Context) -> Ready | None:
+    return step.judged_there(ctx) if isinstance(step, JudgedThere) else None
+
+
+def reads_target_first(step: Step, ctx: Context) -> bool:
+    """Whether the step judges the run from the target's answers, here, before the run changes it."""
+    return isinstance(step, Refuses) and judged_there(step, ctx) is None
 
 
 def refusals(step: Step, ctx: Context) -> list[str]:

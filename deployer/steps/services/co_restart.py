@@ -19,13 +19,14 @@ from functools import partial
 
 from pydantic import Field
 
+from deployer.agent.protocol import Ready
 from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
 from deployer.errors import ConfigError, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import ChecksHost, JudgesEarly, Narrows, Ordered, Refuses, SpansUnit
+from deployer.steps.optional import ChecksHost, JudgedThere, JudgesEarly, Narrows, Ordered, Refuses, SpansUnit
 from deployer.steps.services import manager_for
 from deployer.steps.services.gang import GangStart
 from deployer.steps.services.gpu import GpuWait
@@ -173,7 +174,7 @@ class CoRestartParams(Strict):
     timeout_s: float = Field(default=60.0, description="Seconds each stop or start command may take.")
 
 
-class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, Narrows, SpansUnit, Ordered):
+class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, JudgedThere, Narrows, SpansUnit, Ordered):
     """Restart the services as one: stopped in reverse order, started in order, each proven by a new PID and health."""
 
     kind = "co_restart"
@@ -211,6 +212,16 @@ class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, Narrows, SpansUnit, Orde
         own = [problem for m in managers for problem in m.refusals()]
         return own + [problem for wait in map(GpuWait, (m for m in managers if m.service.gpus))
                       if (problem := wait.problem()) is not None]
+
+    def judged_there(self, ctx: Context) -> Ready | None:
+        """judge_here() and refusals() as the premise checks them on the target: each service answering only
+        through the process deployer recorded for it, and its GPUs listed. None: a service whose manager only
+        here can tell whose process serves it (systemd, a container, a pod)."""
+        managers = [manager_for(ctx, n, self.name) for n in self.names(ctx)]
+        services = [m.judged_there() for m in managers]
+        if not all(services):
+            return None
+        return Ready([s for s in services if s], [GpuWait(m).judged_there() for m in managers if m.service.gpus])
 
     def restart(self, members: Sequence[tuple[Context, str]], name: str, tags: Mapping[str, str],
                 leader: tuple[str, str] | None = None) -> Restart:

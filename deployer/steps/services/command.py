@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import time
+from typing import Any
 
 from deployer.agent.processes import Processes, ProcInfo
 from deployer.config.models import Service, resolve_env
@@ -190,6 +191,12 @@ class CommandManager(Manager):
         return [self.read_record, self.read_pid, self.read_started, self.stat,
                 *([] if self.heir is None else [self.heir]), *theirs,
                 *([] if self.listener is None else [self.listener]), *([] if self.health is None else [self.health])]
+
+    def judged_there(self) -> dict[str, Any] | None:
+        # The record alone: a service found otherwise (an older deployer's pid file, a launcher's heir, adopted)
+        # refuses the premise, and observe() tells here.
+        return {"service": self.name, "health": self.service.health, "timeout": PROBE_TIMEOUT_S,
+                "record": self.record}
 
     def stop_actions(self) -> list[Action]:
         return [a for a in (self.leader, self.tree, self.stop_command, self.term, self.stopping, self.kill,

@@ -173,6 +173,11 @@ class GpuWait:
                     f"(nvidia-smi lists: {', '.join(map(str, have)) or 'none'})")
         return None
 
+    def judged_there(self) -> dict[str, Any]:
+        """problem() as the premise of a chain sent whole checks it there (agent.protocol.Ready.gpus)."""
+        return {"service": self.m.name, "argv": list(self.listing.argv), "env": dict(self.listing.env),
+                "timeout": PROBE_TIMEOUT_S, "want": list(self.m.service.gpus)}
+
     def wait(self, old_tree: set[int]) -> str | None:
         """Poll until judge() says the GPUs are released (None), or why not: the budget spent (with what holds
         them) or a reading that is none. A `waiting_gpu` phase on each change of what they hold, and every

@@ -244,6 +244,11 @@ class Manager(ABC):
         """What refuses a restart of it before the run changes anything (read live, after preflight): none here."""
         return []
 
+    def judged_there(self) -> dict[str, Any] | None:
+        """What the premise of a chain sent whole must find on the target for observe() to find this service
+        deployer's, or not answering (agent.protocol.Ready.services); None: only observe() can tell, here."""
+        return None
+
     def failure_reads(self) -> list[Action]:
         """What a failed start reads to tell its story: the new process's memory, and the log's tail."""
         return [self.memory, self.log]
