@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_kube import Container, Kube
+from fixtures_kube import Container, Kube, Volume
 from fixtures_repo import deployer, deployer_env
 from polling import wait_for
 from test_rolling_router import PdFleet, listed_healthy, load_through, make_fleet, running
@@ -126,9 +126,71 @@ def pod_ports(fleet: PdFleet) -> list[int]:
     return [int(hosts[role]["services"][role]["health"].rsplit(":", 1)[1].split("/")[0]) for role in PODS]
 
 
-def test_plan_names_the_pods_unit_its_batches_and_the_kubectl_it_runs(kube: Kube, pod_fleet: PdFleet) -> None:
+LWS = """\
+hosts:
+  router:
+    transport: kubernetes
+    pod: {name: sglang-router-0, container: router, %(pod)s}
+    repo: /unused
+  prefill:
+    transport: kubernetes
+    pod: {selector: "app=sglang,role=prefill", container: server, %(pod)s}
+    repo: /sgl-workspace
+    python: python3
+    services:
+      server: {kubernetes: container, health: "http://127.0.0.1:30000/health", stop_grace_s: 30}
+  decode:
+    transport: kubernetes
+    pod: {selector: "app=sglang,role=decode", container: server, %(pod)s}
+    repo: /sgl-workspace
+    python: python3
+    services:
+      server: {kubernetes: container, health: "http://127.0.0.1:30001/health", stop_grace_s: 30}
+routers:
+  pd-router: {host: router, url: "http://127.0.0.1:8000"}
+units:
+  pd:
+    services: [prefill:server, decode:server]
+    group_label: leaderworkerset.sigs.k8s.io/group-index
+    router: pd-router
+    workers:
+      - {service: prefill:server, worker_type: prefill, bootstrap_port: 8998,
+         url: "http://{pod}.sglang-prefill.serving.svc:30000"}
+      - {service: decode:server, worker_type: decode, url: "http://{pod}.sglang-decode.serving.svc:30001"}
+"""
+
+
+def test_plan_of_a_leaderworkerset_pd_deployment_rolls_one_group_at_a_time_with_the_kubectl_it_runs(
+        kube: Kube, tmp_path: Path) -> None:
+    """Two LeaderWorkerSets (prefill, decode) of two groups each, the server each container's main process, the
+    repo on a hostPath volume: the units pd.0 and pd.1, one batch each, and the kubectl of each container restart
+    (the how-to, docs/how-to/pd-pods.md, quotes this plan)."""
+    for kind in ("prefill", "decode"):
+        kube.owner("LeaderWorkerSet", f"sglang-{kind}", replicas=2)
+        for group in ("0", "1"):
+            checkout = tmp_path / f"{kind}-{group}"
+            DemoStack(checkout).create()
+            labels = {"app": "sglang", "role": kind, GROUP: group, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+            kube.pod(f"sglang-{kind}-{group}", Container("server", mounts={"repo": POD_REPO}), labels=labels,
+                     volumes=(Volume("repo", "hostPath", str(checkout / "repo")),),
+                     owner=f"LeaderWorkerSet/sglang-{kind}")
+    kube.pod("sglang-router-0", Container("router"), labels={"app": "sglang", "role": "router"})
+    pod = f"namespace: {kube.namespace}, context: {kube.context}, kubeconfig: {kube.kubeconfig}"
+    (tmp_path / "hosts.yaml").write_text(LWS % {"pod": pod})
+    (tmp_path / "note.py").write_text("NOTE = 'rolled'\n")
+    (tmp_path / "note.yaml").write_text(yaml.safe_dump(
+        {"name": "note", "files": [{"src": "note.py", "dest": NOTE, "create": True}],
+         "steps": ["upload", {"commit": {"message": "demo: a note"}}, "co_restart"],
+         "rollout": {"strategy": "rolling"}}, sort_keys=False))
     env = deployer_env(PATH=kube.env["PATH"], KUBECACHEDIR=kube.env["KUBECACHEDIR"])
-    shown = deployer("plan", "note.yaml", "--host", "pd-2", "--verbose", cwd=pod_fleet.root, env=env)
+    shown = deployer("plan", "note.yaml", "--host", "pd", "--verbose", cwd=tmp_path, env=env)
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    assert "prefill.sglang-prefill-0" in shown.stdout and "decode.sglang-decode-0" in shown.stdout, shown.stdout
-    print(shown.stdout)  # the how-to quotes it (docs/how-to/pd-pods.md)
+    out = shown.stdout
+    for group in ("0", "1"):
+        assert f"plan for host prefill.sglang-prefill-{group}: /sgl-workspace" in out, out
+        assert f"plan for host decode.sglang-decode-{group}: /sgl-workspace" in out, out
+    assert "batch 1: pd.0 — router pd-router keeps prefill 1/2, decode 1/2" in out, out
+    assert "batch 2: pd.1 — router pd-router keeps prefill 1/2, decode 1/2" in out, out
+    assert "annotate pod sglang-prefill-1 'deployer.dev/run=<dry-run>' --overwrite" in out, out
+    assert "exec sglang-decode-1 -c server -- python3 -c 'import os,signal; os.kill(1, signal.SIGTERM)'" in out, out
+    print(out)  # the how-to quotes it (docs/how-to/pd-pods.md)
