@@ -46,6 +46,14 @@ class AnalysisInconclusive(DeployerError):
     exit_code = 7
 
 
+class RolloutPaused(DeployerError):
+    """A fleet run stopped at a pause of its rollout (a `pause: {}` step, or an inconclusive analysis under
+    `on_inconclusive: pause`), between batches, its state recorded: `deployer rollout resume FLEET_ID` goes on,
+    `deployer rollout abort FLEET_ID` rolls back what it did."""
+
+    exit_code = 8
+
+
 class LockHeld(DeployerError):
     """Another run holds the deploy lock on the target."""
 

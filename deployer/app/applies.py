@@ -45,6 +45,7 @@ class ApplyOptions(Setting):
     allow_downtime: bool = False
     health_timeout_s: float | None = None
     dry_run: bool = False
+    lock_wait_s: float = 0.0  # seconds each host's run waits for a deploy lock another run holds (0: refused at once)
 
 
 def apply(options: ApplyOptions, *, listener: Listener | None = None,
@@ -70,6 +71,8 @@ def apply(options: ApplyOptions, *, listener: Listener | None = None,
                 notice_unended(build.runs_dir, hosts, listener)
             engines = build.engines(Path(options.playbook), {name: loaded.hosts[name] for name in hosts},
                                     allow_dirty=options.allow_dirty, restart=options.restart)
+            for engine in engines.values():
+                engine.lock_wait_s = options.lock_wait_s
         if len(hosts) == 1:  # one host: a plain run, as before fleets existed
             engine = engines[hosts[0]]
             if options.dry_run:
@@ -89,6 +92,11 @@ def apply(options: ApplyOptions, *, listener: Listener | None = None,
 
     fleet = build.fleet_apply(engines, units, parallel=options.parallel or DEFAULT_PARALLEL, cancel=FleetCancel(),
                               listeners=[], inventory=loaded, allow_downtime=options.allow_downtime)
+    from deployer.app.rollouts import source_of
+
+    fleet.source = source_of(options.playbook, options.inventory, allow_dirty=options.allow_dirty,
+                             restart=options.restart, allow_downtime=options.allow_downtime,
+                             health_timeout_s=options.health_timeout_s)
     from deployer.fleet.notify import notifying
 
     unit_of = {host: name for name, unit in units.items() for host in unit.hosts()}

@@ -15,6 +15,7 @@ from deployer.cli.options import (
     inventory_option,
     json_option,
     limit_option,
+    lock_wait_option,
     parallel_option,
     runs_dir_option,
 )
@@ -74,12 +75,14 @@ def plan(playbook: str | None, host_name: str | None, rollback_of: str | None, i
 @click.option("--allow-downtime", is_flag=True, help="Restart units even when no other unit serves behind their "
                                                      "router meanwhile.")
 @health_timeout_option
+@lock_wait_option
 @verbose_option
 @json_option()
 @failures_to_exit_codes
 def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inventory: str | None,
           runs_dir: str | None, accept_new_host_key: bool, allow_dirty: bool, restart: bool, dry_run: bool,
-          allow_downtime: bool, health_timeout_s: float | None, verbose: bool, as_json: bool) -> None:
+          allow_downtime: bool, health_timeout_s: float | None, lock_wait_s: float, verbose: bool,
+          as_json: bool) -> None:
     """Run the chain: compile, upload, compile there, bound, commit, restart, verify.
 
     A fix already applied (every file holds its bytes at HEAD) changes nothing: the run ends `unchanged`, exit 0,
@@ -90,7 +93,7 @@ def apply(playbook: str, host_name: str, limit: str | None, parallel: int, inven
     outcome = apply(ApplyOptions(playbook=playbook, host=host_name, limit=limit, parallel=parallel,
                                  inventory=inventory, runs_dir=runs_dir, accept_new_host_key=accept_new_host_key,
                                  allow_dirty=allow_dirty, restart=restart, allow_downtime=allow_downtime,
-                                 health_timeout_s=health_timeout_s, dry_run=dry_run),
+                                 health_timeout_s=health_timeout_s, dry_run=dry_run, lock_wait_s=lock_wait_s),
                     listener=pin_notice, watch=watcher(as_json))
     if isinstance(outcome, PlanOutcome):
         show_plan(outcome, as_json, verbose)

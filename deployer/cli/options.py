@@ -84,6 +84,12 @@ def health_timeout_option(func: F) -> F:
                         "the inventory's health_timeout_s); recorded in the run log.")(func)
 
 
+def lock_wait_option(func: F) -> F:
+    return click.option("--lock-wait", "lock_wait_s", type=click.FloatRange(0), default=0.0, metavar="S",
+                        help="Wait up to S seconds for a deploy lock another run holds (polled, its holder shown) "
+                             "instead of refusing at once (exit 3 when still held).")(func)
+
+
 def parallel_option(func: F) -> F:
     return click.option("--parallel", type=click.IntRange(1, 1024), default=16, show_default=True,
                         help="Hosts worked on at once in a fleet run.")(func)

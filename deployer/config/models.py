@@ -31,6 +31,7 @@ from deployer.config.container import Container, check_own_containers
 from deployer.config.notify import Notify
 from deployer.config.persist import Persist
 from deployer.config.podunits import check_pod_units
+from deployer.config.rollout import Rollout as Rollout  # its own module: batches, strategies, pauses
 from deployer.config.routers import BehindRouter, Router
 from deployer.config.units import Unit as Unit  # its own module, beside the router it may name
 from deployer.config.units import check_routers
@@ -422,74 +423,6 @@ def check_repo_relative(dest: str) -> str:
     if posixpath.normpath(dest) == "." or dest.endswith("/"):
         raise ValueError("must name a file, not a directory")
     return posixpath.normpath(dest)
-
-
-def check_batch(size: int | str) -> int | str:
-    return check_share(size, "host")
-
-
-def check_unavailable(size: int | str) -> int | str:
-    return check_share(size, "unit")
-
-
-def check_share(size: int | str, of: str) -> int | str:
-    """A count of hosts or units (at least 1), or a percentage of them such as '25%'."""
-    if isinstance(size, int):
-        if size < 1:
-            raise ValueError(f"must be at least 1 {of}")
-        return size
-    number = size[:-1] if size.endswith("%") else None
-    try:
-        percent = float(number) if number is not None else None
-    except ValueError:
-        percent = None
-    if percent is None:
-        raise ValueError(f"{size!r}: must be a {of} count or a percentage such as '25%'")
-    if not 0 < percent <= 100:
-        raise ValueError(f"{size!r}: a percentage must be above 0% and at most 100%")
-    return size
-
-
-def share_of(size: int | str, total: int) -> int:
-    """A count, or a percentage of total rounded up; at least 1."""
-    return max(1, size if isinstance(size, int) else int(-(-total * float(size[:-1]) // 100)))
-
-
-def _all_at_once() -> list[int | str]:
-    return ["100%"]
-
-
-class Rollout(Strict):
-    """How a fleet run spreads over its hosts: batches in order (the first is the canary)."""
-
-    # Ansible's `serial`
-    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(
-        default_factory=_all_at_once, min_length=1, description=(
-            "The size of each batch in order, a host count or a percentage of all hosts (rounded up); the last "
-            "size repeats until every host is in a batch."))
-    max_failures: int = Field(default=0, ge=0, description="More failed hosts than this, and no further batch starts.")
-    pause_s: float = Field(default=0.0, ge=0, description="Seconds between batches.")
-    strategy: Literal["batches", "rolling"] = Field(default="batches", description=(
-        "batches (the default), or rolling: units taken out of their router around their restart, "
-        "max_unavailable at a time."))
-    # Kubernetes' maxUnavailable, counted in units (a plain host outside a unit is a unit of its own)
-    max_unavailable: Annotated[int | str, AfterValidator(check_unavailable)] = Field(default=1, description=(
-        "strategy rolling: how many units restart at once, a count or a percentage of the run's units (rounded up, "
-        "at least 1); a batch never takes every worker of one role (prefill, decode) behind a router out of it."))
-
-    @model_validator(mode="after")
-    def _unavailable_rolls(self) -> Rollout:
-        if self.max_unavailable != 1 and self.strategy != "rolling":
-            raise ValueError("max_unavailable is for strategy: rolling (strategy batches takes its sizes in batches)")
-        return self
-
-    def split(self, hosts: list[str]) -> list[list[str]]:
-        batches, start, index = [], 0, 0
-        while start < len(hosts):
-            end = start + share_of(self.batches[min(index, len(self.batches) - 1)], len(hosts))
-            batches.append(hosts[start:end])
-            start, index = end, index + 1
-        return batches
 
 
 class Playbook(Strict):

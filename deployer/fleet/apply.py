@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from deployer.config.models import Rollout, Unit
+from deployer.config.models import Unit
+from deployer.config.rollout import Rollout
 from deployer.config.routers import Router
 from deployer.errors import ConfigError
 from deployer.fleet.followup import roll_back_hosts
@@ -19,6 +21,7 @@ from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel, FleetRunner, fi
 from deployer.fleet.strategies import (
     BatchPlan,
     Serving,
+    Strategy,
     batch_plans,
     downtime,
     mixed_pairing,
@@ -28,6 +31,7 @@ from deployer.fleet.strategies import (
 )
 from deployer.fleet.unit import UnitRun, steps_for
 from deployer.run.engine import Engine, RunResult
+from deployer.runlog import utc_now
 from deployer.steps.base import Effect
 from deployer.steps.context import Listener
 from deployer.transport.base import Transport
@@ -49,6 +53,7 @@ class FleetApply:
     behind: dict[str, list[str]] = field(default_factory=dict)  # router -> every inventory unit behind it
     connect: Callable[[str], Transport] | None = None  # to a router's host outside the unit
     allow_downtime: bool = False  # a batch may take every unit behind a router out of it
+    source: dict[str, Any] = field(default_factory=dict)  # what `rollout resume` rebuilds the run from (record.py)
 
     @property
     def drains(self) -> Routers:
@@ -56,25 +61,54 @@ class FleetApply:
 
     def run(self) -> FleetState:
         members = {name: sorted(unit.hosts()) for name, unit in self.units.items()}
-        for_units(self.engines, self.units)
-        for engine in self.engines.values():  # every host's config is sound before any host connects
-            engine.check_host()
+        self._ready()
         hosts = list(self.engines)
         first = next(iter(self.engines.values()))
         strategy = strategy_for(self.rollout, serving_of(self.units))
         batches = strategy.batches(hosts, members)
         refuse_downtime(batches, members, self.behind, self.allow_downtime)
         state = new_state("apply", first.playbook.model.name, first.operator, hosts, batches, self.parallel,
-                          units=members)
+                          units=members, source=self.source)
         record = FleetRecord.create(self.runs_dir, state)
+        runner = self._runner(record, strategy)
+        runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind="apply")
+        return self._drive(record, runner, 0)
+
+    def resume(self, record: FleetRecord) -> FleetState:
+        """`deployer rollout resume`: the paused run goes on from the batch it paused before, in the batches it
+        recorded; a host an inconclusive analysis held is approved (its commit kept, no longer a failure)."""
+        state, pause = record.state, record.state.pause
+        if pause is None:
+            raise ConfigError(f"fleet run {state.fleet_id} is not paused (it is {state.status})")
+        self._ready()
+        now = utc_now()
+        approved = state.held()
+        for host in approved:
+            state.hosts[host].approved = now
+        pause.ended, pause.ended_by = now, "resume"
+        state.status, state.exit_code, state.error = "running", None, None
+        record.save()
+        runner = self._runner(record, strategy_for(self.rollout, serving_of(self.units)))
+        runner.emit("fleet_resumed", batch=pause.before_batch, reason=pause.reason, approved=approved)
+        return self._drive(record, runner, pause.before_batch)
+
+    def _ready(self) -> None:
+        for_units(self.engines, self.units)
+        for engine in self.engines.values():  # every host's config is sound before any host connects
+            engine.check_host()
+
+    def _runner(self, record: FleetRecord, strategy: Strategy) -> FleetRunner:
         for engine in self.engines.values():
             engine.cancel = self.cancel.child()
-            tagged(engine, state.fleet_id, self.listeners)
-        runner = FleetRunner(record, strategy, self.parallel, self.cancel, self.listeners)
-        runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind="apply")
-        runner.run(lambda host, _: self.engines[host].apply(), self._unit)
-        if self.on_failure == "rollback_fleet" and any(r.status != "successful" for r in state.hosts.values()
-                                                       if r.status != UNTOUCHED):
+            tagged(engine, record.state.fleet_id, self.listeners)
+        return FleetRunner(record, strategy, self.parallel, self.cancel, self.listeners)
+
+    def _drive(self, record: FleetRecord, runner: FleetRunner, start: int) -> FleetState:
+        """The batches from `start`, then (unless paused) on_failure's fleet rollback, the end and its event."""
+        state = record.state
+        runner.run(lambda host, _: self.engines[host].apply(), self._unit, start=start)
+        if state.pause is None and self.on_failure == "rollback_fleet" and any(
+                r.status != "successful" and not r.approved for r in state.hosts.values() if r.status != UNTOUCHED):
             roll_back_hosts(record, runner, self.engines, self.units, force=False, routers=self.drains)
         finish(record, self.cancel)
         runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)

@@ -179,6 +179,38 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
     return done.state
 
 
+def abort_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], Engine], *, force: bool,
+                parallel: int, listeners: list[Listener], cancel: FleetCancel, units: dict[str, Unit],
+                routers: Routers | None = None, allow_downtime: bool = False) -> tuple[FleetState, FleetState | None]:
+    """`deployer rollout abort FLEET_ID`: a paused fleet run ends aborted, every host of it that committed rolled
+    back as `deployer rollback FLEET_ID` does (None: none had). Returns the aborted run and its rollback."""
+    original = FleetRecord.load(runs_dir, fleet_id)
+    pause = original.state.pause
+    if pause is None:
+        raise ConfigError(f"fleet run {fleet_id} is not paused (it is {original.state.status}): only a paused "
+                          f"rollout is aborted; roll back any fleet run with: deployer rollback {fleet_id}")
+    done = None
+    if any(run.committed and run.rollback_status != "successful" for run in original.state.hosts.values()):
+        done = rollback_fleet(runs_dir, fleet_id, engine_for, hosts=None, force=force, parallel=parallel,
+                              listeners=listeners, cancel=cancel, units=units, routers=routers,
+                              allow_downtime=allow_downtime)
+        original = FleetRecord.load(runs_dir, fleet_id)  # the rollback wrote what it undid into it
+        pause = original.state.pause
+        assert pause is not None
+    state = original.state
+    pause.ended, pause.ended_by = utc_now(), "abort"
+    rolled = "nothing had committed" if done is None else f"rolled back by fleet run {done.fleet_id} ({done.status})"
+    state.status, state.exit_code, state.ended = "aborted", done.exit_code if done is not None else 0, utc_now()
+    state.error = f"aborted while paused before batch {pause.before_batch}: {rolled}"
+    original.save()
+    event = {"type": "fleet_aborted", "fleet": fleet_id, "time": utc_now(), "batch": pause.before_batch,
+             "status": "aborted", "rolled_back_by": None if done is None else done.fleet_id,
+             "exit_code": state.exit_code}
+    for listener in listeners:
+        listener(event)
+    return state, done
+
+
 def needs_recovery(runs_dir: Path, run_id: str) -> bool:
     """The sub-run was cut: its record stops short of a settled phase, or its log of its run_end."""
     if not (runs_dir / run_id / EVENTS).is_file():

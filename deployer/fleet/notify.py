@@ -33,7 +33,7 @@ NOTIFY_LOG = ".notify.jsonl"  # a dot: not a run of the runs dir, listed or sort
 # A fleet's events that are the same document type whatever they carry.
 FLEET_TYPES = {"fleet_start": "rollout.start", "batch_start": "batch.start", "fleet_rollback": "rollout.rollback",
                "fleet_stopped": "rollout.stopped", "fleet_paused": "rollout.paused",
-               "fleet_resumed": "rollout.resumed", "fleet_end": "rollout.end"}
+               "fleet_resumed": "rollout.resumed", "fleet_aborted": "rollout.aborted", "fleet_end": "rollout.end"}
 HOST_TYPES = {"run_start": "run.start", "run_end": "run.end", "rollback": "run.rollback"}
 
 

@@ -40,11 +40,26 @@ class HostRun:
     rollback_run_id: str | None = None
     rollback_status: str | None = None
     rollback_error: str | None = None
+    approved: str | None = None  # held (an inconclusive analysis), then approved: when `rollout resume` went on
 
     @property
     def committed(self) -> bool:
         """The host's run left its commit on the target (not already undone by its own on_failure)."""
         return bool(self.git_after) and self.phase not in (Phase.rolled_back.value, Phase.failed_restored.value)
+
+
+INCONCLUSIVE = 7  # AnalysisInconclusive's exit code: a host held for a person, never passed
+
+
+@dataclass
+class Paused:
+    """One pause of a fleet run: before which batch, why, and how it ended (resume or abort)."""
+
+    before_batch: int  # the next batch to start (len(batches): none left, only held hosts to approve)
+    reason: str
+    since: str
+    ended: str | None = None
+    ended_by: str | None = None  # resume | abort
 
 
 @dataclass
@@ -66,6 +81,15 @@ class FleetState:
     of_fleet: str | None = None  # rollback/recover: the fleet run it acts on
     rolled_back_by: list[str] = field(default_factory=list)
     units: dict[str, list[str]] = field(default_factory=dict)
+    pauses: list[Paused] = field(default_factory=list)
+    # What `rollout resume` rebuilds the run from, wherever it is run: the playbook's and the inventory's absolute
+    # paths, the playbook's sha256, the apply's options (allow_dirty, restart, allow_downtime, ...).
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pause(self) -> Paused | None:
+        """The pause the fleet run is stopped at (None: it is not paused)."""
+        return self.pauses[-1] if self.pauses and self.pauses[-1].ended is None else None
 
     def document(self) -> dict[str, Any]:
         """fleet.json as `--json` prints it, with the hosts never touched."""
@@ -75,7 +99,12 @@ class FleetState:
         return [name for name, run in self.hosts.items() if run.status == UNTOUCHED]
 
     def failed(self) -> list[str]:
-        return [name for name, run in self.hosts.items() if run.status in ("failed", "canceled")]
+        return [name for name, run in self.hosts.items() if run.status in ("failed", "canceled") and not run.approved]
+
+    def held(self) -> list[str]:
+        """The hosts whose analysis was inconclusive and that no one has approved yet."""
+        return [name for name, run in self.hosts.items()
+                if run.exit_code == INCONCLUSIVE and run.status == "failed" and not run.approved]
 
 
 def new_state(kind: str, playbook: str, operator: str, hosts: list[str], batches: list[list[str]], parallel: int,
@@ -109,7 +138,8 @@ class FleetRecord:
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"no fleet run {fleet_id!r} in {runs_dir} ({exc})") from None
         hosts = {name: HostRun(**run) for name, run in data.pop("hosts").items()}
-        return cls(runs_dir, FleetState(hosts=hosts, **data))
+        pauses = [Paused(**pause) for pause in data.pop("pauses", [])]
+        return cls(runs_dir, FleetState(hosts=hosts, pauses=pauses, **data))
 
     def save(self) -> None:
         with self._lock:

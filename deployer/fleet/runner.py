@@ -7,6 +7,7 @@ is one piece of work that reports each of its hosts' sub-runs as it ends. A sign
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -15,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployer.errors import DeployerError
-from deployer.fleet.record import UNTOUCHED, FleetRecord
+from deployer.errors import DeployerError, Interrupted, RolloutPaused
+from deployer.fleet.record import UNTOUCHED, FleetRecord, Paused
 from deployer.fleet.strategies import Strategy
 from deployer.fleet.unit import ABORTED
 from deployer.run.engine import Engine, RunResult, as_failure
@@ -95,16 +96,23 @@ class FleetRunner:
         for listener in self.listeners:
             listener(event)
 
-    def run(self, task: HostTask, unit_task: UnitTask | None = None) -> None:
-        """Batch after batch; in a batch, each unit is one piece of work (unit_task) and each other host one."""
+    def run(self, task: HostTask, unit_task: UnitTask | None = None, start: int = 0) -> None:
+        """Batch after batch from batch `start` (a resumed run: the one it paused before, approved); in a batch,
+        each unit is one piece of work (unit_task) and each other host one. A pause until a person resumes stops
+        here, between batches, once every host started has ended: the record says paused, and why."""
         state = self.record.state
         slots = Slots(max(1, self.parallel))
         with ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="deployer-host") as pool:
-            for number, batch in enumerate(state.batches):
-                if not self.strategy.proceed(number, state, self.cancel) or self.strategy.stops_on(number, self.cancel):
-                    state.stopped_after_batch = number - 1
-                    self.emit("fleet_stopped", batch=number, failed=len(state.failed()), untouched=state.untouched())
+            for number in range(start, len(state.batches)):
+                if not self._proceeds(number):
                     break
+                hold = self.strategy.pause_before(number, state) if number > start else None
+                if hold is not None and hold.duration_s is None:
+                    self._hold(number, hold.reason)
+                    break
+                if hold is not None and self._wait(number, hold.reason, hold.duration_s or 0.0):
+                    break
+                batch = state.batches[number]
                 self.emit("batch_start", batch=number, hosts=batch)
                 in_units = {h for hosts in state.units.values() for h in hosts}
                 work: list[tuple[int, Callable[[], None]]] = [
@@ -112,7 +120,43 @@ class FleetRunner:
                     for unit, hosts in state.units.items() if unit_task is not None and hosts[0] in batch]
                 work += [(1, functools.partial(self._one, task, host)) for host in batch if host not in in_units]
                 all_done([pool.submit(slots.run, *item) for item in work])
+            else:  # every batch ran: a host of the last one may still be held for a person
+                end = self.strategy.pause_before(len(state.batches), state) if start < len(state.batches) else None
+                if end is not None and end.duration_s is None:
+                    self._hold(len(state.batches), end.reason)
         self.record.save()
+
+    def _proceeds(self, number: int) -> bool:
+        """Whether batch `number` may start; when not, the record and the listeners say the run stopped."""
+        state = self.record.state
+        if self.strategy.proceed(number, state, self.cancel) and not self.strategy.stops_on(number, self.cancel):
+            return True
+        state.stopped_after_batch = number - 1
+        self.emit("fleet_stopped", batch=number, failed=len(state.failed()), untouched=state.untouched())
+        return False
+
+    def _wait(self, number: int, reason: str, seconds: float) -> bool:
+        """A timed pause before batch `number`; True when a signal cut it short and no further batch starts."""
+        self.emit("fleet_paused", batch=number, reason=reason, duration_s=seconds)
+        with contextlib.suppress(Interrupted):  # a signal ends the pause; the check below sees the cancel
+            self.cancel.wait(seconds)
+        if self.strategy.stops_on(number, self.cancel):
+            self.record.state.stopped_after_batch = number - 1
+            self.emit("fleet_stopped", batch=number, failed=len(self.record.state.failed()),
+                      untouched=self.record.state.untouched())
+            return True
+        self.emit("fleet_resumed", batch=number, reason=f"{seconds:g}s passed")
+        return False
+
+    def _hold(self, number: int, reason: str) -> None:
+        """Paused until a person resumes: recorded (which batch is next, why), then said."""
+        state = self.record.state
+        state.pauses.append(Paused(number, reason, utc_now()))
+        state.status = "paused"
+        self.record.save()
+        self.emit("fleet_paused", batch=number, reason=reason, done=[h for h, r in state.hosts.items()
+                                                                     if r.status == "successful"],
+                  held=state.held(), untouched=state.untouched())
 
     def _start(self, host: str) -> None:
         self.record.state.hosts[host].status = self.record.state.hosts[host].state = "running"
@@ -165,7 +209,16 @@ class FleetRunner:
 def finish(record: FleetRecord, cancel: CancelToken) -> None:
     """The fleet's status and exit code: the canary's failure speaks first (batch order, then host order)."""
     state = record.state
-    failed = [run for run in state.hosts.values() if run.status not in ("successful", UNTOUCHED)]
+    if (pause := state.pause) is not None:
+        state.status, state.exit_code = "paused", RolloutPaused.exit_code
+        where = (f"before batch {pause.before_batch}" if pause.before_batch < len(state.batches) else
+                 "after its last batch")
+        state.error = (f"paused {where}: {pause.reason}\n"
+                       f"go on with: deployer rollout resume {state.fleet_id}; or roll back every host that "
+                       f"committed: deployer rollout abort {state.fleet_id}")
+        record.save()
+        return
+    failed = [run for run in state.hosts.values() if run.status not in ("successful", UNTOUCHED) and not run.approved]
     rollback_failed = [run for run in state.hosts.values() if run.rollback_status not in (None, "successful")]
     if rollback_failed:
         state.status, state.exit_code = "failed", 6

@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from deployer.config.models import Rollout, Unit, share_of
+from deployer.config.models import Unit
+from deployer.config.rollout import Rollout, share_of
 from deployer.errors import ConfigError, Interrupted
 from deployer.fleet.record import FleetState
 from deployer.steps.cancel import CancelToken
@@ -32,6 +33,18 @@ class Strategy(ABC):
         """Whether a signal keeps batch `number` from starting (and every later one)."""
         return cancel.cancelled
 
+    def pause_before(self, number: int, state: FleetState) -> Hold | None:
+        """The pause before batch `number` starts (number len(batches): after the last batch), if any."""
+        return None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A pause of a fleet run between batches: for duration_s, or (None) until a person resumes it."""
+
+    reason: str
+    duration_s: float | None = None
+
 
 class Batches(Strategy):
     """The playbook's `rollout:`: its batch sizes in order (the first batch is the canary), a pause between
@@ -47,7 +60,22 @@ class Batches(Strategy):
         if number and self.rollout.pause_s:
             with contextlib.suppress(Interrupted):  # a signal ends the pause; the runner sees the cancel
                 cancel.wait(self.rollout.pause_s)
-        return len(state.failed()) <= self.rollout.max_failures
+        return len(set(state.failed()) - set(self.held(state))) <= self.rollout.max_failures
+
+    def held(self, state: FleetState) -> list[str]:
+        """The hosts an inconclusive analysis holds for a person (on_inconclusive: pause), not counted as failed."""
+        return state.held() if self.rollout.on_inconclusive == "pause" else []
+
+    def pause_before(self, number: int, state: FleetState) -> Hold | None:
+        if held := self.held(state):
+            return Hold(f"the analysis was inconclusive on {', '.join(held)} (on_inconclusive: pause): its "
+                        "commit is held for a person to approve (resume) or roll back (abort)")
+        pause = self.rollout.pauses().get(number) if number < len(state.batches) else None
+        if pause is None:
+            return None
+        after = f"batch {number - 1} ({', '.join(state.batches[number - 1])})"
+        return Hold(f"the rollout pauses after {after}" + ("" if pause.duration is not None else
+                                                           ": resume to go on, abort to roll back"), pause.duration)
 
 
 ROLES = ("prefill", "decode", "regular")  # a router worker's types, in the order plan shows them

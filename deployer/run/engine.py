@@ -137,6 +137,7 @@ class Engine:
     restart: bool = False  # apply --restart: an apply with nothing to change restarts and checks all the same
     operator: str = field(default_factory=operator_id)
     adopt_lock_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
+    lock_wait_s: float = 0.0  # --lock-wait: seconds a held lock is waited for before the run is refused
     run_tags: dict[str, Any] = field(default_factory=dict)  # added to run_start (a fleet run names itself)
     revert_checks: RevertChecks = field(default_factory=RevertChecks)  # a rollback's
     # The run's log, lease and ending while it runs (one run at a time per engine).
@@ -219,7 +220,8 @@ class Engine:
                                              repo=self.host.repo, trailer=run_trailer(run_id),
                                              rollback_of=start.get("rollback_of")), before_write=log.sync)
         lease = self._lease = Lease(self.host_name, self.host.lock_ttl_s, self.operator, self.adopt_lock_of,
-                                    self.runs_dir / self.adopt_lock_of if self.adopt_lock_of else None)
+                                    self.runs_dir / self.adopt_lock_of if self.adopt_lock_of else None,
+                                    lock_wait_s=self.lock_wait_s)
         ending = self._ending = Ending(record)
         record.advance(Phase.preparing, utc_now())
         bus = self.new_bus()

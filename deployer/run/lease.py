@@ -17,7 +17,7 @@ from deployer.agent.processes import Procs
 from deployer.agent.protocol import ExecResult, Get, Run
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
-from deployer.run.lock import DeployLock, force_release, read_state
+from deployer.run.lock import DeployLock, force_release, read_state, wait_free
 from deployer.run.preflight import Reads, send_reads
 from deployer.runlog import RunLogWriter, read_run, utc_now
 from deployer.runstate import Phase, RunRecord
@@ -108,6 +108,7 @@ class Lease:
     operator: str
     adopt_of: str | None = None  # recover: the cut run whose lock (and intent record) this run takes over
     adopt_dir: Path | None = None  # its run dir here: this machine's own record of it
+    lock_wait_s: float = 0.0  # --lock-wait: how long a lock another run holds is waited for before refusing
     lock: DeployLock | None = None  # the run's lock, once taken (None again when a refused record keeps it)
     _reads: Reads | None = field(default=None, repr=False)  # preflight's, sent with the lock
     _intent: Pending[Any] | None = field(default=None, repr=False)  # the intent record, sent ahead
@@ -123,6 +124,9 @@ class Lease:
         the same round trip that asks git, and taken again only when git says otherwise (the whole chain,
         sent behind a guess that proved wrong, was not run)."""
         guess = usual_git_dir(ctx.repo)
+        if self.lock_wait_s:
+            wait_free(ctx.transport, guess, self.ttl_s, self.host_name, self.lock_wait_s, ctx.cancel,
+                      lambda message: ctx.emit("notice", message=message))
         # Exactly the guess, or what is sent whole behind it does not run.
         found = ctx.submit(GIT_DIR, timeout=30, expect=f"{guess}\n".encode())
 

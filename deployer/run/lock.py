@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import posixpath
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,9 +40,11 @@ from deployer.transport.base import Transport
 if TYPE_CHECKING:
     from deployer.agent.client import Pending
     from deployer.agent.protocol import Request
+    from deployer.steps.cancel import CancelToken
 
 LOCK_NAME = "deployer.run.lock"
 TIMEOUT_S = 30.0
+WAIT_POLL_S = 0.5  # --lock-wait: how often a held lock is read again
 # Exit codes of _TAKE beyond 0 (taken) and 1 (failed; its stderr says why).
 HELD, VANISHED = 3, 4
 # $1 lock path, $2 the run's lock directory, $3 its name relative to the lock's parent; info on stdin.
@@ -140,6 +143,24 @@ def read_state(transport: Transport, git_dir: str, ttl_s: float, host: str) -> L
     own_ttl = info.get("ttl_s", ttl_s)
     assert isinstance(own_ttl, int | float)  # _invalid said so
     return LockState(path, known, age, float(own_ttl), host)
+
+
+def wait_free(transport: Transport, git_dir: str, ttl_s: float, host: str, wait_s: float, cancel: CancelToken,
+              say: Callable[[str], None]) -> None:
+    """`--lock-wait S`: poll the lock until it is free, at most wait_s; each holder waited for is said once. Still
+    held at the deadline: LockHeld, as a run that did not wait. A run that took the lock first once it was free
+    still wins (its take is atomic): then this run is refused as without the wait."""
+    deadline = time.monotonic() + wait_s
+    said: set[object] = set()
+    while (state := read_state(transport, git_dir, ttl_s, host)) is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LockHeld(f"the deploy lock {state.path} is {state.describe()}; still held after waiting "
+                           f"{wait_s:g}s for it (--lock-wait)")
+        if (holder := state.info.get("run_id")) not in said:
+            said.add(holder)
+            say(f"{host}: waiting up to {left:.0f}s for the deploy lock, {state.describe()}")
+        cancel.wait(min(WAIT_POLL_S, left))
 
 
 def _invalid(info: dict[str, object]) -> str | None:

@@ -35,6 +35,8 @@ FAILING = {
     "canary": ["canary", "--host", "nowhere", "--record", "golden.json"],
     "logs": ["logs", "--host", "nowhere"],
     "bake": ["bake", "no-such-run"],
+    "rollout resume": ["rollout", "resume", "no-such-run"],
+    "rollout abort": ["rollout", "abort", "no-such-run"],
 }
 
 
@@ -219,7 +221,7 @@ def test_completion_offers_commands_host_names_and_run_ids(tmp_path: Path) -> No
     for run_id in ("20260101T000000.000Z-aaaaaa", "20260102T000000.000Z-bbbbbb"):
         (tmp_path / "runs" / run_id).mkdir(parents=True)
         (tmp_path / "runs" / run_id / "events.jsonl").write_text("")
-    assert complete(tmp_path, "deployer r") == ["recover", "restart", "rollback", "runs"]
+    assert complete(tmp_path, "deployer r") == ["recover", "restart", "rollback", "rollout", "runs"]
     assert complete(tmp_path, "deployer plan --host gpu") == ["gpu-a", "gpu-b"]
     assert complete(tmp_path, "deployer check -i other.yaml --host ") == ["elsewhere"]
     assert complete(tmp_path, "deployer apply fix.yaml --host ", {"DEPLOYER_INVENTORY": "other.yaml"}) == [

@@ -1,0 +1,132 @@
+"""A playbook's `rollout:`: how a fleet run spreads over its hosts (batch sizes, or a rolling strategy's
+max_unavailable), how many failures stop it, and where it pauses (Argo Rollouts' canary `steps`: a pause for a
+person's approval or for a while between batches, and an inconclusive analysis held for a person)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # config.models.Strict's (it imports this)
+
+
+def check_batch(size: int | str) -> int | str:
+    return check_share(size, "host")
+
+
+def check_unavailable(size: int | str) -> int | str:
+    return check_share(size, "unit")
+
+
+def check_share(size: int | str, of: str) -> int | str:
+    """A count of hosts or units (at least 1), or a percentage of them such as '25%'."""
+    if isinstance(size, int):
+        if size < 1:
+            raise ValueError(f"must be at least 1 {of}")
+        return size
+    number = size[:-1] if size.endswith("%") else None
+    try:
+        percent = float(number) if number is not None else None
+    except ValueError:
+        percent = None
+    if percent is None:
+        raise ValueError(f"{size!r}: must be a {of} count or a percentage such as '25%'")
+    if not 0 < percent <= 100:
+        raise ValueError(f"{size!r}: a percentage must be above 0% and at most 100%")
+    return size
+
+
+def share_of(size: int | str, total: int) -> int:
+    """A count, or a percentage of total rounded up; at least 1."""
+    return max(1, size if isinstance(size, int) else int(-(-total * float(size[:-1]) // 100)))
+
+
+def _all_at_once() -> list[int | str]:
+    return ["100%"]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def seconds_of(value: object) -> object:
+    """Argo's durations: a number of seconds, or a string such as '30s', '10m', '1h'."""
+    if isinstance(value, str) and (found := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", value)):
+        return float(found[1]) * _UNITS[found[2] or "s"]
+    return value
+
+
+class PauseSpec(Strict):
+    duration: Annotated[float, BeforeValidator(seconds_of)] | None = Field(default=None, gt=0, description=(
+        "How long to wait before the next batch starts (seconds, or '30s', '10m', '1h'). Left out: the fleet run "
+        "stops here, recorded as paused (exit 8), until `deployer rollout resume FLEET_ID` (or `abort`)."))
+
+
+class Pause(Strict):
+    pause: PauseSpec = Field(description="A pause between two batches: for a while, or until a person resumes.")
+
+
+Step = Literal["batch"] | Pause
+
+
+class Rollout(Strict):
+    """How a fleet run spreads over its hosts: batches in order (the first is the canary)."""
+
+    # Ansible's `serial`
+    batches: list[Annotated[int | str, AfterValidator(check_batch)]] = Field(
+        default_factory=_all_at_once, min_length=1, description=(
+            "The size of each batch in order, a host count or a percentage of all hosts (rounded up); the last "
+            "size repeats until every host is in a batch."))
+    max_failures: int = Field(default=0, ge=0, description="More failed hosts than this, and no further batch starts.")
+    pause_s: float = Field(default=0.0, ge=0, description="Seconds between batches.")
+    strategy: Literal["batches", "rolling"] = Field(default="batches", description=(
+        "batches (the default), or rolling: units taken out of their router around their restart, "
+        "max_unavailable at a time."))
+    # Kubernetes' maxUnavailable, counted in units (a plain host outside a unit is a unit of its own)
+    max_unavailable: Annotated[int | str, AfterValidator(check_unavailable)] = Field(default=1, description=(
+        "strategy rolling: how many units restart at once, a count or a percentage of the run's units (rounded up, "
+        "at least 1); a batch never takes every worker of one role (prefill, decode) behind a router out of it."))
+    # Argo Rollouts' canary steps, over the batches above
+    steps: list[Step] = Field(default_factory=list, description=(
+        "The rollout in order: `batch` (the next batch) and `pause: {}` (until `deployer rollout resume`) or "
+        "`pause: {duration: 10m}` between them; the batches after the last step run one after the other. "
+        "E.g. [batch, {pause: {}}]: a person approves after the canary batch."))
+    on_inconclusive: Literal["fail", "pause"] = Field(default="fail", description=(
+        "An analysis that is inconclusive on a host of a fleet run: fail (the default) counts the host as failed "
+        "(exit 7); pause stops the fleet run once its batch ended, paused for a person (exit 8): resume keeps "
+        "the host's commit and goes on, abort rolls back every host that committed."))
+
+    @model_validator(mode="after")
+    def _unavailable_rolls(self) -> Rollout:
+        if self.max_unavailable != 1 and self.strategy != "rolling":
+            raise ValueError("max_unavailable is for strategy: rolling (strategy batches takes its sizes in batches)")
+        return self
+
+    @model_validator(mode="after")
+    def _pauses_between_batches(self) -> Rollout:
+        for index, step in enumerate(self.steps):
+            if isinstance(step, Pause) and (index == 0 or isinstance(self.steps[index - 1], Pause)):
+                raise ValueError(f"steps[{index}]: a pause goes after a batch (" +
+                                 ("nothing has changed yet)" if index == 0 else "one pause between two batches)"))
+        return self
+
+    def pauses(self) -> dict[int, PauseSpec]:
+        """Batch number -> the pause before it starts."""
+        found, done = {}, 0
+        for step in self.steps:
+            if isinstance(step, Pause):
+                found[done] = step.pause
+            else:
+                done += 1
+        return found
+
+    def split(self, hosts: list[str]) -> list[list[str]]:
+        batches, start, index = [], 0, 0
+        while start < len(hosts):
+            end = start + share_of(self.batches[min(index, len(self.batches) - 1)], len(hosts))
+            batches.append(hosts[start:end])
+            start, index = end, index + 1
+        return batches

@@ -1,0 +1,284 @@
+"""Pause, approve, resume (issue 37 item 3): a fleet run over real sshd (four hosts on two sshd instances) that
+pauses after its first batch stops there with exit 8 and its state in fleet.json; `deployer rollout resume`
+finishes it from another directory, `rollout abort` rolls back what it did; an inconclusive analysis (read from a
+real HTTP server's Prometheus text) pauses when the rollout says so; `--lock-wait` waits for a held deploy lock.
+The runner's timed pause is tested on a real fleet.json with stand-in tasks."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git
+from pydantic import ValidationError
+from test_fleet import BOUNDED, HOSTS, as_json, fleet, repo, second_sshd
+
+from deployer.config.rollout import Rollout
+from deployer.fleet.record import FleetRecord, new_state
+from deployer.fleet.runner import FleetCancel, FleetRunner
+from deployer.fleet.strategies import Batches
+from deployer.run.engine import RunResult
+
+__all__ = ["fleet", "second_sshd"]  # the fixtures, used by name
+PAUSED = 8
+PAUSE_AFTER_CANARY = {"batches": [1, "100%"], "steps": ["batch", {"pause": {}}]}
+
+
+def record(project: Project, fleet_id: str) -> dict[str, Any]:
+    data = json.loads((project.runs / fleet_id / "fleet.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def deploy_commits(project: Project, host: str) -> int:
+    return int(git(repo(project, host), "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip())
+
+
+def elsewhere(project: Project, *args: str) -> Any:
+    """deployer run from another directory, with only the runs dir in its environment (no inventory): as a person
+    coming back later, in another shell."""
+    other = project.root / "elsewhere"
+    other.mkdir(exist_ok=True)
+    return deployer(*args, cwd=other, env=deployer_env(DEPLOYER_RUNS_DIR=str(project.runs)), timeout=180)
+
+
+def hold(project: Project, host: str) -> Path:
+    """host's deploy lock held by a live-looking run of someone else (fresh heartbeat)."""
+    lock = repo(project, host) / ".git" / "deployer.run.lock"
+    lock.mkdir()
+    (lock / "info.json").write_text(json.dumps({"run_id": "20260101T000000.000Z-abcdef", "operator": "alice@ops",
+                                                "pid": 4242, "ttl_s": 600}))
+    (lock / "heartbeat").write_text("")
+    return lock
+
+
+def release_when_waited(proc: Any, lock: Path, seconds: float = 60) -> str:
+    """Reads the run's stderr until it says it waits for the lock, then releases the lock; what it read."""
+    seen: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "waiting up to" in line:
+            shutil.rmtree(lock)
+            return "".join(seen)
+    raise AssertionError(f"never said it waits for the lock:\n{''.join(seen)}")
+
+
+def test_a_pause_after_the_first_batch_exits_8_and_resume_from_another_directory_finishes_it(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED, rollout=PAUSE_AFTER_CANARY)
+    result = fleet.deployer("apply", "fix.yaml", "--host", "all", "--json")
+    report = as_json(result)
+    assert result.returncode == PAUSED, report
+    assert report["status"] == "paused" and report["exit_code"] == PAUSED
+    assert f"deployer rollout resume {report['fleet_id']}" in report["error"]
+    fleet_id = report["fleet_id"]
+    [pause] = record(fleet, fleet_id)["pauses"]
+    assert pause["before_batch"] == 1 and pause["ended"] is None and "after batch 0 (h1)" in pause["reason"]
+    # only the first batch was patched
+    assert (repo(fleet, "h1") / "pkg/a.py").read_text() == FIXED_A
+    for host in HOSTS[1:]:
+        assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
+        assert report["hosts"][host]["status"] == "untouched"
+    assert not any((repo(fleet, h) / ".git" / "deployer.run.lock").exists() for h in HOSTS)  # nothing held
+
+    # The playbook changed meanwhile: resuming would ship another fix, so it is refused.
+    original = (fleet.root / "fix.yaml").read_text()
+    (fleet.root / "fix.yaml").write_text(original + "\n# edited\n")
+    changed = elsewhere(fleet, "rollout", "resume", fleet_id, "--json")
+    assert changed.returncode == 2 and "changed since fleet run" in as_json(changed)["error"]
+    (fleet.root / "fix.yaml").write_text(original)
+
+    # Resumed from another directory (its inventory from the record), by a beginning of its id, waiting for a
+    # lock that another run holds on h2 until it is released.
+    lock = hold(fleet, "h2")
+    other = fleet.root / "elsewhere"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployer", "rollout", "resume", fleet_id[:-2], "--lock-wait", "60", "--json"],
+        cwd=other, env=deployer_env(DEPLOYER_RUNS_DIR=str(fleet.runs)), text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    said = release_when_waited(proc, lock)
+    assert "held by run 20260101T000000.000Z-abcdef of alice@ops" in said
+    out, err = proc.communicate(timeout=180)
+    resumed = json.loads(out)
+    assert proc.returncode == 0 and resumed["status"] == "successful", (resumed, err)
+    assert resumed["fleet_id"] == fleet_id
+    for host in HOSTS:
+        assert (repo(fleet, host) / "pkg/a.py").read_text() == FIXED_A
+        assert deploy_commits(fleet, host) == 1  # h1 was not applied again
+    assert resumed["hosts"]["h1"]["run_id"] == report["hosts"]["h1"]["run_id"]
+    [pause] = record(fleet, fleet_id)["pauses"]
+    assert pause["ended_by"] == "resume"
+    again = elsewhere(fleet, "rollout", "resume", fleet_id, "--json")
+    assert again.returncode == 2 and "is not paused (it is successful)" in as_json(again)["error"]
+
+
+def test_abort_of_a_paused_rollout_rolls_back_the_hosts_it_patched_and_never_touches_the_rest(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED, rollout={"batches": [2, "100%"], "steps": ["batch", {"pause": {}}]})
+    trees = {h: git(repo(fleet, h), "rev-parse", "HEAD^{tree}").strip() for h in HOSTS}
+    heads = {h: git(repo(fleet, h), "rev-parse", "HEAD").strip() for h in HOSTS}
+    paused = as_json(fleet.deployer("apply", "fix.yaml", "--host", "all", "--json"))
+    assert paused["status"] == "paused" and paused["batches"] == [["h1", "h2"], ["h3", "h4"]]
+    fleet_id = paused["fleet_id"]
+
+    aborted = elsewhere(fleet, "rollout", "abort", fleet_id, "--json")
+    report = as_json(aborted)
+    assert aborted.returncode == 0 and report["status"] == "aborted", report
+    assert set(report["rollback"]["hosts"]) == {"h1", "h2"} and report["rollback"]["status"] == "successful"
+    for host in ("h1", "h2"):  # a revert commit over the fix: the old tree again
+        assert git(repo(fleet, host), "rev-parse", "HEAD^{tree}").strip() == trees[host]
+    for host in ("h3", "h4"):
+        assert git(repo(fleet, host), "rev-parse", "HEAD").strip() == heads[host]
+    saved = record(fleet, paused["fleet_id"])
+    assert saved["status"] == "aborted" and saved["pauses"][0]["ended_by"] == "abort"
+    assert saved["rolled_back_by"] == [report["rollback"]["fleet_id"]]
+    assert elsewhere(fleet, "rollout", "resume", fleet_id).returncode == 2  # aborted: nothing to go on with
+
+
+TTFT = "sglang:time_to_first_token_seconds"
+STILL = "".join(f'{TTFT}_bucket{{le="{le}"}} 3\n' for le in ("0.1", "0.5", "+Inf")) + f"{TTFT}_sum 0.3\n" \
+    f"{TTFT}_count 3\n"
+
+
+@pytest.fixture
+def metrics() -> Iterator[str]:
+    """A real HTTP server whose /metrics is Prometheus text that never changes: no request served in any window,
+    so every analysis of it is too few observations (inconclusive)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"# TYPE {TTFT} histogram\n{STILL}".encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+
+
+def test_an_inconclusive_analysis_pauses_the_rollout_when_asked_and_resume_approves_the_held_hosts(
+        fleet: Project, metrics: str) -> None:
+    analysis = {"analysis": {"url": metrics, "baseline": {"metrics": metrics}, "interval_s": 0.2, "windows": 2,
+                             "checks": [{"kind": "histogram", "name": "p99 TTFT", "metric": TTFT,
+                                         "min_samples": 5}]}}
+    fleet.playbook(steps=[*BOUNDED, analysis], rollout={"batches": [1, "100%"], "on_inconclusive": "pause"},
+                   on_failure="rollback_fleet")
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1,h2,h3", "--json")
+    report = as_json(result)
+    assert result.returncode == PAUSED, report
+    fleet_id = report["fleet_id"]
+    [pause] = record(fleet, fleet_id)["pauses"]
+    assert pause["before_batch"] == 1 and "inconclusive on h1" in pause["reason"]
+    # held, not rolled back (though on_failure says rollback_fleet), and no further batch started
+    assert report["hosts"]["h1"]["exit_code"] == 7 and (repo(fleet, "h1") / "pkg/a.py").read_text() == FIXED_A
+    assert report["untouched"] == ["h2", "h3"]
+
+    first = elsewhere(fleet, "rollout", "resume", fleet_id, "--json")
+    again = as_json(first)
+    # h1 approved; h2 and h3 are inconclusive too: held after the last batch, for a person again
+    assert first.returncode == PAUSED and again["hosts"]["h1"]["approved"], again
+    assert "inconclusive on h2, h3" in again["error"] and "after its last batch" in again["error"]
+    last = as_json(elsewhere(fleet, "rollout", "resume", fleet_id, "--json"))
+    assert last["status"] == "successful" and last["exit_code"] == 0, last
+    assert all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h2", "h3"))
+
+
+def test_without_on_inconclusive_pause_an_inconclusive_host_fails_the_batch_as_before(fleet: Project,
+                                                                                        metrics: str) -> None:
+    analysis = {"analysis": {"url": metrics, "baseline": {"metrics": metrics}, "interval_s": 0.2, "windows": 1,
+                             "checks": [{"kind": "histogram", "name": "p99 TTFT", "metric": TTFT,
+                                         "min_samples": 5}]}}
+    fleet.playbook(steps=[*BOUNDED, analysis], rollout={"batches": [1, "100%"]})
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1,h2", "--json")
+    report = as_json(result)
+    assert result.returncode == 7 and report["status"] == "failed" and report["untouched"] == ["h2"], report
+
+
+def test_lock_wait_times_out_with_a_clear_error_when_the_lock_stays_held(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED)
+    hold(fleet, "h1")
+    began = time.monotonic()
+    result = fleet.deployer("apply", "fix.yaml", "--host", "h1,h2", "--lock-wait", "1.5", "--json")
+    report = as_json(result)
+    assert result.returncode == 3, report
+    assert "still held after waiting 1.5s for it (--lock-wait)" in report["hosts"]["h1"]["error"]
+    assert "held by run 20260101T000000.000Z-abcdef of alice@ops" in report["hosts"]["h1"]["error"]
+    assert time.monotonic() - began >= 1.5
+    assert report["hosts"]["h2"]["status"] == "successful"
+
+
+def test_lock_wait_on_a_single_host_apply_goes_on_once_the_lock_is_released(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED)
+    lock = hold(fleet, "h1")
+    proc = fleet.popen("apply", "fix.yaml", "--host", "h1", "--lock-wait", "60", "--json")
+    release_when_waited(proc, lock)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert (repo(fleet, "h1") / "pkg/a.py").read_text() == FIXED_A
+
+
+# -- the runner and the config, on a real fleet.json with stand-in tasks ----------------------------------------
+
+NAMES = ["a", "b", "c"]
+
+
+def ok(host: str, fleet_id: str) -> RunResult:
+    return RunResult(f"run-{host}", Path(host), "successful", 0, None, "x", "y", {}, "succeeded")
+
+
+def test_a_timed_pause_waits_then_goes_on_and_says_both(tmp_path: Path) -> None:
+    strategy = Batches(Rollout(batches=[1], steps=["batch", {"pause": {"duration": "0.3s"}}]))
+    state = new_state("apply", "fix", "tester", NAMES, strategy.batches(NAMES, {}), 1)
+    events: list[dict[str, Any]] = []
+    began = time.monotonic()
+    FleetRunner(FleetRecord.create(tmp_path / "runs", state), strategy, 1, FleetCancel(), [events.append]).run(ok)
+    assert time.monotonic() - began >= 0.3
+    kinds = [(e["type"], e.get("batch")) for e in events if e["type"] in ("fleet_paused", "fleet_resumed",
+                                                                           "batch_start")]
+    assert kinds == [("batch_start", 0), ("fleet_paused", 1), ("fleet_resumed", 1), ("batch_start", 1),
+                     ("batch_start", 2)]
+    assert state.pause is None and all(run.status == "successful" for run in state.hosts.values())
+
+
+def test_a_signal_during_a_timed_pause_stops_the_run_there(tmp_path: Path) -> None:
+    strategy = Batches(Rollout(batches=[1], steps=["batch", {"pause": {"duration": "1h"}}]))
+    state = new_state("apply", "fix", "tester", NAMES, strategy.batches(NAMES, {}), 1)
+    cancel = FleetCancel()
+    threading.Timer(0.3, cancel.cancel).start()
+    began = time.monotonic()
+    FleetRunner(FleetRecord.create(tmp_path / "runs", state), strategy, 1, cancel, []).run(ok)
+    assert time.monotonic() - began < 60
+    assert state.stopped_after_batch == 0 and state.untouched() == ["b", "c"]
+
+
+def test_pause_steps_go_between_batches_and_durations_read_as_argo_writes_them(tmp_path: Path) -> None:
+    rollout = Rollout(steps=["batch", {"pause": {}}, "batch", {"pause": {"duration": "10m"}}])
+    assert {n: p.duration for n, p in rollout.pauses().items()} == {1: None, 2: 600.0}
+    for steps in ([{"pause": {}}], ["batch", {"pause": {}}, {"pause": {"duration": 5}}]):
+        with pytest.raises(ValidationError, match="a pause goes after a batch"):
+            Rollout(steps=steps)
+    with pytest.raises(ValidationError):
+        Rollout(steps=["batch", {"pause": {"duration": "soon"}}])
+    fleet_file = tmp_path / "playbook.yaml"
+    fleet_file.write_text(yaml.safe_dump({"rollout": PAUSE_AFTER_CANARY}))
+    assert Rollout(**yaml.safe_load(fleet_file.read_text())["rollout"]).pauses()[1].duration is None
