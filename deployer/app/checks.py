@@ -17,12 +17,13 @@ from typing import Any, Literal
 from deployer.app.setting import Setting, build_of, select_hosts
 from deployer.command import Masker
 from deployer.config.container import Container
-from deployer.config.models import Host, Unit
+from deployer.config.models import Host, KubernetesHost, Unit
 from deployer.errors import AgentLost, ConnectError, DeployerError, HostKeyError, PythonMissing
 from deployer.fleet.runner import DEFAULT_PARALLEL
 from deployer.fleet.unit import steps_for
 from deployer.run import lock as locks
 from deployer.run.mounts import gone, inspection, last_placement
+from deployer.run.pods import last_left, placed_in_pod, reading, unkept
 from deployer.run.preflight import lazy_projection, preflight
 from deployer.steps import optional
 from deployer.steps.base import Step
@@ -188,6 +189,8 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
         ctx = _context(host_name, host, transport, bus, playbook)
         if host.container is not None:
             _check_places(report, ctx, _dests(playbook), runs_dir)
+        if isinstance(host, KubernetesHost):
+            _check_pod(report, ctx, _dests(playbook), runs_dir)
         _check_target(report, ctx, playbook)
     if runs_dir is not None:
         _check_budgets(report, host_name, host, runs_dir)
@@ -224,9 +227,29 @@ def _check_places(report: CheckReport, ctx: Context, dests: list[str], runs_dir:
         refused = required and not place.persistent
         report.add("placement", "fail" if refused else "ok", f"{dest or 'the repo'}: {place.describe()}"
                    f"{' (persist: required refuses it)' if refused else ''}", 1)
-    last = None if runs_dir is None else last_placement(runs_dir, ctx.host_name, started.container.name)
+    assert ctx.host.container is not None
+    last = None if runs_dir is None else last_placement(runs_dir, ctx.host_name, ctx.host.container.name)
     if last is not None and (said := gone(last[1], seen.id)) is not None:
         report.add("run files", "warn", f"run {last[0]}: {said}")
+
+
+def _check_pod(report: CheckReport, ctx: Context, dests: list[str], runs_dir: Path | None) -> None:
+    """A pod's: what `persist: required` refuses of the dests (the kind's rows said where each lives), and whether
+    the files of the host's newest run are still there: another pod (a new uid) or a new container of it."""
+    try:
+        placed = placed_in_pod(ctx, dests)
+    except DeployerError as exc:
+        report.add("pod files", "fail", str(exc), exc.exit_code)
+        return
+    assert placed is not None and isinstance(ctx.host, KubernetesHost)
+    if ctx.playbook.model.persist == "required" and (lost := unkept(placed)):
+        report.add("placement", "fail", f"persist: required refuses {', '.join(lost)}: a new pod would not have "
+                   "it", 2)
+    last = None if runs_dir is None else last_left(runs_dir, ctx.host_name, str(placed["pod"]))
+    seen = reading(ctx)
+    if last is not None and seen is not None:
+        kept, said = last.judge(seen.result())
+        report.add("run files", "ok" if kept else "warn", said)
 
 
 def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,

@@ -4,7 +4,7 @@ one run (recorded, `runs show`), its log verified (verify, `runs verify`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,24 +162,50 @@ def history(options: HistoryOptions) -> History:
 
 @dataclass(frozen=True)
 class Recorded:
-    """One recorded run (`runs show`): its log, or a fleet run's record."""
+    """One recorded run (`runs show`): its log, or a fleet run's record; target: what its target says now of the
+    run's files (a run into a pod: the pod read now)."""
 
     run: Run | None = None
     fleet: FleetState | None = None
     exit_code: int = 0
+    target: list[str] = field(default_factory=list)
 
     def document(self) -> Any:
         """A run's raw events; a fleet run's record."""
         return self.fleet.document() if self.fleet is not None else self.run.events if self.run is not None else None
 
 
-def recorded(given: str, runs_dir: str | Path | None = None) -> Recorded:
-    """The run or fleet run `given` names (`last`, or any unique beginning of an id)."""
+def recorded(given: str, runs_dir: str | Path | None = None, inventory: str | Path | None = None, *,
+             target: bool = False) -> Recorded:
+    """The run or fleet run `given` names (`last`, or any unique beginning of an id); with target, a run into a
+    pod with the pod read now, through the inventory's host (its kubectl, where it runs)."""
     root = runs_dir_of(runs_dir)
     run_id = resolve(root, given)
     if is_fleet(root, run_id):
         return Recorded(fleet=FleetRecord.load(root, run_id).state)
-    return Recorded(run=read_run(root, run_id))
+    run = read_run(root, run_id)
+    return Recorded(run=run, target=pod_now(run, inventory) if target else [])
+
+
+def pod_now(run: Run, inventory: str | Path | None) -> list[str]:
+    """What the pod a run shipped into says now of its files (run/pods.py), or why it could not be read."""
+    from deployer.app.setting import inventory_of
+    from deployer.config.models import KubernetesHost
+    from deployer.errors import DeployerError
+    from deployer.run.pods import recorded as left_by
+    from deployer.transport.kubernetes import read_pod_now
+
+    left = left_by(run)
+    if left is None:
+        return []
+    name = str(run.start.get("host"))
+    try:
+        host = inventory_of(Setting(inventory=inventory)).hosts.get(name)
+        if not isinstance(host, KubernetesHost) or host.pod.name != left.pod:
+            return [f"pod {left.pod} not read now: the inventory has no kubernetes host {name} of that pod"]
+        return [left.judge(read_pod_now(name, host))[1]]
+    except DeployerError as exc:
+        return [f"pod {left.pod} not read now: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"]
 
 
 @dataclass(frozen=True, kw_only=True)

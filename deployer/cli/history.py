@@ -58,10 +58,13 @@ def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, 
 @runs.command("show")
 @click.argument("run_id", shell_complete=complete_runs)
 @runs_dir_option
+@inventory_option
 @json_option("Print the raw events.")
 @failures_to_exit_codes
-def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
+def runs_show(run_id: str, runs_dir: str | None, inventory: str | None, as_json: bool) -> None:
     """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts).
+    A run into a pod reads the pod now (kubectl get pod, where the inventory's host runs kubectl) and says whether
+    the run's files are still there.
 
     RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
     from deployer.app.runs import recorded
@@ -69,13 +72,13 @@ def runs_show(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     from deployer.ui.fleet import show_fleet
     from deployer.ui.report import show_run
 
-    shown = recorded(run_id, runs_dir)
+    shown = recorded(run_id, runs_dir, inventory, target=not as_json)
     if as_json:
         emit_json(shown.document())
     elif shown.fleet is not None:
         show_fleet(make_console(), shown.fleet)
     elif shown.run is not None:
-        show_run(make_console(), shown.run)
+        show_run(make_console(), shown.run, shown.target)
 
 
 @runs.command("verify")

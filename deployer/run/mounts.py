@@ -15,16 +15,15 @@ import json
 import posixpath
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Thread
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from deployer.command import container_inspect
 from deployer.config import yamlsrc
-from deployer.config.container import Container
 from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.runlog import EVENTS, Run, is_run_id, read_run
 from deployer.text import visible
@@ -42,6 +41,7 @@ LAYER = "layer"
 IN_LAYER = "in the container's writable layer: kept across restart, lost when the container is recreated"
 NEWEST = 50  # a host's runs looked through for the newest into a container
 FIELDS = ("kind", "source", "mount")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,15 @@ def _mount(entry: Any) -> Mount:
     return Mount(kind, posixpath.normpath(dest), source, name)
 
 
-class Inspection:
-    """One `<engine> inspect` on the host, run on a thread of its own from the moment it is made."""
+class Inspection(Generic[T]):
+    """One read on the host beside the agent (`<engine> inspect`, `kubectl get pod`: run/pods.py), run on a thread
+    of its own from the moment it is made; parse turns what it printed into its result (ValueError: not that)."""
 
-    def __init__(self, transport: Transport, container: Container) -> None:
-        self.container = container
-        self._argv = container_inspect(container.command, container.name)
-        self._future: Future[Inspected] = Future()
-        Thread(target=self._read, args=(transport,), name=f"inspect-{container.name}", daemon=True).start()
+    def __init__(self, transport: Transport, argv: Sequence[str], parse: Callable[[str], T], name: str) -> None:
+        self._argv = list(argv)
+        self._parse = parse
+        self._future: Future[T] = Future()
+        Thread(target=self._read, args=(transport,), name=name, daemon=True).start()
 
     def _read(self, transport: Transport) -> None:
         try:
@@ -146,45 +147,46 @@ class Inspection:
             finally:
                 pipe.close()
             try:
-                self._future.set_result(parse(out.decode("utf-8", "replace")))
+                self._future.set_result(self._parse(out.decode("utf-8", "replace")))
             except ValueError as exc:
                 tail = visible(said.strip(), multiline=False)[-300:]
                 raise DeployerError(f"{exc}{f' ({tail})' if tail else ''}") from None
         except BaseException as exc:  # handed to whoever reads the result
             self._future.set_exception(exc)
 
-    def result(self) -> Inspected:
-        """The container's id and mounts; StepFailed naming the command and what it printed otherwise."""
+    def result(self) -> T:
+        """What the read printed, parsed; StepFailed naming the command and what it printed otherwise."""
         command = " ".join(self._argv)
         try:
             return self._future.result(INSPECT_TIMEOUT_S)
         except TimeoutError:
             raise StepFailed(STEP, f"{command} did not answer within {INSPECT_TIMEOUT_S:.0f}s") from None
         except DeployerError as exc:
-            raise StepFailed(STEP, f"cannot tell where the files live in the container: {command}: {exc}") from None
+            raise StepFailed(STEP, f"cannot tell where the files live: {command}: {exc}") from None
 
 
-_started: weakref.WeakKeyDictionary[Transport, Inspection] = weakref.WeakKeyDictionary()
+_started: weakref.WeakKeyDictionary[Transport, Inspection[Inspected]] = weakref.WeakKeyDictionary()
 
 
-def inspection(ctx: Context) -> Inspection | None:
+def inspection(ctx: Context) -> Inspection[Inspected] | None:
     """The container's inspect for this connection (started on the first call), or None: not a container."""
     container = ctx.host.container
     if container is None:
         return None
     if ctx.transport not in _started:
-        _started[ctx.transport] = Inspection(ctx.transport, container)
+        _started[ctx.transport] = Inspection(ctx.transport, container_inspect(container.command, container.name),
+                                             parse, f"inspect-{container.name}")
     return _started[ctx.transport]
 
 
 def place_dests(ctx: Context, dests: list[str]) -> dict[str, Any] | None:
     """Where each dest lives in the host's container (None: not a container), recorded in the run's facts and its
     `placement` event with the container's id."""
-    started = inspection(ctx)
-    if started is None:
+    started, container = inspection(ctx), ctx.host.container
+    if started is None or container is None:
         return None
     seen = started.result()
-    placed = {"container": started.container.name, "engine": started.container.engine, "id": seen.id,
+    placed = {"container": container.name, "engine": container.engine, "id": seen.id,
               "files": {dest: seen.place(ctx.in_repo(dest)).record() for dest in dests}}
     ctx.facts.placement = placed
     ctx.emit("placement", **placed)

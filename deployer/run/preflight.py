@@ -23,6 +23,7 @@ from deployer.config import yamlsrc
 from deployer.config.models import check_repo_relative
 from deployer.errors import ConfigError, DeployerError, StepFailed
 from deployer.run.mounts import inspection, place_dests, refuse_layer
+from deployer.run.pods import place_pod, reading, refuse_unkept
 from deployer.steps.context import Change, Context, Submitted
 from deployer.steps.gitops import HEAD, git, git_dirs_argv, names
 from deployer.steps.optional import refusals
@@ -70,6 +71,7 @@ def send_reads(ctx: Context, *, clean: bool = False) -> Reads:
     paths = [ctx.in_repo(d) for d in dests]
     parents = sorted({posixpath.dirname(p) for p in paths} - {ctx.repo})
     inspection(ctx)  # a container target: its inspect runs on the host meanwhile (run/mounts.py)
+    reading(ctx)  # a pod's: kubectl get pod runs where kubectl runs meanwhile (run/pods.py)
 
     def read(argv: tuple[str, ...], expect: bytes | None = None, quiet: bool = False) -> Submitted:
         return ctx.submit(argv, timeout=30, quiet=quiet, expect=expect if clean else None, guard=clean)
@@ -137,6 +139,7 @@ def preflight(ctx: Context, *, allow_dirty: bool, sent: Reads | None = None) -> 
             change.new_dirs = _missing_dirs(ctx, dest, entries)
         ctx.changes.append(change)
     refuse_layer(ctx, place_dests(ctx, dests))  # a container's: where each dest lives, and `persist: required`
+    refuse_unkept(ctx, place_pod(ctx, dests))  # a pod's: the same, and which pod and container it is
     _refuse_untracked(ctx)
     dirty_heads = {c.dest: ctx.submit(git("cat-file", "blob", f"HEAD:{c.dest}"), timeout=30, quiet=True,
                                       capture=None) for c in ctx.changes if c.tracked and c.dest in dirty}

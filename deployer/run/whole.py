@@ -244,6 +244,8 @@ def unsent(ctx: Context, chain: Sequence[Step], *, allow_dirty: bool) -> str | N
         return "--allow-dirty: the pre-run bytes are in no git object, so they are read and kept here first"
     if ctx.host.container is not None:
         return "a container target: where each dest lives is read first"
+    if ctx.host.transport == "kubernetes" and ctx.playbook.model.persist == "required":
+        return "persist: required on a pod: where each dest lives is read first"
     if judging := [s.name for s in chain if reads_target_first(s, ctx)]:
         return f"{', '.join(judging)} reads the target to judge the run before it changes it"
     upload = next((i for i, s in enumerate(chain) if not runs_here(s)), None)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deployer.agent.pipe import Pipe
 from deployer.config.models import KubernetesHost
 from deployer.config.podunits import expand_pod_units
-from deployer.errors import AgentLost, ConfigError, DeployerError, TransportError
+from deployer.errors import AgentLost, ConfigError, DeployerError, StepFailed, TransportError
 from deployer.text import visible
 from deployer.transport.base import Transport
 from deployer.transport.container import ContainerPipe, beside_container
@@ -154,15 +156,99 @@ KEEPS = {"emptyDir": "an emptyDir: kept through a container restart, gone with t
          "other": "a volume of another kind: see its own lifetime"}
 
 
+def get_pod_argv(pod: Pod) -> list[str]:
+    """`kubectl get pod POD --output json`: the pod's spec and status, as the API server has them now."""
+    assert pod.name is not None
+    return [*kubectl_argv(pod), "get", "pod", pod.name, "--output", "json"]
+
+
 def pod_spec(transport: Transport, pod: Pod) -> dict[str, Any]:
     """The pod's spec, as kubectl gets it where it runs (beside the agent in the pod, over the same transport)."""
-    assert pod.name is not None
-    done = beside_container(transport).run([*kubectl_argv(pod), "get", "pod", pod.name, "--output", "json"],
-                                           timeout=SELECTED_S)
+    return read_pod(beside_container(transport), pod).spec
+
+
+def read_pod(side: Transport, pod: Pod) -> PodSeen:
+    """The pod now, read by kubectl on side (where kubectl runs); AgentLost naming the pod when kubectl fails,
+    StepFailed when what it printed is not such a pod."""
+    argv = get_pod_argv(pod)
+    done = side.run(argv, timeout=SELECTED_S)
     if done.exit_code != 0:
         raise AgentLost(kubectl_failure(pod, done.stderr.decode("utf-8", "replace")))
-    spec: dict[str, Any] = json.loads(done.stdout)["spec"]
-    return spec
+    try:
+        return PodSeen.parse(done.stdout.decode("utf-8", "replace"), pod.container)
+    except ValueError as exc:
+        raise StepFailed("kubectl", f"{' '.join(argv)} printed what is not a pod: {exc}") from None
+
+
+def read_pod_now(name: str, host: KubernetesHost) -> PodSeen:
+    """The pod now, without an agent in it: kubectl alone, where it runs (this machine, or the bastion, whose host
+    key must be pinned already)."""
+    side = kubectl_side(name, host, _Quiet(), False, python="python3")
+    try:
+        return read_pod(side, host.pod)
+    finally:
+        side.close()
+
+
+# What the target says is input: a pod's uid is a UUID, a containerID `<runtime>://<hex id>` (docker, containerd,
+# cri-o, podman), a restartCount a count; anything else is refused, never shown or compared as it is.
+UID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+CONTAINER_ID = re.compile(r"^[a-z][a-z0-9.+-]{0,31}://[0-9a-f]{12,128}$")
+NODE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")  # a DNS subdomain, as Kubernetes names a node
+
+
+@dataclass(frozen=True)
+class PodSeen:
+    """What `kubectl get pod -o json` says of a pod and one of its containers, validated: the pod's uid (new for a
+    new pod), the container's containerID ("": none runs) and restartCount (a container restart is a new container
+    from the image), the image it names and the imageID it runs ("": not said), and the pod's spec (its volumes)."""
+
+    uid: str
+    container_id: str
+    restarts: int
+    image: str
+    image_id: str
+    node: str
+    spec: dict[str, Any]
+
+    @classmethod
+    def parse(cls, out: str, container: str) -> PodSeen:
+        """From kubectl's JSON, or ValueError saying what is not as a pod's."""
+        try:
+            pod = json.loads(out)
+            uid, spec = pod["metadata"]["uid"], pod["spec"]
+            specs = [c for c in spec.get("containers", []) if c.get("name") == container]
+            statuses = [s for s in (pod.get("status") or {}).get("containerStatuses") or []
+                        if s.get("name") == container]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"not a pod's JSON: {visible(out[:200], multiline=False)}") from None
+        if not (isinstance(uid, str) and UID.match(uid)) or not isinstance(spec, dict):
+            raise ValueError(f"its uid is not a pod's: {visible(str(uid)[:80], multiline=False)}")
+        if not specs:
+            raise ValueError(f"the pod has no container {visible(container, multiline=False)!r}")
+        status = statuses[0] if statuses else {}
+        container_id, restarts = status.get("containerID", ""), status.get("restartCount", 0)
+        image, image_id = specs[0].get("image", ""), status.get("imageID", "")
+        if not (isinstance(container_id, str) and (container_id == "" or CONTAINER_ID.match(container_id))):
+            raise ValueError(f"its containerID is not one: {visible(str(container_id)[:160], multiline=False)}")
+        if not (type(restarts) is int and restarts >= 0):
+            raise ValueError(f"its restartCount is not a count: {visible(str(restarts)[:40], multiline=False)}")
+        if not (isinstance(image, str) and isinstance(image_id, str)):
+            raise ValueError("its image or imageID is not text")
+        node = spec.get("nodeName", "")
+        if not (isinstance(node, str) and (node == "" or NODE.match(node))):
+            raise ValueError(f"its nodeName is not a node's name: {visible(str(node)[:80], multiline=False)}")
+        return cls(uid, container_id, restarts, image, image_id, node, spec)
+
+    def identity(self, pod: Pod) -> dict[str, Any]:
+        return identity(pod, self.uid, self.container_id, self.restarts, self.node)
+
+
+def identity(pod: Pod, uid: str, container_id: str, restarts: int, node: str) -> dict[str, Any]:
+    """What a run records of the pod it shipped into, in its `pod` events (run/pods.py reads them back, validated
+    again): at preflight, and after a restart of its own that made a new container or pod."""
+    return {"pod": pod.name, "container": pod.container, "namespace": pod.namespace, "uid": uid,
+            "container_id": container_id, "restart_count": restarts, "node": node}
 
 
 def placements(spec: dict[str, Any], container: str, paths: list[str]) -> list[tuple[str | None, str]]:

@@ -45,6 +45,8 @@ def show_result(console: Lines, result: RunResult) -> None:
 
 def proof_warnings(facts: dict[str, Any]) -> list[str]:
     """What the run's passed checks could not prove: each drain whose baseline already met its bound."""
+    if not facts.get("baseline_met"):
+        return []  # nothing to load steps.metrics (and its load generator) for
     from deployer.steps.metrics import baseline_was, proves_nothing
 
     return [proves_nothing(baseline_was(metric, facts["drain"][metric]["baseline"]), bound)
@@ -103,8 +105,9 @@ def _field(value: object) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-def show_run(console: Console, run: Run) -> None:
-    from deployer.run import mounts
+def show_run(console: Console, run: Run, target: list[str] | None = None) -> None:
+    """The run as its log says, and target: what its target says now of its files (app/runs.py pod_now)."""
+    from deployer.run import mounts, pods
     from deployer.run.shown import shown_state, shown_state_of
 
     start, end = run.start, run.end or {}
@@ -135,6 +138,9 @@ def show_run(console: Console, run: Run) -> None:
     console.print(f"git: before {_field(git.get('before'))}  after {_field(git.get('after'))}", markup=False,
                   highlight=False)
     for line in mounts.shown(run):  # a run into a container: where its files lived, and a recreate seen since
+        console.print(line, markup=False, highlight=False)
+    left = pods.recorded(run)  # a run into a pod: where its files lived, and the pod now
+    for line in [*(left.shown() if left is not None else []), *(target or [])]:
         console.print(line, markup=False, highlight=False)
     ended = [event for event in run.events if event.get("type") == "step_end"]
     width = max((len(_field(event.get("step"))) for event in ended), default=0)  # `rollback:co_restart` and longer

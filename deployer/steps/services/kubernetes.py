@@ -36,7 +36,7 @@ from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.container import beside
 from deployer.steps.services.manager import PROBE_TIMEOUT_S, START_POLL_S, Manager, Observed, runs
 from deployer.transport.base import Transport
-from deployer.transport.kubernetes import KEEPS, LAYER, kubectl_argv, placements, pod_spec
+from deployer.transport.kubernetes import KEEPS, LAYER, identity, kubectl_argv, placements, pod_spec
 
 ANNOTATION = "deployer.dev/run"
 # The controllers that make a deleted pod's successor under its name (the host names the pod by it).
@@ -61,6 +61,7 @@ class Status:
     container_id: str
     started_at: str
     owners: tuple[tuple[str, str, str], ...]  # (apiVersion, kind, name) of each controller reference
+    node: str = ""  # the node it runs on (spec.nodeName): a hostPath is that node's
 
     @property
     def identity(self) -> int:
@@ -82,7 +83,8 @@ class Status:
             owners = tuple((o["apiVersion"], o["kind"], o["name"]) for o in meta.get("ownerReferences", [])
                            if o.get("controller"))
             return cls(str(meta["uid"]), running is not None, bool(mine.get("ready")), int(mine["restartCount"]),
-                       str(mine.get("containerID", "")), str((running or {}).get("startedAt", "")), owners)
+                       str(mine.get("containerID", "")), str((running or {}).get("startedAt", "")), owners,
+                       str(pod.get("spec", {}).get("nodeName", "")))
         except (ValueError, KeyError, TypeError, StopIteration):
             return None
 
@@ -289,7 +291,10 @@ class PodContainerManager(Manager):
             raise self.fail(f"container {self.pod.container} stopped during start-up ({lost})") from None
         self.wait_ready()
         self.host_side.act(self.annotate, timeout=PROBE_TIMEOUT_S * 6)
-        return self.started.identity
+        new = self.started
+        # What the run leaves now is this container (or pod): `check` and `runs show` compare with it (run/pods.py).
+        self.ctx.emit("pod", **identity(self.pod, new.uid, new.container_id, new.restarts, new.node))
+        return new.identity
 
     def wait_ready(self) -> None:
         """The kubelet's own word: the new container is Ready (its readiness probe, if it has one, passed)."""
