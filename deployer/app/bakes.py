@@ -26,6 +26,7 @@ from deployer.text import visible
 
 if TYPE_CHECKING:
     from deployer.config.container import Container
+    from deployer.config.models import KubernetesHost
     from deployer.runlog import Run
     from deployer.steps.context import Context, Listener
 
@@ -214,13 +215,16 @@ def image_of(ctx: Context) -> BaseImage | None:
 
     A host with `container:`: its engine's inspect of the container, on the host beside it (`.Config.Image`, the
     reference it was created from, else podman's `.ImageName`; `.Image`, the id it runs). A plain host: None, it
-    runs no image (the Dockerfile takes the image as its BASE_IMAGE build argument). Any other kind is refused
-    until it answers here, never taken for a plain host: a kubernetes target's answer is the `image` of the pod
-    spec's container the host names (and `status.containerStatuses[].imageID`, the digest it runs), from `kubectl
-    get pod -o json` run where its kubectl runs (beside_container(ctx.transport): the host under its exec)."""
+    runs no image (the Dockerfile takes the image as its BASE_IMAGE build argument). A kubernetes host: the image
+    its pod's container runs (pod_image). Any other kind is refused until it answers here, never taken for a plain
+    host."""
+    from deployer.config.models import KubernetesHost
+
     container = ctx.host.container
     if container is not None:
         return container_image(ctx, container)
+    if isinstance(ctx.host, KubernetesHost):
+        return pod_image(ctx, ctx.host)
     if ctx.host.transport in PLAIN_KINDS:
         return None
     raise ConfigError(f"{ctx.host_name}: bake cannot tell yet which image a {ctx.host.transport} target runs; "
@@ -253,6 +257,31 @@ def container_image(ctx: Context, container: Container) -> BaseImage | None:
         raise StepFailed(STEP, f"{command} names an image that is not an image reference: "
                                f"{visible(str(name)[:200], multiline=False)} ({visible(str(image_id)[:80])})")
     return BaseImage(name, image_id, f"{container.engine} inspect of container {container.name}")
+
+
+def pod_image(ctx: Context, host: KubernetesHost) -> BaseImage:
+    """The image the pod's container runs, from `kubectl get pod -o json` where kubectl runs (beside the agent in
+    the pod)."""
+    from deployer.transport.container import beside_container
+    from deployer.transport.kubernetes import read_pod
+
+    seen = read_pod(beside_container(ctx.transport), host.pod)
+    return pod_base(seen.image, seen.image_id, f"kubectl get pod {host.pod.name}: container {host.pod.container}")
+
+
+def pod_base(image: str, image_id: str, where: str) -> BaseImage:
+    """FROM the imageID a pod's container runs when that is a pullable reference pinned by digest (`repo@sha256:...`,
+    as containerd and CRI-O report it; docker's `docker-pullable://` scheme dropped): the very image the fix was
+    proved on. Else the spec's image (a tag, which may have moved since), with the imageID as its id when that is
+    a bare digest. Both are input: what is not an image reference is refused, never written into the Dockerfile."""
+    if not IMAGE_REF.match(image):
+        raise StepFailed(STEP, f"{where} names an image that is not an image reference: "
+                               f"{visible(image[:200], multiline=False)}")
+    said = image_id.partition("://")[2] if "://" in image_id else image_id
+    digest = said.rpartition("@")[2]
+    if "@" in said and IMAGE_ID.match(digest) and IMAGE_REF.match(said):
+        return BaseImage(said, digest, f"{where}'s image {image}, pinned by the digest it runs")
+    return BaseImage(image, said if IMAGE_ID.match(said) else "", f"{where}'s image {image}")
 
 
 def patch_name(subject: str) -> str:
