@@ -103,6 +103,7 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
     """Go on with a paused fleet run from the batch it paused before, with the playbook and inventory it was
     applied with. A refusal before anything runs (not paused, the playbook changed or gone) raises ConfigError."""
     from deployer.config import targets
+    from deployer.fleet import followup
     from deployer.fleet.notify import notifying
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
@@ -128,6 +129,11 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
     hosts = list(record.state.hosts)
     if missing := [host for host in hosts if host not in loaded.hosts]:
         raise ConfigError(f"fleet run {record.state.fleet_id}: {', '.join(missing)} no longer in the inventory")
+    if drift := followup.drifted(record.state, build.connection):
+        raise ConfigError(f"fleet run {record.state.fleet_id}: a host of an earlier batch no longer holds the fix, so "
+                          "going on would leave the fleet on two builds unawares: " +
+                          "; ".join(f"{host}: {why}" for host, why in drift.items()) +
+                          f". Put it back, or roll back what was done: deployer rollout abort {record.state.fleet_id}")
     units = targets.run_units(loaded, hosts)
     engines = build.engines(playbook, {name: loaded.hosts[name] for name in hosts},
                             allow_dirty=bool(source.get("allow_dirty")), restart=bool(source.get("restart")))

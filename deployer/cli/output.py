@@ -14,7 +14,8 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_CODES = """Exit codes: 0 ok, 1 a step failed (target restored), 2 usage/config error, 3 lock held,
-4 connection or host-key error, 5 verification failed, 6 rollback failed, 130 interrupted."""
+4 connection or host-key error, 5 verification failed, 6 rollback failed, 7 analysis inconclusive (held),
+8 rollout paused (resume or abort it), 130 interrupted."""
 
 
 def emit_json(data: Any) -> None:

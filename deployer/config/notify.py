@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from deployer.errors import ConfigError
 
 # The `type` of every document a webhook receives (docs/how-to/notify.md lists their fields). Dotted names, the
-# thing first: a new event of a thing (rollout.resumed once pauses exist) fits beside the others.
+# thing first: a new event of a thing (rollout.aborted beside rollout.paused) fits beside the others.
 EVENT_TYPES = (
     "rollout.start",  # a fleet run starts: its hosts and batches
     "batch.start", "batch.end",  # a batch of hosts (units) starts; ends: each host's status
@@ -22,7 +22,7 @@ EVENT_TYPES = (
     "rollout.rollback",  # a failed fleet rolls back every host that committed
     "host.rollback",  # one host's rollback in it ended
     "rollout.stopped",  # the strategy stopped the rollout after a failed batch: the rest stays untouched
-    "rollout.paused", "rollout.resumed",  # reserved: a rollout's pauses (not yet)
+    "rollout.paused", "rollout.resumed", "rollout.aborted",  # a rollout paused between batches; went on; aborted
     "analysis.verdict",  # reserved: an analysis judged a build (its metric, measured value, threshold, verdict)
     "rollout.end",  # a fleet run ended: its status and exit code
     "run.start", "run.end",  # a single-host run (apply, rollback) starts; ends

@@ -89,7 +89,8 @@ class FleetApply:
         state.status, state.exit_code, state.error = "running", None, None
         record.save()
         runner = self._runner(record, strategy_for(self.rollout, serving_of(self.units)))
-        runner.emit("fleet_resumed", batch=pause.before_batch, reason=pause.reason, approved=approved)
+        runner.emit("fleet_resumed", batch=pause.before_batch, reason=pause.reason, approved=approved,
+                    hosts=list(state.hosts), batches=state.batches)
         return self._drive(record, runner, pause.before_batch)
 
     def _ready(self) -> None:

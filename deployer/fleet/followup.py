@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from deployer.config.models import Unit
+from deployer.config.models import Host, Unit
 from deployer.config.units import units_behind
 from deployer.errors import ConfigError, ConnectError, DeployerError
 from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state, sub_runs
@@ -27,6 +27,8 @@ from deployer.runlog import verify as runlog_problems
 from deployer.runstate import Phase, RunRecord
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Listener
+from deployer.steps.gitops import differ_argv, names, touched_argv
+from deployer.transport.base import Transport
 from deployer.waiting import all_done
 
 
@@ -209,6 +211,29 @@ def abort_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], 
     for listener in listeners:
         listener(event)
     return state, done
+
+
+def drifted(state: FleetState, connect: Callable[[str], tuple[Host, Transport]]) -> dict[str, str]:
+    """Before a paused fleet run goes on: each host that committed in an earlier batch and no longer holds its fix
+    (its commit gone, or a file the commit changed no longer as it left it), and what differs. Read-only."""
+    found = {}
+    for name, run in state.hosts.items():
+        if run.phase != Phase.succeeded.value or run.status != "successful" or run.rollback_status == "successful":
+            continue
+        commit = str(run.git_after)
+        host, transport = connect(name)
+        with transport:
+            repo = host.repo
+            touched = transport.run(touched_argv(commit), cwd=repo, timeout=60)
+            if not touched.ok:
+                found[name] = f"its run's commit {commit[:12]} is not in its repo ({touched.err.strip()})"
+                continue
+            files = names(touched.out)
+            differ = transport.run(differ_argv(commit, "HEAD", files), cwd=repo, timeout=60) if files else None
+            if differ is not None and (not differ.ok or names(differ.out)):
+                found[name] = (f"{', '.join(names(differ.out)) or differ.err.strip()} no longer as its run "
+                               f"{run.run_id} left {'it' if len(files) == 1 else 'them'} (commit {commit[:12]})")
+    return found
 
 
 def needs_recovery(runs_dir: Path, run_id: str) -> bool:

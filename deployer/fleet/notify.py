@@ -66,7 +66,7 @@ class Documents:
             if kind == "run_start":
                 self.run = event.get("run_id")
             return [self.document(HOST_TYPES[kind], event)] if kind in HOST_TYPES else []
-        if kind == "fleet_start":
+        if kind in ("fleet_start", "fleet_resumed") and event.get("batches") is not None:  # resumed: another process
             self.fleet, self.batches = event.get("fleet"), [list(b) for b in event.get("batches") or []]
         if kind in FLEET_TYPES:
             return [self.document(FLEET_TYPES[kind], event)]

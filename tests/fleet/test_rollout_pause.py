@@ -22,6 +22,7 @@ import yaml
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git
 from pydantic import ValidationError
 from test_fleet import BOUNDED, HOSTS, as_json, fleet, repo, second_sshd
+from test_notify import Hook, hook, notify
 
 from deployer.config.rollout import Rollout
 from deployer.fleet.record import FleetRecord, new_state
@@ -29,7 +30,7 @@ from deployer.fleet.runner import FleetCancel, FleetRunner
 from deployer.fleet.strategies import Batches
 from deployer.run.engine import RunResult
 
-__all__ = ["fleet", "second_sshd"]  # the fixtures, used by name
+__all__ = ["fleet", "hook", "second_sshd"]  # the fixtures, used by name
 PAUSED = 8
 PAUSE_AFTER_CANARY = {"batches": [1, "100%"], "steps": ["batch", {"pause": {}}]}
 
@@ -147,6 +148,19 @@ def test_abort_of_a_paused_rollout_rolls_back_the_hosts_it_patched_and_never_tou
     assert elsewhere(fleet, "rollout", "resume", fleet_id).returncode == 2  # aborted: nothing to go on with
 
 
+def test_resume_refuses_when_a_host_of_an_earlier_batch_no_longer_holds_the_fix(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED, rollout=PAUSE_AFTER_CANARY)
+    paused = as_json(fleet.deployer("apply", "fix.yaml", "--host", "h1,h2", "--json"))
+    assert paused["status"] == "paused"
+    (repo(fleet, "h1") / "pkg/a.py").write_text(ORIGINAL_A)  # someone put the old code back by hand
+    git(repo(fleet, "h1"), "commit", "-qam", "back to the old a.py")
+    refused = elsewhere(fleet, "rollout", "resume", paused["fleet_id"], "--json")
+    error = as_json(refused)["error"]
+    assert refused.returncode == 2 and "h1: pkg/a.py no longer as its run" in error, error
+    assert (repo(fleet, "h2") / "pkg/a.py").read_text() == ORIGINAL_A  # nothing went on
+    assert record(fleet, paused["fleet_id"])["status"] == "paused"
+
+
 TTFT = "sglang:time_to_first_token_seconds"
 STILL = "".join(f'{TTFT}_bucket{{le="{le}"}} 3\n' for le in ("0.1", "0.5", "+Inf")) + f"{TTFT}_sum 0.3\n" \
     f"{TTFT}_count 3\n"
@@ -235,6 +249,25 @@ def test_lock_wait_on_a_single_host_apply_goes_on_once_the_lock_is_released(flee
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     assert (repo(fleet, "h1") / "pkg/a.py").read_text() == FIXED_A
+
+
+def test_a_webhook_hears_the_pause_then_the_resume_and_the_resumed_batches(fleet: Project, hook: Hook) -> None:
+    notify(fleet, webhooks=[{"url": hook.url}])
+    fleet.playbook(steps=BOUNDED, rollout=PAUSE_AFTER_CANARY)
+    paused = as_json(fleet.deployer("apply", "fix.yaml", "--host", "h1,h2,h3", "--json"))
+    types = [d["type"] for d in hook.documents]
+    assert types == ["rollout.start", "batch.start", "host.end", "batch.end", "rollout.paused", "rollout.end"]
+    pause = hook.documents[4]
+    assert pause["fleet"] == paused["fleet_id"] and pause["batch"] == 1 and pause["data"]["done"] == ["h1"]
+    assert hook.documents[-1]["status"] == "paused" and hook.documents[-1]["exit_code"] == PAUSED
+    del hook.posts[:]
+    resumed = elsewhere(fleet, "rollout", "resume", paused["fleet_id"], "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    docs = hook.documents
+    assert [d["type"] for d in docs] == ["rollout.resumed", "batch.start", "host.end", "host.end", "batch.end",
+                                         "rollout.end"]
+    assert docs[4]["batch"] == 1 and docs[4]["data"]["hosts"] == {"h2": "successful", "h3": "successful"}
+    assert docs[-1]["status"] == "successful" and all(d["fleet"] == paused["fleet_id"] for d in docs)
 
 
 # -- the runner and the config, on a real fleet.json with stand-in tasks ----------------------------------------
