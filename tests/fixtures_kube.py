@@ -22,22 +22,18 @@ import json
 import os
 import signal
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from kube.apiserver import Server
 from kube.cluster import Cluster
 from kube.objects import Container, Owner, Pod, PodSpec, Probe, Volume
+from kube.standin import NAMESPACE, USER, running_standin
 from polling import wait_for
 
 __all__ = ["Container", "Kube", "Owner", "Pod", "Probe", "Volume"]
-
-NAMESPACE = "serving"
-USER = "deployer-test"
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -124,17 +120,6 @@ class Kube:
         self.cluster.kubelet.kill_main(live, container, sig)
 
 
-def kubeconfig_text(url: str, namespace: str) -> str:
-    """A kubeconfig of one context, `standin`: the server, its namespace, and its user (no credentials: the
-    stand-in takes every request as this user's)."""
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "standin",
-        "clusters": [{"name": "standin", "cluster": {"server": url}}],
-        "users": [{"name": USER, "user": {}}],
-        "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": USER, "namespace": namespace}}],
-    }, indent=1)
-
-
 @pytest.fixture(scope="session")
 def kubectl_binary() -> Path:
     try:
@@ -150,23 +135,5 @@ def kubectl_binary() -> Path:
 @pytest.fixture
 def kube(podman_env: dict[str, str], kubectl_binary: Path, tmp_path: Path) -> Iterator[Kube]:
     """A stand-in cluster (API server on 127.0.0.1, pods as podman containers) and its kubeconfig."""
-    cluster = Cluster(tmp_path / "cluster", podman_env)
-    cluster.user = USER
-    cluster.namespaces.add(NAMESPACE)
-    server = Server(cluster)
-    serving = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True, name="kube stand-in")
-    serving.start()
-    config = tmp_path / "kubeconfig"
-    config.write_text(kubeconfig_text(server.url, NAMESPACE))
-    # `kubectl` on PATH is this one (on these machines /usr/bin/kubectl is google-cloud-sdk's v1.32 dispatcher).
-    bin_dir = tmp_path / "kube-bin"
-    bin_dir.mkdir()
-    (bin_dir / "kubectl").symlink_to(kubectl_binary)
-    env = {**os.environ, "KUBECONFIG": str(config), "KUBECACHEDIR": str(tmp_path / "kube-cache"),
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    try:
-        yield Kube(cluster, server.url, config, kubectl_binary, env)
-    finally:
-        cluster.shutdown()
-        server.shutdown()
-        server.server_close()
+    with running_standin(tmp_path, podman_env, kubectl_binary) as standin:
+        yield Kube(standin.cluster, standin.url, standin.kubeconfig, kubectl_binary, standin.env)
