@@ -35,6 +35,30 @@ def test_an_ssh_apply_loads_neither_asyncio_nor_importlib_metadata_and_paramiko_
     assert probe(code, cwd=target.root, env=target.env()) == "0 [] True real asyncio"
 
 
+# What a plain single-host apply never needs: a drain's metrics step and its load generator (http.client, email),
+# the service managers (and what they bring), rich (its
+# output is no terminal), the fleet's runner and the analysis. Each costs start-up CPU in every apply.
+NOT_FOR_A_PLAIN_APPLY = ("rich", "http.client", "email.parser", "deployer.steps.metrics",
+                         "deployer.steps.loadgen", "deployer.steps.services", "deployer.fleet.runner",
+                         "deployer.analysis")
+NOT_FOR_HELP = ("pydantic", "yaml", "paramiko", "rich", "deployer.config", "deployer.app")
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_plain_ssh_apply_loads_only_what_its_steps_and_its_plain_output_need(target: Project) -> None:
+    target.playbook()
+    code = ("import sys; from deployer.cli import main\n"
+            "try:\n    main(['apply', 'fix.yaml', '--host', 'box'])\nexcept SystemExit as exc:\n    code = exc.code\n"
+            f"print(code, sorted(m for m in {NOT_FOR_A_PLAIN_APPLY!r} if m in sys.modules))")
+    assert probe(code, cwd=target.root, env=target.env()) == "0 []"
+
+
+def test_the_command_line_loads_click_alone_until_a_command_runs(tmp_path: Path) -> None:
+    # `deployer --help` and shell completion import deployer.cli and nothing of the core.
+    code = f"import sys, deployer.cli\nprint(sorted(m for m in {NOT_FOR_HELP!r} if m in sys.modules))"
+    assert probe(code, cwd=tmp_path) == "[]"
+
+
 def test_pydantic_still_warns_of_its_deprecated_methods_and_its_plugin_loader_gets_importlib_metadata(
         tmp_path: Path) -> None:
     # Its @deprecated wrappers were made with asyncio stood in for: they must still be the warning wrappers. Its

@@ -24,7 +24,6 @@ from deployer.run.lease import run_trailer
 from deployer.run.restore import restore_files
 from deployer.runlog import utc_now
 from deployer.runstate import PAST_COMMIT, Phase
-from deployer.steps import services
 from deployer.steps.action import Bound
 from deployer.steps.base import Action
 from deployer.steps.cancel import CancelToken
@@ -35,6 +34,8 @@ from deployer.steps.gitops import HEAD, differ_argv, exists_argv, git, names
 
 def target_state(ctx: Context) -> str:
     """Where the target stands now, read from it, for a message that must say what was left."""
+    from deployer.steps import services  # every manager and its transports: only a failed run reads them
+
     try:
         head = ctx.run(HEAD, timeout=30).out.strip() or "unknown"
         notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",

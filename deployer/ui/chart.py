@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from deployer.steps.metrics import Drain, DrainParams, RevertedDrain
-
 if TYPE_CHECKING:
+    from deployer.steps.metrics import Drain
     from deployer.ui.console import Lines
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -32,6 +31,8 @@ class Series:
 def judged_by(step: str, params: dict[str, Any], baseline: float | None) -> Drain | None:
     """The drain a step's samples were held to, as the step itself judged them (steps.metrics): the fix's own, or
     on a rollback the reverted build's, no worse than the run's baseline before the fix."""
+    from deployer.steps.metrics import Drain, DrainParams, RevertedDrain  # and the load generator: drains only
+
     try:
         drain = Drain(DrainParams.model_validate(params), step)
     except ValidationError:

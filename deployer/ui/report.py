@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 from deployer import runlog
 from deployer.errors import DeployerError
-from deployer.steps.services.manager import pid_text as one_pid
 from deployer.ui.chart import show_chart
 from deployer.ui.checks import checks_of
 from deployer.ui.console import columns
@@ -62,6 +61,8 @@ def events_of(result: RunResult) -> list[dict[str, Any]]:
 
 
 def pid_text(facts: dict[str, Any], key: str = "pids") -> str:
+    from deployer.steps.services.manager import pid_text as one_pid  # every manager: only a run that restarted
+
     return ", ".join(f"{name} {one_pid(p['old'])} -> {one_pid(p['new'])}" for name, p in facts.get(key, {}).items())
 
 
