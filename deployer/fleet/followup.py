@@ -203,7 +203,7 @@ def abort_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str], 
     pause.ended, pause.ended_by = utc_now(), "abort"
     rolled = "nothing had committed" if done is None else f"rolled back by fleet run {done.fleet_id} ({done.status})"
     state.status, state.exit_code, state.ended = "aborted", done.exit_code if done is not None else 0, utc_now()
-    state.error = f"aborted while paused before batch {pause.before_batch}: {rolled}"
+    state.error = f"aborted while paused before batch {pause.before_batch + 1}: {rolled}"
     original.save()
     event = {"type": "fleet_aborted", "fleet": fleet_id, "time": utc_now(), "batch": pause.before_batch,
              "status": "aborted", "rolled_back_by": None if done is None else done.fleet_id,

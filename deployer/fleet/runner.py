@@ -211,7 +211,7 @@ def finish(record: FleetRecord, cancel: CancelToken) -> None:
     state = record.state
     if (pause := state.pause) is not None:
         state.status, state.exit_code = "paused", RolloutPaused.exit_code
-        where = (f"before batch {pause.before_batch}" if pause.before_batch < len(state.batches) else
+        where = (f"before batch {pause.before_batch + 1}" if pause.before_batch < len(state.batches) else
                  "after its last batch")
         state.error = (f"paused {where}: {pause.reason}\n"
                        f"go on with: deployer rollout resume {state.fleet_id}; or roll back every host that "

@@ -73,7 +73,7 @@ class Batches(Strategy):
         pause = self.rollout.pauses().get(number) if number < len(state.batches) else None
         if pause is None:
             return None
-        after = f"batch {number - 1} ({', '.join(state.batches[number - 1])})"
+        after = f"batch {number} ({', '.join(state.batches[number - 1])})"  # as people count them, from 1
         return Hold(f"the rollout pauses after {after}" + ("" if pause.duration is not None else
                                                            ": resume to go on, abort to roll back"), pause.duration)
 

@@ -293,6 +293,11 @@ class FleetView(LiveView):
                     f"{', '.join(event['untouched']) or 'none'}")
         if kind == "fleet_rollback":
             return f"[fleet] rolling back {', '.join(event['hosts']) or 'no host'}"
+        if kind in ("fleet_paused", "fleet_resumed"):  # a rollout's pause: for a while, or until a person resumes
+            self.note = "paused" if kind == "fleet_paused" else f"batch {event['batch'] + 1}"
+            how_long = f" for {event['duration_s']:g}s" if event.get("duration_s") is not None else ""
+            return (f"[fleet] {kind.removeprefix('fleet_')}{how_long} before batch {event['batch'] + 1}: "
+                    f"{event['reason']}")
         if row is None:
             return None
         if kind in ROUTER_EVENTS:

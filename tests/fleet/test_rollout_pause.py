@@ -87,7 +87,8 @@ def test_a_pause_after_the_first_batch_exits_8_and_resume_from_another_directory
     assert f"deployer rollout resume {report['fleet_id']}" in report["error"]
     fleet_id = report["fleet_id"]
     [pause] = record(fleet, fleet_id)["pauses"]
-    assert pause["before_batch"] == 1 and pause["ended"] is None and "after batch 0 (h1)" in pause["reason"]
+    assert pause["before_batch"] == 1 and pause["ended"] is None and "after batch 1 (h1)" in pause["reason"]
+    assert "paused before batch 2: the rollout pauses after batch 1 (h1)" in report["error"]
     # only the first batch was patched
     assert (repo(fleet, "h1") / "pkg/a.py").read_text() == FIXED_A
     for host in HOSTS[1:]:
