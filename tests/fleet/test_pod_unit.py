@@ -9,6 +9,7 @@ The pods use the host's network (the stand-in's pods are hostNetwork), so the de
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,22 +58,38 @@ def in_pod(kube: Kube, pod: str, command: str) -> str:
 
 
 @pytest.fixture
-def pod_fleet(kube: Kube, tmp_path: Path) -> Iterator[PdFleet]:
+def way(request: pytest.FixtureRequest) -> str:
+    """How a pod's server runs: `start` (a process the agent starts in the container, the image's checkout) unless a
+    test parametrizes it (indirect) with `container` (the container's main process, the checkout on a hostPath)."""
+    return str(getattr(request, "param", "start"))
+
+
+@pytest.fixture
+def pod_fleet(kube: Kube, tmp_path: Path, way: str) -> Iterator[PdFleet]:
     """Unit pd-1 on the plain hosts gpu-a (prefill and the router) and gpu-b (decode); unit pd-2 the pods
-    sglang-prefill-0 and sglang-decode-0 (group 0 of a LeaderWorkerSet), their servers started in them first."""
+    sglang-prefill-0 and sglang-decode-0 (group 0 of a LeaderWorkerSet), their servers running in them first."""
     fleet = make_fleet(tmp_path)
     for role, (stack_name, pod) in PODS.items():
         stack = fleet.stacks.pop(stack_name)
         labels = {"app": "sglang", "role": role, GROUP: "0", "leaderworkerset.sigs.k8s.io/worker-index": "0"}
-        kube.pod(pod, Container("server", image_files={POD_REPO: stack.repo}), labels=labels)
         start = stack.host().services[role].start
-        launched = kube.kubectl("exec", "-i", pod, "-c", "server", "--", sys.executable, "-", json.dumps(start), role,
-                                POD_REPO, stdin=LAUNCH)
-        assert launched.returncode == 0, launched.stderr.decode()
+        assert start is not None
+        fleet.inventory["hosts"].pop(stack_name)
+        fleet.inventory["hosts"][role] = host = pod_host(kube, stack, role)
+        if way == "container":  # python is PID 1: the demo server ends on TERM
+            main = ("sh", "-c", f"cd {POD_REPO}/python && exec {shlex.join(start)}")
+            kube.pod(pod, Container("server", main, mounts={"repo": POD_REPO}, env={"PYTHONDONTWRITEBYTECODE": "1"}),
+                     labels=labels, volumes=(Volume("repo", "hostPath", str(stack.repo)),))
+            health = host["services"][role]["health"]
+            host["services"][role] = {"kubernetes": "container", "health": health, "health_timeout_s": 60,
+                                      "stop_grace_s": 5}
+        else:
+            kube.pod(pod, Container("server", image_files={POD_REPO: stack.repo}), labels=labels)
+            launched = kube.kubectl("exec", "-i", pod, "-c", "server", "--", sys.executable, "-", json.dumps(start),
+                                    role, POD_REPO, stdin=LAUNCH)
+            assert launched.returncode == 0, launched.stderr.decode()
         wait_for(lambda stack=stack, role=role: http_status(stack.url(role, "/health")) == 200,
                  f"the {role} server in pod {pod}", 30)
-        fleet.inventory["hosts"].pop(stack_name)
-        fleet.inventory["hosts"][role] = pod_host(kube, stack, role)
     bootstrap = fleet.inventory["units"]["pd-2"]["workers"][0]["bootstrap_port"]
     fleet.inventory["units"]["pd-2"] = {
         "services": ["prefill:prefill", "decode:decode"], "group_label": GROUP, "router": "pd-router",
@@ -93,11 +110,19 @@ def apply(kube: Kube, fleet: PdFleet, *args: str) -> tuple[int, dict[str, Any], 
     return result.returncode, report, result.stdout + result.stderr
 
 
+def server_of(kube: Kube, way: str, role: str, pod: str) -> str:
+    """Which server runs now: the pid deployer recorded (a process in the container), or the containerID."""
+    if way == "container":
+        with kube.cluster.lock:
+            return kube.cluster.pod(pod, kube.namespace).containers["server"].container_id
+    return in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/{role}.pid")
+
+
+@pytest.mark.parametrize("way", ["start", "container"], indirect=True)
 def test_a_unit_of_a_prefill_pod_and_a_decode_pod_rolls_behind_the_router_and_no_request_fails(
-        kube: Kube, pod_fleet: PdFleet) -> None:
+        kube: Kube, pod_fleet: PdFleet, way: str) -> None:
     prefill, decode = "prefill.sglang-prefill-0", "decode.sglang-decode-0"
-    pids = {pod: in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/{role}.pid")
-            for role, (_, pod) in PODS.items()}
+    servers = {pod: server_of(kube, way, role, pod) for role, (_, pod) in PODS.items()}
     with load_through(pod_fleet, "the apply") as load:
         code, report, output = apply(kube, pod_fleet, "pd-1,pd-2")
         served_during = load.ok
@@ -107,7 +132,7 @@ def test_a_unit_of_a_prefill_pod_and_a_decode_pod_rolls_behind_the_router_and_no
     assert report["batches"] == [["gpu-a", "gpu-b"], [prefill, decode]]  # the pods' unit pd-2.0 alone
     for role, (_, pod) in PODS.items():
         assert in_pod(kube, pod, f"cat {POD_REPO}/{NOTE}") == "NOTE = 'rolled'\n", pod
-        assert in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/{role}.pid") != pids[pod], f"{pod}: not restarted"
+        assert server_of(kube, way, role, pod) not in ("", servers[pod]), f"{pod}: not restarted"
     leader = min(report["units"]["pd-2.0"])  # the unit's first host in sorted order logs its router's steps
     kinds = [e["type"] for e in pod_fleet.events(report, leader) if e.get("unit") == "pd-2.0"
              and e["type"].startswith(("router_", "worker_"))]
