@@ -81,12 +81,15 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
 @click.option("--container", "in_containers", is_flag=True,
               help="Prefill and decode each in its own podman container (or podman-docker's docker): the services "
                    "are the containers.")
+@click.option("--regression", is_flag=True, help=(
+    "With --fleet: the fix also makes the build three times as slow to its first token; the analysis fails it and "
+    "the unit is rolled back."))
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
 @click.option("--stop", "stop_kept", is_flag=True, help=(
     "Stop the stack a `deployer demo --keep` left running, and remove the files of a demo whose stack is stopped."))
 @json_option()
 @failures_to_exit_codes
-def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop_kept: bool,
+def demo(workdir: str | None, fleet: bool, in_containers: bool, regression: bool, keep: bool, stop_kept: bool,
          as_json: bool) -> None:
     """The embedded demo: a buggy serving stack on this machine, hotfixed and proven in one run."""
     from deployer.demo.run import DemoStack, remove_stopped, run_demo, stop_kept_stacks
@@ -107,8 +110,10 @@ def demo(workdir: str | None, fleet: bool, in_containers: bool, keep: bool, stop
     if fleet:
         if in_containers:
             raise click.UsageError("--container is the single demo's: give --fleet or --container")
-        fleet_demo(Path(workdir) if workdir else None, keep, as_json)
+        fleet_demo(Path(workdir) if workdir else None, keep, as_json, regression)
         return
+    if regression:
+        raise click.UsageError("--regression is the fleet demo's: give --fleet too")
     if in_containers:
         from deployer.demo.containers import container_stack_of, find_engine
     # No engine for --container: exit 4, saying what to install.
@@ -144,7 +149,7 @@ def demo_watch(console: Console, as_json: bool) -> Watch:
     return watch
 
 
-def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
+def fleet_demo(workdir: Path | None, keep: bool, as_json: bool, regression: bool) -> None:
     """`deployer demo --fleet`: the fleet run's live view and per-host table, then each unit's gauge."""
     from deployer.demo.run import run_fleet_demo
     from deployer.ui.console import make_console, show_error
@@ -154,10 +159,11 @@ def fleet_demo(workdir: Path | None, keep: bool, as_json: bool) -> None:
     console = make_console()
     if not as_json:
         console.print("deployer demo --fleet: starting two buggy prefill/decode units over four local hosts ...")
-    outcome = run_fleet_demo(workdir, keep=keep, watch=demo_watch(console, as_json))
+    outcome = run_fleet_demo(workdir, keep=keep, watch=demo_watch(console, as_json), regression=regression)
     state = outcome.state
     if as_json:
-        emit_json({**state.document(), "gauges": outcome.gauges(), "load": outcome.load.summary(),
+        emit_json({**state.document(), "gauges": outcome.gauges(), "analyses": outcome.analyses(),
+                   "load": outcome.load.summary(),
                    "proof": outcome.proof.summary() if outcome.proof is not None else None,
                    "workdir": str(outcome.workdir), "exit_code": outcome.exit_code, "error": outcome.error})
     else:

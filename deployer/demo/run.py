@@ -32,6 +32,7 @@ from deployer.app.watch import Watch, Watched, watching
 from deployer.build import Build
 from deployer.config.models import Inventory, LocalHost, Unit, resolve_env
 from deployer.config.routers import SGLANG_INFLIGHT, Router, RouterWorker
+from deployer.demo.judged import judged_playbook
 from deployer.demo.load import Load, LoadReport
 from deployer.demo.proof import RouterProof, prove
 from deployer.errors import ConfigError, DeployerError, VerificationFailed
@@ -100,6 +101,8 @@ class DemoStack:
     # go when it runs no router (the fleet demo's one router, on another host).
     fronts: list[dict[str, int]] = field(default_factory=list)
     endpoint: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # the services' knobs (deployer/demo/stack's demo_knobs.py)
+    server_args: tuple[str, ...] = ()  # more of SGLang's flags for prefill and decode
 
     @property
     def repo(self) -> Path:
@@ -116,7 +119,7 @@ class DemoStack:
         py = sys.executable
         p = self.ports
         common = ["--model-path", "demo-model", "--disaggregation-transfer-backend", "nixl",
-                  "--disaggregation-bootstrap-port", str(p["bootstrap"]), "--enable-metrics"]
+                  "--disaggregation-bootstrap-port", str(p["bootstrap"]), "--enable-metrics", *self.server_args]
         start = {
             "prefill": [py, "-m", "sglang.launch_server", "--disaggregation-mode", "prefill",
                         "--port", str(p["prefill"]), *common],
@@ -137,8 +140,8 @@ class DemoStack:
         if endpoint is not None:  # where a storm goes
             facts["endpoint"] = endpoint
         return LocalHost.model_validate({
-            "transport": "local", "repo": str(self.repo), "python": py, "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-            "services": services, "lock_ttl_s": 60, **facts})
+            "transport": "local", "repo": str(self.repo), "python": py,
+            "env": {"PYTHONDONTWRITEBYTECODE": "1", **self.env}, "services": services, "lock_ttl_s": 60, **facts})
 
     def create(self) -> None:
         shutil.copytree(STACK, self.repo, ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache", "*.pyc"))
@@ -349,6 +352,11 @@ def hosts_of(stacks: dict[str, DemoStack]) -> Inventory:
 
 FLEET = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # unit: its prefill host, its decode host
 ROUTER, ROUTER_HOST = "pd-router", "gpu-a"  # the one router both units are behind, beside pd-1's prefill
+# A loaded server's time to first token (its simulated wait a median of 0.2 s, with a long slow tail), which the
+# analysis judges, in buckets 0.1 s wide up to 3 s (SGLang's own are 1 s wide from 1 s to 2 s, 2 s wide above: a p99
+# there moves little whatever the build does; docs/how-to/analysis.md "Buckets decide what can be seen").
+FLEET_ENV = {"SGLANG_DEMO_TTFT_S": "0.2"}
+FLEET_ARGS = ("--bucket-time-to-first-token", *(f"{n / 10:g}" for n in range(1, 31)), "4", "6", "8", "10")
 # What a removed worker must finish before it stops: every in-flight gauge but the prefill inflight queue, which the
 # bug this rollout fixes leaves stuck (it never drains on the old code).
 DEMO_INFLIGHT = [gauge for gauge in SGLANG_INFLIGHT if gauge != GAUGE]
@@ -366,8 +374,9 @@ def fleet_stacks(directory: Path) -> dict[str, DemoStack]:
     stacks = {}
     for (prefill, decode), unit in zip(FLEET.values(), ports, strict=True):
         runs = ("prefill", "router") if prefill == ROUTER_HOST else ("prefill",)
-        stacks[prefill] = DemoStack(directory / prefill, {**unit, "router": ports[0]["router"]}, runs, ports, router)
-        stacks[decode] = DemoStack(directory / decode, unit, ("decode",))
+        stacks[prefill] = DemoStack(directory / prefill, {**unit, "router": ports[0]["router"]}, runs, ports, router,
+                                    FLEET_ENV, FLEET_ARGS)
+        stacks[decode] = DemoStack(directory / decode, unit, ("decode",), env=FLEET_ENV, server_args=FLEET_ARGS)
     return stacks
 
 
@@ -429,6 +438,16 @@ class FleetDemoOutcome:
                 found[unit] = []
         return found
 
+    def analyses(self) -> dict[str, dict[str, Any] | None]:
+        """Per unit: its analysis's outcome and each check's (None: it did not judge), from its run log."""
+        found: dict[str, dict[str, Any] | None] = {}
+        for unit, events in self.unit_events().items():
+            judged = [e for e in events if e.get("type") == "analysis"]
+            found[unit] = None if not judged else {
+                "outcome": judged[-1].get("outcome"),
+                "checks": {str(v.get("check")): v.get("outcome") for v in judged[-1].get("verdicts") or []}}
+        return found
+
     def gauges(self) -> dict[str, dict[str, float | None]]:
         """Per unit: the gauge the baseline left (the bug) and the drain's last sample."""
         def last(events: list[dict[str, Any]], step: str) -> float | None:
@@ -439,18 +458,22 @@ class FleetDemoOutcome:
                 for unit, events in self.unit_events().items()}
 
 
-# Steady and light (2 cores run the whole demo), bounded well past the rollout's few seconds.
-LOAD: dict[str, Any] = {"clients": 2, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
+# Steady and light (2 cores run the whole demo), bounded well past the rollout's minute or so; enough requests that
+# each side of a unit's analysis counts 20 or more (deployer/demo/judged.py).
+LOAD: dict[str, Any] = {"clients": 4, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
 
 
-def run_fleet_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = None) -> FleetDemoOutcome:
-    """The demo playbook as one rolling fleet run: one unit at a time taken out of the router, its hosts shipped,
-    committed and restarted as one, drained on its prefill host and put back, while clients send requests
-    through the router the whole time; then, every unit back, the playbook's storm through the router and every
-    unit drained (deployer/demo/proof.py)."""
+def run_fleet_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = None,
+                   regression: bool = False) -> FleetDemoOutcome:
+    """The demo playbook, judged by an analysis too (deployer/demo/judged.py), as one rolling fleet run: one unit at
+    a time read in windows, taken out of the router, its hosts shipped, committed and restarted as one, drained on
+    its prefill host, put back and read again, while clients send requests through the router the whole time; then,
+    every unit back, the playbook's storm through the router and every unit drained (deployer/demo/proof.py).
+    `regression`: the fix ships a slower build, which the first unit's analysis fails and its rollback undoes."""
     def deploy(directory: Path, stacks: dict[str, DemoStack], inventory: Inventory) -> FleetDemoOutcome:
         build = Build(directory / "runs", str(directory / "hosts.yaml"))  # the router's host is connected by name
-        engines = build.engines(PLAYBOOK, dict(inventory.hosts))
+        playbook = judged_playbook(directory, PLAYBOOK, STACK, regression=regression)
+        engines = build.engines(playbook, dict(inventory.hosts))
         fleet = build.fleet_apply(engines, dict(inventory.units), parallel=DEFAULT_PARALLEL, cancel=cancel,
                                   listeners=listeners, inventory=inventory)
         load = Load(stacks[ROUTER_HOST].url("router", "/generate"), **LOAD).start()

@@ -38,7 +38,7 @@ from deployer.errors import AnalysisInconclusive, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import ChecksHost, Needs, Ordered, Rejudged
+from deployer.steps.optional import ChecksHost, Needs, Ordered, Rejudged, UnderTraffic
 
 SCRAPE_TIMEOUT_S = 5.0
 Checks = list[LatencyCheck | CriticalCounter]
@@ -141,9 +141,10 @@ class AnalysisBaseline(Step, ChecksHost, Ordered):
         return f"{self.params.windows} windows of {self.params.interval_s:g}s read before the restart"
 
 
-class Analysis(Step, ChecksHost, Needs, Rejudged):
+class Analysis(Step, ChecksHost, Needs, Rejudged, UnderTraffic):
     """Judge the new build against a baseline on its serving metrics: each check's pass, fail or inconclusive,
-    and why; a fail is a failed check, inconclusive is never a pass (exit 7: the commit is kept for a person)."""
+    and why; a fail is a failed check, inconclusive is never a pass (exit 7: the commit is kept for a person). In a
+    unit behind a router it runs once the unit is back in it, under the traffic the router sends it."""
 
     kind = "analysis"
     scope = Scope.metrics_host

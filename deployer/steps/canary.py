@@ -35,7 +35,7 @@ from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step
 from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context, EventBus, LoadedPlaybook
-from deployer.steps.optional import ChecksHost, ReachesRouters
+from deployer.steps.optional import ChecksHost, ReachesRouters, under_traffic
 from deployer.text import shown, visible
 from deployer.transport.base import Transport
 
@@ -291,10 +291,14 @@ class Canary(Step, ChecksHost, ReachesRouters):
 def around_router(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     """A routed unit's steps after its restart (fleet/unit.py): those run while it is out of its router, and those
     run once it is back and listed: each canary's request through a router (while out, the router could send it only
-    to the other units, and it would prove nothing of these workers)."""
+    to the other units, and it would prove nothing of these workers), and each check of the new build under the
+    traffic the router sends it (an analysis: while out, it would read windows without a request)."""
     out: list[Step] = []
     back: list[Step] = []
     for step in steps:
+        if under_traffic(step):
+            back.append(step)
+            continue
         direct, through = step.halves() if isinstance(step, Canary) else (step, None)
         out.append(direct)
         if through is not None:

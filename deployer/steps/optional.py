@@ -16,7 +16,9 @@ runs needs none of them.
 - ChecksHost, JudgesEarly, ReadsLive, ReachesRouters: what the inventory check, the plan, the run's preparation
   and `deployer check` ask of a step (app/checks.py, run/engine.py, run/plan.py, run/prepare.py, build.py).
 
-RunsHere and Ordered hold no method: they are plain classes, named among a kind's bases all the same.
+- UnderTraffic: a check that a routed unit runs once it is back in its router (steps/canary.py's around_router).
+
+RunsHere, Ordered and UnderTraffic hold no method: they are plain classes, named among a kind's bases all the same.
 """
 
 from __future__ import annotations
@@ -343,3 +345,12 @@ class ReachesRouters(Protocol):
 def reach_routers(step: Step, routers: Callable[[], RouterReach]) -> None:
     if isinstance(step, ReachesRouters):
         step.reach_routers(routers)
+
+
+class UnderTraffic:
+    """A check that judges the new build under the traffic its router sends it (an analysis): a routed unit runs it
+    once the unit is back in its router and listed, never while it is out of it, where it would get no request."""
+
+
+def under_traffic(step: Step) -> bool:
+    return isinstance(step, UnderTraffic)

@@ -1,6 +1,8 @@
 """The demo servers export SGLang's latency histograms (TTFT, inter-token, end-to-end) and its aborted-request
 counter as real Prometheus text, the analysis parses them, their buckets move with each generation, and
-SGLANG_DEMO_SLOWDOWN gives a server a latency regression that the analysis fails against an unslowed sibling."""
+SGLANG_DEMO_SLOWDOWN gives a server a latency regression that the analysis fails against an unslowed sibling. A PD
+request through the router is observed on both sides, the prefill's time to first token included (what
+`deployer demo --fleet` judges), and a client that leaves after its whole answer aborts nothing."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 from polling import within
 from ports import free_ports
-from test_demo_stack import STACK_SRC, Stack, http_get
+from test_demo_stack import STACK_SRC, Stack, http_get, start_stack
 
 from deployer.analysis import LatencyCheck, Scrape, canary_vs_baseline, parse_scrape, sglang_checks
 from deployer.analysis.window import counter_windows, histogram_windows
@@ -116,3 +118,24 @@ def test_a_slowed_server_fails_the_analysis_against_its_unslowed_sibling(tmp_pat
     assert ttft.change is not None and ttft.change > 0.10, ttft.why
     assert {v.check: v.outcome for v in report.verdicts[1:]} == {
         "aborted requests": "pass", "KV transfer failures": "pass", "KV bootstrap failures": "pass"}
+
+
+def test_a_pd_request_through_the_router_is_observed_on_both_sides_and_a_client_leaving_after_it_aborts_nothing(
+        tmp_path: Path, servers: list[Stack]) -> None:
+    servers.append(stack := start_stack(tmp_path, fixed=True))
+    prefill = Stack(stack.repo, 0, 0, stack.prefill_port, 0)  # read() reads a Stack's decode_port
+    before = {"prefill": read(prefill), "decode": read(stack)}
+    body = {"text": "hello", "stream": True, "sampling_params": {"max_new_tokens": 3}}
+    # Each client reads its whole stream and closes at once, before the prefill's answer (one scheduler poll later).
+    assert [generate(stack.router_port, body) for _ in range(6)] == [200] * 6
+    reads: dict[str, Scrape] = {}
+
+    def observed() -> bool:
+        reads.update(prefill=read(prefill), decode=read(stack))
+        return all(histogram_windows([before[side], reads[side]], E2E, {})[0].count >= 6 for side in reads)
+
+    assert within(observed, 10, interval_s=0.2), reads
+    for side in ("prefill", "decode"):
+        (ttft,) = histogram_windows([before[side], reads[side]], TTFT, {"engine_type": side})
+        (aborted,) = counter_windows([before[side], reads[side]], ABORTED, {})
+        assert (side, ttft.count, aborted.increase) == (side, 6, 0)

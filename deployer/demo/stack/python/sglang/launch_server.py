@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     parser.add_argument("--disaggregation-transfer-backend", default="nixl")
     parser.add_argument("--enable-metrics", action="store_true")
+    # SGLang's flag: the time-to-first-token histogram's bucket bounds (default: SGLang's own).
+    parser.add_argument("--bucket-time-to-first-token", type=float, nargs="+", default=None)
     # One server over several nodes: every rank runs this command, only rank 0 serves HTTP.
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)

@@ -424,9 +424,13 @@ class RouterHandler(JSONHandler):
         pconn = http.client.HTTPConnection(prefill.host, prefill.port, timeout=600)
         dconn = http.client.HTTPConnection(decode.host, decode.port, timeout=600)
         finished = threading.Event()
+        decoded = threading.Event()  # the decode worker's whole answer is read: its prefill is long done
 
         def close_upstreams() -> None:
-            shutdown_socket(pconn.sock)
+            # A client that leaves once its answer is whole (its last chunk read) aborts nothing: the prefill's own
+            # answer, which follows its KV transfer by up to a scheduler poll, is still waited for below.
+            if not decoded.is_set():
+                shutdown_socket(pconn.sock)
             shutdown_socket(dconn.sock)
 
         def prefill_call() -> None:
@@ -461,9 +465,12 @@ class RouterHandler(JSONHandler):
                             if not data:
                                 break
                             self.write_chunk(data)
+                        decoded.set()
                         self.end_stream()
                     else:  # not asked to stream: one JSON answer, the generation's last chunk, as SGLang gives
-                        self.send_json(200, _last_chunk(resp.read()))
+                        answer = resp.read()
+                        decoded.set()
+                        self.send_json(200, _last_chunk(answer))
                     finished.set()
                 except (OSError, http.client.HTTPException, ValueError) as exc:
                     if watch.gone.is_set() or (isinstance(exc, (BrokenPipeError, ConnectionResetError)) and streamed):

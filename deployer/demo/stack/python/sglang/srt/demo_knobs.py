@@ -41,7 +41,8 @@ SGLANG_DEMO_TTFT_S              0       the median of a simulated wait before a 
                                         to first token spreads over SGLang's buckets (0.25 looks like a
                                         loaded server); 0: none
 SGLANG_DEMO_SLOWDOWN            0       a latency regression: every generation's waits (the one above and
-                                        each token's) are this fraction longer (0.2: 20% slower)
+                                        each token's) are this fraction longer (0.2: 20% slower); the
+                                        build's own ``demo_build.SLOWDOWN`` adds to it
 =============================== ======= ==============================================================
 
 ``/abort_request {"abort_all": true}`` re-fails every request the prefill scheduler still holds,
@@ -53,6 +54,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+
+from sglang.srt import demo_build
 
 
 def _read(name: str, default: float, *, minimum: float) -> float:
@@ -114,5 +117,5 @@ class Knobs:
             rank_crash_s=None if not os.environ.get("SGLANG_DEMO_RANK_CRASH_S")
             else _read("SGLANG_DEMO_RANK_CRASH_S", 0.0, minimum=0.0),
             ttft_s=_read("SGLANG_DEMO_TTFT_S", d.ttft_s, minimum=0.0),
-            slowdown=_read("SGLANG_DEMO_SLOWDOWN", d.slowdown, minimum=0.0),
+            slowdown=_read("SGLANG_DEMO_SLOWDOWN", d.slowdown, minimum=0.0) + demo_build.SLOWDOWN,
         )

@@ -1,13 +1,17 @@
 """The serving latencies a demo server exports, as SGLang's tokenizer manager does (metrics/collector.py):
 ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds`` and
-``sglang:e2e_request_latency_seconds`` histograms with SGLang's default buckets, and the
+``sglang:e2e_request_latency_seconds`` histograms with SGLang's default buckets (the first's may be given, as
+SGLang's ``--bucket-time-to-first-token`` gives them), and the
 ``sglang:num_aborted_requests_total`` counter; each with its ``_created`` time, as prometheus_client writes it,
 so a reader can tell a restarted server from one whose counts grew.
 
-Every generation this server answers (a direct ``/generate``, the OpenAI routes, a PD request on the decode
-side) is timed by a :class:`Request`: the wait before each token comes from it, so the knobs that shape the
-latencies (``SGLANG_DEMO_TTFT_S``, ``SGLANG_DEMO_SLOWDOWN``) act in one place. A request that ends before its
-last token counts as aborted, and only completed requests observe their end-to-end latency.
+Every generation this server answers (a direct ``/generate``, the OpenAI routes, a PD request on either side)
+is timed by a :class:`Request`: the wait before each token comes from it, so the knobs that shape the latencies
+(``SGLANG_DEMO_TTFT_S``, ``SGLANG_DEMO_SLOWDOWN``) act in one place. A request that ends before its last token
+counts as aborted, and only completed requests observe their end-to-end latency. In PD disaggregation the time to
+first token is the prefill's: the prefill server waits it before its forward pass and observes its one token when
+its KV is sent (as SGLang's prefill server ends a request after its first token), and the decode server's first
+token waits only for that KV.
 """
 
 from __future__ import annotations
@@ -83,11 +87,11 @@ def _created(metric: Histogram | Counter, labels: dict[str, str], created: float
 class Latencies:
     """One server's latency histograms and aborted-request counter, made when it starts."""
 
-    def __init__(self, knobs: Knobs) -> None:
+    def __init__(self, knobs: Knobs, ttft_buckets: tuple[float, ...] = TTFT_BUCKETS) -> None:
         self.knobs = knobs
         self.created = time.time()
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS)
+                              ttft_buckets)
         self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                              ITL_BUCKETS)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds",
@@ -95,10 +99,11 @@ class Latencies:
         self.aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted.")
         self._random = random.Random()
 
-    def request(self) -> Request:
-        """A generation starting now."""
+    def request(self, *, prefilled: bool = False) -> Request:
+        """A generation starting now; `prefilled`: a PD decode's, whose prefill server waited its first token."""
         knobs = self.knobs
-        first = 0.0 if knobs.ttft_s <= 0 else self._random.lognormvariate(math.log(knobs.ttft_s), TTFT_SIGMA)
+        first = 0.0 if knobs.ttft_s <= 0 or prefilled else \
+            self._random.lognormvariate(math.log(knobs.ttft_s), TTFT_SIGMA)
         return Request(self, first * (1 + knobs.slowdown), knobs.token_s * (1 + knobs.slowdown))
 
     def render(self, labels: dict[str, str]) -> str:

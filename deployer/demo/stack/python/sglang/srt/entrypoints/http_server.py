@@ -33,7 +33,7 @@ from sglang.srt.demo_http import (
     stream_tokens,
 )
 from sglang.srt.demo_knobs import Knobs
-from sglang.srt.demo_latency import Latencies
+from sglang.srt.demo_latency import TTFT_BUCKETS, Latencies
 from sglang.srt.disaggregation.base.conn import KVPoll, poll_name
 from sglang.srt.disaggregation.common.conn import TransferInfo
 from sglang.srt.disaggregation.decode import BootstrapClient, DecodeReq, DecodeRequests
@@ -70,7 +70,7 @@ class BaseApp:
         self.ready = False
         self.started_at = time.time()
         self.streams = demo_openai.StreamStats()
-        self.latencies = Latencies(knobs)
+        self.latencies = Latencies(knobs, tuple(sorted(args.bucket_time_to_first_token or ())) or TTFT_BUCKETS)
 
     # --- lifecycle ----------------------------------------------------------------------
     def start_engine(self) -> None:
@@ -186,17 +186,22 @@ class PrefillApp(BaseApp):
         room = _room_of(body)
         rid = str(body.get("rid") or uuid.uuid4().hex)
         input_len = _input_len(body)
+        timing = self.latencies.request()
+        time.sleep(timing.first_wait_s)  # the time to first token stands in for the forward pass under load
         req = self.scheduler.submit(rid, room, input_len)
         sock = handler.connection
         while not req.done.wait(0.02):
             if client_gone(sock):
                 self.scheduler.abort(req, "client disconnected")
+                timing.finish(completed=False)
                 handler.abandon()
                 return
         if req.final_status == KVPoll.Success:
+            timing.token()  # its one token: the KV is on its way to the decode server
             finish: dict[str, Any] = {"type": "length", "length": 1}
         else:
             finish = {"type": "abort", "message": req.abort_reason or "KV transfer failed"}
+        timing.finish(completed=req.final_status == KVPoll.Success)
         handler.send_json(
             200,
             {
@@ -283,7 +288,7 @@ class DecodeApp(BaseApp):
         rid = str(body.get("rid") or uuid.uuid4().hex)
 
         req = DecodeReq(rid=rid, room=room, max_new_tokens=max_new)
-        timing = self.latencies.request()
+        timing = self.latencies.request(prefilled=True)
         self.requests.add(req)
         client = BootstrapClient(host, port)
         sock = handler.connection
