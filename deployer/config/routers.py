@@ -215,7 +215,8 @@ class RouterWorker(BaseModel):
         "The HOST:SERVICE of the unit (of the host itself, for a plain host behind a router) this worker is."))
     worker_type: Literal["prefill", "decode", "regular"] = Field(description="What the router knows it as.")
     url: Annotated[str, AfterValidator(http_origin)] | None = Field(default=None, description=(
-        "The worker's http://HOST:PORT as the router reaches it (default: the origin of the service's health URL)."))
+        "The worker's http://HOST:PORT as the router reaches it (default: the origin of the service's health URL); "
+        "for a worker of a selector host, {pod} is its pod's name (http://{pod}.sglang.serving.svc:30000)."))
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "A prefill's bootstrap port, sent to the router when the worker is added back."))
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_kube import Container, Kube, Volume
-from fixtures_repo import deployer, deployer_env
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, init_repo
 from polling import wait_for
 from test_rolling_router import PdFleet, listed_healthy, load_through, make_fleet, running
 
@@ -219,3 +219,33 @@ def test_plan_of_a_leaderworkerset_pd_deployment_rolls_one_group_at_a_time_with_
     assert "annotate pod sglang-prefill-1 'deployer.dev/run=<dry-run>' --overwrite" in out, out
     assert "exec sglang-decode-1 -c server -- python3 -c 'import os,signal; os.kill(1, signal.SIGTERM)'" in out, out
     print(out)  # the how-to quotes it (docs/how-to/pd-pods.md)
+
+
+def test_a_fleet_of_pods_runs_in_batches_in_parallel_as_a_fleet_of_hosts(kube: Kube, tmp_path: Path) -> None:
+    """A selector host's three pods, `rollout: {batches: [1, 2]}` and --parallel 2: the first pod alone (the
+    canary batch), then the other two at once, each its own run through its own kubectl exec."""
+    image = tmp_path / "image-checkout"
+    init_repo(image, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
+    pods = ("decode-0", "decode-1", "decode-2")
+    for pod in pods:
+        kube.pod(pod, Container("server", image_files={POD_REPO: image}), labels={"role": "decode"})
+    pod = {"selector": "role=decode", "container": "server", "namespace": kube.namespace, "context": kube.context,
+           "kubeconfig": str(kube.kubeconfig)}
+    project = Project(root=tmp_path, repo=Path(POD_REPO), host={
+        "transport": "kubernetes", "repo": POD_REPO, "python": "python3", "pod": pod},
+        extra_env={"PATH": kube.env["PATH"], "KUBECACHEDIR": kube.env["KUBECACHEDIR"]})
+    project.write_inventory()
+    project.write("fix/a.py", FIXED_A)
+    project.playbook(rollout={"batches": [1, 2]})
+    done = project.deployer("apply", "fix.yaml", "--host", "box", "--parallel", "2", "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["status"] == "successful", done.stdout + done.stderr
+    hosts = [f"box.{pod}" for pod in pods]
+    assert report["batches"] == [hosts[:1], hosts[1:]]
+    for host, pod in zip(hosts, pods, strict=True):
+        assert in_pod(kube, pod, f"cat {POD_REPO}/pkg/a.py") == FIXED_A, pod
+        connected = next(e for e in project.events(report["hosts"][host]["run_id"]) if e["type"] == "connected")
+        assert connected["transport"]["extra"]["pod"] == pod
+    spans = [[e["time"] for e in project.events(report["hosts"][host]["run_id"])
+              if e["type"] in ("run_start", "run_end")] for host in hosts[1:]]
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], f"the second batch ran one by one: {spans}"
