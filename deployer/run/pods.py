@@ -188,7 +188,7 @@ def recorded(run: Run) -> Left | None:
     for dest, place in placed["files"].items():
         if not (isinstance(place, dict) and isinstance(place.get("volume"), str) and place.get("kind") in KINDS):
             return None
-        files[str(dest)] = (visible(place["volume"], multiline=False), str(place["kind"]))
+        files[visible(str(dest), multiline=False)] = (visible(place["volume"], multiline=False), str(place["kind"]))
     return Left(run.run_id, visible(placed["pod"], multiline=False), visible(placed["container"], multiline=False),
                 uid, container_id, restarts, node, files)
 
