@@ -249,3 +249,19 @@ def test_a_fleet_of_pods_runs_in_batches_in_parallel_as_a_fleet_of_hosts(kube: K
     spans = [[e["time"] for e in project.events(report["hosts"][host]["run_id"])
               if e["type"] in ("run_start", "run_end")] for host in hosts[1:]]
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], f"the second batch ran one by one: {spans}"
+
+
+def test_a_canary_proves_the_pods_unit_directly_through_the_agent_in_the_pod_and_through_the_router(
+        kube: Kube, pod_fleet: PdFleet) -> None:
+    """The canary step of test_canary_router on the pods' unit: its direct request is sent from the agent in the
+    prefill pod to the server beside it, its request through the router once the unit's workers are back."""
+    canary = {"canary": {"service": "prefill", "via": "pd-router", "max_new_tokens": 4}}
+    playbook = yaml.safe_load((pod_fleet.root / "note.yaml").read_text())
+    (pod_fleet.root / "note.yaml").write_text(yaml.safe_dump({**playbook, "steps": [*playbook["steps"], canary]},
+                                                             sort_keys=False))
+    with load_through(pod_fleet, "the apply") as load:
+        code, report, output = apply(kube, pod_fleet, "pd-1,pd-2")
+    assert code == 0, output
+    assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
+    seen = [e for e in pod_fleet.events(report, "prefill.sglang-prefill-0") if e["type"] == "canary"]
+    assert [("router" in e, e["ok"]) for e in seen] == [(False, True), (True, True)], seen
