@@ -438,8 +438,8 @@ class Playbook(Strict):
         "After the commit, a failure leaves the commit (restore), reverts it and proves the old build (rollback), "
         "or also rolls back every host of the fleet run that committed (rollback_fleet)."))
     persist: Persist = Field(default="any", description=(
-        "required: every dest in a host's container must be on a bind mount or a volume; any (the default): "
-        "shipped wherever it lives."))
+        "required: every dest must outlive a recreate: in a host's container on a bind mount or a volume, in a "
+        "pod (transport: kubernetes) on a hostPath or a PVC; any (the default): shipped wherever it lives."))
     rollout: Rollout = Field(default_factory=Rollout, description=(
         "How a fleet run spreads over its hosts: batch sizes, failures allowed, pauses, strategy."))
 

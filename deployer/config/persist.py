@@ -2,8 +2,10 @@
 
 `required`: every dest must be on a bind mount or a volume of the host's container; one in the container's writable
 layer (kept across a restart, lost when the container is recreated) refuses the run before anything changes
-(run/mounts.py). `any` (the default): shipped wherever it lives, and `plan`, `check` and the run log say where.
-On a host without `container:` there is no layer to lose a file with: nothing to refuse.
+(run/mounts.py). In a pod (`transport: kubernetes`) every dest must be on a hostPath or a PVC: the container's own
+layer and an emptyDir are gone with the pod (run/pods.py, exit 2). `any` (the default): shipped wherever it lives,
+and `plan`, `check` and the run log say where. On a plain host there is no layer to lose a file with: nothing to
+refuse.
 """
 
 from __future__ import annotations
