@@ -304,6 +304,10 @@ class Premise(Request[Premised]):
     def parse(self, result: dict[str, Any]) -> Premised:
         return Premised(result["head"], result["files"])
 
+    def reply_timeout(self) -> float:
+        # Its health reads and GPU lists run inside it, each within its own timeout.
+        return IO_TIMEOUT_S + sum(float(c["timeout"]) for c in [*self.ready.services, *self.ready.gpus])
+
     def max_reply(self) -> int:
         return ENVELOPE + STAT_ENTRY * len(self.files)
 
