@@ -161,21 +161,33 @@ def planned_downtime(engines: dict[str, Engine], units: dict[str, Unit], rollout
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    """`plan`'s view of how a fleet run spreads: its batches, what each leaves serving behind its routers, and the
-    routers that may pair a patched worker with an unpatched one meanwhile."""
+    """`plan`'s view of how a fleet run spreads: its batches, what each leaves serving behind its routers, the
+    routers that may pair a patched worker with an unpatched one meanwhile, and its pauses (batch index -> seconds,
+    None: until a person resumes)."""
 
     batches: list[BatchPlan]
     pairing: list[str]
+    pauses: dict[int, float | None] = field(default_factory=dict)
 
     def document(self) -> dict[str, object]:
-        return {"batches": [batch.document() for batch in self.batches], "pairing": self.pairing}
+        return {"batches": [batch.document() for batch in self.batches], "pairing": self.pairing,
+                "pauses": [{"before_batch": n, "duration_s": d} for n, d in self.pauses.items()]}
+
+    def pause_before(self, number: int) -> str | None:
+        """The pause before batch `number` (from 0) in plan's words."""
+        if number not in self.pauses:
+            return None
+        seconds = self.pauses[number]
+        return "pause until resumed (deployer rollout resume FLEET_ID)" if seconds is None else \
+            f"pause {seconds:g}s"
 
 
 def planned_rollout(hosts: list[str], units: dict[str, Unit], rollout: Rollout) -> RolloutPlan:
     members = {name: sorted(unit.hosts()) for name, unit in units.items()}
     serving = serving_of(units)
     plans = batch_plans(strategy_for(rollout, serving).batches(hosts, members), members, serving)
-    return RolloutPlan(plans, mixed_pairing(plans, serving))
+    pauses = {n: pause.duration for n, pause in rollout.pauses().items() if 0 < n < len(plans)}
+    return RolloutPlan(plans, mixed_pairing(plans, serving), pauses)
 
 
 def serving_of(units: dict[str, Unit]) -> dict[str, Serving]:

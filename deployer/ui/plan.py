@@ -92,6 +92,8 @@ def show_rollout(console: Console, rollout: RolloutPlan) -> None:
     that may pair a patched worker with an unpatched one."""
     console.rule("rollout")
     for number, batch in enumerate(rollout.batches, 1):
+        if (pause := rollout.pause_before(number - 1)) is not None:
+            console.print(pause, markup=False, highlight=False)
         console.print(f"batch {number}: {batch.describe()}", markup=False, highlight=False)
     for note in rollout.pairing:
         console.print(f"[yellow]warning:[/yellow] {escape(note)}")

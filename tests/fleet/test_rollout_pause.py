@@ -127,6 +127,19 @@ def test_a_pause_after_the_first_batch_exits_8_and_resume_from_another_directory
     assert again.returncode == 2 and "is not paused (it is successful)" in as_json(again)["error"]
 
 
+def test_plan_shows_each_pause_between_the_batches_it_separates(fleet: Project) -> None:
+    fleet.playbook(steps=BOUNDED, rollout={"batches": [1], "steps": ["batch", {"pause": {}}, "batch",
+                                                                     {"pause": {"duration": "2m"}}]})
+    planned = fleet.deployer("plan", "fix.yaml", "--host", "h1,h2,h3")
+    assert planned.returncode == 0, planned.stderr
+    lines = [line for line in planned.stdout.splitlines() if line.startswith(("batch ", "pause"))]
+    assert lines == ["batch 1: h1", "pause until resumed (deployer rollout resume FLEET_ID)", "batch 2: h2",
+                     "pause 120s", "batch 3: h3"]
+    document = as_json(fleet.deployer("plan", "fix.yaml", "--host", "h1,h2,h3", "--json"))
+    assert document["rollout"]["pauses"] == [{"before_batch": 1, "duration_s": None},
+                                             {"before_batch": 2, "duration_s": 120.0}]
+
+
 def test_abort_of_a_paused_rollout_rolls_back_the_hosts_it_patched_and_never_touches_the_rest(fleet: Project) -> None:
     fleet.playbook(steps=BOUNDED, rollout={"batches": [2, "100%"], "steps": ["batch", {"pause": {}}]})
     trees = {h: git(repo(fleet, h), "rev-parse", "HEAD^{tree}").strip() for h in HOSTS}
