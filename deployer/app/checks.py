@@ -226,7 +226,7 @@ def _check_places(report: CheckReport, ctx: Context, dests: list[str], runs_dir:
         place = seen.place(ctx.repo if dest is None else ctx.in_repo(dest))
         refused = required and not place.persistent
         report.add("placement", "fail" if refused else "ok", f"{dest or 'the repo'}: {place.describe()}"
-                   f"{' (persist: required refuses it)' if refused else ''}", 1)
+                   f"{' (persist: required refuses it)' if refused else ''}", 2)
     assert ctx.host.container is not None
     last = None if runs_dir is None else last_placement(runs_dir, ctx.host_name, ctx.host.container.name)
     if last is not None and (said := gone(last[1], seen.id)) is not None:

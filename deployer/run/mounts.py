@@ -200,10 +200,11 @@ def refuse_layer(ctx: Context, placed: dict[str, Any] | None) -> None:
     layered = [dest for dest, place in placed["files"].items() if place["kind"] not in PERSISTENT]
     if layered:
         where = yamlsrc.load(ctx.playbook.path).mark(("persist",))
-        raise StepFailed(STEP, f"{where}: persist: required, but {', '.join(layered)} in {placed['engine']} "
-                         f"container {placed['container']} is not on a bind mount or volume "
-                         f"({Place(**placed['files'][layered[0]]).describe()}); nothing was changed. Mount the repo "
-                         "(or those files) into the container, or drop persist: required")
+        # A playbook setting this target cannot meet, as for a pod (run/pods.py): exit 2.
+        raise ConfigError(f"{where}: persist: required, but {', '.join(layered)} in {placed['engine']} "
+                          f"container {placed['container']} is not on a bind mount or volume "
+                          f"({Place(**placed['files'][layered[0]]).describe()}); nothing was changed. Mount the repo "
+                          "(or those files) into the container, or drop persist: required")
 
 
 def refuse_if_recreated(ctx: Context, run: Run) -> None:
