@@ -21,7 +21,7 @@ JSON, not an object, a frame over MAX_FRAME) get an error reply with id null, an
 goes on reading. Requests are data: no op evaluates
 code it was sent; `run` executes an argv list without a shell.
 
-Ops: hello, run, put, get, stat, http, batch, beat, procs, signal, premise (see each `op_*` below), and cancel,
+Ops: hello, run, put, get, stat, http, batch, beat, procs, signal, premise, ready (see each `op_*` below), and cancel,
 which the reader serves out of turn (see `_cancelled`). The agent never listens on a socket. It exits when its
 stdin closes or its stdout breaks (or on SIGTERM/SIGHUP/SIGINT), killing the process group of any command still
 running and dropping requests not yet started: a closed stdin means the client is gone. A request sent with
@@ -195,7 +195,7 @@ class Agent:
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.op_hello, "run": self.op_run, "put": self.op_put, "get": self.op_get,
             "stat": self.op_stat, "http": self.op_http, "batch": self.op_batch, "beat": self.op_beat,
-            "procs": self.op_procs, "signal": self.op_signal, "premise": self.op_premise,
+            "procs": self.op_procs, "signal": self.op_signal, "premise": self.op_premise, "ready": self.op_ready,
         }
 
     # -- the loop ------------------------------------------------------------------------
@@ -693,6 +693,12 @@ class Agent:
         self._put_into(path, directory, data, hashlib.sha256(data).hexdigest(), 0o600, True, created, None)
         return {"head": record["head_before"], "files": found}
 
+    def op_ready(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A premise's `services` and `gpus` alone, read-only (see _ready): a judgement made on the client asks
+        this first, one round trip for every service, and reads each one itself only when this fails."""
+        self._ready(req)
+        return {}
+
     def _ready(self, req: dict[str, Any]) -> None:
         """A premise's `services` and `gpus` (protocol.Ready): what the steps that judge the target before any
         change (co_restart) need to find there. Each health URL that answers 200 must be served by the process
@@ -705,7 +711,7 @@ class Agent:
             if url is None or self.op_http({"url": url, "timeout": entry.get("timeout")}).get("status") != 200:
                 continue
             if not _recorded_runs(record):
-                raise OpError("premise", f"service {entry['service']}: {url} answers 200, and no live process "
+                raise OpError("not_ready", f"service {entry['service']}: {url} answers 200, and no live process "
                                          f"is the one {record} names")
         for entry in _field(req, "gpus", list, []):
             if not isinstance(entry, dict) or not isinstance(entry.get("service"), str):
@@ -719,7 +725,7 @@ class Agent:
             have = [line.strip() for line in lines if line.strip()]
             if done["exit_code"] != 0 or done["timed_out"] or not all(index.isdecimal() for index in have) or \
                     not set(want) <= {int(index) for index in have}:
-                raise OpError("premise", f"service {entry['service']}: nvidia-smi does not list GPUs {want}")
+                raise OpError("not_ready", f"service {entry['service']}: nvidia-smi does not list GPUs {want}")
 
     def op_procs(self, req: dict[str, Any]) -> dict[str, Any]:
         """The processes in any of `sessions`, `groups` or `pids`, and those holding a TCP socket that listens

@@ -283,6 +283,30 @@ class Ready:
     def __add__(self, other: Ready) -> Ready:
         return Ready([*self.services, *other.services], [*self.gpus, *other.gpus])
 
+    def fields(self) -> dict[str, Any]:
+        return {"services": [dict(s) for s in self.services], "gpus": [dict(g) for g in self.gpus]}
+
+    def seconds(self) -> float:
+        """How long the agent may take over them: each health read and GPU list within its own timeout."""
+        return sum(float(check["timeout"]) for check in [*self.services, *self.gpus])
+
+
+@dataclass(frozen=True)
+class ReadyCheck(Request[None]):
+    """Ready's checks alone, read-only (op_ready): a judgement made here asks it first, in one round trip for every
+    service; it reads each service itself only when the agent did not find them ready."""
+    op: ClassVar[str] = "ready"
+    ready: Ready
+
+    def fields(self) -> dict[str, Any]:
+        return self.ready.fields()
+
+    def parse(self, result: dict[str, Any]) -> None:
+        return None
+
+    def reply_timeout(self) -> float:
+        return IO_TIMEOUT_S + self.ready.seconds()
+
 
 @dataclass(frozen=True)
 class Premise(Request[Premised]):
@@ -299,14 +323,13 @@ class Premise(Request[Premised]):
     def fields(self) -> dict[str, Any]:
         return {"repo": self.repo, "git_dir": self.git_dir, "head_argv": list(self.head_argv),
                 "record": self.record, "fields": dict(self.record_fields), "files": [dict(f) for f in self.files],
-                "services": [dict(s) for s in self.ready.services], "gpus": [dict(g) for g in self.ready.gpus]}
+                **self.ready.fields()}
 
     def parse(self, result: dict[str, Any]) -> Premised:
         return Premised(result["head"], result["files"])
 
     def reply_timeout(self) -> float:
-        # Its health reads and GPU lists run inside it, each within its own timeout.
-        return IO_TIMEOUT_S + sum(float(c["timeout"]) for c in [*self.ready.services, *self.ready.gpus])
+        return IO_TIMEOUT_S + self.ready.seconds()
 
     def max_reply(self) -> int:
         return ENVELOPE + STAT_ENTRY * len(self.files)

@@ -135,18 +135,53 @@ def test_a_gpu_service_whose_gpus_are_listed_goes_whole(stack: Stack) -> None:
     assert project.file("pkg/a.py") == FIXED_A
 
 
+BASELINE_FIRST = ["local_compile", {"baseline": {"metric": "sglang:num_prefill_inflight_queue_reqs",
+                                                 "interval_s": 0.2}},
+                  "upload", {"commit": {"message": "m"}}, "co_restart"]
+
+
 def test_the_demo_playbook_is_still_sent_in_two_round_trips_for_its_baseline_reads_the_target_first(
         stack: Stack) -> None:
-    # The baseline's storm and scrape measure the old build: they must run before the upload, after the lock.
+    # The baseline's storm and scrape measure the old build: they run after the lock, before the upload.
     project = stack.project
     demo = Path(__file__).parents[2] / "deployer" / "demo" / "playbook" / "kvpoll-fix.yaml"
     steps = yaml.safe_load(demo.read_text())["steps"]
     assert [next(iter(s)) if isinstance(s, dict) else s for s in steps][:3] == ["local_compile", "baseline", "upload"]
-    host: dict[str, Any] = yaml.safe_load(project.inventory.read_text())["hosts"]["box"]
-    project.write_inventory(**{**host, "endpoint": f"http://127.0.0.1:{stack.ports['prefill']}"})
-    project.playbook(steps=["local_compile", {"baseline": {"metric": "sglang:num_prefill_inflight_queue_reqs"}},
-                            "upload", {"commit": {"message": "m"}}, "co_restart"])
+    project.playbook(steps=BASELINE_FIRST)
     planned = project.deployer("plan", "fix.yaml", "--host", "box", "--json")
     assert planned.returncode == 0, planned.stderr
     assert json.loads(planned.stdout)["sent_whole"] == {
         "yes": False, "why_not": "a step before the upload reads the target"}
+
+
+def test_a_baseline_first_playbook_has_its_services_judged_in_one_round_trip_before_the_baseline(
+        stack: Stack) -> None:
+    project = stack.project
+    stack.start_services()
+    project.playbook(steps=BASELINE_FIRST)
+    result = project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stderr
+    # The agent judged both services at once: none of the reads that judge a service here, a few each.
+    assert observed_here(project) == [] and project.file("pkg/a.py") == FIXED_A
+    assert "sent_whole" not in kinds(project)
+
+
+def test_a_baseline_first_playbook_still_refuses_a_stranger_on_a_services_port_before_its_baseline(
+        stack: Stack) -> None:
+    project = stack.project
+    outsider = subprocess.Popen(stack.service("prefill")["start"], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert within(lambda: http_status(stack.service("prefill")["health"]) == 200, 30), "the outside server"
+        project.playbook(steps=BASELINE_FIRST)
+        tree, head = work_tree(project.repo), project.head()
+        result = project.deployer("apply", "fix.yaml", "--host", "box")
+        assert result.returncode == 1, result.stderr
+        assert "answers 200, but no process deployer started (or adopted) runs prefill" in \
+            " ".join(result.stderr.split()), result.stderr
+        assert work_tree(project.repo) == tree and project.head() == head
+        assert not [e for e in project.events() if e["type"] == "step_start"]  # no baseline ran
+        assert {"prefill.record", "prefill.health"} <= set(observed_here(project))  # read here, to say it
+    finally:
+        outsider.kill()
+        outsider.wait()

@@ -19,7 +19,7 @@ from functools import partial
 
 from pydantic import Field
 
-from deployer.agent.protocol import Ready
+from deployer.agent.protocol import Ready, ReadyCheck
 from deployer.config.models import Host, Strict
 from deployer.diffs import DiffStat
 from deployer.errors import ConfigError, StepFailed
@@ -162,6 +162,12 @@ class Restart:
             raise m.fail(f"pid {new} exited right after its health check passed")
 
 
+def ready_there(ctx: Context, ready: Ready) -> bool:
+    """Whether the agent finds the target ready (one round trip for every service); False: nothing to ask, or it
+    did not, and the judgement reads each service here, in its own words."""
+    return bool(ready.services or ready.gpus) and ctx.transport.submit(ReadyCheck(ready)).declined() is None
+
+
 def old_tree(m: Manager, seen: Observed) -> set[int]:
     """The old server's processes (the tree its stop ended, and the pid observe found): what may still hold its
     GPUs."""
@@ -188,6 +194,9 @@ class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, JudgedThere, Narrows, Sp
     def judge_here(self, ctx: Context, projected: Callable[[], DiffStat]) -> list[str]:
         """Before the run changes anything: a service whose health answers while no process of deployer's (nor
         an adopted one) runs it would make the restart fail after the commit, so the run is refused now."""
+        ready = self.judged_there(ctx)
+        if ready is not None and ready_there(ctx, Ready(services=ready.services)):
+            return []
         found = [(m, m.observe()) for m in (manager_for(ctx, n, self.name) for n in self.names(ctx))]
         return [f"service {m.name}: {not_ours(ctx.host_name, m.name, m.service)}" for m, seen in found
                 if seen.pid is None and seen.health]
@@ -208,6 +217,9 @@ class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, JudgedThere, Narrows, Sp
         return self.params.services if self.params.services is not None else list(ctx.host.services)
 
     def refusals(self, ctx: Context) -> list[str]:
+        ready = self.judged_there(ctx)
+        if ready is not None and ready_there(ctx, Ready(gpus=ready.gpus)):
+            return []
         managers = [manager_for(ctx, n, self.name) for n in self.names(ctx)]
         own = [problem for m in managers for problem in m.refusals()]
         return own + [problem for wait in map(GpuWait, (m for m in managers if m.service.gpus))
