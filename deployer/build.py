@@ -45,7 +45,12 @@ class Build:
 
     def host(self, name: str) -> Host:
         path = find_inventory(self.inventory)
-        return get_host(load_inventory(path), name, path)
+        inventory = load_inventory(path)
+        if name not in inventory.hosts:  # a selector's pod (HOST.POD) is a host once its pods are listed
+            from deployer.transport.kubernetes import expand_selectors
+
+            inventory = expand_selectors(inventory)
+        return get_host(inventory, name, path)
 
     def connector(self, name: str, host: Host) -> Connector:
         return lambda bus: open_transport(name, host, bus, accept_new_host_key=self.accept_new_host_key)

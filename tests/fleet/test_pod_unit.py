@@ -9,7 +9,9 @@ The pods use the host's network (the stand-in's pods are hostNetwork), so the de
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +22,14 @@ import yaml
 from fixtures_kube import Container, Kube, Volume
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, init_repo
 from polling import wait_for
+from ports import free_port
+from test_gang import rank
 from test_rolling_router import PdFleet, listed_healthy, load_through, make_fleet, running
 
-from deployer.demo.run import DemoStack, http_status
+from deployer.demo.run import STACK, DemoStack, http_status
 
 GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
 POD_REPO = "/sgl-workspace"
 PODS = {"prefill": ("gpu-c", "sglang-prefill-0"), "decode": ("gpu-d", "sglang-decode-0")}  # role: its stack, pod
 NOTE = "python/sglang/srt/demo_note.py"
@@ -223,7 +228,8 @@ def test_plan_of_a_leaderworkerset_pd_deployment_rolls_one_group_at_a_time_with_
 
 def test_a_fleet_of_pods_runs_in_batches_in_parallel_as_a_fleet_of_hosts(kube: Kube, tmp_path: Path) -> None:
     """A selector host's three pods, `rollout: {batches: [1, 2]}` and --parallel 2: the first pod alone (the
-    canary batch), then the other two at once, each its own run through its own kubectl exec."""
+    canary batch), then the other two at once, each its own run through its own kubectl exec; and one pod's run
+    rolled back by its id alone."""
     image = tmp_path / "image-checkout"
     init_repo(image, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
     pods = ("decode-0", "decode-1", "decode-2")
@@ -249,6 +255,10 @@ def test_a_fleet_of_pods_runs_in_batches_in_parallel_as_a_fleet_of_hosts(kube: K
     spans = [[e["time"] for e in project.events(report["hosts"][host]["run_id"])
               if e["type"] in ("run_start", "run_end")] for host in hosts[1:]]
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], f"the second batch ran one by one: {spans}"
+    # One pod's run rolls back alone: its host, box.decode-1, is found again by listing the selector's pods.
+    rolled = project.deployer("rollback", report["hosts"][hosts[1]]["run_id"])
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert [in_pod(kube, pod, f"cat {POD_REPO}/pkg/a.py") for pod in pods] == [FIXED_A, ORIGINAL_A, FIXED_A]
 
 
 def test_a_canary_proves_the_pods_unit_directly_through_the_agent_in_the_pod_and_through_the_router(
@@ -265,3 +275,43 @@ def test_a_canary_proves_the_pods_unit_directly_through_the_agent_in_the_pod_and
     assert load.report.failed == 0, f"{load.report.failed} of {load.report.sent} failed: {load.report.failures}"
     seen = [e for e in pod_fleet.events(report, "prefill.sglang-prefill-0") if e["type"] == "canary"]
     assert [("router" in e, e["ok"]) for e in seen] == [(False, True), (True, True)], seen
+
+
+def test_a_leaderworkerset_groups_leader_and_worker_pods_restart_as_one_gang(kube: Kube, tmp_path: Path) -> None:
+    """One LeaderWorkerSet group of two pods (worker index 0 the leader, 1 the worker), a selector host each (the
+    worker's by `worker-index!=0`), and a gang unit paired by the group index: `deployer restart --host dsv4.0`
+    restarts both ranks of group 0 together, healthy from the leader pod alone (test_gang's ranks, in pods)."""
+    stack = tmp_path / "stack"
+    shutil.copytree(STACK, stack, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    port, rendezvous = free_port(), free_port()
+    hosts: dict[str, Any] = {}
+    for index, role in ((0, "leader"), (1, "workers")):
+        image = tmp_path / f"image-{role}"
+        init_repo(image, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
+        labels = {"leaderworkerset.sigs.k8s.io/name": "dsv4", GROUP: "0", WORKER: str(index)}
+        kube.pod("dsv4-0" if index == 0 else f"dsv4-0-{index}",
+                 Container("server", image_files={POD_REPO: image, "/stack": stack}), labels=labels)
+        service = rank(Path("/stack/python"), index, port, rendezvous)
+        place = f"{WORKER}=0" if index == 0 else f"{WORKER}!=0"
+        hosts[role] = {"transport": "kubernetes", "repo": POD_REPO, "python": sys.executable,
+                       "services": {"rank": service},
+                       "pod": {"selector": f"leaderworkerset.sigs.k8s.io/name=dsv4,{place}", "container": "server",
+                               "namespace": kube.namespace, "context": kube.context,
+                               "kubeconfig": str(kube.kubeconfig)}}
+    inventory = {"hosts": hosts, "units": {"dsv4": {"services": ["leader:rank", "workers:rank"], "gang": True,
+                                                    "leader": "leader:rank", "group_label": GROUP}}}
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inventory, sort_keys=False))
+    env = deployer_env(PATH=kube.env["PATH"], KUBECACHEDIR=kube.env["KUBECACHEDIR"])
+    # started together: one after the other, rank 0 would wait at the rendezvous for rank 1 until its health timeout
+    first = deployer("restart", "--host", "dsv4.0", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert http_status(f"http://127.0.0.1:{port}/health") == 200
+    pids = {pod: in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/rank.pid") for pod in ("dsv4-0", "dsv4-0-1")}
+    again = deployer("restart", "--host", "dsv4.0", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for pod, old in pids.items():
+        assert in_pod(kube, pod, f"cat {POD_REPO}/.git/deployer/rank.pid") != old, f"{pod}: rank not restarted"
+        assert in_pod(kube, pod, f"kill -0 $(cat {POD_REPO}/.git/deployer/rank.pid) && echo alive") == "alive\n"
+    assert http_status(f"http://127.0.0.1:{port}/health") == 200
+    for host in ("leader.dsv4-0", "workers.dsv4-0-1"):
+        assert re.search(rf"{re.escape(host)}:\nrun \S+: succeeded \(exit 0\)\n  pids: rank \d+ -> \d+", again.stdout)
