@@ -92,8 +92,8 @@ class FleetState:
         return self.pauses[-1] if self.pauses and self.pauses[-1].ended is None else None
 
     def document(self) -> dict[str, Any]:
-        """fleet.json as `--json` prints it, with the hosts never touched."""
-        return {**asdict(self), "untouched": self.untouched()}
+        """fleet.json as `--json` prints it, with the hosts never touched and those held for a person's approval."""
+        return {**asdict(self), "untouched": self.untouched(), "held": self.held()}
 
     def untouched(self) -> list[str]:
         return [name for name, run in self.hosts.items() if run.status == UNTOUCHED]

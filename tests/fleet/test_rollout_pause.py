@@ -95,6 +95,18 @@ def test_a_pause_after_the_first_batch_exits_8_and_resume_from_another_directory
         assert (repo(fleet, host) / "pkg/a.py").read_text() == ORIGINAL_A
         assert report["hosts"][host]["status"] == "untouched"
     assert not any((repo(fleet, h) / ".git" / "deployer.run.lock").exists() for h in HOSTS)  # nothing held
+    # Later, anywhere: runs show says why it paused, since when, what is next and the two commands that end it.
+    shown = elsewhere(fleet, "runs", "show", fleet_id)
+    assert shown.returncode == 0, shown.stderr
+    assert (f"paused before batch 2 (h2, h3, h4) since {pause['since']}: the rollout pauses after batch 1 (h1)"
+            in shown.stdout), shown.stdout
+    assert f"go on with: deployer rollout resume {fleet_id}\n" in shown.stdout
+    assert f"or roll back every host that committed: deployer rollout abort {fleet_id}\n" in shown.stdout
+    listed = elsewhere(fleet, "runs", "list").stdout
+    assert (f"{fleet_id} paused before batch 2 (h2, h3, h4) since {pause['since']}: " in listed
+            and f"deployer rollout resume {fleet_id} | deployer rollout abort {fleet_id}" in listed), listed
+    data = as_json(elsewhere(fleet, "runs", "show", fleet_id, "--json"))
+    assert data["pauses"] == [pause] and data["held"] == [] and data["batches"][1] == ["h2", "h3", "h4"]
 
     # The playbook changed meanwhile: resuming would ship another fix, so it is refused.
     original = (fleet.root / "fix.yaml").read_text()
@@ -160,6 +172,11 @@ def test_abort_of_a_paused_rollout_rolls_back_the_hosts_it_patched_and_never_tou
     assert saved["status"] == "aborted" and saved["pauses"][0]["ended_by"] == "abort"
     assert saved["rolled_back_by"] == [report["rollback"]["fleet_id"]]
     assert elsewhere(fleet, "rollout", "resume", fleet_id).returncode == 2  # aborted: nothing to go on with
+    shown = elsewhere(fleet, "runs", "show", fleet_id).stdout
+    rollback_id = report["rollback"]["fleet_id"]
+    assert f"aborted while paused before batch 2: rolled back by fleet run {rollback_id} (successful)" in shown, shown
+    assert "before batch 2 (h3, h4) from " in shown and "resume to go on, abort to roll back; aborted at " in shown
+    assert "deployer rollout resume" not in shown  # nothing left to resume
 
 
 def test_resume_refuses_when_a_host_of_an_earlier_batch_no_longer_holds_the_fix(fleet: Project) -> None:
@@ -226,6 +243,10 @@ def test_an_inconclusive_analysis_pauses_the_rollout_when_asked_and_resume_appro
     # h1 approved; h2 and h3 are inconclusive too: held after the last batch, for a person again
     assert first.returncode == PAUSED and again["hosts"]["h1"]["approved"], again
     assert "inconclusive on h2, h3" in again["error"] and "after its last batch" in again["error"]
+    assert again["held"] == ["h2", "h3"]
+    shown = elsewhere(fleet, "runs", "show", fleet_id).stdout
+    assert "paused after its last batch since " in shown and "held for approval: h2, h3 (resume approves them)" in shown
+    assert "paused before batch 2 (h2, h3) from " in shown and "; resumed at " in shown, shown
     last = as_json(elsewhere(fleet, "rollout", "resume", fleet_id, "--json"))
     assert last["status"] == "successful" and last["exit_code"] == 0, last
     assert all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h2", "h3"))
