@@ -70,6 +70,14 @@ class Spans:
                 self.kind == "fleet"):
             name = "rollout" if kind == "fleet_start" else f"run {event.get('kind', 'apply')}"
             self.root = self._start(name, None, scalars(event, "fleet", "kind", "host", "playbook_name"))
+        elif kind == "fleet_resumed" and self.root is None and self.kind == "fleet":
+            # `rollout resume`: another process than the one that saw fleet_start, so the rollout's span of this
+            # part opens here, saying whose resume it is, and its batches and hosts have a parent again.
+            self.root = self._start("rollout", None, {**scalars(event, "fleet", "reason"), "deployer.kind": "apply",
+                                                      "deployer.resume_of": str(event.get("fleet"))})
+        elif kind in ("fleet_paused", "fleet_resumed") and self.root is not None:
+            self.root.add_event(kind.removeprefix("fleet_"), scalars(event, "batch", "reason", "duration_s",
+                                                                     prefix=""))
         elif kind == "batch_start" and self.root is not None:
             self._end_batches()
             self.batches[int(event["batch"])] = self._start(f"batch {event['batch']}", self.root,
@@ -123,7 +131,7 @@ class Spans:
     def _status(span: Span, status: object) -> None:
         from opentelemetry.trace import Status, StatusCode
 
-        if status not in (None, "successful", "ok", "skipped", "untouched"):
+        if status not in (None, "successful", "ok", "skipped", "untouched", "paused"):  # a pause waits, never fails
             span.set_status(Status(StatusCode.ERROR, str(status)))
 
     def close(self) -> None:

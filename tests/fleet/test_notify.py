@@ -251,3 +251,56 @@ def test_an_analysis_verdict_is_a_document_and_its_gate_numbers_are_attributes_o
         "deployer.gate.ttft_p99.verdict": "fail", "deployer.gate.ttft_p99.measured": 0.31,
         "deployer.gate.ttft_p99.threshold": 0.22, "deployer.gate.ttft_p99.method": "mann-whitney"}
     assert not step.status.is_ok and [s.name for s in exporter.get_finished_spans()][-1] == "rollout"
+
+
+def test_a_resumed_rollout_opens_its_own_rollout_span_naming_the_run_it_resumes_so_its_batches_have_a_parent(
+) -> None:
+    """`rollout resume` is another process than the apply that paused: it never sees fleet_start."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from deployer.fleet.spans import Spans
+
+    def spans_of(events: list[dict[str, Any]]) -> list[Any]:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        spans = Spans(provider, "fleet", 1.0)
+        for event in events:
+            spans(event)
+        spans.close()
+        return list(exporter.get_finished_spans())
+
+    def host(name: str, batch: int) -> list[dict[str, Any]]:
+        return [{"type": "batch_start", "fleet": "F1", "batch": batch, "hosts": [name]},
+                {"type": "host_status", "fleet": "F1", "host": name, "status": "running"},
+                {"type": "step_start", "host": name, "step": "commit", "kind": "commit"},
+                {"type": "step_end", "host": name, "step": "commit", "status": "ok"},
+                {"type": "host_status", "fleet": "F1", "host": name, "status": "successful", "exit_code": 0}]
+
+    batches = [["h1"], ["h2"]]
+    applied = spans_of([{"type": "fleet_start", "fleet": "F1", "hosts": ["h1", "h2"], "batches": batches,
+                         "kind": "apply"}, *host("h1", 0),
+                        {"type": "fleet_paused", "fleet": "F1", "batch": 1, "reason": "the rollout pauses"},
+                        {"type": "fleet_end", "fleet": "F1", "status": "paused", "exit_code": 8}])
+    first = next(s for s in applied if s.name == "rollout")
+    assert first.status.is_unset and [e.name for e in first.events] == ["paused"]  # a pause is no error
+    resumed = spans_of([{"type": "fleet_resumed", "fleet": "F1", "batch": 1, "reason": "the rollout pauses",
+                         "approved": [], "hosts": ["h1", "h2"], "batches": batches}, *host("h2", 1),
+                        {"type": "fleet_end", "fleet": "F1", "status": "successful", "exit_code": 0}])
+    by_id = {s.context.span_id: s for s in resumed}
+
+    def parents(span: Any) -> list[str]:
+        found = []
+        while span.parent is not None:
+            span = by_id[span.parent.span_id]
+            found.append(span.name)
+        return found
+
+    [step] = [s for s in resumed if s.name == "step commit"]
+    assert parents(step) == ["host h2", "batch 1", "rollout"]
+    root = next(s for s in resumed if s.name == "rollout")
+    assert root.attributes is not None and root.attributes["deployer.resume_of"] == "F1"
+    assert root.attributes["deployer.status"] == "successful" and root.parent is None
