@@ -10,15 +10,21 @@ sys.modules that answers just that sliver. Anything else asked of a stand-in, th
 module and answers from it: another release of these libraries that asks for more pays the cost, and loses
 nothing. A module already loaded is never stood in for: its cost is paid and its answer is the true one.
 deployer never imports asyncio, nor does paramiko, whose connection thread may run while pydantic loads.
+
+PyYAML's reader compiles, as it loads, the characters it refuses as "all but the printable ones"; the printable
+ranges past U+00FF make `re` fill its charset one code point at a time (about 55M instructions, 4% of an apply's
+start-up), for one search of each document read. While yaml.reader loads, re's cache answers that pattern with
+the same set listed (about 2,000 code points), which compiles at once; the entry leaves the cache with the import.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from importlib.machinery import ModuleSpec, PathFinder
 from types import ModuleType
 from typing import Any
@@ -117,11 +123,12 @@ def _pydantic_stand_ins() -> dict[str, ModuleType | None]:
             "importlib.metadata": _module("importlib.metadata", _Later, entry_points=entry_points)}
 
 
-class _WithoutAsyncio:
-    """A pydantic module's loader, run with asyncio (and importlib.metadata) stood in for."""
+class _Within:
+    """A module's loader, run within around() (a context its module loads in)."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, around: Callable[[], AbstractContextManager[None]]) -> None:
         self.loader = loader
+        self.around = around
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         created: ModuleType | None = self.loader.create_module(spec)
@@ -131,7 +138,7 @@ class _WithoutAsyncio:
         module.__loader__ = self.loader  # nothing after the import sees this wrapper
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
-        with standing_in(_pydantic_stand_ins()):
+        with self.around():
             self.loader.exec_module(module)
 
 
@@ -144,7 +151,7 @@ class _PydanticWithoutAsyncio:
             return None
         spec = PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _WithoutAsyncio(spec.loader)  # type: ignore[assignment]
+            spec.loader = _Within(spec.loader, lambda: standing_in(_pydantic_stand_ins()))  # type: ignore[assignment]
         return spec
 
 
@@ -152,3 +159,43 @@ def pydantic_without_asyncio() -> None:
     """pydantic and pydantic_core, whoever imports them first from now on, do not load asyncio."""
     if sys.version_info < (3, 13) and not any(isinstance(f, _PydanticWithoutAsyncio) for f in sys.meta_path):
         sys.meta_path.insert(0, _PydanticWithoutAsyncio())
+
+
+YAML_NON_PRINTABLE = "[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010ffff]"  # yaml.reader's
+NON_PRINTABLE_LISTED = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F-\x84\x86-\x9F\uD800-\uDFFF\uFFFE\uFFFF]"  # the same, listed
+
+
+@contextmanager
+def non_printable_at_once() -> Iterator[None]:
+    """re.compile(YAML_NON_PRINTABLE) answers NON_PRINTABLE_LISTED's pattern meanwhile (a `re` without that cache,
+    or with the entry there already, compiles it as it would)."""
+    key, caches = (str, YAML_NON_PRINTABLE, 0), [getattr(re, name, None) for name in ("_cache", "_cache2")]
+    cache = caches[0]
+    if not isinstance(cache, dict) or any(isinstance(c, dict) and key in c for c in caches):
+        yield
+        return
+    cache[key] = re.compile(NON_PRINTABLE_LISTED)
+    try:
+        yield
+    finally:
+        for c in caches:
+            if isinstance(c, dict):
+                c.pop(key, None)
+
+
+class _YamlReaderAtOnce:
+    """On sys.meta_path: yaml.reader, whoever imports yaml first, loads within non_printable_at_once."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if name != "yaml.reader":
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Within(spec.loader, non_printable_at_once)  # type: ignore[assignment]
+        return spec
+
+
+def yaml_reader_at_once() -> None:
+    """yaml, whoever imports it first from now on, compiles its reader's printable pattern at once."""
+    if "yaml.reader" not in sys.modules and not any(isinstance(f, _YamlReaderAtOnce) for f in sys.meta_path):
+        sys.meta_path.insert(0, _YamlReaderAtOnce())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 from fixtures_repo import Project
 
-from deployer.lean import _pydantic_stand_ins, distribution_version, metadata_knowing, standing_in
+from deployer.lean import (
+    NON_PRINTABLE_LISTED,
+    YAML_NON_PRINTABLE,
+    _pydantic_stand_ins,
+    distribution_version,
+    metadata_knowing,
+    standing_in,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +65,30 @@ def test_the_command_line_loads_click_alone_until_a_command_runs(tmp_path: Path)
     # `deployer --help` and shell completion import deployer.cli and nothing of the core.
     code = f"import sys, deployer.cli\nprint(sorted(m for m in {NOT_FOR_HELP!r} if m in sys.modules))"
     assert probe(code, cwd=tmp_path) == "[]"
+
+
+def test_the_listed_non_printable_set_is_yamls_own_at_every_code_point() -> None:
+    every = "".join(map(chr, range(0x110000)))
+    yamls = re.compile(YAML_NON_PRINTABLE, re.UNICODE)  # its flag: never the cache's entry (str patterns are unicode)
+    assert [m.start() for m in re.compile(NON_PRINTABLE_LISTED).finditer(every)] == [
+        m.start() for m in yamls.finditer(every)]
+
+
+def test_yaml_loaded_after_deployer_refuses_the_same_characters_in_the_same_words_and_leaves_res_cache_as_it_was(
+        tmp_path: Path) -> None:
+    load = ("import yaml\nfor text in ('a: \\x07', 'a: \\ud800', 'a: \\ufffe', 'a: \\U0010ffff\\xa0\\x85'):\n"
+            "    try:\n        print(repr(yaml.safe_load(text)), end=' | ')\n"
+            "    except yaml.YAMLError as exc:\n        print(str(exc).replace(chr(10), ' '), end=' | ')\n"
+            "print()\n")
+    alone = probe(load, cwd=tmp_path)
+    code = (f"import re, deployer\n{load}"
+            "import yaml.reader\nfrom deployer.lean import NON_PRINTABLE_LISTED, YAML_NON_PRINTABLE\n"
+            "print(yaml.reader.Reader.NON_PRINTABLE.pattern == NON_PRINTABLE_LISTED,"
+            " re.compile(YAML_NON_PRINTABLE).pattern == YAML_NON_PRINTABLE)")
+    with_deployer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                   cwd=tmp_path, check=True).stdout.splitlines()
+    assert [line.strip() for line in with_deployer] == [alone, "True True"]
+    assert "unacceptable character #xd800" in alone and "{'a': '\\U0010ffff\\xa0'}" in alone  # U+0085: a line break
 
 
 def test_pydantic_still_warns_of_its_deprecated_methods_and_its_plugin_loader_gets_importlib_metadata(
