@@ -3,19 +3,24 @@ and 37): (a) today's unit restart (every unit in one batch, the router never tol
 with router drain (one unit at a time taken out, drained, restarted, put back) and (c) the same with
 `max_unavailable: 25%` (a quarter of the units out at once), for 2 and 4 units, under the same steady load.
 
-Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4 16] [--runs 1]
+Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4 16] [--runs 1] [--ways b c] [--breakdown]
 Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every process started is stopped.
+--breakdown adds, per batch, where its wall time went (read from the runs' logs): the median over the batch's
+units of each phase on the unit's leader host (its prefill host, which takes the unit out of the router and back),
+and the batch's span from its first run's start to its last run's end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +70,46 @@ def fleet(root: Path, units: int, rollout: dict[str, Any] | None, routed: bool) 
     return list(stacks.values()), router
 
 
-def one_run(units: int, way: str) -> tuple[LoadReport, int, float]:
-    """The load's report, the apply's exit code and its wall time in seconds."""
+# A unit's leader host's run, cut at these events (the first of each kind): lock and preflight, ship and commit, out
+# of the router and drained, the restart with its health waits, back into the router and the lock released.
+PHASES = (("preflight", "run_start", "status"), ("ship", "status", "step_end:commit"),
+          ("out+drain", "step_end:commit", "step_start:co_restart"), ("restart", "step_start:co_restart",
+                                                                      "step_end:co_restart"),
+          ("back+end", "step_end:co_restart", "run_end"))
+
+
+def at(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
+
+
+def breakdown(runs: Path) -> list[tuple[int, float, dict[str, float]]]:
+    """Per batch of the fleet run in `runs`: its span in seconds and the median of each phase over its leaders."""
+    [record] = [json.loads(p.read_text()) for p in runs.glob("*/fleet.json")]
+    logs: dict[str, list[dict[str, Any]]] = {}
+    for path in runs.glob("*/events.jsonl"):
+        events = [json.loads(line) for line in path.read_text().splitlines()]
+        logs[events[0]["host"]] = events
+    found = []
+    for number, hosts in enumerate(record["batches"]):
+        ran = [logs[h] for h in hosts if h in logs]
+        span = max(at(e[-1]) for e in ran) - min(at(e[0]) for e in ran)
+        phases: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+        for events in (logs[h] for h in hosts if h.startswith("p") and h in logs):
+            first: dict[str, float] = {}
+            for event in events:
+                for key in (event["type"], f"{event['type']}:{event.get('step')}"):
+                    first.setdefault(key, at(event))
+            for name, start, end in PHASES:
+                if start in first and end in first:
+                    phases[name].append(first[end] - first[start])
+        found.append((number, span, {name: statistics.median(v) for name, v in phases.items() if v}))
+    return found
+
+
+def one_run(units: int, way: str, breakdown_of: list[tuple[int, float, dict[str, float]]] | None = None
+            ) -> tuple[LoadReport, int, float]:
+    """The load's report, the apply's exit code and its wall time in seconds; the runs' breakdown into
+    breakdown_of when given."""
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         root = Path(tmp)
         stacks, router = fleet(root, units, *WAYS[way])
@@ -82,6 +125,8 @@ def one_run(units: int, way: str) -> tuple[LoadReport, int, float]:
                 wall = time.monotonic() - began
             finally:
                 report = load.stop()
+            if breakdown_of is not None and done.returncode == 0:
+                breakdown_of.extend(breakdown(root / "runs"))
         finally:
             for stack in stacks:
                 stack.stop()
@@ -92,11 +137,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--ways", nargs="+", choices=[way[1] for way in WAYS], default=[way[1] for way in WAYS],
+                        help="the ways compared, by letter (default: all)")
+    parser.add_argument("--breakdown", action="store_true", help="where each batch's wall time went")
     args = parser.parse_args()
     rows = []
+    broken: list[tuple[int, str, list[tuple[int, float, dict[str, float]]]]] = []
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for units in args.units:
-        for way in WAYS:
-            got = [one_run(units, way) for _ in range(args.runs)]
+        for way in (way for way in WAYS if way[1] in args.ways):
+            split: list[tuple[int, float, dict[str, float]]] = []
+            got = [one_run(units, way, split if args.breakdown else None) for _ in range(args.runs)]
+            broken.append((units, way, split))
             sent = sum(r.sent for r, _, _ in got)
             failed = sum(r.failed for r, _, _ in got)
             p99 = statistics.median(r.p99_ms for r, _, _ in got if r.p99_ms is not None) if sent else None
@@ -107,6 +159,22 @@ def main() -> None:
     for units, way, sent, failed, p99, wall, codes in rows:
         print(f"{units:>5}  {way:<28} {sent:>6} {failed:>6} {p99 if p99 is not None else '-':>8} {wall:>7.1f}  "
               f"{codes}")
+    by_units: dict[int, dict[str, float]] = {}
+    for units, way, *_, wall, _ in rows:
+        by_units.setdefault(units, {})[way] = wall
+    for units, walls in by_units.items():
+        if ROLLING in walls:
+            print(f"{units} units, wall time against {ROLLING}: " + ", ".join(
+                f"{way} {wall / walls[ROLLING]:.2f}x" for way, wall in walls.items()))
+    for units, way, split in broken:
+        if not split:
+            continue
+        print(f"\n{units} units, {way}: per batch (a run's batches; medians over the batch's units' leader hosts)")
+        print(f"{'batch':>5} {'span s':>7}  " + " ".join(f"{name:>10}" for name, _, _ in PHASES))
+        for number, span, phases in split:
+            print(f"{number:>5} {span:>7.2f}  " + " ".join(
+                f"{phases[name]:>10.2f}" if name in phases else f"{'-':>10}" for name, _, _ in PHASES))
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from deployer.errors import DeployerError
 BUILD = "python/sglang/srt/demo_build.py"  # the stack's file that says how much slower the build is
 SLOWDOWN = 2.0  # the regression's: every wait three times as long
 # Short windows, as many as the demo's load fills with enough observations a side (20: the rank test's least).
-WINDOWS: dict[str, Any] = {"interval_s": 3.0, "windows": 4}
+WINDOWS: dict[str, Any] = {"interval_s": 3.0, "windows": 5}
 CHECKS: list[dict[str, Any]] = [
     {"kind": "histogram", "name": "p99 TTFT", "metric": "sglang:time_to_first_token_seconds", "min_samples": 20},
     {"kind": "critical", "name": "aborted requests", "metric": "sglang:num_aborted_requests_total"}]

@@ -41,7 +41,7 @@ def test_the_fleet_demo_passes_each_units_fix_on_its_latency_before_and_after_it
         event = analysis_of(workdir, record["hosts"][prefill]["run_id"])
         ttft = event["verdicts"][0]
         assert event["mode"] == "before-after" and ttft["check"] == "p99 TTFT", event
-        assert len(ttft["baseline_windows"]) == len(ttft["canary_windows"]) == 4, ttft  # the windows, each side
+        assert len(ttft["baseline_windows"]) == len(ttft["canary_windows"]) == 5, ttft  # the windows, each side
         assert ttft["method"] == "mann-whitney" and ttft["outcome"] == "pass", (unit, ttft)
 
 
