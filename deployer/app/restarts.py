@@ -1,6 +1,7 @@
 """`restart`: bring services back without changing a file, as a run of its own (kind restart), under the host's
 lock, with co_restart's proofs. A host behind a router leaves it around its restart (as its unit of one); a
-group is restarted one host after another, the first that fails ending it; a unit's services restart as one."""
+group is restarted one host after another, the first that fails ending it; a unit's services restart as one, and
+a group of units (a unit of pods' groups) one unit after another."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class RestartOptions(Setting):
-    """host: a host, a group (each host in turn, sorted) or a unit (its services restart as one); services:
+    """host: a host, a group (each host in turn, sorted), a unit (its services restart as one) or a group of units
+    (each unit as one, in turn); services:
     those to restart (none: every service of the host, or of the unit); checks_from: a playbook whose checks
     after its commit (drain...) run too."""
 
@@ -42,6 +44,9 @@ def restart(options: RestartOptions, *, listener: Listener | None = None,
     checks = Path(options.checks_from) if options.checks_from else None
     if options.host in loaded.units:
         return restart_unit(build, loaded, options.host, services, checks, watch)
+    members = loaded.groups.get(options.host, [])
+    if members and all(member in loaded.units for member in members):
+        return restart_units(build, loaded, members, services, checks, watch)
     runs = [restarting(build, loaded, host, services, checks) for host in sorted(hosts)]
     for engine, _ in runs:
         engine.check_host()  # an unknown service is refused before anything connects, on any host
@@ -71,6 +76,20 @@ def restarting(build: Build, loaded: Inventory, host: str, services: list[str],
 
     engine = build.restart_unit(host, routed, services, checks)[host]
     return engine, partial(alone, host, routed, engine, build.routers(loaded), restart=True)
+
+
+def restart_units(build: Build, loaded: Inventory, units: list[str], services: list[str],
+                  checks: Path | None, watch: Watch | None) -> HostsOutcome:
+    """A group of units (a unit of pods per group label's value: pd.0, pd.1...): each unit restarted as one, in
+    the group's order, the first that fails ending it. Host by host would restart one rank of a gang alone, which
+    it cannot survive."""
+    results: dict[str, RunResult] = {}
+    for name in units:
+        done = restart_unit(build, loaded, name, services, checks, watch)
+        results.update(done.results)
+        if done.exit_code:
+            break  # the units after it are left as they are
+    return HostsOutcome(results, sum(len(loaded.units[name].hosts()) for name in units))
 
 
 def restart_unit(build: Build, loaded: Inventory, name: str, services: list[str], checks: Path | None,

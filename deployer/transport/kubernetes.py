@@ -14,8 +14,10 @@ namespace and its context. The agent's start fails with it (AgentLost: exit 4), 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -296,11 +298,30 @@ def expand_selectors(inventory: Inventory) -> Inventory:
     return inventory.model_copy(update={"hosts": hosts, "groups": {**groups, **unit_groups}, "units": units})
 
 
+# A command's listings of a selector's pods, by the kubectl command and where it runs: each command (a process)
+# lists a selector once, however many of its hosts it loads the inventory for (Build.host loads it per host).
+# The pods a listing names are the ones the command works on; a pod recreated under its name is the same host.
+_listed: dict[tuple[str, ...], dict[str, dict[str, str]]] = {}
+_listing = threading.Lock()
+
+
 def selected(name: str, host: KubernetesHost, bus: Emitter) -> dict[str, dict[str, str]]:
-    """The pods a selector's host selects now, by name in order, each with its labels."""
+    """The pods a selector's host selects, by name in order, each with its labels: listed once per process."""
     pod = host.pod
     assert pod.selector is not None
     argv = [*kubectl_argv(pod), "get", "pods", "--selector", pod.selector, "--output", "json"]
+    bastion = host.via_host
+    where = ("ssh", host.via or "", bastion.address or "", str(bastion.port), bastion.user or "") if bastion else \
+        ("local", os.environ.get("KUBECONFIG", ""))
+    with _listing:
+        if (*where, *argv) not in _listed:
+            _listed[(*where, *argv)] = list_pods(name, host, argv, bus)
+        return _listed[(*where, *argv)]
+
+
+def list_pods(name: str, host: KubernetesHost, argv: list[str], bus: Emitter) -> dict[str, dict[str, str]]:
+    """`kubectl get pods --selector` run now where kubectl runs: the pods by name in order, with their labels."""
+    pod = host.pod
     side = kubectl_side(name, host, bus, False, python="python3")
     try:
         done = side.run(argv, timeout=SELECTED_S)
