@@ -6,8 +6,8 @@ with router drain (one unit at a time taken out, drained, restarted, put back) a
 Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4 16] [--runs 1] [--ways b c] [--breakdown]
 Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every process started is stopped.
 --breakdown adds, per batch, where its wall time went (read from the runs' logs): the median over the batch's
-units of each phase on the unit's leader host (its prefill host, which takes the unit out of the router and back),
-and the batch's span from its first run's start to its last run's end.
+units of each phase on the unit's leader (its first host, which takes the unit out of the router and back), and the
+batch's span from its first run's start to its last run's end.
 """
 
 from __future__ import annotations
@@ -70,12 +70,14 @@ def fleet(root: Path, units: int, rollout: dict[str, Any] | None, routed: bool) 
     return list(stacks.values()), router
 
 
-# A unit's leader host's run, cut at these events (the first of each kind): lock and preflight, ship and commit, out
-# of the router and drained, the restart with its health waits, back into the router and the lock released.
+# A unit's leader's run (the unit's first host, whose run takes the unit out of the router and back), cut at these
+# events (the first of each kind): lock and preflight, ship and commit, the connection to the router's host (a unit
+# not on it opens its own), the workers removed and unlisted, drained, the services stopped, started and healthy, and
+# back into the router with the lock released.
 PHASES = (("preflight", "run_start", "status"), ("ship", "status", "step_end:commit"),
-          ("out+drain", "step_end:commit", "step_start:co_restart"), ("restart", "step_start:co_restart",
-                                                                      "step_end:co_restart"),
-          ("back+end", "step_end:co_restart", "run_end"))
+          ("router conn", "step_end:commit", "router_remove"), ("unlisted", "router_remove", "router_listed"),
+          ("drained", "router_listed", "step_start:co_restart"), ("stop", "step_start:co_restart", "service_stopped"),
+          ("start", "service_stopped", "step_end:co_restart"), ("back+end", "step_end:co_restart", "run_end"))
 
 
 def at(event: dict[str, Any]) -> float:
@@ -94,7 +96,8 @@ def breakdown(runs: Path) -> list[tuple[int, float, dict[str, float]]]:
         ran = [logs[h] for h in hosts if h in logs]
         span = max(at(e[-1]) for e in ran) - min(at(e[0]) for e in ran)
         phases: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
-        for events in (logs[h] for h in hosts if h.startswith("p") and h in logs):
+        leaders = [hosts_of[0] for hosts_of in record["units"].values() if hosts_of[0] in hosts]
+        for events in (logs[h] for h in leaders if h in logs):
             first: dict[str, float] = {}
             for event in events:
                 for key in (event["type"], f"{event['type']}:{event.get('step')}"):
@@ -170,10 +173,10 @@ def main() -> None:
         if not split:
             continue
         print(f"\n{units} units, {way}: per batch (a run's batches; medians over the batch's units' leader hosts)")
-        print(f"{'batch':>5} {'span s':>7}  " + " ".join(f"{name:>10}" for name, _, _ in PHASES))
+        print(f"{'batch':>5} {'span s':>7}  " + " ".join(f"{name:>11}" for name, _, _ in PHASES))
         for number, span, phases in split:
             print(f"{number:>5} {span:>7.2f}  " + " ".join(
-                f"{phases[name]:>10.2f}" if name in phases else f"{'-':>10}" for name, _, _ in PHASES))
+                f"{phases[name]:>11.2f}" if name in phases else f"{'-':>11}" for name, _, _ in PHASES))
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
