@@ -15,6 +15,7 @@ from deployer.errors import ConfigError
 
 if TYPE_CHECKING:
     from deployer.build import Build
+    from deployer.config.notify import Notify
     from deployer.run.recover import Recovered
     from deployer.steps.context import Listener
 
@@ -83,9 +84,21 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
     else:
         raise ConfigError(f"no run {run_id!r} in {runs_path}: pass --host H to recover it from the target's "
                           "intent record")
-    with watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
-        result, found = recovery.recover(engine, run_id, rollback=options.rollback)
+    from deployer.app.rollbacks import watched_run
+
+    cut: str = run_id
+    result, found = watched_run(build, engine, notify_of(options), watch,
+                                lambda: recovery.recover(engine, cut, rollback=options.rollback))
     return RecoveredRun(result, found)
+
+
+def notify_of(options: RecoverOptions) -> Notify | None:
+    """The inventory's notify: a recover is heard as an apply is. Read without listing a selector's pods: a
+    recover names its hosts itself."""
+    from deployer.config.models import load_inventory
+    from deployer.config.paths import find_inventory
+
+    return load_inventory(find_inventory(str(options.inventory) if options.inventory is not None else None)).notify
 
 
 def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener: Listener | None,
@@ -98,10 +111,13 @@ def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener
     if not followup.cut_sub_runs(runs_path, fleet_id):  # as a single run with nothing left says: exit 0
         return NothingToRecover(f"fleet run {fleet_id}: nothing to recover (every host's record and log ended)",
                                 {"fleet_id": fleet_id})
+    from deployer.fleet.notify import notifying
+
     cancel = FleetCancel()
     listeners: list[Listener] = [listener] if listener is not None else []
-    with watching(watch, Watched("fleet", list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel,
-                                 listeners)):
+    with notifying(notify_of(options), "fleet", listeners, runs_dir=runs_path, say=build.listeners), \
+            watching(watch, Watched("fleet", list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel,
+                                    listeners)):
         return FleetOutcome(followup.recover_fleet(runs_path, fleet_id, build.sub_run, rollback=options.rollback,
                                                    parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners,
                                                    cancel=cancel))

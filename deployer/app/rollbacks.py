@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deployer.app.downtime import refuse_lone, routed_part
 from deployer.app.outcome import FleetOutcome, RunOutcome
@@ -18,9 +18,13 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from deployer.build import Build
-    from deployer.run.engine import Engine, RunResult
+    from deployer.config.notify import Notify
+    from deployer.run.engine import Engine
     from deployer.run.rollback import Deploy
     from deployer.steps.context import Listener
+
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, kw_only=True)
 class RollbackOptions(RevertSetting):
@@ -56,11 +60,12 @@ def rollback(options: RollbackOptions, *, listener: Listener | None = None,
 
         name, unit = routed
         refuse_lone(engine.host_name, {name: unit}, loaded, options.allow_downtime)  # alone behind it: downtime
-        return RunOutcome(watched_run(engine, watch, partial(alone, name, unit, engine, build.routers(loaded),
-                                                             rollback_of=run, force=options.force)))
+        return RunOutcome(watched_run(build, engine, loaded.notify, watch, partial(
+            alone, name, unit, engine, build.routers(loaded), rollback_of=run, force=options.force)))
     from deployer.run import rollback as rollbacks
 
-    return RunOutcome(watched_run(engine, watch, lambda: rollbacks.rollback(engine, run, force=options.force)))
+    return RunOutcome(watched_run(build, engine, loaded.notify, watch,
+                                  lambda: rollbacks.rollback(engine, run, force=options.force)))
 
 
 def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listener: Listener | None,
@@ -74,18 +79,26 @@ def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listen
     loaded = inventory_of(options)
     chosen = targets.resolve(loaded, options.host) if options.host else None
     hosts = chosen or list(FleetRecord.load(build.runs_dir, fleet_id).state.hosts)
+    from deployer.fleet.notify import notifying
+
     cancel = FleetCancel()
     listeners: list[Listener] = [listener] if listener is not None else []
-    with watching(watch, Watched("fleet", hosts, cancel, listeners)):
+    units = every_unit(loaded.units, loaded.hosts)
+    unit_of = {host: name for name, unit in units.items() for host in unit.hosts()}
+    with notifying(loaded.notify, "fleet", listeners, runs_dir=build.runs_dir, say=build.listeners, units=unit_of), \
+            watching(watch, Watched("fleet", hosts, cancel, listeners)):
         return FleetOutcome(followup.rollback_fleet(
             build.runs_dir, fleet_id, build.sub_run, hosts=chosen, force=options.force,
             parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners, cancel=cancel,
-            units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded),
-            allow_downtime=options.allow_downtime))
+            units=units, routers=build.routers(loaded), allow_downtime=options.allow_downtime))
 
 
-def watched_run(engine: Engine, watch: Watch | None, run: Callable[[], RunResult]) -> RunResult:
-    with watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
+def watched_run(build: Build, engine: Engine, notify: Notify | None, watch: Watch | None, run: Callable[[], T]) -> T:
+    """A single host's rollback or recover: watched, and heard by the inventory's webhooks as an apply is."""
+    from deployer.fleet.notify import notifying
+
+    with notifying(notify, "host", engine.listeners, runs_dir=build.runs_dir, say=build.listeners), \
+            watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
         return run()
 
 

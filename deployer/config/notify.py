@@ -26,7 +26,8 @@ EVENT_TYPES = (
     "analysis.verdict",  # reserved: an analysis judged a build (its metric, measured value, threshold, verdict)
     "rollout.end",  # a fleet run ended: its status and exit code
     "run.start", "run.end",  # a single-host run (apply, rollback) starts; ends
-    "run.rollback",  # a single-host run rolled its commit back (its on_failure)
+    "run.rollback",  # a run's commit reverted: its on_failure, or `deployer rollback RUN` (whose run it names)
+    "run.recover",  # `deployer recover` ended a cut run: what it found of it (its outcome, its commit)
 )
 
 # The events of a run that the documents (and spans) come from, beside those named in fleet/notify.py: what a
@@ -34,6 +35,7 @@ EVENT_TYPES = (
 # analysis's verdict (once the analysis emits it), and a host's statuses on its way rather than at an end.
 Kind = Literal["host", "fleet"]
 VERDICT = "analysis_verdict"
+RECOVERED = "recovered"  # a recover's finding, on its own or in a fleet's `recover FLEET_ID`
 NOT_ENDED = ("running", "rolling back")
 
 

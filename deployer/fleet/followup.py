@@ -117,6 +117,8 @@ def follow_up(kind: str, runs_dir: Path, original: FleetRecord, hosts: list[str]
         original.save()
     runner = FleetRunner(record, strategy, parallel, cancel, listeners)
     runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind=kind)
+    if kind == "rollback":  # heard as an apply's own rollback is (rollout.rollback), naming the run it undoes
+        runner.emit("fleet_rollback", hosts=hosts, of_fleet=original.state.fleet_id)
     runner.run(task, unit_task)
     finish(record, cancel)
     runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)

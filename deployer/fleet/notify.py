@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import deployer
 from deployer.command import Masker
-from deployer.config.notify import NOT_ENDED, VERDICT, Kind, Notify, Webhook, resolve_headers
+from deployer.config.notify import NOT_ENDED, RECOVERED, VERDICT, Kind, Notify, Webhook, resolve_headers
 from deployer.runlog import utc_now
 from deployer.steps.context import Listener
 
@@ -62,6 +62,8 @@ class Documents:
         kind = event.get("type")
         if kind == VERDICT:
             return [self.document("analysis.verdict", event)]
+        if kind == RECOVERED:
+            return [self.document("run.recover", event)]
         if self.kind == "host":
             if kind == "run_start":
                 self.run = event.get("run_id")

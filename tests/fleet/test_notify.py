@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import test_fleet
 import yaml
-from fixtures_repo import Project, git
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, age_lock, git, staged_bytes
 from test_fleet import as_json, repo
 
 fleet = test_fleet.fleet
@@ -304,3 +305,76 @@ def test_a_resumed_rollout_opens_its_own_rollout_span_naming_the_run_it_resumes_
     root = next(s for s in resumed if s.name == "rollout")
     assert root.attributes is not None and root.attributes["deployer.resume_of"] == "F1"
     assert root.attributes["deployer.status"] == "successful" and root.parent is None
+
+
+# -- rollbacks and recovers are events too (issue 37 item 4) ------------------------------------------------------
+
+
+def test_deployer_rollback_of_a_fleet_run_and_of_one_run_each_tell_the_webhook(fleet: Project, hook: Hook) -> None:
+    fleet.playbook(steps=test_fleet.BOUNDED)
+    applied = as_json(fleet.deployer("apply", "fix.yaml", "--host", "h1,h2", "--json"))
+    single = as_json(fleet.deployer("apply", "fix.yaml", "--host", "h3", "--json"))
+    notify(fleet, webhooks=[{"url": hook.url}])  # heard from here on: the rollbacks only
+
+    rolled = fleet.deployer("rollback", applied["fleet_id"], "--json")
+    report = as_json(rolled)
+    assert rolled.returncode == 0, rolled.stderr
+    docs = hook.documents
+    assert [d["type"] for d in docs] == ["rollout.start", "rollout.rollback", "batch.start", "host.end", "host.end",
+                                         "batch.end", "rollout.end"], docs
+    assert docs[0]["data"]["kind"] == "rollback" and all(d["fleet"] == report["fleet_id"] for d in docs)
+    assert docs[1]["data"] == {"hosts": ["h1", "h2"], "of_fleet": applied["fleet_id"]}
+    assert docs[-1]["status"] == "successful"
+
+    del hook.posts[:]
+    undone = fleet.deployer("rollback", single["run_id"], "--json")
+    assert undone.returncode == 0, undone.stderr
+    docs = hook.documents
+    assert [d["type"] for d in docs] == ["run.start", "run.rollback", "run.end"], docs
+    run_id = as_json(undone)["run_id"]
+    assert all(d["run"] == run_id and d["host"] == "h3" for d in docs)
+    assert docs[0]["data"]["kind"] == "rollback" and docs[1]["data"]["of_run"] == single["run_id"]
+    assert docs[2]["status"] == "successful" and (repo(fleet, "h3") / "pkg/a.py").read_text() == ORIGINAL_A
+
+
+def test_rollout_abort_tells_the_webhook_of_its_rollback_then_of_the_abort(fleet: Project, hook: Hook) -> None:
+    notify(fleet, webhooks=[{"url": hook.url, "events": ["rollout.rollback", "rollout.aborted", "rollout.end"]}])
+    fleet.playbook(steps=test_fleet.BOUNDED, rollout={"batches": [1, "100%"], "steps": ["batch", {"pause": {}}]})
+    paused = as_json(fleet.deployer("apply", "fix.yaml", "--host", "h1,h2", "--json"))
+    assert paused["status"] == "paused"
+    del hook.posts[:]
+    aborted = fleet.deployer("rollout", "abort", paused["fleet_id"], "--json")
+    report = as_json(aborted)
+    assert aborted.returncode == 0, aborted.stderr
+    docs = hook.documents
+    assert [d["type"] for d in docs] == ["rollout.rollback", "rollout.end", "rollout.aborted"], docs
+    rollback_id = report["rollback"]["fleet_id"]
+    assert docs[0]["data"] == {"hosts": ["h1"], "of_fleet": paused["fleet_id"]} and docs[0]["fleet"] == rollback_id
+    assert docs[2]["fleet"] == paused["fleet_id"] and docs[2]["status"] == "aborted"
+    assert docs[2]["data"]["rolled_back_by"] == rollback_id
+
+
+def test_deployer_recover_of_a_cut_run_tells_the_webhook_what_it_found(fleet: Project, hook: Hook) -> None:
+    fleet.playbook(steps=test_fleet.BOUNDED)
+    inventory = fleet.inventory.read_text()
+    test_fleet.slow_remote_compile(fleet, 30)
+    proc = fleet.popen("apply", "fix.yaml", "--host", "h1")
+    try:
+        deadline = time.monotonic() + 30
+        while staged_bytes(repo(fleet, "h1"), "pkg/a.py") != FIXED_A:
+            assert time.monotonic() < deadline and proc.poll() is None, "the upload was never staged"
+            time.sleep(0.05)
+    finally:
+        proc.kill()  # cut in the compile: the staged bytes, a lock and an intent record left on h1
+        proc.communicate(timeout=30)
+    age_lock(repo(fleet, "h1"))
+    fleet.inventory.write_text(inventory)  # the recover's own python does not sleep
+    notify(fleet, webhooks=[{"url": hook.url, "events": ["run.recover", "run.end"]}])
+    [cut] = [p.name for p in fleet.runs.iterdir() if (p / "events.jsonl").is_file()]
+    recovered = fleet.deployer("recover", cut, "--json")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    docs = hook.documents
+    assert [d["type"] for d in docs] == ["run.recover", "run.end"], docs
+    assert docs[0]["host"] == "h1" and docs[0]["data"]["of_run"] == cut and docs[0]["data"]["outcome"], docs[0]
+    assert docs[1]["status"] == "successful" and docs[0]["run"] == docs[1]["run"] == as_json(recovered)["run_id"]
+    assert docs[0]["run"] != cut  # the recover's own run, which names the cut one
