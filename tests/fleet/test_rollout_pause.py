@@ -21,7 +21,7 @@ import pytest
 import yaml
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git
 from pydantic import ValidationError
-from test_fleet import BOUNDED, HOSTS, as_json, fleet, repo, second_sshd
+from test_fleet import BOUNDED, HOSTS, UNIT_STEPS, as_json, fleet, pd_unit, repo, second_sshd, serving
 from test_notify import Hook, hook, notify
 
 from deployer.config.rollout import Rollout
@@ -30,7 +30,7 @@ from deployer.fleet.runner import FleetCancel, FleetRunner
 from deployer.fleet.strategies import Batches
 from deployer.run.engine import RunResult
 
-__all__ = ["fleet", "hook", "second_sshd"]  # the fixtures, used by name
+__all__ = ["fleet", "hook", "pd_unit", "second_sshd"]  # the fixtures, used by name
 PAUSED = 8
 PAUSE_AFTER_CANARY = {"batches": [1, "100%"], "steps": ["batch", {"pause": {}}]}
 
@@ -250,6 +250,58 @@ def test_an_inconclusive_analysis_pauses_the_rollout_when_asked_and_resume_appro
     last = as_json(elsewhere(fleet, "rollout", "resume", fleet_id, "--json"))
     assert last["status"] == "successful" and last["exit_code"] == 0, last
     assert all((repo(fleet, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h2", "h3"))
+
+
+def held_unit(pd_unit: Project, metrics: str) -> dict[str, Any]:
+    """A fleet apply of unit pd-1 then h2 whose analysis (on the still metrics) is inconclusive: paused after the
+    unit's batch, under on_inconclusive: pause (and on_failure: rollback_fleet, which a hold must not trigger)."""
+    analysis = {"analysis": {"url": metrics, "baseline": {"metrics": metrics}, "interval_s": 0.2, "windows": 2,
+                             "checks": [{"kind": "histogram", "name": "p99 TTFT", "metric": TTFT,
+                                         "min_samples": 5}]}}
+    pd_unit.playbook(steps=[*UNIT_STEPS, analysis], rollout={"batches": [1, "100%"], "on_inconclusive": "pause"},
+                     on_failure="rollback_fleet")
+    serving(pd_unit)
+    result = pd_unit.deployer("apply", "fix.yaml", "--host", "pd-1,h2", "--json")
+    report = as_json(result)
+    assert result.returncode == PAUSED, report
+    return dict(report)
+
+
+def test_an_inconclusive_unit_is_held_whole_under_on_inconclusive_pause_and_resume_approves_all_of_it(
+        pd_unit: Project, metrics: str) -> None:
+    """Unit pd-1 (prefill h1, decode h3) restarts as one and is judged on its metrics host: the inconclusive
+    analysis holds both hosts (neither done, neither rolled back, though on_failure says rollback_fleet)."""
+    report = held_unit(pd_unit, metrics)
+    assert report["batches"] == [["h1", "h3"], ["h2"]] and report["untouched"] == ["h2"], report
+    assert sorted(report["held"]) == ["h1", "h3"], report
+    for host in ("h1", "h3"):  # the unit's commit kept on both, none rolled back, none counted done
+        run = report["hosts"][host]
+        assert run["status"] != "successful" and run["rollback_status"] is None, run
+        assert (repo(pd_unit, host) / "pkg/a.py").read_text() == FIXED_A
+        assert deploy_commits(pd_unit, host) == 1
+    [pause] = report["pauses"]
+    assert pause["before_batch"] == 1 and "inconclusive on h1, h3" in pause["reason"], pause
+
+    resumed = as_json(elsewhere(pd_unit, "rollout", "resume", report["fleet_id"], "--json"))
+    # h2 is inconclusive too (the same still metrics): held after the last batch; the unit is approved whole
+    assert resumed["hosts"]["h1"]["approved"] and resumed["hosts"]["h3"]["approved"], resumed
+    assert resumed["held"] == ["h2"] and all(deploy_commits(pd_unit, h) == 1 for h in ("h1", "h3"))
+    done = as_json(elsewhere(pd_unit, "rollout", "resume", report["fleet_id"], "--json"))
+    assert done["status"] == "successful" and done["exit_code"] == 0, done
+    assert all((repo(pd_unit, h) / "pkg/a.py").read_text() == FIXED_A for h in ("h1", "h2", "h3"))
+
+
+def test_abort_of_an_inconclusive_unit_rolls_back_the_whole_unit_as_one(pd_unit: Project, metrics: str) -> None:
+    report = held_unit(pd_unit, metrics)
+    # No traffic judges the reverted build either (its analysis against the sibling would be inconclusive again):
+    # the person who aborts says so, as for any rollback.
+    aborted = elsewhere(pd_unit, "rollout", "abort", report["fleet_id"], "--skip-check", "analysis", "--json")
+    done = as_json(aborted)
+    assert aborted.returncode == 0 and done["status"] == "aborted", done
+    assert done["rollback"]["units"] == {"pd-1": ["h1", "h3"]} and done["rollback"]["status"] == "successful"
+    for host in ("h1", "h3"):
+        assert (repo(pd_unit, host) / "pkg/a.py").read_text() == ORIGINAL_A
+    assert (repo(pd_unit, "h2") / "pkg/a.py").read_text() == ORIGINAL_A and deploy_commits(pd_unit, "h2") == 0
 
 
 def test_without_on_inconclusive_pause_an_inconclusive_host_fails_the_batch_as_before(fleet: Project,
