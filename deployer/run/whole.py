@@ -250,7 +250,8 @@ def unsent(ctx: Context, chain: Sequence[Step], *, allow_dirty: bool) -> str | N
         return f"{', '.join(judging)} reads the target to judge the run before it changes it"
     upload = next((i for i, s in enumerate(chain) if not runs_here(s)), None)
     if upload is None or chain[upload].effect != Effect.changes_files:
-        return "a step before the upload reads the target" if upload is not None else "nothing is uploaded"
+        return f"{chain[upload].name} reads the target before the upload" if upload is not None else \
+            "nothing is uploaded"
     if not sends_changes(chain[upload]):
         return f"{chain[upload].name} sends its changes only in its turn"
     commit = next((i for i, s in enumerate(chain) if s.effect == Effect.commits), None)

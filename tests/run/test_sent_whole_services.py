@@ -151,7 +151,7 @@ def test_the_demo_playbook_is_still_sent_in_two_round_trips_for_its_baseline_rea
     planned = project.deployer("plan", "fix.yaml", "--host", "box", "--json")
     assert planned.returncode == 0, planned.stderr
     assert json.loads(planned.stdout)["sent_whole"] == {
-        "yes": False, "why_not": "a step before the upload reads the target"}
+        "yes": False, "why_not": "baseline reads the target before the upload"}
 
 
 def test_a_baseline_first_playbook_has_its_services_judged_in_one_round_trip_before_the_baseline(
