@@ -113,14 +113,14 @@ class Whole:
             self._forget(ctx)
             return
         state = record.state
+        there = {s.name: r for s in self.chain if (r := judged_there(s, ctx)) is not None}
         try:
             self.premise = ctx.transport.write_ahead(Premise(
                 repo=ctx.repo, git_dir=git_dir, head_argv=HEAD, record=intent.path_in(git_dir),
                 record_fields={"run_id": ctx.run_id, "operator": state.operator, "host": state.host,
                                "started": state.history[0].time, "trailer": run_trailer(ctx.run_id)},
                 files=[{"dest": f.dest, "new_sha256": f.new_sha256, "new_blob": f.new_blob} for f in state.files],
-                ready=sum((r for s in self.chain if (r := judged_there(s, ctx)) is not None), Ready())),
-                after=guards)
+                ready=sum(there.values(), Ready())), after=guards)
         except TransportError:
             # Refused before a byte went (the stream was already known broken, e.g. a reply read while this
             # machine was slow to get here): nothing of the chain can run there, and the record says so.
@@ -135,7 +135,7 @@ class Whole:
         # Each request of the chain names what it runs behind; what follows (the take's own reads when it found
         # the lock held, its removal of strays) must not wait on the premise.
         ctx.transport.lift_gate()
-        ctx.emit("sent_whole", steps=state.sent_ahead, guards=len(guards))
+        ctx.emit("sent_whole", steps=state.sent_ahead, guards=len(guards), judged_there=list(there))
 
     def premise_held(self, ctx: Context) -> bool:
         """Whether the premise held (then the target may hold any part of the chain). When it did not, nothing

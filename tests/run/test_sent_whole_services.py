@@ -65,6 +65,7 @@ def test_a_playbook_that_restarts_its_services_goes_whole_and_the_premise_judged
     assert found.index("sent_whole") < found.index("lock_acquired")
     # Not one read of a service before the commit: the agent judged them, inside the premise.
     assert observed_here(project) == []
+    assert next(e for e in project.events() if e["type"] == "sent_whole")["judged_there"] == ["co_restart"]
     assert state_of(project)["sent_ahead"] == ["upload", "remote_compile", "commit"]
 
 
