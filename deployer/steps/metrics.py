@@ -22,7 +22,7 @@ from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.optional import ChecksHost, LiveCheck, NotesPlan, ReadsLive, Rejudged
-from deployer.steps.storm import StormParams, no_abort_all, storm, storm_actions, unreachable
+from deployer.steps.storm import StormParams, no_abort_all, storm, storm_actions
 from deployer.transport.base import Transport
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -180,7 +180,7 @@ class Baseline(MetricStep):
 
     def check_host(self, host_name: str, host: Host) -> str | None:
         storm = self.params.storm
-        missing = None if storm is None else unreachable(host) or no_url(
+        missing = None if storm is None else no_url(
             storm.url, host.endpoint, host_name, "storm", "endpoint", "`storm: {url: ...}`") or \
             no_abort_all(storm, host)
         return missing or super().check_host(host_name, host)

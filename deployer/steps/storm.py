@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import posixpath
+import urllib.error
+import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
@@ -15,6 +18,8 @@ from deployer.steps.base import Action, Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.loadgen import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT, MAX_CONCURRENCY, MAX_REQUESTS, run_storm
 from deployer.steps.optional import ChecksHost
+
+PROBE_S = 10.0  # for the first answer through a port-forward
 
 
 class StormParams(Strict):
@@ -50,15 +55,23 @@ def no_abort_all(params: StormParams, host: Host) -> str | None:
             "only when its client goes away, which the storm's client_timeout_s does")
 
 
-def unreachable(host: Host) -> str | None:
-    """Why this machine cannot send a storm to the host's endpoint (None: it can)."""
-    if getattr(host, "transport", None) != "kubernetes":
-        return None
-    # run_storm sends from here through a tunnel to the target's loopback; a pod's loopback is its own, and
-    # kubectl exec (one pipe to the agent) carries no connection into it.
-    return ("a storm is sent from this machine to the target's loopback, and a pod's loopback is its own, which "
-            "kubectl exec does not reach (no port-forward yet): drop the storm for a pod target (a drain still "
-            "reads the pod's metrics, through the agent in it)")
+def reached(ctx: Context, url: str) -> str:
+    """url as this machine reaches it (a tunnel when remote). Through a port-forward (a pod's), one GET first: kubectl
+    accepts a connection before it reaches the pod's port, so a port nothing listens on shows only as connections
+    dropped; any HTTP answer will do, none is a failed step that names the pod's port and says what kubectl said."""
+    local = ctx.transport.reach(url)
+    ports = ctx.transport.ports
+    if ports is None:
+        return local
+    try:
+        urllib.request.urlopen(local, timeout=PROBE_S).close()
+    except urllib.error.HTTPError:
+        pass  # an answer: something listens there
+    except (OSError, http.client.HTTPException) as exc:
+        said = ports.said(urlsplit(local).port or 0)
+        raise StepFailed(ctx.bus.step or "storm", f"nothing answers {url} in the target ({local} from here: "
+                         f"{exc}){': ' + said if said else ''}") from None
+    return local
 
 
 def storm_request(ctx: Context, params: StormParams) -> tuple[str, str, str]:
@@ -89,7 +102,7 @@ def storm_actions(ctx: Context, params: StormParams) -> list[Action]:
 def storm(ctx: Context, params: StormParams) -> str:
     flood, *abort_all = storm_actions(ctx, params)
     assert flood.body is not None
-    result = run_storm(ctx.transport.reach(flood.target), requests=params.requests, concurrency=params.concurrency,
+    result = run_storm(reached(ctx, flood.target), requests=params.requests, concurrency=params.concurrency,
                        client_timeout_s=params.client_timeout_s, abort_all_every=params.abort_all_every,
                        abort_url=ctx.transport.reach(storm_request(ctx, params)[2]),
                        max_duration_s=params.max_duration_s, body=json.loads(flood.body))
@@ -117,7 +130,7 @@ class Storm(Step, ChecksHost):
     params: StormParams
 
     def check_host(self, host_name: str, host: Host) -> str | None:
-        return unreachable(host) or no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint") or \
+        return no_url(self.params.url, host.endpoint, host_name, "storm", "endpoint") or \
             no_abort_all(self.params, host)
 
     def plan(self, ctx: Context) -> list[Action]:

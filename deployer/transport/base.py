@@ -58,6 +58,17 @@ class Within(Protocol):
     def open(self, start: Callable[[Sequence[str]], Pipe], argv: Sequence[str], host: str) -> Pipe: ...
 
 
+class Ports(Protocol):
+    """Where the target's loopback ports are reached from this machine when the link's own forward does not reach
+    them (transport/kubernetes.py: a pod's loopback is its own, reached by `kubectl port-forward`)."""
+
+    def forward(self, remote_port: int, remote_host: str) -> int: ...
+
+    def said(self, local_port: int) -> str: ...
+
+    def close(self) -> None: ...
+
+
 class Transport(ABC):
     """One target, driven through the agent (deployer/agent/agent.py) that the transport starts there.
 
@@ -84,6 +95,7 @@ class Transport(ABC):
         self.python_at: str | None = None  # where the inventory names the python (file:line:col), when known
         self._beats: dict[str, Request[Any]] = {}  # the agent's heartbeats, by path: reopen's agent keeps them
         self.beside: list[Transport] = []  # over this one's link (an agent beside its container): closed with it
+        self.ports: Ports | None = None  # what reach() goes through instead of forward() (a pod's port-forward)
 
     def run_within(self, within: Within) -> None:
         """Start the agent inside `within` (a container on the host) rather than on the host itself."""
@@ -236,7 +248,7 @@ class Transport(ABC):
         if parts.hostname is None:
             raise ValueError(f"not an absolute URL: {url}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        local_port = self.forward(port, parts.hostname)
+        local_port = (self.ports or self).forward(port, parts.hostname)
         return urlunsplit((parts.scheme, f"127.0.0.1:{local_port}", parts.path, parts.query, ""))
 
     def close(self) -> None:
@@ -247,6 +259,8 @@ class Transport(ABC):
             agent.close()
         for other in self.beside:
             other.close()
+        if self.ports is not None:
+            self.ports.close()
         self._close_link()
 
     def __enter__(self) -> Transport:

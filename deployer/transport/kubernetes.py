@@ -9,6 +9,9 @@ No probe before the exec: kubectl's own failure (no such context, RBAC forbids p
 namespace, a container not running or not in the pod, no kubectl at all) shows as the exec ending before the
 agent said anything, and its stderr is translated here into a sentence naming the pod, its container, its
 namespace and its context. The agent's start fails with it (AgentLost: exit 4), in `check` as in `apply`.
+
+The pod's loopback is its own: what this machine sends there (a storm) goes through `kubectl port-forward`, started
+where kubectl runs and ended with the connection (PodPorts, the transport's `ports`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def open_host(name: str, host: KubernetesHost, bus: Emitter, accept_new_host_key
                           "opened as one host per pod (HOST.POD)")
     transport = kubectl_side(name, host, bus, accept_new_host_key, python=host.python)
     transport.run_within(KubectlExec(pod))
+    # Over SSH, kubectl's own local port is the bastion's, reached through the SSH connection's forward.
+    transport.ports = PodPorts(transport, pod, transport.forward if host.via is not None else None)
     transport.info.extra["via"] = transport.info.kind  # where kubectl ran: local, or ssh to the bastion
     transport.info.kind = "kubernetes"
     return transport
@@ -106,6 +111,100 @@ class KubectlExec:
     def explain(self, stderr: str) -> str:
         """What kubectl said went wrong before the agent ran, as a sentence naming the pod and where it is."""
         return kubectl_failure(self.pod, stderr)
+
+
+FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)")
+FORWARD_S = 30.0  # for kubectl port-forward to say where it listens
+FAILED_S = 5.0  # for kubectl port-forward to say why a connection through it failed (it then ends)
+
+
+class PodPorts:
+    """The pod's own loopback ports, reached from this machine: for each port, `kubectl port-forward pod/POD :PORT`
+    where kubectl runs (on its own pipe: a session of its own here, an exec channel on the bastion), its local port
+    read from its "Forwarding from 127.0.0.1:N -> PORT" line (on a bastion, N is reached through the SSH
+    connection's forward). Each is ended with the connection, its process group killed: none outlives the command."""
+
+    def __init__(self, side: Transport, pod: Pod, tunnel: Callable[[int], int] | None) -> None:
+        self.side = side  # where kubectl runs: its host_pipe starts kubectl there, beside the agent's exec
+        self.pod = pod
+        self.tunnel = tunnel
+        self._lock = threading.Lock()
+        self._open: dict[int, _PortForward] = {}  # by the pod's port
+        self._closed = False
+
+    def forward(self, remote_port: int, remote_host: str) -> int:
+        if remote_host not in ("127.0.0.1", "localhost"):
+            raise TransportError(f"{self.pod.where()}: kubectl port-forward reaches the pod's own ports, not "
+                                 f"{remote_host}:{remote_port}")
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"{self.pod.where()}: the connection is closed")
+            if remote_port not in self._open:
+                self._open[remote_port] = self._start(remote_port)
+            return self._open[remote_port].local_port
+
+    def said(self, local_port: int) -> str:
+        """Why a connection to local_port failed, as kubectl says (it ends on a failed connection); "" if not."""
+        with self._lock:
+            found = next((each for each in self._open.values() if each.local_port == local_port), None)
+        said = found.said() if found is not None else ""
+        return f"{found.what} says: {said}" if found is not None and said else ""
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            forwards, self._open = list(self._open.values()), {}
+        for each in forwards:
+            each.pipe.close(kill=True)
+
+    def _start(self, port: int) -> _PortForward:
+        assert self.pod.name is not None
+        argv = [*kubectl_argv(self.pod), "port-forward", f"pod/{self.pod.name}", f":{port}"]
+        what = f"kubectl port-forward of port {port} of {self.pod.where()}"
+        try:
+            pipe = self.side.host_pipe(argv)
+        except TransportError as exc:
+            raise TransportError(f"{what} could not start: {exc}") from None
+        found = _PortForward(pipe, what)
+        if not found.listening.wait(FORWARD_S) or found.remote_port is None:
+            pipe.close(kill=True)
+            said = found.said() or f"it said nothing in {FORWARD_S:g}s"
+            raise TransportError(f"{what} failed: {said}")
+        found.local_port = self.tunnel(found.remote_port) if self.tunnel is not None else found.remote_port
+        return found
+
+
+class _PortForward:
+    """One kubectl port-forward: its output read to its end (it prints a line per connection), its local port."""
+
+    def __init__(self, pipe: Pipe, what: str) -> None:
+        self.pipe = pipe
+        self.what = what
+        self.remote_port: int | None = None  # where kubectl listens, on the machine it runs on
+        self.local_port = 0
+        self.listening = threading.Event()  # set at its Forwarding line, or at its end
+        self.ended = threading.Event()
+        threading.Thread(target=self._read, daemon=True, name="port-forward").start()
+
+    def _read(self) -> None:
+        seen = b""
+        try:
+            while chunk := self.pipe.read(65536):
+                if self.remote_port is None:
+                    seen += chunk
+                    if found := FORWARDING.search(seen):
+                        self.remote_port = int(found[1])
+                        self.listening.set()
+                        seen = b""
+        except (OSError, EOFError, DeployerError):
+            pass
+        self.ended.set()
+        self.listening.set()
+
+    def said(self) -> str:
+        self.ended.wait(FAILED_S)
+        tail = visible(self.pipe.stderr_tail().strip(), multiline=False)[-500:]
+        return tail if self.ended.is_set() or tail else ""
 
 
 def kubectl_failure(pod: Pod, stderr: str) -> str:

@@ -48,7 +48,7 @@ class LocalTransport(Transport):
         return remote_port
 
     def reach(self, url: str) -> str:
-        return url
+        return url if self.ports is None else super().reach(url)
 
     def _close_link(self) -> None:
         pass

@@ -15,6 +15,10 @@ Emulated, with Kubernetes' paths, JSON shapes and status codes:
 - pods/exec over WebSocket, v5.channel.k8s.io with v4.channel.k8s.io as fallback (websocket.py): stdin, stdout,
   stderr streamed; v5's close of stdin; the exit code as the Status on channel 3 (reason NonZeroExitCode, the
   code in details.causes); the command runs by `podman exec` in the pod's container, a real process tree;
+- pods/portforward (portforward.py over spdy.py): SPDY/3.1 in WebSocket binary messages (subprotocol
+  SPDY/3.1+portforward.k8s.io, what kubectl 1.37 asks for first) or on the socket upgraded to SPDY/3.1 (its
+  fallback); each local connection's data stream is bridged to 127.0.0.1:PORT (the pods share the host's network
+  namespace), a port nothing listens on answered on the error stream as the kubelet does;
 - the kubelet (kubelet.py): a container restart is a NEW container from the same image (layer writes gone,
   volumes kept, restartCount +1, new containerID and startedAt); emptyDir lives as long as the pod, hostPath and
   persistentVolumeClaim dirs outlive it;
@@ -46,11 +50,12 @@ import time
 import urllib.parse
 from typing import Any
 
-from . import websocket
+from . import portforward, spdy, websocket
 from .cluster import ApiError, Cluster, field_selector_matches, label_selector_matches, not_found
 from .execstream import bridge
 from .objects import OWNER_KINDS, Json, Pod, dumps
 
+PORTFORWARD_WS = "SPDY/3.1+portforward.k8s.io"  # what kubectl 1.31+ asks for first (then plain SPDY/3.1)
 MAX_REQUEST_LINE = 1 << 20  # Go's http.DefaultMaxHeaderBytes, which kube-apiserver keeps: a long exec argv fits
 
 
@@ -225,6 +230,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             cluster.authorize(user, "create", "pods/exec", ns, name)
             self._exec(cluster.pod(name, ns), query)
             return
+        if sub == "portforward":
+            cluster.authorize(user, "create", "pods/portforward", ns, name)
+            self._portforward(cluster.pod(name, ns))
+            return
         if sub is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         verb = {"GET": "get", "DELETE": "delete", "PATCH": "patch"}.get(self.command)
@@ -347,6 +356,47 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
         connection = websocket.Connection(self.rfile, self.connection.sendall, protocol)  # type: ignore[arg-type]
         bridge(connection, argv, command, self.cluster.kubelet.env, flag["stdin"], flag["stdout"], flag["stderr"])
+
+
+    def _portforward(self, pod: Pod) -> None:
+        """SPDY/3.1 streams (spdy.py, portforward.py), in WebSocket binary messages when kubectl asks for
+        SPDY/3.1+portforward.k8s.io (kubectl 1.31+, first), else on the socket upgraded to SPDY/3.1 (its fallback)."""
+        with self.cluster.lock:
+            if pod.phase() != "Running":
+                raise ApiError(400, "BadRequest", f"pod {pod.name} is not running")
+            name, uid = pod.name, pod.uid
+        wants = self.headers.get("Upgrade", "").lower()
+        tunnelled = wants == "websocket"
+        if tunnelled and PORTFORWARD_WS not in self.headers.get("Sec-WebSocket-Protocol", ""):
+            raise ApiError(400, "BadRequest", "pods/portforward over WebSocket speaks SPDY/3.1+portforward.k8s.io "
+                           "only (the stand-in has no v4.channel.k8s.io port-forward)")
+        if not tunnelled and (wants != "spdy/3.1" or self.headers.get("X-Stream-Protocol-Version")
+                              != "portforward.k8s.io"):
+            raise ApiError(400, "BadRequest", "pods/portforward needs an upgrade to SPDY/3.1 (portforward.k8s.io)")
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Connection", "Upgrade")
+        if tunnelled:
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Sec-WebSocket-Accept", websocket.accept_key(self.headers["Sec-WebSocket-Key"]))
+            self.send_header("Sec-WebSocket-Protocol", PORTFORWARD_WS)
+        else:
+            self.send_header("Upgrade", "SPDY/3.1")
+            self.send_header("X-Stream-Protocol-Version", "portforward.k8s.io")
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        if tunnelled:
+            ws = websocket.Connection(self.rfile, self.connection.sendall, PORTFORWARD_WS)  # type: ignore[arg-type]
+
+            def receive() -> tuple[int, bytes]:
+                frame = ws.receive()
+                return frame.opcode, frame.payload
+
+            reader = portforward.MessageReader(receive, lambda data: ws.send(websocket.OP_PONG, data))
+            codec = spdy.Codec(reader.read_exact, lambda data: ws.send(websocket.OP_BINARY, data))
+        else:
+            codec = spdy.Codec(portforward.exact_reader(self.rfile.read), self.connection.sendall)
+        portforward.Bridge(codec, name, uid).serve()
 
 
 _POD_COLUMNS = [("Name", "string", "name"), ("Ready", "string", ""), ("Status", "string", ""),

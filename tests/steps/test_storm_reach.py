@@ -1,6 +1,6 @@
-"""A storm is sent from this machine through a tunnel to the target's loopback: a pod's loopback is its own, which
-kubectl exec does not reach, so a storm (its own step or a baseline's) on a kubernetes host is refused with the
-inventory check, before anything connects — not sent to this machine's (or a bastion's) own loopback."""
+"""A storm is sent from this machine to the target's loopback: on a pod, through `kubectl port-forward` (the pod's
+loopback is its own), so a storm (its own step or a baseline's) on a kubernetes host passes the inventory check as
+on any host with an endpoint (tests/transport/test_kubernetes_pod_commands.py sends one)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deployer.config.models import KubernetesHost, LocalHost
+from deployer.config.models import KubernetesHost
 from deployer.steps import optional
 from deployer.steps.kinds import KINDS
 
@@ -23,14 +23,13 @@ def made(kind: str, params: dict[str, Any]) -> Any:
 
 
 @pytest.mark.parametrize(("kind", "params"), [("storm", {"requests": 10}),
-                                              ("baseline", {"metric": "m", "storm": {"requests": 10}})])
-def test_a_storm_on_a_pod_is_refused_before_anything_connects(kind: str, params: dict[str, Any]) -> None:
-    said = optional.check_host(made(kind, params), "decode", KubernetesHost.model_validate(POD))
-    assert said is not None and "a pod's loopback is its own" in said
+                                              ("baseline", {"metric": "m", "storm": {"requests": 10}}),
+                                              ("baseline", {"metric": "m"})])
+def test_a_storm_on_a_pod_with_an_endpoint_passes_the_inventory_check(kind: str, params: dict[str, Any]) -> None:
+    assert optional.check_host(made(kind, params), "decode", KubernetesHost.model_validate(POD)) is None
 
 
-def test_the_same_storm_on_a_host_that_reaches_its_endpoint_is_not_refused() -> None:
-    local = LocalHost.model_validate({**{k: v for k, v in POD.items() if k != "pod"}, "transport": "local"})
-    assert optional.check_host(made("storm", {"requests": 10}), "box", local) is None
-    # A baseline without a storm reads the pod's metrics through the agent in it: nothing to refuse.
-    assert optional.check_host(made("baseline", {"metric": "m"}), "decode", KubernetesHost.model_validate(POD)) is None
+def test_a_storm_on_a_pod_without_an_endpoint_is_refused_for_that() -> None:
+    pod = KubernetesHost.model_validate({k: v for k, v in POD.items() if k != "endpoint"})
+    said = optional.check_host(made("storm", {"requests": 10}), "decode", pod)
+    assert said is not None and "endpoint" in said

@@ -5,12 +5,19 @@ this machine through `kubectl port-forward` to the pod's port."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from fixtures_kube import Container, Kube
 from fixtures_repo import ORIGINAL_A, Project, init_repo
+from fixtures_ssh import SSHD
+from polling import wait_for
 from ports import free_port
 from test_kubernetes_target import POD_REPO, pod_project
 
@@ -78,3 +85,82 @@ def test_logs_and_canary_record_name_a_selectors_pod_as_a_host(decode: tuple[Pro
     read = project.deployer("logs", "server", "--host", "box.decode-1", "--json")
     assert read.returncode == 0, read.stdout + read.stderr
     assert "served /generate" in read.stdout
+
+
+def test_kubectl_port_forward_reaches_the_pods_server_through_the_stand_in(decode: tuple[Project, int],
+                                                                           kube: Kube) -> None:
+    _, port = decode
+    forward = subprocess.Popen([str(kube.kubectl_path), "port-forward", "pod/decode-1", f":{port}"], env=kube.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        line = forward.stdout.readline().decode() if forward.stdout else ""
+        local = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)", line)
+        assert local is not None and local[2] == str(port), line
+        assert http_status(f"http://127.0.0.1:{local[1]}/health") == 200
+    finally:
+        os.killpg(forward.pid, signal.SIGKILL)
+        forward.wait()
+    with kube.cluster.lock:  # SPDY in WebSocket messages, as kubectl 1.37 asks first: no fallback to plain SPDY
+        asked = [each for each in kube.cluster.requests if each.endswith("/pods/decode-1/portforward")]
+    assert asked and all(each.startswith("GET ") for each in asked), asked
+
+
+def port_forwards(pod: str) -> list[int]:
+    """The pids of the kubectl port-forward processes to pod on this machine now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"port-forward" in argv and f"pod/{pod}".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def served(kube: Kube, pod: str) -> int:
+    """How many generations the server in pod answered (its log, where deployer keeps a `start:` service's)."""
+    done = kube.kubectl("exec", pod, "-c", "server", "--", "sh", "-c", f"cat {POD_REPO}/.git/deployer/server.log")
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode().count("served /generate")
+
+
+@pytest.mark.parametrize("where", ["local", "bastion"])
+def test_a_storm_on_a_pod_goes_through_kubectl_port_forward_which_ends_with_the_run(
+        decode: tuple[Project, int], kube: Kube, where: str, request: pytest.FixtureRequest) -> None:
+    """kubectl port-forward where kubectl runs: on this machine, or on the bastion (this machine over the real
+    sshd), its local port reached there through the SSH connection; either way gone once the run ends."""
+    project, _ = decode
+    if where == "bastion":
+        sshd: SSHD = request.getfixturevalue("sshd")
+        project.host.update(via="bastion", pod={**project.host["pod"], "kubectl": str(kube.kubectl_path)})
+        bastion = {"transport": "ssh", "address": sshd.host, "port": sshd.port, "user": sshd.user,
+                   "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts), "repo": "/unused",
+                   "python": sys.executable}
+        project.inventory.write_text(yaml.safe_dump({"hosts": {"box": project.host, "bastion": bastion}},
+                                                    sort_keys=False))
+    project.playbook(files=[], steps=[{"storm": {"requests": 40, "concurrency": 4, "client_timeout_s": 10}}])
+    before = served(kube, "decode-1")
+    seen: list[int] = []
+    run = project.popen("apply", "fix.yaml", "--host", "box.decode-1", "--allow-dirty")
+    wait_for(lambda: bool(seen.extend(port_forwards("decode-1")) or seen) or run.poll() is not None,
+             "kubectl port-forward running", 60)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, out + err
+    assert "sent 40: 40 completed" in out + err
+    assert served(kube, "decode-1") - before == 40  # each request reached the pod's server
+    assert seen, "no kubectl port-forward was seen while the run ran"
+    assert not any(Path(f"/proc/{pid}").exists() for pid in seen), "a kubectl port-forward outlived the run"
+
+
+def test_a_storm_at_a_pod_port_nothing_listens_on_fails_naming_the_pod_and_the_port(
+        decode: tuple[Project, int], kube: Kube) -> None:
+    project, _ = decode
+    closed = free_port()
+    project.playbook(files=[], steps=[{"storm": {"url": f"http://127.0.0.1:{closed}/generate", "requests": 5}}])
+    run = project.deployer("apply", "fix.yaml", "--host", "box.decode-1", "--allow-dirty")
+    assert run.returncode != 0, run.stdout + run.stderr
+    said = run.stdout + run.stderr
+    assert f"nothing answers http://127.0.0.1:{closed}/generate" in said, said
+    assert "decode-1" in said and f"{closed}" in said and "connection refused" in said, said
+    assert port_forwards("decode-1") == []
