@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from deployer.errors import ConfigError, StepFailed, VerificationFailed
 from deployer.runlog import Run
 from deployer.steps.base import Effect, Step
-from deployer.steps.optional import after_revert
+from deployer.steps.optional import NOT_JUDGED, after_revert
 
 ALL = "all"
-Verdicts = dict[str, str]  # check name -> passed | failed | not run: why
+Verdicts = dict[str, str]  # check name -> passed | failed | not judged | not run: why
 DeployerFailure = StepFailed | VerificationFailed  # what a check's failure is; anything else is no verdict
 
 
@@ -87,12 +87,13 @@ def prove(checks: Sequence[Step | NotRun], run: Callable[[Step], object],
             verdicts[check.name] = "not run: an earlier check failed"
         else:
             try:
-                run(check)
+                said = run(check)
             except (StepFailed, VerificationFailed) as exc:
                 failure = exc
                 verdicts[check.name] = "failed"
             else:
-                verdicts[check.name] = "passed"
+                judged = not (isinstance(said, str) and said.startswith(NOT_JUDGED))
+                verdicts[check.name] = "passed" if judged else NOT_JUDGED
     return verdicts, failure
 
 

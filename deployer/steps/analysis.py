@@ -38,7 +38,7 @@ from deployer.errors import AnalysisInconclusive, StepFailed
 from deployer.steps.action import Action
 from deployer.steps.base import Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
-from deployer.steps.optional import ChecksHost, Needs, Ordered, Rejudged, UnderTraffic
+from deployer.steps.optional import NOT_JUDGED, ChecksHost, Needs, Ordered, Rejudged, UnderTraffic
 
 SCRAPE_TIMEOUT_S = 5.0
 Checks = list[LatencyCheck | CriticalCounter]
@@ -186,7 +186,7 @@ class Analysis(Step, ChecksHost, Needs, Rejudged, UnderTraffic):
         """A rollback judges the reverted build against the sibling again; never against the reads before the
         fix's restart, which were of that same build (and which a rollback run of its own does not have)."""
         if isinstance(self.params.baseline, Sibling):
-            return self
+            return RevertedAnalysis(self.params, self.name, self.where)
         return "its baseline is the reverted build itself, read before the fix's restart"
 
     def run(self, ctx: Context) -> str:
@@ -205,6 +205,19 @@ class Analysis(Step, ChecksHost, Needs, Rejudged, UnderTraffic):
         if report.outcome == "inconclusive":
             raise inconclusive(self.name, verdicts)
         return verdicts
+
+
+class RevertedAnalysis(Analysis):
+    """The analysis as a rollback runs it on the reverted build: a fail is a failed check, as for any check, but an
+    inconclusive one (no traffic, as while a rollout is paused) holds nothing — the revert is what the operator
+    chose — so it is said and not judged, never passed, instead of stopping the rollback (which, run again, would
+    find no more traffic)."""
+
+    def run(self, ctx: Context) -> str:
+        try:
+            return super().run(ctx)
+        except AnalysisInconclusive as exc:
+            return f"{NOT_JUDGED}: {exc}"
 
 
 def planned(check: LatencyCheck | CriticalCounter) -> str:

@@ -184,6 +184,11 @@ class Rejudged(Protocol):
         string, shown as not run)."""
 
 
+# How a check that ran on the reverted build and could not judge it begins its summary: a rollback's verdict for it
+# is that summary, never "passed" (run/revert_checks.py).
+NOT_JUDGED = "not judged"
+
+
 def after_revert(step: Step, baseline: Mapping[str, float]) -> Step | str:
     """The step as a rollback runs it again on the reverted build: itself unless it opted into Rejudged."""
     return step.after_revert(baseline) if isinstance(step, Rejudged) else step

@@ -293,12 +293,16 @@ def test_an_inconclusive_unit_is_held_whole_under_on_inconclusive_pause_and_resu
 
 def test_abort_of_an_inconclusive_unit_rolls_back_the_whole_unit_as_one(pd_unit: Project, metrics: str) -> None:
     report = held_unit(pd_unit, metrics)
-    # No traffic judges the reverted build either (its analysis against the sibling would be inconclusive again):
-    # the person who aborts says so, as for any rollback.
-    aborted = elsewhere(pd_unit, "rollout", "abort", report["fleet_id"], "--skip-check", "analysis", "--json")
+    # No traffic judges the reverted build either: its analysis against the sibling is inconclusive again, which
+    # holds nothing in a rollback (the revert is what the person chose): said, not judged, never passed.
+    aborted = elsewhere(pd_unit, "rollout", "abort", report["fleet_id"], "--json")
     done = as_json(aborted)
     assert aborted.returncode == 0 and done["status"] == "aborted", done
     assert done["rollback"]["units"] == {"pd-1": ["h1", "h3"]} and done["rollback"]["status"] == "successful"
+    rollback_run = done["rollback"]["hosts"]["h1"]["run_id"]
+    ends = [e for e in pd_unit.events(rollback_run) if e["type"] == "step_end" and
+            e.get("step") == "rollback:analysis"]
+    assert ends and ends[-1]["status"] == "ok" and ends[-1]["summary"].startswith("not judged: "), ends
     for host in ("h1", "h3"):
         assert (repo(pd_unit, host) / "pkg/a.py").read_text() == ORIGINAL_A
     assert (repo(pd_unit, "h2") / "pkg/a.py").read_text() == ORIGINAL_A and deploy_commits(pd_unit, "h2") == 0
