@@ -11,8 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 
+from deployer.command import shell_line
 from deployer.config.api import API_HELP, Api, RequestTemplate, cancels_by_request, request
-from deployer.config.models import Host, LoopbackUrl, Strict
+from deployer.config.models import Host, KubernetesHost, LoopbackUrl, Strict
 from deployer.errors import StepFailed
 from deployer.steps.base import Action, Effect, Scope, Step, no_url
 from deployer.steps.context import NOTHING, Context
@@ -91,12 +92,24 @@ def storm_actions(ctx: Context, params: StormParams) -> list[Action]:
     url, body, abort_url = storm_request(ctx, params)
     p = params
     actions = [Action.http("storm", f"{p.requests} streaming requests, {p.concurrency} at a time, clients give up "
-                           f"after {p.client_timeout_s:g}s; none sent after {p.max_duration_s:g}s", url,
+                           f"after {p.client_timeout_s:g}s; none sent after {p.max_duration_s:g}s{through(ctx, url)}",
+                           url,
                            method="POST", body=body, repeats=True)]
     if p.abort_all_every:
         actions.append(Action.http("abort_all", f"abort_all after every {p.abort_all_every}th request", abort_url,
                                    method="POST", repeats=True))
     return actions
+
+
+def through(ctx: Context, url: str) -> str:
+    """How the load reaches a pod's port from here, for plan (other hosts: the link's own tunnel, said nowhere)."""
+    if not isinstance(ctx.host, KubernetesHost):
+        return ""
+    from deployer.transport.kubernetes import port_forward_argv
+
+    parts = urlsplit(url)
+    argv = port_forward_argv(ctx.host.pod, parts.port or (443 if parts.scheme == "https" else 80))
+    return f"; from here through `{shell_line(argv)}` (where kubectl runs; ended with the connection)"
 
 
 def storm(ctx: Context, params: StormParams) -> str:

@@ -158,8 +158,7 @@ class PodPorts:
             each.pipe.close(kill=True)
 
     def _start(self, port: int) -> _PortForward:
-        assert self.pod.name is not None
-        argv = [*kubectl_argv(self.pod), "port-forward", f"pod/{self.pod.name}", f":{port}"]
+        argv = port_forward_argv(self.pod, port)
         what = f"kubectl port-forward of port {port} of {self.pod.where()}"
         try:
             pipe = self.side.host_pipe(argv)
@@ -172,6 +171,12 @@ class PodPorts:
             raise TransportError(f"{what} failed: {said}")
         found.local_port = self.tunnel(found.remote_port) if self.tunnel is not None else found.remote_port
         return found
+
+
+def port_forward_argv(pod: Pod, port: int) -> list[str]:
+    """`kubectl port-forward pod/POD :PORT`: the pod's PORT on a free local port of the machine kubectl runs on."""
+    assert pod.name is not None
+    return [*kubectl_argv(pod), "port-forward", f"pod/{pod.name}", f":{port}"]
 
 
 class _PortForward:

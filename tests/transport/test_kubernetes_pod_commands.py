@@ -133,8 +133,9 @@ def served(kube: Kube, pod: str) -> int:
 def test_a_storm_on_a_pod_goes_through_kubectl_port_forward_which_ends_with_the_run(
         decode: tuple[Project, int], kube: Kube, where: str, request: pytest.FixtureRequest) -> None:
     """kubectl port-forward where kubectl runs: on this machine, or on the bastion (this machine over the real
-    sshd), its local port reached there through the SSH connection; either way gone once the run ends."""
-    project, _ = decode
+    sshd), its local port reached there through the SSH connection; either way gone once the run ends. plan says
+    the kubectl command."""
+    project, port = decode
     if where == "bastion":
         sshd: SSHD = request.getfixturevalue("sshd")
         project.host.update(via="bastion", pod={**project.host["pod"], "kubectl": str(kube.kubectl_path)})
@@ -144,6 +145,9 @@ def test_a_storm_on_a_pod_goes_through_kubectl_port_forward_which_ends_with_the_
         project.inventory.write_text(yaml.safe_dump({"hosts": {"box": project.host, "bastion": bastion}},
                                                     sort_keys=False))
     project.playbook(files=[], steps=[{"storm": {"requests": 40, "concurrency": 4, "client_timeout_s": 10}}])
+    planned = project.deployer("plan", "fix.yaml", "--host", "box.decode-1")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert f"port-forward pod/decode-1 :{port}" in planned.stdout.replace("\n", " "), planned.stdout
     before = served(kube, "decode-1")
     seen: list[int] = []
     run = project.popen("apply", "fix.yaml", "--host", "box.decode-1", "--allow-dirty")
