@@ -97,9 +97,10 @@ def apply(options: ApplyOptions, *, listener: Listener | None = None,
     fleet.source = source_of(options.playbook, options.inventory, allow_dirty=options.allow_dirty,
                              restart=options.restart, allow_downtime=options.allow_downtime,
                              health_timeout_s=options.health_timeout_s)
+    from deployer.config.units import unit_of_hosts
     from deployer.fleet.notify import notifying
 
-    unit_of = {host: name for name, unit in units.items() for host in unit.hosts()}
+    unit_of = unit_of_hosts(units)
     with notifying(loaded.notify, "fleet", fleet.listeners, runs_dir=build.runs_dir, say=build.listeners,
                    units=unit_of), watching(watch, Watched("fleet", hosts, fleet.cancel, fleet.listeners)):
         return FleetOutcome(fleet.run())

@@ -71,7 +71,7 @@ def rollback(options: RollbackOptions, *, listener: Listener | None = None,
 def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listener: Listener | None,
                    watch: Watch | None) -> FleetOutcome:
     from deployer.config import targets
-    from deployer.config.units import every_unit
+    from deployer.config.units import every_unit, unit_of_hosts
     from deployer.fleet import followup
     from deployer.fleet.record import FleetRecord
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
@@ -84,7 +84,7 @@ def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listen
     cancel = FleetCancel()
     listeners: list[Listener] = [listener] if listener is not None else []
     units = every_unit(loaded.units, loaded.hosts)
-    unit_of = {host: name for name, unit in units.items() for host in unit.hosts()}
+    unit_of = unit_of_hosts(units)
     with notifying(loaded.notify, "fleet", listeners, runs_dir=build.runs_dir, say=build.listeners, units=unit_of), \
             watching(watch, Watched("fleet", hosts, cancel, listeners)):
         return FleetOutcome(followup.rollback_fleet(

@@ -142,16 +142,17 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
     fleet = build.fleet_apply(engines, units, parallel=options.parallel or record.state.parallel or DEFAULT_PARALLEL,
                               cancel=FleetCancel(), listeners=[], inventory=loaded,
                               allow_downtime=bool(source.get("allow_downtime")))
-    unit_of = {host: name for name, unit in units.items() for host in unit.hosts()}
+    from deployer.config.units import unit_of_hosts
+
     with notifying(loaded.notify, "fleet", fleet.listeners, runs_dir=build.runs_dir, say=build.listeners,
-                   units=unit_of), watching(watch, Watched("fleet", hosts, fleet.cancel, fleet.listeners)):
+                   units=unit_of_hosts(units)), watching(watch, Watched("fleet", hosts, fleet.cancel, fleet.listeners)):
         return FleetOutcome(fleet.resume(record))
 
 
 def abort(options: AbortOptions, *, listener: Listener | None = None, watch: Watch | None = None) -> Aborted:
     """End a paused fleet run aborted: every host of it that committed rolled back, as `deployer rollback
     FLEET_ID` does (a unit as one, out of its router meanwhile)."""
-    from deployer.config.units import every_unit
+    from deployer.config.units import every_unit, unit_of_hosts
     from deployer.fleet import followup
     from deployer.fleet.notify import notifying
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
@@ -165,11 +166,13 @@ def abort(options: AbortOptions, *, listener: Listener | None = None, watch: Wat
     loaded = inventory_of(chosen)
     cancel = FleetCancel()
     listeners: list[Listener] = [listener] if listener is not None else []
-    with notifying(loaded.notify, "fleet", listeners, runs_dir=build.runs_dir, say=build.listeners), \
+    units = every_unit(loaded.units, loaded.hosts)
+    with notifying(loaded.notify, "fleet", listeners, runs_dir=build.runs_dir, say=build.listeners,
+                   units=unit_of_hosts(units)), \
             watching(watch, Watched("fleet", list(record.state.hosts), cancel, listeners)):
         state, done = followup.abort_fleet(
             build.runs_dir, record.state.fleet_id, build.sub_run, force=options.force,
             parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners, cancel=cancel,
-            units=every_unit(loaded.units, loaded.hosts), routers=build.routers(loaded),
+            units=units, routers=build.routers(loaded),
             allow_downtime=options.allow_downtime)
     return Aborted(state, done)

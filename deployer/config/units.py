@@ -33,6 +33,11 @@ class Unit(GangFields, BehindRouter, BaseModel):
         return list(dict.fromkeys(host for host, _ in self.members()))
 
 
+def unit_of_hosts(units: Mapping[str, Unit]) -> dict[str, str]:
+    """host -> the unit it belongs to (what a fleet's webhook documents name beside each host)."""
+    return {host: name for name, unit in units.items() for host in unit.hosts()}
+
+
 def units_behind(routers: Iterable[str], units: Mapping[str, Unit]) -> dict[str, list[str]]:
     """router -> every unit of the inventory behind it (a unit outside a run still serves through it)."""
     return {name: [unit for unit, spec in units.items() if spec.router == name] for name in routers}
