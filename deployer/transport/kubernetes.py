@@ -114,6 +114,10 @@ class KubectlExec:
 
 
 FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)")
+# kubectl port-forward never reads its stdin, so it would outlive a deployer killed before its close (SIGKILL, a lost
+# SSH link): a shell holds the pipe's stdin and kills it when that ends. The shell lets go of stdout and stderr, so
+# they end with kubectl (its exit on a failed connection is seen).
+TIED = ("sh", "-c", '"$@" & exec >/dev/null 2>&1; read -r _; kill "$!"', "port-forward")
 FORWARD_S = 30.0  # for kubectl port-forward to say where it listens
 FAILED_S = 5.0  # for kubectl port-forward to say why a connection through it failed (it then ends)
 
@@ -122,7 +126,8 @@ class PodPorts:
     """The pod's own loopback ports, reached from this machine: for each port, `kubectl port-forward pod/POD :PORT`
     where kubectl runs (on its own pipe: a session of its own here, an exec channel on the bastion), its local port
     read from its "Forwarding from 127.0.0.1:N -> PORT" line (on a bastion, N is reached through the SSH
-    connection's forward). Each is ended with the connection, its process group killed: none outlives the command."""
+    connection's forward). Each is ended with the connection, its process group killed, or by its shell when the
+    pipe from deployer ends (TIED): none outlives the command."""
 
     def __init__(self, side: Transport, pod: Pod, tunnel: Callable[[int], int] | None) -> None:
         self.side = side  # where kubectl runs: its host_pipe starts kubectl there, beside the agent's exec
@@ -158,10 +163,9 @@ class PodPorts:
             each.pipe.close(kill=True)
 
     def _start(self, port: int) -> _PortForward:
-        argv = port_forward_argv(self.pod, port)
         what = f"kubectl port-forward of port {port} of {self.pod.where()}"
         try:
-            pipe = self.side.host_pipe(argv)
+            pipe = self.side.host_pipe([*TIED, *port_forward_argv(self.pod, port)])
         except TransportError as exc:
             raise TransportError(f"{what} could not start: {exc}") from None
         found = _PortForward(pipe, what)

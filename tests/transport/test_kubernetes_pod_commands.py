@@ -110,16 +110,18 @@ def test_kubectl_port_forward_reaches_the_pods_server_through_the_stand_in(decod
 
 
 def port_forwards(pod: str) -> list[int]:
-    """The pids of the kubectl port-forward processes to pod on this machine now."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"port-forward" in argv and f"pod/{pod}".encode() in argv:
-            found.append(int(entry.name))
-    return found
+    """The pids of the kubectl port-forward processes to pod (and the shells tied to them) running here now."""
+    return [pid for pid in map(int, filter(str.isdecimal, os.listdir("/proc"))) if forwarding(pid, pod)]
+
+
+def forwarding(pid: int, pod: str) -> bool:
+    """pid runs (not a zombie: killed, not yet reaped) a port-forward to pod."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and b"port-forward" in argv and f"pod/{pod}".encode() in argv
 
 
 def served(kube: Kube, pod: str) -> int:
@@ -158,7 +160,7 @@ def test_a_storm_on_a_pod_goes_through_kubectl_port_forward_which_ends_with_the_
     assert "sent 40: 40 completed" in out + err
     assert served(kube, "decode-1") - before == 40  # each request reached the pod's server
     assert seen, "no kubectl port-forward was seen while the run ran"
-    assert not any(Path(f"/proc/{pid}").exists() for pid in seen), "a kubectl port-forward outlived the run"
+    wait_for(lambda: not any(forwarding(pid, "decode-1") for pid in seen), "the port-forward gone with the run", 10)
 
 
 def test_a_storm_at_a_pod_port_nothing_listens_on_fails_naming_the_pod_and_the_port(
@@ -172,3 +174,23 @@ def test_a_storm_at_a_pod_port_nothing_listens_on_fails_naming_the_pod_and_the_p
     assert f"nothing answers http://127.0.0.1:{closed}/generate" in said, said
     assert "decode-1" in said and f"{closed}" in said and "connection refused" in said, said
     assert port_forwards("decode-1") == []
+
+
+def test_a_port_forward_ends_when_deployer_is_killed(decode: tuple[Project, int], kube: Kube) -> None:
+    """SIGKILL leaves deployer no close to run: the idle port-forward (the storm done, a drain polling the pod's
+    metrics through the agent) ends as its pipe from deployer does."""
+    project, port = decode
+    project.playbook(files=[], steps=[{"storm": {"requests": 5, "concurrency": 1, "client_timeout_s": 10}},
+                                      {"drain": {"metric": "never_reported", "to": 0, "within_s": 120}}])
+    project.write_inventory(metrics=f"http://127.0.0.1:{port}/metrics")
+    before = served(kube, "decode-1")
+    run = project.popen("apply", "fix.yaml", "--host", "box.decode-1", "--allow-dirty")
+    seen: list[int] = []
+    try:
+        wait_for(lambda: served(kube, "decode-1") - before == 5 or run.poll() is not None, "the storm served", 60)
+        seen = port_forwards("decode-1")
+        assert seen and run.poll() is None, run.communicate()
+    finally:
+        run.kill()
+        run.communicate()
+    wait_for(lambda: not any(forwarding(pid, "decode-1") for pid in seen), "the port-forward gone with deployer", 15)
