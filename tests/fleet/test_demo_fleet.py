@@ -41,6 +41,12 @@ def samples(workdir: Path, run_id: str, step: str) -> list[float]:
             and e.get("metric") == GAUGE]
 
 
+def fleet_record(workdir: Path) -> dict[str, Any]:
+    [record] = (workdir / "runs").glob("*/fleet.json")
+    found: dict[str, Any] = json.loads(record.read_text())
+    return found
+
+
 def router_changes(workdir: Path, fleet: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Every unit's router_remove/router_add events, in the order they happened: (time, unit, change)."""
     return sorted((e["time"], e["unit"], e["type"]) for unit, (first, _) in UNITS.items()
@@ -108,6 +114,17 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
         assert proof["error"] is None and proof["storm"]["sent"] == 200, proof
         assert all(u["peak"] >= 1 and u["after"] == 0 for u in proof["units"].values()) and list(proof["units"]) == [
             "pd-1", "pd-2"], proof
+        # Each unit's fix judged on its latency under the demo's load (issue 37 item 5; the --regression variant:
+        # tests/demo/test_demo_analysis.py): p99 TTFT before and after the restart, aborted requests.
+        passed = {"outcome": "pass", "checks": {"p99 TTFT": "pass", "aborted requests": "pass"}}
+        assert summary["analyses"] == {unit: passed for unit in UNITS}, summary["analyses"]
+        fleet = fleet_record(workdir)
+        for unit, (prefill, _) in UNITS.items():
+            analysis = next(e for e in events(workdir, fleet["hosts"][prefill]["run_id"]) if e["type"] == "analysis")
+            ttft = analysis["verdicts"][0]
+            assert analysis["mode"] == "before-after" and ttft["check"] == "p99 TTFT", analysis
+            assert len(ttft["baseline_windows"]) == len(ttft["canary_windows"]) == 5, ttft  # the windows, each side
+            assert ttft["method"] == "mann-whitney" and ttft["outcome"] == "pass", (unit, ttft)
         assert all(alive(pid) for found in pids.values() for pid in found.values())
         stopped = deployer("demo", "--stop", "--workdir", str(workdir), "--json", cwd=tmp_path)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
