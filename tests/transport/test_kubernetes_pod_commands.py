@@ -194,3 +194,15 @@ def test_a_port_forward_ends_when_deployer_is_killed(decode: tuple[Project, int]
         run.kill()
         run.communicate()
     wait_for(lambda: not any(forwarding(pid, "decode-1") for pid in seen), "the port-forward gone with deployer", 15)
+
+
+def test_a_storm_where_rbac_forbids_port_forward_fails_saying_so(decode: tuple[Project, int], kube: Kube) -> None:
+    project, port = decode
+    kube.forbid("create", "pods/portforward")
+    project.playbook(files=[], steps=[{"storm": {"requests": 5}}])
+    run = project.deployer("apply", "fix.yaml", "--host", "box.decode-1", "--allow-dirty")
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    assert f"kubectl port-forward of port {port} of pod 'decode-1'" in said, said
+    assert 'cannot create resource "pods/portforward"' in said, said
+    assert port_forwards("decode-1") == []
