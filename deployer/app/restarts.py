@@ -6,6 +6,7 @@ a group of units (a unit of pods' groups) one unit after another."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -18,6 +19,7 @@ from deployer.app.watch import Watch, Watched, watching
 if TYPE_CHECKING:
     from deployer.build import Build
     from deployer.config.models import Inventory
+    from deployer.fleet.router import Routers
     from deployer.run.engine import Engine, RunResult
     from deployer.steps.context import Listener
 
@@ -47,22 +49,25 @@ def restart(options: RestartOptions, *, listener: Listener | None = None,
     members = loaded.groups.get(options.host, [])
     if members and all(member in loaded.units for member in members):
         return restart_units(build, loaded, members, services, checks, watch)
-    runs = [restarting(build, loaded, host, services, checks) for host in sorted(hosts)]
-    for engine, _ in runs:
-        engine.check_host()  # an unknown service is refused before anything connects, on any host
-    results: dict[str, RunResult] = {}
-    for engine, run in runs:  # a group that is no unit: each host its own run, the others serving meanwhile
-        with watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
-            results[engine.host_name] = run()
-        if results[engine.host_name].exit_code:
-            break  # the hosts after it are left as they are
+    routers = build.routers(loaded)
+    # A group's hosts behind routers share one connection to each router's host; one host opens its own, as before.
+    with routers.sharing() if len(hosts) > 1 else nullcontext(routers) as routers:
+        runs = [restarting(build, loaded, host, services, checks, routers) for host in sorted(hosts)]
+        for engine, _ in runs:
+            engine.check_host()  # an unknown service is refused before anything connects, on any host
+        results: dict[str, RunResult] = {}
+        for engine, run in runs:  # a group that is no unit: each host its own run, the others serving meanwhile
+            with watching(watch, Watched("host", [engine.host_name], engine.cancel, engine.listeners)):
+                results[engine.host_name] = run()
+            if results[engine.host_name].exit_code:
+                break  # the hosts after it are left as they are
     if len(runs) == 1:
         return RunOutcome(results[runs[0][0].host_name])
     return HostsOutcome(results, len(runs))
 
 
 def restarting(build: Build, loaded: Inventory, host: str, services: list[str],
-               checks: Path | None) -> tuple[Engine, Callable[[], RunResult]]:
+               checks: Path | None, routers: Routers) -> tuple[Engine, Callable[[], RunResult]]:
     """A host's restart, and its engine: a plain host behind a router restarts as its unit of one, out of the router
     around the restart (alone), wherever it is named (alone, or in a group)."""
     from deployer.config.units import every_unit
@@ -75,7 +80,7 @@ def restarting(build: Build, loaded: Inventory, host: str, services: list[str],
     from deployer.fleet.unit import alone
 
     engine = build.restart_unit(host, routed, services, checks)[host]
-    return engine, partial(alone, host, routed, engine, build.routers(loaded), restart=True)
+    return engine, partial(alone, host, routed, engine, routers, restart=True)
 
 
 def restart_units(build: Build, loaded: Inventory, units: list[str], services: list[str],
@@ -84,16 +89,17 @@ def restart_units(build: Build, loaded: Inventory, units: list[str], services: l
     the group's order, the first that fails ending it. Host by host would restart one rank of a gang alone, which
     it cannot survive."""
     results: dict[str, RunResult] = {}
-    for name in units:
-        done = restart_unit(build, loaded, name, services, checks, watch)
-        results.update(done.results)
-        if done.exit_code:
-            break  # the units after it are left as they are
+    with build.routers(loaded).sharing() as routers:  # one connection to each router's host for every unit
+        for name in units:
+            done = restart_unit(build, loaded, name, services, checks, watch, routers)
+            results.update(done.results)
+            if done.exit_code:
+                break  # the units after it are left as they are
     return HostsOutcome(results, sum(len(loaded.units[name].hosts()) for name in units))
 
 
 def restart_unit(build: Build, loaded: Inventory, name: str, services: list[str], checks: Path | None,
-                 watch: Watch | None) -> HostsOutcome:
+                 watch: Watch | None, routers: Routers | None = None) -> HostsOutcome:
     """A unit's restart as one, out of its router around it (each host its own run, lock and log); each host's
     result in unit order."""
     from deployer.fleet.unit import UnitRun
@@ -101,7 +107,8 @@ def restart_unit(build: Build, loaded: Inventory, name: str, services: list[str]
 
     unit = loaded.units[name]
     engines = build.restart_unit(name, unit, services, checks)
-    run = UnitRun(name, unit, engines, "restore", routing=build.routers(loaded).for_unit(name, unit, engines))
+    routing = (routers or build.routers(loaded)).for_unit(name, unit, engines)
+    run = UnitRun(name, unit, engines, "restore", routing=routing)
     cancel = CancelToken()
     for engine in engines.values():
         engine.cancel = cancel

@@ -5,6 +5,7 @@ host of it that committed (restarted and verified again) through the single-host
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,10 +56,6 @@ class FleetApply:
     allow_downtime: bool = False  # a batch may take every unit behind a router out of it
     source: dict[str, Any] = field(default_factory=dict)  # what `rollout resume` rebuilds the run from (record.py)
 
-    @property
-    def drains(self) -> Routers:
-        return Routers(self.routers, self.connect)
-
     def run(self) -> FleetState:
         members = {name: sorted(unit.hosts()) for name, unit in self.units.items()}
         self._ready()
@@ -107,17 +104,21 @@ class FleetApply:
     def _drive(self, record: FleetRecord, runner: FleetRunner, start: int) -> FleetState:
         """The batches from `start`, then (unless paused) on_failure's fleet rollback, the end and its event."""
         state = record.state
-        runner.run(lambda host, _: self.engines[host].apply(), self._unit, start=start)
-        if state.pause is None and self.on_failure == "rollback_fleet" and any(
-                r.status != "successful" and not r.approved for r in state.hosts.values() if r.status != UNTOUCHED):
-            roll_back_hosts(record, runner, self.engines, self.units, force=False, routers=self.drains)
+        # One connection to each router's host for the whole run, its rollback included, closed however it ends.
+        with Routers(self.routers, self.connect).sharing() as routers:
+            runner.run(lambda host, _: self.engines[host].apply(), functools.partial(self._unit, routers),
+                       start=start)
+            if state.pause is None and self.on_failure == "rollback_fleet" and any(
+                    r.status != "successful" and not r.approved for r in state.hosts.values()
+                    if r.status != UNTOUCHED):
+                roll_back_hosts(record, runner, self.engines, self.units, force=False, routers=routers)
         finish(record, self.cancel)
         runner.emit("fleet_end", status=state.status, exit_code=state.exit_code)
         return state
 
-    def _unit(self, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
+    def _unit(self, routers: Routers, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
         unit = self.units[name]
-        routing = self.drains.for_unit(name, unit, self.engines)
+        routing = routers.for_unit(name, unit, self.engines)
         UnitRun(name, unit, {h: self.engines[h] for h in unit.hosts()}, self.on_failure, routing=routing).run(report)
 
 @dataclass(frozen=True)

@@ -149,10 +149,10 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
         engine = tagged(engine_for(host, run_id), fleet_id, listeners)
         return rollbacks.rollback(engine, read_run(runs_dir, run_id), force=force)
 
-    def unit_task(name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
+    def unit_task(shared: Routers, name: str, fleet_id: str, report: Callable[[str, RunResult], None]) -> None:
         members = {h: str(original.state.hosts[h].run_id) for h in chosen_units[name]}
         engines = {h: tagged(engine_for(h, run_id), fleet_id, listeners) for h, run_id in members.items()}
-        UnitRun(name, units[name], engines, "restore", routing=routers.for_unit(name, units[name], engines)).rollback(
+        UnitRun(name, units[name], engines, "restore", routing=shared.for_unit(name, units[name], engines)).rollback(
             {h: read_run(runs_dir, run_id) for h, run_id in members.items()}, force=force, held=held,
             on_result=report)
 
@@ -173,8 +173,10 @@ def rollback_fleet(runs_dir: Path, fleet_id: str, engine_for: Callable[[str, str
     hosts = [*runs, *sorted(held)]
     refuse_downtime(strategy.batches(hosts, chosen_units), chosen_units, units_behind(routers.specs, units),
                     allow_downtime)
-    done = follow_up("rollback", runs_dir, original, hosts, task, parallel=parallel, listeners=listeners,
-                     cancel=cancel, units=chosen_units, unit_task=unit_task, strategy=strategy)
+    with routers.sharing() as shared:  # one connection to each router's host for the whole rollback
+        done = follow_up("rollback", runs_dir, original, hosts, task, parallel=parallel, listeners=listeners,
+                         cancel=cancel, units=chosen_units, unit_task=functools.partial(unit_task, shared),
+                         strategy=strategy)
     for name, run in done.state.hosts.items():  # the original says which of its hosts were rolled back, by what
         if run.status == "successful" and name in runs:
             original.state.hosts[name].rollback_run_id = run.run_id

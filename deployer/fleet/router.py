@@ -4,19 +4,26 @@ healthy). Every call goes through the agent on the router's host, to its loopbac
 
 What the router answers (its worker list, ids, health) is input: it is checked before it drives a call, and shown
 escaped in a message.
+
+A run over several units (a fleet run, its rollback, `rollout resume` and `abort`, a restart of several units) shares
+one connection to each router's host (RouterHosts): the units of a batch call through it from their own threads.
+The agent's client matches replies to requests by id and the agent runs them in the order sent, so concurrent calls
+need no lock of ours: they queue at the agent, each a short call to its loopback.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from deployer.agent.protocol import Http
 from deployer.command import quote as shell_quote
 from deployer.config.routers import Router, RouterWorker, metrics_origin
-from deployer.errors import ConfigError, DeployerError
+from deployer.errors import AgentLost, ConfigError, DeployerError
 from deployer.fleet.routers import api_of
 from deployer.fleet.routers.base import Call, Listed
 from deployer.steps.context import Context
@@ -47,23 +54,70 @@ class Worker:
     ctx: Context  # on the worker's host
 
 
+class RouterHosts:
+    """One connection to each router's host for a whole run over several units, opened on first use (the units of
+    a batch wait for the one that opens it) and closed when the run ends; one that was lost is replaced on the next
+    use (an opening that fails is tried again by the next unit)."""
+
+    def __init__(self, connect: Callable[[str], Transport]) -> None:
+        self._connect = connect
+        self._open: dict[str, Transport] = {}
+        self._lock = threading.Lock()  # held while connecting: one connection to a host, never two
+
+    def get(self, host: str) -> Transport:
+        with self._lock:
+            if host not in self._open:
+                self._open[host] = self._connect(host)
+            return self._open[host]
+
+    def drop(self, host: str, lost: Transport) -> None:
+        """lost's agent is gone: closed, and forgotten unless another unit replaced it already."""
+        with self._lock:
+            if self._open.get(host) is lost:
+                del self._open[host]
+        lost.close()
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._open = list(self._open.values()), {}
+        for transport in opened:
+            transport.close()
+
+
 class RouterClient:
-    """The router's worker calls, as the adapter of the API its config names makes them (fleet.routers)."""
+    """The router's worker calls, as the adapter of the API its config names makes them (fleet.routers). hosts: the
+    run's shared connections, the one given among them: a lost one is dropped, and a listing (a read) that met it
+    is sent again once, on a new one; a change never is (it may have been made)."""
 
-    def __init__(self, name: str, spec: Router, transport: Transport) -> None:
-        self.name, self.spec, self.transport = name, spec, transport
+    def __init__(self, name: str, spec: Router, transport: Transport, hosts: RouterHosts | None = None) -> None:
+        self.name, self.spec, self.transport, self.hosts = name, spec, transport, hosts
         self.api = api_of(spec)
+        self.reconnected = False
 
-    def _send(self, call: Call, what: str) -> str:
+    def _send(self, call: Call, what: str, *, read: bool = False) -> str:
+        transport = self.transport
+        try:
+            return self._sent(transport, call, what)
+        except AgentLost:
+            if self.hosts is None:
+                raise
+            self.hosts.drop(self.spec.host, transport)
+            if not read or self.reconnected:
+                raise
+        self.reconnected = True
+        self.transport = self.hosts.get(self.spec.host)
+        return self._sent(self.transport, call, what)
+
+    def _sent(self, transport: Transport, call: Call, what: str) -> str:
         """Make one call on the router's host: a request to its loopback, or an argv run there; its answer's text."""
         if isinstance(call, list):
-            done = self.transport.run(call, timeout=ROUTER_TIMEOUT_S)
+            done = transport.run(call, timeout=ROUTER_TIMEOUT_S)
             if not done.ok:
                 seen = "timed out" if done.timed_out else \
                     f"exit {done.exit_code}: {shown(done.err_stream.text.strip())}"
                 raise self._refused(what, f"`{visible(shell_quote(done.argv), multiline=False)}` {seen}")
             return done.out_stream.text
-        answer = self.transport.call(Http(self.spec.url + call.path, timeout=ROUTER_TIMEOUT_S, check=False,
+        answer = transport.call(Http(self.spec.url + call.path, timeout=ROUTER_TIMEOUT_S, check=False,
                                           method=call.method, json=call.body), ROUTER_TIMEOUT_S + 5)
         if not answer.ok:
             raise self._refused(what, f"HTTP {answer.status}: {shown(answer.text)}" if answer.status is not None
@@ -75,7 +129,7 @@ class RouterClient:
 
     def listed(self) -> dict[str, Listed]:
         """url -> the worker, as the router lists it now."""
-        text = self._send(self.api.listing(self.spec), "its worker list")
+        text = self._send(self.api.listing(self.spec), "its worker list", read=True)
         try:
             return {worker.url: worker for worker in self.api.workers(self.spec, text)}
         except (ValueError, TypeError, KeyError) as exc:
@@ -195,10 +249,25 @@ class UnitRouting:
 @dataclass(frozen=True)
 class Routers:
     """The inventory's routers, and a connection to a router's host outside a unit: what takes a unit out of its
-    router around every restart of it (apply, restart, rollback)."""
+    router around every restart of it (apply, restart, rollback). shared: one connection to each router's host for
+    every unit until the run ends (sharing); None: each unit opens its own and closes it after the unit."""
 
     specs: dict[str, Router] = field(default_factory=dict)
     connect: Callable[[str], Transport] | None = None
+    shared: RouterHosts | None = None
+
+    @contextmanager
+    def sharing(self) -> Iterator[Routers]:
+        """These routers, their hosts' connections shared by every unit until the end of the with (whatever ends
+        it: success, a failure, a pause, a signal), then closed; already shared: the outer with closes them."""
+        if self.shared is not None or self.connect is None:
+            yield self
+            return
+        hosts = RouterHosts(self.connect)
+        try:
+            yield replace(self, shared=hosts)
+        finally:
+            hosts.close()
 
     def for_unit(self, name: str, unit: Unit,
                  engines: dict[str, Engine]) -> Callable[[dict[str, Context]], UnitRouting] | None:
@@ -209,15 +278,18 @@ class Routers:
 
     def _routing(self, name: str, unit: Unit, engines: dict[str, Engine], ctxs: dict[str, Context]) -> UnitRouting:
         """The unit's workers and a client of its router, on the router host's connection (the unit's own when
-        the router runs on one of its hosts)."""
+        the router runs on one of its hosts, else the run's shared one, else one of its own)."""
         assert unit.router is not None
         spec = self.specs[unit.router]
-        owned = None
+        owned = shared = None
         if spec.host in ctxs:
             transport = ctxs[spec.host].transport
+        elif self.connect is None:
+            raise ConfigError(f"unit {name}: no connection to router {unit.router}'s host {spec.host}")
+        elif self.shared is not None:
+            shared = self.shared
+            transport = shared.get(spec.host)
         else:
-            if self.connect is None:
-                raise ConfigError(f"unit {name}: no connection to router {unit.router}'s host {spec.host}")
             transport = owned = self.connect(spec.host)
         workers = []
         for worker in unit.workers:
@@ -225,6 +297,6 @@ class Routers:
             origin = metrics_origin(engines[host].host.services[service].health)
             workers.append(Worker(worker, worker.url or origin, origin + "/metrics", ctxs[host]))
         leader = ctxs[sorted(ctxs)[0]]
-        return UnitRouting(RouterClient(unit.router, spec, transport), workers,
+        return UnitRouting(RouterClient(unit.router, spec, transport, shared), workers,
                            emit=lambda kind, **data: leader.emit(kind, unit=name, **data), wait=leader.cancel.wait,
                            owned=owned)

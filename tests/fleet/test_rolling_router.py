@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,15 +22,17 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import deployer
-from fixtures_ssh import SSHD
-from polling import wait_for
+from fixtures_ssh import SSHD, session_sshd
+from polling import wait_for, within
 from ports import demo_ports
 
+from deployer.app.applies import ApplyOptions, apply
 from deployer.config.models import LocalHost
 from deployer.demo.load import Load
-from deployer.demo.run import DemoStack, start_stacks
+from deployer.demo.run import DemoStack, process_alive, start_stacks
 from deployer.runlog import user_runs_dir
 from deployer.steps.cancel import CancelToken
+from deployer.steps.context import Listener
 
 SETTLE_S = 0.5  # how long each removed worker must read 0 before its unit restarts
 UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (and gpu-a the router's), decode
@@ -95,8 +100,9 @@ class PdFleet:
 
 
 def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | None = None,
-               pd_units: dict[str, tuple[str, str]] = UNITS) -> PdFleet:
-    """pd_units: unit -> (its prefill host, its decode host); the first prefill host also runs the router."""
+               pd_units: dict[str, tuple[str, str]] = UNITS, router_host: str = "gpu-a") -> PdFleet:
+    """pd_units: unit -> (its prefill host, its decode host); router_host runs the router: the first prefill host,
+    or a host of its own."""
     ports = demo_ports(len(pd_units))
     router_port = ports[0]["router"]
     stacks: dict[str, DemoStack] = {}
@@ -105,17 +111,19 @@ def make_fleet(tmp_path: Path, router_args: tuple[str, ...] = (), sshd: SSHD | N
     for (prefill, decode), unit_ports_ in zip(pd_units.values(), ports, strict=True):
         argv += ["--prefill", f"http://127.0.0.1:{unit_ports_['prefill']}", str(unit_ports_["bootstrap"]),
                  "--decode", f"http://127.0.0.1:{unit_ports_['decode']}"]
-        if prefill == "gpu-a":
+        if prefill == router_host:
             stacks[prefill] = RouterHost(tmp_path / prefill, unit_ports_, ("prefill", "router"), router=argv)
         else:
             stacks[prefill] = DemoStack(tmp_path / prefill, unit_ports_, ("prefill",))
         stacks[decode] = DemoStack(tmp_path / decode, unit_ports_, ("decode",))
+    if router_host not in stacks:  # the router alone on a host of its own (argv grew with every unit above)
+        stacks[router_host] = RouterHost(tmp_path / router_host, ports[0], ("router",), router=argv)
     units = {name: {"services": [f"{prefill}:prefill", f"{decode}:decode"], "router": "pd-router",
                     "workers": [{"service": f"{prefill}:prefill", "worker_type": "prefill",
                                  "bootstrap_port": stacks[prefill].ports["bootstrap"]},
                                 {"service": f"{decode}:decode", "worker_type": "decode"}]}
              for name, (prefill, decode) in pd_units.items()}
-    routers = {"pd-router": {"host": "gpu-a", "url": f"http://127.0.0.1:{router_port}", "change_timeout_s": 10,
+    routers = {"pd-router": {"host": router_host, "url": f"http://127.0.0.1:{router_port}", "change_timeout_s": 10,
                              "drain_timeout_s": 20, "interval_s": 0.05, "settle_s": SETTLE_S}}
     for stack in stacks.values():
         stack.create()
@@ -240,6 +248,80 @@ def test_max_unavailable_restarts_two_pd_units_at_once_keeping_one_serving_and_n
         wait_for(lambda: listed_healthy(fleet) == {fleet.worker_url(host, role) for prefill, decode in THREE.values()
                                                    for host, role in ((prefill, "prefill"), (decode, "decode"))},
                  "every worker listed again", 10)
+
+
+# How sshd logs a client's end of an authenticated connection (a close, or the reset of one), as
+# tests/run/test_early_connection.py reads it.
+CLOSED = r"^(?:Disconnected from user|Received disconnect from|Read error from remote host|Connection (?:closed|reset))"
+
+
+@pytest.fixture
+def router_sshd() -> Iterator[SSHD]:
+    """An sshd of the router's host alone: each connection to that host is one login in its log."""
+    yield from session_sshd()
+
+
+def router_host_over(fleet: PdFleet, sshd: SSHD) -> Path:
+    """gpu-r, the router's host, reached over `sshd`, its python a wrapper that records each agent started there
+    (its pid: exec keeps it): the file it writes, one line an agent."""
+    started, python = fleet.root / "router-agents", fleet.root / "router-python"
+    python.write_text(f'#!/bin/sh\necho $$ >> {started}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    fleet.inventory["hosts"]["gpu-r"].update(
+        transport="ssh", address=sshd.host, port=sshd.port, user=sshd.user, identity_file=str(sshd.client_key),
+        known_hosts=str(sshd.known_hosts), ssh_config="/dev/null", python=str(python))
+    fleet.write()
+    return started
+
+
+def rolled_with_the_router_elsewhere(tmp_path: Path, sshd: SSHD, listener: Listener | None = None
+                                     ) -> tuple[list[int], Counter[str]]:
+    """Three PD units behind one router on gpu-r (over its own sshd), two at a time (so two units ask for the
+    router's host at once): the agents started on gpu-r, and each unit's router_remove events, once the in-process
+    apply returned (exit 0)."""
+    fleet = make_fleet(tmp_path, pd_units=THREE, router_host="gpu-r")
+    (tmp_path / "note.yaml").write_text(yaml.safe_dump(
+        {**PLAYBOOK, "rollout": {"strategy": "rolling", "max_unavailable": 2}}, sort_keys=False))
+    started = router_host_over(fleet, sshd)
+    with running(fleet):
+        outcome = apply(ApplyOptions(playbook=tmp_path / "note.yaml", host="pd-1,pd-2,pd-3",
+                                     inventory=tmp_path / "hosts.yaml", runs_dir=tmp_path / "runs"), listener=listener)
+        assert outcome.exit_code == 0, outcome.error
+        removed = Counter(e["unit"] for path in (tmp_path / "runs").glob("*/events.jsonl")
+                          for e in map(json.loads, path.read_text().splitlines()) if e["type"] == "router_remove")
+        return [int(pid) for pid in started.read_text().split()], removed
+
+
+def test_a_fleet_run_shares_one_connection_to_the_routers_host_and_closes_it_when_the_run_ends(
+        tmp_path: Path, router_sshd: SSHD) -> None:
+    agents, removed = rolled_with_the_router_elsewhere(tmp_path, router_sshd)
+    assert removed == {"pd-1": 2, "pd-2": 2, "pd-3": 2}  # every unit went through the router
+    assert router_sshd.log().count("Accepted publickey") == 1, router_sshd.log()  # one connection for 3 units
+    assert len(agents) == 1, agents
+    # Closed when the run ended, with this process still alive: nothing of it is left on the router's host.
+    wait_for(lambda: not process_alive(agents[0]), "the router host's agent ended with the run", 10)
+    assert within(lambda: re.search(CLOSED, router_sshd.log().split("Accepted publickey", 1)[1], re.M), 10), \
+        router_sshd.log()  # and its connection
+
+
+def test_a_connection_to_the_routers_host_lost_between_batches_is_opened_again_by_the_next_unit(
+        tmp_path: Path, router_sshd: SSHD) -> None:
+    ended: list[str] = []
+
+    def kill_after_the_first_batch(event: dict[str, Any]) -> None:
+        """Once the first batch's four runs ended (the runner waits for them), the router host's agent dies."""
+        if event["type"] == "run_end":
+            ended.append(event["host"])
+            if len(ended) == 4:
+                [pid] = (tmp_path / "router-agents").read_text().split()
+                os.kill(int(pid), signal.SIGKILL)
+                wait_for(lambda: not process_alive(int(pid)), "the router host's agent killed", 10)
+
+    agents, removed = rolled_with_the_router_elsewhere(tmp_path, router_sshd, kill_after_the_first_batch)
+    assert removed == {"pd-1": 2, "pd-2": 2, "pd-3": 2}  # pd-3 went through the router on a new connection
+    assert router_sshd.log().count("Accepted publickey") == 2, router_sshd.log()
+    assert len(agents) == 2, agents
+    wait_for(lambda: not process_alive(agents[1]), "the second agent ended with the run", 10)
 
 
 @pytest.mark.parametrize("transport", ["local", "ssh"], indirect=True)
