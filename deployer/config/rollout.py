@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+
+from deployer.errors import ConfigError
 
 
 class Strict(BaseModel):
@@ -112,6 +114,43 @@ class Rollout(Strict):
                 raise ValueError(f"steps[{index}]: a pause goes after a batch (" +
                                  ("nothing has changed yet)" if index == 0 else "one pause between two batches)"))
         return self
+
+    # Where each of `steps` is written (file:line:col), set by the playbook's loader: whether a step is ever reached
+    # depends on the hosts a run takes (check_steps), so that is refused when they are known, pointing at the step.
+    _where: list[str] = PrivateAttr(default_factory=list)
+
+    def locate(self, where: list[str]) -> None:
+        self._where = where
+
+    def check_steps(self, count: int, hosts: int) -> None:
+        """Refuse steps the `count` batches that `hosts` hosts make never reach: a pause after the last batch (the
+        run ends there; what a user writes first, [batch, {pause: {}}] with every host in one batch), or a batch
+        step past the last batch. Argo Rollouts' steps are the progression itself: none is silently skipped."""
+        done = 0
+        for index, step in enumerate(self.steps):
+            if isinstance(step, Pause) and done < count:
+                continue
+            if not isinstance(step, Pause) and done < count:
+                done += 1
+                continue
+            made = (f"the {hosts} host{'s' if hosts != 1 else ''} of this run make {count} "
+                    f"batch{'es' if count != 1 else ''} ({self.sizes()})")
+            why = ("this pause comes after the last batch, so it is never reached" if isinstance(step, Pause)
+                   else f"this step would start batch {done + 1}")
+            where = self._where[index] if index < len(self._where) else "rollout"
+            raise ConfigError(f"{where}: rollout.steps.{index}: {why}: {made}; {self.more_batches(count)}")
+
+    def sizes(self) -> str:
+        return (f"max_unavailable: {self.max_unavailable!r}" if self.strategy == "rolling"
+                else f"batches: {list(self.batches)!r}")
+
+    def more_batches(self, count: int) -> str:
+        """How to make the batches a rollout's steps need."""
+        if self.strategy == "rolling":
+            return "take fewer units at a time (a smaller max_unavailable), or drop the steps past the last batch"
+        if count == 1:
+            return "to pause after a canary, split the hosts: e.g. batches: [1, '100%'] (one host, then the rest)"
+        return f"drop the steps past batch {count}, or give smaller batches"
 
     def pauses(self) -> dict[int, PauseSpec]:
         """Batch number -> the pause before it starts."""

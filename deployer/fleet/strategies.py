@@ -54,6 +54,12 @@ class Batches(Strategy):
         self.rollout = rollout
 
     def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
+        """The batches, refused where the rollout's steps reach past them (plan and apply both ask here)."""
+        found = self.arrange(hosts, units)
+        self.rollout.check_steps(len(found), len(hosts))
+        return found
+
+    def arrange(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
         return unit_batches(self.rollout.split(hosts), units)
 
     def proceed(self, number: int, state: FleetState, cancel: CancelToken) -> bool:
@@ -102,7 +108,7 @@ class Rolling(Batches):
         super().__init__(rollout)
         self.serving = serving or {}
 
-    def batches(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
+    def arrange(self, hosts: list[str], units: Mapping[str, list[str]]) -> list[list[str]]:
         item = {host: host for host in hosts} | {host: name for name, members in units.items() for host in members}
         order = list(dict.fromkeys(item[host] for host in hosts))
         chosen = rolling_batches(order, self.serving, share_of(self.rollout.max_unavailable, len(order)))

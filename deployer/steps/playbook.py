@@ -25,6 +25,8 @@ def parse_playbook(path: Path) -> tuple[Playbook, list[Step], yamlsrc.Document]:
         raise ConfigError(f"{path}:1:1: a playbook is a mapping (name, files or patch, steps)")
     problems: list[Problem] = []
     model = collect(Playbook, doc.data, doc, problems)
+    if model is not None:  # checked against the batches once the hosts are known (Rollout.check_steps)
+        model.rollout.locate([str(doc.mark(("rollout", "steps", i))) for i in range(len(model.rollout.steps))])
     items = doc.data.get("steps")
     steps = build_steps(items if isinstance(items, list) else [], doc, problems)
     if model is None or problems:
