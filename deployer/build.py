@@ -49,7 +49,7 @@ class Build:
         if name not in inventory.hosts:  # a selector's pod (HOST.POD) is a host once its pods are listed
             from deployer.transport.kubernetes import expand_selectors
 
-            inventory = expand_selectors(inventory)
+            inventory = expand_selectors(inventory, [name])  # that selector's pods only
         return get_host(inventory, name, path)
 
     def connector(self, name: str, host: Host) -> Connector:

@@ -65,21 +65,23 @@ def runs_dir_of(given: str | Path | None, notice: Callable[[str], object] | None
     return runlog.runs_dir_from(str(given) if given is not None else None, notice)
 
 
-def inventory_of(setting: Setting) -> Inventory:
-    """The inventory the setting names, loaded and checked (a ConfigError says where it is wrong)."""
+def inventory_of(setting: Setting, *specs: str | None) -> Inventory:
+    """The inventory the setting names, loaded and checked (a ConfigError says where it is wrong); the pods of the
+    selector hosts that specs (--host, --limit) may name listed now (none given: every selector's)."""
     from deployer.config.models import load_inventory
     from deployer.config.paths import find_inventory
     from deployer.transport.kubernetes import expand_selectors  # a selector's pods are hosts, listed now
 
     return expand_selectors(load_inventory(find_inventory(str(setting.inventory) if setting.inventory is not None
-                                                          else None)))
+                                                          else None)),
+                            [spec for spec in specs if spec is not None] if specs else None)
 
 
 def select_hosts(setting: Setting, spec: str, limit: str | None = None) -> tuple[Inventory, list[str]]:
     """The inventory, and the hosts spec (a host, group, unit, comma list or glob) and limit name, in order."""
     from deployer.config import targets
 
-    loaded = inventory_of(setting)
+    loaded = inventory_of(setting, spec, limit)
     return loaded, targets.resolve(loaded, spec, limit=limit)
 
 

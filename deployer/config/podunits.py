@@ -11,7 +11,7 @@ restart, router drain, canary) sees ordinary units of ordinary hosts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from deployer.config.routers import RouterWorker
 from deployer.config.units import Unit
@@ -39,6 +39,41 @@ def check_pod_units(units: Mapping[str, Unit], selecting: set[str], refuse: Call
                 refuse(("units", name, "workers", index, "url"),
                        f"{POD} is the pod of a selector host, and {worker.service.partition(':')[0]!r} has no "
                        "pod.selector")
+
+
+def selectors_named(groups: Mapping[str, list[str]], units: Mapping[str, Unit], selecting: Collection[str],
+                    specs: Iterable[str]) -> set[str]:
+    """The selector hosts whose pods a command's selections (--host, --limit: names, comma lists, globs) may take,
+    before any pod is listed: so that a command lists those selectors only, and a cluster another host lives in
+    that cannot be reached stops no command that does not need it. A name may be a host, a group, a unit, a
+    selector's pod (HOST.POD) or a group_label's unit (UNIT.VALUE); a glob takes every selector (which of their pods it
+    matches is known once they are listed); and a selector in a unit brings the unit's other selectors (a unit
+    restarts whole, its pods paired by their labels)."""
+    found: set[str] = set()
+
+    def take(name: str, through: tuple[str, ...]) -> None:
+        if name in units:
+            found.update(units[name].hosts())
+        elif name in groups:
+            if name not in through:  # load_inventory refused cycles
+                for member in groups[name]:
+                    take(member, (*through, name))
+        elif any(char in name for char in "*?["):
+            found.update(selecting)  # whether it matches a HOST.POD is known once the pods are listed
+        else:
+            found.add(name)
+            for prefix in [*selecting, *units]:  # HOST.POD, UNIT.VALUE (names may hold dots: each is tried)
+                if name.startswith(f"{prefix}."):
+                    found.update(units[prefix].hosts() if prefix in units else [prefix])
+
+    for spec in specs:
+        for part in spec.split(","):
+            if part.strip():
+                take(part.strip(), ())
+    for unit in units.values():
+        if found & set(unit.hosts()):
+            found.update(unit.hosts())
+    return found & set(selecting)
 
 
 def expand_pod_units(units: Mapping[str, Unit], listed: Listed) -> tuple[dict[str, Unit], dict[str, list[str]]]:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deployer.agent.pipe import Pipe
+from deployer.command import quote
 from deployer.config.models import KubernetesHost
-from deployer.config.podunits import expand_pod_units
+from deployer.config.podunits import expand_pod_units, selectors_named
 from deployer.errors import AgentLost, ConfigError, DeployerError, StepFailed, TransportError
 from deployer.text import visible
 from deployer.transport.base import Transport
@@ -216,25 +217,85 @@ class _PortForward:
         return tail if self.ended.is_set() or tail else ""
 
 
-def kubectl_failure(pod: Pod, stderr: str) -> str:
-    where = pod.where()
-    said = visible(stderr.strip(), multiline=False)[-500:]
+def kubectl_failure(pod: Pod, stderr: str, doing: str | None = None) -> str:
+    """What kubectl said went wrong, as a sentence naming the pod and where it is, then kubectl's own lines (said).
+    doing: the kubectl command that failed, when it was not the agent's exec (a listing, a read)."""
+    where = pod_or_selector(pod)
+    said = said_lines(stderr)
     low = stderr.lower()
+    failed = f"{doing} failed" if doing is not None else "kubectl exec ended before the agent started"
     if shell_found_no(pod.kubectl, stderr) or ("no such file or directory" in low and pod.kubectl in stderr):
-        return f"kubectl ({pod.kubectl}) is not installed where it runs, so {where} cannot be reached: {said}"
+        return f"kubectl ({pod.kubectl}) is not installed where it runs, so {where} cannot be reached:\n{said}"
     if "context was not found" in low or ("context" in low and "does not exist" in low):
-        return f"the kubeconfig has no context {pod.context!r} for {where}: {said}"
+        return f"the kubeconfig has no context {pod.context!r} for {where}:\n{said}"
+    if (server := api_server_failure(stderr)) is not None:
+        return f"{failed}: {server}: {where}:\n{said}"
     if "forbidden" in low:
-        return f"RBAC forbids it: {where}: {said}"
+        return f"RBAC forbids it: {where}:\n{said}"
     if "namespaces" in low and "not found" in low:
-        return f"no namespace {pod.namespace!r}: {where}: {said}"
+        return f"no namespace {pod.namespace!r}: {where}:\n{said}"
     if "pods" in low and "not found" in low:
-        return f"no such pod: {where}: {said}"
+        return f"no such pod: {where}:\n{said}"
     if "is not valid for pod" in low:
-        return f"the pod has no container {pod.container!r}: {where}: {said}"
+        return f"the pod has no container {pod.container!r}: {where}:\n{said}"
     if any(marker in low for marker in NOT_RUNNING):
-        return f"the container is not running: {where}: {said}"
-    return f"kubectl exec ended before the agent started: {where}: {said}"
+        return f"the container is not running: {where}:\n{said}"
+    return f"{failed}: {where}:\n{said}"
+
+
+def pod_or_selector(pod: Pod) -> str:
+    """pod.where(), or for a selector's listing where it looks (a selector is no pod, nor has a container yet)."""
+    if pod.name is not None:
+        return pod.where()
+    return f"selector {pod.selector!r} (namespace {pod.namespace!r}, context {pod.context or '(current-context)'!r})"
+
+
+# kubectl's words when the API server is not reached, or refuses who we are, and what each means to an operator.
+UNREACHED = (("unauthorized", "refuses our credentials (Unauthorized: the kubeconfig's token or certificate "
+                               "expired or is wrong)"),
+             ("must be logged in", "refuses our credentials (Unauthorized: the kubeconfig's token or certificate "
+                                   "expired or is wrong)"),
+             ("x509", "cannot be reached: its certificate is not trusted (x509)"),
+             ("no such host", "cannot be reached: its host name does not resolve"),
+             ("i/o timeout", "cannot be reached: it does not answer (i/o timeout)"),
+             ("connection refused", "cannot be reached: nothing listens there (connection refused)"),
+             ("was refused", "cannot be reached: nothing listens there (connection refused)"))
+SERVER_URL = re.compile(r'(https?://[^/\s"\\]+)')
+SERVER_REFUSED = re.compile(r"connection to the server (\S+) was refused")
+
+
+def api_server_failure(stderr: str) -> str | None:
+    """"the API server URL cannot be reached: why" (or refuses our credentials) when kubectl says so, else None."""
+    low = stderr.lower()
+    why = next((meaning for marker, meaning in UNREACHED if marker in low), None)
+    if why is None:
+        return None
+    url = SERVER_URL.search(stderr) or SERVER_REFUSED.search(stderr)
+    server = visible(url[1], multiline=False) if url else "of the kubeconfig's context"
+    return f"the API server {server} {why}"
+
+
+KLOG = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [^\]]*\] ")  # klog's header: level, date, time, thread, file:line
+SAID_CHARS = 1500  # of kubectl's last lines, whole lines
+
+
+def said_lines(stderr: str) -> str:
+    """kubectl's stderr as a message quotes it: line by line, indented, each line's control characters escaped (a
+    newline is a line break, never shown as \\x0a); a line that repeats one before it but for klog's header (its
+    retries) shown once; only its last whole lines, up to SAID_CHARS."""
+    seen: set[str] = set()
+    lines = []
+    for line in stderr.strip().splitlines():
+        if line.strip() and (said := KLOG.sub("", line)) not in seen:
+            seen.add(said)
+            lines.append(visible(line.rstrip(), multiline=False))
+    kept: list[str] = []
+    for line in reversed(lines):
+        if kept and sum(map(len, kept)) + len(line) > SAID_CHARS:
+            break
+        kept.insert(0, line if len(line) <= SAID_CHARS else f"...{line[-SAID_CHARS:]}")
+    cut = [f"(and {len(lines) - len(kept)} lines before)"] if len(kept) < len(lines) else []
+    return "\n".join(f"  {line}" for line in [*cut, *kept]) or "  (kubectl said nothing)"
 
 
 def rows(transport: Transport, host: KubernetesHost, dests: list[str]) -> list[Row]:
@@ -283,7 +344,8 @@ def read_pod(side: Transport, pod: Pod) -> PodSeen:
     argv = get_pod_argv(pod)
     done = side.run(argv, timeout=SELECTED_S)
     if done.exit_code != 0:
-        raise AgentLost(kubectl_failure(pod, done.stderr.decode("utf-8", "replace")))
+        raise AgentLost(kubectl_failure(pod, done.stderr.decode("utf-8", "replace"),
+                                        f"reading the pod ({quote(argv)})"))
     try:
         return PodSeen.parse(done.stdout.decode("utf-8", "replace"), pod.container)
     except ValueError as exc:
@@ -384,12 +446,17 @@ class _Quiet:
         pass
 
 
-def expand_selectors(inventory: Inventory) -> Inventory:
+def expand_selectors(inventory: Inventory, specs: Sequence[str] | None = None) -> Inventory:
     """The inventory with each selector host as one host per pod it selects now (HOST.POD), and a group of
     the host's name listing them, so that `--host HOST` names them all as a group does; a unit of selector hosts
-    as units of their pods (config.podunits)."""
+    as units of their pods (config.podunits). Given specs (what --host and --limit say, or a host's name), only the
+    selectors they may take are listed (config.podunits.selectors_named); the others stay as they are, so that a
+    cluster that cannot be reached stops only the commands that need its pods."""
     selecting = {name: host for name, host in inventory.hosts.items()
                  if isinstance(host, KubernetesHost) and host.pod.selector is not None}
+    if specs is not None:
+        needed = selectors_named(inventory.groups, inventory.units, selecting, specs)
+        selecting = {name: host for name, host in selecting.items() if name in needed}
     if not selecting:
         return inventory
     hosts: dict[str, Host] = {}
@@ -428,21 +495,23 @@ def selected(name: str, host: KubernetesHost, bus: Emitter) -> dict[str, dict[st
 
 
 def list_pods(name: str, host: KubernetesHost, argv: list[str], bus: Emitter) -> dict[str, dict[str, str]]:
-    """`kubectl get pods --selector` run now where kubectl runs: the pods by name in order, with their labels."""
+    """`kubectl get pods --selector` run now where kubectl runs: the pods by name in order, with their labels.
+    A failure says it was this listing (not an exec into a pod), with kubectl's command line: AgentLost, exit 4."""
     pod = host.pod
+    listing = f"listing the pods of selector {pod.selector!r} ({quote(argv)})"
     side = kubectl_side(name, host, bus, False, python="python3")
     try:
         done = side.run(argv, timeout=SELECTED_S)
     except DeployerError as exc:
-        raise AgentLost(f"{name}: the pods of {pod.where()} could not be listed: {exc}") from None
+        raise AgentLost(f"{name}: {listing} failed: {exc}") from None
     finally:
         side.close()
     if done.exit_code != 0:
-        raise AgentLost(f"{name}: {kubectl_failure(pod, done.stderr.decode('utf-8', 'replace'))}")
+        raise AgentLost(f"{name}: {kubectl_failure(pod, done.stderr.decode('utf-8', 'replace'), listing)}")
     items = json.loads(done.stdout)["items"]
     found = {item["metadata"]["name"]: item["metadata"].get("labels") or {} for item in items}
     if not found:
-        raise AgentLost(f"{name}: the selector selects no pod: {pod.where()}")
+        raise AgentLost(f"{name}: the selector selects no pod: {pod_or_selector(pod)}")
     return {each: found[each] for each in sorted(found)}
 
 
