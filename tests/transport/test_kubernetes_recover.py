@@ -151,13 +151,17 @@ def recovered(pod: Pod, run: Path) -> tuple[subprocess.CompletedProcess[str], st
     return done, recover_id
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize(("way", "moment"), [*((way, "service_stopped") for way in WAYS),
+                                             ("container", "service_started"), ("pod", "service_started")])
 def test_a_run_cut_in_its_restart_into_a_pod_is_finished_by_recover_on_the_fix(
-        way: str, cluster: Kube, tmp_path: Path) -> None:
+        way: str, moment: str, cluster: Kube, tmp_path: Path) -> None:
+    """Cut once its restart stopped the old server (the new container or pod, if any, runs; the run had not proved
+    it yet), recover restarts it again; cut once the restart proved the new one, recover keeps it (no second
+    outage): either way the server runs the fix."""
     pod = make_pod(cluster, tmp_path, way)
     head = pod.project.head()
     first = pod.identity()
-    run = cut(pod.project, ["apply", "fix.yaml", "--host", "box"], "service_stopped", "co_restart's stop")
+    run = cut(pod.project, ["apply", "fix.yaml", "--host", "box"], moment, f"co_restart's {moment}")
     assert state_of(run)["phase"] == "restarting"
     cut_left = pod.identity()
 
@@ -166,18 +170,26 @@ def test_a_run_cut_in_its_restart_into_a_pod_is_finished_by_recover_on_the_fix(
     assert git(pod.checkout, "rev-parse", "HEAD~1").strip() == head
     assert f"Deployer-Run: {run.name}" in git(pod.checkout, "log", "-1", "--format=%B")
     assert (pod.checkout / "pkg" / "a.py").read_text() == FIXED_A
-    assert serving(pod.port) == FIXED_A, "the server recover brought up runs the fix"
-    assert run.name in done.stdout and "succeeded" in done.stdout
-    ran = [e["step"] for e in pod.project.events(recover_id) if e["type"] == "step_end" and e["status"] == "ok"]
-    assert ran == ["co_restart"]
+    assert serving(pod.port) == FIXED_A, "the server runs the fix"
+    assert f"run {run.name} -> succeeded" in done.stdout, done.stdout
+    events = pod.project.events(recover_id)
+    said = {e["type"] for e in events if e.get("service") == "server"}
     now = pod.identity()
+    if moment == "service_started":
+        assert "kept server (already serving its commit)" in done.stdout, done.stdout
+        assert "service_kept" in said and "service_stopped" not in said
+        assert now == cut_left, "no second restart"
+        assert pod.annotation() == run.name
+        return
+    assert {"service_stopped", "service_started"} <= said and "service_kept" not in said
+    assert [e["step"] for e in events if e["type"] == "step_end" and e["status"] == "ok"] == ["co_restart"]
     if way == "container":
         assert now[0] == first[0] and now[1] == cut_left[1] + 1 == first[1] + 2 and now[2] != cut_left[2], \
             (first, cut_left, now)
     if way == "pod":
         assert len({first[0], cut_left[0], now[0]}) == 3, "the cut run's new pod, then recover's"
     if way != "start":
-        assert pod.annotation() in (run.name, recover_id)
+        assert pod.annotation() == recover_id, "the restart that made this container or pod annotates it"
     verified = pod.project.deployer("runs", "verify", recover_id, "--target")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
