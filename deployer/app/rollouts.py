@@ -19,7 +19,7 @@ from deployer.errors import ConfigError
 if TYPE_CHECKING:
     from deployer.build import Build
     from deployer.fleet.record import FleetRecord, FleetState
-    from deployer.steps.context import Listener
+    from deployer.steps.context import Listener, LoadedPlaybook
 
 
 def source_of(playbook: str | Path, inventory: str | Path | None, **options: Any) -> dict[str, Any]:
@@ -85,30 +85,59 @@ class Aborted:
                 "exit_code": self.exit_code, "error": self.error}
 
 
-def paused(runs_dir: Path, given: str) -> FleetRecord:
-    """The paused fleet run a person names (a ConfigError when it is no fleet run, or not paused)."""
-    from deployer.app.runs import resolve
-    from deployer.fleet.record import FleetRecord, is_fleet
+def fleet_named(runs_dir: Path, given: str) -> str:
+    """The fleet run a person names: `last`, its id, or the beginning of exactly one fleet run's id (its own first
+    sub-run begins with the same second: only fleet runs are matched). A ConfigError when it names no fleet run."""
+    from deployer.app.runs import LAST, resolve
+    from deployer.fleet.record import is_fleet
 
+    if given != LAST:
+        ids = sorted(p.name for p in runs_dir.iterdir() if is_fleet(runs_dir, p.name)) if runs_dir.is_dir() else []
+        found = [given] if given in ids else [fleet_id for fleet_id in ids if fleet_id.startswith(given)]
+        if len(found) > 1:
+            raise ConfigError(f"fleet run id {given!r} is ambiguous: {', '.join(found)} begin so; give more of it")
+        if found:
+            return found[0]
     fleet_id = resolve(runs_dir, given)
     if not is_fleet(runs_dir, fleet_id):
         raise ConfigError(f"run {fleet_id} is not a fleet run: only a fleet run's rollout pauses")
+    return fleet_id
+
+
+def paused(runs_dir: Path, fleet_id: str, what: str) -> FleetRecord:
+    """The fleet run, loaded (under the claim: as the last resume or abort left it); a ConfigError when it is not
+    paused, for `what` (resume, abort) to act on."""
+    from deployer.fleet.record import FleetRecord
+
     record = FleetRecord.load(runs_dir, fleet_id)
     if record.state.pause is None:
-        raise ConfigError(f"fleet run {fleet_id} is not paused (it is {record.state.status})")
+        other = (f"; to roll back what it did: deployer rollback {fleet_id}" if what == "abort"
+                 and record.state.status != "aborted" else "")
+        raise ConfigError(f"fleet run {fleet_id} is not paused (it is {record.state.status}){other}")
     return record
 
 
 def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: Watch | None = None) -> FleetOutcome:
     """Go on with a paused fleet run from the batch it paused before, with the playbook and inventory it was
-    applied with. A refusal before anything runs (not paused, the playbook changed or gone) raises ConfigError."""
+    applied with, this process alone (a second resume or abort meanwhile is refused: LockHeld). A refusal before
+    anything runs (not paused, the playbook or a file it ships changed or gone) raises ConfigError."""
+    from deployer.fleet.record import claimed
+
+    runs_dir = build_of(options, listener).runs_dir
+    fleet_id = fleet_named(runs_dir, options.fleet_id)
+    with claimed(runs_dir, fleet_id, "resume"):
+        return resumed(options, paused(runs_dir, fleet_id, "resume"), listener, watch)
+
+
+def resumed(options: ResumeOptions, record: FleetRecord, listener: Listener | None,
+            watch: Watch | None) -> FleetOutcome:
+    """resume(), under the fleet run's claim."""
     from deployer.config import targets
     from deployer.fleet import followup
     from deployer.fleet.notify import notifying
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
-    build0 = build_of(options, listener)
-    record = paused(build0.runs_dir, options.fleet_id)
+    runs_dir = record.dir.parent
     source = record.state.source
     if not source.get("playbook"):
         raise ConfigError(f"fleet run {record.state.fleet_id} records no playbook to resume with (made by an older "
@@ -122,7 +151,7 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
         raise ConfigError(f"{playbook} changed since fleet run {record.state.fleet_id} started (sha256 "
                           f"{str(source.get('playbook_sha256'))[:12]}, now {now[:12]}): resuming would ship another "
                           "fix to the rest of the fleet; put it back, or abort the run and apply anew")
-    chosen = Setting(inventory=options.inventory or source.get("inventory"), runs_dir=build0.runs_dir,
+    chosen = Setting(inventory=options.inventory or source.get("inventory"), runs_dir=runs_dir,
                      accept_new_host_key=options.accept_new_host_key)
     build = build_of(chosen, listener, source.get("health_timeout_s"))
     loaded = inventory_of(chosen)
@@ -137,6 +166,7 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
     units = targets.run_units(loaded, hosts)
     engines = build.engines(playbook, {name: loaded.hosts[name] for name in hosts},
                             allow_dirty=bool(source.get("allow_dirty")), restart=bool(source.get("restart")))
+    refuse_other_fix(record.state, next(iter(engines.values())).playbook)
     for engine in engines.values():
         engine.lock_wait_s = options.lock_wait_s
     fleet = build.fleet_apply(engines, units, parallel=options.parallel or record.state.parallel or DEFAULT_PARALLEL,
@@ -149,18 +179,44 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
         return FleetOutcome(fleet.resume(record))
 
 
+def refuse_other_fix(state: FleetState, playbook: LoadedPlaybook) -> None:
+    """A ConfigError when a file the playbook ships is not, byte for byte, what the run shipped before it paused:
+    the playbook's own sha256 stays the same when a file it names is edited."""
+    from deployer.fleet.apply import shipped
+
+    if "shipped" not in state.source:  # paused by a deployer that did not record them: the playbook's sha256 only
+        return
+    recorded: dict[str, str] = state.source["shipped"]
+    now = shipped(playbook)
+    for path in sorted(set(recorded) | set(now)):
+        if recorded.get(path) != now.get(path):
+            was = "not shipped" if path not in recorded else f"sha256 {recorded[path][:12]}"
+            is_ = "not shipped" if path not in now else f"now {now[path][:12]}"
+            raise ConfigError(f"{path} changed since fleet run {state.fleet_id} started ({was}, {is_}): resuming "
+                              "would ship another fix to the rest of the fleet; put it back, or abort the run and "
+                              "apply anew")
+
+
 def abort(options: AbortOptions, *, listener: Listener | None = None, watch: Watch | None = None) -> Aborted:
     """End a paused fleet run aborted: every host of it that committed rolled back, as `deployer rollback
-    FLEET_ID` does (a unit as one, out of its router meanwhile)."""
+    FLEET_ID` does (a unit as one, out of its router meanwhile), this process alone (as resume())."""
+    from deployer.fleet.record import claimed
+
+    runs_dir = build_of(options, listener).runs_dir
+    fleet_id = fleet_named(runs_dir, options.fleet_id)
+    with claimed(runs_dir, fleet_id, "abort"):
+        return aborted(options, paused(runs_dir, fleet_id, "abort"), listener, watch)
+
+
+def aborted(options: AbortOptions, record: FleetRecord, listener: Listener | None, watch: Watch | None) -> Aborted:
+    """abort(), under the fleet run's claim."""
     from deployer.config.units import every_unit, unit_of_hosts
     from deployer.fleet import followup
     from deployer.fleet.notify import notifying
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
-    build0 = build_of(options, listener)
-    record = paused(build0.runs_dir, options.fleet_id)
     source = record.state.source
-    chosen = RevertSetting(inventory=options.inventory or source.get("inventory"), runs_dir=build0.runs_dir,
+    chosen = RevertSetting(inventory=options.inventory or source.get("inventory"), runs_dir=record.dir.parent,
                            accept_new_host_key=options.accept_new_host_key)
     build: Build = build_of(chosen, listener, options.health_timeout_s, options.revert_checks())
     loaded = inventory_of(chosen)

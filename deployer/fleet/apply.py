@@ -6,6 +6,7 @@ host of it that committed (restarted and verified again) through the single-host
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from deployer.fleet.unit import UnitRun, steps_for
 from deployer.run.engine import Engine, RunResult
 from deployer.runlog import utc_now
 from deployer.steps.base import Effect
-from deployer.steps.context import Listener
+from deployer.steps.context import Listener, LoadedPlaybook
 from deployer.transport.base import Transport
 
 
@@ -65,7 +66,7 @@ class FleetApply:
         batches = strategy.batches(hosts, members)
         refuse_downtime(batches, members, self.behind, self.allow_downtime)
         state = new_state("apply", first.playbook.model.name, first.operator, hosts, batches, self.parallel,
-                          units=members, source=self.source)
+                          units=members, source={**self.source, "shipped": shipped(first.playbook)})
         record = FleetRecord.create(self.runs_dir, state)
         runner = self._runner(record, strategy)
         runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind="apply")
@@ -189,6 +190,16 @@ def planned_rollout(hosts: list[str], units: dict[str, Unit], rollout: Rollout) 
     plans = batch_plans(strategy_for(rollout, serving).batches(hosts, members), members, serving)
     pauses = {n: pause.duration for n, pause in rollout.pauses().items() if 0 < n < len(plans)}
     return RolloutPlan(plans, mixed_pairing(plans, serving), pauses)
+
+
+def shipped(playbook: LoadedPlaybook) -> dict[str, str]:
+    """Each file the playbook ships (a files: src, or its patch) -> the sha256 of the bytes the run ships: a resume
+    compares them, since the playbook's own bytes do not change when a file it names does."""
+    base = playbook.path.parent
+    named = {str((base / spec.src).resolve()): playbook.sources[spec.dest] for spec in playbook.model.files}
+    if playbook.model.patch is not None and playbook.patch is not None:
+        named[str((base / playbook.model.patch).resolve())] = playbook.patch
+    return {path: hashlib.sha256(data).hexdigest() for path, data in named.items()}
 
 
 def serving_of(units: dict[str, Unit]) -> dict[str, Serving]:

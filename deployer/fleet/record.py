@@ -6,18 +6,22 @@ host; the fleet itself is `<runs>/<fleet id>/fleet.json`, naming its sub-runs an
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer.errors import ConfigError
+from deployer.errors import ConfigError, LockHeld
 from deployer.runlog import list_runs, new_run_id, utc_now
 from deployer.runstate import Phase
 
 FLEET = "fleet.json"
+CLAIM = "claim"  # beside fleet.json: held (flock) by the one `rollout resume` or `abort` acting on the fleet run
 UNTOUCHED = "untouched"
 
 
@@ -59,7 +63,7 @@ class Paused:
     reason: str
     since: str
     ended: str | None = None
-    ended_by: str | None = None  # resume | abort
+    ended_by: str | None = None  # resume | abort | timer (a timed pause that ran its time)
 
 
 @dataclass
@@ -150,6 +154,26 @@ class FleetRecord:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.dir / FLEET)
+
+
+@contextlib.contextmanager
+def claimed(runs_dir: Path, fleet_id: str, what: str) -> Iterator[None]:
+    """This process alone goes on with (or aborts) the fleet run while in the block: a second one is refused at once
+    (LockHeld), before it reads or writes fleet.json, since two would each write their own view of it. An flock,
+    which the kernel lets go of however the holder ends: a claim left by a dead process is simply taken."""
+    fd = os.open(runs_dir / fleet_id / CLAIM, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another deployer"
+            raise LockHeld(f"fleet run {fleet_id}: {holder} is running on it; only one resume or abort acts on a "
+                           f"fleet run at a time (see: deployer runs show {fleet_id})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"rollout {what} (pid {os.getpid()})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # lets go of the flock
 
 
 def is_fleet(runs_dir: Path, run_id: str) -> bool:

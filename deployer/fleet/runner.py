@@ -29,6 +29,9 @@ from deployer.steps.context import Listener
 from deployer.waiting import all_done
 
 DEFAULT_PARALLEL = 16
+# Why a run that a signal stopped between its batches is paused (resume goes on, abort rolls back).
+INTERRUPTED_PAUSE = "interrupted during a timed pause"
+INTERRUPTED_BETWEEN = "interrupted between batches"
 
 HostTask = Callable[[str, str], RunResult]  # (host, fleet id) -> the host's sub-run
 # (unit, fleet id, report) -> None: runs every host of the unit, reporting each host's sub-run as it ends.
@@ -131,20 +134,32 @@ class FleetRunner:
         state = self.record.state
         if self.strategy.proceed(number, state, self.cancel) and not self.strategy.stops_on(number, self.cancel):
             return True
+        if self.strategy.stops_on(number, self.cancel) and not state.failed():
+            # A signal between batches, every host started having ended well: paused there, as in a timed pause.
+            state.pauses.append(Paused(number, INTERRUPTED_BETWEEN, utc_now()))
+            state.status = "paused"
         state.stopped_after_batch = number - 1
         self.emit("fleet_stopped", batch=number, failed=len(state.failed()), untouched=state.untouched())
         return False
 
     def _wait(self, number: int, reason: str, seconds: float) -> bool:
-        """A timed pause before batch `number`; True when a signal cut it short and no further batch starts."""
+        """A timed pause before batch `number`, recorded as it starts; True when a signal cut it short: the run
+        stops there paused (and interrupted), for `rollout resume` or `rollout abort` to end, as a pause until
+        resumed is."""
+        state = self.record.state
+        pause = Paused(number, reason, utc_now())
+        state.pauses.append(pause)
+        self.record.save()
         self.emit("fleet_paused", batch=number, reason=reason, duration_s=seconds)
         with contextlib.suppress(Interrupted):  # a signal ends the pause; the check below sees the cancel
             self.cancel.wait(seconds)
         if self.strategy.stops_on(number, self.cancel):
-            self.record.state.stopped_after_batch = number - 1
-            self.emit("fleet_stopped", batch=number, failed=len(self.record.state.failed()),
-                      untouched=self.record.state.untouched())
+            pause.reason = f"{INTERRUPTED_PAUSE} ({reason}, {seconds:g}s)"
+            state.status, state.stopped_after_batch = "paused", number - 1
+            self.emit("fleet_stopped", batch=number, failed=len(state.failed()), untouched=state.untouched())
             return True
+        pause.ended, pause.ended_by = utc_now(), "timer"
+        self.record.save()
         self.emit("fleet_resumed", batch=number, reason=f"{seconds:g}s passed")
         return False
 
@@ -210,7 +225,9 @@ def finish(record: FleetRecord, cancel: CancelToken) -> None:
     """The fleet's status and exit code: the canary's failure speaks first (batch order, then host order)."""
     state = record.state
     if (pause := state.pause) is not None:
-        state.status, state.exit_code = "paused", RolloutPaused.exit_code
+        # A signal that cut a timed pause short, or came between batches: paused, with an interrupted run's exit code.
+        state.status = "paused"
+        state.exit_code = Interrupted.exit_code if cancel.cancelled else RolloutPaused.exit_code
         where = (f"before batch {pause.before_batch + 1}" if pause.before_batch < len(state.batches) else
                  "after its last batch")
         state.error = (f"paused {where}: {pause.reason}\n"

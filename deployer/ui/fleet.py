@@ -51,7 +51,8 @@ def pause_lines(state: FleetState) -> list[str]:
             lines.append(f"go on with: deployer rollout resume {state.fleet_id}")
             lines.append(f"or roll back every host that committed: deployer rollout abort {state.fleet_id}")
         else:
-            how = {"resume": "resumed", "abort": "aborted"}.get(str(pause.ended_by), str(pause.ended_by))
+            how = {"resume": "resumed", "abort": "aborted", "timer": "its time up, went on"}.get(
+                str(pause.ended_by), str(pause.ended_by))
             lines.append(f"paused {where} from {pause.since}: {pause.reason}; {how} at {pause.ended}")
     if state.status == "aborted" and state.error:  # which rollback undid it, or that nothing had committed
         lines.append(state.error)

@@ -26,7 +26,7 @@ from test_notify import Hook, hook, notify
 
 from deployer.config.rollout import Rollout
 from deployer.fleet.record import FleetRecord, new_state
-from deployer.fleet.runner import FleetCancel, FleetRunner
+from deployer.fleet.runner import FleetCancel, FleetRunner, finish
 from deployer.fleet.strategies import Batches
 from deployer.run.engine import RunResult
 
@@ -406,3 +406,31 @@ def test_pause_steps_go_between_batches_and_durations_read_as_argo_writes_them(t
     fleet_file = tmp_path / "playbook.yaml"
     fleet_file.write_text(yaml.safe_dump({"rollout": PAUSE_AFTER_CANARY}))
     assert Rollout(**yaml.safe_load(fleet_file.read_text())["rollout"]).pauses()[1].duration is None
+
+
+def test_a_timed_pause_that_ran_its_time_is_recorded_as_ended_by_the_timer(tmp_path: Path) -> None:
+    strategy = Batches(Rollout(batches=[1], steps=["batch", {"pause": {"duration": "0.2s"}}]))
+    state = new_state("apply", "fix", "tester", NAMES, strategy.batches(NAMES, {}), 1)
+    record = FleetRecord.create(tmp_path / "runs", state)
+    FleetRunner(record, strategy, 1, FleetCancel(), []).run(ok)
+    [pause] = json.loads((record.dir / "fleet.json").read_text())["pauses"]
+    assert pause["before_batch"] == 1 and pause["ended_by"] == "timer" and pause["ended"] >= pause["since"], pause
+    assert state.pause is None
+
+
+def test_a_signal_between_batches_leaves_the_run_paused_before_the_next_one_with_exit_130(tmp_path: Path) -> None:
+    strategy = Batches(Rollout(batches=[1]))
+    state = new_state("apply", "fix", "tester", NAMES, strategy.batches(NAMES, {}), 1)
+    cancel = FleetCancel()
+
+    def signalled_as_it_ends(host: str, fleet_id: str) -> RunResult:  # the run ended well; the signal came after
+        cancel.cancel()
+        return ok(host, fleet_id)
+
+    record = FleetRecord.create(tmp_path / "runs", state)
+    FleetRunner(record, strategy, 1, cancel, []).run(signalled_as_it_ends)
+    finish(record, cancel)
+    assert state.untouched() == ["b", "c"] and state.status == "paused" and state.exit_code == 130, state
+    assert state.pause is not None and state.pause.before_batch == 1
+    assert state.pause.reason == "interrupted between batches"
+    assert "go on with: deployer rollout resume" in str(state.error)

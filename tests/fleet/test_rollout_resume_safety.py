@@ -1,0 +1,159 @@
+"""A paused rollout goes on with exactly the fix its first batch got, by one resume at a time, and a signal
+during a timed pause leaves it paused (issue 37 item 3, as a new user broke it): three `transport: local` hosts,
+each its own repo, the deployer CLI run as a person runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git, init_repo, target_python
+from test_fleet import BOUNDED, as_json
+
+NAMES = ("h1", "h2", "h3")
+PAUSE_AFTER_FIRST = {"batches": [1], "steps": ["batch", {"pause": {}}]}
+OTHER_FIX = "def answer():\n    return 43\n"
+
+
+@pytest.fixture
+def local_fleet(tmp_path: Path) -> Project:
+    hosts = {}
+    for name in NAMES:
+        repo = tmp_path / name / "repo"
+        init_repo(repo, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
+        hosts[name] = {"transport": "local", "repo": str(repo), "python": sys.executable}
+    project = Project(root=tmp_path, repo=tmp_path / "h1" / "repo", host=hosts["h1"], host_name="h1")
+    project.inventory.write_text(yaml.safe_dump({"hosts": hosts}, sort_keys=False))
+    project.write("fix/a.py", FIXED_A)
+    return project
+
+
+def a_py(project: Project, host: str) -> str:
+    return (project.root / host / "repo" / "pkg" / "a.py").read_text()
+
+
+def fleet_json(project: Project, fleet_id: str) -> dict[str, Any]:
+    data = json.loads((project.runs / fleet_id / "fleet.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def paused_after_first(project: Project) -> str:
+    project.playbook(steps=BOUNDED, rollout=PAUSE_AFTER_FIRST)
+    result = project.deployer("apply", "fix.yaml", "--host", ",".join(NAMES), "--json")
+    report = as_json(result)
+    assert result.returncode == 8 and report["status"] == "paused", report
+    return str(report["fleet_id"])
+
+
+def resume(project: Project, *args: str) -> Any:
+    """`rollout resume` from another directory with only the runs dir in its environment (no inventory)."""
+    other = project.root / "elsewhere"
+    other.mkdir(exist_ok=True)
+    return deployer("rollout", *args, cwd=other, env=deployer_env(DEPLOYER_RUNS_DIR=str(project.runs)), timeout=120)
+
+
+def until(condition: Any, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+def test_resume_refuses_when_a_file_the_playbook_ships_changed_since_the_first_batch(local_fleet: Project) -> None:
+    fleet_id = paused_after_first(local_fleet)
+    local_fleet.write("fix/a.py", OTHER_FIX)  # the playbook's own bytes are the same
+    refused = resume(local_fleet, "resume", fleet_id, "--json")
+    error = as_json(refused)["error"]
+    assert refused.returncode == 2, error
+    assert str((local_fleet.root / "fix/a.py").resolve()) in error and "put it back, or abort" in error, error
+    assert a_py(local_fleet, "h2") == ORIGINAL_A and a_py(local_fleet, "h3") == ORIGINAL_A  # nothing went on
+    assert fleet_json(local_fleet, fleet_id)["status"] == "paused"
+    local_fleet.write("fix/a.py", FIXED_A)  # put back: it goes on, every host on the one fix
+    done = resume(local_fleet, "resume", fleet_id, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
+    # Finished: nothing to abort, and abort says what rolls a finished fleet run back.
+    finished = resume(local_fleet, "abort", fleet_id, "--json")
+    error = as_json(finished)["error"]
+    assert finished.returncode == 2 and f"not paused (it is successful); to roll back what it did: deployer " \
+        f"rollback {fleet_id}" in error, error
+
+
+def test_resume_and_abort_take_a_beginning_of_the_id_among_fleet_runs_only(local_fleet: Project) -> None:
+    fleet_id = paused_after_first(local_fleet)
+    second = fleet_id[:16]  # e.g. 20261203T143907.: the fleet's own first sub-run often begins with it too
+    sub_run = fleet_json(local_fleet, fleet_id)["hosts"]["h1"]["run_id"]
+    shutil.copytree(local_fleet.runs / sub_run, local_fleet.runs / f"{second}999Z-ffffff")
+    aborted = resume(local_fleet, "abort", second, "--json")
+    assert aborted.returncode == 0 and as_json(aborted)["status"] == "aborted", aborted.stdout + aborted.stderr
+    assert a_py(local_fleet, "h1") == ORIGINAL_A
+
+
+def test_a_second_resume_of_the_same_fleet_run_is_refused_at_once_and_the_first_finishes_it(
+        local_fleet: Project) -> None:
+    fleet_id = paused_after_first(local_fleet)
+    gate = local_fleet.root / "gate"
+    held = target_python(local_fleet, f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    inventory = yaml.safe_load(local_fleet.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = held  # the resumed hosts' remote_compile waits for the gate
+    local_fleet.inventory.write_text(yaml.safe_dump(inventory))
+    first = local_fleet.popen("rollout", "resume", fleet_id, "--json")
+    try:
+        until(lambda: fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running")
+        second = resume(local_fleet, "resume", fleet_id, "--json")
+        error = as_json(second)["error"]
+        assert second.returncode == 3, error
+        assert f"rollout resume (pid {first.pid}) is running on it" in error, error
+        assert fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running"  # left as the first has it
+        gate.touch()
+        out, err = first.communicate(timeout=120)
+    finally:
+        gate.touch()
+        if first.poll() is None:
+            first.kill()
+    report = json.loads(out)
+    assert first.returncode == 0 and report["status"] == "successful", (report, err)
+    saved = fleet_json(local_fleet, fleet_id)
+    assert saved["status"] == "successful" and all(saved["hosts"][h]["run_id"] for h in NAMES), saved
+    assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
+    # A claim left by a process that ended is no claim: the next one takes it (here: nothing left to resume).
+    again = resume(local_fleet, "resume", fleet_id, "--json")
+    assert again.returncode == 2 and "is not paused (it is successful)" in as_json(again)["error"]
+
+
+def test_a_signal_during_a_timed_pause_leaves_the_run_paused_exit_130_and_resume_finishes_it(
+        local_fleet: Project) -> None:
+    local_fleet.playbook(steps=BOUNDED, rollout={"batches": [1], "steps": ["batch", {"pause": {"duration": "5m"}}]})
+    proc = local_fleet.popen("apply", "fix.yaml", "--host", ",".join(NAMES), "--json")
+    try:
+        def pausing() -> bool:
+            fleets = [p for p in local_fleet.runs.glob("*/fleet.json")] if local_fleet.runs.is_dir() else []
+            return bool(fleets) and bool(json.loads(fleets[0].read_text()).get("pauses"))
+        until(pausing)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(out)
+    assert proc.returncode == 130 and report["status"] == "paused", (report, err)
+    fleet_id = report["fleet_id"]
+    [pause] = fleet_json(local_fleet, fleet_id)["pauses"]
+    assert pause["ended"] is None and pause["before_batch"] == 1, pause
+    assert pause["reason"].startswith("interrupted during a timed pause"), pause
+    assert f"deployer rollout resume {fleet_id}" in report["error"]
+    assert a_py(local_fleet, "h2") == ORIGINAL_A
+    done = resume(local_fleet, "resume", fleet_id, "--json")
+    assert done.returncode == 0 and as_json(done)["status"] == "successful", done.stdout + done.stderr
+    assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
+    assert fleet_json(local_fleet, fleet_id)["pauses"][0]["ended_by"] == "resume"
+    assert git(local_fleet.root / "h1" / "repo", "rev-list", "--count", "HEAD").strip() == "2"  # h1 not redone
