@@ -5,10 +5,22 @@ person's approval or for a while between batches, and an inconclusive analysis h
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
+from deployer.config.validation import did_you_mean
 from deployer.errors import ConfigError
 
 
@@ -56,9 +68,11 @@ _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 def seconds_of(value: object) -> object:
     """Argo's durations: a number of seconds, or a string such as '30s', '10m', '1h'."""
-    if isinstance(value, str) and (found := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", value)):
+    if not isinstance(value, str):
+        return value
+    if found := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", value):
         return float(found[1]) * _UNITS[found[2] or "s"]
-    return value
+    raise ValueError(f"{value!r}: a duration is a number of seconds, or a number and s, m or h: 30s, 10m, 1h")
 
 
 class PauseSpec(Strict):
@@ -71,7 +85,28 @@ class Pause(Strict):
     pause: PauseSpec = Field(description="A pause between two batches: for a while, or until a person resumes.")
 
 
-Step = Literal["batch"] | Pause
+SHAPES = "a step is `batch` or `pause: {}` (until resumed) or `pause: {duration: 10m}`"
+
+
+def step_shape(value: Any) -> Any:
+    """A step that is neither `batch` nor `{pause: ...}`, in the words of what was meant (did you mean, how a pause
+    is written), rather than a union's 'must be batch' beside whatever the pause said."""
+    if isinstance(value, str) and value != "batch":
+        if value == "pause":
+            raise ValueError("a pause is a mapping: write `pause: {}` (until resumed) or `pause: {duration: 10m}`")
+        raise ValueError(f"unknown step {value!r}{did_you_mean(value, ['batch', 'pause'])}: {SHAPES}")
+    if isinstance(value, dict) and list(value) != ["pause"]:
+        guess = did_you_mean(str(next(iter(value))), ["pause"]) if len(value) == 1 else ""
+        raise ValueError(f"{', '.join(map(repr, value)) or 'an empty mapping'}{guess}: {SHAPES}")
+    if not isinstance(value, (str, dict)):
+        raise ValueError(SHAPES)
+    return value
+
+
+# Tagged (the tags are no keys: locations drop them) so that a pause's problem is not said beside 'must be batch'.
+Step = Annotated[Annotated[Literal["batch"], Tag("batch step")] | Annotated[Pause, Tag("pause step")],
+                 Discriminator(lambda value: "batch step" if isinstance(value, str) else "pause step"),
+                 BeforeValidator(step_shape)]
 
 
 class Rollout(Strict):
@@ -111,8 +146,12 @@ class Rollout(Strict):
     def _pauses_between_batches(self) -> Rollout:
         for index, step in enumerate(self.steps):
             if isinstance(step, Pause) and (index == 0 or isinstance(self.steps[index - 1], Pause)):
-                raise ValueError(f"steps[{index}]: a pause goes after a batch (" +
-                                 ("nothing has changed yet)" if index == 0 else "one pause between two batches)"))
+                why = ("a pause goes after a batch (nothing has changed yet): start with `batch`" if index == 0 else
+                       "a pause goes after a batch, one between two batches: put a `batch` before this pause")
+                # reported at the step, not at `rollout:` (a model validator's place)
+                raise ValidationError.from_exception_data("Rollout", [{
+                    "type": "value_error", "loc": ("steps", index), "input": step,
+                    "ctx": {"error": ValueError(why)}}])
         return self
 
     # Where each of `steps` is written (file:line:col), set by the playbook's loader: whether a step is ever reached

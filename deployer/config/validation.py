@@ -186,7 +186,16 @@ def unknown_key(key: str, model: type[BaseModel], loc: tuple[str | int, ...]) ->
     if tag is not None and takes:
         return (f"unknown key for transport: {tag} ({key!r} is a key of transport: "
                 f"{' and '.join(map(str, takes))} only)")
-    return "unknown key" + did_you_mean(key, known_keys(model, loc))
+    return "unknown key" + (did_you_mean(key, known_keys(model, loc)) or belongs_under(key, model, loc))
+
+
+def belongs_under(key: str, model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """Where an unknown key is known one level down (`on_inconclusive:` written beside `rollout:`, not under it)."""
+    found = _walk(model, loc)
+    fields = {} if found is None else found[0].model_fields
+    owner = next((name for name, field in fields.items()
+                  if any(key in nested.model_fields for _, nested in _models_in(field.annotation))), None)
+    return f" ({key!r} belongs under {owner!r}: indent it there)" if owner else ""
 
 
 def did_you_mean(key: str, known: list[str]) -> str:
