@@ -104,7 +104,7 @@ def rollback_plan(build: Build, options: PlanOptions, given: str, listener: List
 
     run = runlog.read_run(build.runs_dir, undone(build.runs_dir, given, options.host, listener))
     engine = build.for_run(run, options.host)
-    loaded = inventory_of(options)
+    loaded = inventory_of(options, engine.host_name)  # only that host's selector listed
     routed = routed_part(loaded, engine.host_name)
     report = rollbacks.plan(engine, run)
     return PlanOutcome([HostPlan(report, timings_of(build, engine))],

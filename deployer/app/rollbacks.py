@@ -53,7 +53,7 @@ def rollback(options: RollbackOptions, *, listener: Listener | None = None,
         return rollback_fleet(build, options, run_id, listener, watch)
     run = runlog.read_run(build.runs_dir, run_id)
     engine = build.for_run(run, options.host)
-    loaded = inventory_of(options)
+    loaded = inventory_of(options, engine.host_name)  # only that host's selector listed
     routed = routed_part(loaded, engine.host_name)
     if routed is not None:  # a host behind a router, or its part of a unit: out of the router around the restart
         from deployer.fleet.unit import alone

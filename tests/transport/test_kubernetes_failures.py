@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_kube import Container, Kube
-from fixtures_repo import ORIGINAL_A, Project, init_repo
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, init_repo
 from ports import free_port
 
 from deployer.config.models import Pod
@@ -43,7 +43,7 @@ def project_of(tmp_path: Path, kubectl_dir: Path, hosts: dict[str, Any], extra_e
     project = Project(root=tmp_path, repo=Path(POD_REPO), host=hosts["sglang"], host_name="sglang",
                       extra_env={"PATH": f"{kubectl_dir}:/usr/bin:/bin", **extra_env})
     project.inventory.write_text(yaml.safe_dump({"hosts": hosts}, sort_keys=False))
-    project.write("fix/a.py", "ANSWER = 42\n")
+    project.write("fix/a.py", FIXED_A)
     project.playbook()
     return project
 
@@ -86,6 +86,12 @@ def test_a_selector_whose_cluster_is_down_stops_no_command_on_another_host(kube:
     checked = project.deployer("check", "fix.yaml", "--host", "sglang")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "the agent runs in it" in checked.stdout and "decode" not in checked.stdout + checked.stderr
+    for args in (("apply", "fix.yaml", "--host", "sglang"), ("plan", "--rollback", "last"), ("rollback", "last")):
+        done = project.deployer(*args)
+        assert done.returncode == 0, (args, done.stdout + done.stderr)
+        assert "role=decode" not in done.stdout + done.stderr, args
+    read = kube.kubectl("exec", "sglang-0", "-c", "server", "--", "cat", f"{POD_REPO}/pkg/a.py")
+    assert read.stdout.decode() == ORIGINAL_A, "applied, then rolled back"
 
 
 # kubectl's own words (v1.37) for each way an API server is not reached or refuses us.
