@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 LAST = "last"
 STATES = (*(phase.value for phase in Phase), FAILED, REFUSED, CANCELED)
+# A fleet run's own status (fleet.json), beyond its hosts' states: --state paused lists the paused rollouts.
+FLEET_STATES = ("running", "successful", "paused", "aborted")
 NAMED = 10  # the ids an ambiguous beginning names: enough to pick from, never a screenful
 
 
@@ -107,15 +109,17 @@ def listed(runs: list[Run], fleets: list[FleetState], host: str | None, states: 
     """What `runs list` shows of these: the runs on host in one of states, and the fleet runs with such a host
     (each only if given); of each, the last newest. Refusals (the lock held, an unknown host key) changed
     nothing and are no part of the history: only with `refused` (--all), or asked for by their state."""
-    unknown = sorted(set(states) - set(STATES))
+    unknown = sorted(set(states) - set(STATES) - set(FLEET_STATES))
     if unknown:
-        raise ConfigError(f"--state {', '.join(unknown)}: no run has that state; the states are {', '.join(STATES)}")
+        raise ConfigError(f"--state {', '.join(unknown)}: no run has that state; the states are {', '.join(STATES)}; "
+                          f"a fleet run's also {', '.join(FLEET_STATES)}")
 
     def chosen(on: str | None, state: str) -> bool:
         return (host is None or on == host) and (state in states if states else refused or state != REFUSED)
 
     kept = [run for run in runs if chosen(run.start.get("host"), shown_state(run))]
     kept_fleets = [fleet for fleet in fleets if (host is None and not states)
+                   or (fleet.status in states and (host is None or host in fleet.hosts))
                    or any(chosen(name, one.state) for name, one in fleet.hosts.items())]
     return (kept[-last:], kept_fleets[-last:]) if last else (kept, kept_fleets)
 

@@ -33,8 +33,8 @@ def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -
 
 
 def complete_states(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from deployer.app.runs import STATES
-    return [CompletionItem(state) for state in STATES if state.startswith(incomplete)]
+    from deployer.app.runs import FLEET_STATES, STATES
+    return [CompletionItem(state) for state in dict.fromkeys((*STATES, *FLEET_STATES)) if state.startswith(incomplete)]
 
 
 def host_option(required: bool = False, help: str = "Inventory host name.") -> Callable[[F], F]:

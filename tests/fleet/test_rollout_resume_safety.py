@@ -157,3 +157,12 @@ def test_a_signal_during_a_timed_pause_leaves_the_run_paused_exit_130_and_resume
     assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
     assert fleet_json(local_fleet, fleet_id)["pauses"][0]["ended_by"] == "resume"
     assert git(local_fleet.root / "h1" / "repo", "rev-list", "--count", "HEAD").strip() == "2"  # h1 not redone
+
+
+def test_runs_list_state_paused_lists_the_paused_fleet_runs(local_fleet: Project) -> None:
+    fleet_id = paused_after_first(local_fleet)
+    listed = local_fleet.deployer("runs", "list", "--state", "paused", "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert [fleet["fleet_id"] for fleet in as_json(listed)["fleets"]] == [fleet_id], listed.stdout
+    other = local_fleet.deployer("runs", "list", "--state", "aborted", "--json")
+    assert other.returncode == 0 and as_json(other)["fleets"] == [], other.stdout + other.stderr
