@@ -5,10 +5,11 @@ kubectl runs on this machine (a local transport around it) or on a bastion over 
 host of the inventory): the exec is a `Within` on that transport, as a container's `<engine> exec -i` is
 (transport/container.py), so its pipe is the transport's own.
 
-No probe before the exec: kubectl's own failure (no such context, RBAC forbids pods/exec, no such pod or
-namespace, a container not running or not in the pod, no kubectl at all) shows as the exec ending before the
-agent said anything, and its stderr is translated here into a sentence naming the pod, its container, its
-namespace and its context. The agent's start fails with it (AgentLost: exit 4), in `check` as in `apply`.
+No probe before the exec: kubectl's own failure (no such context, an API server not reached or refusing our
+credentials, RBAC forbids pods/exec, no such pod or namespace, a container not running or not in the pod, no kubectl
+at all) shows as the exec ending before the agent said anything, and its stderr is translated here into a sentence
+naming the pod, its container, its namespace and its context, followed by kubectl's own last lines. The agent's
+start fails with it (AgentLost: exit 4), in `check` as in `apply`.
 
 The pod's loopback is its own: what this machine sends there (a storm) goes through `kubectl port-forward`, started
 where kubectl runs and ended with the connection (PodPorts, the transport's `ports`).
@@ -294,7 +295,7 @@ def said_lines(stderr: str) -> str:
         if kept and sum(map(len, kept)) + len(line) > SAID_CHARS:
             break
         kept.insert(0, line if len(line) <= SAID_CHARS else f"...{line[-SAID_CHARS:]}")
-    cut = [f"(and {len(lines) - len(kept)} lines before)"] if len(kept) < len(lines) else []
+    cut = [f"({len(lines) - len(kept)} earlier lines left out)"] if len(kept) < len(lines) else []
     return "\n".join(f"  {line}" for line in [*cut, *kept]) or "  (kubectl said nothing)"
 
 
