@@ -1,9 +1,10 @@
 """A run into a pod cut by a SIGKILL of the deployer, over each way a pod's service restarts (a `start:` process in
 the container, `kubernetes: container`, `kubernetes: pod`), is ended by `deployer recover`: cut in its restart, the
 restart is finished on the fix (served by the new process, container or pod); cut before its commit, the files are
-restored; a rollback cut in its restart is finished. Then the run's record is settled, the lock and the intent record
-are gone and its log verifies. The repo is on a hostPath volume (what keeps the fix through the two restarts that make
-a new container or pod), so the test reads it, its lock and its intent record here, as the kubelet's node would.
+restored; a rollback cut in its restart is finished; from a machine without the run dir, `recover --host --rollback`
+reverts it into a new pod. Then the run's record is settled, the lock and the intent record are gone and its log
+verifies. The repo is on a hostPath volume (what keeps the fix through the two restarts that make a new container or
+pod), so the test reads it, its lock and its intent record here, as the kubelet's node would.
 
 One stand-in cluster serves the whole module (each test its own pod, owner and port): starting one per test would
 cost more than the tests."""
@@ -247,3 +248,25 @@ def test_a_rollback_of_a_pods_run_cut_in_its_container_restart_is_finished_by_re
     assert serving(pod.port) == ORIGINAL_A, "the new container runs the reverted code"
     again = pod.project.deployer("rollback", original)
     assert again.returncode == 2 and "already rolled back" in again.stderr, again.stdout + again.stderr
+
+
+def test_recover_by_host_with_rollback_of_a_pods_cut_restart_from_another_machine_reverts_in_a_new_pod(
+        cluster: Kube, tmp_path: Path) -> None:
+    """From a machine without the run dir (`recover --host`, read from the intent record on the volume) the cut
+    run's commit is reverted and the pod restarted as its playbook would have: its StatefulSet's new pod serves the
+    reverted code."""
+    pod = make_pod(cluster, tmp_path, "pod")
+    head = pod.project.head()
+    run = cut(pod.project, ["apply", "fix.yaml", "--host", "box"], "service_stopped", "co_restart's stop")
+    cut_left = pod.identity()
+    age_lock(pod.checkout)
+    elsewhere = tmp_path / "other-runs"
+    done = pod.project.deployer("recover", "--host", "box", "--rollback", "--runs-dir", str(elsewhere))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"run {run.name} -> rolled_back" in done.stdout, done.stdout
+    assert git(pod.checkout, "rev-parse", "HEAD~2").strip() == head
+    assert (pod.checkout / "pkg" / "a.py").read_text() == ORIGINAL_A
+    assert pod.identity()[0] != cut_left[0], "the revert is served by a new pod"
+    assert serving(pod.port) == ORIGINAL_A
+    assert not (pod.checkout / ".git" / "deployer.run.lock").exists()
+    assert not (pod.checkout / ".git" / "deployer" / "inflight.json").exists()
