@@ -93,7 +93,7 @@ def show_outcome(outcome: RunOutcome | FleetOutcome, as_json: bool) -> NoReturn:
         from deployer.ui.fleet import show_fleet  # rich: only a fleet's table needs it
 
         show_fleet(make_console(), outcome.state)
-        if outcome.error:
+        if outcome.error and outcome.state.status != "paused":  # a pause is no error: show_fleet said why and what next
             show_error(outcome.error)
     sys.exit(outcome.exit_code)
 

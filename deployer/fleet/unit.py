@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployer.config.models import Unit
-from deployer.errors import ChecksFailed, DeployerError, Interrupted, RollbackFailed, StepFailed, VerificationFailed
+from deployer.errors import (
+    AnalysisInconclusive,
+    ChecksFailed,
+    DeployerError,
+    Interrupted,
+    RollbackFailed,
+    StepFailed,
+    VerificationFailed,
+)
 from deployer.fleet.router import Routers, UnitRouting
 from deployer.run import undo
 from deployer.run.engine import VERIFY, Engine, RunResult
@@ -331,7 +339,9 @@ class UnitRun:
             verify, left_out = self._reverted(self.ctxs[self.metrics_host].facts.baseline)
             redo, redo_back = self._split(verify) if routing is not None and routing.out else (verify, [])
             self.failure = self._settle_failure(ctxs, failure, redo)
-            if self.on_failure in ("rollback", "rollback_fleet") and not isinstance(self.failure, RollbackFailed):
+            # An inconclusive analysis holds its commit: no rollback ran, so none left a check out.
+            if self.on_failure in ("rollback", "rollback_fleet") and \
+                    not isinstance(self.failure, (RollbackFailed, AnalysisInconclusive)):
                 self._not_run(left_out)
             if again is not None:
                 self.failure = type(self.failure)(f"{self.failure}\n{again}")

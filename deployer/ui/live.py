@@ -242,6 +242,7 @@ class FleetView(LiveView):
         self.console, self.quiet = console, quiet
         self.rows = {host: HostRow() for host in hosts}
         self.note = ""
+        self.batches: list[list[str]] | None = None  # the fleet run's, once fleet_start (or a resume) says them
         self.repeats = Repeats()
         self._lock = threading.Lock()
         self._go_live(console, quiet, self._render, 4)
@@ -282,8 +283,16 @@ class FleetView(LiveView):
         if self.live is not None:
             self.live.refresh()
 
+    def before(self, number: int) -> str:
+        """Where a pause stands, as people count batches (from 1); a pause after the last batch holds hosts only."""
+        if self.batches is not None and number >= len(self.batches):
+            return "after the last batch"
+        return f"before batch {number + 1}"
+
     def _apply(self, kind: object, host: object, event: dict[str, Any]) -> str | None:
         row = self.rows.get(str(host)) if host is not None else None
+        if kind in ("fleet_start", "fleet_resumed") and event.get("batches") is not None:
+            self.batches = event["batches"]
         if kind == "batch_start":
             self.note = f"batch {event['batch'] + 1}"
             return f"[fleet] batch {event['batch'] + 1}: {', '.join(event['hosts'])}"
@@ -294,10 +303,16 @@ class FleetView(LiveView):
         if kind == "fleet_rollback":
             return f"[fleet] rolling back {', '.join(event['hosts']) or 'no host'}"
         if kind in ("fleet_paused", "fleet_resumed"):  # a rollout's pause: for a while, or until a person resumes
-            self.note = "paused" if kind == "fleet_paused" else f"batch {event['batch'] + 1}"
+            where = self.before(int(event["batch"]))
+            self.note = "paused" if kind == "fleet_paused" else where
+            for held in event.get("held") or []:  # an inconclusive analysis: kept for a person, not failed
+                if held in self.rows:
+                    self.rows[held].status = "held"
+            if kind == "fleet_paused" and event.get("duration_s") is None:
+                # Until a person resumes: why, and the commands that end it, are said once, under the fleet's table.
+                return f"[fleet] paused {where}, until resumed or aborted"
             how_long = f" for {event['duration_s']:g}s" if event.get("duration_s") is not None else ""
-            return (f"[fleet] {kind.removeprefix('fleet_')}{how_long} before batch {event['batch'] + 1}: "
-                    f"{event['reason']}")
+            return f"[fleet] {kind.removeprefix('fleet_')}{how_long} {where}: {event['reason']}"
         if row is None:
             return None
         if kind in ROUTER_EVENTS:
@@ -319,5 +334,10 @@ class FleetView(LiveView):
             row.step, row.detail = str(event["step"]), ""  # the step before's outcome is not this one's
         elif kind == "step_end" and event.get("step"):
             row.detail = detail_of(event)
-            return f"[{host}] {event['step']} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"
+            step = str(event["step"])
+            if step.startswith("rollback:"):  # a check run again on the reverted build, not a rollback of its own
+                step = f"{step.removeprefix('rollback:')} of the reverted build"
+            if event["status"] == "skipped":  # its detail says why: 'not run: ...'
+                return f"[{host}] {step}: {row.detail}"
+            return f"[{host}] {step} {event['status']} {event.get('duration_s', 0.0):.2f}s {row.detail}"
         return None
