@@ -107,9 +107,11 @@ def fleet_named(runs_dir: Path, given: str) -> str:
 def paused(runs_dir: Path, fleet_id: str, what: str) -> FleetRecord:
     """The fleet run, loaded (under the claim: as the last resume or abort left it); a ConfigError when it is not
     paused, for `what` (resume, abort) to act on."""
-    from deployer.fleet.record import FleetRecord
+    from deployer.fleet.record import FleetRecord, paused_at_cancel
 
     record = FleetRecord.load(runs_dir, fleet_id)
+    if paused_at_cancel(record.state):  # a signal stopped it inside a batch: goes on (or back) as a paused one
+        record.save()
     if record.state.pause is None:
         other = (f"; to roll back what it did: deployer rollback {fleet_id}" if what == "abort"
                  and record.state.status != "aborted" else "")

@@ -21,6 +21,7 @@ from deployer.runlog import list_runs, new_run_id, utc_now
 from deployer.runstate import Phase
 
 FLEET = "fleet.json"
+INTERRUPTED = "interrupted by a signal"  # why a fleet apply that a signal canceled is paused when resumed or aborted
 CLAIM = "claim"  # beside fleet.json: held (flock) by the one `rollout resume` or `abort` acting on the fleet run
 UNTOUCHED = "untouched"
 
@@ -109,6 +110,33 @@ class FleetState:
         """The hosts whose analysis was inconclusive and that no one has approved yet."""
         return [name for name, run in self.hosts.items()
                 if run.exit_code == INCONCLUSIVE and run.status == "failed" and not run.approved]
+
+
+def paused_at_cancel(state: FleetState) -> bool:
+    """A fleet apply a signal stopped inside a batch (canceled), made a paused one for `rollout resume` or `abort`:
+    paused before the first batch with a host not done, each host whose run was canceled before its commit back
+    to untouched (resume does it again). False when it is not such a run; a ConfigError naming the hosts whose run
+    was cut past its commit (`deployer recover` first), or a unit left part done."""
+    if state.status != "canceled" or state.kind != "apply" or state.pause is not None:
+        return False
+    done = {name for name, run in state.hosts.items() if run.status == "successful" or run.approved}
+    redo = [name for name, run in state.hosts.items() if name not in done and run.status != UNTOUCHED]
+    if cut := [name for name in redo if state.hosts[name].state == Phase.interrupted.value
+               or state.hosts[name].committed]:
+        raise ConfigError(f"fleet run {state.fleet_id} was interrupted past the commit on {', '.join(cut)}: end "
+                          f"{'that run' if len(cut) == 1 else 'those runs'} first with: deployer recover "
+                          f"{state.fleet_id}; a run it puts back is done again by a resume (one it keeps is not "
+                          f"yet: roll the fleet run back with: deployer rollback {state.fleet_id})")
+    if part := [unit for unit, hosts in state.units.items() if set(hosts) & done and not set(hosts) <= done]:
+        raise ConfigError(f"fleet run {state.fleet_id}: unit {', '.join(part)} was left part done; roll back what "
+                          f"was done: deployer rollback {state.fleet_id}")
+    for name in redo:
+        state.hosts[name] = HostRun(name, state.hosts[name].batch)
+    first = min((run.batch for name, run in state.hosts.items() if name not in done), default=len(state.batches))
+    again = f" ({', '.join(redo)} to do again: stopped before the commit)" if redo else ""
+    state.pauses.append(Paused(first, f"{INTERRUPTED}{again}", state.ended or utc_now()))
+    state.status = "paused"
+    return True
 
 
 def new_state(kind: str, playbook: str, operator: str, hosts: list[str], batches: list[list[str]], parallel: int,

@@ -118,10 +118,12 @@ class FleetRunner:
                 batch = state.batches[number]
                 self.emit("batch_start", batch=number, hosts=batch)
                 in_units = {h for hosts in state.units.values() for h in hosts}
+                # Only the hosts not done yet: a run a signal stopped inside this batch did some of them already.
+                todo = [host for host in batch if state.hosts[host].status == UNTOUCHED]
                 work: list[tuple[int, Callable[[], None]]] = [
                     (len(hosts), functools.partial(self._unit, unit_task, unit))
-                    for unit, hosts in state.units.items() if unit_task is not None and hosts[0] in batch]
-                work += [(1, functools.partial(self._one, task, host)) for host in batch if host not in in_units]
+                    for unit, hosts in state.units.items() if unit_task is not None and hosts[0] in todo]
+                work += [(1, functools.partial(self._one, task, host)) for host in todo if host not in in_units]
                 all_done([pool.submit(slots.run, *item) for item in work])
             else:  # every batch ran: a host of the last one may still be held for a person
                 end = self.strategy.pause_before(len(state.batches), state) if start < len(state.batches) else None
@@ -253,6 +255,10 @@ def finish(record: FleetRecord, cancel: CancelToken) -> None:
             f"interrupted on {', '.join(f'{run.host} (run {run.run_id})' for run in cut)}: the target may hold part "
             f"of the run, its intent record and lock; end {'it' if len(cut) == 1 else 'them'} with: "
             f"deployer recover {state.fleet_id}")
+    if state.status == "canceled" and state.kind == "apply":  # stopped by a signal: it goes on, or back
+        state.error = (f"{state.error}\n" if state.error else "") + (
+            f"{'then ' if cut else ''}go on with: deployer rollout resume {state.fleet_id}; or roll back every host "
+            f"that committed: deployer rollout abort {state.fleet_id}")
     state.ended = utc_now()
     record.save()
 

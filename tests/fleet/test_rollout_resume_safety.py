@@ -97,15 +97,25 @@ def test_resume_and_abort_take_a_beginning_of_the_id_among_fleet_runs_only(local
     assert a_py(local_fleet, "h1") == ORIGINAL_A
 
 
+def gated(project: Project) -> Path:
+    """Every host's remote_compile waits until the returned path exists."""
+    gate = project.root / "gate"
+    held = target_python(project, f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    inventory = yaml.safe_load(project.inventory.read_text())
+    for host in inventory["hosts"].values():
+        host["python"] = held
+    project.inventory.write_text(yaml.safe_dump(inventory))
+    return gate
+
+
+def deploy_commits(project: Project, host: str) -> int:
+    return int(git(project.root / host / "repo", "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip())
+
+
 def test_a_second_resume_of_the_same_fleet_run_is_refused_at_once_and_the_first_finishes_it(
         local_fleet: Project) -> None:
     fleet_id = paused_after_first(local_fleet)
-    gate = local_fleet.root / "gate"
-    held = target_python(local_fleet, f"while [ ! -e {gate} ]; do sleep 0.05; done")
-    inventory = yaml.safe_load(local_fleet.inventory.read_text())
-    for host in inventory["hosts"].values():
-        host["python"] = held  # the resumed hosts' remote_compile waits for the gate
-    local_fleet.inventory.write_text(yaml.safe_dump(inventory))
+    gate = gated(local_fleet)  # the resumed hosts' remote_compile waits for the gate
     first = local_fleet.popen("rollout", "resume", fleet_id, "--json")
     try:
         until(lambda: fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running")
@@ -156,7 +166,7 @@ def test_a_signal_during_a_timed_pause_leaves_the_run_paused_exit_130_and_resume
     assert done.returncode == 0 and as_json(done)["status"] == "successful", done.stdout + done.stderr
     assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
     assert fleet_json(local_fleet, fleet_id)["pauses"][0]["ended_by"] == "resume"
-    assert git(local_fleet.root / "h1" / "repo", "rev-list", "--count", "HEAD").strip() == "2"  # h1 not redone
+    assert deploy_commits(local_fleet, "h1") == 1  # h1 not done again
 
 
 def test_runs_list_state_paused_lists_the_paused_fleet_runs(local_fleet: Project) -> None:
@@ -166,3 +176,52 @@ def test_runs_list_state_paused_lists_the_paused_fleet_runs(local_fleet: Project
     assert [fleet["fleet_id"] for fleet in as_json(listed)["fleets"]] == [fleet_id], listed.stdout
     other = local_fleet.deployer("runs", "list", "--state", "aborted", "--json")
     assert other.returncode == 0 and as_json(other)["fleets"] == [], other.stdout + other.stderr
+
+
+def test_a_resume_interrupted_inside_a_batch_says_what_next_and_is_resumed_doing_the_canceled_hosts_again(
+        local_fleet: Project) -> None:
+    fleet_id = paused_after_first(local_fleet)
+    gate = gated(local_fleet)
+    proc = local_fleet.popen("rollout", "resume", fleet_id, "--json")
+    try:
+        until(lambda: (local_fleet.root / "h2" / "repo" / ".git" / "deployer.run.lock").exists()
+              and fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["run_id"] is None
+              and fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(out)
+    assert proc.returncode == 130 and report["status"] == "canceled", (report, err)
+    assert f"go on with: deployer rollout resume {fleet_id}" in report["error"], report["error"]
+    assert f"deployer rollout abort {fleet_id}" in report["error"]
+    assert a_py(local_fleet, "h2") == ORIGINAL_A  # canceled before its commit: put back
+    gate.touch()
+    done = resume(local_fleet, "resume", fleet_id, "--json")
+    finished = as_json(done)
+    assert done.returncode == 0 and finished["status"] == "successful", finished
+    assert all(a_py(local_fleet, h) == FIXED_A and deploy_commits(local_fleet, h) == 1 for h in NAMES)
+    assert finished["hosts"]["h1"]["run_id"] == fleet_json(local_fleet, fleet_id)["hosts"]["h1"]["run_id"]
+
+
+def test_an_apply_interrupted_inside_its_first_batch_is_aborted_like_a_paused_one(local_fleet: Project) -> None:
+    gate = gated(local_fleet)
+    local_fleet.playbook(steps=BOUNDED, rollout=PAUSE_AFTER_FIRST)
+    proc = local_fleet.popen("apply", "fix.yaml", "--host", ",".join(NAMES), "--json")
+    try:
+        until(lambda: (local_fleet.root / "h1" / "repo" / ".git" / "deployer.run.lock").exists())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        gate.touch()
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(out)
+    assert proc.returncode == 130 and report["status"] == "canceled", (report, err)
+    fleet_id = report["fleet_id"]
+    aborted = resume(local_fleet, "abort", fleet_id, "--json")
+    document = as_json(aborted)
+    assert aborted.returncode == 0 and document["status"] == "aborted" and document["rollback"] is None, document
+    assert "nothing had committed" in document["message"]
+    assert all(a_py(local_fleet, h) == ORIGINAL_A for h in NAMES)
