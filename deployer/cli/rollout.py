@@ -39,7 +39,9 @@ def resume(fleet_id: str, lock_wait_s: float, parallel: int, inventory: str | No
            accept_new_host_key: bool, as_json: bool) -> None:
     """Go on with the paused fleet run FLEET_ID (or any unique beginning of its id) from the batch it paused
     before, with the playbook and inventory it was applied with (-i: another inventory). A host its analysis held
-    (inconclusive) is approved: its commit stays. Refused when the playbook changed since the run started."""
+    (inconclusive) is approved: its commit stays. A run a signal stopped (Ctrl-C) goes on too, doing again the hosts
+    it stopped before their commit. Refused when the playbook or a file it ships changed since the run started, and
+    while another resume or abort of the run is going on (exit 3)."""
     from deployer.app.rollouts import ResumeOptions, resume
 
     show_outcome(resume(ResumeOptions(fleet_id=fleet_id, lock_wait_s=lock_wait_s, parallel=parallel,
@@ -60,8 +62,9 @@ def resume(fleet_id: str, lock_wait_s: float, parallel: int, inventory: str | No
 def abort(fleet_id: str, force: bool, allow_downtime: bool, parallel: int, inventory: str | None,
           runs_dir: str | None, accept_new_host_key: bool, health_timeout_s: float | None, as_json: bool,
           skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
-    """End the paused fleet run FLEET_ID aborted: every host of it that committed is rolled back (a revert commit,
-    restart, checks), as `deployer rollback FLEET_ID` does; the hosts it never reached stay untouched."""
+    """End the paused (or interrupted) fleet run FLEET_ID aborted: every host of it that committed is rolled back
+    (a revert commit, restart, checks), as `deployer rollback FLEET_ID` does; the hosts it never reached stay
+    untouched. A finished fleet run is rolled back with `deployer rollback FLEET_ID`."""
     from deployer.app.rollouts import AbortOptions, abort
     from deployer.cli.options import baselines_from
     from deployer.ui.console import make_console, say, show_error

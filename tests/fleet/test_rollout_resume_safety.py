@@ -123,6 +123,9 @@ def test_a_second_resume_of_the_same_fleet_run_is_refused_at_once_and_the_first_
         error = as_json(second)["error"]
         assert second.returncode == 3, error
         assert f"rollout resume (pid {first.pid}) is running on it" in error, error
+        plain = resume(local_fleet, "resume", fleet_id)  # as a person reads it: refused, no fleet outcome, no recover
+        assert plain.returncode == 3 and "is running on it" in plain.stderr, plain.stdout + plain.stderr
+        assert "failed (exit" not in plain.stdout + plain.stderr and "recover" not in plain.stdout + plain.stderr
         assert fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running"  # left as the first has it
         gate.touch()
         out, err = first.communicate(timeout=120)
