@@ -55,6 +55,14 @@ def resolve(runs_dir: Path, given: str, host: str | None = None) -> str:
     return found[0]
 
 
+def shown_run(runs_dir: Path, given: str, host: str | None) -> str:
+    """resolve() for `runs show` and `runs verify`: --host narrows `last` (the newest run on that host), as it does
+    for `rollback last`; beside an id it would be ignored, so it is refused."""
+    if host is not None and given != LAST:
+        raise ConfigError(f"--host picks the newest run on a host for `last`; {given!r} names a run already")
+    return resolve(runs_dir, given, host)
+
+
 def to_undo(runs_dir: Path, given: str, host: str | None = None) -> tuple[str, list[str]]:
     """resolve() for a rollback: `last` is the newest run that left a commit to roll back (last_to_undo), with the
     newer runs it passed over."""
@@ -180,11 +188,11 @@ class Recorded:
 
 
 def recorded(given: str, runs_dir: str | Path | None = None, inventory: str | Path | None = None, *,
-             target: bool = False) -> Recorded:
-    """The run or fleet run `given` names (`last`, or any unique beginning of an id); with target, a run into a
-    pod with the pod read now, through the inventory's host (its kubectl, where it runs)."""
+             target: bool = False, host: str | None = None) -> Recorded:
+    """The run or fleet run `given` names (`last`: the newest, on host if given; or any unique beginning of an id);
+    with target, a run into a pod with the pod read now, through the inventory's host (its kubectl, where it runs)."""
     root = runs_dir_of(runs_dir)
-    run_id = resolve(root, given)
+    run_id = shown_run(root, given, host)
     if is_fleet(root, run_id):
         return Recorded(fleet=FleetRecord.load(root, run_id).state)
     run = read_run(root, run_id)
@@ -219,6 +227,7 @@ class VerifyOptions(Setting):
 
     run_id: str
     on_target: bool = False
+    host: str | None = None  # with run_id `last`: the newest run on this host
 
 
 @dataclass(frozen=True)
@@ -266,7 +275,7 @@ def verify(options: VerifyOptions, *, listener: Listener | None = None) -> Verif
         return found
 
     unreachable: dict[str, str] = {}
-    run_id = resolve(build.runs_dir, options.run_id)
+    run_id = shown_run(build.runs_dir, options.run_id, options.host)
     if is_fleet(build.runs_dir, run_id):
         per_host, unreachable = verify_fleet(build.runs_dir, run_id, verify_one)
         problems = [f"{host}: {problem}" for host, found in per_host.items() for problem in found]

@@ -57,22 +57,24 @@ def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, 
 
 @runs.command("show")
 @click.argument("run_id", shell_complete=complete_runs)
+@host_option(help="With `last`: the newest run on this host (a fleet run's sub-run there).")
 @runs_dir_option
 @inventory_option
 @json_option("Print the raw events.")
 @failures_to_exit_codes
-def runs_show(run_id: str, runs_dir: str | None, inventory: str | None, as_json: bool) -> None:
+def runs_show(run_id: str, host_name: str | None, runs_dir: str | None, inventory: str | None,
+              as_json: bool) -> None:
     """Show one run: steps, outcome, commits, links, and its metric samples as a chart (a fleet run: its hosts).
     A run into a pod reads the pod now (kubectl get pod, where the inventory's host runs kubectl) and says whether
     the run's files are still there.
 
-    RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
+    RUN_ID: `last` (the newest run; with --host, the newest on that host), or any unique beginning of a run id."""
     from deployer.app.runs import recorded
     from deployer.ui.console import make_console
     from deployer.ui.fleet import show_fleet
     from deployer.ui.report import show_run
 
-    shown = recorded(run_id, runs_dir, inventory, target=not as_json)
+    shown = recorded(run_id, runs_dir, inventory, target=not as_json, host=host_name)
     if as_json:
         emit_json(shown.document())
     elif shown.fleet is not None:
@@ -83,6 +85,7 @@ def runs_show(run_id: str, runs_dir: str | None, inventory: str | None, as_json:
 
 @runs.command("verify")
 @click.argument("run_id", shell_complete=complete_runs)
+@host_option(help="With `last`: the newest run on this host (a fleet run's sub-run there).")
 @runs_dir_option
 @click.option("--target", "on_target", is_flag=True,
               help="Also compare the log with the run's commits on its host (Deployer-Log trailers, end note, "
@@ -90,15 +93,16 @@ def runs_show(run_id: str, runs_dir: str | None, inventory: str | None, as_json:
 @inventory_option
 @json_option()
 @failures_to_exit_codes
-def runs_verify(run_id: str, runs_dir: str | None, on_target: bool, inventory: str | None, as_json: bool) -> None:
+def runs_verify(run_id: str, host_name: str | None, runs_dir: str | None, on_target: bool, inventory: str | None,
+                as_json: bool) -> None:
     """Check the run log's hash chain and its artifacts (every sub-run of a fleet run); exit 5 when altered.
 
-    RUN_ID: `last` (the newest run), or any unique beginning of a run id."""
+    RUN_ID: `last` (the newest run; with --host, the newest on that host), or any unique beginning of a run id."""
     from deployer.app.runs import VerifyOptions, verify
     from deployer.ui.console import say, show_error
 
-    found = verify(VerifyOptions(run_id=run_id, on_target=on_target, inventory=inventory, runs_dir=runs_dir),
-                   listener=pin_notice)
+    found = verify(VerifyOptions(run_id=run_id, on_target=on_target, inventory=inventory, runs_dir=runs_dir,
+                                 host=host_name), listener=pin_notice)
     if as_json:
         emit_json(found.document())
     if found.exit_code:
