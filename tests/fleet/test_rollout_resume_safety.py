@@ -1,38 +1,27 @@
-"""A paused rollout goes on with exactly the fix its first batch got, by one resume at a time, and a signal
-during a timed pause leaves it paused (issue 37 item 3, as a new user broke it): three `transport: local` hosts,
-each its own repo, the deployer CLI run as a person runs it."""
+"""A paused rollout goes on with exactly the fix its first batch got, by one resume or abort at a time; a signal
+(during a timed pause, or inside a batch) leaves a run that resume and abort take; both find a fleet run by a
+beginning of its id among fleet runs, and `runs list --state paused` lists it (issue 37 item 3, as a new user broke
+it): three `transport: local` hosts, each its own repo, the deployer CLI run as a person runs it."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git, init_repo, target_python
+from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git, target_python
 from test_fleet import BOUNDED, as_json
+from test_rollout_steps_reached import HOSTS as NAMES
+from test_rollout_steps_reached import local_fleet
 
-NAMES = ("h1", "h2", "h3")
+__all__ = ["local_fleet"]  # the fixture, used by name
+
 PAUSE_AFTER_FIRST = {"batches": [1], "steps": ["batch", {"pause": {}}]}
 OTHER_FIX = "def answer():\n    return 43\n"
-
-
-@pytest.fixture
-def local_fleet(tmp_path: Path) -> Project:
-    hosts = {}
-    for name in NAMES:
-        repo = tmp_path / name / "repo"
-        init_repo(repo, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
-        hosts[name] = {"transport": "local", "repo": str(repo), "python": sys.executable}
-    project = Project(root=tmp_path, repo=tmp_path / "h1" / "repo", host=hosts["h1"], host_name="h1")
-    project.inventory.write_text(yaml.safe_dump({"hosts": hosts}, sort_keys=False))
-    project.write("fix/a.py", FIXED_A)
-    return project
 
 
 def a_py(project: Project, host: str) -> str:
