@@ -127,7 +127,7 @@ def resume(options: ResumeOptions, *, listener: Listener | None = None, watch: W
 
     runs_dir = build_of(options, listener).runs_dir
     fleet_id = fleet_named(runs_dir, options.fleet_id)
-    with claimed(runs_dir, fleet_id, "resume"):
+    with claimed(runs_dir, fleet_id, "rollout resume"):
         return resumed(options, paused(runs_dir, fleet_id, "resume"), listener, watch)
 
 
@@ -206,7 +206,7 @@ def abort(options: AbortOptions, *, listener: Listener | None = None, watch: Wat
 
     runs_dir = build_of(options, listener).runs_dir
     fleet_id = fleet_named(runs_dir, options.fleet_id)
-    with claimed(runs_dir, fleet_id, "abort"):
+    with claimed(runs_dir, fleet_id, "rollout abort"):
         return aborted(options, paused(runs_dir, fleet_id, "abort"), listener, watch)
 
 

@@ -17,7 +17,7 @@ from deployer.config.rollout import Rollout
 from deployer.config.routers import Router
 from deployer.errors import ConfigError
 from deployer.fleet.followup import roll_back_hosts
-from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, new_state
+from deployer.fleet.record import UNTOUCHED, FleetRecord, FleetState, claimed, new_state
 from deployer.fleet.router import Routers
 from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel, FleetRunner, finish, tagged
 from deployer.fleet.strategies import (
@@ -70,7 +70,9 @@ class FleetApply:
         record = FleetRecord.create(self.runs_dir, state)
         runner = self._runner(record, strategy)
         runner.emit("fleet_start", hosts=hosts, batches=state.batches, kind="apply")
-        return self._drive(record, runner, 0)
+        # Held while the run goes: its timed pause is recorded as it waits, and no resume may take it meanwhile.
+        with claimed(self.runs_dir, state.fleet_id, "deployer apply"):
+            return self._drive(record, runner, 0)
 
     def resume(self, record: FleetRecord) -> FleetState:
         """`deployer rollout resume`: the paused run goes on from the batch it paused before, in the batches it

@@ -22,7 +22,7 @@ from deployer.runstate import Phase
 
 FLEET = "fleet.json"
 INTERRUPTED = "interrupted by a signal"  # why a fleet apply that a signal canceled is paused when resumed or aborted
-CLAIM = "claim"  # beside fleet.json: held (flock) by the one `rollout resume` or `abort` acting on the fleet run
+CLAIM = "claim"  # beside fleet.json: held (flock) by the one apply, `rollout resume` or `abort` acting on the run
 UNTOUCHED = "untouched"
 
 
@@ -186,7 +186,8 @@ class FleetRecord:
 
 @contextlib.contextmanager
 def claimed(runs_dir: Path, fleet_id: str, what: str) -> Iterator[None]:
-    """This process alone goes on with (or aborts) the fleet run while in the block: a second one is refused at once
+    """This process alone runs, goes on with or aborts the fleet run while in the block (what: the command, as the
+    refusal names it): a second one is refused at once
     (LockHeld), before it reads or writes fleet.json, since two would each write their own view of it. An flock,
     which the kernel lets go of however the holder ends: a claim left by a dead process is simply taken."""
     fd = os.open(runs_dir / fleet_id / CLAIM, os.O_RDWR | os.O_CREAT, 0o600)
@@ -195,10 +196,10 @@ def claimed(runs_dir: Path, fleet_id: str, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another deployer"
-            raise LockHeld(f"fleet run {fleet_id}: {holder} is running on it; only one resume or abort acts on a "
-                           f"fleet run at a time (see: deployer runs show {fleet_id})") from None
+            raise LockHeld(f"fleet run {fleet_id}: {holder} is running on it; only one apply, resume or abort acts "
+                           f"on a fleet run at a time (see: deployer runs show {fleet_id})") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"rollout {what} (pid {os.getpid()})".encode(), 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()})".encode(), 0)
         yield
     finally:
         os.close(fd)  # lets go of the flock

@@ -141,14 +141,17 @@ def test_a_signal_during_a_timed_pause_leaves_the_run_paused_exit_130_and_resume
             fleets = [p for p in local_fleet.runs.glob("*/fleet.json")] if local_fleet.runs.is_dir() else []
             return bool(fleets) and bool(json.loads(fleets[0].read_text()).get("pauses"))
         until(pausing)
+        fleet_id = json.loads(next(local_fleet.runs.glob("*/fleet.json")).read_text())["fleet_id"]
+        early = resume(local_fleet, "resume", fleet_id, "--json")  # the apply still waits: it holds the run
+        assert early.returncode == 3 and f"deployer apply (pid {proc.pid}) is running on it" in \
+            as_json(early)["error"], early.stdout
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     report = json.loads(out)
-    assert proc.returncode == 130 and report["status"] == "paused", (report, err)
-    fleet_id = report["fleet_id"]
+    assert proc.returncode == 130 and report["status"] == "paused" and report["fleet_id"] == fleet_id, (report, err)
     [pause] = fleet_json(local_fleet, fleet_id)["pauses"]
     assert pause["ended"] is None and pause["before_batch"] == 1, pause
     assert pause["reason"].startswith("interrupted during a timed pause"), pause
