@@ -118,9 +118,14 @@ class Stack:
         return {p.stem: int(p.read_text()) for p in state.glob("*.pid")}
 
     def kill_all(self) -> None:
+        """Each recorded service's process group, whatever leads it: a server a launcher left behind (`server &`)
+        is in its launcher's group, not one of its own pid."""
         for pid in self.pids().values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+                group = os.getpgid(pid)
+                if group != os.getpgrp():
+                    os.killpg(group, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
