@@ -39,7 +39,7 @@ CONTAINER_ID = re.compile(r"^[0-9a-f]{12,128}$")
 PERSISTENT = ("bind", "volume")
 LAYER = "layer"
 IN_LAYER = "in the container's writable layer: kept across restart, lost when the container is recreated"
-NEWEST = 50  # a host's runs looked through for the newest into a container
+NEWEST = 50  # a host's runs looked through for the newest it left (into a container, a pod)
 FIELDS = ("kind", "source", "mount")
 T = TypeVar("T")
 
@@ -242,8 +242,8 @@ def recorded(run: Run) -> dict[str, Any] | None:
     return {**event, "files": {dest: {k: place[k] for k in FIELDS} for dest, place in files.items()}}
 
 
-def _placed_runs(runs_dir: Path, host: str, container: str) -> Iterator[tuple[Run, dict[str, Any]]]:
-    """The host's runs that recorded where their files live in this container, newest first (of the NEWEST)."""
+def newest_runs_on(runs_dir: Path, host: str) -> Iterator[Run]:
+    """The host's runs among the NEWEST of runs_dir, newest first: where a later look finds what a run left."""
     names = sorted((p.name for p in runs_dir.iterdir() if is_run_id(p.name) and (p / EVENTS).is_file()),
                    reverse=True) if runs_dir.is_dir() else []
     for name in names[:NEWEST]:
@@ -251,7 +251,14 @@ def _placed_runs(runs_dir: Path, host: str, container: str) -> Iterator[tuple[Ru
             run = read_run(runs_dir, name)
         except DeployerError:
             continue  # a log that cannot be read is `runs verify`'s to report
-        placed = recorded(run) if run.start.get("host") == host else None
+        if run.start.get("host") == host:
+            yield run
+
+
+def _placed_runs(runs_dir: Path, host: str, container: str) -> Iterator[tuple[Run, dict[str, Any]]]:
+    """The host's runs that recorded where their files live in this container, newest first (of the NEWEST)."""
+    for run in newest_runs_on(runs_dir, host):
+        placed = recorded(run)
         if placed is not None and placed.get("container") == container:
             yield run, placed
 

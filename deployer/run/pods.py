@@ -18,7 +18,6 @@ refuses the run before anything changes.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from deployer.config import yamlsrc
 from deployer.config.models import KubernetesHost
 from deployer.errors import ConfigError, DeployerError
-from deployer.run.mounts import NEWEST, Inspection
-from deployer.runlog import EVENTS, Run, is_run_id, read_run
+from deployer.run.mounts import Inspection, newest_runs_on
+from deployer.runlog import Run
 from deployer.text import visible
 from deployer.transport.kubernetes import (
     CONTAINER_ID,
@@ -203,21 +202,9 @@ def _stands(run: Run) -> bool:
         and not any(link.get("status") == "successful" for link in run.all("rolled_back_by"))
 
 
-def _runs_of(runs_dir: Path, host: str) -> Iterator[Run]:
-    names = sorted((p.name for p in runs_dir.iterdir() if is_run_id(p.name) and (p / EVENTS).is_file()),
-                   reverse=True) if runs_dir.is_dir() else []
-    for name in names[:NEWEST]:
-        try:
-            run = read_run(runs_dir, name)
-        except DeployerError:
-            continue  # a log that cannot be read is `runs verify`'s to report
-        if run.start.get("host") == host:
-            yield run
-
-
 def last_left(runs_dir: Path, host: str, pod: str) -> Left | None:
     """What the host's newest apply that still stands left in this pod (None: no such run among the newest)."""
-    for run in _runs_of(runs_dir, host):
+    for run in newest_runs_on(runs_dir, host):
         if _stands(run) and (left := recorded(run)) is not None and left.pod == pod:
             return left
     return None
