@@ -460,7 +460,7 @@ class FleetDemoOutcome:
 
 # Steady and light (2 cores run the whole demo), bounded well past the rollout's minute or so; enough requests that
 # each side of a unit's analysis counts 20 or more (deployer/demo/judged.py).
-LOAD: dict[str, Any] = {"clients": 4, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
+LOAD: dict[str, Any] = {"clients": 6, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
 
 
 def run_fleet_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = None,

@@ -14,6 +14,8 @@ from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
 from test_demo_fleet import UNITS, events, fleet_record, host_pids
 
+from deployer.demo.judged import WINDOWS
+
 
 def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
@@ -40,7 +42,7 @@ def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tm
             analysis = next(e for e in events(workdir, fleet["hosts"][prefill]["run_id"]) if e["type"] == "analysis")
             ttft = analysis["verdicts"][0]
             assert analysis["mode"] == "before-after" and ttft["check"] == "p99 TTFT", analysis
-            assert len(ttft["baseline_windows"]) == len(ttft["canary_windows"]) == 5, ttft  # the windows, each side
+            assert len(ttft["baseline_windows"]) == len(ttft["canary_windows"]) == WINDOWS["windows"], ttft
             assert ttft["method"] == "mann-whitney" and ttft["outcome"] == "pass", (unit, ttft)
         assert all(alive(pid) for found in pids.values() for pid in found.values())
         stopped = deployer("demo", "--stop", "--workdir", str(workdir), "--json", cwd=tmp_path)
