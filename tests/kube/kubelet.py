@@ -155,3 +155,8 @@ class Kubelet:
             names = list(self._names)  # each recorded before its podman run: none can be missed
         if names:  # --ignore: without it podman 4.3 stops at the first name already gone (a deleted pod's)
             self.podman("rm", "-f", "--ignore", "-t", "0", *names, check=False)  # and silently removes none after
+        # A supervisor in the middle of its `podman run` makes its container after that rm, then sees `stopping`
+        # and removes it itself: wait for each (bounded), or the test process may end first and leave it running.
+        deadline = time.monotonic() + 60
+        for thread in [t for threads in self._threads.values() for t in threads]:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
