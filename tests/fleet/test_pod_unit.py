@@ -277,10 +277,9 @@ def test_a_canary_proves_the_pods_unit_directly_through_the_agent_in_the_pod_and
     assert [("router" in e, e["ok"]) for e in seen] == [(False, True), (True, True)], seen
 
 
-def test_a_leaderworkerset_groups_leader_and_worker_pods_restart_as_one_gang(kube: Kube, tmp_path: Path) -> None:
-    """One LeaderWorkerSet group of two pods (worker index 0 the leader, 1 the worker), a selector host each (the
-    worker's by `worker-index!=0`), and a gang unit paired by the group index: `deployer restart --host dsv4.0`
-    restarts both ranks of group 0 together, healthy from the leader pod alone (test_gang's ranks, in pods)."""
+def lws_gang(kube: Kube, tmp_path: Path) -> int:
+    """One LeaderWorkerSet group of a leader pod and a worker pod, a selector host each, and the gang unit `dsv4`
+    paired by the group index (test_gang's ranks, in pods); the leader's HTTP port."""
     stack = tmp_path / "stack"
     shutil.copytree(STACK, stack, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     port, rendezvous = free_port(), free_port()
@@ -291,16 +290,23 @@ def test_a_leaderworkerset_groups_leader_and_worker_pods_restart_as_one_gang(kub
         labels = {"leaderworkerset.sigs.k8s.io/name": "dsv4", GROUP: "0", WORKER: str(index)}
         kube.pod("dsv4-0" if index == 0 else f"dsv4-0-{index}",
                  Container("server", image_files={POD_REPO: image, "/stack": stack}), labels=labels)
-        service = rank(Path("/stack/python"), index, port, rendezvous)
         place = f"{WORKER}=0" if index == 0 else f"{WORKER}!=0"
         hosts[role] = {"transport": "kubernetes", "repo": POD_REPO, "python": sys.executable,
-                       "services": {"rank": service},
+                       "services": {"rank": rank(Path("/stack/python"), index, port, rendezvous)},
                        "pod": {"selector": f"leaderworkerset.sigs.k8s.io/name=dsv4,{place}", "container": "server",
                                "namespace": kube.namespace, "context": kube.context,
                                "kubeconfig": str(kube.kubeconfig)}}
     inventory = {"hosts": hosts, "units": {"dsv4": {"services": ["leader:rank", "workers:rank"], "gang": True,
                                                     "leader": "leader:rank", "group_label": GROUP}}}
     (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return port
+
+
+def test_a_leaderworkerset_groups_leader_and_worker_pods_restart_as_one_gang(kube: Kube, tmp_path: Path) -> None:
+    """One LeaderWorkerSet group of two pods (worker index 0 the leader, 1 the worker), a selector host each (the
+    worker's by `worker-index!=0`), and a gang unit paired by the group index: `deployer restart --host dsv4.0`
+    restarts both ranks of group 0 together, healthy from the leader pod alone (test_gang's ranks, in pods)."""
+    port = lws_gang(kube, tmp_path)
     env = deployer_env(PATH=kube.env["PATH"], KUBECACHEDIR=kube.env["KUBECACHEDIR"])
     # started together: one after the other, rank 0 would wait at the rendezvous for rank 1 until its health timeout
     first = deployer("restart", "--host", "dsv4.0", cwd=tmp_path, env=env)

@@ -4,44 +4,13 @@ command lists each selector host's pods once, however many of its hosts it loads
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
-from fixtures_kube import Container, Kube
-from fixtures_repo import ORIGINAL_A, deployer, deployer_env, init_repo
-from ports import free_port
-from test_gang import rank
-from test_pod_unit import GROUP, POD_REPO, WORKER, in_pod
+from fixtures_kube import Kube
+from fixtures_repo import deployer, deployer_env
+from test_pod_unit import POD_REPO, in_pod, lws_gang
 
-from deployer.demo.run import STACK, http_status
-
-
-def lws_gang(kube: Kube, tmp_path: Path) -> int:
-    """One LeaderWorkerSet group of a leader pod and a worker pod, a selector host each, and the gang unit `dsv4`
-    paired by the group index (test_gang's ranks, in pods); the leader's HTTP port."""
-    stack = tmp_path / "stack"
-    shutil.copytree(STACK, stack, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    port, rendezvous = free_port(), free_port()
-    hosts: dict[str, Any] = {}
-    for index, role in ((0, "leader"), (1, "workers")):
-        image = tmp_path / f"image-{role}"
-        init_repo(image, {"pkg/__init__.py": "", "pkg/a.py": ORIGINAL_A})
-        labels = {"leaderworkerset.sigs.k8s.io/name": "dsv4", GROUP: "0", WORKER: str(index)}
-        kube.pod("dsv4-0" if index == 0 else f"dsv4-0-{index}",
-                 Container("server", image_files={POD_REPO: image, "/stack": stack}), labels=labels)
-        place = f"{WORKER}=0" if index == 0 else f"{WORKER}!=0"
-        hosts[role] = {"transport": "kubernetes", "repo": POD_REPO, "python": sys.executable,
-                       "services": {"rank": rank(Path("/stack/python"), index, port, rendezvous)},
-                       "pod": {"selector": f"leaderworkerset.sigs.k8s.io/name=dsv4,{place}", "container": "server",
-                               "namespace": kube.namespace, "context": kube.context,
-                               "kubeconfig": str(kube.kubeconfig)}}
-    inventory = {"hosts": hosts, "units": {"dsv4": {"services": ["leader:rank", "workers:rank"], "gang": True,
-                                                    "leader": "leader:rank", "group_label": GROUP}}}
-    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inventory, sort_keys=False))
-    return port
+from deployer.demo.run import http_status
 
 
 def counting_kubectl(kube: Kube, tmp_path: Path) -> tuple[dict[str, str], Path]:
