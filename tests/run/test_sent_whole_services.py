@@ -6,7 +6,11 @@ same refusal, in the same words, with the same exit code, over a local target an
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +73,24 @@ def test_a_playbook_that_restarts_its_services_goes_whole_and_the_premise_judged
     assert state_of(project)["sent_ahead"] == ["upload", "remote_compile", "commit"]
 
 
+@contextmanager
+def outsider(stack: Stack) -> Iterator[None]:
+    """The prefill's server started by hand, not by deployer, answering its health URL; killed with its session
+    (the demo server forks its scheduler, which a kill of the server alone would leave)."""
+    server = subprocess.Popen(stack.service("prefill")["start"], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert within(lambda: http_status(stack.service("prefill")["health"]) == 200, 30), "the outside server"
+        yield
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def test_a_service_answering_through_no_process_of_deployers_declines_the_premise_and_is_refused_as_before(
         stack: Stack) -> None:
     project = stack.project
-    outsider = subprocess.Popen(stack.service("prefill")["start"], start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert within(lambda: http_status(stack.service("prefill")["health"]) == 200, 30), "the outside server"
+    with outsider(stack):
         project.playbook(steps=STEPS)
         tree, head = work_tree(project.repo), project.head()
         result = project.deployer("apply", "fix.yaml", "--host", "box")
@@ -90,9 +105,6 @@ def test_a_service_answering_through_no_process_of_deployers_declines_the_premis
         assert "service prefill" in declined["reason"] and "answers 200" in declined["reason"]
         assert not [e for e in project.events() if e["type"] in ("step_start", "service_stopped")]
         assert state_of(project)["phase"] == "failed_restored"
-    finally:
-        outsider.kill()
-        outsider.wait()
 
 
 def gpu_host(stack: Stack, *, nvidia_smi: bool) -> None:
@@ -170,10 +182,7 @@ def test_a_baseline_first_playbook_has_its_services_judged_in_one_round_trip_bef
 def test_a_baseline_first_playbook_still_refuses_a_stranger_on_a_services_port_before_its_baseline(
         stack: Stack) -> None:
     project = stack.project
-    outsider = subprocess.Popen(stack.service("prefill")["start"], start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert within(lambda: http_status(stack.service("prefill")["health"]) == 200, 30), "the outside server"
+    with outsider(stack):
         project.playbook(steps=BASELINE_FIRST)
         tree, head = work_tree(project.repo), project.head()
         result = project.deployer("apply", "fix.yaml", "--host", "box")
@@ -183,6 +192,3 @@ def test_a_baseline_first_playbook_still_refuses_a_stranger_on_a_services_port_b
         assert work_tree(project.repo) == tree and project.head() == head
         assert not [e for e in project.events() if e["type"] == "step_start"]  # no baseline ran
         assert {"prefill.record", "prefill.health"} <= set(observed_here(project))  # read here, to say it
-    finally:
-        outsider.kill()
-        outsider.wait()
