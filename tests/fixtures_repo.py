@@ -156,7 +156,10 @@ def act_when(project: Project, args: Sequence[str], reached: Callable[[], bool],
     try:
         deadline = time.monotonic() + 60
         while not reached():
-            assert time.monotonic() < deadline and proc.poll() is None, f"{what} never came"
+            if proc.poll() is not None:
+                out, err = proc.communicate()
+                raise AssertionError(f"{what} never came: deployer ended first, exit {proc.returncode}\n{out}{err}")
+            assert time.monotonic() < deadline, f"{what} never came within a minute"
             time.sleep(0.01)
         act(proc)
         out, err = proc.communicate(timeout=120)
