@@ -219,9 +219,10 @@ class Project:
         return sorted(self.runs.iterdir())[-1].name
 
     def events(self, run_id: str | None = None) -> list[dict[str, Any]]:
-        """The run log of run_id (by default the newest run), one dict per line."""
-        log = self.runs / (run_id or self.newest_run()) / "events.jsonl"
-        return [json.loads(line) for line in log.read_text().splitlines()]
+        """The run log of run_id (by default the newest run), one dict per line. A line without its newline is
+        not written yet (a live run's log is read while deployer appends to it): it is left out."""
+        data = (self.runs / (run_id or self.newest_run()) / "events.jsonl").read_bytes()
+        return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
 
     def applied(self, **playbook: Any) -> str:
         """fix.yaml written with these playbook fields and applied successfully; the run's id."""
