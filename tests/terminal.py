@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import select
 import struct
 import subprocess
@@ -21,7 +22,9 @@ import pyte
 class Shown:
     exit_code: int
     screen: list[str]  # the final screen, after the lines scrolled off its top; right-trimmed, no empty tail
-    frames: list[list[str]] = field(default_factory=list)  # the visible screen after each read of the output
+    # The visible screen each time the program was about to erase some of what it drew (a redraw begins so), and
+    # after each read of its output: every frame the live view drew, however the reads cut its output.
+    frames: list[list[str]] = field(default_factory=list)
 
     def seen(self, line: str) -> bool:
         """Whether some frame or the final screen had this line (right-trimmed)."""
@@ -40,6 +43,7 @@ def on_a_terminal(args: list[str], cwd: Path, env: dict[str, str], *, columns: i
                                stdout=slave, stderr=slave, close_fds=True, start_new_session=True)
     os.close(slave)
     frames: list[list[str]] = []
+    drawn = False  # text was written since the last frame was kept
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -53,13 +57,28 @@ def on_a_terminal(args: list[str], cwd: Path, env: dict[str, str], *, columns: i
                 break
             if not chunk:
                 break
-            stream.feed(chunk)
-            frames.append(trimmed(screen.display))
+            for piece in ERASE.split(chunk):
+                if not ERASE.fullmatch(piece):
+                    drawn = drawn or bool(INVISIBLE.sub(b"", piece))
+                elif drawn:  # about to wipe what it drew: that frame first (however the reads cut the output)
+                    frames.append(trimmed(screen.display))
+                    drawn = False
+                stream.feed(piece)
+            if drawn:
+                frames.append(trimmed(screen.display))
+                drawn = False
     finally:
         os.close(master)
         code = process.wait(timeout=30)
     scrolled = ["".join(line[x].data for x in range(columns)) for line in screen.history.top]
     return Shown(code, trimmed([*scrolled, *screen.display]), frames)
+
+
+# Erase in line or in display: a redraw wipes the frame before it with these. An erase cut in two by a read is
+# not matched, but pyte applies no half-read sequence, so the frame kept at the end of that read still shows it.
+ERASE = re.compile(rb"(\x1b\[[0-2]?[JK])")
+# What draws nothing: escape sequences (cursor moves, colours, erases) and control characters.
+INVISIBLE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x1f\x7f]")
 
 
 def trimmed(rows: list[str]) -> list[str]:
