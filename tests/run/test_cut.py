@@ -271,9 +271,14 @@ def test_an_apply_cut_at_twelve_points_is_always_recovered_to_a_consistent_targe
         cut_target: tuple[Project, Stack], relay: CuttingRelay) -> None:
     project, stack = cut_target
     base, before = project.head(), work_tree(project.repo)
-    relay.arm(None, rst=False)
-    whole = project.deployer("apply", "fix.yaml", "--host", "box")
-    assert whole.returncode == 0, whole.stderr
+    # The whole conversation, measured as every cut run has it: the first apply over this sshd sends the agent's
+    # source and leaves it in the target user's cache, so it is measured on a second one (the cache is the sshd's
+    # HOME's: alone, this test's first apply is such a first; in a suite run another test's may have been).
+    for _ in range(2):
+        reset(project, stack, base)
+        relay.arm(None, rst=False)
+        whole = project.deployer("apply", "fix.yaml", "--host", "box")
+        assert whole.returncode == 0, whole.stderr
     total = relay.relayed
     assert total > 10_000
     outcomes = []
