@@ -104,7 +104,7 @@ def notify_of(options: RecoverOptions) -> Notify | None:
 def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener: Listener | None,
                   watch: Watch | None) -> FleetOutcome | NothingToRecover:
     from deployer.fleet import followup
-    from deployer.fleet.record import FleetRecord
+    from deployer.fleet.record import FleetRecord, claimed
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
     runs_path = build.runs_dir
@@ -115,7 +115,10 @@ def recover_fleet(build: Build, options: RecoverOptions, fleet_id: str, listener
 
     cancel = FleetCancel()
     listeners: list[Listener] = [listener] if listener is not None else []
-    with notifying(notify_of(options), "fleet", listeners, runs_dir=runs_path, say=build.listeners), \
+    # Under the fleet run's claim: a cut run is recovered only once nothing else (an apply or resume whose host
+    # runs only look cut because they are still going) acts on the fleet run.
+    with claimed(runs_path, fleet_id, "deployer recover"), \
+            notifying(notify_of(options), "fleet", listeners, runs_dir=runs_path, say=build.listeners), \
             watching(watch, Watched("fleet", list(FleetRecord.load(runs_path, fleet_id).state.hosts), cancel,
                                     listeners)):
         return FleetOutcome(followup.recover_fleet(runs_path, fleet_id, build.sub_run, rollback=options.rollback,

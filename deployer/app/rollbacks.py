@@ -12,6 +12,7 @@ from deployer.app.downtime import refuse_lone, routed_part
 from deployer.app.outcome import FleetOutcome, RunOutcome
 from deployer.app.setting import RevertSetting, Setting, build_of, inventory_of
 from deployer.app.watch import Watch, Watched, watching
+from deployer.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,24 +74,31 @@ def rollback_fleet(build: Build, options: RollbackOptions, fleet_id: str, listen
     from deployer.config import targets
     from deployer.config.units import every_unit, unit_of_hosts
     from deployer.fleet import followup
-    from deployer.fleet.record import FleetRecord
+    from deployer.fleet.record import FleetRecord, claimed
     from deployer.fleet.runner import DEFAULT_PARALLEL, FleetCancel
 
     loaded = inventory_of(options)
     chosen = targets.resolve(loaded, options.host) if options.host else None
-    hosts = chosen or list(FleetRecord.load(build.runs_dir, fleet_id).state.hosts)
     from deployer.fleet.notify import notifying
 
     cancel = FleetCancel()
     listeners: list[Listener] = [listener] if listener is not None else []
     units = every_unit(loaded.units, loaded.hosts)
     unit_of = unit_of_hosts(units)
-    with notifying(loaded.notify, "fleet", listeners, runs_dir=build.runs_dir, say=build.listeners, units=unit_of), \
-            watching(watch, Watched("fleet", hosts, cancel, listeners)):
-        return FleetOutcome(followup.rollback_fleet(
-            build.runs_dir, fleet_id, build.sub_run, hosts=chosen, force=options.force,
-            parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners, cancel=cancel,
-            units=units, routers=build.routers(loaded), allow_downtime=options.allow_downtime))
+    # Under the fleet run's claim: a resume going on meanwhile would roll the fix out further while this rolls it
+    # back, and each would write its own view of fleet.json.
+    with claimed(build.runs_dir, fleet_id, "deployer rollback"):
+        state = FleetRecord.load(build.runs_dir, fleet_id).state
+        if state.pause is not None:  # rolled back, it would stay resumable: a resume would ship the fix again
+            raise ConfigError(f"fleet run {fleet_id} is paused: end it with `deployer rollout abort {fleet_id}`, "
+                              "which rolls back every host that committed and ends it aborted (no resume after)")
+        hosts = chosen or list(state.hosts)
+        with notifying(loaded.notify, "fleet", listeners, runs_dir=build.runs_dir, say=build.listeners,
+                       units=unit_of), watching(watch, Watched("fleet", hosts, cancel, listeners)):
+            return FleetOutcome(followup.rollback_fleet(
+                build.runs_dir, fleet_id, build.sub_run, hosts=chosen, force=options.force,
+                parallel=options.parallel or DEFAULT_PARALLEL, listeners=listeners, cancel=cancel,
+                units=units, routers=build.routers(loaded), allow_downtime=options.allow_downtime))
 
 
 def watched_run(build: Build, engine: Engine, notify: Notify | None, watch: Watch | None, run: Callable[[], T]) -> T:
