@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from deployer.app.plans import PlanOutcome
     from deployer.build import Build
     from deployer.config.models import Inventory, Unit
+    from deployer.config.rollout import Rollout
     from deployer.run.engine import Engine
     from deployer.steps.context import Listener
     from deployer.transport.early import KnownGood
@@ -75,6 +76,7 @@ def apply(options: ApplyOptions, *, listener: Listener | None = None,
                 engine.lock_wait_s = options.lock_wait_s
         if len(hosts) == 1:  # one host: a plain run, as before fleets existed
             engine = engines[hosts[0]]
+            say_steps_not_taken(engine.playbook.model.rollout, hosts[0], listener)
             if options.dry_run:
                 from deployer.app.plans import plan_one
 
@@ -137,6 +139,15 @@ def apply_one(build: Build, engine: Engine, units: dict[str, Unit], inventory: I
             return RunOutcome(run())
     finally:
         opening.discard()
+
+
+def say_steps_not_taken(rollout: Rollout, host: str, listener: Listener | None) -> None:
+    """A playbook whose rollout pauses, applied to one host: a plain run, which has no batch to pause between (a
+    fleet run of one host refuses such steps; a hot-fix of one host with the fleet's playbook is no mistake)."""
+    if rollout.pauses() and listener is not None:
+        listener({"type": "notice", "message": f"rollout.steps are not taken: {host} alone is a plain run, not a "
+                  "fleet run in batches, so it does not pause (an analysis of it that is inconclusive still holds "
+                  "its commit for a person, exit 7)"})
 
 
 def notice_unended(runs_dir: Path, hosts: list[str], listener: Listener | None) -> None:
