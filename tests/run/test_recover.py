@@ -183,6 +183,9 @@ def test_killed_after_git_made_the_commit_recover_keeps_exactly_that_commit_and_
     assert target.file("pkg/a.py") == ORIGINAL_A
 
 
+# One transport: what is judged is the run logs here (recover --rollback runs over both in
+# test_a_commit_that_ran_ahead_of_its_record_here_is_rolled_back_by_recover).
+@pytest.mark.parametrize("target", ["local"], indirect=True)
 def test_a_rollback_finished_by_recover_is_refused_as_done_by_a_later_rollback(target: Project) -> None:
     before = target.head()
     run = killed_after_its_commit(target)
