@@ -82,7 +82,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
               help="Prefill and decode each in its own podman container (or podman-docker's docker): the services "
                    "are the containers.")
 @click.option("--regression", is_flag=True, help=(
-    "With --fleet: the fix also makes the build three times as slow to its first token; the analysis fails it and "
+    "With --fleet: the fix also makes the build wait six times as long before a first token; the analysis fails it and "
     "the unit is rolled back."))
 @click.option("--keep", is_flag=True, help="Leave the demo stack running and print its URLs.")
 @click.option("--stop", "stop_kept", is_flag=True, help=(
