@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_repo import ALL_TRANSPORTS, FIXED_A, Project, git, tree_snapshot
+from fixtures_repo import FIXED_A, LOOPBACK_TRANSPORTS, Project, git, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, code_following, free_port, gauge_server, wait_dead
 
 
@@ -23,7 +23,7 @@ def restart_only(project: Project, **extra: Any) -> None:
     project.playbook(steps=[{"co_restart": extra}])
 
 
-@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+@pytest.mark.parametrize("target", LOOPBACK_TRANSPORTS, indirect=True)
 def test_co_restart_changes_every_pid_and_restarts_in_order(stack: Stack) -> None:
     project = stack.project
     restart_only(project)
@@ -108,7 +108,7 @@ def wait_for_sample(project: Project, proc: subprocess.Popen[str], seconds: floa
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+@pytest.mark.parametrize("target", LOOPBACK_TRANSPORTS, indirect=True)
 def test_drain_passes_when_the_gauge_drains_and_holds(stack: Stack) -> None:
     project = stack.project
     stack.start_services()
@@ -136,7 +136,7 @@ def test_drain_on_a_missing_metric_is_inconclusive(stack: Stack) -> None:
     assert "inconclusive" in result.stderr and "sglang:no_such_gauge" in result.stderr
 
 
-@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+@pytest.mark.parametrize("target", LOOPBACK_TRANSPORTS, indirect=True)
 def test_drain_times_out_with_the_last_samples(stack: Stack) -> None:
     project = stack.project
     stack.start_services()
@@ -165,7 +165,7 @@ def answers(stack: Stack) -> dict[str, str]:
     return {name: stack.fetch(f"http://127.0.0.1:{port}/health") for name, port in stack.ports.items()}
 
 
-@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+@pytest.mark.parametrize("target", LOOPBACK_TRANSPORTS, indirect=True)
 def test_drain_failure_after_commit_rolls_back_restarts_and_judges_the_old_build_by_its_baseline_without_a_storm(
         stack: Stack) -> None:
     # The fix leaves the gauge at 3; the reverted build drains it: only a drain after the revert passes.
@@ -203,7 +203,7 @@ def test_drain_failure_after_commit_rolls_back_restarts_and_judges_the_old_build
     assert answers(stack) == {"prefill": "41", "decode": "41"}
 
 
-@pytest.mark.parametrize("target", ALL_TRANSPORTS, indirect=True)
+@pytest.mark.parametrize("target", LOOPBACK_TRANSPORTS, indirect=True)
 def test_a_storm_and_a_baseline_reach_the_targets_loopback_through_the_connection(stack: Stack) -> None:
     project = stack.project
     code_serving(stack)
