@@ -5,6 +5,10 @@ with router drain (one unit at a time taken out, drained, restarted, put back) a
 
 Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4 16] [--runs 1] [--ways b c] [--breakdown]
 Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every process started is stopped.
+The ways take turns run by run (b c b c, not b b c c), so that each run of a way has a run of the others beside it
+under about the same load from the rest of the machine: each run's ratio to one-at-a-time is printed, and their spread
+says how noisy the machine was. cpu s is the CPU the apply and its agents used (user + system): on a shared machine
+it moves less than the wall time does.
 --breakdown adds, per batch, where its wall time went (read from the runs' logs): the median over the batch's
 units of each phase on the unit's leader (its first host, which takes the unit out of the router and back), and the
 batch's span from its first run's start to its last run's end.
@@ -15,11 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -109,10 +115,19 @@ def breakdown(runs: Path) -> list[tuple[int, float, dict[str, float]]]:
     return found
 
 
-def one_run(units: int, way: str, breakdown_of: list[tuple[int, float, dict[str, float]]] | None = None
-            ) -> tuple[LoadReport, int, float]:
-    """The load's report, the apply's exit code and its wall time in seconds; the runs' breakdown into
-    breakdown_of when given."""
+@dataclass(frozen=True)
+class Ran:
+    """One apply under the load: the load's report, the apply's exit code, its wall time and the CPU it and its
+    agents used, in seconds."""
+
+    report: LoadReport
+    code: int
+    wall: float
+    cpu: float
+
+
+def one_run(units: int, way: str, breakdown_of: list[tuple[int, float, dict[str, float]]] | None = None) -> Ran:
+    """The apply under the load; the runs' breakdown into breakdown_of when given."""
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         root = Path(tmp)
         stacks, router = fleet(root, units, *WAYS[way])
@@ -120,12 +135,12 @@ def one_run(units: int, way: str, breakdown_of: list[tuple[int, float, dict[str,
             start_stacks(stacks, CancelToken())
             load = Load(router + "/generate", **LOAD).start()
             try:
-                began = time.monotonic()
+                began, used = time.monotonic(), children_cpu()
                 done = subprocess.run([sys.executable, "-m", "deployer", "apply", "note.yaml", "--host",
                                        ",".join(f"pd-{n}" for n in range(units)), "--json"], cwd=root,
                                       env={**os.environ, "DEPLOYER_RUNS_DIR": str(root / "runs")},  # not the user's
                                       capture_output=True, text=True, timeout=1800)
-                wall = time.monotonic() - began
+                wall, cpu = time.monotonic() - began, children_cpu() - used
             finally:
                 report = load.stop()
             if breakdown_of is not None and done.returncode == 0:
@@ -133,7 +148,13 @@ def one_run(units: int, way: str, breakdown_of: list[tuple[int, float, dict[str,
         finally:
             for stack in stacks:
                 stack.stop()
-    return report, done.returncode, wall
+    return Ran(report, done.returncode, wall, cpu)
+
+
+def children_cpu() -> float:
+    """User and system CPU of the children waited for so far: the apply, with its agents (which it waits for)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def main() -> None:
@@ -147,27 +168,36 @@ def main() -> None:
     rows = []
     broken: list[tuple[int, str, list[tuple[int, float, dict[str, float]]]]] = []
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    ways = [way for way in WAYS if way[1] in args.ways]
     for units in args.units:
-        for way in (way for way in WAYS if way[1] in args.ways):
-            split: list[tuple[int, float, dict[str, float]]] = []
-            got = [one_run(units, way, split if args.breakdown else None) for _ in range(args.runs)]
-            broken.append((units, way, split))
-            sent = sum(r.sent for r, _, _ in got)
-            failed = sum(r.failed for r, _, _ in got)
-            p99 = statistics.median(r.p99_ms for r, _, _ in got if r.p99_ms is not None) if sent else None
-            wall = statistics.median(s for _, _, s in got)
-            codes = ",".join(str(code) for _, code, _ in got)
-            rows.append((units, way, sent, failed, p99, wall, codes))
-    print(f"{'units':>5}  {'restart':<28} {'sent':>6} {'failed':>6} {'p99 ms':>8} {'wall s':>7}  apply exit")
-    for units, way, sent, failed, p99, wall, codes in rows:
-        print(f"{units:>5}  {way:<28} {sent:>6} {failed:>6} {p99 if p99 is not None else '-':>8} {wall:>7.1f}  "
-              f"{codes}")
+        splits: dict[str, list[tuple[int, float, dict[str, float]]]] = {way: [] for way in ways}
+        got: dict[str, list[Ran]] = {way: [] for way in ways}
+        for _ in range(args.runs):  # the ways take turns: each run beside the others' under the same load
+            for way in ways:
+                got[way].append(one_run(units, way, splits[way] if args.breakdown else None))
+        broken += [(units, way, splits[way]) for way in ways]
+        for way, runs in got.items():
+            sent = sum(r.report.sent for r in runs)
+            failed = sum(r.report.failed for r in runs)
+            p99 = statistics.median(r.report.p99_ms for r in runs if r.report.p99_ms is not None) if sent else None
+            rows.append((units, way, sent, failed, p99, statistics.median(r.wall for r in runs),
+                         statistics.median(r.cpu for r in runs), ",".join(str(r.code) for r in runs)))
+        if ROLLING in got:
+            for way, runs in ((way, runs) for way, runs in got.items() if way != ROLLING):
+                ratios = [r.wall / alone.wall for r, alone in zip(runs, got[ROLLING], strict=True)]
+                print(f"{units} units, {way} against {ROLLING}, run by run: "
+                      + " ".join(f"{ratio:.2f}x" for ratio in ratios) + f" (median {statistics.median(ratios):.2f}x)")
+    print(f"{'units':>5}  {'restart':<28} {'sent':>6} {'failed':>6} {'p99 ms':>8} {'wall s':>7} {'cpu s':>6}  "
+          "apply exit")
+    for units, way, sent, failed, p99, wall, cpu, codes in rows:
+        print(f"{units:>5}  {way:<28} {sent:>6} {failed:>6} {f'{p99:.1f}' if p99 is not None else '-':>8} {wall:>7.1f} "
+              f"{cpu:>6.1f}  {codes}")
     by_units: dict[int, dict[str, float]] = {}
-    for units, way, *_, wall, _ in rows:
+    for units, way, *_, wall, _, _ in rows:
         by_units.setdefault(units, {})[way] = wall
     for units, walls in by_units.items():
         if ROLLING in walls:
-            print(f"{units} units, wall time against {ROLLING}: " + ", ".join(
+            print(f"{units} units, median wall time against {ROLLING}: " + ", ".join(
                 f"{way} {wall / walls[ROLLING]:.2f}x" for way, wall in walls.items()))
     for units, way, split in broken:
         if not split:
