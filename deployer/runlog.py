@@ -113,15 +113,25 @@ class RunLogWriter:
 
     @classmethod
     def reopen(cls, runs_dir: Path, run_id: str) -> RunLogWriter:
-        """Continue an ended run's chain (to link it to a later run); the chain stays verifiable."""
+        """Continue an ended (or cut) run's chain (to end it, or link it to a later run); the chain stays
+        verifiable. A last line a kill cut short was never a whole event: it is cut off, and the first line
+        written after says how many bytes it had and their sha256 (appended to, it would make the line
+        after it unreadable too, and the log never verify)."""
         writer = cls.__new__(cls)
         writer.run_id, writer.dir = run_id, runs_dir / run_id
         data = (writer.dir / EVENTS).read_bytes()
-        lines = data.splitlines()
+        whole = data[:data.rfind(b"\n") + 1]
+        torn = data[len(whole):]
+        lines = whole.splitlines()
         writer._fd = os.open(writer.dir / EVENTS, os.O_WRONLY | os.O_APPEND)
+        if torn:
+            os.ftruncate(writer._fd, len(whole))
         writer._seq, writer._prev = len(lines), _line_hash(lines[-1]) if lines else GENESIS
-        writer._sha256 = hashlib.sha256(data)
-        writer._synced = True
+        writer._sha256 = hashlib.sha256(whole)
+        writer._synced = not torn
+        if torn:
+            writer.write({"type": "torn_line_dropped", "bytes": len(torn), "sha256": hashlib.sha256(torn).hexdigest(),
+                          "why": "the run was killed while it wrote this line: it never held a whole event"})
         return writer
 
     def write(self, event: dict[str, Any]) -> None:

@@ -228,3 +228,24 @@ def test_an_artifact_is_kept_whole_or_not_at_all(tmp_path: Path, monkeypatch: py
     assert (writer.dir / "diff.txt").read_bytes() == b"+x\n"
     assert sorted(p.name for p in writer.dir.iterdir() if not p.name.startswith(".playbook")) == [
         "diff.txt", "events.jsonl"]
+
+
+def test_a_last_line_a_kill_cut_short_is_dropped_by_the_run_that_ends_the_log_which_then_verifies(
+        tmp_path: Path) -> None:
+    lines = write_log(tmp_path)
+    log = tmp_path / RUN_ID / "events.jsonl"
+    whole = b"\n".join(lines[:-1]) + b"\n"  # a run killed while it wrote its run_end, as recover finds it
+    torn = lines[-1][:40]
+    log.write_bytes(whole + torn)
+    assert "the last line is cut short (truncated)" in verify(tmp_path).stderr
+    writer = RunLogWriter.reopen(tmp_path, RUN_ID)
+    writer.write({"type": "run_end", "status": "failed", "error": "the run was cut; it was ended by deployer recover"})
+    writer.close()
+    result = verify(tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = log.read_bytes()
+    assert data.startswith(whole) and torn not in data
+    dropped = json.loads(data.splitlines()[len(lines) - 1])
+    assert dropped["type"] == "torn_line_dropped" and dropped["bytes"] == len(torn)
+    assert dropped["sha256"] == hashlib.sha256(torn).hexdigest()
+    assert writer.sha256() == hashlib.sha256(data).hexdigest()  # what a commit's Deployer-Log would name
