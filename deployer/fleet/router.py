@@ -159,6 +159,8 @@ def inflight(worker: Worker, gauges: list[str]) -> float | None:
     total = 0.0
     for gauge in gauges:
         reading = parse(text, MetricParams(metric=gauge))
+        if reading.value is None and not reading.absent:  # a gauge line that does not parse: not read, not drained
+            return None
         total += reading.value or 0.0  # a gauge this server does not export has nothing in flight
     return total
 

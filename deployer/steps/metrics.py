@@ -45,6 +45,7 @@ class Reading:
     """One read of a metric: its value, or why there is none."""
     value: float | None
     problem: str | None = None  # why there is no value: the reading is inconclusive
+    absent: bool = False  # the page parsed and holds no such series (not: it could not be read)
 
 
 def parse(text: str, params: MetricParams) -> Reading:
@@ -59,7 +60,7 @@ def parse(text: str, params: MetricParams) -> Reading:
         return Reading(None, f"unparseable metrics: {exc}")
     if not values:
         wanted = params.metric + (f"{params.labels}" if params.labels else "")
-        return Reading(None, f"metric {wanted} absent")
+        return Reading(None, f"metric {wanted} absent", absent=True)
     return Reading(sum(values) if params.aggregate == "sum" else max(values))
 
 

@@ -76,3 +76,10 @@ def test_a_line_of_another_metric_that_does_not_parse_leaves_a_busy_worker_read_
     # A version string where a number belongs: the whole page did not parse, and the worker read 0 in flight, drained.
     page[0] = GAUGES + '# TYPE vendor_build gauge\nvendor_build{commit="abc"} 1.2.3\n'
     assert inflight(worker_of(page, context), list(DEMO_INFLIGHT)) == IN_FLIGHT
+
+
+def test_a_gauge_line_that_does_not_parse_is_no_reading_never_drained(page: list[str], context: Context) -> None:
+    # One of the gauges themselves garbled (a proxy's truncation, another exporter's value syntax): the worker's
+    # in-flight count is not known, so the drain goes on waiting (and fails at its deadline saying unreadable), never 0.
+    page[0] = GAUGES.replace(f'{QUEUED}{{engine_type="decode"}} 4.0', f'{QUEUED}{{engine_type="decode"}} 4.0.1')
+    assert inflight(worker_of(page, context), list(DEMO_INFLIGHT)) is None
