@@ -72,7 +72,7 @@ class MemoryPipe:
         self._served.join(CLOSE_WAIT_S)
         self._ours.close()
 
-    def stderr_tail(self) -> str:
+    def stderr_tail(self, *, ended: bool = False) -> str:
         return ""  # the agent shares this process's stderr: pytest shows what it wrote
 
     @property

@@ -25,5 +25,6 @@ class Pipe(Protocol):
         """Close our sending side (the agent sees EOF and exits), then release the pipe. kill: what runs there
         is no agent known to exit on that EOF: its process group (what the pipe's start made) is killed first."""
 
-    def stderr_tail(self) -> str:
-        """The last of what the agent wrote on stderr (why it died, when it did)."""
+    def stderr_tail(self, *, ended: bool = False) -> str:
+        """The last of what the agent wrote on stderr (why it died, when it did). ended: its end was seen some
+        other way (its stdin refused a write): wait (bounded) for the stream to end, so the tail is all it said."""

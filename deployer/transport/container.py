@@ -18,7 +18,6 @@ the container runs again (Transport.reopen).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from deployer.agent.client import NeverStarted
@@ -33,7 +32,6 @@ from deployer.transport.pipes import shell_found_no
 NOT_RUNNING = ("can only create exec sessions on running containers", "is not running", "is paused",
                "container state improper")
 NO_SUCH = ("no such container", "no container with name or id")
-STDERR_WAIT_S = 2.0  # for an exec that refused our first write to have said why on stderr
 HOST_PYTHON = "python3"  # the agent beside a container runs on the host: the inventory's python is the container's
 
 
@@ -103,10 +101,9 @@ class ContainerPipe:
         except OSError:
             if self._started:
                 raise
-            # The exec ended before it took the agent's source: its stderr (being read as we fail) says why.
-            deadline = time.monotonic() + STDERR_WAIT_S
-            while not (tail := self._pipe.stderr_tail()).strip() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # The exec ended before it took the agent's source: its stderr (being read as we fail) says why, all of
+            # it once it ended (its first line alone, read by a starved reader, was kubectl's retry, not its reason).
+            tail = self._pipe.stderr_tail(ended=True)
             if not tail.strip():
                 raise
             raise NeverStarted(self._explain(tail)) from None
@@ -114,8 +111,8 @@ class ContainerPipe:
     def close(self, kill: bool = False) -> None:
         self._pipe.close(kill)  # the exec's group on the host: what runs inside the container is the engine's
 
-    def stderr_tail(self) -> str:
-        tail = self._pipe.stderr_tail()
+    def stderr_tail(self, *, ended: bool = False) -> str:
+        tail = self._pipe.stderr_tail(ended=ended)
         return tail if self._started or not tail.strip() else self._explain(tail)
 
 

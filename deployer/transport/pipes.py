@@ -84,8 +84,8 @@ class ProcessPipe:
             if stream is not None:
                 stream.close()
 
-    def stderr_tail(self) -> str:
-        return self._stderr.text(settle=self._output_ended)
+    def stderr_tail(self, *, ended: bool = False) -> str:
+        return self._stderr.text(settle=ended or self._output_ended)
 
     def _kill_group(self) -> None:
         # The session local_pipe started it in; not reaped yet, so that id is no other process's.
@@ -133,8 +133,8 @@ class ChannelPipe:
             with contextlib.suppress(OSError, EOFError):
                 step()
 
-    def stderr_tail(self) -> str:
-        return self._stderr.text(settle=self._output_ended)
+    def stderr_tail(self, *, ended: bool = False) -> str:
+        return self._stderr.text(settle=ended or self._output_ended)
 
 
 def _drain(read: Any, sink: _TailBuffer) -> None:

@@ -36,7 +36,7 @@ class FrozenPipe:
     def close(self, kill: bool = False) -> None:
         self.closed.set()
 
-    def stderr_tail(self) -> str:
+    def stderr_tail(self, *, ended: bool = False) -> str:
         return ""
 
 

@@ -61,3 +61,25 @@ def test_an_exec_that_ended_before_the_first_write_says_the_container_problem_no
         for _ in range(1000):  # bounded: the exit comes within a few writes
             pipe.write(b"x" * 65536)
     pipe.close()
+
+
+def test_an_exec_that_refused_the_first_write_is_explained_by_all_its_stderr_not_its_first_line() -> None:
+    """kubectl against an API server that is down prints a retry line per discovery attempt, then its reason
+    ("The connection to the server ... was refused"), and exits: a reader starved on a loaded machine had read the
+    first line only when the failed write was explained (a CI run said only the retry). A real process that closes
+    its stdin (the write fails at once), says one line, then after a while its reason, and exits."""
+    from deployer.agent.client import NeverStarted
+    from deployer.config.container import Container
+    from deployer.transport.container import ContainerExec
+    from deployer.transport.pipes import local_pipe
+
+    exec_ = ContainerExec(Container(engine="podman", name="gone"))
+    script = ("exec 0<&-; echo 'E1203 memcache.go:381] Couldn'\\''t get current server API group list' >&2; "
+              "sleep 0.5; echo 'Error: can only create exec sessions on running containers' >&2; exit 125")
+    pipe = exec_.open(lambda argv: local_pipe(argv, "box"), ["sh", "-c", script], "box")
+    with pytest.raises(NeverStarted) as failed:
+        for _ in range(1000):  # bounded: the first write fails (nothing reads the pipe)
+            pipe.write(b"x" * 65536)
+    pipe.close()
+    assert "memcache.go" in str(failed.value)
+    assert "the podman container 'gone' is not running" in str(failed.value), str(failed.value)
