@@ -6,11 +6,9 @@ user's review found it). Three `transport: local` hosts, each its own repo, the 
 
 from __future__ import annotations
 
-import json
-
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project
 from test_fleet import as_json
-from test_rollout_resume_safety import a_py, fleet_json, gated, paused_after_first, resume, until
+from test_rollout_resume_safety import a_py, fleet_json, paused_after_first, resume, resuming
 from test_rollout_steps_reached import HOSTS as NAMES
 from test_rollout_steps_reached import local_fleet
 
@@ -20,10 +18,7 @@ __all__ = ["local_fleet"]  # the fixture, used by name
 def test_rollback_and_recover_of_a_fleet_run_a_resume_is_going_on_with_are_refused_and_change_nothing(
         local_fleet: Project) -> None:
     fleet_id = paused_after_first(local_fleet)
-    gate = gated(local_fleet)  # the resumed hosts' remote_compile waits for the gate
-    first = local_fleet.popen("rollout", "resume", fleet_id, "--json")
-    try:
-        until(lambda: fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running")
+    with resuming(local_fleet, fleet_id) as first:
         before = fleet_json(local_fleet, fleet_id)
         for command in ("rollback", "recover"):
             refused = local_fleet.deployer(command, fleet_id, "--json")
@@ -32,14 +27,6 @@ def test_rollback_and_recover_of_a_fleet_run_a_resume_is_going_on_with_are_refus
             assert f"rollout resume (pid {first.pid}) is running on it" in error, (command, error)
         assert fleet_json(local_fleet, fleet_id) == before  # neither wrote its view of the run
         assert a_py(local_fleet, "h1") == FIXED_A  # the first batch's fix is not rolled back
-        gate.touch()
-        out, err = first.communicate(timeout=120)
-    finally:
-        gate.touch()
-        if first.poll() is None:
-            first.kill()
-    report = json.loads(out)
-    assert first.returncode == 0 and report["status"] == "successful", (report, err)
     assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
     # Once the resume has ended its claim is gone: the rollback goes on.
     undone = local_fleet.deployer("rollback", fleet_id, "--json")

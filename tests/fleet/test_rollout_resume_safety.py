@@ -5,10 +5,13 @@ it): three `transport: local` hosts, each its own repo, the deployer CLI run as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,21 +104,15 @@ def deploy_commits(project: Project, host: str) -> int:
     return int(git(project.root / host / "repo", "rev-list", "--count", "--grep=^Deployer-Run: ", "HEAD").strip())
 
 
-def test_a_second_resume_of_the_same_fleet_run_is_refused_at_once_and_the_first_finishes_it(
-        local_fleet: Project) -> None:
-    fleet_id = paused_after_first(local_fleet)
-    gate = gated(local_fleet)  # the resumed hosts' remote_compile waits for the gate
-    first = local_fleet.popen("rollout", "resume", fleet_id, "--json")
+@contextlib.contextmanager
+def resuming(project: Project, fleet_id: str) -> Iterator[subprocess.Popen[str]]:
+    """`rollout resume` of the paused fleet run, held inside its next batch (h2 running: its remote_compile waits
+    for a gate) while the block runs; then let go, and it must finish the run successfully."""
+    gate = gated(project)
+    first = project.popen("rollout", "resume", fleet_id, "--json")
     try:
-        until(lambda: fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running")
-        second = resume(local_fleet, "resume", fleet_id, "--json")
-        error = as_json(second)["error"]
-        assert second.returncode == 3, error
-        assert f"rollout resume (pid {first.pid}) is running on it" in error, error
-        plain = resume(local_fleet, "resume", fleet_id)  # as a person reads it: refused, no fleet outcome, no recover
-        assert plain.returncode == 3 and "is running on it" in plain.stderr, plain.stdout + plain.stderr
-        assert "failed (exit" not in plain.stdout + plain.stderr and "recover" not in plain.stdout + plain.stderr
-        assert fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running"  # left as the first has it
+        until(lambda: fleet_json(project, fleet_id)["hosts"]["h2"]["status"] == "running")
+        yield first
         gate.touch()
         out, err = first.communicate(timeout=120)
     finally:
@@ -124,6 +121,20 @@ def test_a_second_resume_of_the_same_fleet_run_is_refused_at_once_and_the_first_
             first.kill()
     report = json.loads(out)
     assert first.returncode == 0 and report["status"] == "successful", (report, err)
+
+
+def test_a_second_resume_of_the_same_fleet_run_is_refused_at_once_and_the_first_finishes_it(
+        local_fleet: Project) -> None:
+    fleet_id = paused_after_first(local_fleet)
+    with resuming(local_fleet, fleet_id) as first:
+        second = resume(local_fleet, "resume", fleet_id, "--json")
+        error = as_json(second)["error"]
+        assert second.returncode == 3, error
+        assert f"rollout resume (pid {first.pid}) is running on it" in error, error
+        plain = resume(local_fleet, "resume", fleet_id)  # as a person reads it: refused, no fleet outcome, no recover
+        assert plain.returncode == 3 and "is running on it" in plain.stderr, plain.stdout + plain.stderr
+        assert "failed (exit" not in plain.stdout + plain.stderr and "recover" not in plain.stdout + plain.stderr
+        assert fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running"  # left as the first has it
     saved = fleet_json(local_fleet, fleet_id)
     assert saved["status"] == "successful" and all(saved["hosts"][h]["run_id"] for h in NAMES), saved
     assert all(a_py(local_fleet, h) == FIXED_A for h in NAMES)
