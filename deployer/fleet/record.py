@@ -97,8 +97,20 @@ class FleetState:
         return self.pauses[-1] if self.pauses and self.pauses[-1].ended is None else None
 
     def document(self) -> dict[str, Any]:
-        """fleet.json as `--json` prints it, with the hosts never touched and those held for a person's approval."""
-        return {**asdict(self), "untouched": self.untouched(), "held": self.held()}
+        """fleet.json as `--json` prints it, with the hosts never touched and those held for a person's approval,
+        and each host's state as the table shows it (`shown`: held, approved, or its run's state)."""
+        document = {**asdict(self), "untouched": self.untouched(), "held": self.held()}
+        for name, host in document["hosts"].items():
+            host["shown"] = self.shown(name)
+        return document
+
+    def shown(self, host: str) -> str:
+        """A host's state as a person reads it: one an inconclusive analysis holds for approval is `held` (its run
+        ended failed_committed: the commit kept for a person), then `approved` once a resume went on with it."""
+        run = self.hosts[host]
+        if run.approved:
+            return "approved"
+        return "held" if host in self.held() else run.state
 
     def untouched(self) -> list[str]:
         return [name for name, run in self.hosts.items() if run.status == UNTOUCHED]

@@ -18,7 +18,7 @@ def show_fleet(console: Console, state: FleetState) -> None:
     for name, run in state.hosts.items():
         rolled = f"{run.rollback_status} {run.rollback_run_id or ''}".strip() if run.rollback_status else "-"
         error = (run.error or "").splitlines()[0] if run.error else ""
-        rows.append((name, str(run.batch + 1), shown_state(state, name), run.run_id or "-",
+        rows.append((name, str(run.batch + 1), state.shown(name), run.run_id or "-",
                      str(run.git_after or "-")[:12],
                      "-" if run.elapsed_s is None else f"{run.elapsed_s:.1f}s", rolled, error))
     columns(console, ("host", "batch", "state", "run", "commit", "time", "rollback", "error"), rows)
@@ -37,15 +37,6 @@ def show_fleet(console: Console, state: FleetState) -> None:
         console.print(f"rolled back by fleet run {', '.join(state.rolled_back_by)}", markup=False)
     for line in pause_lines(state):
         console.print(line, markup=False, highlight=False)
-
-
-def shown_state(state: FleetState, host: str) -> str:
-    """A host's state as a person reads it: one an inconclusive analysis holds for approval is `held` (its run ended
-    failed_committed: the commit kept for a person), then `approved` once a resume went on with it."""
-    run = state.hosts[host]
-    if run.approved:
-        return "approved"
-    return "held" if host in state.held() else run.state
 
 
 def pause_lines(state: FleetState) -> list[str]:
@@ -83,7 +74,7 @@ def restarted_with_unit(state: FleetState, host: str) -> bool:
 
 def show_fleets(console: Console, fleets: list[FleetState]) -> None:
     rows = [(f.fleet_id, f.status, f.kind + (f" of {f.of_fleet}" if f.of_fleet else ""), f.playbook,
-             " ".join(f"{h}:{shown_state(f, h)}{'/rolled-back' if r.rollback_status == 'successful' else ''}"
+             " ".join(f"{h}:{f.shown(h)}{'/rolled-back' if r.rollback_status == 'successful' else ''}"
                       for h, r in f.hosts.items())) for f in fleets]
     columns(console, ("fleet run", "status", "kind", "playbook", "hosts"), rows)
     for fleet in fleets:  # a paused run waits for a person: what for, and the commands, under the table

@@ -237,6 +237,7 @@ def test_an_inconclusive_analysis_pauses_the_rollout_when_asked_and_resume_appro
     # held, not rolled back (though on_failure says rollback_fleet), and no further batch started
     assert report["hosts"]["h1"]["exit_code"] == 7 and (repo(fleet, "h1") / "pkg/a.py").read_text() == FIXED_A
     assert report["untouched"] == ["h2", "h3"]
+    assert report["hosts"]["h1"]["shown"] == "held"  # as the table says it, beside its run's failed_committed
 
     first = elsewhere(fleet, "rollout", "resume", fleet_id, "--json")
     again = as_json(first)
@@ -244,6 +245,7 @@ def test_an_inconclusive_analysis_pauses_the_rollout_when_asked_and_resume_appro
     assert first.returncode == PAUSED and again["hosts"]["h1"]["approved"], again
     assert "inconclusive on h2, h3" in again["error"] and "after its last batch" in again["error"]
     assert again["held"] == ["h2", "h3"]
+    assert [again["hosts"][h]["shown"] for h in ("h1", "h2", "h3")] == ["approved", "held", "held"], again
     shown = elsewhere(fleet, "runs", "show", fleet_id).stdout
     assert "paused after its last batch since " in shown and "held for approval: h2, h3 (resume approves them)" in shown
     assert "paused before batch 2 (h2, h3) from " in shown and "; resumed at " in shown, shown
