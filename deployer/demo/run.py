@@ -265,9 +265,12 @@ def stop_kept_stacks(workdir: Path | None,
 
 
 def remove_stopped(workdir: Path | None) -> list[Path]:
-    """Remove the files of stopped demos: workdir's, or those in the default place (the temp dir); a demo still
-    running, or kept, is left alone. The directories removed."""
-    chosen = [workdir] if workdir is not None else sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*"))
+    """Remove the files of stopped demos: workdir's, or this user's in the default place (the temp dir, which
+    other users share: root's --stop would remove theirs too); a demo still running, or kept, is left alone.
+    The directories removed."""
+    chosen = [workdir] if workdir is not None else [
+        directory for directory in sorted(Path(tempfile.gettempdir()).glob("deployer-demo-*"))
+        if directory.lstat().st_uid == os.getuid()]
     removed = [directory for directory in chosen if (directory / STOPPED).is_file()]
     for directory in removed:
         shutil.rmtree(directory)

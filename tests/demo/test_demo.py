@@ -248,3 +248,22 @@ def test_demo_refuses_a_workdir_that_is_not_empty_as_a_usage_error(tmp_path: Pat
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"--workdir {tmp_path / 'demo'} is not empty" in result.stderr
     assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["notes.txt"]
+
+
+def test_demo_stop_removes_only_this_users_stopped_demos_from_the_shared_temp_dir(tmp_path: Path) -> None:
+    """The temp dir is every user's: root's `demo --stop` removed another user's stopped demo there too."""
+    from deployer.demo.run import STOPPED
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    mine, theirs = temp / "deployer-demo-mine", temp / "deployer-demo-theirs"
+    for directory in (mine, theirs):
+        (directory / "repo").mkdir(parents=True)
+        (directory / STOPPED).touch()
+    os.chown(theirs, 12345, 12345)  # another user's (the tests run as root, as CI does)
+    removed = subprocess.run([sys.executable, "-m", "deployer", "demo", "--stop"], cwd=tmp_path,
+                             env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert f"{mine}: removed the demo's files" in removed.stdout and str(theirs) not in removed.stdout
+    assert not mine.exists() and (theirs / STOPPED).is_file()
