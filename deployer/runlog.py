@@ -124,12 +124,11 @@ class RunLogWriter:
         torn = data[len(whole):]
         lines = whole.splitlines()
         writer._fd = os.open(writer.dir / EVENTS, os.O_WRONLY | os.O_APPEND)
-        if torn:
-            os.ftruncate(writer._fd, len(whole))
         writer._seq, writer._prev = len(lines), _line_hash(lines[-1]) if lines else GENESIS
         writer._sha256 = hashlib.sha256(whole)
-        writer._synced = not torn
+        writer._synced = True
         if torn:
+            os.ftruncate(writer._fd, len(whole))
             writer.write({"type": "torn_line_dropped", "bytes": len(torn), "sha256": hashlib.sha256(torn).hexdigest(),
                           "why": "the run was killed while it wrote this line: it never held a whole event"})
         return writer
