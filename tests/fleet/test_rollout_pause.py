@@ -6,7 +6,6 @@ The runner's timed pause is tested on a real fleet.json with stand-in tasks."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, deployer, deployer_env, git
+from fixtures_services import served
 from pydantic import ValidationError
 from test_fleet import BOUNDED, HOSTS, UNIT_STEPS, as_json, fleet, pd_unit, repo, second_sshd, serving
 from test_notify import Hook, hook, notify
@@ -201,24 +201,8 @@ STILL = "".join(f'{TTFT}_bucket{{le="{le}"}} 3\n' for le in ("0.1", "0.5", "+Inf
 def metrics() -> Iterator[str]:
     """A real HTTP server whose /metrics is Prometheus text that never changes: no request served in any window,
     so every analysis of it is too few observations (inconclusive)."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = f"# TYPE {TTFT} histogram\n{STILL}".encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
+    with served(lambda path: f"# TYPE {TTFT} histogram\n{STILL}".encode()) as server:
+        yield f"http://127.0.0.1:{server.port}/metrics"
 
 
 def test_an_inconclusive_analysis_pauses_the_rollout_when_asked_and_resume_approves_the_held_hosts(

@@ -4,11 +4,10 @@ another exporter that does not parse."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
+from fixtures_services import served
 
 from deployer.config.routers import RouterWorker
 from deployer.demo.run import DEMO_INFLIGHT
@@ -35,30 +34,11 @@ IN_FLIGHT = 7.0  # 2 + 1 running, 4 queued; the other gauges of DEMO_INFLIGHT ar
 
 @pytest.fixture
 def page() -> Iterator[list[str]]:
-    """An HTTP server on the loopback answering /metrics with page[0]."""
+    """An HTTP server on the loopback answering /metrics with page[0]; page[1] is its URL."""
     body = [GAUGES]
-
-    class Metrics(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            data = body[0].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        body.append(f"http://127.0.0.1:{server.server_address[1]}")
+    with served(lambda path: body[0].encode()) as server:
+        body.append(f"http://127.0.0.1:{server.port}")
         yield body
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def worker_of(page: list[str], context: Context) -> Worker:
