@@ -85,6 +85,15 @@ SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT,
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 CMDLINE_MAX = 4096
 FILE_TYPES = ((stat_mod.S_ISREG, "file"), (stat_mod.S_ISDIR, "dir"), (stat_mod.S_ISLNK, "symlink"))
+# sock_diag (linux/sock_diag.h, inet_diag.h): a dump of one family's TCP sockets in the states asked for.
+DIAG_PROTOCOL = 4  # NETLINK_SOCK_DIAG
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP, NLMSG_DONE = 0x1, 0x300, 3
+TCP_LISTEN = 10
+NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, seq, pid
+DIAG_REQUEST = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states; then a zeroed 48-byte socket id
+DIAG_MSG_SIZE = 72  # family, state, timer, retrans, the 48-byte id (sport first), expires, rqueue, wqueue, uid, inode
+DIAG_TIMEOUT_S = 2.0
 
 
 class OpError(Exception):
@@ -1055,7 +1064,64 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def _listening_inodes(ports: set[int]) -> dict[int, int]:
-    """inode -> port of every TCP socket in LISTEN (state 0A) on one of ports, from /proc/net/tcp{,6}."""
+    """inode -> port of every TCP socket in LISTEN on one of ports (any address, IPv4 or IPv6): asked of the
+    kernel's sock_diag, which walks its listening sockets only; /proc/net/tcp{,6} where that is refused."""
+    found = _diag_listeners()
+    if found is None:
+        found = _proc_net_listeners()
+    return {inode: port for inode, port in found.items() if port in ports and inode}
+
+
+def _diag_listeners() -> dict[int, int] | None:
+    """inode -> port of each listening TCP socket of this network namespace, by NETLINK_SOCK_DIAG (what `ss`
+    reads): a busy server's thousands of TIME_WAIT and open connections are never walked, where /proc/net/tcp
+    prints every one of them (tens of ms a read). None where the kernel or a sandbox refuses it."""
+    import socket  # here: most agents never look at a port (see op_http)
+
+    found: dict[int, int] = {}
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, DIAG_PROTOCOL)
+    except (OSError, AttributeError):
+        return None
+    with sock:
+        sock.settimeout(DIAG_TIMEOUT_S)
+        try:
+            for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+                request = DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << TCP_LISTEN) + bytes(48)
+                sock.send(NLMSG_HEADER.pack(NLMSG_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY,
+                                            NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + request)
+                if not _diag_replies(sock, seq, found):
+                    return None
+        except OSError:
+            return None
+    return found
+
+
+def _diag_replies(sock: Any, seq: int, found: dict[int, int]) -> bool:
+    """Read one dump's messages into found until its end; False on an error reply or a message that is not one."""
+    while True:
+        data = sock.recv(1 << 16)
+        at = 0
+        while at + NLMSG_HEADER.size <= len(data):
+            length, kind, _flags, got_seq, _pid = NLMSG_HEADER.unpack_from(data, at)
+            if length < NLMSG_HEADER.size or at + length > len(data):
+                return False
+            if got_seq == seq:
+                if kind == NLMSG_DONE:
+                    return True
+                if kind != SOCK_DIAG_BY_FAMILY or length < NLMSG_HEADER.size + DIAG_MSG_SIZE:
+                    return False  # NLMSG_ERROR among them
+                body = at + NLMSG_HEADER.size
+                if data[body + 1] == TCP_LISTEN:
+                    port = int.from_bytes(data[body + 4:body + 6], "big")
+                    found[int.from_bytes(data[body + 68:body + 72], sys.byteorder)] = port
+            at += (length + 3) & ~3
+        if not data:
+            return False
+
+
+def _proc_net_listeners() -> dict[int, int]:
+    """inode -> port of each TCP socket in LISTEN (state 0A), from /proc/net/tcp{,6}."""
     found: dict[int, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -1065,11 +1131,8 @@ def _listening_inodes(ports: set[int]) -> dict[int, int]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A":
-                continue
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            if port in ports and fields[9] != "0":
-                found[int(fields[9])] = port
+            if len(fields) >= 10 and fields[3] == "0A":
+                found[int(fields[9])] = int(fields[1].rsplit(":", 1)[1], 16)
     return found
 
 
