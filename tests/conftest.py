@@ -4,6 +4,19 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long: a test file that runs for a minute or more on 2 busy cores (its tests "
+                                       "summed): scheduled first, so that it never ends the suite's run alone")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked long first, each file's tests kept together and in order: xdist (--dist loadfile) hands out
+    files in this order, and the suite is CPU-bound, so a long file started last ran on while the other workers
+    idled (the last 90 s of a 13-minute run at 55-79% busy)."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the rest keep their order
+
+
 pytest_plugins = ["fixtures_ssh", "fixtures_netns", "fixtures_repo", "fixtures_services", "fixtures_memory",
                   "fixtures_containers", "fixtures_kube"]
 

@@ -13,11 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
 from polling import within
 
 from deployer.demo.run import GAUGE, DemoStack
+
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
 
 def demo_pids(workdir: Path) -> dict[str, int]:

@@ -11,7 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fixtures_repo import deployer
+
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
 UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (the unit's metrics), decode host
 

@@ -25,6 +25,8 @@ from test_rolling_router import (
     running,
 )
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 CANARY = {"canary": {"service": "prefill", "via": "pd-router", "max_new_tokens": 4}}
 # The demo router picks a prefill and a decode at random; this one picks its newest (the last added), so that its
 # request after a unit came back reaches that unit's new workers every time (the canary asks once).

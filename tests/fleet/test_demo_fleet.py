@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from fixtures_repo import deployer
 from fixtures_services import wait_dead
@@ -17,6 +18,8 @@ from ports import demo_ports
 from deployer.demo.proof import prove
 from deployer.demo.run import PLAYBOOK, DemoStack, start_stacks
 from deployer.steps.cancel import CancelToken
+
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")

@@ -10,11 +10,14 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from fixtures_repo import deployer
 from fixtures_services import alive, wait_dead
 from test_demo_fleet import UNITS, events, fleet_record, host_pids
 
 from deployer.demo.judged import WINDOWS
+
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
 
 def test_demo_fleet_keep_leaves_every_host_running_until_demo_stop_stops_them(tmp_path: Path) -> None:

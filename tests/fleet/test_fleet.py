@@ -30,6 +30,8 @@ from fixtures_repo import (
 )
 from fixtures_ssh import SSHD, session_sshd
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 HOSTS = ("h1", "h2", "h3", "h4")
 BOUNDED = ["local_compile", "upload", "remote_compile",
            {"diff_bounds": {"files": 1, "insertions": [1, 10], "deletions": [0, 2]}},

@@ -25,6 +25,8 @@ from test_rolling_router import (
     running,
 )
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 
 def behind_router_alone(fleet: PdFleet) -> None:
     """No units: each host names the router itself, with its worker as the unit named it (same shape)."""

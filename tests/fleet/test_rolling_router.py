@@ -29,6 +29,8 @@ from deployer.demo.run import DemoStack, start_stacks
 from deployer.runlog import user_runs_dir
 from deployer.steps.cancel import CancelToken
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 SETTLE_S = 0.5  # how long each removed worker must read 0 before its unit restarts
 UNITS = {"pd-1": ("gpu-a", "gpu-b"), "pd-2": ("gpu-c", "gpu-d")}  # prefill host (and gpu-a the router's), decode
 PLAYBOOK = {

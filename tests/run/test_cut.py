@@ -39,6 +39,8 @@ from fixtures_services import Stack
 from fixtures_ssh import SSHD
 from polling import within
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
 FIXED_B = ORIGINAL_B.rstrip("\n") + "\n\n\ndef more():\n    return 'b'\n"

@@ -9,9 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from fixtures_repo import Project, git
 from fixtures_services import GAUGE, Stack, gauge_server, metrics_text
+
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
 
 def old_build_stuck(stack: Stack, *, old: float = 3.0, refuse: Path | None = None) -> None:

@@ -18,6 +18,8 @@ import yaml
 from fixtures_repo import FIXED_A, LOOPBACK_TRANSPORTS, Project, git, tree_snapshot
 from fixtures_services import GAUGE, Stack, alive, code_following, free_port, gauge_server, wait_dead
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 
 def restart_only(project: Project, **extra: Any) -> None:
     project.playbook(steps=[{"co_restart": extra}])

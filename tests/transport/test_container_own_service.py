@@ -27,6 +27,8 @@ import http.server, sys
 sys.path.insert(0, sys.argv[2])
 from pkg.a import answer
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = (b"ok" if self.path == "/health" else

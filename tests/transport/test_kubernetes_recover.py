@@ -28,6 +28,8 @@ from polling import wait_for
 from ports import free_port
 from test_kubernetes_restart import FILES, POD_REPO, SERVER, answers, serving
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 WAYS = ["start", "container", "pod"]
 GATE = "deployer-test-gate"  # the pre-commit hook's pid in its container (in the repo's .git, on the volume)
 NUMBERS = itertools.count()
