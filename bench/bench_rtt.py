@@ -35,10 +35,11 @@ commit. Beside them:
                          paramiko floor, scp, the OpenSSH row's ssh, the sketch) to the first byte the relay
                          sees from it (median): start-up CPU, with no network in it (the by-hand and OpenSSH
                          clocks start after their `python -m py_compile`; the others compile in-process)
-  targets                issue 23's, each figure beside its target: at r > 0 deployer / floor (the paramiko
-                         row, not the OpenSSH one) <= 1.1x and deployer's effective round trips <= 6; at 0 ms
-                         deployer / hand <= 0.8x in every run (run i of one against run i of the other: min,
-                         median and the worst, max); last, a cold `deployer --help` < 0.1 s
+  targets                each figure beside its target: issue 23's at r > 0, deployer / floor (the paramiko
+                         row, not the OpenSSH one) <= 1.1x and deployer's effective round trips <= 6; issue 38's
+                         at 0 ms, deployer / hand <= 0.7x in every run (run i of one against run i of the other:
+                         min, median and the worst, max; issue 23 asked 0.8x) and <= 30 KB sent; last, a cold
+                         `deployer --help` < 0.1 s
 
   shaped                 every way again at the largest RTT with the relay shaping the link to --mbit (10 Mbit/s
                          each way unless told), as a VPN or a bastion would: where the bytes sent cost time too
@@ -90,6 +91,8 @@ from deployer.errors import ConnectError  # noqa: E402
 TIMEOUT_S = 300
 HELP_RUNS = 7
 HELP_TARGET_S = 0.1  # issue 23: `deployer --help` stays under 0.1 s
+HAND_TARGET = 0.7  # issue 38: at 0 ms an apply takes at most 0.7x the hand-typed chain, in every run
+SENT_TARGET_KB = 30  # issue 38: what the benched apply sends, its agent cached on the target
 IN_CONTAINER = "in-container"  # the inventory's second host: the first's sshd, its agent in the container
 IN_POD = "in-pod"  # the inventory's third: a pod of the stand-in, kubectl on the first host (its bastion)
 
@@ -135,7 +138,7 @@ class Target:
 
     def __str__(self) -> str:
         verdict = "met" if self.figure <= self.limit else "MISSED"
-        digits = 2 if self.unit == "x" else 1
+        digits = 2 if self.unit == "x" else 1  # a round trip or a KB: one decimal
         return f"{self.figure:.{digits}f}{self.unit} (target <= {self.limit:g}{self.unit}: {verdict})"
 
 
@@ -350,7 +353,8 @@ def far_rtts(rtts_ms: list[int]) -> list[int]:
 
 
 def targets(cells: Cells, rtts_ms: list[int]) -> list[Target]:
-    """Issue 23's targets, each with the figure it is written in."""
+    """Issue 23's targets at a far link, and issue 38's at 0 ms (which raised 23's 0.8x there to 0.7x and
+    bounds the bytes an apply sends), each with the figure it is written in."""
     found = []
     for rtt in (rtt for rtt in rtts_ms if rtt > 0):
         found.append(Target(f"deployer / floor (paramiko) at {rtt} ms",
@@ -361,9 +365,11 @@ def targets(cells: Cells, rtts_ms: list[int]) -> list[Target]:
     if 0 in rtts_ms:
         per_run = [mine / hand for mine, hand in zip(cells[DEPLOYER, 0].seconds, cells[HAND, 0].seconds,
                                                      strict=True)]
-        found += [Target(f"deployer / hand at 0 ms, run by run: {what}", figure, 0.8, "x")
+        found += [Target(f"deployer / hand at 0 ms, run by run: {what}", figure, HAND_TARGET, "x")
                   for what, figure in (("min", min(per_run)), ("median", statistics.median(per_run)),
                                        ("max (the worst run)", max(per_run)))]
+        found.append(Target("deployer KB sent at 0 ms (median)", cells[DEPLOYER, 0].sent / 1024, SENT_TARGET_KB,
+                            " KB"))
     return found
 
 
@@ -409,7 +415,7 @@ def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
         (name, [f"{cells[name, rtt].ttfb * 1000:.0f} ms" for rtt in rtts_ms]) for name in ways])
     found = targets(cells, rtts_ms)
     label_width = max((len(t.label) for t in found), default=0) + 2
-    lines += ["", "issue 23's targets (0 ms: in every run, so the worst run decides)",
+    lines += ["", "targets (issue 23's at a far link; issue 38's at 0 ms: in every run, so the worst run decides)",
               *(f"  {t.label:<{label_width}}{t}" for t in found)]
     return "\n".join(lines)
 
