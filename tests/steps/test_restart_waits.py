@@ -93,6 +93,23 @@ def test_plain_output_of_an_apply_shows_loading_with_the_pid_and_health_answers_
     assert 2.0 <= recorded[0]["seconds"] < 30 and recorded[0]["seconds"] == float(healthy.group(1))
 
 
+@pytest.mark.parametrize("target", ["local"], indirect=True)  # when to poll is the client's: over ssh alike
+def test_a_long_start_is_polled_less_often_as_it_goes_on_and_still_found_healthy_within_a_second(
+        stack: Stack) -> None:
+    # 12 s of 503: polled every 0.2 s throughout, that is 60 polls (40 with a round trip of 0.1 s each); polled
+    # every tenth of the wait so far (0.2 s to 1 s), 28.
+    stack.configure(decode=demo_server(stack, "decode", startup_s=12, budget_s=60))
+    restart_only(stack.project)
+    result = stack.project.deployer("apply", "fix.yaml", "--host", "box")
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = stack.project.events()
+    polled = next(e for e in events if e.get("action") == "decode.up_health")
+    assert 12 <= polled["count"] <= 32, polled  # at least one a second, far fewer than 5 a second
+    healthy = next(e for e in events if e["type"] == "service_healthy")
+    # The server's own start (an interpreter, its imports) comes before its 12 s; then at most a 1 s pause.
+    assert 12.0 <= healthy["seconds"] <= 12.0 + 1.0 + 3.0, healthy
+
+
 def test_check_and_plan_show_the_last_time_to_healthy_and_warn_when_the_budget_is_below_it(stack: Stack) -> None:
     project = stack.project
     stack.configure(prefill=demo_server(stack, "prefill", startup_s=2, budget_s=30))

@@ -31,13 +31,13 @@ from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.manager import (
     PROBE_TIMEOUT_S,
-    START_POLL_S,
     Manager,
     Observed,
     Phase,
     answered,
     pid_of,
     runs,
+    start_poll_s,
 )
 from deployer.text import visible
 from deployer.transport.container import beside_container
@@ -232,12 +232,12 @@ class ContainerManager(Manager):
     def running_again(self) -> State:
         """Its own service: the engine's word that the container runs again, within health_timeout_s."""
         budget = self.service.health_timeout_s
-        deadline = time.monotonic() + budget
+        began = time.monotonic()
         with self.host_side.poll(PROBE_TIMEOUT_S) as poll:
             while (state := State.of(poll.round([(self.up, NOTHING)])[0])) is None or state.live_pid is None:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= began + budget:
                     raise self.fail(f"container {self.box.name} did not run within {budget:g}s of its start")
-                self.ctx.cancel.wait(START_POLL_S)
+                self.ctx.cancel.wait(start_poll_s(time.monotonic() - began))
         return state
 
     def probed_pid(self, probed: object, bound: Bound) -> int | None:
