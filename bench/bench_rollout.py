@@ -4,11 +4,15 @@ with router drain (one unit at a time taken out, drained, restarted, put back) a
 `max_unavailable: 25%` (a quarter of the units out at once), for 2 and 4 units, under the same steady load.
 
 Run by hand (never in CI): python bench/bench_rollout.py [--units 2 4 16] [--runs 1] [--ways b c] [--breakdown]
+[--startup-s S]
 Everything is the demo stack on 127.0.0.1 (local hosts, one repo each); every process started is stopped.
 The ways take turns run by run (b c b c, not b b c c), so that each run of a way has a run of the others beside it
 under about the same load from the rest of the machine: each run's ratio to one-at-a-time is printed, and their spread
 says how noisy the machine was. cpu s is the CPU the apply and its agents used (user + system): on a shared machine
 it moves less than the wall time does.
+--startup-s S gives the stand-in servers S seconds of warm-up (SGLANG_DEMO_STARTUP_S; their own default is 0.3 s,
+where a real server loads its model for tens of seconds to minutes): with 0.3 s a restart is mostly deployer's own
+work and the machine's CPU, which units restarted side by side share; with more, the waits a batch overlaps.
 --breakdown adds, per batch, where its wall time went (read from the runs' logs): the median over the batch's
 units of each phase on the unit's leader (its first host, which takes the unit out of the router and back), and the
 batch's span from its first run's start to its last run's end.
@@ -164,7 +168,11 @@ def main() -> None:
     parser.add_argument("--ways", nargs="+", choices=[way[1] for way in WAYS], default=[way[1] for way in WAYS],
                         help="the ways compared, by letter (default: all)")
     parser.add_argument("--breakdown", action="store_true", help="where each batch's wall time went")
+    parser.add_argument("--startup-s", type=float, help="the stand-in servers' warm-up (default: their own, 0.3 s)")
     args = parser.parse_args()
+    if args.startup_s is not None:  # read by every server, the first start's (start_stacks) and each restart's
+        os.environ["SGLANG_DEMO_STARTUP_S"] = str(args.startup_s)
+    print(f"stand-in servers' warm-up: {os.environ.get('SGLANG_DEMO_STARTUP_S', '0.3 (their default)')} s")
     rows = []
     broken: list[tuple[int, str, list[tuple[int, float, dict[str, float]]]]] = []
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
