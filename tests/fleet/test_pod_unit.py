@@ -28,6 +28,8 @@ from test_rolling_router import PdFleet, listed_healthy, load_through, make_flee
 
 from deployer.demo.run import STACK, DemoStack, http_status
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
 POD_REPO = "/sgl-workspace"
@@ -36,8 +38,6 @@ NOTE = "python/sglang/srt/demo_note.py"
 # Started in the pod as co_restart starts a service: its own session, its pid file where deployer reads it.
 LAUNCH = """\
 import json, os, subprocess, sys
-
-pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 start, name, repo = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 state = os.path.join(repo, ".git", "deployer")
 os.makedirs(state, exist_ok=True)

@@ -20,14 +20,14 @@ from fixtures_containers import CONTAINER_REPO, Box, Served, _answers, _unavaila
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project
 from polling import wait_for
 
+pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
+
 # The server the container runs as its main process: it serves the code it loaded (the gauge is answer()), so
 # only a restart makes the fix's bytes served.
 SERVER = """
 import http.server, sys
 sys.path.insert(0, sys.argv[2])
 from pkg.a import answer
-
-pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
