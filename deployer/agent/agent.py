@@ -992,8 +992,9 @@ def _chunks(reader: Any, most: int) -> bytes:
             raise _NotHttp(f"not a chunk size: {size_line[:40]!r}") from None
         if size == 0:
             break
-        chunk = reader.read(min(size, most - len(body)))
-        if len(chunk) < min(size, most - len(body)):
+        want = min(size, most - len(body))
+        chunk = reader.read(want)
+        if len(chunk) < want:
             raise _NotHttp("the body ended inside a chunk")
         body += chunk
         if len(chunk) == size:
@@ -1173,6 +1174,8 @@ def _diag_replies(sock: Any, seq: int, found: dict[int, int]) -> bool:
     """Read one dump's messages into found until its end; False on an error reply or a message that is not one."""
     while True:
         data = sock.recv(1 << 16)
+        if not data:
+            return False
         at = 0
         while at + NLMSG_HEADER.size <= len(data):
             length, kind, _flags, got_seq, _pid = NLMSG_HEADER.unpack_from(data, at)
@@ -1188,8 +1191,6 @@ def _diag_replies(sock: Any, seq: int, found: dict[int, int]) -> bool:
                     port = int.from_bytes(data[body + 4:body + 6], "big")
                     found[int.from_bytes(data[body + 68:body + 72], sys.byteorder)] = port
             at += (length + 3) & ~3
-        if not data:
-            return False
 
 
 def _proc_net_listeners() -> dict[int, int]:
