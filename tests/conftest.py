@@ -8,6 +8,11 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a test file that runs for a minute or more on 2 busy cores (its tests "
                                        "summed): scheduled first, so that it never ends the suite's run alone")
+    # xdist (3.6+) hands out loadfile's files by their count of tests, most first, unless told to keep the
+    # collection's order: with it on, the order below was ignored and a long file was seen starting 12 minutes
+    # into a 13-minute CI run.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
