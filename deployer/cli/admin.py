@@ -75,7 +75,7 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
 
 
 @click.command()
-@click.option("--workdir", type=click.Path(file_okay=False),
+@click.option("--workdir", type=click.Path(file_okay=False, resolve_path=True),
               help="Where to create the scratch repo (default: a temp dir); with --stop, the demo to stop.")
 @click.option("--fleet", is_flag=True, help="Two prefill/decode units over four local hosts, as one fleet run.")
 @click.option("--container", "in_containers", is_flag=True,

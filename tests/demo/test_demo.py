@@ -39,7 +39,8 @@ def all_gone(pids: list[int]) -> bool:
 def test_demo_shows_the_bug_fixes_it_cleans_up_and_offers_no_rollback_of_the_stack_it_stopped(
         tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
-    result = deployer("demo", "--workdir", str(workdir), cwd=tmp_path)
+    # Given relative, as a person types it: the hosts' repos must still be absolute paths (a traceback before).
+    result = deployer("demo", "--workdir", "demo", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     report = result.stdout[result.stdout.index("demo report"):]
     repo = workdir / "repo"
