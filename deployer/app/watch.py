@@ -36,7 +36,7 @@ Watch = Callable[[Watched], AbstractContextManager[object]]
 
 class Cancel(Protocol):
     """What a watcher does with a run's token (a CancelToken): cancel it at the next safe point, and know when
-    it is cancelled already and a stop is forced (a second signal)."""
+    it is cancelled already and a stop is forced (a second signal), or a rollback goes on to its end first."""
 
     @property
     def cancelled(self) -> bool: ...
@@ -44,6 +44,8 @@ class Cancel(Protocol):
     def cancel(self, reason: str = ...) -> None: ...
 
     def forced(self) -> bool: ...
+
+    def finishing(self) -> str | None: ...
 
 
 def watching(watch: Watch | None, watched: Watched) -> AbstractContextManager[object]:

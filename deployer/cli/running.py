@@ -33,7 +33,9 @@ def cancel_on_signals(token: Cancel) -> Iterator[None]:
             said = f"{name}: putting the target back first, then stopping (again to abandon that)"
         else:
             token.cancel(f"interrupted by {name}")
-            said = f"{name}: stopping at the next safe point (again to force)"
+            what = token.finishing()
+            said = f"{name}: stopping at the next safe point (again to force)" if what is None else \
+                f"{name}: {what} goes on to its end first, then stops (again to force a stop halfway)"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
             show_error(said)
 

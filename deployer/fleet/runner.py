@@ -58,6 +58,10 @@ class FleetCancel(CancelToken):
         for token in self.children:
             token.cancel(reason, failure)
 
+    def finishing(self) -> str | None:
+        """A host's rollback that goes on to its end first (its own token knows)."""
+        return next((what for token in self.children if (what := token.finishing())), super().finishing())
+
     def forced(self) -> bool:
         """Held back once while any host's run puts its target back (its own token knows)."""
         return not self._hold_back([token._undoing for token in self.children])

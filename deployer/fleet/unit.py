@@ -40,7 +40,6 @@ from deployer.run.rollback import Target, check, check_recorded, finish_hint, li
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.runstate import Phase
 from deployer.steps.base import Effect, Scope, Step
-from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
 from deployer.steps.gitops import head
 from deployer.steps.optional import spanning
@@ -219,7 +218,7 @@ class UnitRun:
                 raise
             self._meet(barrier, ctx, "every host of the unit was checked")
             assert ctx.record is not None
-            ctx.cancel = CancelToken()  # from here the rollback must finish (a second signal still forces)
+            ctx.cancel = ctx.cancel.finish_first(f"unit {self.name}'s rollback")
             if run is not None and target is not None:
                 ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
                 try:

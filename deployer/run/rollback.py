@@ -31,7 +31,6 @@ from deployer.run.revert_checks import NotRun, recorded_baseline
 from deployer.run.undo import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.runstate import Phase
-from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Context
 from deployer.steps.git import SEAL_REF, EndNote, parse_seal, read_end_note
 from deployer.steps.gitops import GIT_DIR, differ_argv, exists_argv, git, head, names, touched_by
@@ -314,8 +313,7 @@ def finish(engine: Engine, ctx: Context, run: Run, target: Target) -> str:
     """The rollback of run to its end, once refuse() let it through: the revert commit (unless an earlier
     rollback already made it) and the checks that prove it. Used by `rollback`, and by `recover` of a rollback
     that was cut."""
-    # From here the rollback must finish: the first signal no longer stops it (a second forces).
-    ctx.cancel = CancelToken()
+    ctx.cancel = ctx.cancel.finish_first("the rollback")
     return engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id, verify=VERIFY,
                          baseline=recorded_baseline(run))
 

@@ -26,7 +26,6 @@ from deployer.runlog import utc_now
 from deployer.runstate import PAST_COMMIT, Phase
 from deployer.steps.action import Bound
 from deployer.steps.base import Action
-from deployer.steps.cancel import CancelToken
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.git import LOG_SHA256, RUN_ID, commit_actions, commit_staged, owner_and_mode_kept, trailers
 from deployer.steps.gitops import HEAD, differ_argv, exists_argv, git, names
@@ -140,8 +139,8 @@ def after_commit_failure(hosts: Sequence[Past], failure: DeployerError, *, rollb
 def _roll_back(hosts: Sequence[Past], committed: list[Past], failure: DeployerError, again: Callable[[], None],
                said: _Said, kind: type[DeployerError], restarts: bool) -> DeployerError:
     for host in hosts:
-        # The rollback must finish even when a signal caused it; a second signal still forces a stop.
-        host.ctx.cancel = CancelToken()
+        # Even when a signal caused it; a second signal still forces a stop.
+        host.ctx.cancel = host.ctx.cancel.finish_first("the rollback")
         stop_running(host.ctx)
     try:
         for host in committed:

@@ -21,6 +21,7 @@ class CancelToken:
         self._told: list[Callable[[], None]] = []  # see on_cancel
         self._undoing: list[Callable[[], object] | None] = []  # the undos under way (see undoing), innermost last
         self._held_back = False  # a forced stop already waited for an undo
+        self._finishing: str | None = None  # see finish_first
 
     def cancel(self, reason: str = "interrupted", failure: DeployerError | None = None) -> None:
         self.reason = reason
@@ -47,6 +48,17 @@ class CancelToken:
             yield
         finally:
             self._undoing.remove(kill)
+
+    def finish_first(self, what: str) -> CancelToken:
+        """From here `what` (a rollback) goes on to its end whatever a first signal asks, since stopped halfway it
+        would leave the target neither as the run found it nor as it left it: this token says so to that signal
+        (a second still forces). The token the work goes on with: a new one, which no first signal cancels."""
+        self._finishing = what
+        return CancelToken()
+
+    def finishing(self) -> str | None:
+        """What goes on to its end first (finish_first), if anything."""
+        return self._finishing
 
     def forced(self) -> bool:
         """A forced stop (a signal after the first): True to stop now; False once while an undo runs, which

@@ -71,3 +71,24 @@ def test_a_fleet_holds_a_forced_stop_back_while_any_host_puts_its_target_back() 
             signal.raise_signal(signal.SIGINT)  # held back: host b is restoring
             with pytest.raises(KeyboardInterrupt):
                 signal.raise_signal(signal.SIGINT)
+
+
+def test_a_first_signal_during_a_rollback_says_it_goes_on_to_its_end_and_a_second_still_forces(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    token = CancelToken()
+    work = token.finish_first("the rollback")
+    with cancel_on_signals(token):
+        signal.raise_signal(signal.SIGINT)
+        said = capsys.readouterr().err
+        assert "SIGINT: the rollback goes on to its end first, then stops (again to force a stop halfway)" in said
+        assert not work.cancelled  # what the rollback looks at
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_a_fleet_says_which_units_rollback_goes_on_to_its_end() -> None:
+    fleet = FleetCancel()
+    fleet.child()
+    assert fleet.finishing() is None
+    fleet.child().finish_first("unit pd-1's rollback")
+    assert fleet.finishing() == "unit pd-1's rollback"

@@ -6,6 +6,8 @@ Real services (a gauge server that loads the target's code at start) over local 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 import yaml
 from fixtures_repo import Project, git
 from fixtures_services import GAUGE, Stack, gauge_server, metrics_text
+from polling import wait_for
 
 pytestmark = pytest.mark.long  # tests/conftest.py: scheduled first
 
@@ -199,6 +202,43 @@ def test_rollback_help_says_what_a_rollback_checks(tmp_path: Path) -> None:
     shown = " ".join(CliRunner().invoke(main, ["rollback", "--help"]).output.split())
     assert "no worse than the run's baseline before the fix" in shown and "--skip-check" in shown
     assert "exit 5" in shown
+
+
+def test_a_first_signal_during_a_rollback_says_the_rollback_goes_on_to_its_end_and_it_does(stack: Stack) -> None:
+    project = stack.project
+    old_build_stuck(stack)
+    stack.start_services()
+    fix_playbook(project, within_s=30)
+    run_id = applied(project)
+    (stack.www / "old.prom").write_text(metrics_text(9.0))  # above the baseline: the rollback's drain polls on
+    proc = project.popen("rollback", run_id)
+    assert proc.stderr is not None
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        def draining() -> bool:
+            newest = last_run(project)
+            return newest != run_id and (project.runs / newest / "events.jsonl").is_file() and any(
+                e["type"] == "sample" and e.get("step") == "rollback:drain" for e in project.events(newest))
+        wait_for(draining, "the rollback's drain's first sample", seconds=60)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: any("SIGINT" in line for line in errors), "the signal's line", seconds=30)
+        (stack.www / "old.prom").write_text(metrics_text(3.0))  # back to the baseline: the drain passes
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    reader.join(timeout=10)
+    err = "".join(errors)
+    said = " ".join(err.split())
+    # Said as what happens (it was "stopping at the next safe point", and then the rollback went on all the same).
+    assert "SIGINT: the rollback goes on to its end first, then stops (again to force a stop halfway)" in said, said
+    assert "next safe point" not in said, said
+    assert proc.returncode == 0, out + err
+    assert state(project, last_run(project))["phase"] == "rolled_back"
+    assert project.file("pkg/a.py").startswith("def answer():\n    return 41")
 
 
 def test_recover_rollback_of_a_run_cut_in_its_drain_proves_the_revert_and_ends_it_rolled_back_naming_the_check(
