@@ -218,36 +218,36 @@ class UnitRun:
                 raise
             self._meet(barrier, ctx, "every host of the unit was checked")
             assert ctx.record is not None
-            ctx.cancel = ctx.cancel.finish_first(f"unit {self.name}'s rollback")
-            if run is not None and target is not None:
-                ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
-                try:
-                    revert = self.engines[host].revert_commit(ctx, before=target.before, dests=target.files,
-                                                              rollback_of=run.run_id)
-                    # When an earlier attempt already made the revert commit, this run made none of its own.
-                    ctx.git_after = revert if revert != ctx.git_before else None
-                except DeployerError:
-                    barrier.abort()
-                    raise
-            self._meet(barrier, ctx, "every host of the unit reverted", reverted=run is not None)
-            if host == self.hosts[0]:
-                checks, left_out = self._reverted(baseline)
-                try:
-                    self._routed(checks, prefix="rollback:")
-                    self._not_run(left_out)
-                except (StepFailed, VerificationFailed) as exc:  # every host's revert stands
-                    self.failure = ChecksFailed(
-                        f"unit {self.name}: {exc}\nEvery host's revert stands; the reverted build failed a check. "
-                        "A rollback again would not change the old build: `deployer check --host "
-                        f"{self.name}` shows the unit now, `deployer restart --host {self.name}` restarts it",
-                        commit=None, checks=[failed_check(exc)])
-                except DeployerError as exc:
-                    self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert stopped: {exc}\n"
-                                                  f"{finish_hint(exc, again)}")
-            barrier.wait()
-            self.through.add(host)
-            if self.failure is not None:
-                raise self.failure
+            with ctx.cancel.finishing_first(f"unit {self.name}'s rollback") as ctx.cancel:
+                if run is not None and target is not None:
+                    ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
+                    try:
+                        revert = self.engines[host].revert_commit(ctx, before=target.before, dests=target.files,
+                                                                  rollback_of=run.run_id)
+                        # When an earlier attempt already made the revert commit, this run made none of its own.
+                        ctx.git_after = revert if revert != ctx.git_before else None
+                    except DeployerError:
+                        barrier.abort()
+                        raise
+                self._meet(barrier, ctx, "every host of the unit reverted", reverted=run is not None)
+                if host == self.hosts[0]:
+                    checks, left_out = self._reverted(baseline)
+                    try:
+                        self._routed(checks, prefix="rollback:")
+                        self._not_run(left_out)
+                    except (StepFailed, VerificationFailed) as exc:  # every host's revert stands
+                        self.failure = ChecksFailed(
+                            f"unit {self.name}: {exc}\nEvery host's revert stands; the reverted build failed a check. "
+                            "A rollback again would not change the old build: `deployer check --host "
+                            f"{self.name}` shows the unit now, `deployer restart --host {self.name}` restarts it",
+                            commit=None, checks=[failed_check(exc)])
+                    except DeployerError as exc:
+                        self.failure = RollbackFailed(f"unit {self.name}: the restart after the revert stopped: {exc}\n"
+                                                      f"{finish_hint(exc, again)}")
+                barrier.wait()
+                self.through.add(host)
+                if self.failure is not None:
+                    raise self.failure
         return body
 
     def _body(self, host: str, barrier: threading.Barrier, locked: threading.Event) -> Body:

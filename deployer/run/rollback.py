@@ -313,9 +313,9 @@ def finish(engine: Engine, ctx: Context, run: Run, target: Target) -> str:
     """The rollback of run to its end, once refuse() let it through: the revert commit (unless an earlier
     rollback already made it) and the checks that prove it. Used by `rollback`, and by `recover` of a rollback
     that was cut."""
-    ctx.cancel = ctx.cancel.finish_first("the rollback")
-    return engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id, verify=VERIFY,
-                         baseline=recorded_baseline(run))
+    with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
+        return engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id,
+                             verify=VERIFY, baseline=recorded_baseline(run))
 
 
 def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:

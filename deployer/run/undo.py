@@ -138,29 +138,29 @@ def after_commit_failure(hosts: Sequence[Past], failure: DeployerError, *, rollb
 
 def _roll_back(hosts: Sequence[Past], committed: list[Past], failure: DeployerError, again: Callable[[], None],
                said: _Said, kind: type[DeployerError], restarts: bool) -> DeployerError:
-    for host in hosts:
-        # Even when a signal caused it; a second signal still forces a stop.
-        host.ctx.cancel = host.ctx.cancel.finish_first("the rollback")
-        stop_running(host.ctx)
-    try:
+    with contextlib.ExitStack() as finishing:
+        for host in hosts:  # even when a signal caused it; a second signal still forces a stop
+            host.ctx.cancel = finishing.enter_context(host.ctx.cancel.finishing_first("the rollback"))
+            stop_running(host.ctx)
+        try:
+            for host in committed:
+                host.ending.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
+                host.revert(host.ctx)
+            with rollback_restarts([host.ctx for host in hosts]):
+                again()
+        except ChecksFailed as exc:  # the reverts stand; the reverted build failed a check of its own
+            for host in committed:
+                host.ending.end(Phase.rolled_back, rollback_commit=host.ctx.facts.rollback_commit,
+                                checks_failed=exc.checks)
+            return kind(said.checks_failed(exc))
+        except DeployerError as exc:
+            for host in committed:
+                if host.ending.record.state.phase in PAST_COMMIT:
+                    host.ending.record.advance(Phase.interrupted, utc_now())
+            return RollbackFailed(said.rollback_failed(exc))
         for host in committed:
-            host.ending.record.advance(Phase.rolling_back, utc_now(), error=str(failure))
-            host.revert(host.ctx)
-        with rollback_restarts([host.ctx for host in hosts]):
-            again()
-    except ChecksFailed as exc:  # the reverts stand; the reverted build failed a check of its own
-        for host in committed:
-            host.ending.end(Phase.rolled_back, rollback_commit=host.ctx.facts.rollback_commit,
-                            checks_failed=exc.checks)
-        return kind(said.checks_failed(exc))
-    except DeployerError as exc:
-        for host in committed:
-            if host.ending.record.state.phase in PAST_COMMIT:
-                host.ending.record.advance(Phase.interrupted, utc_now())
-        return RollbackFailed(said.rollback_failed(exc))
-    for host in committed:
-        host.ending.end(Phase.rolled_back, rollback_commit=host.ctx.facts.rollback_commit)
-    return kind(said.rolled_back(restarts))
+            host.ending.end(Phase.rolled_back, rollback_commit=host.ctx.facts.rollback_commit)
+        return kind(said.rolled_back(restarts))
 
 
 @dataclass(frozen=True)

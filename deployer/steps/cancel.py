@@ -21,7 +21,7 @@ class CancelToken:
         self._told: list[Callable[[], None]] = []  # see on_cancel
         self._undoing: list[Callable[[], object] | None] = []  # the undos under way (see undoing), innermost last
         self._held_back = False  # a forced stop already waited for an undo
-        self._finishing: str | None = None  # see finish_first
+        self._finishing: str | None = None  # see finishing_first
 
     def cancel(self, reason: str = "interrupted", failure: DeployerError | None = None) -> None:
         self.reason = reason
@@ -49,15 +49,20 @@ class CancelToken:
         finally:
             self._undoing.remove(kill)
 
-    def finish_first(self, what: str) -> CancelToken:
-        """From here `what` (a rollback) goes on to its end whatever a first signal asks, since stopped halfway it
-        would leave the target neither as the run found it nor as it left it: this token says so to that signal
-        (a second still forces). The token the work goes on with: a new one, which no first signal cancels."""
+    @contextmanager
+    def finishing_first(self, what: str) -> Iterator[CancelToken]:
+        """While in it, `what` (a rollback) goes on to its end whatever a first signal asks, since stopped halfway
+        it would leave the target neither as the run found it nor as it left it: this token says so to that
+        signal (a second still forces). Yields the token the work goes on with: a new one, which no first signal
+        cancels."""
         self._finishing = what
-        return CancelToken()
+        try:
+            yield CancelToken()
+        finally:
+            self._finishing = None
 
     def finishing(self) -> str | None:
-        """What goes on to its end first (finish_first), if anything."""
+        """What goes on to its end first (finishing_first), if anything."""
         return self._finishing
 
     def forced(self) -> bool:

@@ -76,8 +76,7 @@ def test_a_fleet_holds_a_forced_stop_back_while_any_host_puts_its_target_back() 
 def test_a_first_signal_during_a_rollback_says_it_goes_on_to_its_end_and_a_second_still_forces(
         capsys: pytest.CaptureFixture[str]) -> None:
     token = CancelToken()
-    work = token.finish_first("the rollback")
-    with cancel_on_signals(token):
+    with cancel_on_signals(token), token.finishing_first("the rollback") as work:
         signal.raise_signal(signal.SIGINT)
         said = capsys.readouterr().err
         assert "SIGINT: the rollback goes on to its end first, then stops (again to force a stop halfway)" in said
@@ -86,9 +85,14 @@ def test_a_first_signal_during_a_rollback_says_it_goes_on_to_its_end_and_a_secon
             signal.raise_signal(signal.SIGINT)
 
 
-def test_a_fleet_says_which_units_rollback_goes_on_to_its_end() -> None:
+def test_a_fleet_says_which_units_rollback_goes_on_to_its_end_while_it_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
     fleet = FleetCancel()
     fleet.child()
-    assert fleet.finishing() is None
-    fleet.child().finish_first("unit pd-1's rollback")
-    assert fleet.finishing() == "unit pd-1's rollback"
+    host = fleet.child()
+    with cancel_on_signals(fleet):
+        with host.finishing_first("unit pd-1's rollback"):
+            assert fleet.finishing() == "unit pd-1's rollback"
+        assert fleet.finishing() is None  # that rollback ended: a later signal stops the rest as any other
+        signal.raise_signal(signal.SIGINT)
+        assert "SIGINT: stopping at the next safe point (again to force)" in capsys.readouterr().err
