@@ -408,7 +408,7 @@ class Engine:
                 # A rollback can be long (it restarts services): a forced stop still stops it.
                 raise undo.after_commit_failure(
                     [self.past(ctx)], failure, rollback=self.playbook.model.on_failure == "rollback",
-                    again=lambda: self.prove_revert(ctx, VERIFY, ctx.facts.baseline),
+                    again=lambda: self.prove_revert(ctx, VERIFY, ctx.facts.baseline, {}),
                     restarts=any(s.effect == Effect.restarts for s in self.steps)) from None
             finally:
                 ctx.on_sent = None
@@ -452,12 +452,14 @@ class Engine:
         undo.restore(ctx, failure, self._ending)
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
-               verify: tuple[Effect, ...], baseline: Mapping[str, float]) -> str:
+               verify: tuple[Effect, ...], baseline: Mapping[str, float], keep: Mapping[str, int] | None = None
+               ) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart and checks again, as
-        they prove the revert (prove_revert)."""
+        they prove the revert (prove_revert). `keep`: for a recover, the process an earlier attempt started on
+        the revert for each service, kept where it still is that process and healthy (no second outage)."""
         revert = self.revert_commit(ctx, before=before, dests=dests, rollback_of=rollback_of)
         with undo.rollback_restarts([ctx]):
-            self.prove_revert(ctx, verify, baseline)
+            self.prove_revert(ctx, verify, baseline, keep or {})
         return revert
 
     def revert_commit(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str) -> str:
@@ -471,14 +473,20 @@ class Engine:
         ctx.facts.rollback_commit = revert
         return revert
 
-    def prove_revert(self, ctx: Context, verify: tuple[Effect, ...], baseline: Mapping[str, float]) -> None:
+    def prove_revert(self, ctx: Context, verify: tuple[Effect, ...], baseline: Mapping[str, float],
+                     keep: Mapping[str, int]) -> None:
         """After the revert commit, the playbook's steps of effect `verify` again, as they judge the reverted build
-        (run/revert_checks.py: against the run's `baseline`). A failed check leaves the revert standing:
-        ChecksFailed, with every check's verdict in the facts."""
-        verdicts, failure = prove(
-            self.checks_after_revert(verify, baseline),
-            run=lambda step: self.run_step(ctx, step, f"rollback:{step.name}"),
-            not_run=lambda check: self.not_run(ctx, check))
+        (run/revert_checks.py: against the run's `baseline`); a restart leaves out the services `keep` names that
+        still serve the revert. A failed check leaves the revert standing: ChecksFailed, with every check's verdict
+        in the facts."""
+        def run(step: Step) -> object:
+            rest, kept, _ = optional.keeping(step, ctx, keep)
+            if rest is None:
+                return f"kept {', '.join(kept)}: already serving the revert"
+            return self.run_step(ctx, rest, f"rollback:{rest.name}")
+
+        verdicts, failure = prove(self.checks_after_revert(verify, baseline), run=run,
+                                  not_run=lambda check: self.not_run(ctx, check))
         ctx.facts.rollback_checks = verdicts
         ctx.bus.step = None
         if failure is not None:

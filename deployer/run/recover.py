@@ -78,7 +78,8 @@ class Recovered:
         if self.lock_released:
             parts.append("its lock was released")
         if self.kept:
-            parts.append(f"kept {', '.join(self.kept)} (already serving its commit)")
+            serving = "its revert" if self.rollback_of is not None or self.rollback_commit else "its commit"
+            parts.append(f"kept {', '.join(self.kept)} (already serving {serving})")
         if self.unproven:
             parts.append(f"unproven: {self.unproven}")
         return "; ".join(parts)
@@ -109,6 +110,8 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
 
     def adopted(event: dict[str, Any]) -> None:
         found.lock_released = found.lock_released or event.get("type") == "lock_adopted"
+        if event.get("type") == "service_kept" and isinstance(event.get("service"), str):
+            found.kept.append(event["service"])
 
     def body(ctx: Context, log: RunLogWriter) -> None:
         assert ctx.git_dir is not None
@@ -155,8 +158,9 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
                 try:
-                    found.rollback_commit = engine.revert(ctx, before=before, dests=dests, rollback_of=run_id,
-                                                          verify=VERIFY, baseline=_baseline(engine.runs_dir, run_id))
+                    found.rollback_commit = engine.revert(
+                        ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
+                        baseline=_baseline(engine.runs_dir, run_id), keep=started(engine.runs_dir, run_id, True))
                 except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
                     found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
@@ -217,7 +221,7 @@ def _finish_rollback(engine: Engine, ctx: Context, of_run: str, found: Recovered
     try:
         target = rollbacks.Target.of(run)
         rollbacks.refuse(ctx, run, target, force=False)
-        revert = rollbacks.finish(engine, ctx, run, target)
+        revert = rollbacks.finish(engine, ctx, run, target, keep=started(engine.runs_dir, found.run_id, True))
     except ChecksFailed as exc:
         revert, found.checks_failed = exc.commit, exc
     found.rollback_commit = found.commit = revert
@@ -240,18 +244,15 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     steps = engine.steps
     after = steps[next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1) + 1:]
     cut = read_run(engine.runs_dir, found.run_id) if (engine.runs_dir / found.run_id / EVENTS).is_file() else None
-    started = {} if cut is None else {e["service"]: e["pid"] for e in cut.all("service_started")
-                                      if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)
-                                      and str(e.get("step", "")).split(":")[0] != "rollback"}
     if cut is not None:  # its drains judge the fix from the baseline the cut run read before its commit
         ctx.facts.baseline = {**recorded_baseline(cut), **ctx.facts.baseline}
+    on_commit = started(engine.runs_dir, found.run_id, False)
     restarted: list[str] = []
     try:
         for step in after:
             if step.effect not in VERIFY:
                 continue
-            rest, kept, restarting = keeping(step, ctx, started)
-            found.kept += kept
+            rest, _, restarting = keeping(step, ctx, on_commit)
             if rest is None:
                 continue
             restarted += restarting
@@ -274,6 +275,17 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     ctx.bus.step = None
     found.unproven = ctx.facts.unproven = _unproven(after, cut, restarted)
     return Phase.succeeded
+
+
+def started(runs_dir: Path, run_id: str, on_revert: bool) -> dict[str, int]:
+    """The process a cut run started for each service (its log's service_started) on its commit, or, on_revert,
+    on its revert (its rollback's steps, which run after the revert commit): what recover keeps where it is still
+    that process and healthy."""
+    if not (runs_dir / run_id / EVENTS).is_file():
+        return {}
+    return {e["service"]: e["pid"] for e in read_run(runs_dir, run_id).all("service_started")
+            if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)
+            and (str(e.get("step", "")).split(":")[0] == "rollback") == on_revert}
 
 
 def _unproven(after: list[Step], cut: Run | None, restarted: list[str]) -> str | None:

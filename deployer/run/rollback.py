@@ -7,7 +7,7 @@ own history (the commit's trailers and parent), so an edited log cannot aim a ro
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployer import diffs, runlog
@@ -309,13 +309,13 @@ def refuse(ctx: Context, run: Run, target: Target, *, force: bool) -> None:
     ctx.facts.files = target.files
 
 
-def finish(engine: Engine, ctx: Context, run: Run, target: Target) -> str:
+def finish(engine: Engine, ctx: Context, run: Run, target: Target, keep: Mapping[str, int] | None = None) -> str:
     """The rollback of run to its end, once refuse() let it through: the revert commit (unless an earlier
     rollback already made it) and the checks that prove it. Used by `rollback`, and by `recover` of a rollback
-    that was cut."""
+    that was cut (`keep`: the services the cut rollback had started on its revert)."""
     with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
         return engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id,
-                             verify=VERIFY, baseline=recorded_baseline(run))
+                             verify=VERIFY, baseline=recorded_baseline(run), keep=keep)
 
 
 def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:

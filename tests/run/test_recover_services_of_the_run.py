@@ -70,6 +70,7 @@ def test_a_server_the_rollback_started_before_a_second_ctrl_c_is_recovered_as_th
     done = target.deployer("recover", run.name, "--rollback")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "started outside deployer" not in done.stdout + done.stderr
+    # Its start never saw it healthy (no service_started): restarted as the run's own, never kept.
     assert wait_dead(orphan), "recover left the server the cut rollback started running"
     restarted = stack.pids()["prefill"]
     assert restarted != orphan and alive(restarted)
@@ -125,6 +126,40 @@ def test_recover_keeps_the_services_the_cut_run_brought_up_on_its_commit_and_its
     assert "unproven" not in done.stdout
     assert state_of(run)["phase"] == "succeeded"
     assert not [e for e in target.events(target.newest_run()) if e["type"] == "service_stopped"]
+
+
+def test_recover_of_a_rollback_cut_in_its_drain_keeps_the_services_it_brought_up_on_the_revert(
+        target: Project, stack: Stack) -> None:
+    gauge_services(target, stack)
+    stack.set_gauge(3.0)  # the build before the fix: the run's baseline
+    stack.start_services()
+    target.playbook(steps=[{"baseline": {"metric": GAUGE, "interval_s": 0.1, "within_s": 10}}, *COMMIT,
+                           {"co_restart": {}}, DRAIN])
+    before = set(target.runs.iterdir())
+    applied = act_when(target, ["apply", "fix.yaml", "--host", "box"],
+                       lambda: logged(list(set(target.runs.iterdir()) - before), '"step": "drain"', '"type": "sample"'),
+                       lambda proc: stack.set_gauge(0.0), "the fix's drain")  # the fix drains
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    run_id = target.newest_run()
+    stack.set_gauge(9.0)  # the reverted build above its baseline for now: the rollback's drain polls on
+    before = set(target.runs.iterdir())
+    cut = act_when(target, ["rollback", run_id],
+                   lambda: logged(list(set(target.runs.iterdir()) - before), '"step": "rollback:drain"',
+                                  '"type": "sample"'),
+                   lambda proc: proc.send_signal(signal.SIGKILL), "the rollback's drain")
+    assert cut.returncode == -signal.SIGKILL
+    [rollback] = list(set(target.runs.iterdir()) - before)
+    up = stack.pids()
+    stack.set_gauge(3.0)
+    done = target.deployer("recover", rollback.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # It restarted both before: a second outage of servers already up on the revert.
+    assert stack.pids() == up and all(alive(pid) for pid in up.values()), "recover restarted a service already up"
+    assert "kept prefill, decode (already serving its revert)" in done.stdout, done.stdout
+    assert not [e for e in target.events(target.newest_run()) if e["type"] == "service_stopped"]
+    assert state_of(rollback)["phase"] == "rolled_back" and target.file("pkg/a.py") == ORIGINAL_A
+    facts = next(e for e in target.events(target.newest_run()) if e["type"] == "run_end")["facts"]
+    assert facts["rollback_checks"] == {"co_restart": "passed", "drain": "passed"}, facts
 
 
 def test_a_drain_recover_runs_after_restarting_a_service_is_unproven_and_the_cut_run_names_its_recover(
