@@ -52,6 +52,17 @@ def applied(project: Project) -> str:
     return sorted(project.runs.iterdir())[-1].name
 
 
+def applied_then_worse(stack: Stack, *, within_s: float) -> str:
+    """The fix applied (its drain within within_s) on services whose old build is stuck at 3; then that old
+    build wedges worse than before the fix (9): the run's id."""
+    old_build_stuck(stack)
+    stack.start_services()
+    fix_playbook(stack.project, within_s=within_s)
+    run_id = applied(stack.project)
+    (stack.www / "old.prom").write_text(metrics_text(9.0))
+    return run_id
+
+
 def last_run(project: Project) -> str:
     return sorted(project.runs.iterdir())[-1].name
 
@@ -94,11 +105,7 @@ def test_a_rollback_judges_the_old_builds_gauge_against_the_runs_baseline_not_th
 def test_a_rollback_whose_old_build_is_worse_than_its_baseline_still_ends_rolled_back_naming_the_check(
         stack: Stack) -> None:
     project = stack.project
-    old_build_stuck(stack)
-    stack.start_services()
-    fix_playbook(project, within_s=1.5)
-    run_id = applied(project)
-    (stack.www / "old.prom").write_text(metrics_text(9.0))  # the old build now wedges worse than before the fix
+    run_id = applied_then_worse(stack, within_s=1.5)
     result = project.deployer("rollback", run_id)
     assert result.returncode == 5, result.stderr
     rollback_id = last_run(project)
@@ -176,11 +183,7 @@ def test_a_drain_with_no_recorded_baseline_is_not_run_on_the_old_build_and_says_
 
 def test_one_rollback_may_skip_a_check_or_give_its_baseline(stack: Stack) -> None:
     project = stack.project
-    old_build_stuck(stack)
-    stack.start_services()
-    fix_playbook(project, within_s=1.5)
-    first = applied(project)
-    (stack.www / "old.prom").write_text(metrics_text(9.0))
+    first = applied_then_worse(stack, within_s=1.5)
     typo = project.deployer("rollback", first, "--skip-check", "drian")
     assert typo.returncode == 2 and "--skip-check drian: not a check of this playbook" in typo.stderr
     skipped = project.deployer("rollback", first, "--skip-check", "drain")
@@ -206,11 +209,7 @@ def test_rollback_help_says_what_a_rollback_checks(tmp_path: Path) -> None:
 
 def test_a_first_signal_during_a_rollback_says_the_rollback_goes_on_to_its_end_and_it_does(stack: Stack) -> None:
     project = stack.project
-    old_build_stuck(stack)
-    stack.start_services()
-    fix_playbook(project, within_s=30)
-    run_id = applied(project)
-    (stack.www / "old.prom").write_text(metrics_text(9.0))  # above the baseline: the rollback's drain polls on
+    run_id = applied_then_worse(stack, within_s=30)  # above the baseline: the rollback's drain polls on
     proc = project.popen("rollback", run_id)
     assert proc.stderr is not None
     errors: list[str] = []
