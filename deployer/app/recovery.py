@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployer.app.outcome import FleetOutcome, RunOutcome
@@ -39,6 +40,23 @@ class RecoveredRun(RunOutcome):
     found: Recovered
 
 
+SHOWN_CUT = 5  # cut runs named when no run was given; `runs list` lists every one
+
+
+def which_run(runs_dir: Path) -> str:
+    """What to give when no run was: the runs of this runs dir that were cut (never ended, their process gone),
+    each with the command that recovers it."""
+    from deployer.run.unended import unended_runs
+
+    said = "give a RUN_ID, or --host H to recover the run its intent record names"
+    cut = [run_id for run_id, gone in unended_runs(runs_dir, None) if gone]
+    if not cut:
+        return f"{said} (no run in {runs_dir} was cut: each ended, or still runs)"
+    named = "\n".join(f"  deployer recover {run_id}" for run_id in cut[-SHOWN_CUT:][::-1])
+    more = f" ({len(cut) - SHOWN_CUT} older: deployer runs list)" if len(cut) > SHOWN_CUT else ""
+    return f"{said}. Runs in {runs_dir} that were cut (never ended, their process gone), newest first{more}:\n{named}"
+
+
 @dataclass(frozen=True)
 class NothingToRecover:
     """Nothing was left to end (every record and log ended): exit 0."""
@@ -61,9 +79,9 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
     from deployer.fleet.record import is_fleet
     from deployer.run import recover as recovery
 
-    if not options.run_id and not options.host:
-        raise ConfigError("give a RUN_ID, or --host H to recover the run its intent record names")
     build = build_of(options, listener, options.health_timeout_s, options.revert_checks())
+    if not options.run_id and not options.host:
+        raise ConfigError(which_run(build.runs_dir))
     runs_path, run_id, host = build.runs_dir, options.run_id, options.host
     if run_id:
         with contextlib.suppress(UnknownRun):  # a run this runs dir never saw: its host's intent record may name it

@@ -151,6 +151,7 @@ class History:
     runs_dir: Path
     runs: list[Run]
     fleets: list[FleetState]
+    cut: frozenset[str] = frozenset()  # the runs that never ended and whose process on this machine is gone
     exit_code: int = 0
 
     def document(self) -> dict[str, Any]:
@@ -158,7 +159,7 @@ class History:
                 "runs": [{"run_id": r.run_id, "state": shown_state(r), "status": r.status,
                           "host": r.start.get("host"), "kind": r.start.get("kind", "apply"),
                           "playbook": r.start.get("playbook_name"), "fleet": r.start.get("fleet"),
-                          "git": r.git, "commits": r.commits} for r in self.runs],
+                          "git": r.git, "commits": r.commits, "cut": r.run_id in self.cut} for r in self.runs],
                 "fleets": [f.document() for f in self.fleets]}
 
 
@@ -167,9 +168,11 @@ def history(options: HistoryOptions) -> History:
     from deployer.runlog import list_runs
 
     root = runs_dir_of(options.runs_dir)
+    from deployer.run.unended import cut
+
     runs, fleets = listed(list_runs(root), list_fleets(root), options.host, options.states, options.last,
                           refused=options.refused)
-    return History(root, runs, fleets)
+    return History(root, runs, fleets, frozenset(run.run_id for run in runs if cut(run)))
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def runs_list(host_name: str | None, states: tuple[str, ...], last: int | None, 
         say(f"no runs in {found.runs_dir}{' match the filters' if host_name or states else ''}")
     else:
         console = make_console()
-        show_runs(console, found.runs)
+        show_runs(console, found.runs, found.cut)
         if found.fleets:
             console.print()
             show_fleets(console, found.fleets)

@@ -12,15 +12,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from deployer.errors import DeployerError
-from deployer.runlog import EVENTS, is_run_id, read_run
+from deployer.runlog import EVENTS, Run, is_run_id, read_run
 from deployer.runstate import RunRecord
 
 NEWEST = 20  # run dirs looked at: a killed run is worth a notice on the next applies, not forever
 
 
-def unended_runs(runs_dir: Path, host: str, newest: int = NEWEST) -> list[tuple[str, bool]]:
-    """The newest runs on `host` whose log has neither a run_end nor a recovered_by line, and whose process does
-    not run here now: each id, and whether its process is known to be gone (else this machine cannot judge it)."""
+def unended_runs(runs_dir: Path, host: str | None, newest: int = NEWEST) -> list[tuple[str, bool]]:
+    """The newest runs on `host` (None: on any) whose log has neither a run_end nor a recovered_by line, and whose
+    process does not run here now: each id, and whether its process is known to be gone (else this machine cannot
+    judge it)."""
     if not runs_dir.is_dir():
         return []
     names = sorted(p.name for p in runs_dir.iterdir() if is_run_id(p.name) and (p / EVENTS).is_file())
@@ -30,14 +31,24 @@ def unended_runs(runs_dir: Path, host: str, newest: int = NEWEST) -> list[tuple[
             run = read_run(runs_dir, name)
         except DeployerError:
             continue  # a log that cannot be read is `runs verify`'s to report
-        if run.start.get("host") != host or run.end is not None or run.first("recovered_by") is not None:
+        if host is not None and run.start.get("host") != host:
             continue
-        try:
-            record = RunRecord.load(run.dir)
-        except (OSError, ValidationError):
-            record = None
-        owner = record.state.owner if record is not None else None
-        alive = owner.alive() if owner is not None else None
-        if not alive:
-            found.append((name, alive is False))
+        gone = cut(run)
+        if gone is not False:
+            found.append((name, gone is True))
     return found
+
+
+def cut(run: Run) -> bool | None:
+    """Whether the run was cut: its log has neither a run_end nor a recovered_by line and its process no longer
+    runs here (True); False: it ended, or it still runs; None: it never ended and this machine cannot tell
+    whether its process runs (its record names none)."""
+    if run.end is not None or run.first("recovered_by") is not None:
+        return False
+    try:
+        record = RunRecord.load(run.dir)
+    except (OSError, ValidationError):
+        record = None
+    owner = record.state.owner if record is not None else None
+    alive = owner.alive() if owner is not None else None
+    return None if alive is None else not alive

@@ -12,6 +12,8 @@ from deployer.ui.console import columns
 from deployer.ui.live import detail_of
 
 if TYPE_CHECKING:  # the rollback module is not loaded by a plain apply, nor rich by its plain report
+    from collections.abc import Collection
+
     from rich.console import Console
 
     from deployer.run.engine import RunResult
@@ -88,17 +90,23 @@ def fact_lines(facts: dict[str, Any], events: list[dict[str, Any]]) -> list[str]
 
 
 
-def show_runs(console: Console, runs: list[Run]) -> None:
+def show_runs(console: Console, runs: list[Run], cut: Collection[str] = ()) -> None:
+    """A row per run; a run in `cut` (never ended, its process gone) says so beside its state, and the line
+    below the table says what ends it."""
     from deployer.run.shown import shown_state
 
     rows = []
     for run in runs:
         start = run.start
         kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
-        rows.append((run.run_id, shown_state(run), _field(start.get("host")),
+        state = shown_state(run) + (" (cut)" if run.run_id in cut else "")
+        rows.append((run.run_id, state, _field(start.get("host")),
                      " ".join(commit[:12] for commit in run.commits) or "-",
                      kind, _field(start.get("playbook_name"))))
     columns(console, ("run", "state", "host", "commit", "kind", "playbook"), rows)
+    if cut:
+        console.print("(cut): the run never ended and its process on this machine is gone; `deployer recover RUN` "
+                      "finishes it or puts the target back", markup=False, highlight=False)
 
 
 def _field(value: object) -> str:

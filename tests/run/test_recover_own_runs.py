@@ -80,10 +80,19 @@ def settled_as_before(project: Project, tree: dict[str, str], head: str) -> None
 def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_is_fresh(target: Project) -> None:
     tree, head = work_tree(target.repo), target.head()
     run = killed_holding_the_lock(target)
+    # Named as cut wherever a person looks first: `runs list` and a recover given no run.
+    listed = target.deployer("runs", "list")
+    assert re.search(rf"{run.name} +changing \(cut\)", listed.stdout), listed.stdout
+    assert "`deployer recover RUN` finishes it or puts the target back" in listed.stdout, listed.stdout
+    asked = target.deployer("recover")
+    assert asked.returncode == 2 and f"deployer recover {run.name}" in asked.stderr, asked.stdout + asked.stderr
     recovered = target.deployer("recover", run.name)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "its lock was released" in recovered.stdout, recovered.stdout
     settled_as_before(target, tree, head)
+    runs = json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]
+    assert [r["cut"] for r in runs] == [False, False], runs  # recovered, and the recover's own run
+    assert "was cut" in target.deployer("recover").stderr
     [adopted] = [e for e in target.events() if e["type"] == "lock_adopted"]
     assert adopted["of_run"] == run.name and adopted["because"] == "its process on this machine is gone", adopted
 
@@ -96,6 +105,9 @@ def test_a_recover_waits_for_a_run_whose_process_on_this_machine_still_runs(targ
         assert refused.returncode == 3, refused.stdout + refused.stderr
         assert "heartbeat is fresh" in refused.stderr, refused.stderr
         assert f"its process on this machine (pid {proc.pid}) still runs" in refused.stderr, refused.stderr
+        asked = target.deployer("recover")  # going, not cut: never offered
+        assert asked.returncode == 2 and "no run in" in asked.stderr and run not in asked.stderr, asked.stderr
+        assert [r["cut"] for r in json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]] == [False]
         assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and lock_of(target).is_symlink()
 
 
