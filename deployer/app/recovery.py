@@ -40,21 +40,30 @@ class RecoveredRun(RunOutcome):
     found: Recovered
 
 
-SHOWN_CUT = 5  # cut runs named when no run was given; `runs list` lists every one
+SHOWN_CUT = 5  # cut runs named when no run was given; `runs list` marks every one
 
 
 def which_run(runs_dir: Path) -> str:
-    """What to give when no run was: the runs of this runs dir that were cut (never ended, their process gone),
-    each with the command that recovers it."""
-    from deployer.run.unended import unended_runs
+    """What to give when no run was: the runs among the newest of this runs dir that never ended and whose
+    process is gone (or that this machine cannot judge), each with the command that recovers it (a fleet's
+    sub-run: its fleet run, whose hosts are recovered together)."""
+    from deployer.run.unended import NEWEST, unended_runs
+    from deployer.runlog import read_run
 
     said = "give a RUN_ID, or --host H to recover the run its intent record names"
-    cut = [run_id for run_id, gone in unended_runs(runs_dir, None) if gone]
-    if not cut:
-        return f"{said} (no run in {runs_dir} was cut: each ended, or still runs)"
-    named = "\n".join(f"  deployer recover {run_id}" for run_id in cut[-SHOWN_CUT:][::-1])
-    more = f" ({len(cut) - SHOWN_CUT} older: deployer runs list)" if len(cut) > SHOWN_CUT else ""
-    return f"{said}. Runs in {runs_dir} that were cut (never ended, their process gone), newest first{more}:\n{named}"
+    found = unended_runs(runs_dir, None)
+    if not found:
+        return f"{said} (none of the newest {NEWEST} runs in {runs_dir} was cut: each ended, or still runs)"
+    lines = []
+    for run_id, gone in found[::-1]:
+        fleet = read_run(runs_dir, run_id).start.get("fleet")
+        what = f"deployer recover {fleet}  # its fleet run (host run {run_id})" if isinstance(fleet, str) else \
+            f"deployer recover {run_id}"
+        lines.append(f"  {what}" + ("" if gone else "  # its process: another boot or machine, cannot tell"))
+    shown = list(dict.fromkeys(lines))  # a fleet's hosts: its one command
+    more = f" ({len(shown) - SHOWN_CUT} older: deployer runs list)" if len(shown) > SHOWN_CUT else ""
+    return (f"{said}. Runs in {runs_dir} that never ended and whose process is gone, newest first{more}; add "
+            f"--rollback to revert a run's commit too:\n" + "\n".join(shown[:SHOWN_CUT]))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from deployer.run.shown import shown_state_of
 from deployer.runlog import EVENTS, read_run, utc_now
 from deployer.runlog import verify as runlog_problems
 from deployer.runstate import Phase, RunRecord
-from deployer.steps.cancel import CancelToken
 from deployer.steps.context import Listener
 from deployer.steps.gitops import differ_argv, names, touched_argv
 from deployer.transport.base import Transport
@@ -58,7 +57,7 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
 
     def one(host: str) -> None:
         engine = engines[host]
-        engine.cancel = CancelToken()  # the rollback must finish even when a signal stopped the fleet
+        engine.cancel = runner.cancel.finisher()  # the rollback must finish even when a signal stopped the fleet
         runner.emit("host_status", host=host, status="rolling back")
         try:
             result: RunResult | DeployerError = rollbacks.rollback(
@@ -69,7 +68,7 @@ def roll_back_hosts(record: FleetRecord, runner: FleetRunner, engines: dict[str,
 
     def unit(name: str, hosts: list[str]) -> None:
         for host in hosts:
-            engines[host].cancel = CancelToken()
+            engines[host].cancel = runner.cancel.finisher()
             runner.emit("host_status", host=host, status="rolling back")
         runs = {h: read_run(engines[h].runs_dir, str(record.state.hosts[h].run_id)) for h in hosts}
         chosen = {h: engines[h] for h in hosts}

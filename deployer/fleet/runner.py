@@ -45,6 +45,7 @@ class FleetCancel(CancelToken):
     def __init__(self) -> None:
         super().__init__()
         self.children: list[CancelToken] = []
+        self.finishers: list[CancelToken] = []  # see finisher
 
     def child(self) -> CancelToken:
         token = CancelToken()
@@ -58,9 +59,17 @@ class FleetCancel(CancelToken):
         for token in self.children:
             token.cancel(reason, failure)
 
+    def finisher(self) -> CancelToken:
+        """A host's token for a rollback that must finish even when a signal stopped the fleet: never cancelled by
+        the fleet, which still says, to a first signal, that the rollback goes on to its end (finishing)."""
+        token = CancelToken()
+        self.finishers.append(token)
+        return token
+
     def finishing(self) -> str | None:
         """A host's rollback that goes on to its end first (its own token knows)."""
-        return next((what for token in self.children if (what := token.finishing())), super().finishing())
+        return next((what for token in [*self.children, *self.finishers] if (what := token.finishing())),
+                    super().finishing())
 
     def forced(self) -> bool:
         """Held back once while any host's run puts its target back (its own token knows)."""

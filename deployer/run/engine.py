@@ -480,6 +480,7 @@ class Engine:
         still serve the revert. A failed check leaves the revert standing: ChecksFailed, with every check's verdict
         in the facts."""
         def run(step: Step) -> object:
+            ctx.bus.step = f"rollback:{step.name}"  # what a service_kept event names: a keep on the revert
             rest, kept, _ = optional.keeping(step, ctx, keep)
             if rest is None:
                 return f"kept {', '.join(kept)}: already serving the revert"

@@ -54,6 +54,7 @@ class Recovered:
     end_note: EndNote | None = None  # the cut run's end as its note on the target proves it (its log has none)
     lock_released: bool = False  # the cut run's lock, taken over from it
     kept: list[str] = field(default_factory=list)  # services already serving its commit, left running
+    kept_on_revert: list[str] = field(default_factory=list)  # and those already serving its rollback's revert
     unproven: str | None = None  # why the checks recover ran again do not prove the fix
     finish_failed: DeployerError | None = None  # its restart or checks failed again, and its playbook rolls back
     checks_failed: ChecksFailed | None = None  # its rollback's revert stands, but the reverted build failed these
@@ -78,8 +79,9 @@ class Recovered:
         if self.lock_released:
             parts.append("its lock was released")
         if self.kept:
-            serving = "its revert" if self.rollback_of is not None or self.rollback_commit else "its commit"
-            parts.append(f"kept {', '.join(self.kept)} (already serving {serving})")
+            parts.append(f"kept {', '.join(self.kept)} (already serving its commit)")
+        if self.kept_on_revert:
+            parts.append(f"kept {', '.join(self.kept_on_revert)} (already serving its revert)")
         if self.unproven:
             parts.append(f"unproven: {self.unproven}")
         return "; ".join(parts)
@@ -111,7 +113,8 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
     def adopted(event: dict[str, Any]) -> None:
         found.lock_released = found.lock_released or event.get("type") == "lock_adopted"
         if event.get("type") == "service_kept" and isinstance(event.get("service"), str):
-            found.kept.append(event["service"])
+            on_revert = str(event.get("step") or "").startswith("rollback")
+            (found.kept_on_revert if on_revert else found.kept).append(event["service"])
 
     def body(ctx: Context, log: RunLogWriter) -> None:
         assert ctx.git_dir is not None
@@ -158,9 +161,10 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
                 try:
-                    found.rollback_commit = engine.revert(
-                        ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
-                        baseline=_baseline(engine.runs_dir, run_id), keep=started(engine.runs_dir, run_id, True))
+                    with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
+                        found.rollback_commit = engine.revert(
+                            ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
+                            baseline=_baseline(engine.runs_dir, run_id), keep=started(engine.runs_dir, run_id, True))
                 except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
                     found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
@@ -280,12 +284,15 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
 def started(runs_dir: Path, run_id: str, on_revert: bool) -> dict[str, int]:
     """The process a cut run started for each service (its log's service_started) on its commit, or, on_revert,
     on its revert (its rollback's steps, which run after the revert commit): what recover keeps where it is still
-    that process and healthy."""
+    that process and healthy. A pid its log also names as started on the commit is never taken as the revert's."""
     if not (runs_dir / run_id / EVENTS).is_file():
         return {}
-    return {e["service"]: e["pid"] for e in read_run(runs_dir, run_id).all("service_started")
-            if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)
-            and (str(e.get("step", "")).split(":")[0] == "rollback") == on_revert}
+    starts = [(str(e.get("step", "")).split(":")[0] == "rollback", e["service"], e["pid"])
+              for e in read_run(runs_dir, run_id).all("service_started")
+              if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)]
+    on_commit = {pid for reverting, _, pid in starts if not reverting}
+    return {service: pid for reverting, service, pid in starts
+            if reverting == on_revert and not (on_revert and pid in on_commit)}
 
 
 def _unproven(after: list[Step], cut: Run | None, restarted: list[str]) -> str | None:
@@ -391,7 +398,8 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
             "learnt": f"from the end note on its commit {found.commit[:12]} (refs/notes/deployer), written on the "
                       "target only behind the run's release and naming this log's beginning: the run ended so "
                       "there, though this machine never heard it"}
-        mine = {"kept": found.kept, "unproven": found.unproven} if found.kept or found.unproven else {}
+        mine = {key: value for key, value in (("kept", found.kept), ("kept_on_revert", found.kept_on_revert),
+                                              ("unproven", found.unproven)) if value}
         writer.write({"type": "recovered_by", "by": result.run_id, "status": result.status,
                       "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit,
                       "before": result.git_before, **proved, **mine})

@@ -96,3 +96,13 @@ def test_a_fleet_says_which_units_rollback_goes_on_to_its_end_while_it_does(
         assert fleet.finishing() is None  # that rollback ended: a later signal stops the rest as any other
         signal.raise_signal(signal.SIGINT)
         assert "SIGINT: stopping at the next safe point (again to force)" in capsys.readouterr().err
+
+
+def test_a_fleet_rollback_host_token_is_never_cancelled_by_the_fleet_but_the_fleet_says_it_goes_on(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = FleetCancel()
+    host = fleet.finisher()  # `deployer rollback FLEET_ID`'s, and a fleet's own rollback after a signal
+    with cancel_on_signals(fleet), host.finishing_first("unit pd-1's rollback"):
+        signal.raise_signal(signal.SIGINT)
+        assert "SIGINT: unit pd-1's rollback goes on to its end first" in capsys.readouterr().err
+        assert not host.cancelled
