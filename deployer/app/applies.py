@@ -156,7 +156,8 @@ def notice_unended(runs_dir: Path, hosts: list[str], listener: Listener | None) 
     from deployer.run.unended import unended_runs
 
     for host in hosts:
-        for run_id, gone in unended_runs(runs_dir, host):
+        for run, gone in unended_runs(runs_dir, host):
+            run_id = run.run_id
             if listener is not None:
                 listener({"type": "notice", "message": (
                     f"run {run_id} on {host} never ended (killed?): its log has no run_end, so `runs verify` "

@@ -48,17 +48,16 @@ def which_run(runs_dir: Path) -> str:
     process is gone (or that this machine cannot judge), each with the command that recovers it (a fleet's
     sub-run: its fleet run, whose hosts are recovered together)."""
     from deployer.run.unended import NEWEST, unended_runs
-    from deployer.runlog import read_run
 
     said = "give a RUN_ID, or --host H to recover the run its intent record names"
     found = unended_runs(runs_dir, None)
     if not found:
         return f"{said} (none of the newest {NEWEST} runs in {runs_dir} was cut: each ended, or still runs)"
     lines = []
-    for run_id, gone in found[::-1]:
-        fleet = read_run(runs_dir, run_id).start.get("fleet")
-        what = f"deployer recover {fleet}  # its fleet run (host run {run_id})" if isinstance(fleet, str) else \
-            f"deployer recover {run_id}"
+    for run, gone in found[::-1]:
+        fleet = run.start.get("fleet")
+        what = f"deployer recover {fleet}  # its fleet run (host run {run.run_id})" if isinstance(fleet, str) else \
+            f"deployer recover {run.run_id}"
         lines.append(f"  {what}" + ("" if gone else "  # its process: another boot or machine, cannot tell"))
     shown = list(dict.fromkeys(lines))  # a fleet's hosts: its one command
     more = f" ({len(shown) - SHOWN_CUT} older: deployer runs list)" if len(shown) > SHOWN_CUT else ""

@@ -165,11 +165,10 @@ class History:
 
 def history(options: HistoryOptions) -> History:
     from deployer.fleet.record import list_fleets
+    from deployer.run.unended import cut
     from deployer.runlog import list_runs
 
     root = runs_dir_of(options.runs_dir)
-    from deployer.run.unended import cut
-
     runs, fleets = listed(list_runs(root), list_fleets(root), options.host, options.states, options.last,
                           refused=options.refused)
     return History(root, runs, fleets, frozenset(run.run_id for run in runs if cut(run)))

@@ -160,11 +160,12 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             if rollback or cut_rolling_back or outcome == Phase.rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
+                cut = _logged(engine.runs_dir, run_id)
                 try:
                     with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
                         found.rollback_commit = engine.revert(
                             ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
-                            baseline=_baseline(engine.runs_dir, run_id), keep=started(engine.runs_dir, run_id, True))
+                            baseline=_baseline(cut), keep=started(cut, True))
                 except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
                     found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
@@ -225,7 +226,7 @@ def _finish_rollback(engine: Engine, ctx: Context, of_run: str, found: Recovered
     try:
         target = rollbacks.Target.of(run)
         rollbacks.refuse(ctx, run, target, force=False)
-        revert = rollbacks.finish(engine, ctx, run, target, keep=started(engine.runs_dir, found.run_id, True))
+        revert = rollbacks.finish(engine, ctx, run, target, keep=started(_logged(engine.runs_dir, found.run_id), True))
     except ChecksFailed as exc:
         revert, found.checks_failed = exc.commit, exc
     found.rollback_commit = found.commit = revert
@@ -247,10 +248,10 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     `deployer restart` may run), and the failure names them with the command that tries again."""
     steps = engine.steps
     after = steps[next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1) + 1:]
-    cut = read_run(engine.runs_dir, found.run_id) if (engine.runs_dir / found.run_id / EVENTS).is_file() else None
+    cut = _logged(engine.runs_dir, found.run_id)
     if cut is not None:  # its drains judge the fix from the baseline the cut run read before its commit
         ctx.facts.baseline = {**recorded_baseline(cut), **ctx.facts.baseline}
-    on_commit = started(engine.runs_dir, found.run_id, False)
+    on_commit = started(cut, False)
     restarted: list[str] = []
     try:
         for step in after:
@@ -281,14 +282,20 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     return Phase.succeeded
 
 
-def started(runs_dir: Path, run_id: str, on_revert: bool) -> dict[str, int]:
+def _logged(runs_dir: Path, run_id: str) -> Run | None:
+    """The cut run's log, where this machine has it."""
+    return read_run(runs_dir, run_id) if (runs_dir / run_id / EVENTS).is_file() else None
+
+
+def started(cut: Run | None, on_revert: bool) -> dict[str, int]:
     """The process a cut run started for each service (its log's service_started) on its commit, or, on_revert,
     on its revert (its rollback's steps, which run after the revert commit): what recover keeps where it is still
-    that process and healthy. A pid its log also names as started on the commit is never taken as the revert's."""
-    if not (runs_dir / run_id / EVENTS).is_file():
+    that process and healthy (nothing without its log). A pid its log also names as started on the commit is never
+    taken as the revert's."""
+    if cut is None:
         return {}
     starts = [(str(e.get("step", "")).split(":")[0] == "rollback", e["service"], e["pid"])
-              for e in read_run(runs_dir, run_id).all("service_started")
+              for e in cut.all("service_started")
               if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)]
     on_commit = {pid for reverting, _, pid in starts if not reverting}
     return {service: pid for reverting, service, pid in starts
@@ -352,9 +359,9 @@ def _proved_end(ctx: Context, runs_dir: Path, run_id: str, record: RunRecord | N
     return note if covered is not None and (end_at is None or covered <= end_at) else None
 
 
-def _baseline(runs_dir: Path, run_id: str) -> dict[str, float]:
+def _baseline(cut: Run | None) -> dict[str, float]:
     """The cut run's baseline, which its rollback judges the reverted build against (none: no log here)."""
-    return recorded_baseline(read_run(runs_dir, run_id)) if (runs_dir / run_id / EVENTS).is_file() else {}
+    return recorded_baseline(cut) if cut is not None else {}
 
 
 def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | None = None,

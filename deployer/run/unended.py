@@ -18,9 +18,9 @@ from deployer.runstate import RunRecord
 NEWEST = 20  # run dirs looked at: a killed run is worth a notice on the next applies, not forever
 
 
-def unended_runs(runs_dir: Path, host: str | None, newest: int = NEWEST) -> list[tuple[str, bool]]:
+def unended_runs(runs_dir: Path, host: str | None, newest: int = NEWEST) -> list[tuple[Run, bool]]:
     """The newest runs on `host` (None: on any) whose log has neither a run_end nor a recovered_by line, and whose
-    process does not run here now: each id, and whether its process is known to be gone (else this machine cannot
+    process does not run here now: each run, and whether its process is known to be gone (else this machine cannot
     judge it)."""
     if not runs_dir.is_dir():
         return []
@@ -35,7 +35,7 @@ def unended_runs(runs_dir: Path, host: str | None, newest: int = NEWEST) -> list
             continue
         gone = cut(run)
         if gone is not False:
-            found.append((name, gone is True))
+            found.append((run, gone is True))
     return found
 
 

@@ -37,7 +37,6 @@ from deployer.steps.services.manager import (
     answered,
     pid_of,
     runs,
-    start_poll_s,
 )
 from deployer.text import visible
 from deployer.transport.container import beside_container
@@ -235,9 +234,8 @@ class ContainerManager(Manager):
         began = time.monotonic()
         with self.host_side.poll(PROBE_TIMEOUT_S) as poll:
             while (state := State.of(poll.round([(self.up, NOTHING)])[0])) is None or state.live_pid is None:
-                if time.monotonic() >= began + budget:
+                if self.start_waited_out(began, budget):
                     raise self.fail(f"container {self.box.name} did not run within {budget:g}s of its start")
-                self.ctx.cancel.wait(start_poll_s(time.monotonic() - began))
         return state
 
     def probed_pid(self, probed: object, bound: Bound) -> int | None:

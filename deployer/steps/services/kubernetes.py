@@ -34,7 +34,7 @@ from deployer.errors import AgentLost, ConfigError
 from deployer.steps.action import Action, Bound
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.services.container import beside
-from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, runs, start_poll_s
+from deployer.steps.services.manager import PROBE_TIMEOUT_S, Manager, Observed, runs
 from deployer.transport.base import Transport
 from deployer.transport.kubernetes import KEEPS, LAYER, identity, kubectl_argv, placements, pod_spec
 
@@ -270,13 +270,12 @@ class PodContainerManager(Manager):
                 if now is not None and now.running and now.container_id != old.container_id and (
                         now.uid != old.uid if self.way == "pod" else now.restarts > old.restarts):
                     return now
-                if time.monotonic() >= began + budget:
+                if self.start_waited_out(began, budget):
                     if self.way == "pod":
                         raise self.fail(f"no new pod {self.pod.name} ran within {budget:g}s of its delete")
                     raise self.fail(f"container {self.pod.container} was not restarted within {budget:g}s of TERM "
                                     "to its main process (PID 1 ignores TERM without a handler of its own: run the "
                                     "server under an init such as tini, or as a `start:` service under a launcher)")
-                self.ctx.cancel.wait(start_poll_s(time.monotonic() - began))
 
     def answers_after_stop(self) -> bool:
         return False
@@ -303,9 +302,8 @@ class PodContainerManager(Manager):
         with self.host_side.poll(PROBE_TIMEOUT_S * 6) as poll:
             while (now := Status.of(poll.round([(self.ready, NOTHING)])[0], self.pod.container)) is None \
                     or not now.ready:
-                if time.monotonic() >= began + budget:
+                if self.start_waited_out(began, budget):
                     raise self.fail(f"container {self.pod.container} was not Ready within {budget:g}s")
-                self.ctx.cancel.wait(start_poll_s(time.monotonic() - began))
 
     def probed_pid(self, probed: object, bound: Bound) -> int | None:
         return None if self.started is None else self.started.identity

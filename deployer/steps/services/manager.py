@@ -285,6 +285,16 @@ class Manager(ABC):
     def answers_after_stop(self) -> bool:
         return self.free is not None and answered(self.ctx.act(self.free, timeout=PROBE_TIMEOUT_S))
 
+    def start_waited_out(self, began: float, budget: float) -> bool:
+        """In a start's poll loop (an engine's or a kubelet's word that it runs): True once `budget` seconds have
+        passed since `began` (the caller says what did not come); else False, after the pause before the next
+        poll (start_poll_s)."""
+        waited = time.monotonic() - began
+        if waited >= budget:
+            return True
+        self.ctx.cancel.wait(start_poll_s(waited))
+        return False
+
     def wait_up(self, probe: Action, bound: Bound, started: str | None = None) -> object:
         """Poll the process (probe) and the health URL in one round trip a round, until both say yes; the
         probe's last result. Each phase (starting, loading, healthy) is a `service_phase` event, again on
