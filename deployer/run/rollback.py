@@ -346,7 +346,9 @@ def finish_hint(failure: DeployerError, run_id: str) -> str:
     """What to do about a rollback that stopped half way: again as it is only when what stopped it passes (a lost
     link, a stop); a failure that would repeat needs a person first."""
     again = f"deployer rollback {run_id}"
-    if isinstance(failure, TransportError | ConnectError | Interrupted):
+    if isinstance(failure, Interrupted):
+        return f"It was stopped before its end; finish it with: {again}"
+    if isinstance(failure, TransportError | ConnectError):
         return f"Once the target answers again, finish it with: {again}"
     return f"Fix what failed above on the target first (a rollback again would fail the same way), then: {again}"
 

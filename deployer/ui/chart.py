@@ -17,8 +17,9 @@ CHART_WIDTH = 60  # polls shown per series; a longer drain shows its last polls
 
 @dataclass(frozen=True)
 class Series:
-    """A metric's samples from one step, and the drain that judged them (None: a baseline, or a drain whose
-    params this version cannot read)."""
+    """A metric's samples from one step, and the drain that judged them (None: a baseline, a rollback's drain
+    stopped before it recorded the baseline it judged against, or a drain whose params this version cannot
+    read)."""
     step: str
     metric: str
     values: list[float | None]
@@ -54,6 +55,8 @@ def metric_series(events: list[dict[str, Any]]) -> list[Series]:
     for (step, metric), values in found.items():
         params = bounds.get(step.removeprefix("rollback:"))
         before = (reverted.get(metric) or {}).get("baseline") if step.startswith("rollback:") else None
+        if step.startswith("rollback:") and before is None:
+            params = None  # a rollback's drain stopped before it recorded its baseline: never the fix's own bound
         series.append(Series(step, metric, values, None if params is None else judged_by(step, params, before)))
     return series
 

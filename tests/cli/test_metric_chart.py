@@ -38,3 +38,13 @@ def test_an_equality_drain_on_a_rollback_is_marked_as_no_further_from_its_value_
     lines = chart(rollback_events("==", 10, 7, [4, 8, 12]), capsys)
     assert lines[-1].split()[0] == "·✓✓", lines
     assert lines[-1].endswith("✓ = within 3 of 10 (no worse than 7, its baseline before the fix)"), lines
+
+
+def test_a_rollback_drain_stopped_before_its_end_is_charted_without_the_fixs_bound(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A second Ctrl-C in the rollback's drain: no run_end facts, so no recorded baseline. The chart marked its
+    # polls against the fix's `<= 0` while the drain held the reverted build to `<= 28`.
+    events = rollback_events("<=", 0, 28, [5, 3])[:-1]
+    lines = chart(events, capsys)
+    assert not any("✓ =" in line for line in lines), lines
+    assert any("rollback:drain" in line and "g: 5 3" in line for line in lines), lines

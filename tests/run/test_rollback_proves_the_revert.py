@@ -207,14 +207,19 @@ def test_rollback_help_says_what_a_rollback_checks(tmp_path: Path) -> None:
     assert "exit 5" in shown
 
 
-def test_a_first_signal_during_a_rollback_says_the_rollback_goes_on_to_its_end_and_it_does(stack: Stack) -> None:
+def signalled_rollback(stack: Stack, *, twice: bool) -> tuple[int, str, str]:
+    """A rollback of the applied fix, SIGINTed once its drain polls the reverted build (above its baseline); again
+    once that signal's line is out (`twice`), else the reverted build drained back to its baseline: its exit code,
+    stdout and stderr."""
     project = stack.project
     run_id = applied_then_worse(stack, within_s=30)  # above the baseline: the rollback's drain polls on
     proc = project.popen("rollback", run_id)
-    assert proc.stderr is not None
-    errors: list[str] = []
-    reader = threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    outs: list[str] = []
+    errors: list[str] = []  # read as it comes (the signal's line first); communicate() would take it too
+    readers = [threading.Thread(target=lambda: outs.extend(proc.stdout or []), daemon=True),
+               threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
         def draining() -> bool:
             newest = last_run(project)
@@ -223,21 +228,44 @@ def test_a_first_signal_during_a_rollback_says_the_rollback_goes_on_to_its_end_a
         wait_for(draining, "the rollback's drain's first sample", seconds=60)
         proc.send_signal(signal.SIGINT)
         wait_for(lambda: any("SIGINT" in line for line in errors), "the signal's line", seconds=30)
-        (stack.www / "old.prom").write_text(metrics_text(3.0))  # back to the baseline: the drain passes
-        out = proc.communicate(timeout=60)[0]
+        if twice:
+            proc.send_signal(signal.SIGINT)
+        else:
+            (stack.www / "old.prom").write_text(metrics_text(3.0))  # back to the baseline: the drain passes
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
-    reader.join(timeout=10)
-    err = "".join(errors)
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    return proc.returncode, "".join(outs), "".join(errors)
+
+
+def test_a_first_signal_during_a_rollback_says_the_rollback_goes_on_to_its_end_and_it_does(stack: Stack) -> None:
+    project = stack.project
+    code, out, err = signalled_rollback(stack, twice=False)
     said = " ".join(err.split())
     # Said as what happens (it was "stopping at the next safe point", and then the rollback went on all the same).
     assert "SIGINT: the rollback goes on to its end first, then stops (again to force a stop halfway)" in said, said
     assert "next safe point" not in said, said
-    assert proc.returncode == 0, out + err
+    assert code == 0, out + err
     assert state(project, last_run(project))["phase"] == "rolled_back"
     assert project.file("pkg/a.py").startswith("def answer():\n    return 41")
+
+
+def test_a_second_signal_stops_the_rollback_and_says_it_was_stopped_not_that_the_target_went_away(
+        stack: Stack) -> None:
+    project = stack.project
+    code, out, err = signalled_rollback(stack, twice=True)
+    said = " ".join(err.split())
+    assert code == 6, out + err
+    # It said "Once the target answers again, finish it with ...", of a target that never stopped answering.
+    assert "It was stopped before its end; finish it with: deployer rollback " in said, said
+    assert "answers again" not in said, said
+    assert project.file("pkg/a.py").startswith("def answer():\n    return 41")  # the revert commit stands
+    # Its polls are charted without the fix's `<= 0` (the drain held the reverted build to its baseline, 3).
+    assert "✓ = <= 0" not in out, out
 
 
 def test_recover_rollback_of_a_run_cut_in_its_drain_proves_the_revert_and_ends_it_rolled_back_naming_the_check(
