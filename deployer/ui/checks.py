@@ -64,6 +64,12 @@ def checks_of(events: list[dict[str, Any]]) -> list[Check]:
     due = False  # the apply's drains: owed once the run committed or restarted
     found: list[Check] = []
     metric_checks: dict[str, Check] = {}
+    def serving(step: str) -> str:
+        """What the services run once this run's restart in `step` started them, or its recover kept them."""
+        return built("the reverted build", reverted) if step.startswith("rollback:") else \
+            built("the fix's build", git.get("after")) if git.get("after") else \
+            built("the build at HEAD", git.get("before"))
+
     for event in events:
         kind, step = event.get("type"), str(event.get("step") or "")
         if kind == "rollback":
@@ -71,11 +77,11 @@ def checks_of(events: list[dict[str, Any]]) -> list[Check]:
         elif kind == "commit":
             due = True
         elif kind == "restart":  # from here the services run the code this run's restart started
-            build = built("the reverted build", reverted) if step.startswith("rollback:") else \
-                built("the fix's build", git.get("after")) if git.get("after") else \
-                built("the build at HEAD", git.get("before"))
+            build = serving(step)
             loaded = False
             due = due or not step.startswith("rollback:")
+        elif kind == "service_kept":  # a recover's: left serving the cut run's commit (or its revert), its load seen
+            build = serving(step)
         elif kind == "storm":
             found.append(Check(step, "storm", build, storm=event))
             loaded = True

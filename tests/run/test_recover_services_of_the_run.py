@@ -5,6 +5,7 @@ to the apply (local and over a real sshd)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -123,6 +124,8 @@ def test_recover_keeps_the_services_the_cut_run_brought_up_on_its_commit_and_its
     assert done.returncode == 0, done.stdout + done.stderr
     assert stack.pids() == up and all(alive(pid) for pid in up.values()), "recover restarted a service already up"
     assert "kept prefill, decode (already serving its commit)" in done.stdout, done.stdout
+    # Its drain read the kept servers, on the fix's build (it said "on the build before the fix": no restart here).
+    assert re.search(r"drain: \S+ = 0 on the fix's build \([0-9a-f]{12}\): passed", done.stdout), done.stdout
     assert "unproven" not in done.stdout
     assert state_of(run)["phase"] == "succeeded"
     assert not [e for e in target.events(target.newest_run()) if e["type"] == "service_stopped"]
@@ -156,6 +159,7 @@ def test_recover_of_a_rollback_cut_in_its_drain_keeps_the_services_it_brought_up
     # It restarted both before: a second outage of servers already up on the revert.
     assert stack.pids() == up and all(alive(pid) for pid in up.values()), "recover restarted a service already up"
     assert "kept prefill, decode (already serving its revert)" in done.stdout, done.stdout
+    assert re.search(r"rollback:drain: \S+ = 3 on the reverted build \([0-9a-f]{12}\)", done.stdout), done.stdout
     assert not [e for e in target.events(target.newest_run()) if e["type"] == "service_stopped"]
     assert state_of(rollback)["phase"] == "rolled_back" and target.file("pkg/a.py") == ORIGINAL_A
     facts = next(e for e in target.events(target.newest_run()) if e["type"] == "run_end")["facts"]
