@@ -120,6 +120,10 @@ class SSHD:
         path = Path(self.fake_sudo_log)
         return path.read_text().splitlines() if path.exists() else []
 
+    def session_pids(self) -> list[int]:
+        """What runs under this sshd now: its sessions and all they started."""
+        return [] if self._proc is None else sorted(pid for pid, _ in _descendants(self._proc.pid))
+
     def regenerate_host_key(self) -> str:
         """Restart sshd on the same port with a new host key; returns the new public key line.
 

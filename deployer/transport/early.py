@@ -6,9 +6,14 @@ handshake used to wait for it. So a single-host apply whose config has passed ev
 connection it then opened, under a key of everything those checks read: the inventory's and the playbook's
 bytes, the command's options, the environment variables the inventory names, the working directory, this
 python and deployer's own files. A later apply with the same key opens that connection at once and loads the
-config again meanwhile. The agent starts (with `become`, a sudo) only once this process's own checks have
-passed and give the host the recorded params; otherwise the connection closes unused (Build.opening). So what
-reaches a host early is a login, never a command, and only for a config that passed before.
+config again meanwhile. For a host whose agent runs as the login's user on the host itself (no `become`, no
+container) the agent's interpreter starts too, as soon as the login is in: most of the agent's start is that
+interpreter's, and it waits for its first request, which comes only once this process's own checks have passed
+and give the host the recorded params. With `become` (a sudo is a privilege asked for) or a container (its
+engine's exec), the agent starts only then. Otherwise the connection closes unused, and an agent that went ahead
+reads the end of its input and exits (Build.opening). So what reaches a host early is a login and, at most, an
+idle agent (which keeps its own copy in the user's cache, as any run's does): never a command of the run, and
+only for a config that passed before.
 
 The files a playbook ships are not in the key (they change with each fix): they are read and checked after
 the connection opened, before anything runs. A host under `accept-new` is never opened early: its first
@@ -123,6 +128,7 @@ class KnownGood:
             data = json.loads(raw) if len(raw) <= RECORD_BYTES else None
             host = data.get("host") if isinstance(data, dict) else None
             params = SshParams.from_document(data.get("ssh")) if isinstance(data, dict) else None
+            ahead = isinstance(data, dict) and data.get("agent") == "ahead"
         except Exception:  # whatever the file holds (nested too deep, a number too large...), it is no record
             return None
         if (not isinstance(host, str) or not host or len(host) > 255 or not host.isprintable() or params is None
@@ -130,7 +136,7 @@ class KnownGood:
             return None
         from deployer.transport.factory import Opening  # the agent's client and protocol: after the lookup
 
-        return Opening.early(host, params)
+        return Opening.early(host, params, agent_ahead=ahead)
 
     def record(self, name: str, host: Host) -> None:
         """name's config passed every check with this key: an SSH host under `reject` is opened early next time."""
@@ -142,7 +148,10 @@ class KnownGood:
         with contextlib.suppress(OSError):  # only a later apply's start-up is lost without it
             records.mkdir(parents=True, exist_ok=True)
             temp = records / f".{self.key}.{os.getpid()}.tmp"
-            temp.write_text(json.dumps({"host": name, "ssh": SshParams.of(name, host).document()}))
+            # The agent goes ahead only where it runs on the host itself, as the login's user (neither a container's
+            # exec nor a sudo before this process's own checks).
+            agent = "ahead" if host.container is None and not host.become else "on-release"
+            temp.write_text(json.dumps({"host": name, "ssh": SshParams.of(name, host).document(), "agent": agent}))
             os.replace(temp, self.path)
             for old in sorted(records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)[:-KEPT]:
                 old.unlink()

@@ -45,13 +45,16 @@ class Opening:
     round trips overlap the rest of the set-up here. What it emits before the run's bus exists is held
     and handed on when the run claims it (as a Connector). Claimed once; a second claim opens anew.
 
-    An early one (transport/early.py) connects before its host's model exists and starts the agent only once
-    `release` gives that host; `discard` closes it unused."""
+    An early one (transport/early.py) connects before its host's model exists; its agent starts once `release`
+    gives that host or, where the record says the host has neither `become` nor a container, as soon as the login
+    is in, idle until its first request; `discard` closes it unused."""
 
     def __init__(self, name: str, connect: Callable[[Emitter], Transport], host: Host | None, *,
-                 accept_new_host_key: bool = False, params: SshParams | None = None) -> None:
+                 accept_new_host_key: bool = False, params: SshParams | None = None,
+                 agent_ahead: bool = False) -> None:
         self.name = name
         self.params = params  # an early one's: what it connected with
+        self.agent_ahead = agent_ahead  # an early one's agent, started before the release
         self._connect = connect
         self._accept = accept_new_host_key
         self._host = host
@@ -75,25 +78,33 @@ class Opening:
                    accept_new_host_key=accept_new_host_key)
 
     @classmethod
-    def early(cls, name: str, params: SshParams) -> Opening:
-        """An SSH connection to name opened now, with params, before the config that gives them is loaded."""
+    def early(cls, name: str, params: SshParams, *, agent_ahead: bool = False) -> Opening:
+        """An SSH connection to name opened now, with params, before the config that gives them is loaded;
+        agent_ahead (never under `become`): its agent started too, on the host itself, idle until the release."""
         # Imported here, before the thread starts: imported by it, paramiko's import shares the GIL (and module
         # locks) with the main thread's load of the config, and the connection's first byte waits for both.
         from deployer.transport.ssh.transport import connect_host
 
+        agent_ahead = agent_ahead and not params.become  # a sudo is a privilege asked for: only once checked
+
         def connect(bus: Emitter) -> Transport:
             transport = connect_host(name, params, bus, False)
-            transport.open_ahead()  # the agent's channel, opened while the config loads: it runs nothing yet
+            if agent_ahead:  # its interpreter's start (most of the agent's) off the run's path: it reads, runs nothing
+                transport.agent()
+            else:
+                transport.open_ahead()  # the agent's channel, opened while the config loads: it runs nothing yet
             return transport
 
-        return cls(name, connect, None, params=params)
+        return cls(name, connect, None, params=params, agent_ahead=agent_ahead)
 
     def fits(self, name: str, host: Host) -> bool:
-        """An early opening that connected as the checked config's host says to: its name and its params."""
+        """An early opening that connected as the checked config's host says to: its name and its params (and,
+        for one whose agent went ahead, a host whose agent runs on the host itself: no container)."""
         from deployer.config.models import SshHost  # loaded by now: the host is its
 
         return (self.params is not None and name == self.name and isinstance(host, SshHost)
-                and SshParams.of(name, host) == self.params)
+                and SshParams.of(name, host) == self.params
+                and not (self.agent_ahead and host.container is not None))
 
     def release(self, host: Host) -> None:
         """The config is loaded and checked here, and gives this host: the agent may start."""
@@ -121,6 +132,8 @@ class Opening:
             return
         if self.params is not None:  # the run log says so: this login came before the config was loaded again
             transport.info.extra["opened"] = "early"
+        if self.agent_ahead:  # and its agent with it
+            transport.info.extra["agent"] = "ahead"
         try:
             finished(transport, self._host, self).agent()  # the exec and the agent's source go out; its hello is read
         except BaseException as exc:                          # with the first reply

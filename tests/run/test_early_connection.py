@@ -3,6 +3,7 @@ still runs nothing on the host until this process's own checks pass."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -46,8 +47,26 @@ def test_a_checked_config_connects_early_and_its_agent_starts_once_checked_again
     assert second.returncode == 0, second.stderr
     assert connected(target)["transport"]["extra"]["opened"] == "early"
     assert target.file("pkg/a.py") == FIXED_A
+    assert "agent" not in connected(target)["transport"]["extra"]  # under sudo: started once checked, not ahead
+    assert known_good_records()[-1]["agent"] == "on-release"
     calls = sshd.sudo_calls()[before:]
     assert len(calls) == 2, calls  # one agent each, under sudo: the early login started one too, once released
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_without_become_a_checked_configs_agent_starts_right_behind_its_login(target: Project, sshd: SSHD) -> None:
+    target.write_inventory()
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    assert known_good_records()[-1]["agent"] == "ahead"  # the login's user, on the host itself
+    git(target.repo, "reset", "-q", "--hard", "HEAD~1")
+
+    second = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert second.returncode == 0, second.stderr
+    extra = connected(target)["transport"]["extra"]
+    assert extra["opened"] == "early" and extra["agent"] == "ahead"
+    assert target.file("pkg/a.py") == FIXED_A
+    assert within(lambda: not agents_of(sshd), 10), "the run's agent outlived its run"
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
@@ -75,6 +94,53 @@ def test_a_config_that_no_longer_passes_runs_nothing_on_an_early_connection(targ
     assert "Starting session" not in sshd.log()[log_before:]  # ... and no command, not even the agent, ran
     assert sshd.sudo_calls() == sudo_before
     assert target.file("pkg/a.py") == ORIGINAL_A
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_agent_gone_ahead_for_a_config_that_no_longer_passes_runs_nothing_and_exits(target: Project,
+                                                                                       sshd: SSHD) -> None:
+    target.playbook()
+    assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
+    git(target.repo, "reset", "-q", "--hard", "HEAD~1")
+    head, log_before = git(target.repo, "rev-parse", "HEAD"), len(sshd.log())
+    source = target.root / "fix" / "a.py"
+    source.unlink()
+    os.mkfifo(source)  # its read waits until the agent went ahead, so the check surely fails after it started
+    applying = target.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        until_logged(sshd, log_before, "Starting session")
+        assert within(lambda: bool(agents_of(sshd)), 10), "no agent went ahead"
+        feed_fifo(source, b"def answer():\n    return 42\x00\n")
+        _, stderr = applying.communicate(timeout=60)
+    finally:
+        applying.kill()
+        applying.wait()
+    assert applying.returncode == 2, stderr
+    assert "is a binary file" in stderr
+    assert within(lambda: not agents_of(sshd), 10), "the agent that went ahead never exited"
+    assert target.file("pkg/a.py") == ORIGINAL_A  # nothing of the run: not its lock, not a file, not a commit
+    assert not (target.repo / ".git" / "deployer.run.lock").exists()
+    assert git(target.repo, "rev-parse", "HEAD") == head
+    assert git(target.repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_opening_whose_agent_went_ahead_never_fits_a_host_in_a_container(target: Project, sshd: SSHD) -> None:
+    # A record is this machine's file, and still input: one that says "ahead" of a host whose agent runs in its
+    # container would have run that agent on the host. The opening is dropped; the run opens anew.
+    host = TypeAdapter(AnyHost).validate_python(target.host)
+    boxed = TypeAdapter(AnyHost).validate_python({**target.host, "container": {"engine": "podman", "name": "box"}})
+    opening = Opening.early("box", SshParams.of("box", host), agent_ahead=True)
+    try:
+        assert opening.fits("box", host)
+        assert not opening.fits("box", boxed)
+    finally:
+        opening.discard()
+    assert within(lambda: not agents_of(sshd), 10), "the dropped opening's agent never exited"
+    become = Opening.early("box", SshParams.of("box", TypeAdapter(AnyHost).validate_python(
+        {**target.host, "become": True})), agent_ahead=True)
+    become.discard()
+    assert not become.agent_ahead  # a sudo is never asked for ahead, whatever a record says
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
@@ -189,6 +255,22 @@ def feed_fifo(path: Path, data: bytes) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def agents_of(sshd: SSHD) -> list[int]:
+    """The agents running under sshd now (its sessions' descendants whose command line is the bootstrap's)."""
+    found = []
+    for pid in sshd.session_pids():
+        with contextlib.suppress(OSError):
+            if b"deployer agent: source cut short" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def known_good_records() -> list[dict[str, Any]]:
+    """The session's known-good records (conftest's own_cache), oldest first: the newest is this test's last."""
+    paths = sorted(records_dir().glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+    return [json.loads(p.read_text()) for p in paths]
 
 
 def until_logged(sshd: SSHD, start: int, line: str) -> str:
