@@ -455,8 +455,8 @@ class Engine:
                verify: tuple[Effect, ...], baseline: Mapping[str, float], keep: Mapping[str, int] | None = None
                ) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart and checks again, as
-        they prove the revert (prove_revert). `keep`: for a recover, the process an earlier attempt started on
-        the revert for each service, kept where it still is that process and healthy (no second outage)."""
+        they prove the revert (prove_revert). `keep`: the process an earlier attempt (cut, or stopped before its end)
+        started on the revert for each service, kept where it still is that process and healthy (no second outage)."""
         revert = self.revert_commit(ctx, before=before, dests=dests, rollback_of=rollback_of)
         with undo.rollback_restarts([ctx]):
             self.prove_revert(ctx, verify, baseline, keep or {})

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer.errors import ChecksFailed, ConfigError, DeployerError, Interrupted, VerificationFailed
-from deployer.run import intent
+from deployer.run import intent, serving
 from deployer.run import rollback as rollbacks
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.lock import read_state
@@ -160,12 +160,12 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             if rollback or cut_rolling_back or outcome == Phase.rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
-                cut = _logged(engine.runs_dir, run_id)
+                cut = serving.logged(engine.runs_dir, run_id)
                 try:
                     with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
                         found.rollback_commit = engine.revert(
                             ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
-                            baseline=_baseline(cut), keep=started(cut, True))
+                            baseline=_baseline(cut), keep=serving.started(cut, True))
                 except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
                     found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
@@ -226,7 +226,8 @@ def _finish_rollback(engine: Engine, ctx: Context, of_run: str, found: Recovered
     try:
         target = rollbacks.Target.of(run)
         rollbacks.refuse(ctx, run, target, force=False)
-        revert = rollbacks.finish(engine, ctx, run, target, keep=started(_logged(engine.runs_dir, found.run_id), True))
+        cut = serving.logged(engine.runs_dir, found.run_id)
+        revert = rollbacks.finish(engine, ctx, run, target, keep=serving.started(cut, True))
     except ChecksFailed as exc:
         revert, found.checks_failed = exc.commit, exc
     found.rollback_commit = found.commit = revert
@@ -248,10 +249,10 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     `deployer restart` may run), and the failure names them with the command that tries again."""
     steps = engine.steps
     after = steps[next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1) + 1:]
-    cut = _logged(engine.runs_dir, found.run_id)
+    cut = serving.logged(engine.runs_dir, found.run_id)
     if cut is not None:  # its drains judge the fix from the baseline the cut run read before its commit
         ctx.facts.baseline = {**recorded_baseline(cut), **ctx.facts.baseline}
-    on_commit = started(cut, False)
+    on_commit = serving.started(cut, False)
     restarted: list[str] = []
     try:
         for step in after:
@@ -280,26 +281,6 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     ctx.bus.step = None
     found.unproven = ctx.facts.unproven = _unproven(after, cut, restarted)
     return Phase.succeeded
-
-
-def _logged(runs_dir: Path, run_id: str) -> Run | None:
-    """The cut run's log, where this machine has it."""
-    return read_run(runs_dir, run_id) if (runs_dir / run_id / EVENTS).is_file() else None
-
-
-def started(cut: Run | None, on_revert: bool) -> dict[str, int]:
-    """The process a cut run started for each service (its log's service_started) on its commit, or, on_revert,
-    on its revert (its rollback's steps, which run after the revert commit): what recover keeps where it is still
-    that process and healthy (nothing without its log). A pid its log also names as started on the commit is never
-    taken as the revert's."""
-    if cut is None:
-        return {}
-    starts = [(str(e.get("step", "")).split(":")[0] == "rollback", e["service"], e["pid"])
-              for e in cut.all("service_started")
-              if isinstance(e.get("service"), str) and isinstance(e.get("pid"), int)]
-    on_commit = {pid for reverting, _, pid in starts if not reverting}
-    return {service: pid for reverting, service, pid in starts
-            if reverting == on_revert and not (on_revert and pid in on_commit)}
 
 
 def _unproven(after: list[Step], cut: Run | None, restarted: list[str]) -> str | None:

@@ -23,6 +23,7 @@ from deployer.errors import (
     TransportError,
     VerificationFailed,
 )
+from deployer.run import serving
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.lock import read_state
 from deployer.run.mounts import refuse_if_recreated
@@ -312,7 +313,7 @@ def refuse(ctx: Context, run: Run, target: Target, *, force: bool) -> None:
 def finish(engine: Engine, ctx: Context, run: Run, target: Target, keep: Mapping[str, int] | None = None) -> str:
     """The rollback of run to its end, once refuse() let it through: the revert commit (unless an earlier
     rollback already made it) and the checks that prove it. Used by `rollback`, and by `recover` of a rollback
-    that was cut (`keep`: the services the cut rollback had started on its revert)."""
+    that was cut (`keep`: the services an earlier attempt, cut or stopped, had started on its revert)."""
     with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
         return engine.revert(ctx, before=target.before, dests=target.files, rollback_of=run.run_id,
                              verify=VERIFY, baseline=recorded_baseline(run), keep=keep)
@@ -328,7 +329,7 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         assert ctx.record is not None
         ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
         try:
-            revert = finish(engine, ctx, run, target)
+            revert = finish(engine, ctx, run, target, keep=serving.started(stopped_attempt(run), True))
         except ChecksFailed as exc:  # the revert stands: the run ends rolled_back, naming the check
             ctx.git_after = exc.commit if exc.commit != ctx.git_before else None
             raise
@@ -340,6 +341,20 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
     result = engine.execute(body, rollback_of=run.run_id)
     link_rollback(run, result.run_id, result.status, result.phase, result.git_after)
     return result
+
+
+def stopped_attempt(run: Run) -> Run | None:
+    """The newest rollback of run, where it stopped before its end (a stop, a lost link, a failed check) and this
+    machine has its log: the services it brought up on the revert still serve it, unless someone changed them
+    since (the keep checks each is still that process, and healthy). None after a successful one: there is no
+    rollback left to finish."""
+    links = run.all("rolled_back_by")
+    by = links[-1].get("by") if links else None
+    if not isinstance(by, str) or not runlog.is_run_id(by) or links[-1].get("status") == "successful":
+        return None
+    attempt = serving.logged(run.dir.parent, by)
+    # Both logs are input: the attempt must say it rolled this very run back.
+    return attempt if attempt is not None and attempt.start.get("rollback_of") == run.run_id else None
 
 
 def finish_hint(failure: DeployerError, run_id: str) -> str:

@@ -26,6 +26,8 @@ NOTICES = {
                           f"removed {', '.join(e['removed']) or 'nothing'}; HEAD {str(e['head'])[:12]}"),
     "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} "
                            f"{'its' if len(e['files']) == 1 else 'their'} content at {e['restores'][:12]}"),
+    # A restart that leaves a service up (recover, a rollback again): said, or "co_restart passed" hides it.
+    "service_kept": lambda e: f"[{e['step']}] kept {e['service']} (pid {e['pid']}): {e['why']}",
 }
 
 

@@ -268,6 +268,26 @@ def test_a_second_signal_stops_the_rollback_and_says_it_was_stopped_not_that_the
     assert "✓ = <= 0" not in out, out
 
 
+def test_a_rollback_again_after_one_that_was_stopped_keeps_the_servers_it_brought_up_on_the_revert(
+        stack: Stack) -> None:
+    project = stack.project
+    code, out, err = signalled_rollback(stack, twice=True)
+    assert code == 6, out + err
+    stopped = last_run(project)
+    applied_id, up = state(project, stopped)["rollback_of"], stack.pids()
+    (stack.www / "old.prom").write_text(metrics_text(3.0))  # the reverted build back at its baseline
+    again = project.deployer("rollback", applied_id)
+    assert again.returncode == 0, again.stdout + again.stderr
+    rolled = last_run(project)
+    assert state(project, rolled)["phase"] == "rolled_back"
+    # The stopped attempt's servers already served the revert: taken down again, they were a second outage.
+    assert stack.pids() == up
+    assert sorted(e["service"] for e in project.events(rolled) if e["type"] == "service_kept") == sorted(up)
+    for service, pid in up.items():  # said as such: "co_restart passed" alone reads as a restart
+        assert f"[rollback:co_restart] kept {service} (pid {pid}): started by the earlier run" in again.stdout
+    assert run_end(project, rolled)["facts"]["rollback_checks"] == {"co_restart": "passed", "drain": "passed"}
+
+
 def test_recover_rollback_of_a_run_cut_in_its_drain_proves_the_revert_and_ends_it_rolled_back_naming_the_check(
         stack: Stack) -> None:
     from test_recover import start_and_kill
