@@ -161,6 +161,10 @@ if not AGENT_CACHED:
 """
 
 
+# Said by a bootstrap whose payload was cut short; in every agent's command line, so a pid read back is known for one.
+CUT_SHORT = "deployer agent: source cut short"
+
+
 def bootstrap_argv(python: str, within: Sequence[str] = (), *, cached: bool = False) -> list[str]:
     """The argv that starts the agent: python gets the payload (the source, then agent_code()), runs that bytecode
     when its own magic number is this python's (it reads the same bytecode), else compiles the source; the rest of
@@ -181,7 +185,7 @@ def bootstrap_argv(python: str, within: Sequence[str] = (), *, cached: bool = Fa
                  f"W={_frame(SOURCE_WANTED)!r};M={SOURCE_FOLLOWS!r}{_CACHED}")
     else:
         fetch = f"r=sys.stdin.buffer.read;A=r({payload})\n"
-    program = (f"{fetch}len(A)=={payload} or sys.exit('deployer agent: source cut short')\n"
+    program = (f"{fetch}len(A)=={payload} or sys.exit({CUT_SHORT!r})\n"
                f"AGENT_SOURCE=A[:{size}];C=A[{size}:];A=None\n"
                "B=None\n"
                f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={MAGIC_NUMBER!r}:\n"

@@ -7,25 +7,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployer.agent.client import Pending
+from deployer.agent.client import CUT_SHORT, Pending
 from deployer.agent.processes import Procs
 from deployer.agent.protocol import ExecResult, Get, Run
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
 from deployer.run.lock import DeployLock, force_release, read_state, wait_free
 from deployer.run.preflight import Reads, send_reads
-from deployer.runlog import RunLogWriter, read_run, utc_now
+from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.runstate import Phase, RunRecord
 from deployer.steps.context import Context, EventBus, Submitted
 from deployer.steps.git import EndNote, end_note_argv, seal_argv, trailers
 from deployer.steps.gitops import GIT_DIR, usual_git_dir
 from deployer.transport.base import Transport
 
+AGENT_END_S = 5.0  # how long recover waits for a cut run's agent to end on the target before it refuses
+AGENT_POLL_S = 0.1
 Note = tuple[tuple[str, ...], str]  # the end note's argv and the repo it runs in
 # Sends the chain up to the commit behind preflight's reads, to run only if each of the guards succeeded.
 SendWhole = Callable[[Context, Reads, list[Pending[Any]]], None]
@@ -210,6 +213,15 @@ class Lease:
             raise LockHeld(f"run {self.adopt_of} still holds the lock and its heartbeat is fresh "
                            f"({state.describe()}){running}; recover it once it has stopped (its heartbeat goes stale "
                            f"{state.ttl_s:.0f}s after its last beat)")
+        agents: list[int] = []
+        if state.stale:
+            # A stale heartbeat says its agent stopped beating, not that it ended: one still busy with the cut run's
+            # last command (a start) would race what recover does next. Not known (no log here): taken, as ever.
+            with contextlib.suppress(DeployerError):
+                agents = self._agents_left(ctx, self._cut_agents())
+        if agents:
+            raise LockHeld(f"run {self.adopt_of}'s lock is stale ({state.describe()}), but its agent on the target "
+                           f"(pid {agents[0]}) still runs {AGENT_END_S:g}s later; end it there, then recover")
         force_release(ctx.transport, git_dir)
         ctx.emit("lock_adopted", of_run=self.adopt_of, holder=state.info,
                  because="its heartbeat is stale" if state.stale else "its process on this machine is gone")
@@ -229,18 +241,40 @@ class Lease:
                     f"; its record here names process {owner.pid} of a boot or machine this one cannot judge")
         gone = f"; its process on this machine (pid {owner.pid}) is gone, but"
         try:
-            events = read_run(record.dir.parent, record.dir.name).events
-            # An agent its container's restart ended (services/container.py) is gone: its pid, of that container's
-            # old pid namespace, may well be another process's in the new one.
-            ended = max((i for i, e in enumerate(events) if e.get("type") == "agent_ended"), default=-1)
-            hellos = [e for e in events[ended + 1:] if e.get("type") == "agent"]
-            pids = [e["pid"] for e in hellos if isinstance(e.get("pid"), int)]
+            pids = self._cut_agents()
             if not pids:
                 return f"{gone} its log here names no agent of it on the target to look for"
-            agents = [p.pid for p in ctx.transport.submit(Procs(pids=pids)).result().procs if p.alive]
+            agents = self._agents_left(ctx, pids)
         except DeployerError as exc:
             return f"{gone} whether its agent on the target still runs is not known ({exc})"
-        return f"{gone} its agent on the target (pid {agents[0]}) still runs" if agents else None
+        return f"{gone} its agent on the target (pid {agents[0]}) still runs {AGENT_END_S:g}s later" if agents else None
+
+    def _cut_agents(self) -> list[int]:
+        """The pids of the cut run's agents on the target, as its log here names them (none without it)."""
+        if self.adopt_dir is None or not (self.adopt_dir / EVENTS).is_file():
+            return []
+        events = read_run(self.adopt_dir.parent, self.adopt_dir.name).events
+        # An agent its container's restart ended (services/container.py) is gone: its pid, of that container's
+        # old pid namespace, may well be another process's in the new one.
+        ended = max((i for i, e in enumerate(events) if e.get("type") == "agent_ended"), default=-1)
+        return [e["pid"] for e in events[ended + 1:] if e.get("type") == "agent" and isinstance(e.get("pid"), int)]
+
+    def _agents_left(self, ctx: Context, pids: list[int]) -> list[int]:
+        """Which of pids still run on the target, once each had AGENT_END_S to end: an agent ends as soon as it
+        reads its client's end (a kill of deployer closes it at once), or once the command it runs then returns."""
+        deadline, said = time.monotonic() + AGENT_END_S, False
+        while pids:
+            # By its command line: a pid read from a log may name another process by now.
+            pids = [p.pid for p in ctx.transport.submit(Procs(pids=pids)).result().procs
+                    if p.alive and any(CUT_SHORT in arg for arg in p.cmdline)]
+            if not pids or time.monotonic() >= deadline:
+                break
+            if not said:
+                said = True
+                ctx.emit("notice", message=f"run {self.adopt_of}'s agent on the target (pid {pids[0]}) still runs: "
+                                           f"waiting up to {AGENT_END_S:g}s for it to end")
+            ctx.cancel.wait(AGENT_POLL_S)
+        return pids
 
     def _interrupted_hint(self, ctx: Context, git_dir: str) -> str:
         """Recover is the way out of a held lock whose run is gone (it refuses to take a live one)."""

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from fixtures_repo import FIXED_A, Project, act_when, git, staged_bytes, target_python, work_tree
+from fixtures_repo import FIXED_A, Project, act_when, age_lock, git, staged_bytes, target_python, work_tree
 from polling import wait_for
 from test_recover import gate, kill_marker, state_of
 
@@ -158,34 +158,78 @@ threading.Event().wait()
 """
 
 
-@pytest.mark.parametrize("target", ["ssh"], indirect=True)
-def test_a_recover_waits_while_the_killed_runs_agent_still_runs_on_a_target_that_never_heard_the_link_close(
-        target: Project) -> None:
+@contextmanager
+def deaf_link(target: Project) -> Iterator[Path]:
+    """target reached through a relay whose end sshd never hears close until kill_relays(the yielded pids file)."""
     relay, pids = target.write("relay.py", DEAF_RELAY), target.root / "relays.pids"
     config = target.write("ssh_config", f"Host relayed\n    HostName {target.host['address']}\n"
                                         f"    Port {target.host['port']}\n"
                                         f"    ProxyCommand {sys.executable} {relay} {pids} %h %p\n")
     config.chmod(0o600)
-    tree, head = work_tree(target.repo), target.head()
     target.host.update(address="relayed", ssh_config=str(config))
     try:
+        yield pids
+    finally:
+        kill_relays(pids)
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale"])
+def test_a_recover_waits_while_the_killed_runs_agent_still_runs_on_a_target_that_never_heard_the_link_close(
+        target: Project, stale: bool) -> None:
+    # Stale (its TTL passed, or a person says so by backdating it): the heartbeat stopped, but an agent still busy
+    # with the run's last command would race recover; it was taken over all the same.
+    tree, head = work_tree(target.repo), target.head()
+    with deaf_link(target) as pids:
         run = killed_holding_the_lock(target)
+        if stale:
+            age_lock(target.repo)
         refused = target.deployer("recover", run.name)
         assert refused.returncode == 3, refused.stdout + refused.stderr
-        found = re.search(r"its agent on the target \(pid (\d+)\) still runs", refused.stderr)
+        found = re.search(r"its agent on the target \(pid (\d+)\) still runs 5s later", refused.stderr)
         assert found is not None, refused.stderr
+        assert ("lock is stale" in refused.stderr) == stale, refused.stderr
         assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and lock_of(target).is_symlink()
         kill_relays(pids)  # now sshd hears the link close, and the agent leaves with it
         wait_for(lambda: not Path(f"/proc/{found[1]}").exists(), "the killed run's agent's end")
         recovered = target.deployer("recover", run.name)
         assert recovered.returncode == 0, recovered.stdout + recovered.stderr
         settled_as_before(target, tree, head)
-    finally:
-        kill_relays(pids)
 
 
-def kill_relays(pids: Path) -> None:
-    for pid in pids.read_text().split() if pids.exists() else []:
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_recover_right_behind_the_kill_waits_for_the_killed_runs_agent_to_end(target: Project) -> None:
+    # An agent ends as soon as it reads its client's end: a recover started a moment before must not refuse.
+    tree, head = work_tree(target.repo), target.head()
+    with deaf_link(target) as pids:
+        run = killed_holding_the_lock(target)
+        theirs = pids.read_text()  # the killed run's relay: recover's own goes through one too
+        recovering = target.popen("recover", run.name)
+        try:
+            wait_for(lambda: waiting_for_agent(target), "the recover's wait for the killed run's agent", seconds=30)
+            kill_relays(theirs)  # its agent ends now, while recover waits for it
+            out, err = recovering.communicate(timeout=60)
+        finally:
+            if recovering.poll() is None:
+                recovering.kill()
+                recovering.wait()
+    assert recovering.returncode == 0, out + err
+    settled_as_before(target, tree, head)
+
+
+def waiting_for_agent(target: Project) -> bool:
+    """The newest run (a recover's, once it has a log) says it waits for a killed run's agent to end."""
+    try:
+        events = target.events()
+    except FileNotFoundError:  # its dir is made a moment before its log
+        return False
+    return any(e["type"] == "notice" and "still runs: waiting up to 5s for it to end" in e["message"] for e in events)
+
+
+def kill_relays(pids: Path | str) -> None:
+    """Each relay pids (a file of them, or its text read earlier) names."""
+    listed = pids if isinstance(pids, str) else pids.read_text() if pids.exists() else ""
+    for pid in listed.split():
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
 
