@@ -49,8 +49,10 @@ def deployer(*args: str, cwd: Path, env: dict[str, str] | None = None,
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True).stdout
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    # Its stderr in the failure: a CalledProcessError says only the exit status (a CI run's `reset --hard` failed so).
+    assert done.returncode == 0, f"git {' '.join(args)} in {repo} exited {done.returncode}: {done.stderr.strip()}"
+    return done.stdout
 
 
 def init_repo(repo: Path, files: dict[str, str]) -> None:

@@ -293,11 +293,12 @@ class TestBuggyBuild:
         samples: list[float] = []
 
         def settled() -> bool:
-            # Rooms still mid-transfer when the storm ended conclude within ~2 s; the rest never.
+            # Rooms still mid-transfer when the storm ended conclude within ~2 s (longer on a loaded machine); the
+            # rest never. Settled: the same for 3 s (a CI run saw 36 for 1.2 s, then 20 for good).
             samples.append(stack.inflight())
-            return len(samples) >= 4 and len(set(samples[-4:])) == 1
+            return len(samples) >= 11 and len(set(samples[-11:])) == 1
 
-        assert within(settled, 15.0, interval_s=0.3), f"inflight gauge never settled: {samples}"
+        assert within(settled, 30.0, interval_s=0.3), f"inflight gauge never settled: {samples}"
         stuck = samples[-1]
         for _ in range(5):  # and it stays there
             time.sleep(0.3)
