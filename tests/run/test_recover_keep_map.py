@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deployer.run.serving import logged, started
+from deployer.run import serving
 
 RUN = "20261204T000000.000Z-abcdef"
 
@@ -27,6 +27,7 @@ def test_the_revert_keeps_only_what_the_rollbacks_steps_started_and_never_a_pid_
            {"type": "service_started", "step": "rollback:co_restart", "service": "decode", "pid": 100},  # the fix's
            {"type": "service_started", "step": "rollback:co_restart", "service": "router", "pid": "7"},
            {"type": "service_started", "step": "rollback:co_restart", "pid": 300})
-    assert started(logged(tmp_path, RUN), True) == {"prefill": 200}
-    assert started(logged(tmp_path, RUN), False) == {"prefill": 100, "decode": 101}
-    assert started(logged(tmp_path, "20261204T000000.000Z-000000"), True) == {}  # no log here: nothing kept
+    assert serving.started(serving.logged(tmp_path, RUN), True) == {"prefill": 200}
+    assert serving.started(serving.logged(tmp_path, RUN), False) == {"prefill": 100, "decode": 101}
+    no_log = serving.logged(tmp_path, "20261204T000000.000Z-000000")
+    assert serving.started(no_log, True) == {}  # no log here: nothing kept
