@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +79,7 @@ def test_a_config_that_no_longer_passes_runs_nothing_on_an_early_connection(targ
     git(target.repo, "reset", "-q", "--hard", "HEAD~1")
     sudo_before = sshd.sudo_calls()
     log_before = len(sshd.log())
-    source = target.root / "fix" / "a.py"
-    source.unlink()
-    os.mkfifo(source)  # its read waits for the login below, so the check surely fails after the early login
-    applying = target.popen("apply", "fix.yaml", "--host", "box")
-    try:
-        until_logged(sshd, log_before, "Accepted publickey")  # the early login is in ...
-        feed_fifo(source, b"def answer():\n    return 42\x00\n")  # a NUL byte: not a text file
-        _, stderr = applying.communicate(timeout=60)
-    finally:
-        applying.kill()
-        applying.wait()
-    assert applying.returncode == 2, stderr
-    assert "is a binary file" in stderr
+    refused_once(target, lambda: until_logged(sshd, log_before, "Accepted publickey"))  # the early login is in ...
     assert "Starting session" not in sshd.log()[log_before:]  # ... and no command, not even the agent, ran
     assert sshd.sudo_calls() == sudo_before
     assert target.file("pkg/a.py") == ORIGINAL_A
@@ -103,20 +92,11 @@ def test_an_agent_gone_ahead_for_a_config_that_no_longer_passes_runs_nothing_and
     assert target.deployer("apply", "fix.yaml", "--host", "box").returncode == 0
     git(target.repo, "reset", "-q", "--hard", "HEAD~1")
     head, log_before = git(target.repo, "rev-parse", "HEAD"), len(sshd.log())
-    source = target.root / "fix" / "a.py"
-    source.unlink()
-    os.mkfifo(source)  # its read waits until the agent went ahead, so the check surely fails after it started
-    applying = target.popen("apply", "fix.yaml", "--host", "box")
-    try:
+
+    def gone_ahead() -> None:
         until_logged(sshd, log_before, "Starting session")
         assert within(lambda: bool(agents_of(sshd)), 10), "no agent went ahead"
-        feed_fifo(source, b"def answer():\n    return 42\x00\n")
-        _, stderr = applying.communicate(timeout=60)
-    finally:
-        applying.kill()
-        applying.wait()
-    assert applying.returncode == 2, stderr
-    assert "is a binary file" in stderr
+    refused_once(target, gone_ahead)
     assert within(lambda: not agents_of(sshd), 10), "the agent that went ahead never exited"
     assert target.file("pkg/a.py") == ORIGINAL_A  # nothing of the run: not its lock, not a file, not a commit
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
@@ -233,6 +213,24 @@ def test_an_opening_discarded_while_it_connects_is_closed_once_it_has(target: Pr
 # sshd answers with "Disconnecting user ...: ieof packet referred to nonexistent channel 0" (a full run, once).
 CLOSED = (r"^(?:Disconnected from user|Disconnecting user|Received disconnect from|Read error from remote host"
           r"|Connection (?:closed|reset))")
+
+
+def refused_once(target: Project, reached: Callable[[], object]) -> None:
+    """An apply whose fix turns out binary only once `reached` returns (its file a FIFO, fed then): the check
+    that reads it fails after whatever the apply did first, exit 2."""
+    source = target.root / "fix" / "a.py"
+    source.unlink()
+    os.mkfifo(source)
+    applying = target.popen("apply", "fix.yaml", "--host", "box")
+    try:
+        reached()
+        feed_fifo(source, b"def answer():\n    return 42\x00\n")  # a NUL byte: not a text file
+        _, stderr = applying.communicate(timeout=60)
+    finally:
+        applying.kill()
+        applying.wait()
+    assert applying.returncode == 2, stderr
+    assert "is a binary file" in stderr
 
 
 def feed_fifo(path: Path, data: bytes) -> None:
