@@ -10,8 +10,9 @@ import json
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,14 +91,42 @@ def test_resume_and_abort_take_a_beginning_of_the_id_among_fleet_runs_only(local
 
 
 def gated(project: Project) -> Path:
-    """Every host's remote_compile waits until the returned path exists."""
+    """Every host's remote_compile waits until the returned path exists (in its repo, .git/gate-waiting says it
+    waits)."""
     gate = project.root / "gate"
-    held = target_python(project, f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    held = target_python(project, f"touch .git/gate-waiting; while [ ! -e {gate} ]; do sleep 0.05; done")
     inventory = yaml.safe_load(project.inventory.read_text())
     for host in inventory["hosts"].values():
         host["python"] = held
     project.inventory.write_text(yaml.safe_dump(inventory))
     return gate
+
+
+def stopped_while_compiling(proc: subprocess.Popen[str], gate: Path, host: Path,
+                            also: Callable[[], bool] = lambda: True) -> tuple[str, str]:
+    """SIGINT to proc once host's compile waits at the gate (and `also` holds); the gate opened once the stop is
+    said: a first signal stops at the next safe point, so the command running then finishes first (a compile held
+    for ever would hold the stop with it). Its stdout and stderr."""
+    outs: list[str] = []
+    errors: list[str] = []  # read as they come: the signal's line first
+    readers = [threading.Thread(target=lambda: outs.extend(proc.stdout or []), daemon=True),
+               threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        until(lambda: (host / "repo" / ".git" / "gate-waiting").exists() and also())
+        proc.send_signal(signal.SIGINT)
+        until(lambda: any("SIGINT" in line for line in errors))
+        gate.touch()
+        proc.wait(timeout=60)
+    finally:
+        gate.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    return "".join(outs), "".join(errors)
 
 
 def deploy_commits(project: Project, host: str) -> int:
@@ -189,15 +218,9 @@ def test_a_resume_interrupted_inside_a_batch_says_what_next_and_is_resumed_doing
     fleet_id = paused_after_first(local_fleet)
     gate = gated(local_fleet)
     proc = local_fleet.popen("rollout", "resume", fleet_id, "--json")
-    try:
-        until(lambda: (local_fleet.root / "h2" / "repo" / ".git" / "deployer.run.lock").exists()
-              and fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["run_id"] is None
-              and fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err = stopped_while_compiling(proc, gate, local_fleet.root / "h2", lambda: (
+        fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["run_id"] is None
+        and fleet_json(local_fleet, fleet_id)["hosts"]["h2"]["status"] == "running"))
     report = json.loads(out)
     assert proc.returncode == 130 and report["status"] == "canceled", (report, err)
     assert f"go on with: deployer rollout resume {fleet_id}" in report["error"], report["error"]
@@ -215,14 +238,7 @@ def test_an_apply_interrupted_inside_its_first_batch_is_aborted_like_a_paused_on
     gate = gated(local_fleet)
     local_fleet.playbook(steps=BOUNDED, rollout=PAUSE_AFTER_FIRST)
     proc = local_fleet.popen("apply", "fix.yaml", "--host", ",".join(NAMES), "--json")
-    try:
-        until(lambda: (local_fleet.root / "h1" / "repo" / ".git" / "deployer.run.lock").exists())
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        gate.touch()
-        if proc.poll() is None:
-            proc.kill()
+    out, err = stopped_while_compiling(proc, gate, local_fleet.root / "h1")
     report = json.loads(out)
     assert proc.returncode == 130 and report["status"] == "canceled", (report, err)
     fleet_id = report["fleet_id"]
