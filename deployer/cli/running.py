@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def cancel_on_signals(token: Cancel) -> Iterator[None]:
-    """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point. A second one: stop now, except that a restore
-    under way finishes first (a third stops that too)."""
+def cancel_on_signals(token: Cancel, running: Callable[[], list[str]] = list) -> Iterator[None]:
+    """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point, saying which steps' commands finish first
+    (`running`: the steps running now). A second one: stop now, except that a restore under way finishes first (a
+    third stops that too)."""
     from deployer.ui.console import show_error
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -34,7 +35,10 @@ def cancel_on_signals(token: Cancel) -> Iterator[None]:
         else:
             token.cancel(f"interrupted by {name}")
             what = token.finishing()
-            said = f"{name}: stopping at the next safe point (again to force)" if what is None else \
+            # What runs now finishes first: a long command (a compile, a slow drain poll) would read as unheard.
+            steps = running() if what is None else []
+            first = f": what {', '.join(steps)} runs now finishes first" if steps else ""
+            said = f"{name}: stopping at the next safe point (again to force){first}" if what is None else \
                 f"{name}: {what} goes on to its end first, then stops (again to force a stop halfway)"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
             show_error(said)
@@ -70,12 +74,13 @@ def watcher(as_json: bool) -> Watch:
         from deployer.ui.console import line_console, make_console
         from deployer.ui.live import FleetView, StepView
 
-        with cancel_on_signals(run.cancel):
-            if run.kind == "unit":
+        if run.kind == "unit":
+            with cancel_on_signals(run.cancel):
                 yield
-                return
-            view = FleetView(make_console(), run.hosts, quiet=as_json) if run.kind == "fleet" else \
-                StepView(line_console(), quiet=as_json)
+            return
+        view = FleetView(make_console(), run.hosts, quiet=as_json) if run.kind == "fleet" else \
+            StepView(line_console(), quiet=as_json)
+        with cancel_on_signals(run.cancel, view.running if isinstance(view, StepView) else list):
             run.listeners.append(view)
             with view:
                 yield

@@ -166,6 +166,10 @@ class StepView(LiveView):
             table.add_row(f"router {event['router']}", "", "", Text(inflight_text(event), overflow="fold"))
         return table
 
+    def running(self) -> list[str]:
+        """The steps running now, in their order."""
+        return [step for step, row in self.rows.items() if row[0] == "running"]
+
     def __call__(self, event: dict[str, Any]) -> None:
         if self.quiet:
             return

@@ -106,3 +106,21 @@ def test_a_fleet_rollback_host_token_is_never_cancelled_by_the_fleet_but_the_fle
         signal.raise_signal(signal.SIGINT)
         assert "SIGINT: unit pd-1's rollback goes on to its end first" in capsys.readouterr().err
         assert not host.cancelled
+
+
+def test_the_first_signal_says_which_running_steps_command_finishes_first(capsys: pytest.CaptureFixture[str]) -> None:
+    from deployer.ui.console import line_console
+    from deployer.ui.live import StepView
+
+    view = StepView(line_console())
+    for event in ({"type": "step_start", "step": "upload"}, {"type": "step_end", "step": "upload", "status": "ok"},
+                  {"type": "step_start", "step": "remote_compile"}):
+        view(event)
+    assert view.running() == ["remote_compile"]
+    token = CancelToken()
+    with cancel_on_signals(token, view.running):
+        signal.raise_signal(signal.SIGINT)
+    # A first signal while a long command runs read as unheard: it is not what stops at the safe point.
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("SIGINT: stopping at the next safe point (again to force): what remote_compile runs now finishes "
+            "first") in said, said
