@@ -162,6 +162,12 @@ def make_scratch(root: Path, *, port: int, user: str, identity_file: str, host_p
 def byte_compiled(tree: Path) -> None:
     """Measure deployer as installed: pip byte-compiles a package when it installs it. Without this, a shell
     that sets PYTHONDONTWRITEBYTECODE (some sandboxes do) makes every timed run compile deployer's
-    source anew, a cost no installed copy pays."""
+    source anew, a cost no installed copy pays. The same for the code table (deployer/codetable.py), which a
+    tree has once a command wrote it or `python -m deployer.warm` did (a tree from before it: nothing to do)."""
     if not compileall.compile_dir(str(tree / "deployer"), quiet=1):
         raise SystemExit(f"cannot byte-compile {tree / 'deployer'}")
+    if (tree / "deployer" / "warm.py").exists():
+        done = subprocess.run([sys.executable, "-m", "deployer.warm"], cwd=tree, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(tree)})
+        if done.returncode != 0:
+            raise SystemExit(f"cannot write {tree}'s code table: {done.stderr.strip()[-500:]}")

@@ -15,6 +15,7 @@ import click
 
 from deployer.cli import admin, bake, canary, check, deploy, followup, history, logs, restart, rollout
 from deployer.cli.output import EXIT_CODES, fail_json
+from deployer.codetable import installed
 
 
 class DeployerGroup(click.Group):
@@ -62,4 +63,5 @@ def run() -> NoReturn:
         code = exc.code or 0
     sys.stdout.flush()  # click and rich flush every write already; anything else written goes out here
     sys.stderr.flush()
+    installed().save()  # after the output: a first run's table costs its user nothing they wait for
     os._exit(code)

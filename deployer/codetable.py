@@ -1,0 +1,171 @@
+"""Code compiled from generated text once per install, not once per process.
+
+Two parts of Python compile text at every start-up, the same text each time. CPython's dataclasses (3.10 to 3.13
+at least) build a class's __init__, __repr__, __eq__, __hash__ (and a frozen one's __setattr__ and __delattr__)
+with `exec(text, ...)`: about 1 ms a class on these machines, 90 ms of an apply's start-up for the 79 classes it
+loads, 40% of deployer's own import time. And typing's ForwardRef compiles each string annotation as pydantic
+reads the models' (900 of them). A text's code object is a pure function of the text, its mode and the
+interpreter. `installed()` answers those two with the code compiled from exactly that text, kept in a table
+beside the package's bytecode: its __pycache__, written only where .pyc files would be (not under
+PYTHONDONTWRITEBYTECODE), and read only when its owner is this user or the package's and no one else can write
+it; code run at import either way, it is trusted as the .pyc files beside it are. A text the table lacks is
+compiled as before and kept; `save()` writes the table when a command ends having compiled one, and
+`python -m deployer.warm` writes it whole (pip writes no table when it installs, as it writes .pyc files). A
+table of another Python or format, or unreadable, is ignored. DEPLOYER_CODE_TABLE names another file for it, or
+`off`: none.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import marshal
+import os
+import sys
+import typing
+from types import CodeType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_FORMAT = b"deployer code table 1\n"
+# A group past this many texts (each deployer release adds its own) is written again with only the texts its
+# process used.
+MAX_TEXTS = 2000
+
+
+def _magic() -> bytes:
+    """The interpreter's bytecode magic: marshal's format and what compile() makes both change with it."""
+    from importlib.util import MAGIC_NUMBER
+
+    return MAGIC_NUMBER
+
+
+def table_path() -> str | None:
+    """Where the table is (None: nowhere)."""
+    chosen = os.environ.get("DEPLOYER_CODE_TABLE")
+    if chosen == "off" or not sys.implementation.cache_tag:  # an interpreter without bytecode caching
+        return None
+    return chosen or os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__",
+                                  f"code-table.{sys.implementation.cache_tag}.bin")
+
+
+class CodeTable:
+    """exec and compile of a text as before, with the code of each text compiled before taken from a table.
+
+    The table holds a group of texts for each module whose dataclasses were made (and one for annotations), each
+    marshalled on its own: a command reads the file whole but unmarshals only the groups of the modules it loads,
+    and a command that compiles nothing writes nothing."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.blobs: dict[str, bytes] | None = None  # read at the first text: a command with none reads nothing
+        self.groups: dict[str, dict[str, CodeType]] = {}
+        self.used: dict[str, set[str]] = {}
+        self.grown: set[str] = set()
+
+    def exec(self, source: Any, globals: dict[str, Any] | None = None,
+             locals: Any = None) -> None:
+        if isinstance(source, str):
+            source = self.code(str((globals or {}).get("__name__", "")), source, "exec")
+        builtins.exec(source, globals, locals)
+
+    def compile(self, source: Any, filename: Any, mode: str, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(source, str) and filename == "<string>" and not args and not kwargs:
+            return self.code("", source, mode)
+        return builtins.compile(source, filename, mode, *args, **kwargs)
+
+    def code(self, group: str, text: str, mode: str) -> CodeType:
+        codes = self.groups.get(group)
+        if codes is None:
+            codes = self.groups[group] = self._group(group)
+        key = f"{mode}\n{text}"
+        self.used.setdefault(group, set()).add(key)
+        code = codes.get(key)
+        if code is None:
+            code = builtins.compile(text, "<string>", mode)  # what exec(text) compiles; a SyntaxError is kept out
+            codes[key] = code
+            self.grown.add(group)
+        return code
+
+    def _group(self, group: str) -> dict[str, CodeType]:
+        if self.blobs is None:
+            self.blobs = self._read()
+        blob = self.blobs.get(group)
+        return _unmarshalled(blob, CodeType) if blob is not None else {}
+
+    def _read(self) -> dict[str, bytes]:
+        if self.path is None:
+            return {}
+        try:
+            with open(self.path, "rb") as table:
+                if not _trusted(os.fstat(table.fileno()), self.path):
+                    return {}
+                data = table.read()
+        except OSError:
+            return {}
+        head = _magic() + _FORMAT
+        return _unmarshalled(memoryview(data)[len(head):], bytes) if data.startswith(head) else {}
+
+    def save(self) -> None:
+        """Writes the table if this process compiled a text, whole or not at all; never fails the command."""
+        if not self.grown or self.blobs is None or self.path is None or sys.dont_write_bytecode:
+            return
+        blobs = dict(self.blobs)
+        for group in self.grown:
+            codes = self.groups[group]
+            if len(codes) > MAX_TEXTS:
+                codes = {key: codes[key] for key in self.used[group]}
+            blobs[group] = marshal.dumps(codes)
+        partial = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            # 0o644 at most: a table anyone else can write is never read (_trusted)
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as table:
+                table.write(_magic() + _FORMAT + marshal.dumps(blobs))
+            os.replace(partial, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            return
+        self.blobs = blobs
+        self.grown.clear()
+
+
+def _unmarshalled(data: bytes | memoryview, value: type[T]) -> dict[str, T]:
+    """The dict of str to value that data marshals, or an empty one where data is anything else."""
+    try:
+        loaded = marshal.loads(data)
+    except (EOFError, ValueError, TypeError):
+        return {}
+    if not isinstance(loaded, dict) or not all(
+            isinstance(key, str) and isinstance(item, value) for key, item in loaded.items()):
+        return {}
+    return loaded
+
+
+def _trusted(table: os.stat_result, path: str) -> bool:
+    """Written by this user or by the owner of the directory it is in, and writable by no one else."""
+    if table.st_mode & 0o022:
+        return False
+    if table.st_uid == os.geteuid():
+        return True
+    try:
+        return table.st_uid == os.stat(os.path.dirname(path) or ".").st_uid
+    except OSError:
+        return False
+
+
+_installed: CodeTable | None = None
+
+
+def installed() -> CodeTable:
+    """The process's CodeTable, answering dataclasses' exec and typing's compile from now on (made once)."""
+    global _installed
+    if _installed is None:
+        _installed = CodeTable(table_path())
+        # Both call these by their global names; a module global shadows the builtin for that module alone.
+        dataclasses.exec = _installed.exec  # type: ignore[attr-defined]
+        typing.compile = _installed.compile  # type: ignore[attr-defined]
+    return _installed
