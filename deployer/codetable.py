@@ -5,14 +5,15 @@ at least) build a class's __init__, __repr__, __eq__, __hash__ (and a frozen one
 with `exec(text, ...)`: about 1 ms a class on these machines, 90 ms of an apply's start-up for the 79 classes it
 loads, 40% of deployer's own import time. And typing's ForwardRef compiles each string annotation as pydantic
 reads the models' (900 of them). A text's code object is a pure function of the text, its mode and the
-interpreter. `installed()` answers those two with the code compiled from exactly that text, kept in a table
-beside the package's bytecode: its __pycache__, written only where .pyc files would be (not under
-PYTHONDONTWRITEBYTECODE), and read only when its owner is this user or the package's and no one else can write
-it; code run at import either way, it is trusted as the .pyc files beside it are. A text the table lacks is
-compiled as before and kept; `save()` writes the table when a command ends having compiled one, and
-`python -m deployer.warm` writes it whole (pip writes no table when it installs, as it writes .pyc files). A
-table of another Python or format, or unreadable, is ignored. DEPLOYER_CODE_TABLE names another file for it, or
-`off`: none.
+interpreter. `installed()` answers those two with the code compiled from exactly that text (as they compile it:
+without this module's own __future__ flags), kept in a table beside the package's bytecode (its __pycache__, or
+where PYTHONPYCACHEPREFIX puts it; one per optimization level), written only where .pyc files would be (not
+under PYTHONDONTWRITEBYTECODE; never through a link planted at its name), and read only when it is a plain file
+whose owner is this user or the directory's and no one else can write it: code run at import either way, it is
+trusted as the .pyc files beside it are. A text the table lacks is compiled as before and kept; `save()` writes
+the table when a command ends having compiled one, and `python -m deployer.warm` writes it whole (pip writes no
+table when it installs, as it writes .pyc files). A table of another Python or format, or damaged, is ignored.
+DEPLOYER_CODE_TABLE names another file for it, or `off`: none, and nothing answered.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import dataclasses
 import marshal
 import os
+import stat
 import sys
 import typing
 from types import CodeType
@@ -29,10 +31,13 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_FORMAT = b"deployer code table 1\n"
-# A group past this many texts (each deployer release adds its own) is written again with only the texts its
-# process used.
+# The file's format, after the interpreter's magic: 2 since texts are compiled without inherited flags.
+_FORMAT = b"deployer code table 2\n"
+# A group past MAX_TEXTS texts (each deployer release adds its own) is written again with only those its process
+# used, and a table past MAX_BYTES with only the groups it used. A file past READ_LIMIT is not read.
 MAX_TEXTS = 2000
+MAX_BYTES = 4 << 20
+READ_LIMIT = 16 << 20
 
 
 def _magic() -> bytes:
@@ -43,12 +48,17 @@ def _magic() -> bytes:
 
 
 def table_path() -> str | None:
-    """Where the table is (None: nowhere)."""
+    """Where the table is (None: nowhere): in the directory this package's .pyc files go to."""
     chosen = os.environ.get("DEPLOYER_CODE_TABLE")
     if chosen == "off" or not sys.implementation.cache_tag:  # an interpreter without bytecode caching
         return None
-    return chosen or os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__",
-                                  f"code-table.{sys.implementation.cache_tag}.bin")
+    if chosen:
+        return chosen
+    from importlib.util import cache_from_source
+
+    level = f".opt-{sys.flags.optimize}" if sys.flags.optimize else ""
+    return os.path.join(os.path.dirname(cache_from_source(os.path.abspath(__file__))),
+                        f"code-table.{sys.implementation.cache_tag}{level}.bin")
 
 
 class CodeTable:
@@ -81,12 +91,14 @@ class CodeTable:
         if codes is None:
             codes = self.groups[group] = self._group(group)
         key = f"{mode}\n{text}"
-        self.used.setdefault(group, set()).add(key)
         code = codes.get(key)
         if code is None:
-            code = builtins.compile(text, "<string>", mode)  # what exec(text) compiles; a SyntaxError is kept out
+            # dont_inherit: compiled as the exec or compile it stands for compiles it, not under this module's
+            # `annotations` future (every __init__'s annotations would be strings). A SyntaxError keeps nothing.
+            code = builtins.compile(text, "<string>", mode, dont_inherit=True)
             codes[key] = code
             self.grown.add(group)
+        self.used.setdefault(group, set()).add(key)
         return code
 
     def _group(self, group: str) -> dict[str, CodeType]:
@@ -99,12 +111,17 @@ class CodeTable:
         if self.path is None:
             return {}
         try:
-            with open(self.path, "rb") as table:
-                if not _trusted(os.fstat(table.fileno()), self.path):
-                    return {}
-                data = table.read()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO at the path must not hold the start
         except OSError:
             return {}
+        with open(fd, "rb") as table:
+            try:
+                seen = os.fstat(fd)
+                if not stat.S_ISREG(seen.st_mode) or seen.st_size > READ_LIMIT or not _trusted(seen, self.path):
+                    return {}
+                data = table.read()
+            except OSError:
+                return {}
         head = _magic() + _FORMAT
         return _unmarshalled(memoryview(data)[len(head):], bytes) if data.startswith(head) else {}
 
@@ -113,16 +130,23 @@ class CodeTable:
         if not self.grown or self.blobs is None or self.path is None or sys.dont_write_bytecode:
             return
         blobs = dict(self.blobs)
-        for group in self.grown:
+        for group in list(self.grown):  # a copy: a thread may still be making a class
             codes = self.groups[group]
             if len(codes) > MAX_TEXTS:
-                codes = {key: codes[key] for key in self.used[group]}
+                codes = {key: codes[key] for key in self.used.get(group, ())}
             blobs[group] = marshal.dumps(codes)
+        if sum(map(len, blobs.values())) > MAX_BYTES:
+            blobs = {group: blob for group, blob in blobs.items() if group in self.used}
         partial = f"{self.path}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            # 0o644 at most: a table anyone else can write is never read (_trusted)
-            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as table:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            # O_EXCL and O_NOFOLLOW, as a .pyc is written: nothing planted at the name is followed or truncated.
+            # 0o644 at most: a table anyone else can write is never read (_trusted).
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            return
+        try:
+            with open(fd, "wb") as table:
                 table.write(_magic() + _FORMAT + marshal.dumps(blobs))
             os.replace(partial, self.path)
         except OSError:
@@ -161,11 +185,13 @@ _installed: CodeTable | None = None
 
 
 def installed() -> CodeTable:
-    """The process's CodeTable, answering dataclasses' exec and typing's compile from now on (made once)."""
+    """The process's CodeTable, made once; it answers dataclasses' exec and typing's compile from then on, unless
+    DEPLOYER_CODE_TABLE is `off` (then nothing is answered, and nothing kept)."""
     global _installed
     if _installed is None:
         _installed = CodeTable(table_path())
-        # Both call these by their global names; a module global shadows the builtin for that module alone.
-        dataclasses.exec = _installed.exec  # type: ignore[attr-defined]
-        typing.compile = _installed.compile  # type: ignore[attr-defined]
+        if _installed.path is not None:
+            # Both call these by their global names; a module global shadows the builtin for that module alone.
+            dataclasses.exec = _installed.exec  # type: ignore[attr-defined]
+            typing.compile = _installed.compile  # type: ignore[attr-defined]
     return _installed

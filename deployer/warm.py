@@ -19,7 +19,7 @@ def write_table() -> tuple[str | None, int]:
     """The table's path (None: DEPLOYER_CODE_TABLE=off) and how many texts it holds."""
     table = installed()
     for module in pkgutil.walk_packages(deployer.__path__, "deployer."):
-        if module.name not in ("deployer.__main__", __name__):
+        if module.name not in ("deployer.__main__", "deployer.warm"):
             importlib.import_module(module.name)
     dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, False
     try:

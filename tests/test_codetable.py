@@ -7,14 +7,18 @@ suite never writes the table beside the package it tests."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import typing
 from pathlib import Path
 
 import pytest
 
+from deployer import codetable
 from deployer.codetable import CodeTable, _magic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +86,74 @@ def test_annotations_come_from_the_table_and_a_text_that_is_no_expression_still_
     assert second.compile("x = 1", "<string>", "exec", dont_inherit=True) and not second.grown
 
 
+def test_methods_from_the_table_are_those_plain_exec_makes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled as dataclasses' own exec compiles them: not under codetable.py's `annotations` future, which made
+    every __init__'s annotations strings (get_type_hints then failed on '_type_x')."""
+    def make() -> type:
+        @dataclasses.dataclass(kw_only=True)
+        class Made:
+            x: int
+            y: list[int] = dataclasses.field(default_factory=list)
+        return Made
+
+    plain = make()
+    for table in (CodeTable(str(tmp_path / "table.bin")), CodeTable(str(tmp_path / "table.bin"))):
+        with monkeypatch.context() as patched:
+            patched.setattr(dataclasses, "exec", table.exec, raising=False)
+            tabled = make()
+        table.save()  # the second table reads what the first wrote
+        assert inspect.signature(tabled.__init__) == inspect.signature(plain.__init__)
+        assert typing.get_type_hints(tabled.__init__) == {"x": int, "y": list[int], "return": type(None)}
+        assert tabled.__init__.__code__.co_flags == plain.__init__.__code__.co_flags
+    assert not table.grown
+
+
+def test_a_text_that_fails_to_compile_keeps_nothing_and_the_save_still_trims(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "table.bin"
+    table = CodeTable(str(path))
+    monkeypatch.setattr(typing, "compile", table.compile, raising=False)
+    monkeypatch.setattr(codetable, "MAX_TEXTS", 1)
+    typing.ForwardRef("int")
+    typing.ForwardRef("str")
+    with pytest.raises(SyntaxError):
+        typing.ForwardRef("a b")
+    table.save()  # a group past MAX_TEXTS keeps what its process used: never the text that did not compile
+    assert sorted(CodeTable(str(path))._group("")) == ["eval\nint", "eval\nstr"]
+
+
+def test_a_fifo_at_the_path_is_no_table_and_holds_nothing_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "table.bin"
+    os.mkfifo(path)
+    table = CodeTable(str(path))
+    behaves_as_a_frozen_point(made_with(table, monkeypatch))  # would block in open() without O_NONBLOCK
+    assert table.grown
+
+
+def test_a_link_planted_at_the_partial_name_is_neither_followed_nor_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, victim = tmp_path / "table.bin", tmp_path / "victim"
+    victim.write_text("keep me")
+    os.symlink(victim, f"{path}.{os.getpid()}.tmp")
+    table = CodeTable(str(path))
+    made_with(table, monkeypatch)
+    table.save()
+    assert victim.read_text() == "keep me" and not path.exists()
+
+
+def test_the_table_goes_where_the_pyc_files_go_one_per_optimization_level(tmp_path: Path) -> None:
+    code = "from deployer.codetable import table_path; print(table_path())"
+    env = {k: v for k, v in os.environ.items() if k != "DEPLOYER_CODE_TABLE"}
+    prefix = str(tmp_path / "prefix")
+    said = [subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                           timeout=60, check=True).stdout.strip()
+            for flags in ([], ["-O"], ["-X", f"pycache_prefix={prefix}"])]
+    tag = sys.implementation.cache_tag
+    assert said[0] == str(ROOT / "deployer" / "__pycache__" / f"code-table.{tag}.bin")
+    assert said[1] == str(ROOT / "deployer" / "__pycache__" / f"code-table.{tag}.opt-1.bin")
+    assert said[2] == os.path.join(prefix, str(ROOT / "deployer").lstrip(os.sep), f"code-table.{tag}.bin")
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "another_python", "group_writable", "world_writable"])
 def test_a_damaged_or_writable_table_is_ignored_and_written_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
@@ -104,7 +176,9 @@ def test_a_damaged_or_writable_table_is_ignored_and_written_again(
     behaves_as_a_frozen_point(made_with(again, monkeypatch))
     assert again.grown == first_grown, "nothing was taken from the damaged table"
     os.chmod(path, 0o644)
+    damaged = path.stat().st_ino
     again.save()
+    assert path.stat().st_ino != damaged, "written again"
     assert not made_with_fresh(path, monkeypatch).grown
 
 
@@ -124,6 +198,24 @@ def test_a_table_another_user_wrote_is_not_read(tmp_path: Path, monkeypatch: pyt
     assert made_with_fresh(path, monkeypatch).grown
     os.chown(path, 0, 0)
     assert not made_with_fresh(path, monkeypatch).grown
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's view needs root to take it (CI runs as root)")
+def test_a_table_the_directory_s_owner_wrote_is_read_by_another_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package installed by root and run by someone else: root's table, in root's directory, is read."""
+    shared = Path(tempfile.mkdtemp(prefix="codetable-"))  # not pytest's tmp_path: that is root's alone (0700)
+    try:
+        shared.chmod(0o755)
+        first = CodeTable(str(shared / "table.bin"))
+        made_with(first, monkeypatch)
+        first.save()
+        code = ("import os, dataclasses\nfrom deployer.codetable import CodeTable\nos.seteuid(65534)\n"
+                f"table = CodeTable({str(shared / 'table.bin')!r})\ndataclasses.exec = table.exec\n"
+                "dataclasses.make_dataclass('Point', [('x', int), ('y', int, dataclasses.field(default=2))], "
+                "frozen=True)\nprint(sorted(table.grown))")
+        assert run_python(code, "off") == "[]"
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_nothing_is_written_under_dont_write_bytecode_nor_where_it_cannot_be(
@@ -172,4 +264,6 @@ def test_a_command_that_compiled_texts_writes_the_table_and_off_means_none(tmp_p
     run_python("", str(table), "-m", "deployer", "schema", "inventory")
     assert table.read_bytes().startswith(_magic())
     assert run_python("", "off", "-m", "deployer.warm") == "no code table: DEPLOYER_CODE_TABLE=off"
-    assert run_python("from deployer.codetable import installed; print(installed().path)", "off") == "None"
+    assert run_python("import dataclasses, typing\nfrom deployer.codetable import installed\n"
+                      "print(installed().path, 'exec' in vars(dataclasses), 'compile' in vars(typing))", "off") == \
+        "None False False"
