@@ -49,7 +49,7 @@ def test_an_ssh_apply_loads_neither_asyncio_nor_importlib_metadata_and_paramiko_
 NOT_FOR_A_PLAIN_APPLY = ("rich", "http.client", "email.parser", "deployer.steps.metrics",
                          "deployer.steps.loadgen", "deployer.steps.services", "deployer.fleet.runner",
                          "deployer.analysis")
-NOT_FOR_HELP = ("pydantic", "yaml", "paramiko", "rich", "deployer.config", "deployer.app")
+NOT_FOR_HELP = ("pydantic", "yaml", "paramiko", "rich", "json", "deployer.config", "deployer.app")
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)

@@ -4,7 +4,6 @@ typed failures mapped to their exit codes."""
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -19,6 +18,8 @@ EXIT_CODES = """Exit codes: 0 ok, 1 a step failed (target restored), 2 usage/con
 
 
 def emit_json(data: Any) -> None:
+    import json  # here: `deployer --help` has no use for it (5 ms of its start)
+
     click.echo(json.dumps(data, indent=1))
 
 
