@@ -104,11 +104,12 @@ class Whole:
         try:
             # Room for the pre-run copies, kept once the answers are in (about the new bytes' size: a fix is small).
             ensure_headroom(record.dir.parent, 2 * sum(len(c.new) for c in ctx.changes))
-            record.update(files=[FileRecord(dest=c.dest, path=c.path, existed=True, tracked=True, sha256=None,
-                                            new_sha256=sha256_hex(c.new), new_blob=git_blob_id(c.new))
-                                 for c in ctx.changes],
-                          sent_ahead=[s.name for s in self.chain[self.upload:self.commit + 1]])
-            record.advance(Phase.changing, utc_now())  # on disk before the first change is sent
+            # On disk before the first change is sent, the files and the phase in one durable write.
+            record.advance(Phase.changing, utc_now(),
+                           files=[FileRecord(dest=c.dest, path=c.path, existed=True, tracked=True, sha256=None,
+                                             new_sha256=sha256_hex(c.new), new_blob=git_blob_id(c.new))
+                                  for c in ctx.changes],
+                           sent_ahead=[s.name for s in self.chain[self.upload:self.commit + 1]])
         except RunRecordError:
             self._forget(ctx)
             return
