@@ -40,11 +40,12 @@ MAX_BYTES = 4 << 20
 READ_LIMIT = 16 << 20
 
 
-def _magic() -> bytes:
-    """The interpreter's bytecode magic: marshal's format and what compile() makes both change with it."""
+def _header() -> bytes:
+    """What a table starts with: the interpreter's bytecode magic (marshal's format and what compile() makes both
+    change with it), then the file's format."""
     from importlib.util import MAGIC_NUMBER
 
-    return MAGIC_NUMBER
+    return MAGIC_NUMBER + _FORMAT
 
 
 def table_path() -> str | None:
@@ -122,7 +123,7 @@ class CodeTable:
                 data = table.read()
             except OSError:
                 return {}
-        head = _magic() + _FORMAT
+        head = _header()
         return _unmarshalled(memoryview(data)[len(head):], bytes) if data.startswith(head) else {}
 
     def save(self) -> None:
@@ -147,7 +148,7 @@ class CodeTable:
             return
         try:
             with open(fd, "wb") as table:
-                table.write(_magic() + _FORMAT + marshal.dumps(blobs))
+                table.write(_header() + marshal.dumps(blobs))
             os.replace(partial, self.path)
         except OSError:
             with contextlib.suppress(OSError):

@@ -18,6 +18,8 @@ from deployer.codetable import installed
 def write_table() -> tuple[str | None, int]:
     """The table's path (None: DEPLOYER_CODE_TABLE=off) and how many texts it holds."""
     table = installed()
+    if table.path is None:  # nothing would keep what the imports compile
+        return None, 0
     for module in pkgutil.walk_packages(deployer.__path__, "deployer."):
         if module.name not in ("deployer.__main__", "deployer.warm"):
             importlib.import_module(module.name)

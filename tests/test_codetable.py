@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from deployer import codetable
-from deployer.codetable import CodeTable, _magic
+from deployer.codetable import CodeTable, _header
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_a_second_table_on_the_same_file_compiles_nothing_and_makes_the_same_cla
     behaves_as_a_frozen_point(made_with(first, monkeypatch))
     assert first.grown
     first.save()
-    assert path.read_bytes().startswith(_magic()) and not first.grown
+    assert path.read_bytes().startswith(_header()) and not first.grown
 
     second = CodeTable(str(path))
     behaves_as_a_frozen_point(made_with(second, monkeypatch))
@@ -164,7 +164,7 @@ def test_a_damaged_or_writable_table_is_ignored_and_written_again(
     first.save()
     data = path.read_bytes()
     if damage == "garbage":
-        path.write_bytes(data[:len(_magic()) + 30] + b"\xff" * 64)
+        path.write_bytes(data[:len(_header()) + 30] + b"\xff" * 64)
     elif damage == "truncated":
         path.write_bytes(data[:len(data) // 2])
     elif damage == "another_python":
@@ -262,7 +262,7 @@ def test_warm_writes_every_module_s_texts_and_a_later_process_compiles_none(tmp_
 def test_a_command_that_compiled_texts_writes_the_table_and_off_means_none(tmp_path: Path) -> None:
     table = tmp_path / "table.bin"
     run_python("", str(table), "-m", "deployer", "schema", "inventory")
-    assert table.read_bytes().startswith(_magic())
+    assert table.read_bytes().startswith(_header())
     assert run_python("", "off", "-m", "deployer.warm") == "no code table: DEPLOYER_CODE_TABLE=off"
     assert run_python("import dataclasses, typing\nfrom deployer.codetable import installed\n"
                       "print(installed().path, 'exec' in vars(dataclasses), 'compile' in vars(typing))", "off") == \
