@@ -375,7 +375,9 @@ class Agent:
 
         A lock's heartbeat that costs no round trip, is never queued behind a long command, and stops
         by itself when the client is gone (the agent exits on EOF), so a dead run's lock turns stale.
-        A file that disappears (the lock was released) is not created again."""
+        A file that disappears (the lock was released) is not created again. The first touch writes this agent's
+        pid into it: a run killed before it read the agent's hello leaves no pid in its log, and recover must still
+        know which agent to wait for before it takes the lock over."""
         path = _abs_path(req)
         interval = _field(req, "interval_s", (int, float), 0)
         if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
@@ -385,7 +387,7 @@ class Agent:
             previous.set()
         touched = False
         if interval > 0:
-            touched = _touch(path)
+            touched = _stamp(path)
             stop = threading.Event()
             self._beats[path] = stop
             threading.Thread(target=self._beat, args=(path, float(interval), stop), daemon=True,
@@ -742,14 +744,16 @@ class Agent:
         """The processes in any of `sessions`, `groups` or `pids`, and those holding a TCP socket that listens
         on one of `ports` (any address, IPv4 or IPv6). A service is a process tree: its children may change
         their process group, or be reparented to init, and still hold its port and its GPUs. A listening
-        socket whose owner this agent may not see (another user's, without root) is named in `unowned`."""
+        socket whose owner this agent may not see (another user's, without root) is named in `unowned`. Never this
+        agent itself: a pid read from a cut run's lock may name it in a fresh pid namespace (a restarted container)."""
         sessions, groups, pids = (set(_int_list(req, name)) for name in ("sessions", "groups", "pids"))
         ports = set(_int_list(req, "ports"))
         inodes = _listening_inodes(ports) if ports else {}
         unowned = dict(inodes)
         found: list[dict[str, Any]] = []
+        own = str(os.getpid())
         for name in os.listdir("/proc"):
-            if not name.isdigit():
+            if not name.isdigit() or name == own:
                 continue
             info = _proc_info(int(name))
             if info is None:
@@ -1083,6 +1087,17 @@ def _create_staged(temp: str) -> int:
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _stamp(path: str) -> bool:
+    """Write this agent's pid into path (its mtime now with it); False when it is not there to write."""
+    try:  # never created, never a link followed, never a FIFO waited on
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{os.getpid()}\n")
+    except OSError:
+        return False
+    return True
 
 
 def _touch(path: str) -> bool:

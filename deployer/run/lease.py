@@ -18,7 +18,7 @@ from deployer.agent.processes import Procs
 from deployer.agent.protocol import ExecResult, Get, Run
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
 from deployer.run import intent
-from deployer.run.lock import DeployLock, force_release, read_state, wait_free
+from deployer.run.lock import DeployLock, beating_agent, force_release, read_state, wait_free
 from deployer.run.preflight import Reads, send_reads
 from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
 from deployer.runstate import Phase, RunRecord
@@ -209,16 +209,16 @@ class Lease:
         state = read_state(ctx.transport, git_dir, self.ttl_s, self.host_name)
         if state is None or self.adopt_of is None or state.info.get("run_id") != self.adopt_of:
             return False
-        if not state.stale and (running := self._may_run(ctx)) is not None:
+        if not state.stale and (running := self._may_run(ctx, git_dir)) is not None:
             raise LockHeld(f"run {self.adopt_of} still holds the lock and its heartbeat is fresh "
                            f"({state.describe()}){running}; recover it once it has stopped (its heartbeat goes stale "
                            f"{state.ttl_s:.0f}s after its last beat)")
         agents: list[int] = []
         if state.stale:
             # A stale heartbeat says its agent stopped beating, not that it ended: one still busy with the cut run's
-            # last command (a start) would race what recover does next. Not known (no log here): taken, as ever.
+            # last command (a start) would race what recover does next. Not known (none named): taken, as ever.
             with contextlib.suppress(DeployerError):
-                agents = self._agents_left(ctx, self._cut_agents())
+                agents = self._agents_left(ctx, self._cut_agents(ctx, git_dir))
         if agents:
             raise LockHeld(f"run {self.adopt_of}'s lock is stale ({state.describe()}), but its agent on the target "
                            f"(pid {agents[0]}) still runs {AGENT_END_S:g}s later; end it there, then recover")
@@ -227,9 +227,9 @@ class Lease:
                  because="its heartbeat is stale" if state.stale else "its process on this machine is gone")
         return True
 
-    def _may_run(self, ctx: Context) -> str | None:
-        """None when the run's record here names a process of this machine that is gone and no agent its log names
-        runs on the target: an agent exits once its stdin closes, as the process's death does, unless the link was
+    def _may_run(self, ctx: Context, git_dir: str) -> str | None:
+        """None when the run's record here names a process of this machine that is gone and no agent of it runs on
+        the target: an agent exits once its stdin closes, as the process's death does, unless the link was
         cut so that the target never heard it close. Else what may still run, for the refusal."""
         record = RunRecord.load(self.adopt_dir) if self.adopt_dir is not None else None
         if record is None or record.state.owner is None:
@@ -241,23 +241,26 @@ class Lease:
                     f"; its record here names process {owner.pid} of a boot or machine this one cannot judge")
         gone = f"; its process on this machine (pid {owner.pid}) is gone, but"
         try:
-            pids = self._cut_agents()
+            pids = self._cut_agents(ctx, git_dir)
             if not pids:
-                return f"{gone} its log here names no agent of it on the target to look for"
+                return f"{gone} neither its log here nor its lock on the target names an agent of it to look for"
             agents = self._agents_left(ctx, pids)
         except DeployerError as exc:
             return f"{gone} whether its agent on the target still runs is not known ({exc})"
         return f"{gone} its agent on the target (pid {agents[0]}) still runs {AGENT_END_S:g}s later" if agents else None
 
-    def _cut_agents(self) -> list[int]:
-        """The pids of the cut run's agents on the target, as its log here names them (none without it)."""
-        if self.adopt_dir is None or not (self.adopt_dir / EVENTS).is_file():
-            return []
-        events = read_run(self.adopt_dir.parent, self.adopt_dir.name).events
-        # An agent its container's restart ended (services/container.py) is gone: its pid, of that container's
-        # old pid namespace, may well be another process's in the new one.
-        ended = max((i for i, e in enumerate(events) if e.get("type") == "agent_ended"), default=-1)
-        return [e["pid"] for e in events[ended + 1:] if e.get("type") == "agent" and isinstance(e.get("pid"), int)]
+    def _cut_agents(self, ctx: Context, git_dir: str) -> list[int]:
+        """The pids of the cut run's agents on the target: those its log here names, and the one its lock's
+        heartbeat names (a run killed between sending its lock's take and reading its agent's hello logged none)."""
+        pids: list[int] = []
+        if self.adopt_dir is not None and (self.adopt_dir / EVENTS).is_file():
+            events = read_run(self.adopt_dir.parent, self.adopt_dir.name).events
+            # An agent its container's restart ended (services/container.py) is gone: its pid, of that container's
+            # old pid namespace, may well be another process's in the new one.
+            ended = max((i for i, e in enumerate(events) if e.get("type") == "agent_ended"), default=-1)
+            pids = [e["pid"] for e in events[ended + 1:] if e.get("type") == "agent" and isinstance(e.get("pid"), int)]
+        beating = beating_agent(ctx.transport, git_dir)
+        return pids if beating is None or beating in pids else [*pids, beating]
 
     def _agents_left(self, ctx: Context, pids: list[int]) -> list[int]:
         """Which of pids still run on the target, once each had AGENT_END_S to end: an agent ends as soon as it

@@ -145,6 +145,15 @@ def read_state(transport: Transport, git_dir: str, ttl_s: float, host: str) -> L
     return LockState(path, known, age, float(own_ttl), host)
 
 
+def beating_agent(transport: Transport, git_dir: str) -> int | None:
+    """The pid of the agent that beats the lock's heartbeat, as its first beat wrote it (None: none written, or not
+    a pid). The target's word: a pid to look for (by its command line too), never proof that anything runs."""
+    raw = transport.get(posixpath.join(lock_path(git_dir), "heartbeat"), timeout=TIMEOUT_S)
+    text = raw.decode("ascii", "replace").strip() if raw else ""
+    pid = int(text) if text.isdigit() and len(text) <= 10 else 0
+    return pid if 0 < pid <= MAX_PID else None
+
+
 def wait_free(transport: Transport, git_dir: str, ttl_s: float, host: str, wait_s: float, cancel: CancelToken,
               say: Callable[[str], None]) -> None:
     """`--lock-wait S`: poll the lock until it is free, at most wait_s; each holder waited for is said once. Still

@@ -137,6 +137,13 @@ def test_a_signal_reaches_only_the_process_that_was_listed(client: AgentClient, 
     assert client.call(Signal("KILL", [(child.pid, child.start)])) == {child.pid: "gone"}
 
 
+def test_the_agent_never_lists_itself(client: AgentClient, tree: Tree) -> None:
+    # A pid read from a cut run's lock may be the asking agent's own in a fresh pid namespace: never a cut agent.
+    assert client.hello is not None
+    own = client.hello.pid
+    assert [p.pid for p in client.call(Procs(pids=[own, tree.child])).procs] == [tree.child]
+
+
 @pytest.mark.parametrize(("request_", "refusal"), [
     (Signal("STOP", [(os.getpid(), "1")]), "sig must be one of HUP, INT, KILL, TERM"),
     (Signal("KILL", [(1, "1")]), "each of procs must be {pid: int > 1, start: str}"),

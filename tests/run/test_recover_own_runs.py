@@ -27,6 +27,9 @@ from fixtures_repo import FIXED_A, Project, act_when, age_lock, git, staged_byte
 from polling import wait_for
 from test_recover import gate, kill_marker, state_of
 
+from deployer.agent.client import CUT_SHORT
+from deployer.runlog import EVENTS
+
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
 TTL_S = 600  # no heartbeat goes stale while a test runs: only the record here can let recover in early
@@ -173,21 +176,36 @@ def deaf_link(target: Project) -> Iterator[Path]:
         kill_relays(pids)
 
 
+def unlogged_agent(run: Path) -> None:
+    """run's log as a kill between sending its lock's take and reading its agent's hello leaves it: no `agent`
+    event, so no pid of its agent (that kill's window is about a millisecond wide: made here, not waited for)."""
+    log = run / EVENTS
+    lines = log.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["type"] != "agent"]
+    assert len(kept) < len(lines)
+    log.write_bytes(b"".join(kept))
+
+
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
+@pytest.mark.parametrize("logged", [True, False], ids=["agent-logged", "agent-unlogged"])
 @pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale"])
 def test_a_recover_waits_while_the_killed_runs_agent_still_runs_on_a_target_that_never_heard_the_link_close(
-        target: Project, stale: bool) -> None:
+        target: Project, stale: bool, logged: bool) -> None:
     # Stale (its TTL passed, or a person says so by backdating it): the heartbeat stopped, but an agent still busy
-    # with the run's last command would race recover; it was taken over all the same.
+    # with the run's last command would race recover; it was taken over all the same. Unlogged: the lock's heartbeat
+    # names the agent that beats it.
     tree, head = work_tree(target.repo), target.head()
     with deaf_link(target) as pids:
         run = killed_holding_the_lock(target)
+        if not logged:
+            unlogged_agent(run)
         if stale:
             age_lock(target.repo)
         refused = target.deployer("recover", run.name)
         assert refused.returncode == 3, refused.stdout + refused.stderr
         found = re.search(r"its agent on the target \(pid (\d+)\) still runs 5s later", refused.stderr)
         assert found is not None, refused.stderr
+        assert CUT_SHORT.encode() in Path(f"/proc/{found[1]}/cmdline").read_bytes()  # the killed run's agent
         assert ("lock is stale" in refused.stderr) == stale, refused.stderr
         assert staged_bytes(target.repo, "pkg/a.py") == FIXED_A and lock_of(target).is_symlink()
         kill_relays(pids)  # now sshd hears the link close, and the agent leaves with it
@@ -215,6 +233,19 @@ def test_a_recover_right_behind_the_kill_waits_for_the_killed_runs_agent_to_end(
                 recovering.wait()
     assert recovering.returncode == 0, out + err
     settled_as_before(target, tree, head)
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_a_run_killed_before_its_log_named_its_agent_is_recovered_at_once(target: Project) -> None:
+    # Its agent read the kill's end of the link and left; its lock's heartbeat says which agent that was.
+    tree, head = work_tree(target.repo), target.head()
+    run = killed_holding_the_lock(target)
+    unlogged_agent(run)
+    recovered = target.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    settled_as_before(target, tree, head)
+    [adopted] = [e for e in target.events() if e["type"] == "lock_adopted"]
+    assert adopted["because"] == "its process on this machine is gone", adopted
 
 
 def waiting_for_agent(target: Project) -> bool:
