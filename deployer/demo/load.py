@@ -12,13 +12,18 @@ import http.client
 import json
 import threading
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from deployer.text import shown
 
+if TYPE_CHECKING:
+    from deployer.steps.cancel import CancelToken
+
 KEPT_FAILURES = 5  # the first few failures, for the message; the counts say how many
+SERVED_POLL_S = 0.1
 
 
 class LoadReport(BaseModel):
@@ -117,6 +122,13 @@ class Load:
         """The requests served so far."""
         with self._lock:
             return len(self._latencies)
+
+    def served(self, count: int, within_s: float, cancel: CancelToken) -> bool:
+        """Wait until count requests were served, at most within_s (a signal cuts it short); whether they were."""
+        deadline = time.monotonic() + within_s
+        while self.ok < count and (left := deadline - time.monotonic()) > 0:
+            cancel.wait(min(SERVED_POLL_S, left))
+        return self.ok >= count
 
     def __enter__(self) -> Load:
         return self.start()

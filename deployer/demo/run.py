@@ -466,6 +466,9 @@ class FleetDemoOutcome:
 # slower side too (deployer/demo/judged.py). Not many more: each is a request queued at a prefill's 4 KV transfer
 # workers, and on a loaded machine the old build's p99 time to first token read up to 2.8 s under 12, 2.1 s under 6.
 LOAD: dict[str, Any] = {"clients": 10, "max_requests": 5000, "seconds": 300.0, "timeout_s": 10.0, "pause_s": 0.05}
+# The rollout starts once the load is steady: the first unit's before-windows are read right away, and requests
+# served while every stack, the router and the clients were still starting are no baseline a later unit gets.
+WARM_UP_REQUESTS, WARM_UP_WITHIN_S = 3 * LOAD["clients"], 30.0
 
 
 def run_fleet_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = None,
@@ -483,6 +486,7 @@ def run_fleet_demo(workdir: Path | None, *, keep: bool, watch: Watch | None = No
                                   listeners=listeners, inventory=inventory)
         load = Load(stacks[ROUTER_HOST].url("router", "/generate"), **LOAD).start()
         try:
+            load.served(WARM_UP_REQUESTS, WARM_UP_WITHIN_S, cancel)
             state = fleet.run()
         finally:
             report = load.stop()

@@ -32,6 +32,21 @@ def analysis_of(workdir: Path, run_id: str) -> dict[str, Any]:
     return event
 
 
+def judged(workdir: Path, hosts: dict[str, Any]) -> str:
+    """What each unit's analysis found (the outcome, each check's why and windows), for a failure's message."""
+    found = []
+    for unit, (prefill, _) in UNITS.items():
+        run_id = hosts[prefill].get("run_id")
+        events = (workdir / "runs" / str(run_id) / "events.jsonl")
+        for event in map(json.loads, events.read_text().splitlines() if run_id and events.is_file() else []):
+            if event.get("type") == "analysis":
+                found += [f"{unit}: {event['outcome']}"] + [
+                    f"  {v['check']}: {v['outcome']}: {v['why']}; windows (count, value) before "
+                    f"{[(w['count'], w['value']) for w in v['baseline_windows']]}, after "
+                    f"{[(w['count'], w['value']) for w in v['canary_windows']]}" for v in event["verdicts"]]
+    return "\n".join(found) or "no analysis in any unit's log"
+
+
 def test_the_fleet_demo_with_a_regression_fails_its_p99_ttft_and_rolls_the_first_unit_back(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     result = deployer("demo", "--fleet", "--regression", "--workdir", str(workdir), cwd=tmp_path)
@@ -39,8 +54,10 @@ def test_the_fleet_demo_with_a_regression_fails_its_p99_ttft_and_rolls_the_first
     assert result.returncode == 5, said
     record = fleet_record(workdir)
     hosts = record["hosts"]
-    assert record["status"] == "failed" and [hosts[h]["state"] for h in UNITS["pd-1"]] == ["rolled_back"] * 2, hosts
-    assert [hosts[h]["status"] for h in UNITS["pd-2"]] == ["untouched"] * 2, hosts  # no further batch started
+    states = {host: (run["status"], run["state"]) for host, run in hosts.items()}
+    assert record["status"] == "failed" and [hosts[h]["state"] for h in UNITS["pd-1"]] == ["rolled_back"] * 2, (
+        f"{states}\n{judged(workdir, hosts)}")
+    assert [hosts[h]["status"] for h in UNITS["pd-2"]] == ["untouched"] * 2, states  # no further batch started
     event = analysis_of(workdir, hosts["gpu-a"]["run_id"])
     ttft = event["verdicts"][0]
     assert event["outcome"] == "fail" and ttft["outcome"] == "fail" and ttft["change"] > 0.10, ttft

@@ -1,0 +1,78 @@
+"""The demo's load waits for the requests it served, not for a time: `deployer demo --fleet` starts its rollout
+once the load is steady (deployer/demo/run.py's warm-up). A real HTTP server on 127.0.0.1 answers the clients."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from deployer.demo.load import Load
+from deployer.errors import Interrupted
+from deployer.steps.cancel import CancelToken
+
+GENERATION = ("data: " + json.dumps({"text": "x", "meta_info": {"finish_reason": {"type": "length"}}})
+              + "\n\ndata: [DONE]\n\n").encode()
+
+
+def server(status: int) -> Iterator[str]:
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = GENERATION if status == 200 else b"no"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/generate"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+@pytest.fixture
+def serving() -> Iterator[str]:
+    yield from server(200)
+
+
+@pytest.fixture
+def failing() -> Iterator[str]:
+    yield from server(500)
+
+
+def test_served_returns_once_the_load_served_that_many(serving: str) -> None:
+    with Load(serving, clients=2, max_requests=200, seconds=30, pause_s=0.01) as load:
+        assert load.served(10, 20.0, CancelToken())
+        assert load.ok >= 10
+    assert load.report is not None and load.report.failed == 0
+
+
+def test_served_gives_up_at_its_deadline_when_nothing_is_served(failing: str) -> None:
+    with Load(failing, clients=2, max_requests=200, seconds=30, pause_s=0.01) as load:
+        started = time.monotonic()
+        assert not load.served(1, 0.5, CancelToken())
+        assert 0.5 <= time.monotonic() - started < 10
+    assert load.report is not None and load.report.ok == 0 and load.report.failed > 0
+
+
+def test_a_signal_cuts_the_wait_short(failing: str) -> None:
+    cancel = CancelToken()
+    with Load(failing, clients=1, max_requests=50, seconds=30, pause_s=0.01) as load:
+        threading.Timer(0.2, cancel.cancel).start()
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            load.served(1, 60.0, cancel)
+        assert time.monotonic() - started < 30
