@@ -72,8 +72,10 @@ class Recovered:
             parts.append(f"it ended {self.end_note.status} there, as its end note on the target says")
         if self.rollback_commit and self.rollback_of is None:
             parts.append(f"rolled back by {self.rollback_commit[:12]}")
-        if self.restored or self.removed:
-            parts.append(f"restored {', '.join(self.restored) or '-'}; removed {', '.join(self.removed) or '-'}")
+        if self.restored:
+            parts.append(f"restored {', '.join(self.restored)}")
+        if self.removed:
+            parts.append(f"removed {', '.join(self.removed)}")
         if self.temps:
             parts.append(f"removed temp files {', '.join(self.temps)}")
         if self.lock_released:

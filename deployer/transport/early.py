@@ -151,7 +151,12 @@ class KnownGood:
             # The agent goes ahead only where it runs on the host itself, as the login's user (neither a container's
             # exec nor a sudo before this process's own checks).
             agent = "ahead" if host.container is None and not host.become else "on-release"
-            temp.write_text(json.dumps({"host": name, "ssh": SshParams.of(name, host).document(), "agent": agent}))
+            # Made here, never written through a link planted at its name (unlink takes the link itself away).
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps({"host": name, "ssh": SshParams.of(name, host).document(), "agent": agent}))
             os.replace(temp, self.path)
             for old in sorted(records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)[:-KEPT]:
                 old.unlink()

@@ -21,7 +21,7 @@ from polling import within
 from pydantic import TypeAdapter
 
 from deployer.command import Masker
-from deployer.config.models import AnyHost
+from deployer.config.models import AnyHost, SshHost
 from deployer.steps.context import EventBus
 from deployer.transport.early import KnownGood, code_stamp, records_dir
 from deployer.transport.factory import Opening
@@ -369,3 +369,16 @@ def test_the_records_are_this_users_cache(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert records_dir() == tmp_path / "deployer" / "known-good"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert records_dir() == Path.home() / ".cache" / "deployer" / "known-good"
+
+
+def test_a_link_planted_at_the_records_temp_name_is_not_written_through(tmp_path: Path) -> None:
+    known = KnownGood(tmp_path / "records", "d" * 64)
+    known.records.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    (known.records / f".{known.key}.{os.getpid()}.tmp").symlink_to(victim)
+    host = SshHost.model_validate({"transport": "ssh", "address": "10.0.0.1", "repo": "/srv/r", "user": "u"})
+    known.record("box", host)
+    assert victim.read_text() == "kept"
+    assert json.loads(known.path.read_text())["host"] == "box"
+    assert [p.name for p in known.records.iterdir()] == [known.path.name]

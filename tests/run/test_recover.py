@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable
@@ -260,6 +261,8 @@ def test_recover_from_another_machine_uses_the_intent_record_and_gits_objects(ta
     done = target.deployer("recover", "--host", "box", "--runs-dir", str(elsewhere))
     assert done.returncode == 0, done.stdout + done.stderr
     assert run.name in done.stdout and "failed_restored" in done.stdout
+    # What it restored, by name; nothing said of removals where there were none.
+    assert re.search(r"; restored pkg/a\.py[,;]", done.stdout) and "removed -" not in done.stdout, done.stdout
     assert work_tree(target.repo) == before_tree and target.head() == head
     assert not (target.repo / ".git" / "deployer" / "inflight.json").exists()
     assert any((p / "events.jsonl").is_file() for p in elsewhere.iterdir())
