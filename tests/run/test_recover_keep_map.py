@@ -31,3 +31,16 @@ def test_the_revert_keeps_only_what_the_rollbacks_steps_started_and_never_a_pid_
     assert serving.started(serving.logged(tmp_path, RUN), False) == {"prefill": 100, "decode": 101}
     no_log = serving.logged(tmp_path, "20261204T000000.000Z-000000")
     assert serving.started(no_log, True) == {}  # no log here: nothing kept
+
+
+def test_a_service_is_known_started_by_its_health_answer_and_never_by_a_pid_the_run_stopped(tmp_path: Path) -> None:
+    logged(tmp_path,
+           {"type": "run_start", "host": "box"},
+           {"type": "service_phase", "step": "co_restart", "service": "prefill", "phase": "stopping", "pid": 50},
+           {"type": "service_phase", "step": "co_restart", "service": "decode", "phase": "stopping", "pid": 51},
+           {"type": "service_phase", "step": "co_restart", "service": "router", "phase": "stopping", "pid": 52},
+           {"type": "service_healthy", "step": "co_restart", "service": "prefill", "pid": 100},
+           {"type": "service_started", "step": "co_restart", "service": "prefill", "pid": 100},
+           {"type": "service_healthy", "step": "co_restart", "service": "decode", "pid": 101},  # killed here
+           {"type": "service_started", "step": "co_restart", "service": "router", "pid": 52})  # "started": the old
+    assert serving.started(serving.logged(tmp_path, RUN), False) == {"prefill": 100, "decode": 101}
