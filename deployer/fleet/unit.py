@@ -34,9 +34,9 @@ from deployer.errors import (
 from deployer.fleet.router import Routers, UnitRouting
 from deployer.run import undo
 from deployer.run.engine import VERIFY, Engine, RunResult
-from deployer.run.restart import left_down
 from deployer.run.revert_checks import NotRun, failed_check, recorded_baseline
 from deployer.run.rollback import Target, check, check_recorded, finish_hint, link_rollback
+from deployer.run.standing import left_down
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.runstate import Phase
 from deployer.steps.base import Effect, Scope, Step

@@ -31,6 +31,7 @@ from deployer.run.ending import Ending
 from deployer.run.lease import Lease, Note, end_note, run_trailer, send_seal
 from deployer.run.plan import PlanReport, plan
 from deployer.run.revert_checks import NotRun, RevertChecks, checks_failed_message, failed_names, prove
+from deployer.run.standing import left_down, target_state
 from deployer.run.whole import Whole
 from deployer.runlog import RunLogWriter, new_run_id, operator_id, utc_now
 from deployer.runowner import Owner
@@ -491,8 +492,12 @@ class Engine:
         ctx.facts.rollback_checks = verdicts
         ctx.bus.step = None
         if failure is not None:
+            from deployer.steps.services.co_restart import services_restarted  # a failure's: off the run's path
+
             revert = str(ctx.facts.rollback_commit)
-            raise ChecksFailed(checks_failed_message(verdicts, failure, revert, self.host_name),
+            restarted = services_restarted(self.steps, ctx.host)
+            left = left_down(ctx, restarted) if restarted else target_state(ctx)
+            raise ChecksFailed(checks_failed_message(verdicts, failure, revert, self.host_name, left),
                                commit=revert, checks=failed_names(verdicts))
 
     @staticmethod

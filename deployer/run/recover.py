@@ -23,9 +23,10 @@ from deployer.run import intent, serving
 from deployer.run import rollback as rollbacks
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.lock import read_state
-from deployer.run.restart import left_down, restarted_services
+from deployer.run.restart import restarted_services
 from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
 from deployer.run.revert_checks import recorded_baseline
+from deployer.run.standing import left_down
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
 from deployer.runstate import PAST_COMMIT, FileRecord, Phase, RunRecord

@@ -7,7 +7,6 @@ is complete (`runs verify --target` loads it like any other)."""
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import yaml
@@ -15,15 +14,14 @@ import yaml
 from deployer.config.models import Playbook
 from deployer.errors import DeployerError, Interrupted, VerificationFailed
 from deployer.run.engine import Engine, RunResult
+from deployer.run.standing import left_down
 from deployer.runlog import RunLogWriter, utc_now
 from deployer.runstate import Phase
 from deployer.steps.base import Effect, Step
 from deployer.steps.context import Context, LoadedPlaybook
 from deployer.steps.gitops import head
 from deployer.steps.playbook import parse_playbook
-from deployer.steps.services import manager_for
 from deployer.steps.services.co_restart import CoRestart, CoRestartParams, services_restarted
-from deployer.text import shown
 
 WHERE = "(deployer restart)"
 
@@ -79,21 +77,3 @@ def restart(engine: Engine, services: list[str]) -> RunResult:
 def restarted_services(engine: Engine) -> list[str]:
     """The services the engine's restart steps restart, in order."""
     return services_restarted(engine.steps, engine.host)
-
-
-def left_down(ctx: Context, services: list[str]) -> str:
-    """Which of services are down now (read on the target), and the exact command that brings them back."""
-    down: dict[str, str] = {}
-    for name in services:
-        try:
-            seen = manager_for(ctx, name).observe()
-        except DeployerError as exc:
-            down[name] = f"not observed: {shown(str(exc))}"
-            continue
-        if seen.health is False or (seen.health is None and seen.pid is None):
-            down[name] = seen.describe()
-    if not down:
-        return f"Every service answers its health check now ({', '.join(services)})."
-    again = shlex.join(["deployer", "restart", "--host", ctx.host_name, *down])
-    return (f"Down on {ctx.host_name}: {'; '.join(f'{n} ({why})' for n, why in down.items())}. "
-            f"Bring them back with: {again}")

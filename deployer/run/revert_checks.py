@@ -109,10 +109,10 @@ def failed_names(verdicts: Verdicts) -> list[str]:
         [name for name, verdict in verdicts.items() if verdict == "not run: an earlier check failed"]
 
 
-def checks_failed_message(verdicts: Verdicts, failure: DeployerFailure, commit: str, host: str) -> str:
+def checks_failed_message(verdicts: Verdicts, failure: DeployerFailure, commit: str, host: str, left: str) -> str:
+    """`left`: what the target has now (run/standing.py: the services down and the command that brings them back)."""
     failed = failed_names(verdicts)
     return (f"{failure}\nThe revert stands (commit {commit[:12]}); the reverted build failed its check "
             f"{failed[0]}{' (not run after it: ' + ', '.join(failed[1:]) + ')' if failed[1:] else ''}. The run "
             "ends rolled_back with that check named: a rollback again would not change the old build. "
-            f"`deployer check --host {host}` shows the services and the gauge now; `deployer restart --host {host}` "
-            "restarts the services onto this build.")
+            f"{left}\n`deployer check --host {host}` shows the services and the gauge now.")

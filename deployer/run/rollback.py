@@ -29,7 +29,7 @@ from deployer.run.lock import read_state
 from deployer.run.mounts import refuse_if_recreated
 from deployer.run.plan import FilePlan, PlanReport, masked
 from deployer.run.revert_checks import NotRun, recorded_baseline
-from deployer.run.undo import target_state
+from deployer.run.standing import target_state
 from deployer.runlog import Run, RunLogWriter, utc_now
 from deployer.runstate import Phase
 from deployer.steps.context import Context

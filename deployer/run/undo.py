@@ -22,6 +22,7 @@ from deployer.errors import (
 from deployer.run.ending import Ending
 from deployer.run.lease import run_trailer
 from deployer.run.restore import restore_files
+from deployer.run.standing import target_state
 from deployer.runlog import utc_now
 from deployer.runstate import PAST_COMMIT, Phase
 from deployer.steps.action import Bound
@@ -29,23 +30,6 @@ from deployer.steps.base import Action
 from deployer.steps.context import NOTHING, Context
 from deployer.steps.git import LOG_SHA256, RUN_ID, commit_actions, commit_staged, owner_and_mode_kept, trailers
 from deployer.steps.gitops import HEAD, differ_argv, exists_argv, git, names
-
-
-def target_state(ctx: Context) -> str:
-    """Where the target stands now, read from it, for a message that must say what was left."""
-    from deployer.steps import services  # every manager and its transports: only a failed run reads them
-
-    try:
-        head = ctx.run(HEAD, timeout=30).out.strip() or "unknown"
-        notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
-                 ctx.facts.rollback_commit: "the revert commit"}
-        parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
-        for name in ctx.host.services:
-            pid = services.manager_for(ctx, name).pid()
-            parts.append(f"{name} {'pid ' + str(pid) if pid else 'not running'}")
-    except DeployerError as exc:
-        return f"The target's state could not be read: {exc}"
-    return ", ".join(parts) + "."
 
 
 def kill_running(ctx: Context) -> int:

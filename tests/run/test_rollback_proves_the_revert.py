@@ -6,6 +6,7 @@ Real services (a gauge server that loads the target's code at start) over local 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 from pathlib import Path
@@ -111,6 +112,7 @@ def test_a_rollback_whose_old_build_is_worse_than_its_baseline_still_ends_rolled
     rollback_id = last_run(project)
     message = " ".join(result.stderr.split())
     assert "The revert stands" in message and "failed its check drain" in message
+    assert "Every service answers its health check now" in message, message
     assert "checks of the reverted build: co_restart passed; drain failed" in result.stdout
     assert "Run the rollback again" not in message
     assert state(project, rollback_id)["phase"] == "rolled_back"
@@ -159,6 +161,12 @@ def test_on_failure_rollback_proves_the_revert_and_ends_rolled_back_when_the_old
     message = " ".join(second.stderr.split())
     assert "The revert stands" in message and "cannot load the model" in message
     assert "Finish it with" not in message
+    # What the failed start left, read from the target: the services down, and the command for exactly those.
+    down = re.search(r"Down on box: (.*)\. Bring them back with: deployer restart --host box ([a-z ]+?)(?: `|$)",
+                     message)
+    assert down is not None, message
+    assert down[2].split() == [name for name in stack.ports if f"{name} (" in down[1]], message
+    assert "prefill" in down[2].split(), message
 
 
 def test_a_drain_with_no_recorded_baseline_is_not_run_on_the_old_build_and_says_so(stack: Stack) -> None:
