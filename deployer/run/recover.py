@@ -26,6 +26,7 @@ from deployer.run.lock import read_state
 from deployer.run.restart import restarted_services
 from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
 from deployer.run.revert_checks import recorded_baseline
+from deployer.run.shown import shown_state_of
 from deployer.run.standing import left_down
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
@@ -58,13 +59,14 @@ class Recovered:
     kept_on_revert: list[str] = field(default_factory=list)  # and those already serving its rollback's revert
     unproven: str | None = None  # why the checks recover ran again do not prove the fix
     finish_failed: DeployerError | None = None  # its restart or checks failed again, and its playbook rolls back
+    shown: str | None = None  # the state `runs list` shows for it once settled (`failed`: it had changed nothing)
     checks_failed: ChecksFailed | None = None  # its rollback's revert stands, but the reverted build failed these
     rollback_of: str | None = None  # the cut run was a rollback of this run, and recover finished it
 
     def summary(self) -> str:
         if self.outcome is None:
             return f"run {self.run_id}: {NOTHING}"
-        parts = [f"run {self.run_id} -> {self.outcome.value}"]
+        parts = [f"run {self.run_id} -> {self.shown or self.outcome.value}"]
         if self.rollback_of is not None and self.commit:  # the cut run was a rollback: its revert is the commit
             parts.append(f"its rollback of run {self.rollback_of} finished, its revert {self.commit[:12]} kept")
         elif self.commit:
@@ -213,6 +215,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         engine.listeners.remove(adopted)
     if found.outcome is not None:  # settled, even when the services it restarted stay down
         _link(engine.runs_dir, run_id, result, found)
+        found.shown = shown_state_of(engine.runs_dir, run_id, found.outcome.value)
     if found.rollback_of is not None:  # the run it rolled back names it, as if it had ended by itself
         rollbacks.link_rollback(read_run(engine.runs_dir, found.rollback_of), run_id,
                                 "failed" if found.checks_failed else "successful", Phase.rolled_back.value,

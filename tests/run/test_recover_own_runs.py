@@ -16,10 +16,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,9 @@ def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "its lock was released" in recovered.stdout, recovered.stdout
     settled_as_before(target, tree, head)
+    # The state recover says it left is the one `runs list` shows (`failed` where it had changed nothing yet).
+    said = re.search(rf"run {run.name} -> (\w+)", recovered.stdout)
+    assert said and re.search(rf"{run.name} +{said[1]} ", target.deployer("runs", "list").stdout), recovered.stdout
     runs = json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]
     assert [r["cut"] for r in runs] == [False, False], runs  # recovered, and the recover's own run
     assert "was cut" in target.deployer("recover").stderr
@@ -103,6 +108,49 @@ def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
+@contextmanager
+def metrics_that_never_answer(reached: threading.Event) -> Iterator[str]:
+    """A metrics URL on 127.0.0.1 whose reads are held (reached set) until the test ends, at most a minute."""
+    done = threading.Event()
+
+    class Held(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            reached.set()
+            done.wait(60)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        done.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_run_killed_before_it_changed_anything_is_recovered_as_failed(target: Project) -> None:
+    # `failed_restored` says a run had begun changing the target; one killed in its baseline had not.
+    tree, head = work_tree(target.repo), target.head()
+    target.write_inventory(lock_ttl_s=TTL_S)
+    reached = threading.Event()
+    with metrics_that_never_answer(reached) as url:
+        target.playbook(steps=[{"baseline": {"metric": "m", "url": url, "within_s": 30}}, "local_compile", "upload",
+                               {"commit": {"message": "pkg: answer is 42"}}])
+        act_when(target, ("apply", "fix.yaml", "--host", "box"), reached.is_set,
+                 lambda proc: proc.send_signal(signal.SIGKILL), "the apply's baseline read")
+        run = target.runs / target.newest_run()
+        recovered = target.deployer("recover", run.name)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert f"run {run.name} -> failed;" in recovered.stdout, recovered.stdout
+    assert re.search(rf"{run.name} +failed ", target.deployer("runs", "list").stdout)
+    settled_as_before(target, tree, head)
+
+
 def test_a_recover_waits_for_a_run_whose_process_on_this_machine_still_runs(target: Project) -> None:
     with running_apply(target) as proc:
         run = target.newest_run()
