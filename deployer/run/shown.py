@@ -47,8 +47,10 @@ def shown_outcome(run: Run) -> tuple[str, bool]:
         return CANCELED, changed
     if not changed:
         # Nothing was changed, so nothing was restored: a step that failed first (a fix that does not compile)
-        # failed; a run stopped before its first step was refused.
-        return (FAILED if run.first("step_start") or run.first("judged_here") else REFUSED), False
+        # failed, as did a run cut before it (its end written by the recover that settled it); a run stopped
+        # before its first step was refused.
+        started = run.first("step_start") or run.first("judged_here") or end.get("ended_by")
+        return (FAILED if started else REFUSED), False
     return phase, True
 
 
