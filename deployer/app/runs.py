@@ -82,7 +82,10 @@ def last_to_undo(runs_dir: Path, host: str | None = None) -> tuple[str, list[str
     """What `rollback last` rolls back: the newest apply (run or fleet run, as newest() picks them) whose commit
     still stands, and the newer runs it passed over, each as `ID (state)`: a rollback of the newest run whatever
     it was would most often be refused (an unchanged or refused run made no commit) or undo an undo."""
+    from deployer.run.unended import cut
+
     skipped: list[str] = []
+    cuts: list[str] = []  # never ended, their process here gone: their commit (if any) is recover's to judge
     for run_id, run in _newest_first(runs_dir, host):
         if isinstance(run, FleetRecord):
             fleet = run.state
@@ -95,9 +98,14 @@ def last_to_undo(runs_dir: Path, host: str | None = None) -> tuple[str, list[str
         if run.start.get("kind", "apply") == "apply" and run.git.get("after") and state != Phase.rolled_back.value \
                 and not any(link.get("status") == "successful" for link in run.all("rolled_back_by")):
             return run_id, skipped
-        skipped.append(f"{run_id} ({run.start.get('kind', 'apply')}, {state})")
+        was_cut = cut(run) is True
+        skipped.append(f"{run_id} ({run.start.get('kind', 'apply')}, {state}{', cut' if was_cut else ''})")
+        if was_cut:
+            cuts.append(run_id)
     on = f" on {host}" if host is not None else ""
-    raise ConfigError(f"no run{on} in {runs_dir} left a commit to roll back (see 'deployer runs list')")
+    ended = "".join(f"; run {run_id} was cut (it never ended: it may still hold the target's lock and have changed "
+                    f"files there): end it with: deployer recover {run_id}" for run_id in cuts)
+    raise ConfigError(f"no run{on} in {runs_dir} left a commit to roll back (see 'deployer runs list'){ended}")
 
 
 def _newest_first(runs_dir: Path, host: str | None) -> Iterator[tuple[str, Run | FleetRecord]]:

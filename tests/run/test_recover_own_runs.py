@@ -151,6 +151,14 @@ def test_a_run_killed_before_it_changed_anything_is_recovered_as_failed(target: 
     settled_as_before(target, tree, head)
 
 
+def test_rollback_last_with_only_a_cut_run_names_it_and_recover(target: Project) -> None:
+    run = killed_holding_the_lock(target)
+    refused = target.deployer("rollback", "last")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "left a commit to roll back" in said, said
+    assert f"run {run.name} was cut" in said and f"end it with: deployer recover {run.name}" in said, said
+
+
 def test_a_recover_waits_for_a_run_whose_process_on_this_machine_still_runs(target: Project) -> None:
     with running_apply(target) as proc:
         run = target.newest_run()
