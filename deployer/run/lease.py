@@ -20,7 +20,7 @@ from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipp
 from deployer.run import intent
 from deployer.run.lock import DeployLock, beating_agent, force_release, read_state, wait_free
 from deployer.run.preflight import Reads, send_reads
-from deployer.runlog import EVENTS, RunLogWriter, read_run, utc_now
+from deployer.runlog import EVENTS, RunLogWriter, is_run_id, read_run, utc_now
 from deployer.runstate import Phase, RunRecord
 from deployer.steps.context import Context, EventBus, Submitted
 from deployer.steps.git import EndNote, end_note_argv, seal_argv, trailers
@@ -288,8 +288,21 @@ class Lease:
             holder = pending.run_id if pending is not None else state.info.get("run_id") if state else None
         if not holder:
             return ""
-        return (f"\nIf run {holder} is gone (killed, disconnected), end it with: "
-                f"deployer recover {holder} --host {self.host_name}")
+        recover = f"deployer recover {holder} --host {self.host_name}"
+        # This machine's own record of that run, where it ran here, says whether it is still going.
+        record = None
+        if ctx.record is not None and isinstance(holder, str) and is_run_id(holder):
+            with contextlib.suppress(OSError, ValueError):  # a record that cannot be read says nothing
+                record = RunRecord.load(ctx.record.dir.parent / holder)
+        owner = record.state.owner if record is not None else None
+        alive = owner.alive() if owner is not None else None
+        if owner is not None and alive:
+            return (f"\nRun {holder} is still going on this machine (pid {owner.pid}): wait for it "
+                    "(--lock-wait SECONDS waits for the lock)")
+        if owner is not None and alive is False:
+            return (f"\nRun {holder} was cut (its process on this machine, pid {owner.pid}, is gone): end it with: "
+                    f"{recover}")
+        return f"\nIf run {holder} is gone (killed, disconnected), end it with: {recover}"
 
     # -- the intent record ---------------------------------------------------------------------------------
 

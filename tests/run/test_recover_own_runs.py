@@ -330,6 +330,16 @@ def test_a_second_apply_calls_no_run_dead_whose_process_on_this_machine_still_ru
         assert f"held by run {running}" in second.stderr, second.stderr
         assert running not in second.stderr.split("held by run")[0], second.stderr
         assert "never ended" not in second.stderr, second.stderr
+        said = " ".join(second.stderr.split())
+        assert f"Run {running} is still going on this machine (pid " in said and "recover" not in said, said
+
+
+def test_an_apply_refused_by_a_cut_runs_lock_says_it_was_cut_and_how_to_end_it(target: Project) -> None:
+    run = killed_holding_the_lock(target)
+    refused = target.deployer("apply", "fix.yaml", "--host", "box")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 3 and f"Run {run.name} was cut (its process on this machine, pid " in said, said
+    assert f"end it with: deployer recover {run.name} --host box" in said, said
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
