@@ -31,7 +31,10 @@ def show_result(console: Lines, result: RunResult) -> None:
     console.print(f"run {result.run_id}: {f'[{style}]{state}[/{style}]' if coloured else state} "
                   f"(exit {result.exit_code})", markup=coloured)
     if result.git_after:
-        console.print(f"commit {result.git_after} (was {result.git_before})", markup=False, highlight=False)
+        # A run that rolled back made its commit, then the revert that stands after it: both, or it reads as applied.
+        revert = result.facts.get("rollback_commit")
+        console.print(f"commit {result.git_after} (was {result.git_before})"
+                      f"{f'; reverted by {revert}' if revert else ''}", markup=False, highlight=False)
     if result.facts.get("already_applied"):
         restarted = "services restarted" if result.facts.get("pids") else \
             "services not restarted (apply --restart restarts them)"

@@ -144,6 +144,8 @@ def test_on_failure_rollback_proves_the_revert_and_ends_rolled_back_when_the_old
     assert facts["rollback_checks"] == {"co_restart": "passed", "drain": "passed"}
     assert facts["drain"][GAUGE]["final"] == 2.0 and facts["rollback_drain"][GAUGE]["final"] == 3.0
     assert state(project, run_id)["phase"] == "rolled_back" and not state(project, run_id).get("checks_failed")
+    assert re.search(rf"commit [0-9a-f]{{40}} \(was {before}\); reverted by {project.head()}", result.stdout), \
+        result.stdout
     assert git(project.repo, "rev-parse", "HEAD^{tree}").strip() == \
         git(project.repo, "rev-parse", f"{before}^{{tree}}").strip()
     # Now the old build cannot start at all: the in-run rollback still ends, its revert standing, the check named.
