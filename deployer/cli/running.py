@@ -37,7 +37,8 @@ def cancel_on_signals(token: Cancel, running: Callable[[], list[str]] = list) ->
             what = token.finishing()
             # What runs now finishes first: a long command (a compile, a slow drain poll) would read as unheard.
             steps = running() if what is None else []
-            first = f": what {', '.join(steps)} runs now finishes first" if steps else ""
+            # The command, not the step: a restart stops between its commands, its services as they are then.
+            first = f": the command {', '.join(steps)} runs now finishes first, then it stops" if steps else ""
             said = f"{name}: stopping at the next safe point (again to force){first}" if what is None else \
                 f"{name}: {what} goes on to its end first, then stops (again to force a stop halfway)"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone

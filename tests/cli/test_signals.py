@@ -122,5 +122,5 @@ def test_the_first_signal_says_which_running_steps_command_finishes_first(capsys
         signal.raise_signal(signal.SIGINT)
     # A first signal while a long command runs read as unheard: it is not what stops at the safe point.
     said = " ".join(capsys.readouterr().err.split())
-    assert ("SIGINT: stopping at the next safe point (again to force): what remote_compile runs now finishes "
-            "first") in said, said
+    assert ("SIGINT: stopping at the next safe point (again to force): the command remote_compile runs now "
+            "finishes first, then it stops") in said, said
