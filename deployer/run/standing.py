@@ -3,9 +3,11 @@ which services are down with the exact command that brings them back."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 
 from deployer.errors import DeployerError
+from deployer.run import serving
 from deployer.steps.context import Context
 from deployer.steps.gitops import HEAD
 from deployer.text import shown
@@ -20,12 +22,25 @@ def target_state(ctx: Context) -> str:
         notes = {ctx.git_before: "the commit before the run", ctx.git_after: "this run's commit",
                  ctx.facts.rollback_commit: "the revert commit"}
         parts = [f"Target now: HEAD {head[:12]} ({notes.get(head, 'not made by this run')})"]
+        started = _started(ctx)
         for name in ctx.host.services:
             pid = services.manager_for(ctx, name).pid()
-            parts.append(f"{name} {'pid ' + str(pid) if pid else 'not running'}")
+            parts.append(f"{name} {'pid ' + str(pid) if pid else 'not running'}{started.get((name, pid), '')}")
     except DeployerError as exc:
         return f"The target's state could not be read: {exc}"
     return ", ".join(parts) + "."
+
+
+def _started(ctx: Context) -> dict[tuple[str, int | None], str]:
+    """Which build each process this run started runs, by (service, pid), as its own log says so far: HEAD alone
+    does not say it (a restart stopped half way leaves a process of the commit beside the revert)."""
+    if ctx.record is None:
+        return {}
+    with contextlib.suppress(DeployerError, OSError, ValueError):  # a log that cannot be read says nothing more
+        run = serving.logged(ctx.record.dir.parent, ctx.run_id)
+        return {**{(name, pid): " (started on this run's commit)" for name, pid in serving.started(run, False).items()},
+                **{(name, pid): " (started on the revert)" for name, pid in serving.started(run, True).items()}}
+    return {}
 
 
 def left_down(ctx: Context, services: list[str]) -> str:

@@ -221,14 +221,14 @@ def logged_events(project: Project) -> list[dict[str, Any]]:
         return []
 
 
-def fail_a_rollback(stack: Stack) -> tuple[str, str]:
+def fail_a_rollback(stack: Stack, *, restart: bool = False) -> tuple[str, str]:
     """An apply whose drain fails and whose rollback meets another git process holding the index (its
     index.lock, made once the drain is polling: rollback commits run no hooks, so none can refuse them).
     Returns (HEAD before, stderr)."""
     project = stack.project
     before = project.head()
     stack.start_services()
-    project.playbook(steps=["upload", {"commit": {"message": "fix"}},
+    project.playbook(steps=["upload", {"commit": {"message": "fix"}}, *([{"co_restart": {}}] if restart else []),
                             {"drain": {"metric": GAUGE, "to": 0, "interval_s": 0.1, "within_s": 3}}],
                      on_failure="rollback")
     proc = project.popen("apply", "fix.yaml", "--host", "box")
@@ -259,6 +259,17 @@ def test_a_rollback_that_fails_exits_6_and_names_the_head_it_left(stack: Stack) 
     assert f"Target now: HEAD {head[:12]} (this run's commit)" in said
     end = next(e for e in project.events() if e["type"] == "run_end")
     assert end["exit_code"] == 6 and end["status"] == "failed"
+
+
+def test_a_rollback_that_fails_names_the_build_each_process_it_left_runs(stack: Stack) -> None:
+    # HEAD alone does not say which build serves: the processes the run's restart started run its commit.
+    project = stack.project
+    _, said = fail_a_rollback(stack, restart=True)
+    run_id = project.newest_run()
+    started = {e["service"]: e["pid"] for e in project.events(run_id) if e["type"] == "service_started"}
+    assert started, said
+    for name, pid in started.items():
+        assert f"{name} pid {pid} (started on this run's commit)" in said, said
 
 
 def events_text(project: Project) -> str:
