@@ -3,7 +3,10 @@ container service manager restarts them), everything removed again; and no engin
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -14,6 +17,16 @@ from test_demo import rollback_as_printed
 from deployer.demo.containers import ContainerEngine, ContainerStack
 
 GAUGE = "sglang:num_prefill_inflight_queue_reqs"
+
+
+def kill_kept(workdir: Path) -> None:
+    """What a kept demo left running on this machine (its router), found by working directory: a failed assertion
+    before `demo --stop` left it running for good. By cwd, not by its pid files: a container's are of its own pid
+    namespace."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(workdir):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def test_demo_container_shows_the_bug_fixes_it_by_restarting_the_containers_and_demo_stop_removes_them(
@@ -46,6 +59,7 @@ def test_demo_container_shows_the_bug_fixes_it_by_restarting_the_containers_and_
             gone = box.podman("container", "exists", box.name, check=False)
             assert gone.returncode == 1, f"{box.name} is still there"
     finally:
+        kill_kept(workdir)
         for box in boxes:
             box.remove()
 
@@ -69,6 +83,7 @@ def test_a_kept_container_demos_rollback_line_works_as_printed_and_demo_stop_the
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert all(box.podman("container", "exists", box.name, check=False).returncode == 1 for box in boxes)
     finally:
+        kill_kept(workdir)
         for box in boxes:
             box.remove()
 
