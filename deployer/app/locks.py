@@ -66,6 +66,7 @@ def lock_status(options: LockOptions, *, listener: Listener | None = None) -> Lo
 def release_lock(options: LockOptions, *, listener: Listener | None = None) -> LockReleased:
     """Remove the host's lock, stale or not: a lock that is not stale is said first (a lock_not_stale event), as
     that run may still be going."""
+    from deployer.errors import LockHeld
     from deployer.run import lock as locks
     from deployer.runlog import operator_id
     from deployer.steps import gitops
@@ -80,6 +81,8 @@ def release_lock(options: LockOptions, *, listener: Listener | None = None) -> L
         if not state.stale and listener is not None:
             listener({"type": "lock_not_stale", "message": f"the lock was NOT stale: {state.describe()}; that run "
                                                            "may still be going"})
-        locks.force_release(transport, git_dir)
+        if not locks.force_release(transport, git_dir, state):
+            raise LockHeld(f"the deploy lock changed hands while it was read (it was {state.describe()}); nothing "
+                           f"was removed: `deployer lock status --host {options.host}` shows it now")
     return LockReleased(options.host, state, locks.record_forced_release(build.runs_dir, options.host, state,
                                                                          operator_id()))

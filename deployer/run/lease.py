@@ -222,7 +222,8 @@ class Lease:
         if agents:
             raise LockHeld(f"run {self.adopt_of}'s lock is stale ({state.describe()}), but its agent on the target "
                            f"(pid {agents[0]}) still runs {AGENT_END_S:g}s later; end it there, then recover")
-        force_release(ctx.transport, git_dir)
+        if not force_release(ctx.transport, git_dir, state):  # another run took it since it was read: theirs
+            return False
         ctx.emit("lock_adopted", of_run=self.adopt_of, holder=state.info,
                  because="its heartbeat is stale" if state.stale else "its process on this machine is gone")
         return True

@@ -57,11 +57,12 @@ _TAKE = (
     # Our directory was removed as another run's leftover before the link went up: take it down again.
     f'[ -f "$lock/info.json" ] || {{ rm -f -- "$lock"; exit {VANISHED}; }}'
 )
-# Prints the target's clock, then the heartbeat's and the lock's own mtime (`-` when missing).
-# `stat` without -L: a link's own mtime is when the lock was taken. Only a link or a directory
-# (an older deployer's lock) is a lock; anything else there is in the way, not held.
+# Prints the target's clock, then the heartbeat's and the lock's own mtime (`-` when missing), then the
+# directory the link names (`-`: an older deployer's lock directory). `stat` without -L: a link's own mtime is
+# when the lock was taken. Only a link or a directory is a lock; anything else there is in the way, not held.
 _AGE_SCRIPT = ('date +%s; stat -c %Y -- "$1/heartbeat" 2>/dev/null || echo -; '
-               '{ [ -L "$1" ] || [ -d "$1" ]; } && stat -c %Y -- "$1" || echo -')
+               '{ [ -L "$1" ] || [ -d "$1" ]; } && stat -c %Y -- "$1" || echo -; '
+               'readlink -- "$1" 2>/dev/null || echo -')
 # Lock directories beside the lock that the lock does not name: cut-off attempts or releases.
 _STRAYS = ('cd -- "$1" || exit 1; target=$(readlink -- deployer.run.lock 2>/dev/null); '
            'for d in deployer.run.lock.*; do [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != "$target" ] '
@@ -72,6 +73,10 @@ _REMOVE = ('lock=$1; if [ -L "$lock" ]; then target=$(readlink -- "$lock"); rm -
            'else rm -rf -- "$lock"; fi')
 # The same, only while the lock is still ours ($2: our directory's name): a forced release may have handed it on.
 _REMOVE_OURS = '[ "$(readlink -- "$1")" = "$2" ] || exit 0; ' + _REMOVE
+# A forced removal of the lock that was read ($2: the directory its link named then): one that changed hands since
+# is another run's, and stays (exit CHANGED_HANDS).
+CHANGED_HANDS = 3
+_REMOVE_READ = f'[ "$(readlink -- "$1")" = "$2" ] || exit {CHANGED_HANDS}; ' + _REMOVE
 # The fields of info.json and the longest text each may hold; any other key is dropped.
 _TEXT_FIELDS = {"run_id": 128, "operator": 256, "host": 256, "started": 64}
 MAX_TTL_S = 7 * 24 * 3600.0
@@ -88,6 +93,7 @@ class LockState:
     host: str  # the inventory's name for the target: what a command to run against it names
     taking: bool = False  # the lock exists but its info cannot be read (yet)
     invalid: str | None = None  # why the info that was read is not shown (a field of the wrong type or size)
+    link: str | None = None  # the directory the lock's link named when read (None: a directory lock, or unread)
 
     @property
     def stale(self) -> bool:
@@ -124,9 +130,12 @@ def lock_path(git_dir: str) -> str:
 def read_state(transport: Transport, git_dir: str, ttl_s: float, host: str) -> LockState | None:
     """The lock as the target shows it (None: there is none); `host` names the target in advice."""
     path = lock_path(git_dir)
-    out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.split()
-    if len(out) != 3 or out[2] == "-":
+    out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.split("\n")
+    if len(out) < 4 or out[2] == "-":
         return None  # nothing at the lock's name (a dangling link still has its own mtime)
+    # Compared, never shown or run: whatever name the link holds, only that same name is removed by it.
+    link = "\n".join(out[3:-1]) if out[-1] == "" else "\n".join(out[3:])
+    named = None if link == "-" else link
     raw = transport.get(posixpath.join(path, "info.json"), timeout=TIMEOUT_S)
     try:
         info = json.loads(raw) if raw else None
@@ -135,14 +144,14 @@ def read_state(transport: Transport, git_dir: str, ttl_s: float, host: str) -> L
     since = out[1] if out[1] != "-" and info is not None else out[2]
     age = float(out[0]) - float(since) if since.isdigit() and out[0].isdigit() else None
     if not isinstance(info, dict):
-        return LockState(path, {}, age, ttl_s, host, taking=True)
+        return LockState(path, {}, age, ttl_s, host, taking=True, link=named)
     invalid = _invalid(info)
     if invalid is not None:
-        return LockState(path, {}, age, ttl_s, host, invalid=invalid)
+        return LockState(path, {}, age, ttl_s, host, invalid=invalid, link=named)
     known = {key: info[key] for key in (*_TEXT_FIELDS, "pid", "ttl_s") if key in info}
     own_ttl = info.get("ttl_s", ttl_s)
     assert isinstance(own_ttl, int | float)  # _invalid said so
-    return LockState(path, known, age, float(own_ttl), host)
+    return LockState(path, known, age, float(own_ttl), host, link=named)
 
 
 def beating_agent(transport: Transport, git_dir: str) -> int | None:
@@ -298,11 +307,19 @@ class DeployLock:
         return check
 
 
-def force_release(transport: Transport, git_dir: str) -> bool:
+def force_release(transport: Transport, git_dir: str, read: LockState | None = None) -> bool:
+    """Remove the lock, held or not; with `read`, only while it is still the lock that was read (its link names
+    the same directory): one taken by another run since stays, and this says False. False too when none is there."""
     path = lock_path(git_dir)
-    if read_state(transport, git_dir, 0, "") is None:
+    if read is None and read_state(transport, git_dir, 0, "") is None:
         return False
-    result = transport.run(("sh", "-c", _REMOVE, "deployer-unlock", path), timeout=TIMEOUT_S)
+    if read is not None and read.link is not None:
+        argv: tuple[str, ...] = ("sh", "-c", _REMOVE_READ, "deployer-unlock", path, read.link)
+    else:
+        argv = ("sh", "-c", _REMOVE, "deployer-unlock", path)
+    result = transport.run(argv, timeout=TIMEOUT_S)
+    if read is not None and read.link is not None and result.exit_code == CHANGED_HANDS:
+        return False
     if not result.ok:
         raise DeployerError(f"cannot remove {path}: {result.err.strip()}")
     return True

@@ -19,6 +19,9 @@ from pathlib import Path
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, git, staged_bytes, target_python
 from polling import wait_for
 
+from deployer.run.lock import force_release, read_state
+from deployer.transport.local import LocalTransport
+
 pytest_plugins = ["fixtures_repo", "fixtures_ssh"]
 
 RUN = "20250101T000000.000Z-abcdef"
@@ -173,3 +176,31 @@ def test_a_lock_info_of_the_wrong_types_is_held_and_never_taken_over(target: Pro
     refused = target.deployer("recover", "--host", "box", "--runs-dir", str(target.root / "other-runs"))
     assert refused.returncode == 3, refused.stdout + refused.stderr
     assert target.file("pkg/a.py") == FIXED_A and heartbeat.exists()
+
+
+def test_a_forced_removal_removes_only_the_lock_that_was_read(tmp_path: Path) -> None:
+    # Recover's take-over and `lock release --force` read the lock, then remove it: one another run took in between
+    # is that run's, and stays.
+    git_dir = tmp_path / ".git"
+    git_dir.mkdir()
+    link = git_dir / "deployer.run.lock"
+
+    def take(run: str) -> None:
+        (git_dir / f"deployer.run.lock.{run}").mkdir()
+        (git_dir / f"deployer.run.lock.{run}" / "info.json").write_text(json.dumps({"run_id": run}))
+        link.symlink_to(f"deployer.run.lock.{run}")
+
+    with LocalTransport() as transport:
+        take("a")
+        read = read_state(transport, str(git_dir), TTL_S, "box")
+        assert read is not None and read.link == "deployer.run.lock.a"
+        link.unlink()  # run a released it, and run b took it: in the one round trip between the read and the removal
+        take("b")
+        assert not force_release(transport, str(git_dir), read)
+        assert os.readlink(link) == "deployer.run.lock.b" and (git_dir / "deployer.run.lock.b").is_dir()
+        assert force_release(transport, str(git_dir), read_state(transport, str(git_dir), TTL_S, "box"))
+        assert not link.is_symlink() and not (git_dir / "deployer.run.lock.b").exists()
+        (git_dir / "deployer.run.lock").mkdir()  # an older deployer's lock: a directory, no link to compare
+        older = read_state(transport, str(git_dir), TTL_S, "box")
+        assert older is not None and older.link is None
+        assert force_release(transport, str(git_dir), older) and not link.exists()
