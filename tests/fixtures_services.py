@@ -29,10 +29,10 @@ GAUGE = "sglang:num_prefill_inflight_queue_reqs"
 
 
 class Served:
-    """A real HTTP server on 127.0.0.1 (a thread of this test process), answering every GET with `answer(path)`
-    and counting the requests it answered."""
+    """A real HTTP server on 127.0.0.1 (a thread of this test process), answering every GET and POST (its body
+    read and dropped) with `status` and `answer(path)`, and counting the requests it answered."""
 
-    def __init__(self, answer: Callable[[str], bytes]) -> None:
+    def __init__(self, answer: Callable[[str], bytes], status: int = 200) -> None:
         self.hits = 0
         served = self
 
@@ -40,10 +40,14 @@ class Served:
             def do_GET(self) -> None:
                 served.hits += 1
                 body = answer(self.path)
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -58,8 +62,8 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(answer: Callable[[str], bytes]) -> Iterator[Served]:
-    server = Served(answer)
+def served(answer: Callable[[str], bytes], status: int = 200) -> Iterator[Served]:
+    server = Served(answer, status)
     try:
         yield server
     finally:

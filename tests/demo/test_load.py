@@ -7,9 +7,9 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fixtures_services import served
 
 from deployer.demo.load import Load
 from deployer.errors import Interrupted
@@ -19,38 +19,16 @@ GENERATION = ("data: " + json.dumps({"text": "x", "meta_info": {"finish_reason":
               + "\n\ndata: [DONE]\n\n").encode()
 
 
-def server(status: int) -> Iterator[str]:
-    class Answer(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = GENERATION if status == 200 else b"no"
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/generate"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
-
-
 @pytest.fixture
 def serving() -> Iterator[str]:
-    yield from server(200)
+    with served(lambda path: GENERATION) as server:
+        yield f"http://127.0.0.1:{server.port}/generate"
 
 
 @pytest.fixture
 def failing() -> Iterator[str]:
-    yield from server(500)
+    with served(lambda path: b"no", status=500) as server:
+        yield f"http://127.0.0.1:{server.port}/generate"
 
 
 def test_served_returns_once_the_load_served_that_many(serving: str) -> None:

@@ -21,11 +21,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from fixtures_repo import FIXED_A, Project, act_when, age_lock, git, staged_bytes, target_python, work_tree
+from fixtures_services import served
 from polling import wait_for
 from test_recover import gate, kill_marker, state_of
 
@@ -113,24 +113,16 @@ def metrics_that_never_answer(reached: threading.Event) -> Iterator[str]:
     """A metrics URL on 127.0.0.1 whose reads are held (reached set) until the test ends, at most a minute."""
     done = threading.Event()
 
-    class Held(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            reached.set()
-            done.wait(60)
+    def held(path: str) -> bytes:
+        reached.set()
+        done.wait(60)
+        return b""
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Held)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        done.set()
-        server.shutdown()
-        server.server_close()
+    with served(held) as server:
+        try:
+            yield f"http://127.0.0.1:{server.port}/metrics"
+        finally:
+            done.set()
 
 
 def test_a_run_killed_before_it_changed_anything_is_recovered_as_failed(target: Project) -> None:
