@@ -20,6 +20,7 @@ from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipp
 from deployer.run import intent
 from deployer.run.lock import DeployLock, beating_agent, force_release, read_state, wait_free
 from deployer.run.preflight import Reads, send_reads
+from deployer.run.unended import recorded_owner
 from deployer.runlog import EVENTS, RunLogWriter, is_run_id, read_run, utc_now
 from deployer.runstate import Phase, RunRecord
 from deployer.steps.context import Context, EventBus, Submitted
@@ -291,12 +292,8 @@ class Lease:
             return ""
         recover = f"deployer recover {holder} --host {self.host_name}"
         # This machine's own record of that run, where it ran here, says whether it is still going.
-        record = None
-        if ctx.record is not None and isinstance(holder, str) and is_run_id(holder):
-            with contextlib.suppress(OSError, ValueError):  # a record that cannot be read says nothing
-                record = RunRecord.load(ctx.record.dir.parent / holder)
-        owner = record.state.owner if record is not None else None
-        alive = owner.alive() if owner is not None else None
+        owner, alive = (recorded_owner(ctx.record.dir.parent / holder)
+                        if ctx.record is not None and isinstance(holder, str) and is_run_id(holder) else (None, None))
         if owner is not None and alive:
             return (f"\nRun {holder} is still going on this machine (pid {owner.pid}): wait for it "
                     "(--lock-wait SECONDS waits for the lock)")

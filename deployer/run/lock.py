@@ -130,11 +130,11 @@ def lock_path(git_dir: str) -> str:
 def read_state(transport: Transport, git_dir: str, ttl_s: float, host: str) -> LockState | None:
     """The lock as the target shows it (None: there is none); `host` names the target in advice."""
     path = lock_path(git_dir)
-    out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.split("\n")
+    out = transport.run(("sh", "-c", _AGE_SCRIPT, "sh", path), timeout=TIMEOUT_S).out.removesuffix("\n").split("\n")
     if len(out) < 4 or out[2] == "-":
         return None  # nothing at the lock's name (a dangling link still has its own mtime)
     # Compared, never shown or run: whatever name the link holds, only that same name is removed by it.
-    link = "\n".join(out[3:-1]) if out[-1] == "" else "\n".join(out[3:])
+    link = "\n".join(out[3:])
     named = None if link == "-" else link
     raw = transport.get(posixpath.join(path, "info.json"), timeout=TIMEOUT_S)
     try:
@@ -313,12 +313,11 @@ def force_release(transport: Transport, git_dir: str, read: LockState | None = N
     path = lock_path(git_dir)
     if read is None and read_state(transport, git_dir, 0, "") is None:
         return False
-    if read is not None and read.link is not None:
-        argv: tuple[str, ...] = ("sh", "-c", _REMOVE_READ, "deployer-unlock", path, read.link)
-    else:
-        argv = ("sh", "-c", _REMOVE, "deployer-unlock", path)
+    named = read.link if read is not None else None  # None: a directory lock, or no read to hold it to
+    argv = ("sh", "-c", _REMOVE, "deployer-unlock", path) if named is None else \
+        ("sh", "-c", _REMOVE_READ, "deployer-unlock", path, named)
     result = transport.run(argv, timeout=TIMEOUT_S)
-    if read is not None and read.link is not None and result.exit_code == CHANGED_HANDS:
+    if named is not None and result.exit_code == CHANGED_HANDS:
         return False
     if not result.ok:
         raise DeployerError(f"cannot remove {path}: {result.err.strip()}")

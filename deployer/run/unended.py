@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from deployer.errors import DeployerError
 from deployer.runlog import EVENTS, Run, is_run_id, read_run
+from deployer.runowner import Owner
 from deployer.runstate import RunRecord
 
 NEWEST = 20  # run dirs looked at: a killed run is worth a notice on the next applies, not forever
@@ -45,10 +46,16 @@ def cut(run: Run) -> bool | None:
     whether its process runs (its record names none)."""
     if run.end is not None or run.first("recovered_by") is not None:
         return False
+    _, alive = recorded_owner(run.dir)
+    return None if alive is None else not alive
+
+
+def recorded_owner(run_dir: Path) -> tuple[Owner | None, bool | None]:
+    """The process of this machine that run_dir's record names, and whether it still runs (None: no record, none
+    named, or of a boot or machine this one cannot judge)."""
     try:
-        record = RunRecord.load(run.dir)
+        record = RunRecord.load(run_dir)
     except (OSError, ValidationError):
         record = None
     owner = record.state.owner if record is not None else None
-    alive = owner.alive() if owner is not None else None
-    return None if alive is None else not alive
+    return owner, owner.alive() if owner is not None else None
