@@ -42,5 +42,10 @@ def test_a_service_is_known_started_by_its_health_answer_and_never_by_a_pid_the_
            {"type": "service_healthy", "step": "co_restart", "service": "prefill", "pid": 100},
            {"type": "service_started", "step": "co_restart", "service": "prefill", "pid": 100},
            {"type": "service_healthy", "step": "co_restart", "service": "decode", "pid": 101},  # killed here
-           {"type": "service_started", "step": "co_restart", "service": "router", "pid": 52})  # "started": the old
+           {"type": "service_started", "step": "co_restart", "service": "router", "pid": 52},  # "started": the old
+           {"type": "service_phase", "step": "rollback:co_restart", "service": "prefill", "phase": "loading",
+            "pid": 200},
+           {"type": "service_phase", "step": "rollback:co_restart", "service": "decode", "phase": "healthy",
+            "pid": 201})  # killed right behind the live view's `healthy` line
     assert serving.started(serving.logged(tmp_path, RUN), False) == {"prefill": 100, "decode": 101}
+    assert serving.started(serving.logged(tmp_path, RUN), True) == {"decode": 201}
