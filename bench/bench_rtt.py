@@ -4,7 +4,9 @@ A real sshd on 127.0.0.1 sits behind a relay that adds a round-trip time (bench/
 The sequence is "2 files: local compile, upload, remote compile, diff bounds, commit" on a
 scratch repo (bench/scratch_target.py), shipped these ways:
 
-  deployer   `python -m deployer apply` of that playbook (this tree, via PYTHONPATH)
+  deployer   `python -m deployer apply` of that playbook (this tree, via PYTHONPATH), each a fresh process
+  daemon     the same with `deployer daemon start` run once before the runs: each apply is forked from the
+             daemon's imported state (deployer/daemon), the command's own process only hands it over
   container  the same apply into a podman container on the far host (the host's root as an overlay, the
              repo bind-mounted at its own path): the agent is `podman exec -i` over the same sshd and relay,
              so the row beside the host's shows what the extra exec costs (skipped without podman)
@@ -165,6 +167,28 @@ def by_deployer(sshd: SSHD, target: ScratchTarget, port: int) -> float:
                "deployer apply", cwd=target.root, env=target.deployer_env(str(ROOT)), stdin=subprocess.DEVNULL)
 
 
+def by_deployer_with_daemon(sshd: SSHD, target: ScratchTarget, port: int) -> float:
+    return run([sys.executable, "-m", "deployer", "apply", str(target.playbook), "--host", target.host_name],
+               "deployer apply (daemon)", cwd=target.root, env=daemon_env(target), stdin=subprocess.DEVNULL)
+
+
+def daemon_env(target: ScratchTarget) -> dict[str, str]:
+    return {**target.deployer_env(str(ROOT)), "DEPLOYER_DAEMON": "on", "DEPLOYER_DAEMON_DIR": str(target.root / "d")}
+
+
+@contextlib.contextmanager
+def daemon_running(target: ScratchTarget) -> Iterator[None]:
+    """This user's daemon for the scratch target's runs, stopped at the end whatever happened."""
+    env = daemon_env(target)
+    check(subprocess.run([sys.executable, "-m", "deployer", "daemon", "start", "--idle", "30"], env=env,
+                         capture_output=True, timeout=TIMEOUT_S), "deployer daemon start")
+    try:
+        yield
+    finally:
+        subprocess.run([sys.executable, "-m", "deployer", "daemon", "stop"], env=env, capture_output=True,
+                       timeout=TIMEOUT_S)
+
+
 def by_deployer_unrecorded(sshd: SSHD, target: ScratchTarget, port: int) -> float:
     """An apply as the first of its config: no known-good record, so it connects once the config is checked."""
     return run([sys.executable, "-m", "deployer", "apply", str(target.playbook), "--host", target.host_name],
@@ -287,6 +311,7 @@ def agent_sketch(sshd: SSHD, target: ScratchTarget, port: int) -> float:
 
 
 DEPLOYER = "deployer apply"  # its config applied before (every run but the first): it logs in early
+WARM = "deployer apply, its daemon running"
 UNRECORDED = "deployer apply, config not known yet"
 IN_BOX = "deployer apply, into a container"
 IN_A_POD = "deployer apply, into a pod (kubectl on the far host)"
@@ -296,6 +321,7 @@ SSH_FLOOR = "context: 1 OpenSSH ssh, 1 exec, tar"  # the same exec through `ssh`
 SKETCH = "agent sketch: 1 exec, 4 batches"
 WAYS: dict[str, Callable[[SSHD, ScratchTarget, int], float]] = {
     DEPLOYER: by_deployer,
+    WARM: by_deployer_with_daemon,
     UNRECORDED: by_deployer_unrecorded,
     IN_BOX: by_deployer_in_container,
     IN_A_POD: by_deployer_in_pod,
@@ -332,12 +358,13 @@ def measure(sshd: SSHD, target: ScratchTarget, relay: LatencyRelay, rtts_ms: lis
     return cells
 
 
-def cold_start(*args: str) -> float:
+def cold_start(*args: str, env: dict[str, str] | None = None) -> float:
     """Median wall time of a fresh `python *args` (no site-packages surprises from the caller's env)."""
     times = []
     for _ in range(HELP_RUNS):
         started = time.perf_counter()
-        run([sys.executable, *args], " ".join(args), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        run([sys.executable, *args], " ".join(args),
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DEPLOYER_DAEMON": "off", **(env or {})})
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -363,11 +390,11 @@ def targets(cells: Cells, rtts_ms: list[int]) -> list[Target]:
             found.append(Target(f"deployer effective round trips at {rtt} ms",
                                 effective_trips(cells, DEPLOYER, rtt), 6, " rt"))
     if 0 in rtts_ms:
-        per_run = [mine / hand for mine, hand in zip(cells[DEPLOYER, 0].seconds, cells[HAND, 0].seconds,
-                                                     strict=True)]
-        found += [Target(f"deployer / hand at 0 ms, run by run: {what}", figure, HAND_TARGET, "x")
-                  for what, figure in (("min", min(per_run)), ("median", statistics.median(per_run)),
-                                       ("max (the worst run)", max(per_run)))]
+        for label, way in (("deployer", DEPLOYER), ("deployer, its daemon running,", WARM)):
+            per_run = [mine / hand for mine, hand in zip(cells[way, 0].seconds, cells[HAND, 0].seconds, strict=True)]
+            found += [Target(f"{label} / hand at 0 ms, run by run: {what}", figure, HAND_TARGET, "x")
+                      for what, figure in (("min", min(per_run)), ("median", statistics.median(per_run)),
+                                           ("max (the worst run)", max(per_run)))]
         found.append(Target("deployer KB sent at 0 ms (median)", cells[DEPLOYER, 0].sent / 1024, SENT_TARGET_KB,
                             " KB"))
     return found
@@ -401,6 +428,7 @@ def render(cells: Cells, rtts_ms: list[int], runs: int, ways: list[str]) -> str:
     lines += block("ratio of the medians", rtts_ms, [
         (label, [f"{cells[mine, rtt].median / cells[other, rtt].median:.2f}x" for rtt in rtts_ms])
         for label, mine, other in (*ratios, ("deployer / hand", DEPLOYER, HAND),
+                                   ("deployer, daemon running / hand", WARM, HAND),
                                    ("deployer / floor (paramiko)", DEPLOYER, FLOOR),
                                    ("config not known yet / floor", UNRECORDED, FLOOR),
                                    ("deployer / OpenSSH exec (context)", DEPLOYER, SSH_FLOOR),
@@ -455,23 +483,28 @@ def main() -> None:
         try:
             target = make_scratch(Path(tmp), port=relay.port, user=sshd.user, identity_file=sshd.client_key,
                                   host_pubkey_line=sshd.host_pubkey_line)
-            with container_host(target) as boxed, pod_host(target) as podded:
+            with container_host(target) as boxed, pod_host(target) as podded, daemon_running(target):
                 ways = [name for name in WAYS if (boxed or name != IN_BOX) and (podded or name != IN_A_POD)]
                 cells = measure(sshd, target, relay, rtts_ms, args.runs, ways)
                 shaped: Cells = {}
                 if args.mbit > 0:
                     relay.rate_bps = args.mbit * 1e6
                     shaped = measure(sshd, target, relay, [max(rtts_ms)], args.runs, ways)
+                # The same `--help` handed to a daemon (its own, for this interpreter and tree).
+                warm_help = cold_start("-m", "deployer", "--help", env=daemon_env(target))
         finally:
             relay.close()
     print(render(cells, rtts_ms, args.runs, ways))
     if shaped:
         print(render_shaped(shaped, max(rtts_ms), args.mbit, ways))
     # The bare interpreter's start-up alongside: on a loaded machine both grow together.
-    cold = {"deployer --help": cold_start("-m", "deployer", "--help"), "python -c pass": cold_start("-c", "pass")}
+    cold = {"deployer --help": cold_start("-m", "deployer", "--help"), "python -c pass": cold_start("-c", "pass"),
+            "deployer --help, daemon running": warm_help}
     verdict = "met" if cold["deployer --help"] < HELP_TARGET_S else "MISSED"
     print(f"\n`deployer --help`, cold process: median {cold['deployer --help']:.3f} s "
-          f"of {HELP_RUNS} (target < {HELP_TARGET_S:g} s: {verdict}); `python -c pass`: {cold['python -c pass']:.3f} s")
+          f"of {HELP_RUNS} (target < {HELP_TARGET_S:g} s: {verdict}); "
+          f"`python -c pass`: {cold['python -c pass']:.3f} s; "
+          f"`deployer --help` with its daemon running: {warm_help:.3f} s")
     if args.json:
         write_json(args.json, cells, rtts_ms, args.runs, cold, shaped, args.mbit)
         print(f"every cell written to {args.json}")

@@ -140,7 +140,8 @@ class ScratchTarget:
     def deployer_env(self, pythonpath: str) -> dict[str, str]:
         # Its own cache: the known-good records (transport/early.py) of this scratch target only.
         return {**os.environ, "DEPLOYER_INVENTORY": str(self.inventory), "DEPLOYER_RUNS_DIR": str(self.runs),
-                "NO_COLOR": "1", "PYTHONPATH": pythonpath, "XDG_CACHE_HOME": str(self.root / "cache")}
+                "NO_COLOR": "1", "PYTHONPATH": pythonpath, "XDG_CACHE_HOME": str(self.root / "cache"),
+                "DEPLOYER_DAEMON": "off"}  # each run a fresh process unless a way says otherwise
 
 
 def make_scratch(root: Path, *, port: int, user: str, identity_file: str, host_pubkey_line: str,

@@ -1,3 +1,3 @@
-from deployer.cli import run
+from deployer.launch import main
 
-run()
+main()

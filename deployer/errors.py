@@ -15,6 +15,12 @@ class ConfigError(DeployerError):
     exit_code = 2
 
 
+class DaemonError(DeployerError):
+    """deployer's daemon could not be started, asked or stopped (commands run without it all the same)."""
+
+    exit_code = 1
+
+
 class StepFailed(DeployerError):
     """A step of the chain failed; the target was restored (or the message says what was left)."""
 

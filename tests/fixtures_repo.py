@@ -38,7 +38,9 @@ ORIGINAL_B = "VALUE = 1\n"
 def deployer_env(**extra: str) -> dict[str, str]:
     """This process's environment less any DEPLOYER_* setting (a test names each one it means), colour off; its
     XDG_STATE_HOME, and so the default runs dir, is the test's own (conftest's own_history)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")} | {"NO_COLOR": "1", **extra}
+    # DEPLOYER_DAEMON off: never a daemon this user started (deployer/daemon); a test that wants one starts its own.
+    return ({k: v for k, v in os.environ.items() if not k.startswith("DEPLOYER_")}
+            | {"NO_COLOR": "1", "DEPLOYER_DAEMON": "off", **extra})
 
 
 def deployer(*args: str, cwd: Path, env: dict[str, str] | None = None,

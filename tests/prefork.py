@@ -100,14 +100,10 @@ def _stop(proc: subprocess.Popen[bytes], path: str) -> None:
 
 
 def _preload() -> None:
-    """Every module deployer's commands import, the lazy ones too (not the demo's own stack, not __main__)."""
-    import pkgutil
-
-    import deployer
-    import deployer.cli
-    for module in pkgutil.walk_packages(deployer.__path__, "deployer."):
-        if not module.name.endswith("__main__") and ".stack" not in module.name:
-            __import__(module.name)
+    """What deployer's own daemon loads before it forks a command (deployer/launch.py): every module, the lazy
+    ones too, and every model's validator."""
+    from deployer.warm import preload
+    preload()
 
 
 def _runner(conn: socket.socket, request: dict[str, object], fds: list[int]) -> None:

@@ -50,9 +50,9 @@ def test_every_module_imports_first_without_an_import_cycle() -> None:
 
 # The rooms (deployer's first-level packages and top-level modules), top floor first: a module imports from its
 # own room or from a room below it. The order is what the code needs (see test_every_import_between_rooms_goes_down).
-FLOORS = ("warm", "cli", "ui", "demo", "app", "build", "fleet", "run", "steps", "analysis", "transport", "agent",
-          "config", "runlog", "runstate", "runowner", "diffs", "errors", "command", "text", "waiting", "deployer",
-          "lean", "codetable")
+FLOORS = ("launch", "warm", "cli", "ui", "demo", "app", "build", "fleet", "run", "steps", "analysis", "transport",
+          "agent", "config", "daemon", "runlog", "runstate", "runowner", "sources", "diffs", "errors", "command",
+          "text", "waiting", "deployer", "lean", "codetable")
 
 
 def imports(path: Path, names: set[str], *, by_name: bool = True) -> list[tuple[int, str]]:
@@ -135,7 +135,8 @@ def test_every_import_between_rooms_goes_down() -> None:
 # What the command line may reach: its own modules, the renderers, the use cases (and the demo, which runs as one),
 # and the failures and text it shows. Everything else of the core is app's to call.
 # codetable: the command line saves the process's code table as it exits, a program's concern no caller of app has.
-FRONT = ("cli", "ui", "app", "demo", "errors", "text", "codetable")
+# daemon: `deployer daemon` starts and stops the process that runs commands, a program's concern too.
+FRONT = ("cli", "ui", "app", "demo", "errors", "text", "codetable", "daemon")
 
 
 def test_the_command_line_reaches_the_core_only_through_app() -> None:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-from deployer.cli import admin, bake, canary, check, deploy, followup, history, logs, restart, rollout
+from deployer.cli import admin, bake, canary, check, daemon, deploy, followup, history, logs, restart, rollout
 from deployer.cli.output import EXIT_CODES, fail_json
 from deployer.codetable import installed
 
@@ -42,7 +42,8 @@ class DeployerGroup(click.Group):
 
 @click.group(cls=DeployerGroup, epilog=EXIT_CODES,
              commands=[*deploy.COMMANDS, *check.COMMANDS, *followup.COMMANDS, *restart.COMMANDS, *canary.COMMANDS,
-                       *history.COMMANDS, *logs.COMMANDS, *admin.COMMANDS, *bake.COMMANDS, *rollout.COMMANDS])
+                       *history.COMMANDS, *logs.COMMANDS, *admin.COMMANDS, *bake.COMMANDS, *rollout.COMMANDS,
+                       *daemon.COMMANDS])
 @click.version_option(package_name="deployer")
 def main() -> None:
     """Ship a source patch to a serving host and prove it."""

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from deployer.config.paths import find_inventory
 from deployer.errors import ConfigError
+from deployer.sources import code_stamp
 from deployer.transport.ssh.params import SshParams
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ KEPT = 32  # records kept, the newest: one per config and options a person appli
 RECORD_BYTES = 16 << 10  # a record is a host name and ten params: anything longer is not one
 LIBRARIES = ("pydantic", "pydantic_core", "yaml", "click", "paramiko")  # what loads and checks the config
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def library_stamp() -> list[tuple[str, str | None, int, int]]:
@@ -67,21 +67,6 @@ def _regular(path: str, flags: int) -> int:
         os.close(fd)
         raise OSError(f"{path} is not a plain file")
     return fd
-
-
-def code_stamp(root: Path = _PACKAGE) -> list[tuple[str, int, int]]:
-    """Each of deployer's own source files by path, size and mtime: an edit or an upgrade changes the key."""
-    stamp: list[tuple[str, int, int]] = []
-    pending = [root]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
-                    pending.append(Path(entry.path))
-                elif entry.name.endswith(".py"):
-                    st = entry.stat()
-                    stamp.append((os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns))
-    return sorted(stamp)
 
 
 def records_dir() -> Path:

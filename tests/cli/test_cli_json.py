@@ -37,6 +37,9 @@ FAILING = {
     "bake": ["bake", "no-such-run"],
     "rollout resume": ["rollout", "resume", "no-such-run"],
     "rollout abort": ["rollout", "abort", "no-such-run"],
+    "daemon start": ["daemon", "start", "--dir", "a-file"],
+    "daemon status": ["daemon", "status", "--dir", "a-file"],
+    "daemon stop": ["daemon", "stop", "--dir", "a-file"],
 }
 
 

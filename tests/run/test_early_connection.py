@@ -22,8 +22,9 @@ from pydantic import TypeAdapter
 
 from deployer.command import Masker
 from deployer.config.models import AnyHost, SshHost
+from deployer.sources import code_stamp
 from deployer.steps.context import EventBus
-from deployer.transport.early import KnownGood, code_stamp, records_dir
+from deployer.transport.early import KnownGood, records_dir
 from deployer.transport.factory import Opening
 from deployer.transport.ssh.params import SshParams
 

@@ -1,0 +1,76 @@
+"""Where this user's daemon for this install listens, and the stamp of the code a daemon serves."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import zlib
+from pathlib import Path
+
+from deployer.sources import PACKAGE, code_stamp
+
+_SUN_PATH_MAX = 107  # sockaddr_un's path, less its terminating NUL
+
+
+def folder() -> Path:
+    """The folder the daemon's socket lives in (it may not exist yet)."""
+    chosen = os.environ.get("DEPLOYER_DAEMON_DIR")
+    if chosen:
+        return Path(chosen)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "deployer"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deployer" / "daemon"
+
+
+def install_id() -> str:
+    """This interpreter and this deployer package: two venvs, or two checkouts, each get their own daemon."""
+    return f"{zlib.crc32(os.fsencode(os.path.realpath(sys.executable)) + b'/' + os.fsencode(PACKAGE)):08x}"
+
+
+def socket_path(base: Path | None = None) -> Path:
+    return (folder() if base is None else base) / f"{install_id()}.sock"
+
+
+def private_folder(base: Path, make: bool) -> str | None:
+    """Why `base` cannot hold a daemon's socket (None: it can): it must be a folder (not a link), owned by this
+    user, that no one else can enter. `make` creates it (mode 0700) where it is missing."""
+    if make:
+        try:
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"{base} cannot be made: {exc.strerror}"
+    try:
+        found = os.lstat(base)
+    except FileNotFoundError:
+        return f"{base} does not exist"
+    if not stat.S_ISDIR(found.st_mode):
+        return f"{base} is not a folder"
+    if found.st_uid != os.geteuid():
+        return f"{base} belongs to uid {found.st_uid}, not to this user ({os.geteuid()})"
+    if found.st_mode & 0o077:
+        return f"{base} is open to others (mode {stat.S_IMODE(found.st_mode):04o}; it must be 0700)"
+    if len(os.fsencode(socket_path(base))) > _SUN_PATH_MAX:
+        return f"{socket_path(base)} is longer than a unix socket's path may be"
+    return None
+
+
+def stamp(search_path: list[str]) -> dict[str, str]:
+    """What a command's code is made of, as text compared whole (a few KB; hashing it would cost the command
+    more than sending it). `code`: deployer's files (sources.code_stamp), the interpreter and the module search
+    path (each folder's mtime: installing or removing a package changes it); a daemon whose code differs is out
+    of date. `caller`: the interpreter's flags and the environment that modules read when they are imported; a
+    daemon started under others serves this caller no command, and others still. `search_path` is sys.path less
+    its first entry, the folder of whatever script started this interpreter."""
+    code = [sys.executable, sys.version, str(PACKAGE),
+            *(f"{path} {size} {mtime}" for path, size, mtime in code_stamp())]
+    for entry in search_path:
+        try:
+            code.append(f"{entry} {os.stat(entry).st_mtime_ns}")
+        except OSError:
+            code.append(f"{entry} -")
+    caller = [str(sys.flags), str(sys.dont_write_bytecode),
+              *(f"{name}={value}" for name, value in sorted(os.environ.items())
+                if name.startswith(("PYTHON", "PYDANTIC")) or name == "DEPLOYER_CODE_TABLE")]
+    return {"code": "\n".join(code), "caller": "\n".join(caller)}
