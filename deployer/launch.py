@@ -9,13 +9,15 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from deployer.daemon.client import handed_over
+from deployer.daemon.place import might_answer
 
 
 def main() -> NoReturn:
-    code = handed_over()
-    if code is not None:
-        os._exit(code)
+    if might_answer():
+        from deployer.daemon.client import handed_over
+        code = handed_over()
+        if code is not None:
+            os._exit(code)
     if os.environ.get("DEPLOYER_DAEMON") == "auto":
         from deployer.daemon.control import spawn
         from deployer.errors import DaemonError

@@ -8,6 +8,7 @@ a daemon whose code changed, a folder that is not private, stop. Each test's dae
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -141,6 +142,26 @@ def test_a_command_ended_by_a_signal_ends_its_caller_by_the_same(probe_daemon: s
     assert proc.returncode == -signal.SIGTERM
 
 
+def test_a_command_that_outlives_its_daemon_leaves_the_place_to_the_next(probe_daemon: subprocess.Popen[bytes],
+                                                                          folder: Path, tmp_path: Path) -> None:
+    proc = client(folder, "wait", str(tmp_path / "pid"))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        probe_daemon.terminate()
+        probe_daemon.wait(timeout=30)
+        assert proc.poll() is None  # the command runs on without its daemon
+        lock = os.open(next(folder.glob("*.lock")), os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the next daemon may take the place at once
+        finally:
+            os.close(lock)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert out == "interrupted\n"  # still its caller's: the runner outlived the daemon too
+
+
 def test_a_caller_under_other_interpreter_flags_runs_on_its_own(probe_daemon: subprocess.Popen[bytes],
                                                                folder: Path, tmp_path: Path) -> None:
     proc = client(folder, "where", cwd=tmp_path, env=env_for(folder, PYTHONFAULTHANDLER="1"))
@@ -182,6 +203,20 @@ def test_deployer_commands_go_through_a_started_daemon(started: int, folder: Pat
     assert served(folder) == before + 2  # off: a process of its own
     again = deployer(folder, "daemon", "start")
     assert "already running" in again.stdout and str(started) in again.stdout
+
+
+def test_auto_starts_a_daemon_for_the_commands_after_the_first(folder: Path) -> None:
+    first = deployer(folder, "--version", DEPLOYER_DAEMON="auto")
+    assert first.returncode == 0 and "deployer, version" in first.stdout
+    wait_for(lambda: served(folder) == 0, "the daemon the first command started answers", 60)
+    pid = int(json.loads(deployer(folder, "daemon", "status", "--json", DEPLOYER_DAEMON="off").stdout)["pid"])
+    try:
+        again = deployer(folder, "--version", DEPLOYER_DAEMON="auto")
+        assert again.returncode == 0 and "deployer, version" in again.stdout
+        assert served(folder) == 1
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_daemon_of_other_code_exits_and_the_command_runs_on_its_own(folder: Path, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def dial(base: Path | None = None) -> socket.socket | None:
 
 def handed_over() -> int | None:
     """Run this command in the daemon: its exit code (None: no daemon took it; run it here)."""
-    conn = None if os.environ.get("DEPLOYER_DAEMON") == "off" else dial()
+    conn = dial()
     if conn is None:
         return None
     with conn:

@@ -33,6 +33,12 @@ def socket_path(base: Path | None = None) -> Path:
     return (folder() if base is None else base) / f"{install_id()}.sock"
 
 
+def might_answer() -> bool:
+    """Whether a daemon may take this command: not turned off, and a socket where this install's would be. One
+    stat: a command that runs on its own pays nothing more (not even the imports that talk to a daemon)."""
+    return os.environ.get("DEPLOYER_DAEMON") != "off" and os.path.exists(socket_path())
+
+
 def private_folder(base: Path, make: bool) -> str | None:
     """Why `base` cannot hold a daemon's socket (None: it can): it must be a folder (not a link), owned by this
     user, that no one else can enter. `make` creates it (mode 0700) where it is missing."""

@@ -15,6 +15,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -39,17 +40,22 @@ class Daemon:
         self.served = 0
         self.last = time.monotonic()
         self.listener: socket.socket | None = None
+        self.held = -1
 
     def serve(self, preload: Callable[[], None]) -> int:
         """Listen until idle, stopped or stale. 1: another daemon for this install holds the place."""
-        held = os.open(self.base / f"{install_id()}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       0o600)
+        self.held = os.open(self.base / f"{install_id()}.lock",
+                            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print("another deployer daemon for this install is running", file=sys.stderr)
             return 1
         preload()
+        if threading.active_count() > 1:  # a fork copies no thread but its caller, and no lock another one held
+            print(f"the imports left {threading.active_count() - 1} thread(s) running: a daemon cannot fork "
+                  "safely", file=sys.stderr)
+            return 1
         # What the imports made lives as long as the daemon: out of the collector's reach, a fork's collections
         # never touch (and so never copy) the pages it shares with the daemon.
         gc.collect()
@@ -127,6 +133,7 @@ class Daemon:
             try:
                 assert self.listener is not None
                 self.listener.close()
+                os.close(self.held)  # the place is the daemon's: a command that outlives it must not keep it
                 _run(conn, reader, request, self.command)
             finally:
                 os._exit(70)
