@@ -32,9 +32,10 @@ def show_result(console: Lines, result: RunResult) -> None:
                   f"(exit {result.exit_code})", markup=coloured)
     if result.git_after:
         # A run that rolled back made its commit, then the revert that stands after it: both, or it reads as applied.
+        # A rollback's own commit is its revert: nothing reverted it.
         revert = result.facts.get("rollback_commit")
-        console.print(f"commit {result.git_after} (was {result.git_before})"
-                      f"{f'; reverted by {revert}' if revert else ''}", markup=False, highlight=False)
+        after = f"; reverted by {revert}" if revert and revert != result.git_after else ""
+        console.print(f"commit {result.git_after} (was {result.git_before}){after}", markup=False, highlight=False)
     if result.facts.get("already_applied"):
         restarted = "services restarted" if result.facts.get("pids") else \
             "services not restarted (apply --restart restarts them)"

@@ -114,6 +114,8 @@ def test_a_rollback_whose_old_build_is_worse_than_its_baseline_still_ends_rolled
     assert "The revert stands" in message and "failed its check drain" in message
     assert "Every service answers its health check now" in message, message
     assert "checks of the reverted build: co_restart passed; drain failed" in result.stdout
+    # Its commit is the revert: `commit R (was F)`, never `; reverted by R` of itself.
+    assert re.search(rf"^commit {project.head()} \(was [0-9a-f]{{40}}\)$", result.stdout, re.M), result.stdout
     assert "Run the rollback again" not in message
     assert state(project, rollback_id)["phase"] == "rolled_back"
     assert state(project, rollback_id)["checks_failed"] == ["drain"]
