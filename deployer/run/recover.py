@@ -62,6 +62,7 @@ class Recovered:
     shown: str | None = None  # the state `runs list` shows for it once settled (`failed`: it had changed nothing)
     checks_failed: ChecksFailed | None = None  # its rollback's revert stands, but the reverted build failed these
     rollback_of: str | None = None  # the cut run was a rollback of this run, and recover finished it
+    of_restart: bool = False  # the cut run was a `deployer restart`, and recover finished its restart
 
     def summary(self) -> str:
         if self.outcome is None:
@@ -84,7 +85,8 @@ class Recovered:
         if self.lock_released:
             parts.append("its lock was released")
         if self.kept:
-            parts.append(f"kept {', '.join(self.kept)} (already serving its commit)")
+            on = "restarted by it already" if self.of_restart else "already serving its commit"
+            parts.append(f"kept {', '.join(self.kept)} ({on})")
         if self.kept_on_revert:
             parts.append(f"kept {', '.join(self.kept_on_revert)} (already serving its revert)")
         if self.unproven:
@@ -137,6 +139,9 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             # A rollback cut after it had begun to change the target: finished as `deployer rollback` of the run
             # it undoes would finish it (its revert commit kept if it made one), under this run's lock.
             return end(ctx, _finish_rollback(engine, ctx, record.state.rollback_of, found))
+        if record is not None and record.state.kind == "restart" and not settled and _cut_restarting(record):
+            found.of_restart = True
+            return end(ctx, _finish_restart(engine, ctx, record, found))
         if pending is None and (record is None or settled or not record.state.files):
             # Nothing of the run to undo on the target: cut before its first change (perhaps holding the lock,
             # now released), or settled already. Its record and log may still need their end.
@@ -258,17 +263,8 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     cut = serving.logged(engine.runs_dir, found.run_id)
     if cut is not None:  # its drains judge the fix from the baseline the cut run read before its commit
         ctx.facts.baseline = {**recorded_baseline(cut), **ctx.facts.baseline}
-    on_commit = serving.started(cut, False)
-    restarted: list[str] = []
     try:
-        for step in after:
-            if step.effect not in VERIFY:
-                continue
-            rest, _, restarting = keeping(step, ctx, on_commit)
-            if rest is None:
-                continue
-            restarted += restarting
-            engine.run_step(ctx, rest, rest.name)
+        restarted = _again(engine, ctx, after, cut)
     except DeployerError as failure:
         ctx.bus.step = None
         if isinstance(failure, Interrupted):
@@ -286,6 +282,39 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
                                  ) from None
     ctx.bus.step = None
     found.unproven = ctx.facts.unproven = _unproven(after, cut, restarted)
+    return Phase.succeeded
+
+
+def _again(engine: Engine, ctx: Context, steps: list[Step], cut: Run | None) -> list[str]:
+    """The restarts and checks among steps run again as the cut run would have, but for the services it had
+    already brought up (kept: no second outage); the services restarted."""
+    started = serving.started(cut, False)
+    restarted: list[str] = []
+    for step in steps:
+        if step.effect not in VERIFY:
+            continue
+        rest, _, restarting = keeping(step, ctx, started)
+        if rest is None:
+            continue
+        restarted += restarting
+        engine.run_step(ctx, rest, rest.name)
+    return restarted
+
+
+def _finish_restart(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -> Phase:
+    """A `deployer restart` cut in its restart or its checks: it changed no file, and left its services half
+    restarted (some stopped, one perhaps up again). Finished as it would have: its restart and checks, but for
+    the services it had already brought up (kept). Services that stay down settle it failed_restored all the
+    same, and the failure names them with the command that tries again."""
+    try:
+        _again(engine, ctx, engine.steps, serving.logged(engine.runs_dir, found.run_id))
+    except DeployerError as failure:
+        ctx.bus.step = None
+        if isinstance(failure, Interrupted):
+            raise
+        found.outcome = _settle_original(record, Phase.failed_restored)
+        raise VerificationFailed(f"{failure}\n{left_down(ctx, restarted_services(engine))}") from None
+    ctx.bus.step = None
     return Phase.succeeded
 
 

@@ -108,3 +108,35 @@ def test_recover_rollback_of_a_run_that_already_ended_points_to_deployer_rollbac
     assert pointed.returncode == 2, pointed.stdout + pointed.stderr
     assert f"To undo its commit {head[:12]}: deployer rollback {run_id}" in pointed.stderr
     assert target.head() == head
+
+
+def test_a_restart_cut_after_its_first_service_came_up_is_finished_by_recover_keeping_that_one(
+        target: Project, stack: Stack) -> None:
+    """`deployer restart` SIGKILLed once prefill is up again (decode still stopped): recover keeps prefill (the
+    process the cut restart started, healthy) and starts decode; the cut run ends succeeded, not settled with
+    decode left down."""
+    stack.start_services()
+    before = set(target.runs.iterdir()) if target.runs.exists() else set()
+
+    def prefill_up() -> bool:
+        runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()] \
+            if target.runs.exists() else []
+        return any('"service": "prefill", "phase": "healthy"' in (p / "events.jsonl").read_text() for p in runs)
+
+    cut = act_when(target, ["restart", "--host", "box", "prefill", "decode"], prefill_up,
+                   lambda proc: proc.send_signal(signal.SIGKILL), "prefill healthy again")
+    assert cut.returncode == -signal.SIGKILL
+    age_lock(target.repo)
+    run = next(iter(set(target.runs.iterdir()) - before))
+    assert state_of(run)["phase"] == "restarting"
+    prefill = stack.pids()["prefill"]
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kept prefill (restarted by it already)" in done.stdout, done.stdout
+    assert healthy(stack) and stack.pids()["prefill"] == prefill
+    assert state_of(run)["phase"] == "succeeded"
+    recover_id = target.newest_run()
+    started = [e["service"] for e in target.events(recover_id) if e["type"] == "service_started"]
+    assert started == ["decode"]
+    again = target.deployer("restart", "--host", "box", "decode")  # nothing of the cut run holds the host
+    assert again.returncode == 0, again.stdout + again.stderr
