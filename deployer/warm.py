@@ -43,9 +43,13 @@ def build_deferred_models() -> int:
 
 
 def preload() -> None:
-    """All a command may load before it runs: what a process that forks commands loads once (deployer/daemon)."""
+    """All a command may load before it runs: what a process that forks commands loads once (deployer/daemon).
+    The agent's bytes too (its source and bytecode, made once a process): they are deployer's files, which a
+    daemon's stamp covers."""
     import_every_module()
     build_deferred_models()
+    from deployer.agent.client import agent_payload
+    agent_payload()
 
 
 def write_table() -> tuple[str | None, int]:

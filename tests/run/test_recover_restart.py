@@ -112,20 +112,26 @@ def test_recover_rollback_of_a_run_that_already_ended_points_to_deployer_rollbac
 
 def test_a_restart_cut_after_its_first_service_came_up_is_finished_by_recover_keeping_that_one(
         target: Project, stack: Stack) -> None:
-    """`deployer restart` SIGKILLed once prefill is up again (decode still stopped): recover keeps prefill (the
-    process the cut restart started, healthy) and starts decode; the cut run ends succeeded, not settled with
-    decode left down."""
+    """`deployer restart` SIGKILLed once prefill is up again and decode's start is under way (its launcher waits
+    at a gate, so the kill lands while decode cannot answer yet): recover keeps prefill (the process the cut
+    restart started, healthy) and restarts decode; the cut run ends succeeded, not settled with decode down."""
     stack.start_services()
-    before = set(target.runs.iterdir()) if target.runs.exists() else set()
+    gate = target.root / "decode.gate"
+    port = stack.ports["decode"]
+    gated = [*stack.service("decode")["start"]]
+    stack.configure(prefill=stack.service("prefill"), decode=stack.service("decode", start=[
+        "sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.02; done; exec "$0" "$@"', *gated]))
+    assert str(port) in gated
+    before = set(target.runs.iterdir())
 
-    def prefill_up() -> bool:
-        runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()] \
-            if target.runs.exists() else []
-        return any('"service": "prefill", "phase": "healthy"' in (p / "events.jsonl").read_text() for p in runs)
+    def decode_starting() -> bool:
+        runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()]
+        return any('"service": "decode", "phase": "starting"' in (p / "events.jsonl").read_text() for p in runs)
 
-    cut = act_when(target, ["restart", "--host", "box", "prefill", "decode"], prefill_up,
-                   lambda proc: proc.send_signal(signal.SIGKILL), "prefill healthy again")
+    cut = act_when(target, ["restart", "--host", "box", "prefill", "decode"], decode_starting,
+                   lambda proc: proc.send_signal(signal.SIGKILL), "decode's start under way")
     assert cut.returncode == -signal.SIGKILL
+    gate.touch()
     age_lock(target.repo)
     run = next(iter(set(target.runs.iterdir()) - before))
     assert state_of(run)["phase"] == "restarting"
