@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from deployer.daemon.place import might_answer
+from deployer.daemon.place import might_answer, socket_path
 
 
 def main() -> NoReturn:
@@ -18,7 +18,8 @@ def main() -> NoReturn:
         code = handed_over()
         if code is not None:
             os._exit(code)
-    if os.environ.get("DEPLOYER_DAEMON") == "auto":
+    # auto: start one where none is; not beside one that refused this command (it serves other callers).
+    if os.environ.get("DEPLOYER_DAEMON") == "auto" and not os.path.exists(socket_path()):
         from deployer.daemon.control import spawn
         from deployer.errors import DaemonError
         # For the commands after this one (this one does not wait for its imports). A folder that is not

@@ -36,6 +36,7 @@ PROBE_DAEMON = textwrap.dedent("""
         what = sys.argv[1]
         if what == "where":
             print(json.dumps({"cwd": os.getcwd(), "env": os.environ.get("PROBE_VALUE"), "umask": os.umask(0),
+                              "zone": time.strftime("%Z"),
                               "argv": sys.argv, "path0": sys.path[0], "stdin": sys.stdin.read(),
                               "pid": os.getpid(), "pgid": os.getpgid(0)}))
             sys.stdout.flush()
@@ -91,21 +92,22 @@ def client(folder: Path, *args: str, env: dict[str, str] | None = None, **kwargs
 def gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except (ProcessLookupError, FileNotFoundError):  # gone between the two looks too
         return True
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
 
 
 def test_the_command_runs_with_the_callers_directory_environment_umask_argv_and_stdin(
         probe_daemon: subprocess.Popen[bytes], folder: Path, tmp_path: Path) -> None:
     proc = client(folder, "where", "an arg", cwd=tmp_path, stdin=subprocess.PIPE,
-                  preexec_fn=lambda: os.umask(0o027))
+                  env=env_for(folder, PROBE_VALUE="from-env", TZ="Asia/Tokyo"), preexec_fn=lambda: os.umask(0o027))
     out, err = proc.communicate("typed in\n", timeout=30)
     assert proc.returncode == 7, err  # the command's own exit code
     seen = json.loads(out)
     assert seen["cwd"] == str(tmp_path)
     assert seen["env"] == "from-env"
     assert seen["umask"] == 0o027
+    assert seen["zone"] == "JST"  # the caller's TZ, not the daemon's
     assert seen["argv"] == ["-c", "where", "an arg"]
     assert seen["path0"] == ""  # the caller's sys.path, its script's folder first (`-c`: "")
     assert seen["stdin"] == "typed in\n"
@@ -133,6 +135,19 @@ def test_a_caller_killed_outright_takes_its_command_with_it(probe_daemon: subpro
     proc.kill()
     proc.wait()
     wait_for(lambda: gone(command), "the command ended with its caller", 30)
+
+
+def test_a_runner_killed_by_hand_takes_its_command_with_it(probe_daemon: subprocess.Popen[bytes], folder: Path,
+                                                           tmp_path: Path) -> None:
+    proc = client(folder, "wait", str(tmp_path / "pid"))
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    command = int((tmp_path / "pid").read_text())
+    runner = int(Path(f"/proc/{command}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+    os.kill(runner, signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 70 and "ended without its exit status" in err
+    wait_for(lambda: gone(command), "the command ended with its runner", 30)
 
 
 def test_a_command_ended_by_a_signal_ends_its_caller_by_the_same(probe_daemon: subprocess.Popen[bytes],
@@ -217,6 +232,42 @@ def test_auto_starts_a_daemon_for_the_commands_after_the_first(folder: Path) -> 
     finally:
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_caller_with_another_module_path_or_nice_runs_on_its_own_and_the_daemon_stays(
+        started: int, folder: Path, tmp_path: Path) -> None:
+    before = served(folder)
+    other = deployer(folder, "--version", PYTHONPATH=str(tmp_path))
+    assert other.returncode == 0 and "deployer, version" in other.stdout
+    niced = subprocess.run([sys.executable, "-m", "deployer", "--version"], env=env_for(folder), cwd="/",
+                           capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.nice(3))
+    assert niced.returncode == 0 and "deployer, version" in niced.stdout
+    assert served(folder) == before  # neither was the daemon's to run: a fork would have had its path and nice
+    assert not gone(started)
+    assert deployer(folder, "--version").returncode == 0 and served(folder) == before + 1
+
+
+def test_daemon_commands_run_on_their_own_and_a_relative_dir_or_a_race_still_starts_one(
+        folder: Path, tmp_path: Path) -> None:
+    bad = deployer(folder, "daemon", "start", "--idle", "inf")
+    assert bad.returncode == 2 and "--idle" in bad.stderr
+    starts = [subprocess.Popen([sys.executable, "-m", "deployer", "daemon", "start", "--json", "--dir", "rel"],
+                               env=env_for(folder), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True) for _ in range(2)]
+    answers = [p.communicate(timeout=120) for p in starts]
+    pids = set()
+    try:
+        assert [p.returncode for p in starts] == [0, 0], answers
+        pids = {int(json.loads(out)["pid"]) for out, _ in answers}
+        assert len(pids) == 1  # one daemon, both starts content
+        assert sorted(json.loads(out)["started_now"] for out, _ in answers) == [False, True]
+        status = subprocess.run([sys.executable, "-m", "deployer", "daemon", "status", "--json", "--dir", "rel"],
+                                env=env_for(folder), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert json.loads(status.stdout)["served"] == 0  # start and status ran on their own
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_daemon_of_other_code_exits_and_the_command_runs_on_its_own(folder: Path, tmp_path: Path) -> None:

@@ -29,8 +29,9 @@ dir_option = click.option(
 
 @daemon.command("start")
 @dir_option
-@click.option("--idle", "idle_minutes", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
-              help="Exit after this many minutes without a command.")
+@click.option("--idle", "idle_minutes", type=click.FloatRange(min=0.1, max=7 * 24 * 60), default=15.0,
+              show_default=True,
+              help="Exit after this many minutes without a command (at most a week).")
 @json_option()
 @failures_to_exit_codes
 def daemon_start(folder: Path | None, idle_minutes: float, as_json: bool) -> None:

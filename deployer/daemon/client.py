@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import signal
 import socket
 import sys
 from pathlib import Path
 from types import FrameType
 
-from deployer.daemon.place import folder, private_folder, socket_path, stamp
+from deployer.daemon.place import folder, private_folder, script_less_path, socket_path, stamp
 from deployer.daemon.wire import FORWARDED, Reader, WireError, peer_uid, send
 
 LOST = 70  # the daemon's runner ended without telling how the command did (killed by hand, out of memory)
@@ -42,9 +41,8 @@ def handed_over() -> int | None:
         # From before the request goes out: a Ctrl-C that comes while the command starts must reach it.
         forwarder = _Forwarder(conn)
         try:
-            request = {"op": "run", "stamp": stamp(sys.path[1:]), "argv": sys.argv, "path": sys.path,
-                       "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(), "stdio": _encodings(),
-                       "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+            request = {"op": "run", "stamp": stamp(script_less_path()), "argv": sys.argv, "path": sys.path,
+                       "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(), "stdio": _encodings()}
             with _Stdio() as fds:
                 send(conn, request, fds)
             forwarder.go()

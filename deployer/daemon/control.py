@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from deployer.daemon.client import dial
-from deployer.daemon.place import folder, install_id, private_folder, stamp
+from deployer.daemon.place import folder, install_id, private_folder, script_less_path, stamp
+from deployer.daemon.serve import HELD
 from deployer.daemon.wire import Reader, WireError, send
 from deployer.errors import DaemonError
 
@@ -41,7 +42,7 @@ def ask(message: dict[str, Any], base: Path | None = None) -> dict[str, Any] | N
 
 def status(base: Path | None = None) -> dict[str, Any] | None:
     """pid, started (epoch s), served, idle_s, and current (it runs this code); None: none runs."""
-    return ask({"op": "status", "stamp": stamp(sys.path[1:])}, base)
+    return ask({"op": "status", "stamp": stamp(script_less_path())}, base)
 
 
 def stop(base: Path | None = None, wait_s: float = 10.0) -> int | None:
@@ -58,12 +59,13 @@ def stop(base: Path | None = None, wait_s: float = 10.0) -> int | None:
 
 
 def spawn(idle_s: float = IDLE_S, base: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start a daemon in its own session (it outlives this process); its log is beside its socket."""
-    base = folder() if base is None else base
+    """Start a daemon in its own session (it outlives this process); its log is beside its socket (appended to:
+    one that finds another daemon there says so below that one's lines; a daemon that starts empties it)."""
+    base = (folder() if base is None else base).absolute()
     reason = private_folder(base, make=True)
     if reason is not None:
         raise DaemonError(f"no daemon: {reason}")
-    with open(base / f"{install_id()}.log", "wb") as log:
+    with open(base / f"{install_id()}.log", "ab") as log:
         return subprocess.Popen([sys.executable, *_flags(), "-c", _BOOT, str(base), str(idle_s)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                                 start_new_session=True)
@@ -72,7 +74,7 @@ def spawn(idle_s: float = IDLE_S, base: Path | None = None) -> subprocess.Popen[
 def start(idle_s: float = IDLE_S, base: Path | None = None) -> tuple[dict[str, Any], bool]:
     """A daemon running this code: its status, and whether this call started it (one that ran other code is
     stopped first)."""
-    base = folder() if base is None else base
+    base = (folder() if base is None else base).absolute()
     found = status(base)
     if found is not None and found["current"]:
         return found, False
@@ -81,12 +83,18 @@ def start(idle_s: float = IDLE_S, base: Path | None = None) -> tuple[dict[str, A
     proc = spawn(idle_s, base)
     deadline = time.monotonic() + START_WAIT_S
     while (found := status(base)) is None or not found["current"]:
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if found is not None and found["pid"] == proc.pid:
+            stop(base)
+            raise DaemonError("the daemon started but serves no command of this process: its module path, "
+                              "interpreter flags or process context differ from this one's (see deployer daemon "
+                              "--help)")
+        # Another start's daemon may have won the place (this one gave up: its log says so): wait for that one.
+        if (proc.poll() not in (None, HELD)) or time.monotonic() > deadline:
             log = (base / f"{install_id()}.log").read_text(errors="replace").strip()
             how = "no answer in 60 s" if proc.returncode is None else f"exit {proc.returncode}"
             raise DaemonError(f"the daemon did not start ({how}): {log[-2000:] or 'it wrote nothing'}")
         time.sleep(0.02)
-    return found, True
+    return found, found["pid"] == proc.pid
 
 
 def _flags() -> list[str]:
@@ -94,4 +102,5 @@ def _flags() -> list[str]:
     difference makes the daemon stale for its caller, never wrong)."""
     flags = sys.flags
     return (["-O"] * flags.optimize + ["-B"] * sys.dont_write_bytecode + ["-s"] * flags.no_user_site
-            + ["-E"] * flags.ignore_environment + ["-I"] * flags.isolated)
+            + ["-E"] * flags.ignore_environment + ["-I"] * flags.isolated
+            + ["-P"] * bool(getattr(flags, "safe_path", False)))

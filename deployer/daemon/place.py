@@ -17,7 +17,7 @@ def folder() -> Path:
     """The folder the daemon's socket lives in (it may not exist yet)."""
     chosen = os.environ.get("DEPLOYER_DAEMON_DIR")
     if chosen:
-        return Path(chosen)
+        return Path(os.path.abspath(chosen))  # the daemon runs in /
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return Path(runtime) / "deployer"
@@ -36,7 +36,9 @@ def socket_path(base: Path | None = None) -> Path:
 def might_answer() -> bool:
     """Whether a daemon may take this command: not turned off, and a socket where this install's would be. One
     stat: a command that runs on its own pays nothing more (not even the imports that talk to a daemon)."""
-    return os.environ.get("DEPLOYER_DAEMON") != "off" and os.path.exists(socket_path())
+    # `deployer daemon ...` runs on its own: a stale daemon asked about itself would exit before it answered.
+    return (os.environ.get("DEPLOYER_DAEMON") != "off" and sys.argv[1:2] != ["daemon"]
+            and os.path.exists(socket_path()))
 
 
 def private_folder(base: Path, make: bool) -> str | None:
@@ -51,6 +53,8 @@ def private_folder(base: Path, make: bool) -> str | None:
         found = os.lstat(base)
     except FileNotFoundError:
         return f"{base} does not exist"
+    if stat.S_ISLNK(found.st_mode):
+        return f"{base} is a symbolic link, not a folder of its own"
     if not stat.S_ISDIR(found.st_mode):
         return f"{base} is not a folder"
     if found.st_uid != os.geteuid():
@@ -62,13 +66,20 @@ def private_folder(base: Path, make: bool) -> str | None:
     return None
 
 
+def script_less_path() -> list[str]:
+    """sys.path less the folder of the script that started this interpreter (none under -P, PYTHONSAFEPATH)."""
+    return list(sys.path) if getattr(sys.flags, "safe_path", False) else sys.path[1:]
+
+
 def stamp(search_path: list[str]) -> dict[str, str]:
-    """What a command's code is made of, as text compared whole (a few KB; hashing it would cost the command
-    more than sending it). `code`: deployer's files (sources.code_stamp), the interpreter and the module search
-    path (each folder's mtime: installing or removing a package changes it); a daemon whose code differs is out
-    of date. `caller`: the interpreter's flags and the environment that modules read when they are imported; a
-    daemon started under others serves this caller no command, and others still. `search_path` is sys.path less
-    its first entry, the folder of whatever script started this interpreter."""
+    """What a command would run, as text compared whole (a few KB; hashing it would cost the command more than
+    sending it). `caller`: what the process brings — the module search path (`search_path`: sys.path less the
+    starting script's folder), the interpreter's flags and options, the environment modules read when they are
+    imported, and the process's place in the system (namespaces, cgroup, nice, CPUs, groups, limits), which a
+    fork would take from the daemon, not from the caller; a daemon started under another serves this caller no
+    command (it runs on its own) and others still. `code`: deployer's files (sources.code_stamp), the
+    interpreter and each search folder's mtime (installing or removing a package changes it); a daemon whose
+    code differs for the same caller is out of date."""
     code = [sys.executable, sys.version, str(PACKAGE),
             *(f"{path} {size} {mtime}" for path, size, mtime in code_stamp())]
     for entry in search_path:
@@ -76,7 +87,38 @@ def stamp(search_path: list[str]) -> dict[str, str]:
             code.append(f"{entry} {os.stat(entry).st_mtime_ns}")
         except OSError:
             code.append(f"{entry} -")
-    caller = [str(sys.flags), str(sys.dont_write_bytecode),
+    caller = [*search_path, str(sys.flags), str(sys.dont_write_bytecode), str(sys.warnoptions),
+              str(sorted(sys._xoptions.items())), *_context(),
               *(f"{name}={value}" for name, value in sorted(os.environ.items())
                 if name.startswith(("PYTHON", "PYDANTIC")) or name == "DEPLOYER_CODE_TABLE")]
     return {"code": "\n".join(code), "caller": "\n".join(caller)}
+
+
+_NAMESPACES = ("net", "mnt", "pid", "uts", "ipc", "user", "cgroup")
+_LIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",
+           "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK")
+
+
+def _context() -> list[str]:
+    """This process's place in the system, as far as a fork of another process would not share it: `unshare -n`,
+    `ip netns exec`, `nice`, `taskset`, `ulimit`, `sg`, systemd-run or a job scheduler's cgroup."""
+    import resource
+
+    found = []
+    for kind in _NAMESPACES:
+        try:
+            found.append(os.readlink(f"/proc/self/ns/{kind}"))
+        except OSError:
+            found.append(f"{kind}:-")
+    try:
+        with open("/proc/self/cgroup") as cgroup:
+            found.append(cgroup.read())
+    except OSError:
+        found.append("cgroup -")
+    found += [f"nice {os.getpriority(os.PRIO_PROCESS, 0)}", f"gid {os.getgid()} {os.getegid()}",
+              f"groups {sorted(os.getgroups())}"]
+    if hasattr(os, "sched_getaffinity"):
+        found.append(f"cpus {sorted(os.sched_getaffinity(0))}")
+    found += [f"{name} {resource.getrlimit(getattr(resource, name))}" for name in _LIMITS
+              if hasattr(resource, name)]
+    return found

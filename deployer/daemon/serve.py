@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from deployer.daemon.place import install_id, socket_path, stamp
 from deployer.daemon.wire import FORWARDED, Reader, WireError, peer_uid, send
 
+HELD = 3  # the daemon's exit when another holds its place (as `deployer lock` says a held lock)
 REQUEST_TIMEOUT_S = 5.0  # a caller that connects and says nothing holds no one else up for longer
 _RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTSTP, signal.SIGTTIN,
           signal.SIGTTOU, signal.SIGWINCH, signal.SIGUSR1, signal.SIGUSR2)
@@ -43,14 +44,16 @@ class Daemon:
         self.held = -1
 
     def serve(self, preload: Callable[[], None]) -> int:
-        """Listen until idle, stopped or stale. 1: another daemon for this install holds the place."""
+        """Listen until idle, stopped or stale. HELD: another daemon for this install holds the place."""
         self.held = os.open(self.base / f"{install_id()}.lock",
                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self.held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print("another deployer daemon for this install is running", file=sys.stderr)
-            return 1
+            return HELD
+        with contextlib.suppress(OSError):  # its log, which a start that lost a race may have written to
+            os.truncate(self.base / f"{install_id()}.log", 0)
         preload()
         if threading.active_count() > 1:  # a fork copies no thread but its caller, and no lock another one held
             print(f"the imports left {threading.active_count() - 1} thread(s) running: a daemon cannot fork "
@@ -75,7 +78,7 @@ class Daemon:
             while self._next():
                 pass
         except SystemExit:
-            pass
+            print("stopped by SIGTERM", file=sys.stderr)
         finally:
             self.listener.close()
             with contextlib.suppress(OSError):  # unless a newer daemon has put its own socket there
@@ -115,19 +118,21 @@ class Daemon:
             return True
         if op == "stop":
             send(conn, {"stopping": os.getpid()})
+            print("stopped on request (deployer daemon stop)", file=sys.stderr)
             return False
         if op != "run" or len(reader.fds) != 3:
             send(conn, {"error": "not a request this daemon knows"})
             return True
         theirs = request.get("stamp") or {}
+        if theirs.get("caller") != self.stamp["caller"]:
+            send(conn, {"other": "this caller's module path, interpreter flags, PYTHON* settings or process "
+                                 "context (namespaces, cgroup, nice, CPUs, groups, limits) differ from the daemon's"})
+            return True
         if theirs.get("code") != self.stamp["code"]:
-            send(conn, {"stale": "deployer's code, its interpreter or its module path changed since this daemon "
-                                 "started"})
+            send(conn, {"stale": "deployer's code, its interpreter or a package on its module path changed since "
+                                 "this daemon started"})
             print("a caller's code differs from what this daemon imported: exiting", file=sys.stderr)
             return False
-        if theirs.get("caller") != self.stamp["caller"]:
-            send(conn, {"other": "this caller's interpreter flags or PYTHON* environment differ from the daemon's"})
-            return True
         self.served += 1
         if os.fork() == 0:
             try:
@@ -152,8 +157,10 @@ def _run(conn: socket.socket, reader: Reader, request: dict[str, Any], command: 
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler, so that the wakeup fd hears of it
     signal.set_wakeup_fd(wake_w)
+    runner = os.getpid()
     pid = os.fork()
     if pid == 0:
+        _die_with(runner)
         conn.close()
         signal.set_wakeup_fd(-1)
         os.close(wake_r)
@@ -172,6 +179,20 @@ def _run(conn: socket.socket, reader: Reader, request: dict[str, Any], command: 
     except OSError:
         pass  # the caller is gone
     os._exit(0)
+
+
+def _die_with(runner: int) -> None:
+    """The command is killed when its runner dies (PR_SET_PDEATHSIG): a runner killed by hand must not leave it
+    running unseen after its caller has reported that it ended."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the caller's own death still ends it (the runner sees its EOF)
+    if os.getppid() != runner:  # the runner died before the request took effect
+        os._exit(70)
 
 
 def _wait(conn: socket.socket, pid: int, wake: int, early: bytes) -> int:
@@ -220,12 +241,8 @@ def _become(request: dict[str, Any], fds: list[int], command: Callable[[], NoRet
         os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
         sys.argv = [str(arg) for arg in request["argv"]]
         sys.path[:] = [str(entry) for entry in request["path"]]  # its script's folder first, as it started
+        time.tzset()  # the caller's TZ
         _stdio(request["stdio"])
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        wanted = int(request.get("nofile", soft))
-        if wanted != soft and (hard == resource.RLIM_INFINITY or wanted <= hard):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     except Exception as exc:
         os.write(2, f"deployer: the daemon could not set up this command: {exc!r}\n".encode())
         os._exit(70)
