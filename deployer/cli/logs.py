@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import signal
 import sys
 import threading
@@ -45,12 +46,35 @@ def logs(service: str | None, host_name: str, whole: bool, lines: int | None, fo
         return
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    reader = threading.Thread(target=_until_no_reader, args=(stop,), daemon=True)
+    reader.start()
     try:
         chosen.follow(printer.show, stop)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-    sys.exit(130)  # a follow ends only when it is interrupted
+    # A follow ends when it is interrupted, or when what read its output is gone (`| head -1`): as a pipe's
+    # writer ends when its reader does, without a word.
+    sys.exit(1 if _no_reader() else 130)
 
+
+def _no_reader() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll says POLLERR at once)."""
+    try:
+        polled = select.poll()
+        polled.register(sys.stdout.fileno(), 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in polled.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _until_no_reader(stop: threading.Event) -> None:
+    """A follow that writes nothing while its logs are quiet would never hear that its reader left: look."""
+    while not stop.wait(FOLLOW_READER_POLL_S):
+        if _no_reader():
+            stop.set()
+
+
+FOLLOW_READER_POLL_S = 0.5
 
 COMMANDS = (logs,)

@@ -126,6 +126,27 @@ def test_logs_follow_shows_what_the_service_writes_until_ctrl_c(target: Project,
     assert not any("start 1" in line for line in seen), seen
 
 
+def test_logs_follow_ends_when_what_reads_it_is_gone(target: Project, stack: Stack) -> None:
+    """`deployer logs -f ... | head -1`: the follow must end although the log stays quiet (nothing is written
+    that would fail), as a pipe's writer ends when its reader does."""
+    started_twice(target, stack)
+    read_end, write_end = os.pipe()
+    following = subprocess.Popen([sys.executable, "-m", "deployer", "logs", "--host", "box", "prefill", "-f"],
+                                 cwd=target.root, env=target.env(), stdout=write_end, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as reader:
+            assert reader.readline()  # its first line, as `head -1` reads it; then the reader is gone
+        code = following.wait(30)
+    finally:
+        if following.poll() is None:
+            following.kill()
+            following.wait()
+    assert code == 1
+    assert following.stderr is not None and "Traceback" not in following.stderr.read()
+
+
 def without_journalctl(project: Project) -> str:
     """A python for the target whose PATH holds only sh and git: a host without systemd's tools."""
     tools = project.root / "tools"
