@@ -63,8 +63,9 @@ def daemon_status(folder: Path | None, as_json: bool) -> None:
     else:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found["started"]))
         click.echo(f"deployer daemon pid {found['pid']}, since {since}, {found['served']} commands served; "
-                   + ("runs this code" if found["current"] else "runs other code, or under other interpreter flags: "
-                      "it serves no command of this one (`deployer daemon start` replaces it)"))
+                   + ("runs this code" if found["current"] else "runs other code, or was started from another module "
+                      "path, flags or process context: it serves no command of this one (`deployer daemon start` "
+                      "replaces it)"))
     if found is None:
         raise SystemExit(3)
 

@@ -13,6 +13,8 @@ from deployer.cli.options import accept_option, host_option, inventory_option, j
 from deployer.cli.output import emit_json, failures_to_exit_codes
 from deployer.cli.running import pin_notice
 
+FOLLOW_READER_POLL_S = 0.5  # how often a quiet follow looks whether what reads its output is still there
+
 
 @click.command()
 @click.argument("service", required=False)
@@ -74,7 +76,5 @@ def _until_no_reader(stop: threading.Event) -> None:
         if _no_reader():
             stop.set()
 
-
-FOLLOW_READER_POLL_S = 0.5
 
 COMMANDS = (logs,)

@@ -13,10 +13,12 @@ What keeps this honest:
 - One daemon per user and install (interpreter and deployer's package folder), at a socket in a folder only that
   user can enter (`$XDG_RUNTIME_DIR/deployer`, else `~/.cache/deployer/daemon`; DEPLOYER_DAEMON_DIR names
   another); each side checks the other's user id from the kernel (SO_PEERCRED).
-- A daemon serves only the code it imported: each command sends a stamp of deployer's files (size and mtime of
-  each), the interpreter, its flags and module search path (and those folders' mtimes, which an install
-  changes); a daemon that has another stamp says so, stops listening and exits, and the command runs as if no
-  daemon were there.
+- A daemon serves only the code it imported, and only callers that come from where it did: each command sends
+  a stamp of its module path, interpreter flags and options, the PYTHON* settings modules read, and its process
+  context (namespaces, cgroup, nice, CPUs, groups, limits: a fork would have the daemon's), then of deployer's
+  files (size and mtime of each), the interpreter and the module path's folders' mtimes (which an install
+  changes). Another caller is refused and the daemon stays; the same caller with newer code finds the daemon
+  out of date, and it says so, stops listening and exits. Either way the command runs as if no daemon were there.
 - Nothing is ever worse than without it: no daemon, a folder that is not this user's alone, a stale daemon or
   one that does not answer: the command runs in its own process, as it always did.
 - It exits after a spell without commands (15 minutes unless told), and on `deployer daemon stop`; commands it

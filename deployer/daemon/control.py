@@ -40,9 +40,10 @@ def ask(message: dict[str, Any], base: Path | None = None) -> dict[str, Any] | N
             return None
 
 
-def status(base: Path | None = None) -> dict[str, Any] | None:
-    """pid, started (epoch s), served, idle_s, and current (it runs this code); None: none runs."""
-    return ask({"op": "status", "stamp": stamp(script_less_path())}, base)
+def status(base: Path | None = None, mine: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """pid, started (epoch s), served, idle_s, and current (it serves this process: `mine`, its stamp, taken
+    here unless given); None: none runs."""
+    return ask({"op": "status", "stamp": stamp(script_less_path()) if mine is None else mine}, base)
 
 
 def stop(base: Path | None = None, wait_s: float = 10.0) -> int | None:
@@ -51,7 +52,7 @@ def stop(base: Path | None = None, wait_s: float = 10.0) -> int | None:
     if answer is None:
         return None
     deadline = time.monotonic() + wait_s
-    while status(base) is not None:
+    while ask({"op": "status"}, base) is not None:  # still answering (whose code it runs is no question here)
         if time.monotonic() > deadline:
             raise DaemonError(f"the daemon (pid {answer.get('stopping')}) was asked to stop and still answers")
         time.sleep(0.02)
@@ -75,14 +76,15 @@ def start(idle_s: float = IDLE_S, base: Path | None = None) -> tuple[dict[str, A
     """A daemon running this code: its status, and whether this call started it (one that ran other code is
     stopped first)."""
     base = (folder() if base is None else base).absolute()
-    found = status(base)
+    mine = stamp(script_less_path())  # once: the polls below would walk deployer's files each time
+    found = status(base, mine)
     if found is not None and found["current"]:
         return found, False
     if found is not None:
         stop(base)
     proc = spawn(idle_s, base)
     deadline = time.monotonic() + START_WAIT_S
-    while (found := status(base)) is None or not found["current"]:
+    while (found := status(base, mine)) is None or not found["current"]:
         if found is not None and found["pid"] == proc.pid:
             stop(base)
             raise DaemonError("the daemon started but serves no command of this process: its module path, "
@@ -98,8 +100,8 @@ def start(idle_s: float = IDLE_S, base: Path | None = None) -> tuple[dict[str, A
 
 
 def _flags() -> list[str]:
-    """The interpreter flags that change what code runs (the stamp holds all of sys.flags: any other
-    difference makes the daemon stale for its caller, never wrong)."""
+    """The interpreter flags that change what code runs, so that the daemon's are its starter's (the stamp holds
+    all of sys.flags: any other difference makes the daemon refuse that caller, never serve it wrongly)."""
     flags = sys.flags
     return (["-O"] * flags.optimize + ["-B"] * sys.dont_write_bytecode + ["-s"] * flags.no_user_site
             + ["-E"] * flags.ignore_environment + ["-I"] * flags.isolated

@@ -8,6 +8,7 @@ its end even when the daemon has exited meanwhile (stale, stopped or idle)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import gc
 import os
@@ -183,9 +184,8 @@ def _run(conn: socket.socket, reader: Reader, request: dict[str, Any], command: 
 
 def _die_with(runner: int) -> None:
     """The command is killed when its runner dies (PR_SET_PDEATHSIG): a runner killed by hand must not leave it
-    running unseen after its caller has reported that it ended."""
-    import ctypes
-
+    running unseen after its caller has reported that it ended. (ctypes is imported with this module, in the
+    daemon: not again in each command.)"""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG

@@ -25,6 +25,12 @@ def state_of(run: Path) -> dict[str, Any]:
     return dict(json.loads((run / "state.json").read_text()))
 
 
+def logged_since(target: Project, before: set[Path], text: str) -> bool:
+    """Whether a run that began after `before` (the runs dir's entries then) has logged `text`."""
+    runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()]
+    return any(text in (p / "events.jsonl").read_text() for p in runs)
+
+
 def killed_in_its_restart(target: Project, stack: Stack, steps: list[Any] = CHAIN) -> Path:
     """An apply of steps (by default CHAIN) SIGKILLed once co_restart has stopped a service; then every service is
     down (as a kill that took the services with it leaves them)."""
@@ -32,11 +38,8 @@ def killed_in_its_restart(target: Project, stack: Stack, steps: list[Any] = CHAI
     target.playbook(steps=steps)
     before = set(target.runs.iterdir())
 
-    def stopped() -> bool:
-        runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()]
-        return any('"type": "service_stopped"' in (p / "events.jsonl").read_text() for p in runs)
-
-    cut = act_when(target, ["apply", "fix.yaml", "--host", "box"], stopped,
+    cut = act_when(target, ["apply", "fix.yaml", "--host", "box"],
+                   lambda: logged_since(target, before, '"type": "service_stopped"'),
                    lambda proc: proc.send_signal(signal.SIGKILL), "co_restart's first stop")
     assert cut.returncode == -signal.SIGKILL
     stack.kill_all()
@@ -124,11 +127,8 @@ def test_a_restart_cut_after_its_first_service_came_up_is_finished_by_recover_ke
     assert str(port) in gated
     before = set(target.runs.iterdir())
 
-    def decode_starting() -> bool:
-        runs = [p for p in set(target.runs.iterdir()) - before if (p / "events.jsonl").is_file()]
-        return any('"service": "decode", "phase": "starting"' in (p / "events.jsonl").read_text() for p in runs)
-
-    cut = act_when(target, ["restart", "--host", "box", "prefill", "decode"], decode_starting,
+    cut = act_when(target, ["restart", "--host", "box", "prefill", "decode"],
+                   lambda: logged_since(target, before, '"service": "decode", "phase": "starting"'),
                    lambda proc: proc.send_signal(signal.SIGKILL), "decode's start under way")
     assert cut.returncode == -signal.SIGKILL
     gate.touch()
