@@ -140,6 +140,23 @@ def stack(target: Project) -> Iterator[Stack]:
     stack.kill_all()
 
 
+def processes_naming(*words: str) -> set[int]:
+    """The live processes whose command line holds every one of `words` (the target is this machine)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and all(w.encode() in (entry / "cmdline").read_bytes() for w in words):
+                found.add(int(entry.name))
+    return found
+
+
+def kill_naming(*words: str) -> None:
+    """SIGKILL every process whose command line holds every one of `words`."""
+    for pid in processes_naming(*words):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def wait_dead(pid: int, seconds: float = 10) -> bool:
     return within(lambda: not alive(pid), seconds, interval_s=0.05)
 

@@ -5,13 +5,16 @@ a real SIGKILL of the apply (local and over a real sshd)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from fixtures_repo import FIXED_A, ORIGINAL_A, Project, act_when, age_lock
-from fixtures_services import GAUGE, Stack
+from fixtures_services import GAUGE, Stack, kill_naming, processes_naming
+from polling import wait_for
 
 pytest_plugins = ["fixtures_repo", "fixtures_ssh", "fixtures_services"]
 
@@ -146,3 +149,75 @@ def test_a_restart_cut_after_its_first_service_came_up_is_finished_by_recover_ke
     assert started == ["decode"]
     again = target.deployer("restart", "--host", "box", "decode")  # nothing of the cut run holds the host
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def held_mv(root: Path) -> tuple[Path, Path, Path]:
+    """A folder with an `mv` that, while the file HOLD exists, holds any rename of a `.proc` record (the pid record
+    of a start) after saying so in HELD; the folder, HOLD and HELD."""
+    folder, hold, held = root / "held-bin", root / "HOLD", root / "HELD"
+    folder.mkdir()
+    real = shutil.which("mv")
+    (folder / "mv").write_text(f"""#!/bin/sh
+case "$*" in *.proc*) if [ -e "{hold}" ]; then : >"{held}"; i=0
+  while [ -e "{hold}" ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i + 1)); done; fi;; esac
+exec {real} "$@"
+""")
+    (folder / "mv").chmod(0o755)
+    return folder, hold, held
+
+
+def test_a_start_cut_before_its_pid_was_recorded_is_still_the_service_recover_restarts(
+        target: Project, stack: Stack) -> None:
+    """The run is SIGKILLed while prefill's launch is between starting the server and renaming its pid record into
+    place (held there by an `mv` on the service's PATH); the run's agent then kills what it runs, the launch with
+    it. The server must not be left running unrecorded: recover would find a process answering that no record
+    names and refuse to restart over it ("started outside deployer"). Recover restarts onto the fix."""
+    stack.start_services()
+    folder, hold, held = held_mv(target.root)
+    path = {"env": {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}}
+    stack.configure(prefill=stack.service("prefill", **path), decode=stack.service("decode", **path))
+    target.playbook(steps=CHAIN)
+    stack.set_gauge(0.0)
+    before = set(target.runs.iterdir())
+    hold.touch()
+    launches: set[int] = set()
+
+    def cut(proc: Any) -> None:
+        launches.update(processes_naming("deployer-launch", str(target.repo)))
+        proc.send_signal(signal.SIGKILL)
+
+    try:
+        done = act_when(target, ["apply", "fix.yaml", "--host", "box"], held.exists, cut,
+                        "prefill's pid record held")
+        assert done.returncode == -signal.SIGKILL
+        assert launches, "prefill's launch was not running at the cut"
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in launches),
+                 "the cut run's agent killing the launch", 30)
+    finally:
+        hold.unlink()
+    try:
+        run = next(iter(set(target.runs.iterdir()) - before))
+        age_lock(target.repo)
+        recovered = target.deployer("recover", run.name)
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        assert healthy(stack) and target.file("pkg/a.py") == FIXED_A
+        assert state_of(run)["phase"] == "succeeded"
+        serving = processes_naming("http.server", str(stack.ports["prefill"]))
+        assert serving == {stack.pids()["prefill"]}, (serving, stack.pids())
+    finally:
+        kill_naming("http.server", str(stack.www))  # a server the run left unrecorded is no fixture's to stop
+
+
+def test_a_start_whose_pid_record_cannot_be_written_starts_nothing_and_says_why(
+        target: Project, stack: Stack) -> None:
+    stack.start_services()
+    (target.repo / ".git" / "deployer" / "decode.proc.tmp").mkdir()  # where the record is written first
+    target.playbook(steps=[{"co_restart": {}}])
+    failed = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    assert "cannot record this start in" in failed.stderr and "so nothing was started" in failed.stderr, failed.stderr
+    assert not processes_naming("http.server", str(stack.ports["decode"])), "a server no record names"
+    (target.repo / ".git" / "deployer" / "decode.proc.tmp").rmdir()
+    again = target.deployer("restart", "--host", "box", "decode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert healthy(stack)

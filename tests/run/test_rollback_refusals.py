@@ -6,18 +6,14 @@ Local target only: every rollback command goes through the same agent whichever 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_repo import FIXED_A, ORIGINAL_A, ORIGINAL_B, Project, age_lock, git
-from fixtures_services import Stack
+from fixtures_services import Stack, kill_naming
 
 from deployer.demo.run import process_alive as alive
 from deployer.runlog import GENESIS, seal
@@ -219,7 +215,7 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
         proc.communicate(timeout=30)
         # The rollback's start of prefill, held at the gate, dies with the run: released, it would become a
         # server the cut run never recorded, which recover cannot tell from one started by hand (issue 20).
-        kill_waiting_at(gate)
+        kill_naming(str(gate))
     finally:
         gate.touch()
         if proc.poll() is None:
@@ -229,20 +225,6 @@ def cut_during_its_own_rollback(stack: Stack) -> str:
     subjects = git(project.repo, "log", "--format=%s", "-3").splitlines()
     assert subjects == [f"Roll back answer fix (run {run_id})", "m", "initial"], subjects
     return run_id
-
-
-def kill_waiting_at(gate: Path) -> None:
-    """SIGKILL every process whose command line names the gate (the start wrapper waiting for it)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            waiting = str(gate).encode() in (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if waiting:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(proc.name), signal.SIGKILL)
 
 
 @pytest.mark.parametrize("flags", [(), ("--rollback",)], ids=["recover", "recover-rollback"])

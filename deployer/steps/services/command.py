@@ -29,25 +29,30 @@ from deployer.steps.services.manager import (
     runs,
 )
 
-# Detached start: own session (so a stop finds every process of it, whatever group a child moves to),
-# output to the log, stdin closed, and the process recorded before the shell returns: its pid with its start
-# time (field 22 of /proc/PID/stat, read after the command name) in one file, renamed into place, so a cut at
-# any moment leaves a record that names a process deployer started whole (a pid file and a start-time file
-# written apart left a new pid beside the old start time, and its own server refused as a stranger's); a record
-# that cannot be written does not fail the launch, whose server runs by then and would be left unreaped. The pid
-# file alone is for people and their scripts. It prints the pid and the sizes before this start of the log and
-# of the service's own log (`log:`, 0 when it has none yet), where this start's output begins. The log holds
+# Detached start: own session (so a stop finds every process of it, whatever group a child moves to), output
+# to the log, stdin closed. The started process records itself before it becomes the server (SERVE): its pid
+# with its start time (field 22 of /proc/PID/stat, read after the command name) in one file, renamed into place,
+# then its pid in the pid file (for people and their scripts), then it execs the command. A record the launch
+# wrote after the fork was lost when a cut run's agent killed the launch in between (its group, not the server's
+# new session), and recover found a server answering that no record named. A record that cannot be written
+# starts nothing: a server deployer cannot find again would block every later restart. The launch waits until
+# the record is written or the process has died (fd 3, closed at the exec, ends the command substitution), so
+# the record is in place when it returns. It prints the pid and the sizes before this start of the log and of
+# the service's own log (`log:`, 0 when it has none yet), where this start's output begins. The log holds
 # whatever the service prints, secrets included: 0600, even when an older deployer made it 0644; the umask is
 # changed only for creating it, so the service keeps its own. Where this start's output begins (a 1-based byte
 # position in the log it writes to) is kept beside its record too, for `deployer logs` long after the run.
-LAUNCH = ('log=$1; pidfile=$2; record=$3; own=$4; from=$5; shift 5; '
+SERVE = ('record=$1; pidfile=$2; shift 2; '
+         'kept() { shift 19; echo "$$ $1" >"$record.tmp" && mv -f -- "$record.tmp" "$record"; }; '
+         'read -r stat </proc/$$/stat && kept ${stat##*) } && echo $$ >"$pidfile" || '
+         '{ echo "deployer: cannot record this start in $record, so nothing was started" >&2; exit 1; }; '
+         'exec "$@" 3>&-')
+LAUNCH = ('log=$1; pidfile=$2; record=$3; own=$4; from=$5; serve=$6; shift 6; '
           '(umask 077; : >>"$log") && chmod 600 -- "$log" || exit 1; '
           'offset=$(wc -c <"$log"); mine=0; [ -z "$own" ] || mine=$(wc -c <"$own" 2>/dev/null) || mine=0; '
           'at=$offset; [ -z "$own" ] || at=$mine; echo $((at + 1)) >"$from.tmp" && mv -f -- "$from.tmp" "$from"; '
-          'nohup setsid "$@" >>"$log" 2>&1 </dev/null & pid=$!; '
-          'stat=$(cat "/proc/$pid/stat" 2>/dev/null); set -- ${stat##*) }; '
-          'echo "$pid ${20}" >"$record.tmp" && mv -f -- "$record.tmp" "$record"; echo $pid >"$pidfile"; '
-          'echo $pid $offset $mine')
+          'pid=$(nohup setsid sh -c "$serve" deployer-serve "$record" "$pidfile" "$@" 3>&1 >>"$log" 2>&1 '
+          '</dev/null & echo $!); echo $pid $offset $mine')
 # This start's output only: from its offset, the last LOG_TAIL bytes.
 TAIL = 'tail -c "+$1" -- "$2" | tail -c "$3"'
 # `deployer logs`: without a cursor (a byte position), from where this start began (the position kept in $2; no
@@ -156,7 +161,7 @@ class CommandManager(Manager):
                                 failure="cannot create deployer's state dir")
         self.launch = Action.run(f"{name}.launch", f"start {name} (log {self.logfile})",
                                  ("sh", "-c", LAUNCH, "deployer-launch", self.logfile, self.pidfile, self.record,
-                                  service.log or "", self.fromfile, *service.start),
+                                  service.log or "", self.fromfile, SERVE, *service.start),
                                  self.cwd, env=tuple(resolve_env({**ctx.host.env, **service.env}).items()),
                                  failure=f"cannot start {name}", gist=f"sh -c <launch> … {program(service.start)}")
         # A launcher may exit once it has backgrounded the server: the service is then what serves its port.

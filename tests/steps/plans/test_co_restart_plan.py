@@ -12,7 +12,7 @@ from planning import REPO, STATE, context, does, host, step
 from deployer.errors import StepFailed
 from deployer.steps.action import Action
 from deployer.steps.services.co_restart import CoRestart
-from deployer.steps.services.command import LAUNCH, TAIL
+from deployer.steps.services.command import LAUNCH, SERVE, TAIL
 
 HEALTH = "http://127.0.0.1:30000/health"
 COMMAND = {"start": "python -m server --port 30000", "health": HEALTH}
@@ -62,7 +62,7 @@ def test_co_restart_command_observes_stops_the_tree_starts_detached_and_confirms
                    failure="cannot create deployer's state dir"),
         Action.run("api.launch", f"start api (log {STATE}/api.log)",
                    ("sh", "-c", LAUNCH, "deployer-launch", f"{STATE}/api.log", f"{STATE}/api.pid",
-                    f"{STATE}/api.proc", "", f"{STATE}/api.from", "python", "-m", "server", "--port", "30000"),
+                    f"{STATE}/api.proc", "", f"{STATE}/api.from", SERVE, "python", "-m", "server", "--port", "30000"),
                    f"{REPO}/", env=(("HF_HOME", "/data/hf"), ("CUDA_VISIBLE_DEVICES", "0")),
                    failure="cannot start api"),
         Action.procs("api.up", "wait for <new pid of api> or its session to keep running and whoever listens on "
