@@ -17,7 +17,7 @@ from deployer.agent.client import CUT_SHORT, Pending
 from deployer.agent.processes import Procs
 from deployer.agent.protocol import ExecResult, Get, Run
 from deployer.errors import DeployerError, LockHeld, RecordRefused, RequestSkipped, TransportError
-from deployer.run import intent
+from deployer.run import intent, serving
 from deployer.run.lock import DeployLock, beating_agent, force_release, read_state, wait_free
 from deployer.run.preflight import Reads, send_reads
 from deployer.run.unended import recorded_owner
@@ -208,20 +208,22 @@ class Lease:
         older than its TTL, or (`_may_run`) this machine's own record of it shows it gone. The pid in the lock's
         info is the target's word, never proof."""
         state = read_state(ctx.transport, git_dir, self.ttl_s, self.host_name)
-        if state is None or self.adopt_of is None or state.info.get("run_id") != self.adopt_of:
+        holder = self._holder(state.info.get("run_id") if state is not None else None)
+        if state is None or holder is None:
             return False
-        if not state.stale and (running := self._may_run(ctx, git_dir)) is not None:
-            raise LockHeld(f"run {self.adopt_of} still holds the lock and its heartbeat is fresh "
-                           f"({state.describe()}){running}; recover it once it has stopped (its heartbeat goes stale "
-                           f"{state.ttl_s:.0f}s after its last beat)")
+        who = f"run {holder.name}" + (f" (a recover of run {self.adopt_of})" if holder.name != self.adopt_of else "")
+        if not state.stale and (running := self._may_run(ctx, git_dir, holder)) is not None:
+            raise LockHeld(f"{who} still holds the lock and its heartbeat is fresh ({state.describe()}){running}; "
+                           f"recover it once it has stopped (its heartbeat goes stale {state.ttl_s:.0f}s after its "
+                           "last beat)")
         agents: list[int] = []
         if state.stale:
             # A stale heartbeat says its agent stopped beating, not that it ended: one still busy with the cut run's
             # last command (a start) would race what recover does next. Not known (none named): taken, as ever.
             with contextlib.suppress(DeployerError):
-                agents = self._agents_left(ctx, self._cut_agents(ctx, git_dir))
+                agents = self._agents_left(ctx, self._cut_agents(ctx, git_dir, holder))
         if agents:
-            raise LockHeld(f"run {self.adopt_of}'s lock is stale ({state.describe()}), but its agent on the target "
+            raise LockHeld(f"{who}'s lock is stale ({state.describe()}), but its agent on the target "
                            f"(pid {agents[0]}) still runs {AGENT_END_S:g}s later; end it there, then recover")
         if not force_release(ctx.transport, git_dir, state):  # another run took it since it was read: theirs
             return False
@@ -229,11 +231,21 @@ class Lease:
                  because="its heartbeat is stale" if state.stale else "its process on this machine is gone")
         return True
 
-    def _may_run(self, ctx: Context, git_dir: str) -> str | None:
-        """None when the run's record here names a process of this machine that is gone and no agent of it runs on
-        the target: an agent exits once its stdin closes, as the process's death does, unless the link was
+    def _holder(self, run_id: object) -> Path | None:
+        """The run dir here of the lock's holder when recover may take its lock over: the run it recovers, or a
+        recover of it that was cut in turn (its log here says so); None for any other holder."""
+        if self.adopt_of is None or self.adopt_dir is None or not isinstance(run_id, str) or not is_run_id(run_id):
+            return None
+        if run_id == self.adopt_of:
+            return self.adopt_dir
+        lineage = serving.with_its_recovers(self.adopt_dir.parent, self.adopt_of)
+        return self.adopt_dir.parent / run_id if run_id in {run.run_id for run in lineage} else None
+
+    def _may_run(self, ctx: Context, git_dir: str, holder: Path) -> str | None:
+        """None when the holder's record here names a process of this machine that is gone and no agent of it runs
+        on the target: an agent exits once its stdin closes, as the process's death does, unless the link was
         cut so that the target never heard it close. Else what may still run, for the refusal."""
-        record = RunRecord.load(self.adopt_dir) if self.adopt_dir is not None else None
+        record = RunRecord.load(holder)
         if record is None or record.state.owner is None:
             return ""
         owner = record.state.owner
@@ -243,7 +255,7 @@ class Lease:
                     f"; its record here names process {owner.pid} of a boot or machine this one cannot judge")
         gone = f"; its process on this machine (pid {owner.pid}) is gone, but"
         try:
-            pids = self._cut_agents(ctx, git_dir)
+            pids = self._cut_agents(ctx, git_dir, holder)
             if not pids:
                 return f"{gone} neither its log here nor its lock on the target names an agent of it to look for"
             agents = self._agents_left(ctx, pids)
@@ -251,12 +263,12 @@ class Lease:
             return f"{gone} whether its agent on the target still runs is not known ({exc})"
         return f"{gone} its agent on the target (pid {agents[0]}) still runs {AGENT_END_S:g}s later" if agents else None
 
-    def _cut_agents(self, ctx: Context, git_dir: str) -> list[int]:
-        """The pids of the cut run's agents on the target: those its log here names, and the one its lock's
+    def _cut_agents(self, ctx: Context, git_dir: str, holder: Path) -> list[int]:
+        """The pids of the holder's agents on the target: those its log here names, and the one its lock's
         heartbeat names (a run killed between sending its lock's take and reading its agent's hello logged none)."""
         pids: list[int] = []
-        if self.adopt_dir is not None and (self.adopt_dir / EVENTS).is_file():
-            events = read_run(self.adopt_dir.parent, self.adopt_dir.name).events
+        if (holder / EVENTS).is_file():
+            events = read_run(holder.parent, holder.name).events
             # An agent its container's restart ended (services/container.py) is gone: its pid, of that container's
             # old pid namespace, may well be another process's in the new one.
             ended = max((i for i, e in enumerate(events) if e.get("type") == "agent_ended"), default=-1)

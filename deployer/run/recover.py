@@ -57,6 +57,8 @@ class Recovered:
     lock_released: bool = False  # the cut run's lock, taken over from it
     kept: list[str] = field(default_factory=list)  # services already serving its commit, left running
     kept_on_revert: list[str] = field(default_factory=list)  # and those already serving its rollback's revert
+    # service -> the earlier recover of it, stopped before its end, that started the process kept
+    started_by_recover: dict[str, str] = field(default_factory=dict)
     unproven: str | None = None  # why the checks recover ran again do not prove the fix
     finish_failed: DeployerError | None = None  # its restart or checks failed again, and its playbook rolls back
     shown: str | None = None  # the state `runs list` shows for it once settled (`failed`: it had changed nothing)
@@ -84,9 +86,11 @@ class Recovered:
             parts.append(f"removed temp files {', '.join(self.temps)}")
         if self.lock_released:
             parts.append("its lock was released")
-        if self.kept:
+        if theirs := [name for name in self.kept if name not in self.started_by_recover]:
             on = "restarted by it already" if self.of_restart else "already serving its commit"
-            parts.append(f"kept {', '.join(self.kept)} ({on})")
+            parts.append(f"kept {', '.join(theirs)} ({on})")
+        parts.extend(f"kept {name} (started by recover {by}, which stopped before its end)"
+                     for name, by in self.started_by_recover.items() if name in self.kept)
         if self.kept_on_revert:
             parts.append(f"kept {', '.join(self.kept_on_revert)} (already serving its revert)")
         if self.unproven:
@@ -170,12 +174,12 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
             if rollback or cut_rolling_back or outcome == Phase.rolling_back:
                 _settle_original(record, Phase.rolling_back, commit)
                 dests = touched_by(ctx, commit, timeout=30)
-                cut = serving.logged(engine.runs_dir, run_id)
+                cut = serving.with_its_recovers(engine.runs_dir, run_id, but=ctx.run_id)
                 try:
                     with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
                         found.rollback_commit = engine.revert(
                             ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
-                            baseline=_baseline(cut), keep=serving.started(cut, True))
+                            baseline=_baseline(cut[0] if cut else None), keep=serving.started(cut, True))
                 except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
                     found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
@@ -237,7 +241,7 @@ def _finish_rollback(engine: Engine, ctx: Context, of_run: str, found: Recovered
     try:
         target = rollbacks.Target.of(run)
         rollbacks.refuse(ctx, run, target, force=False)
-        cut = serving.logged(engine.runs_dir, found.run_id)
+        cut = serving.with_its_recovers(engine.runs_dir, found.run_id, but=ctx.run_id)
         revert = rollbacks.finish(engine, ctx, run, target, keep=serving.started(cut, True))
     except ChecksFailed as exc:
         revert, found.checks_failed = exc.commit, exc
@@ -260,11 +264,12 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
     `deployer restart` may run), and the failure names them with the command that tries again."""
     steps = engine.steps
     after = steps[next((i for i, s in enumerate(steps) if s.effect == Effect.commits), -1) + 1:]
-    cut = serving.logged(engine.runs_dir, found.run_id)
+    lineage = serving.with_its_recovers(engine.runs_dir, found.run_id, but=ctx.run_id)
+    cut = lineage[0] if lineage else None
     if cut is not None:  # its drains judge the fix from the baseline the cut run read before its commit
         ctx.facts.baseline = {**recorded_baseline(cut), **ctx.facts.baseline}
     try:
-        restarted = _again(engine, ctx, after, cut)
+        restarted = _again(engine, ctx, after, lineage, found)
     except DeployerError as failure:
         ctx.bus.step = None
         if isinstance(failure, Interrupted):
@@ -281,14 +286,19 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
                                  f"rollback {found.run_id} does). {left_down(ctx, restarted_services(engine))}"
                                  ) from None
     ctx.bus.step = None
-    found.unproven = ctx.facts.unproven = _unproven(after, cut, restarted)
+    # A process an earlier recover started never saw the cut run's load either.
+    since_load = [*restarted, *(name for name in found.started_by_recover if name not in restarted)]
+    found.unproven = ctx.facts.unproven = _unproven(after, cut, since_load)
     return Phase.succeeded
 
 
-def _again(engine: Engine, ctx: Context, steps: list[Step], cut: Run | None) -> list[str]:
-    """The restarts and checks among steps run again as the cut run would have, but for the services it had
-    already brought up (kept: no second outage); the services restarted."""
-    started = serving.started(cut, False)
+def _again(engine: Engine, ctx: Context, steps: list[Step], lineage: list[Run], found: Recovered) -> list[str]:
+    """The restarts and checks among steps run again as the cut run would have, but for the services it or a
+    recover of it stopped before its end had already brought up (lineage: their logs; kept: no second outage); the
+    services restarted."""
+    starts = serving.started_by(lineage, False)
+    started = {name: pid for name, (pid, _) in starts.items()}
+    found.started_by_recover = {name: by for name, (_, by) in starts.items() if by != found.run_id}
     restarted: list[str] = []
     for step in steps:
         if step.effect not in VERIFY:
@@ -307,7 +317,8 @@ def _finish_restart(engine: Engine, ctx: Context, record: RunRecord, found: Reco
     the services it had already brought up (kept). Services that stay down settle it failed_restored all the
     same, and the failure names them with the command that tries again."""
     try:
-        _again(engine, ctx, engine.steps, serving.logged(engine.runs_dir, found.run_id))
+        _again(engine, ctx, engine.steps, serving.with_its_recovers(engine.runs_dir, found.run_id, but=ctx.run_id),
+               found)
     except DeployerError as failure:
         ctx.bus.step = None
         if isinstance(failure, Interrupted):
@@ -421,8 +432,9 @@ def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> N
             "learnt": f"from the end note on its commit {found.commit[:12]} (refs/notes/deployer), written on the "
                       "target only behind the run's release and naming this log's beginning: the run ended so "
                       "there, though this machine never heard it"}
+        earlier = {name: by for name, by in found.started_by_recover.items() if name in found.kept}
         mine = {key: value for key, value in (("kept", found.kept), ("kept_on_revert", found.kept_on_revert),
-                                              ("unproven", found.unproven)) if value}
+                                              ("kept_started_by", earlier), ("unproven", found.unproven)) if value}
         writer.write({"type": "recovered_by", "by": result.run_id, "status": result.status,
                       "outcome": found.outcome, "commit": found.commit, "rollback_commit": found.rollback_commit,
                       "before": result.git_before, **proved, **mine})

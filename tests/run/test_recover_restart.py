@@ -24,6 +24,9 @@ CHAIN: list[Any] = ["local_compile", "upload", "remote_compile",
                     {"drain": {"metric": GAUGE, "to": 0, "within_s": 30, "interval_s": 0.1}}]
 
 
+DECODE_STARTING = '"service": "decode", "phase": "starting"'
+
+
 def state_of(run: Path) -> dict[str, Any]:
     return dict(json.loads((run / "state.json").read_text()))
 
@@ -34,20 +37,25 @@ def logged_since(target: Project, before: set[Path], text: str) -> bool:
     return any(text in (p / "events.jsonl").read_text() for p in runs)
 
 
+def cut_at(target: Project, args: list[str], text: str, what: str) -> Path:
+    """`deployer ARGS` SIGKILLed once the run it began has logged `text`: that run's dir."""
+    before = set(target.runs.iterdir())
+    cut = act_when(target, args, lambda: logged_since(target, before, text),
+                   lambda proc: proc.send_signal(signal.SIGKILL), what)
+    assert cut.returncode == -signal.SIGKILL
+    [run] = set(target.runs.iterdir()) - before
+    return run
+
+
 def killed_in_its_restart(target: Project, stack: Stack, steps: list[Any] = CHAIN) -> Path:
     """An apply of steps (by default CHAIN) SIGKILLed once co_restart has stopped a service; then every service is
     down (as a kill that took the services with it leaves them)."""
     stack.start_services()
     target.playbook(steps=steps)
-    before = set(target.runs.iterdir())
-
-    cut = act_when(target, ["apply", "fix.yaml", "--host", "box"],
-                   lambda: logged_since(target, before, '"type": "service_stopped"'),
-                   lambda proc: proc.send_signal(signal.SIGKILL), "co_restart's first stop")
-    assert cut.returncode == -signal.SIGKILL
+    run = cut_at(target, ["apply", "fix.yaml", "--host", "box"], '"type": "service_stopped"',
+                 "co_restart's first stop")
     stack.kill_all()
     age_lock(target.repo)
-    run = next(iter(set(target.runs.iterdir()) - before))
     assert state_of(run)["phase"] == "restarting"
     return run
 
@@ -116,28 +124,34 @@ def test_recover_rollback_of_a_run_that_already_ended_points_to_deployer_rollbac
     assert target.head() == head
 
 
+def gated_decode(target: Project, stack: Stack) -> Path:
+    """decode's start waits until the returned gate file exists (its launcher, not yet the server)."""
+    gate = target.root / "decode.gate"
+    gated = [*stack.service("decode")["start"]]
+    stack.configure(prefill=stack.service("prefill"), decode=stack.service("decode", start=[
+        "sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.02; done; exec "$0" "$@"', *gated]))
+    assert str(stack.ports["decode"]) in gated
+    return gate
+
+
+def restart_cut_at_decode(target: Project) -> Path:
+    """`deployer restart prefill decode` SIGKILLed once decode's start is under way (prefill is up again): its run."""
+    run = cut_at(target, ["restart", "--host", "box", "prefill", "decode"], DECODE_STARTING,
+                 "decode's start under way")
+    age_lock(target.repo)
+    assert state_of(run)["phase"] == "restarting"
+    return run
+
+
 def test_a_restart_cut_after_its_first_service_came_up_is_finished_by_recover_keeping_that_one(
         target: Project, stack: Stack) -> None:
     """`deployer restart` SIGKILLed once prefill is up again and decode's start is under way (its launcher waits
     at a gate, so the kill lands while decode cannot answer yet): recover keeps prefill (the process the cut
     restart started, healthy) and restarts decode; the cut run ends succeeded, not settled with decode down."""
     stack.start_services()
-    gate = target.root / "decode.gate"
-    port = stack.ports["decode"]
-    gated = [*stack.service("decode")["start"]]
-    stack.configure(prefill=stack.service("prefill"), decode=stack.service("decode", start=[
-        "sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.02; done; exec "$0" "$@"', *gated]))
-    assert str(port) in gated
-    before = set(target.runs.iterdir())
-
-    cut = act_when(target, ["restart", "--host", "box", "prefill", "decode"],
-                   lambda: logged_since(target, before, '"service": "decode", "phase": "starting"'),
-                   lambda proc: proc.send_signal(signal.SIGKILL), "decode's start under way")
-    assert cut.returncode == -signal.SIGKILL
+    gate = gated_decode(target, stack)
+    run = restart_cut_at_decode(target)
     gate.touch()
-    age_lock(target.repo)
-    run = next(iter(set(target.runs.iterdir()) - before))
-    assert state_of(run)["phase"] == "restarting"
     prefill = stack.pids()["prefill"]
     done = target.deployer("recover", run.name)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -149,6 +163,37 @@ def test_a_restart_cut_after_its_first_service_came_up_is_finished_by_recover_ke
     assert started == ["decode"]
     again = target.deployer("restart", "--host", "box", "decode")  # nothing of the cut run holds the host
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recover_which_keeps_it(
+        target: Project, stack: Stack) -> None:
+    """An apply SIGKILLed while decode's start waits at a gate (prefill up on the fix); its recover keeps prefill,
+    restarts decode (the cut run never saw it healthy) and is SIGKILLed in turn while its drain waits. The next
+    recover keeps both, prefill (the cut run's) and decode (the cut recover's): no second outage for either, and
+    it says who started each."""
+    stack.start_services()
+    gate = gated_decode(target, stack)
+    target.playbook(steps=CHAIN)
+    run = cut_at(target, ["apply", "fix.yaml", "--host", "box"], DECODE_STARTING, "decode's start under way")
+    gate.touch()
+    age_lock(target.repo)
+    first = cut_at(target, ["recover", run.name], '"type": "step_start", "host": "box", "step": "drain"',
+                   "the recover's drain").name
+    assert [e["service"] for e in target.events(first) if e["type"] == "service_started"] == ["decode"]
+    age_lock(target.repo)
+    pids = stack.pids()
+    stack.set_gauge(0.0)
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kept prefill (already serving its commit)" in done.stdout, done.stdout
+    assert f"kept decode (started by recover {first}, which stopped before its end)" in done.stdout, done.stdout
+    assert stack.pids() == pids and healthy(stack)
+    assert state_of(run)["phase"] == "succeeded"
+    events = target.events(target.newest_run())
+    assert sorted(e["service"] for e in events if e["type"] == "service_kept") == ["decode", "prefill"]
+    assert not [e for e in events if e["type"] in ("service_stopped", "service_started")]
+    settled = target.deployer("recover", first)  # the cut recover's own record: nothing left to do for it
+    assert settled.returncode == 0 and f"run {first} -> failed" in settled.stdout, settled.stdout + settled.stderr
 
 
 def held_mv(root: Path) -> tuple[Path, Path, Path]:
