@@ -229,6 +229,9 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
         rollbacks.link_rollback(read_run(engine.runs_dir, found.rollback_of), run_id,
                                 "failed" if found.checks_failed else "successful", Phase.rolled_back.value,
                                 found.rollback_commit)
+    if found.outcome is None and result.status == "canceled":  # stopped before it settled the cut run
+        result.error = (f"{result.error}\nRun {run_id} is not finished: deployer recover {run_id} --host "
+                        f"{engine.host_name} finishes it (keeping the services this recover brought up healthy)")
     return result, found
 
 
@@ -295,7 +298,9 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
 def _again(engine: Engine, ctx: Context, steps: list[Step], lineage: list[Run], found: Recovered) -> list[str]:
     """The restarts and checks among steps run again as the cut run would have, but for the services it or a
     recover of it stopped before its end had already brought up (lineage: their logs; kept: no second outage); the
-    services restarted."""
+    services restarted. A restart goes on to its end whatever a first signal asks (a second forces), as a rollback
+    does: stopped halfway it would leave services down again, which is what recover is there to end; the checks
+    after it are stopped at their safe points."""
     starts = serving.started_by(lineage, False)
     started = {name: pid for name, (pid, _) in starts.items()}
     found.started_by_recover = {name: by for name, (_, by) in starts.items() if by != found.run_id}
@@ -307,7 +312,15 @@ def _again(engine: Engine, ctx: Context, steps: list[Step], lineage: list[Run], 
         if rest is None:
             continue
         restarted += restarting
-        engine.run_step(ctx, rest, rest.name)
+        if rest.effect != Effect.restarts:
+            engine.run_step(ctx, rest, rest.name)
+            continue
+        stop = ctx.cancel
+        try:
+            with stop.finishing_first("the cut run's restart") as ctx.cancel:
+                engine.run_step(ctx, rest, rest.name)
+        finally:
+            ctx.cancel = stop  # a first signal then stops the next step before it begins
     return restarted
 
 

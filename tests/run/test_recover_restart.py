@@ -196,6 +196,39 @@ def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recov
     assert settled.returncode == 0 and f"run {first} -> failed" in settled.stdout, settled.stdout + settled.stderr
 
 
+def test_a_first_ctrl_c_in_recovers_restart_lets_it_finish_then_stops_and_the_next_recover_keeps_it(
+        target: Project, stack: Stack) -> None:
+    """An apply cut at decode's start; its recover gets a Ctrl-C while its own start of decode waits at the gate.
+    That start is not abandoned half way (decode launched, never proven): the restart goes on to its end, decode
+    serves, and the recover stops before its drain. The next recover keeps both services and drains."""
+    stack.start_services()
+    gate = gated_decode(target, stack)
+    target.playbook(steps=CHAIN)
+    run = cut_at(target, ["apply", "fix.yaml", "--host", "box"], DECODE_STARTING, "decode's start under way")
+    age_lock(target.repo)
+    before = set(target.runs.iterdir())
+
+    def ctrl_c(proc: Any) -> None:
+        proc.send_signal(signal.SIGINT)
+        gate.touch()
+
+    stopped = act_when(target, ["recover", run.name], lambda: logged_since(target, before, DECODE_STARTING), ctrl_c,
+                       "recover's start of decode")
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    assert "the cut run's restart goes on to its end first" in stopped.stderr, stopped.stderr
+    assert f"Run {run.name} is not finished: deployer recover {run.name} --host box" in stopped.stderr
+    first = target.newest_run()
+    ends = {e["step"]: e["status"] for e in target.events(first) if e["type"] == "step_end"}
+    assert ends == {"co_restart": "ok", "drain": "canceled"}, ends
+    assert healthy(stack)
+    pids = stack.pids()
+    stack.set_gauge(0.0)
+    done = target.deployer("recover", run.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"kept decode (started by recover {first}, which stopped before its end)" in done.stdout, done.stdout
+    assert stack.pids() == pids and state_of(run)["phase"] == "succeeded"
+
+
 def held_mv(root: Path) -> tuple[Path, Path, Path]:
     """A folder with an `mv` that, while the file HOLD exists, holds any rename of a `.proc` record (the pid record
     of a start) after saying so in HELD; the folder, HOLD and HELD."""
