@@ -23,7 +23,7 @@ from deployer.run import intent, serving
 from deployer.run import rollback as rollbacks
 from deployer.run.engine import VERIFY, Engine, RunResult
 from deployer.run.lock import read_state
-from deployer.run.restart import restarted_services
+from deployer.run.restart import restarted_services, whole_restart
 from deployer.run.restore import parent_of_run_commit, remove_temps, restore_files, run_commits
 from deployer.run.revert_checks import recorded_baseline
 from deployer.run.shown import shown_state_of
@@ -312,15 +312,10 @@ def _again(engine: Engine, ctx: Context, steps: list[Step], lineage: list[Run], 
         if rest is None:
             continue
         restarted += restarting
-        if rest.effect != Effect.restarts:
+        if rest.effect == Effect.restarts:
+            whole_restart(engine, ctx, rest, "the cut run's restart")
+        else:
             engine.run_step(ctx, rest, rest.name)
-            continue
-        stop = ctx.cancel
-        try:
-            with stop.finishing_first("the cut run's restart") as ctx.cancel:
-                engine.run_step(ctx, rest, rest.name)
-        finally:
-            ctx.cancel = stop  # a first signal then stops the next step before it begins
     return restarted
 
 

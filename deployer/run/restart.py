@@ -51,7 +51,10 @@ def restart_playbook(services: list[str], checks_from: Path | None, *, name: str
 
 
 def restart(engine: Engine, services: list[str]) -> RunResult:
-    """Run the engine's restart playbook under the host's lock; a failure names the services left down."""
+    """Run the engine's restart playbook under the host's lock; a failure names the services left down. The
+    restart goes on to its end whatever a first signal asks (a second forces): a restart is this run's whole
+    job, and one stopped between its stops and its starts is an outage nobody asked for. The checks after it
+    stop at their safe points."""
 
     def body(ctx: Context, log: RunLogWriter) -> None:
         ctx.git_before = head(ctx)
@@ -60,16 +63,20 @@ def restart(engine: Engine, services: list[str]) -> RunResult:
         try:
             for step in engine.steps:
                 engine.enter(ctx, step.effect)
-                engine.run_step(ctx, step, step.name)
+                if step.effect == Effect.restarts:
+                    whole_restart(engine, ctx, step, "the restart")
+                else:
+                    engine.run_step(ctx, step, step.name)
         except DeployerError as failure:
             # Nothing was changed on disk: the record ends settled (its intent record cleared), whatever the
-            # services do now; the message says which are down and how to try again.
+            # services do now; the message says which are down and how to try again (after a forced stop too).
             assert ctx.record is not None
             ctx.bus.step = None
             ctx.record.advance(Phase.failed_restored, utc_now(), error=str(failure))
+            left = left_down(ctx, restarted_services(engine))
             if isinstance(failure, Interrupted):
-                raise
-            raise VerificationFailed(f"{failure}\n{left_down(ctx, restarted_services(engine))}") from None
+                raise Interrupted(f"{failure}\n{left}") from None
+            raise VerificationFailed(f"{failure}\n{left}") from None
 
     return engine.execute(body, kind="restart", services=services)
 
@@ -77,3 +84,14 @@ def restart(engine: Engine, services: list[str]) -> RunResult:
 def restarted_services(engine: Engine) -> list[str]:
     """The services the engine's restart steps restart, in order."""
     return services_restarted(engine.steps, engine.host)
+
+
+def whole_restart(engine: Engine, ctx: Context, step: Step, what: str) -> None:
+    """A restart step run to its end whatever a first signal asks (a second forces the stop); that signal then
+    stops the next step before it begins."""
+    stop = ctx.cancel
+    try:
+        with stop.finishing_first(what) as ctx.cancel:
+            engine.run_step(ctx, step, step.name)
+    finally:
+        ctx.cancel = stop

@@ -8,13 +8,14 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from fixtures_repo import ORIGINAL_A, Project, hold_lock, init_repo, work_tree
+from fixtures_repo import ORIGINAL_A, Project, act_when, hold_lock, init_repo, work_tree
 from fixtures_services import GAUGE, Stack, wait_dead
 from ports import free_port
 
@@ -47,6 +48,29 @@ def test_restart_of_one_service_gives_it_a_new_pid_that_answers_health_in_a_run_
     assert not (target.repo / ".git" / "deployer.run.lock").exists()
     verified = target.deployer("runs", "verify", str(run["run_id"]), "--target")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_ctrl_c_in_a_restart_lets_it_finish_rather_than_leave_a_service_down(target: Project,
+                                                                                stack: Stack) -> None:
+    """SIGINT while decode's start waits at a gate (prefill already up again, decode stopped): stopped there, the
+    restart would leave decode launched and never proven. It goes on to its end and succeeds."""
+    from test_recover_restart import DECODE_STARTING, gated_decode, logged_since
+
+    stack.start_services()
+    gate = gated_decode(target, stack)
+    before, runs = stack.pids(), set(target.runs.iterdir())
+
+    def ctrl_c(proc: subprocess.Popen[str]) -> None:
+        proc.send_signal(signal.SIGINT)
+        gate.touch()
+
+    done = act_when(target, ["restart", "--host", "box", "prefill", "decode"],
+                    lambda: logged_since(target, runs, DECODE_STARTING), ctrl_c, "decode's start")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SIGINT: the restart goes on to its end first" in done.stderr, done.stderr
+    after = stack.pids()
+    assert all(after[name] != before[name] for name in before), (before, after)
+    assert all(stack.fetch(f"http://127.0.0.1:{port}/health") == "ok\n" for port in stack.ports.values())
 
 
 def test_restart_of_a_service_that_is_down_brings_it_up(target: Project, stack: Stack) -> None:
