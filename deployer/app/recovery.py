@@ -96,6 +96,12 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
             run_id = resolve(runs_path, run_id, host)
     if run_id and is_fleet(runs_path, run_id):
         return recover_fleet(build, options, run_id, listener, watch)
+    if run_id and (origin := recovery.unfinished_origin(runs_path, run_id)) is not None:
+        # A recover cut in turn holds, at most, the lock it took over for that run: that run is what to finish.
+        if listener is not None:
+            listener({"type": "notice", "message": f"run {run_id} is a recover of run {origin}, which is not "
+                                                   f"finished: recovering run {origin}"})
+        run_id = origin
     if run_id and (runs_path / run_id / runlog.EVENTS).is_file():
         engine = build.to_recover(runlog.read_run(runs_path, run_id), host)
     elif host:

@@ -98,6 +98,23 @@ class Recovered:
         return "; ".join(parts)
 
 
+def unfinished_origin(runs_dir: Path, run_id: str) -> str | None:
+    """The run a recover (run_id) was recovering, where that run is not settled yet (following a recover of a
+    recover): what `recover run_id` must finish. None: run_id is no recover, or what it recovered is settled."""
+    seen: set[str] = set()
+    origin = None
+    while run_id not in seen and (runs_dir / run_id / EVENTS).is_file():
+        seen.add(run_id)
+        of = read_run(runs_dir, run_id).start.get("recover_of")
+        if not isinstance(of, str) or not is_run_id(of):
+            break
+        record = RunRecord.load(runs_dir / of)
+        if record is None or record.state.terminal:
+            break
+        origin = run_id = of
+    return origin
+
+
 def pending_run(engine: Engine) -> str | None:
     """The run the host's intent record names, else the run whose lock was left (killed before its intent
     record); None when the target holds neither."""

@@ -183,8 +183,11 @@ def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recov
     age_lock(target.repo)
     pids = stack.pids()
     stack.set_gauge(0.0)
-    done = target.deployer("recover", run.name)
+    # Named by the cut recover's id (`runs list` shows it cut too): the run it was recovering is what is finished.
+    done = target.deployer("recover", first)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"run {first} is a recover of run {run.name}, which is not finished: recovering run {run.name}" in \
+        done.stderr, done.stderr
     assert "kept prefill (already serving its commit)" in done.stdout, done.stdout
     assert f"kept decode (started by recover {first}, which stopped before its end)" in done.stdout, done.stdout
     assert stack.pids() == pids and healthy(stack)
@@ -192,7 +195,7 @@ def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recov
     events = target.events(target.newest_run())
     assert sorted(e["service"] for e in events if e["type"] == "service_kept") == ["decode", "prefill"]
     assert not [e for e in events if e["type"] in ("service_stopped", "service_started")]
-    settled = target.deployer("recover", first)  # the cut recover's own record: nothing left to do for it
+    settled = target.deployer("recover", first)  # now its own record: nothing of it is left on the target
     assert settled.returncode == 0 and f"run {first} -> failed" in settled.stdout, settled.stdout + settled.stderr
 
 
