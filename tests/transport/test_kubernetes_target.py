@@ -88,8 +88,10 @@ def test_kubectls_own_failures_are_exit_4_naming_the_pod_its_container_namespace
         kube.pod("sglang-0", Container("server"))
         kube.forbid("create", "pods/exec")
     elif failure == "not running":
-        kube.pod("sglang-0", Container("server", ("sh", "-c", "exit 1")), running=False)
-        kube.wait_pod(lambda p: p.containers["server"].waiting == "CrashLoopBackOff", "a crash loop")
+        # Never started (its program is missing): a crash loop's container runs again between its back-offs, and an
+        # exec that came then was answered as a running container's (a flake in CI).
+        kube.pod("sglang-0", Container("server", ("/no/such/server",)), running=False)
+        kube.wait_pod(lambda p: p.containers["server"].waiting.startswith("CreateContainerError"), "a failed create")
     project = pod_project(kube, tmp_path, pod=pod)
     project.playbook()
     context = pod.get("context", "standin")
