@@ -28,6 +28,7 @@ from deployer.run.restore import parent_of_run_commit, remove_temps, restore_fil
 from deployer.run.revert_checks import recorded_baseline
 from deployer.run.shown import shown_state_of
 from deployer.run.standing import left_down
+from deployer.run.unended import recorded_owner
 from deployer.run.vet import vetted
 from deployer.runlog import EVENTS, Run, RunLogWriter, anchored_lines, is_run_id, read_run, utc_now
 from deployer.runstate import PAST_COMMIT, FileRecord, Phase, RunRecord
@@ -242,6 +243,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
     if found.outcome is not None:  # settled, even when the services it restarted stay down
         _link(engine.runs_dir, run_id, result, found)
         found.shown = shown_state_of(engine.runs_dir, run_id, found.outcome.value)
+        _settle_cut_recovers(engine.runs_dir, run_id, result.run_id)
     if found.rollback_of is not None:  # the run it rolled back names it, as if it had ended by itself
         rollbacks.link_rollback(read_run(engine.runs_dir, found.rollback_of), run_id,
                                 "failed" if found.checks_failed else "successful", Phase.rolled_back.value,
@@ -432,6 +434,28 @@ def _settle_original(record: RunRecord | None, outcome: Phase, commit: str | Non
         record.advance(Phase.interrupted, utc_now())
     record.advance(outcome, utc_now(), git_after=after, **({"checks_failed": checks_failed} if checks_failed else {}))
     return outcome
+
+
+def _settle_cut_recovers(runs_dir: Path, run_id: str, finisher: str) -> None:
+    """The recovers of run_id cut before their end (no run_end; their process here gone), now that finisher
+    settled run_id: each had nothing of its own left on the target (the lock it held was taken over), so its
+    record ends canceled, its log saying who finished its work. One that made a commit of its own (a revert) is
+    left as it is: its record still says so."""
+    for cut in serving.with_its_recovers(runs_dir, run_id, but=finisher)[1:]:
+        record = RunRecord.load(cut.dir)
+        if cut.end is not None or record is None or record.state.terminal or record.state.git_after or \
+                recorded_owner(cut.dir)[1] is not False:
+            continue
+        record.advance(Phase.failed_restored, utc_now(), error=f"cut; run {finisher} finished run {run_id}")
+        writer = RunLogWriter.reopen(runs_dir, cut.run_id)
+        writer.free_room()
+        try:
+            writer.write({"type": "run_end", "status": "canceled", "exit_code": None,
+                          "phase": Phase.failed_restored, "error": f"the run was cut before its end; run {finisher} "
+                          f"finished what it was doing (recover of run {run_id})", "ended_by": finisher,
+                          "git": {"before": None, "after": None}, "files": [], "facts": {}})
+        finally:
+            writer.close()
 
 
 def _link(runs_dir: Path, run_id: str, result: RunResult, found: Recovered) -> None:

@@ -195,8 +195,13 @@ def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recov
     events = target.events(target.newest_run())
     assert sorted(e["service"] for e in events if e["type"] == "service_kept") == ["decode", "prefill"]
     assert not [e for e in events if e["type"] in ("service_stopped", "service_started")]
-    settled = target.deployer("recover", first)  # now its own record: nothing of it is left on the target
-    assert settled.returncode == 0 and f"run {first} -> failed" in settled.stdout, settled.stdout + settled.stderr
+    # The cut recover is settled with it: nothing of its own was left (the lock it held was taken over).
+    listed = json.loads(target.deployer("runs", "list", "--json").stdout)["runs"]
+    assert [r["state"] for r in listed if r["run_id"] == first] == ["canceled"], listed
+    verified = target.deployer("runs", "verify", first)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    again = target.deployer("recover", first)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout, again.stdout + again.stderr
 
 
 def test_a_first_ctrl_c_in_recovers_restart_lets_it_finish_then_stops_and_the_next_recover_keeps_it(
