@@ -166,7 +166,7 @@ class Lease:
         if pending is not None and pending.run_id not in (ctx.run_id, self.adopt_of):
             lock.release()
             raise LockHeld(f"run {pending.run_id} of {pending.operator} was interrupted on {self.host_name} "
-                           f"(started {pending.started}); nothing was changed. End it first with: "
+                           f"(started {pending.started}); this run changed nothing. End that one first with: "
                            f"deployer recover {pending.run_id} --host {self.host_name}")
         self.lock = lock
         return lock
