@@ -124,12 +124,16 @@ class CheckOptions(Setting):
 def check(options: CheckOptions, *, listener: Listener | None = None) -> GroupReport:
     """Every host's checks (each problem a failed row, never an exception); a config that cannot be loaded, or
     a playbook that does not parse, raises its ConfigError."""
+    from deployer.app.applies import notice_unended
     from deployer.config import targets
     from deployer.steps.playbook import load_playbook
 
     loaded, hosts = select_hosts(options, options.host)
     steps = load_playbook(Path(options.playbook)) if options.playbook else None
     build = build_of(options, listener)
+    # A run of this machine cut on these hosts may have left nothing on the target (no intent record, its lock
+    # released by hand) that says the host is not as any run left it: named, as before an apply.
+    notice_unended(build.runs_dir, list(hosts), listener)
     for step in steps[1] if steps else []:  # a canary `via:` names a router of this inventory
         optional.reach_routers(step, lambda: build.routers(loaded))
     return check_hosts({name: loaded.hosts[name] for name in hosts}, steps, connect=build.connector,

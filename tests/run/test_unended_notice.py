@@ -40,3 +40,13 @@ def test_the_next_apply_names_a_killed_run_of_this_host_with_its_recover_command
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     again = target.deployer("apply", "fix.yaml", "--host", "box", "--allow-dirty")
     assert killed not in again.stderr, again.stderr
+
+
+def test_check_names_a_killed_run_of_this_host_too(target: Project) -> None:
+    """Nothing on the target says a run was cut there (here: before its lock; a cut restart whose lock was released
+    by hand alike): `check` names it with its recover command, as the next apply does."""
+    target.playbook()
+    killed = killed_before_the_lock(target)
+    checked = target.deployer("check", "fix.yaml", "--host", "box")
+    assert f"notice: run {killed} on box never ended" in checked.stderr, checked.stdout + checked.stderr
+    assert f"deployer recover {killed}" in checked.stderr
