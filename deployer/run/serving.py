@@ -36,7 +36,8 @@ def with_its_recovers(runs_dir: Path, run_id: str, but: str | None = None) -> li
                 start = json.loads(log.readline())
         except (OSError, ValueError):
             continue
-        if isinstance(start, dict) and start.get("type") == "run_start" and start.get("recover_of") in ids:
+        of = start.get("recover_of") if isinstance(start, dict) and start.get("type") == "run_start" else None
+        if isinstance(of, str) and of in ids:  # a log is input: a recover_of that is no string names no run
             lineage.append(read_run(runs_dir, entry.name))
             ids.add(entry.name)
     return lineage

@@ -307,3 +307,15 @@ def test_a_start_whose_pid_record_cannot_be_written_starts_nothing_and_says_why(
     again = target.deployer("restart", "--host", "box", "decode")
     assert again.returncode == 0, again.stdout + again.stderr
     assert healthy(stack)
+
+
+def test_the_lineage_read_takes_a_recover_of_that_is_no_run_id_as_naming_no_run(tmp_path: Path) -> None:
+    """A log is input: a run_start whose recover_of is a list (a log edited by hand) names no run, rather than
+    failing the recover that reads the runs dir."""
+    from deployer.run.serving import with_its_recovers
+
+    first, odd, recover = "20261205T000000.000Z-aaaaaa", "20261205T000001.000Z-bbbbbb", "20261205T000002.000Z-cccccc"
+    for run_id, start in ((first, {}), (odd, {"recover_of": [first]}), (recover, {"recover_of": first})):
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "events.jsonl").write_text(json.dumps({"type": "run_start", **start}) + "\n")
+    assert [run.run_id for run in with_its_recovers(tmp_path, first)] == [first, recover]
