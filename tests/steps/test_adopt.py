@@ -4,6 +4,7 @@ background the server and exit, and a failing start that shows only its own outp
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_repo import ORIGINAL_B, Project
-from polling import within
+from polling import wait_for, within
 from ports import free_port
 from proctree_helpers import in_sessions, kill_sessions, recorded_pid, restart_playbook
 
@@ -41,7 +42,17 @@ def by_hand(target: Project, port: int, started: set[int]) -> subprocess.Popen[b
                              str(target.root)], start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     started.add(proc.pid)
+    # Loaded CI: the apply's preflight ran before the server listened, found the port free, and went ahead.
+    wait_for(lambda: listens(port), f"the server started by hand listens on {port}", 20)
     return proc
+
+
+def listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def test_a_server_started_by_hand_is_refused_before_any_change_and_adopted_with_adopt_port(
