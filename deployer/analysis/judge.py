@@ -13,8 +13,9 @@ A latency check, on the observations of all windows pooled:
    when its statistic is worse than allowed AND the test finds it worse at the check's confidence; worse than
    allowed without a significant difference is noise the test cannot tell from a change, and passes, as in
    Kayenta (which scores such a metric as not different); a significant difference within the allowed change
-   passes too (a large sample finds tiny shifts). Where the test cannot run, the statistic alone decides: the
-   quantile comparison.
+   passes too (a large sample finds tiny shifts), and so does one whose effect size (rank-biserial) is under the
+   check's `min_effect` (Kayenta's CLES effect-size measure). Where the test cannot run, the statistic alone
+   decides: the quantile comparison.
 A critical counter fails on any increase in the canary's windows. A canary that restarted within its windows
 (a crash?) is held: what would pass is inconclusive.
 
@@ -160,9 +161,14 @@ def compare(check: LatencyCheck, base: Observed, new: Observed,
     canary_worse = test.z > 0 if check.better == "lower" else test.z < 0
     stated = (f"Mann-Whitney U p={test.p:.2g} at confidence {check.confidence:g}, rank-biserial "
               f"{test.rank_biserial:+.3f}")
-    if beyond_allowed and canary_worse and test.p < alpha:
+    small = abs(test.rank_biserial) < check.min_effect
+    if beyond_allowed and canary_worse and test.p < alpha and not small:
         return verdict("fail", f"{shown}: worse than allowed, and the canary is significantly worse ({stated})",
                        "mann-whitney", test, values, change)
+    if beyond_allowed and canary_worse and test.p < alpha:
+        return verdict("pass", f"{shown}: worse than allowed and significantly worse, but by an effect under the "
+                       f"least the check fails ({stated}, min_effect {check.min_effect:g}): a drift, not a "
+                       "regression", "mann-whitney", test, values, change)
     if beyond_allowed:
         return verdict("pass", f"{shown}: worse than allowed, but the test finds no significant worsening "
                        f"({stated}): noise, as Kayenta scores it", "mann-whitney", test, values, change)

@@ -53,6 +53,19 @@ def test_a_canary_slower_everywhere_fails_by_the_rank_test_with_its_effect_size(
     assert [w.count for w in verdict.canary_windows] == [500, 500, 500]
 
 
+def test_a_significant_worsening_under_min_effect_is_a_drift_that_passes_and_a_large_one_still_fails() -> None:
+    baseline = reads(TYPICAL, 500, seed=1)
+    drifted = reads(Lognormal(0.25, 0.5, slower_by=1.3), 500, seed=2)  # fails without min_effect (the test above)
+    check = P99_TTFT.model_copy(update={"min_effect": 0.5})
+    verdict = judge(check, baseline, drifted)
+    assert verdict.outcome == "pass" and verdict.test is not None and verdict.test.p < 0.02
+    assert 0.1 < verdict.test.rank_biserial < 0.5
+    assert "significantly worse, but by an effect under the least the check fails" in verdict.why
+    assert "min_effect 0.5): a drift, not a regression" in verdict.why
+    regressed = judge(check, baseline, reads(Lognormal(0.25, 0.5, slower_by=6), 500, seed=2))
+    assert regressed.outcome == "fail" and regressed.test is not None and regressed.test.rank_biserial >= 0.5
+
+
 def test_a_small_significant_shift_within_the_allowed_change_passes() -> None:
     check = P99_TTFT.model_copy(update={"allowed_change": 0.5})
     verdict = judge(check, reads(TYPICAL, 3000), reads(Lognormal(0.25, 0.5, slower_by=1.2), 3000, seed=2))
