@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from deployer.text import visible
 from deployer.ui.console import drawing, drawn
 from deployer.ui.router import ROUTER_EVENTS, inflight_text, router_line
 
@@ -22,6 +23,8 @@ STATUS_STYLE = {"ok": "green", "running": "yellow", "failed": "bold red", "cance
 
 NOTICES = {
     "lock_acquired": lambda e: f"[lock] acquired {e['path']}",
+    # Recover took a cut run's lock: said, or "acquired" reads as if nothing held it.
+    "lock_adopted": lambda e: f"[lock] took over from run {_holder(e)}: {e['because']}",
     "restore": lambda e: (f"[restore] restored {', '.join(e['restored']) or 'nothing'}; "
                           f"removed {', '.join(e['removed']) or 'nothing'}; HEAD {str(e['head'])[:12]}"),
     "rollback": lambda e: (f"[rollback] commit {e['commit'][:12]} gives {', '.join(e['files'])} "
@@ -29,6 +32,12 @@ NOTICES = {
     # A restart that leaves a service up (recover, a rollback again): said, or "co_restart passed" hides it.
     "service_kept": lambda e: f"[{e['step']}] kept {e['service']} (pid {e['pid']}): {e['why']}",
 }
+
+
+def _holder(event: dict[str, Any]) -> str:
+    """The run that held the lock, as the target's lock info names it (input: shown escaped)."""
+    holder = event.get("holder")
+    return visible(str(holder.get("run_id") if isinstance(holder, dict) else holder), multiline=False)
 
 
 V = TypeVar("V", bound="LiveView")

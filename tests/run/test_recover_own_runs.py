@@ -105,6 +105,9 @@ def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_
     assert "was cut" in target.deployer("recover").stderr
     [adopted] = [e for e in target.events() if e["type"] == "lock_adopted"]
     assert adopted["of_run"] == run.name and adopted["because"] == "its process on this machine is gone", adopted
+    # And said where the person looks: "acquired" alone read as if nothing had held it.
+    assert f"[lock] took over from run {run.name}: its process on this machine is gone" in recovered.stdout, \
+        recovered.stdout
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
