@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class RecoverOptions(RevertSetting):
-    """run_id: the cut run or fleet run: `last` (the newest, on host if given), any unique beginning of an id, or
-    a whole id this runs dir never saw (recovered from host's intent record); host alone: the run its intent
-    record names. rollback: if the run's commit exists, revert it, restart and prove the revert."""
+    """run_id: the cut run or fleet run: `last` (the newest cut run, on host if given; with none, the newest run),
+    any unique beginning of an id, or a whole id this runs dir never saw (recovered from host's intent record);
+    host alone: the run its intent record names. rollback: if the run's commit exists, revert it, restart and
+    prove the revert."""
 
     run_id: str | None = None
     host: str | None = None
@@ -65,6 +66,21 @@ def which_run(runs_dir: Path) -> str:
             f"--rollback to revert a run's commit too:\n" + "\n".join(shown[:SHOWN_CUT]))
 
 
+def last_cut(runs_dir: Path, host: str | None) -> str | None:
+    """What `recover last` recovers: the newest cut run (on host if given; a fleet's sub-run: its fleet run), not
+    the newest run: after a cut apply, the apply run again to be refused, or the recover that was cut, is newer.
+    None when none of the newest runs was cut."""
+    from deployer.run.unended import unended_runs
+    from deployer.runlog import is_run_id
+
+    found = unended_runs(runs_dir, host)
+    if not found:
+        return None
+    run, _ = found[-1]
+    fleet = run.start.get("fleet")
+    return fleet if isinstance(fleet, str) and is_run_id(fleet) else run.run_id
+
+
 @dataclass(frozen=True)
 class NothingToRecover:
     """Nothing was left to end (every record and log ended): exit 0."""
@@ -83,7 +99,7 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
     """Recover as options say. A refusal before the recover starts (no such run, a config error) raises its
     DeployerError; once it started, its outcome says how it went."""
     from deployer import runlog
-    from deployer.app.runs import UnknownRun, resolve
+    from deployer.app.runs import LAST, UnknownRun, resolve
     from deployer.fleet.record import is_fleet
     from deployer.run import recover as recovery
 
@@ -91,6 +107,8 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
     if not options.run_id and not options.host:
         raise ConfigError(which_run(build.runs_dir))
     runs_path, run_id, host = build.runs_dir, options.run_id, options.host
+    if run_id == LAST:
+        run_id = last_cut(runs_path, host) or run_id
     if run_id:
         with contextlib.suppress(UnknownRun):  # a run this runs dir never saw: its host's intent record may name it
             run_id = resolve(runs_path, run_id, host)

@@ -85,8 +85,8 @@ def recover(run_id: str | None, host_name: str | None, roll_back: bool, parallel
             skip_checks: tuple[str, ...], baselines: tuple[str, ...]) -> None:
     """End a cut run (killed, disconnected, disk full) in a consistent state; safe to run twice.
 
-    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered. It may be `last` (the newest run, or
-    the newest on --host) or any unique beginning of a run id; a whole id not in the runs dir is recovered from
+    RUN_ID may be a fleet run: each of its sub-runs that was cut is recovered. It may be `last` (the newest cut run,
+    on --host if given) or any unique beginning of a run id; a whole id not in the runs dir is recovered from
     --host's intent record."""
     from deployer.app.recovery import NothingToRecover, RecoveredRun, RecoverOptions, recover
     from deployer.ui.console import say

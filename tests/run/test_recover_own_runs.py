@@ -110,6 +110,21 @@ def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_
         recovered.stdout
 
 
+def test_recover_last_recovers_the_newest_cut_run_not_the_refused_apply_after_it(target: Project) -> None:
+    tree, head = work_tree(target.repo), target.head()
+    run = killed_holding_the_lock(target)
+    again = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert again.returncode != 0 and f"deployer recover {run.name}" in again.stderr, again.stdout + again.stderr
+    assert target.newest_run() != run.name  # the refused apply is the newest run now
+    # Before: `last` was that refused apply, which had nothing to recover (exit 0), the cut run left as it was.
+    recovered = target.deployer("recover", "last")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert re.search(rf"run {run.name} -> \w+", recovered.stdout), recovered.stdout
+    settled_as_before(target, tree, head)
+    done = target.deployer("recover", "last")  # none cut now: the newest run, a recover that ended
+    assert done.returncode == 0 and "nothing" in done.stdout.lower(), done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
 @contextmanager
 def metrics_that_never_answer(reached: threading.Event) -> Iterator[str]:
