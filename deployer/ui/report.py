@@ -102,7 +102,7 @@ def show_runs(console: Console, runs: list[Run], cut: Collection[str] = ()) -> N
     rows = []
     for run in runs:
         start = run.start
-        kind = f"rollback of {start['rollback_of']}" if start.get("rollback_of") else str(start.get("kind", "apply"))
+        kind = _kind(start)
         state = shown_state(run) + (" (cut)" if run.run_id in cut else "")
         rows.append((run.run_id, state, _field(start.get("host")),
                      " ".join(commit[:12] for commit in run.commits) or "-",
@@ -111,6 +111,14 @@ def show_runs(console: Console, runs: list[Run], cut: Collection[str] = ()) -> N
     if cut:
         console.print("(cut): the run never ended and its process on this machine is gone; `deployer recover RUN` "
                       "finishes it or puts the target back", markup=False, highlight=False)
+
+
+def _kind(start: dict[str, Any]) -> str:
+    """A run's kind, and the run it finishes or undoes: `rollback of R`, `recover of R`."""
+    for kind in ("rollback", "recover"):
+        if start.get(f"{kind}_of"):
+            return f"{kind} of {start[f'{kind}_of']}"
+    return str(start.get("kind", "apply"))
 
 
 def _field(value: object) -> str:
@@ -133,8 +141,8 @@ def show_run(console: Console, run: Run, target: list[str] | None = None) -> Non
     if not end:
         console.print(f"no run_end: the run is still going, or it was cut while {state} "
                       f"(deployer recover {run.run_id})", markup=False, highlight=False)
-    if start.get("rollback_of"):
-        console.print(f"rollback of run {start['rollback_of']}", markup=False, highlight=False)
+    if start.get("rollback_of") or start.get("recover_of"):
+        console.print(_kind(start).replace(" of ", " of run ", 1), markup=False, highlight=False)
     # The linked runs' states in the words this run's own has (their log's `status` is --json's field).
     for link in run.all("recovered_by"):
         by = _field(link.get("by"))

@@ -121,6 +121,10 @@ def test_recover_last_recovers_the_newest_cut_run_not_the_refused_apply_after_it
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert re.search(rf"run {run.name} -> \w+", recovered.stdout), recovered.stdout
     settled_as_before(target, tree, head)
+    # The recover's own record names the run it finished, where `runs show` and `runs list` say what a run was.
+    recover_id = target.newest_run()
+    assert f"recover of run {run.name}" in target.deployer("runs", "show", recover_id).stdout
+    assert re.search(rf"{recover_id} .* recover of {run.name}", target.deployer("runs", "list").stdout)
     done = target.deployer("recover", "last")  # none cut now: the newest run, a recover that ended
     assert done.returncode == 0 and "nothing" in done.stdout.lower(), done.stdout + done.stderr
 
