@@ -182,6 +182,8 @@ def recovered_keeping_its_commit(project: Project, run: Path) -> None:
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     state = json.loads((run / "state.json").read_text())
     assert (state["phase"], state["git_after"]) == ("failed_committed", project.head())
+    # The commit is the cut run's, and the recover's summary says whose: `commit F (was B)` read as the recover's.
+    assert f"commit {project.head()} (run {run.name}'s commit; was " in recovered.stdout, recovered.stdout
     verified = project.deployer("runs", "verify", run.name, "--target")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 

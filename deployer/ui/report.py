@@ -30,18 +30,22 @@ def show_result(console: Lines, result: RunResult) -> None:
     coloured = console.is_terminal  # the state's colour is markup, which shows only there
     console.print(f"run {result.run_id}: {f'[{style}]{state}[/{style}]' if coloured else state} "
                   f"(exit {result.exit_code})", markup=coloured)
+    events = events_of(result)
     if result.git_after:
         # A run that rolled back made its commit, then the revert that stands after it: both, or it reads as applied.
         # A rollback's own commit is its revert: nothing reverted it.
         revert = result.facts.get("rollback_commit")
         after = f"; reverted by {revert}" if revert and revert != result.git_after else ""
-        console.print(f"commit {result.git_after} (was {result.git_before}){after}", markup=False, highlight=False)
+        # A recover's log names the cut run's commit as its own after: whose it is, or it reads as the recover's.
+        cut = next((e.get("recover_of") for e in events[:1] if e.get("type") == "run_start"), None)
+        whose = f"run {cut}'s commit; " if isinstance(cut, str) else ""
+        console.print(f"commit {result.git_after} ({whose}was {result.git_before}){after}", markup=False,
+                      highlight=False)
     if result.facts.get("already_applied"):
         restarted = "services restarted" if result.facts.get("pids") else \
             "services not restarted (apply --restart restarts them)"
         console.print(f"nothing to do: HEAD {result.git_before} already has these bytes in "
                       f"{', '.join(result.facts.get('unchanged', []))}; {restarted}", markup=False, highlight=False)
-    events = events_of(result)
     for line in fact_lines(result.facts, events):
         console.print(f"  {line}", markup=False, highlight=False)
     show_chart(console, events)
