@@ -4,6 +4,7 @@ removal recorded as a run of its own so the run log says who broke whose lock an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployer.app.setting import Setting, build_of
@@ -79,10 +80,27 @@ def release_lock(options: LockOptions, *, listener: Listener | None = None) -> L
         if state is None:
             return LockReleased(options.host, None)
         if not state.stale and listener is not None:
-            listener({"type": "lock_not_stale", "message": f"the lock was NOT stale: {state.describe()}; that run "
-                                                           "may still be going"})
+            listener({"type": "lock_not_stale", "message": f"the lock was NOT stale: {state.describe()}; "
+                                                           f"{_holder_now(build.runs_dir, state, options.host)}"})
         if not locks.force_release(transport, git_dir, state):
             raise LockHeld(f"the deploy lock changed hands while it was read (it was {state.describe()}); nothing "
                            f"was removed: `deployer lock status --host {options.host}` shows it now")
     return LockReleased(options.host, state, locks.record_forced_release(build.runs_dir, options.host, state,
                                                                          operator_id()))
+
+
+def _holder_now(runs_dir: Path, state: LockState, host: str) -> str:
+    """What this machine's own record says of the holder's run, judged as a refused apply judges it (run/lease.py):
+    still going, or cut (then recover, not a forced release, was the way to end it)."""
+    from deployer.run.unended import recorded_owner
+    from deployer.runlog import is_run_id
+
+    run_id = state.info.get("run_id")
+    owner, alive = recorded_owner(runs_dir / run_id) if isinstance(run_id, str) and is_run_id(run_id) else \
+        (None, None)
+    if owner is not None and alive:
+        return f"run {run_id} is still going on this machine (pid {owner.pid})"
+    if owner is not None and alive is False:
+        return (f"run {run_id} was cut (its process on this machine, pid {owner.pid}, is gone); `deployer recover "
+                f"{run_id} --host {host}` would have ended it and put the target back")
+    return "that run may still be going"

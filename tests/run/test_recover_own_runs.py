@@ -110,6 +110,22 @@ def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_
         recovered.stdout
 
 
+def test_a_forced_release_of_a_fresh_lock_says_its_run_is_still_going_here(target: Project) -> None:
+    with running_apply(target) as proc:
+        going = target.deployer("lock", "release", "--host", "box", "--force")
+        assert going.returncode == 0, going.stdout + going.stderr
+        assert f"is still going on this machine (pid {proc.pid})" in going.stderr, going.stderr
+
+
+def test_a_forced_release_of_a_fresh_lock_says_its_run_was_cut_here(target: Project) -> None:
+    run = killed_holding_the_lock(target)
+    cut = target.deployer("lock", "release", "--host", "box", "--force")
+    # Before: "that run may still be going", where a refused apply said the same run's process here is gone.
+    assert cut.returncode == 0 and "the lock was NOT stale" in cut.stderr, cut.stdout + cut.stderr
+    assert re.search(rf"run {run.name} was cut \(its process on this machine, pid \d+, is gone\); `deployer "
+                     rf"recover {run.name} --host box` would have ended it", cut.stderr), cut.stderr
+
+
 def test_recover_last_recovers_the_newest_cut_run_not_the_refused_apply_after_it(target: Project) -> None:
     tree, head = work_tree(target.repo), target.head()
     run = killed_holding_the_lock(target)
