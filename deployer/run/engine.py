@@ -453,8 +453,8 @@ class Engine:
         undo.restore(ctx, failure, self._ending)
 
     def revert(self, ctx: Context, *, before: str, dests: list[str], rollback_of: str,
-               verify: tuple[Effect, ...], baseline: Mapping[str, float], keep: Mapping[str, int] | None = None
-               ) -> str:
+               verify: tuple[Effect, ...], baseline: Mapping[str, float],
+               keep: Mapping[str, tuple[int, str]] | None = None) -> str:
         """A commit giving dests their content at `before`; then the playbook's restart and checks again, as
         they prove the revert (prove_revert). `keep`: the process an earlier attempt (cut, or stopped before its end)
         started on the revert for each service, kept where it still is that process and healthy (no second outage)."""
@@ -475,7 +475,7 @@ class Engine:
         return revert
 
     def prove_revert(self, ctx: Context, verify: tuple[Effect, ...], baseline: Mapping[str, float],
-                     keep: Mapping[str, int]) -> None:
+                     keep: Mapping[str, tuple[int, str]]) -> None:
         """After the revert commit, the playbook's steps of effect `verify` again, as they judge the reverted build
         (run/revert_checks.py: against the run's `baseline`); a restart leaves out the services `keep` names that
         still serve the revert. A failed check leaves the revert standing: ChecksFailed, with every check's verdict

@@ -197,7 +197,7 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
                     with ctx.cancel.finishing_first("the rollback") as ctx.cancel:
                         found.rollback_commit = engine.revert(
                             ctx, before=before, dests=dests, rollback_of=run_id, verify=VERIFY,
-                            baseline=_baseline(cut[0] if cut else None), keep=serving.started(cut, True))
+                            baseline=_baseline(cut[0] if cut else None), keep=serving.started_by(cut, True))
                 except ChecksFailed as exc:  # the revert stands: the cut run ends rolled_back all the same
                     found.rollback_commit, found.checks_failed = exc.commit, exc
                 outcome = Phase.rolled_back
@@ -264,7 +264,7 @@ def _finish_rollback(engine: Engine, ctx: Context, of_run: str, found: Recovered
         target = rollbacks.Target.of(run)
         rollbacks.refuse(ctx, run, target, force=False)
         cut = serving.with_its_recovers(engine.runs_dir, found.run_id, but=ctx.run_id)
-        revert = rollbacks.finish(engine, ctx, run, target, keep=serving.started(cut, True))
+        revert = rollbacks.finish(engine, ctx, run, target, keep=serving.started_by(cut, True))
     except ChecksFailed as exc:
         revert, found.checks_failed = exc.commit, exc
     found.rollback_commit = found.commit = revert
@@ -321,13 +321,12 @@ def _again(engine: Engine, ctx: Context, steps: list[Step], lineage: list[Run], 
     does: stopped halfway it would leave services down again, which is what recover is there to end; the checks
     after it are stopped at their safe points."""
     starts = serving.started_by(lineage, False)
-    started = {name: pid for name, (pid, _) in starts.items()}
     found.started_by_recover = {name: by for name, (_, by) in starts.items() if by != found.run_id}
     restarted: list[str] = []
     for step in steps:
         if step.effect not in VERIFY:
             continue
-        rest, _, restarting = keeping(step, ctx, started)
+        rest, _, restarting = keeping(step, ctx, starts)
         if rest is None:
             continue
         restarted += restarting

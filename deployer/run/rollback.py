@@ -310,7 +310,8 @@ def refuse(ctx: Context, run: Run, target: Target, *, force: bool) -> None:
     ctx.facts.files = target.files
 
 
-def finish(engine: Engine, ctx: Context, run: Run, target: Target, keep: Mapping[str, int] | None = None) -> str:
+def finish(engine: Engine, ctx: Context, run: Run, target: Target,
+           keep: Mapping[str, tuple[int, str]] | None = None) -> str:
     """The rollback of run to its end, once refuse() let it through: the revert commit (unless an earlier
     rollback already made it) and the checks that prove it. Used by `rollback`, and by `recover` of a rollback
     that was cut (`keep`: the services an earlier attempt, cut or stopped, had started on its revert)."""
@@ -329,7 +330,7 @@ def rollback(engine: Engine, run: Run, *, force: bool) -> RunResult:
         assert ctx.record is not None
         ctx.record.advance(Phase.rolling_back, utc_now(), git_before=ctx.git_before)
         try:
-            revert = finish(engine, ctx, run, target, keep=serving.started(stopped_attempt(run), True))
+            revert = finish(engine, ctx, run, target, keep=serving.started_by(stopped_attempt(run), True))
         except ChecksFailed as exc:  # the revert stands: the run ends rolled_back, naming the check
             ctx.git_after = exc.commit if exc.commit != ctx.git_before else None
             raise

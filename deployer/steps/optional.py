@@ -162,13 +162,15 @@ class Narrows(Protocol):
     """A restart that a recover narrows to the services that do not serve the cut run's commit yet."""
 
     @abstractmethod
-    def keeping(self, ctx: Context, started: Mapping[str, int]) -> tuple[Step | None, list[str], list[str]]:
+    def keeping(self, ctx: Context, started: Mapping[str, tuple[int, str]]
+                ) -> tuple[Step | None, list[str], list[str]]:
         """This step over only the services that do not serve the cut run's commit yet (None: all do), the services
-        kept and those it restarts; `started` names the process the cut run started for each service after its
-        commit."""
+        kept and those it restarts; `started` names the process the cut run (or a recover of it) started for each
+        service after its commit, and the run that started it."""
 
 
-def keeping(step: Step, ctx: Context, started: Mapping[str, int]) -> tuple[Step | None, list[str], list[str]]:
+def keeping(step: Step, ctx: Context, started: Mapping[str, tuple[int, str]]
+            ) -> tuple[Step | None, list[str], list[str]]:
     """For a recover: the step as it runs (any step but a restart that narrows runs as it is)."""
     return step.keeping(ctx, started) if isinstance(step, Narrows) else (step, [], [])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -190,6 +191,9 @@ def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recov
         done.stderr, done.stderr
     assert "kept prefill (already serving its commit)" in done.stdout, done.stdout
     assert f"kept decode (started by recover {first}, which stopped before its end)" in done.stdout, done.stdout
+    # The step's own line names that recover too (it said "started by the earlier run this one finishes").
+    assert re.search(rf"\] kept decode \(pid \d+\): started by run {first}, still that process", done.stdout), \
+        done.stdout
     assert stack.pids() == pids and healthy(stack)
     assert state_of(run)["phase"] == "succeeded"
     events = target.events(target.newest_run())

@@ -296,7 +296,8 @@ def test_a_rollback_again_after_one_that_was_stopped_keeps_the_servers_it_brough
     assert stack.pids() == up
     assert sorted(e["service"] for e in project.events(rolled) if e["type"] == "service_kept") == sorted(up)
     for service, pid in up.items():  # said as such: "co_restart passed" alone reads as a restart
-        assert f"[rollback:co_restart] kept {service} (pid {pid}): started by the earlier run" in again.stdout
+        assert f"[rollback:co_restart] kept {service} (pid {pid}): started by run {stopped}, still that " \
+            "process" in again.stdout, again.stdout
     assert run_end(project, rolled)["facts"]["rollback_checks"] == {"co_restart": "passed", "drain": "passed"}
 
 

@@ -242,21 +242,24 @@ class CoRestart(Step, ChecksHost, JudgesEarly, Refuses, JudgedThere, Narrows, Sp
     def plan(self, ctx: Context) -> list[Action]:
         return self.restart([(ctx, n) for n in self.names(ctx)], self.name, NOTHING).plan()
 
-    def keeping(self, ctx: Context, started: Mapping[str, int]) -> tuple[CoRestart | None, list[str], list[str]]:
+    def keeping(self, ctx: Context, started: Mapping[str, tuple[int, str]]
+                ) -> tuple[CoRestart | None, list[str], list[str]]:
         """For a run that finishes another (recover of a cut run, a rollback again after one that stopped): this
         restart over only the services that do not serve the run's commit (or its revert) yet (None: all do), and
-        those kept. `started` names the process the earlier run started for each service after its commit, or its
-        revert (its log); one is kept while deployer's record names that very process (its pid with the start time
-        its launch recorded) and its health answers: restarting it would be a second outage for nothing."""
+        those kept. `started` names the process an earlier run started for each service after its commit, or its
+        revert (its log), and that run; one is kept while deployer's record names that very process (its pid with
+        the start time its launch recorded) and its health answers: restarting it would be a second outage for
+        nothing."""
         kept: list[str] = []
         for name in self.names(ctx):
             if name not in started:
                 continue
+            pid, by = started[name]
             seen = manager_for(ctx, name, self.name).observe()
-            if seen.pid == started[name] and not seen.adopted and seen.health is not False:
+            if seen.pid == pid and not seen.adopted and seen.health is not False:
                 kept.append(name)
                 ctx.emit("service_kept", service=name, pid=seen.pid,
-                         why="started by the earlier run this one finishes, still that process, health answering")
+                         why=f"started by run {by}, still that process, health answering")
         rest = [n for n in self.names(ctx) if n not in kept]
         if not rest or not kept:
             return (self if rest else None), kept, rest
