@@ -32,7 +32,8 @@ class LatencyCheck(Strict):
         "The Mann-Whitney test's confidence (Kayenta's default 0.98): a difference counts when p < 1 - this."))
     min_effect: float = Field(default=0.0, ge=0, lt=1, description=(
         "The least effect a fail needs besides the test: the rank-biserial correlation of the canary's observations "
-        "with the baseline's (2 * CLES - 1: 0.5 is a canary observation above a baseline one three times in four). "
+        "with the baseline's, toward worse (2 * CLES - 1: 0.5 is a canary observation worse than a baseline one "
+        "three times in four). "
         "0 (the default): any significant worsening beyond `allowed_change` fails. A before-and-after baseline "
         "on a busy machine drifts between its reads by a small effect the test still finds significant."))
     required: bool = Field(default=True, description="Whether a histogram absent from a read is inconclusive.")

@@ -102,5 +102,5 @@ def _holder_now(runs_dir: Path, state: LockState, host: str) -> str:
         return f"run {run_id} is still going on this machine (pid {owner.pid})"
     if owner is not None and alive is False:
         return (f"run {run_id} was cut (its process on this machine, pid {owner.pid}, is gone); `deployer recover "
-                f"{run_id} --host {host}` would have ended it and put the target back")
+                f"{run_id} --host {host}` still ends it and puts the target back (a forced release does neither)")
     return "that run may still be going"

@@ -67,18 +67,19 @@ def which_run(runs_dir: Path) -> str:
 
 
 def last_cut(runs_dir: Path, host: str | None) -> str | None:
-    """What `recover last` recovers: the newest cut run (on host if given; a fleet's sub-run: its fleet run), not
-    the newest run: after a cut apply, the apply run again to be refused, or the recover that was cut, is newer.
-    None when none of the newest runs was cut."""
+    """What `recover last` recovers: the newest cut run, not the newest run: after a cut apply, the apply run again
+    to be refused, or the recover that was cut, is newer. One whose process is known gone before one this machine
+    cannot judge; a fleet's sub-run: its fleet run, unless a host is given (then that host's run alone). None when
+    none of the newest runs was cut."""
     from deployer.run.unended import unended_runs
     from deployer.runlog import is_run_id
 
-    found = unended_runs(runs_dir, host)
+    found = sorted(unended_runs(runs_dir, host), key=lambda one: one[1])  # stable: newest last within each
     if not found:
         return None
     run, _ = found[-1]
     fleet = run.start.get("fleet")
-    return fleet if isinstance(fleet, str) and is_run_id(fleet) else run.run_id
+    return fleet if host is None and isinstance(fleet, str) and is_run_id(fleet) else run.run_id
 
 
 @dataclass(frozen=True)

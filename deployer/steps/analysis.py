@@ -227,7 +227,7 @@ def planned(check: LatencyCheck | CriticalCounter) -> str:
     if isinstance(check, CriticalCounter):
         return f"{check.name}: any increase of {metric} fails"
     sign = "+" if check.better == "lower" else "-"
-    effect = f", rank-biserial effect at least {check.min_effect:g}" if check.min_effect else ""
+    effect = f", an effect of at least {check.min_effect:g} toward worse to fail" if check.min_effect else ""
     return (f"{check.name}: {check.statistic()} of {metric} at most {sign}{check.allowed_change:.0%}, "
             f"{check.min_samples} observations a side, confidence {check.confidence:g}{effect}")
 
@@ -243,7 +243,8 @@ def shown(check: LatencyCheck | CriticalCounter, verdict: Verdict) -> str:
                 f"{verdict.outcome}{restarted}")
     how = "quantile comparison" if verdict.test is None else f"Mann-Whitney U p={verdict.test.p:.2g}"
     if verdict.test is not None and check.min_effect:
-        how += f", effect {verdict.test.rank_biserial:+.2f}, {check.min_effect:g} needed to fail"
+        worse = verdict.test.rank_biserial if check.better == "lower" else -verdict.test.rank_biserial
+        how += f", effect {worse:+.2f} toward worse, {check.min_effect:g} needed to fail"
     change = "" if verdict.change is None else f"{verdict.change:+.1%}, "
     sign = "+" if check.better == "lower" else "-"
     return (f"{verdict.check} {verdict.baseline:.3g} -> {verdict.canary:.3g} ({change}allowed "

@@ -37,7 +37,9 @@ NOTICES = {
 def _holder(event: dict[str, Any]) -> str:
     """The run that held the lock, as the target's lock info names it (input: shown escaped)."""
     holder = event.get("holder")
-    return visible(str(holder.get("run_id") if isinstance(holder, dict) else holder), multiline=False)
+    run_id = visible(str(holder.get("run_id") if isinstance(holder, dict) else holder), multiline=False)
+    of = event.get("of_run")
+    return run_id if of in (None, run_id) else f"{run_id} (a recover of run {visible(str(of), multiline=False)})"
 
 
 V = TypeVar("V", bound="LiveView")

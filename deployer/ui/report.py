@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployer import runlog
 from deployer.errors import DeployerError
+from deployer.text import visible
 from deployer.ui.chart import show_chart
 from deployer.ui.checks import checks_of
 from deployer.ui.console import columns
@@ -38,7 +39,7 @@ def show_result(console: Lines, result: RunResult) -> None:
         after = f"; reverted by {revert}" if revert and revert != result.git_after else ""
         # A recover's log names the cut run's commit as its own after: whose it is, or it reads as the recover's.
         cut = next((e.get("recover_of") for e in events[:1] if e.get("type") == "run_start"), None)
-        whose = f"run {cut}'s commit; " if isinstance(cut, str) else ""
+        whose = f"run {cut}'s commit; " if isinstance(cut, str) and runlog.is_run_id(cut) else ""
         console.print(f"commit {result.git_after} ({whose}was {result.git_before}){after}", markup=False,
                       highlight=False)
     if result.facts.get("already_applied"):
@@ -117,12 +118,18 @@ def show_runs(console: Console, runs: list[Run], cut: Collection[str] = ()) -> N
                       "finishes it or puts the target back", markup=False, highlight=False)
 
 
-def _kind(start: dict[str, Any]) -> str:
-    """A run's kind, and the run it finishes or undoes: `rollback of R`, `recover of R`."""
+def _of(start: dict[str, Any]) -> str | None:
+    """The run a rollback undoes or a recover finishes, as its log names it: `rollback of R` (a log is input: only
+    a run id counts)."""
     for kind in ("rollback", "recover"):
-        if start.get(f"{kind}_of"):
-            return f"{kind} of {start[f'{kind}_of']}"
-    return str(start.get("kind", "apply"))
+        of = start.get(f"{kind}_of")
+        if isinstance(of, str) and runlog.is_run_id(of):
+            return f"{kind} of {of}"
+    return None
+
+
+def _kind(start: dict[str, Any]) -> str:
+    return _of(start) or visible(str(start.get("kind", "apply")), multiline=False)
 
 
 def _field(value: object) -> str:
@@ -145,8 +152,8 @@ def show_run(console: Console, run: Run, target: list[str] | None = None) -> Non
     if not end:
         console.print(f"no run_end: the run is still going, or it was cut while {state} "
                       f"(deployer recover {run.run_id})", markup=False, highlight=False)
-    if start.get("rollback_of") or start.get("recover_of"):
-        console.print(_kind(start).replace(" of ", " of run ", 1), markup=False, highlight=False)
+    if of := _of(start):
+        console.print(of.replace(" of ", " of run ", 1), markup=False, highlight=False)
     # The linked runs' states in the words this run's own has (their log's `status` is --json's field).
     for link in run.all("recovered_by"):
         by = _field(link.get("by"))

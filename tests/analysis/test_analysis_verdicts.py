@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from analysis_reads import TRANSFER_FAILED, TTFT, Lognormal, Server
@@ -99,6 +100,16 @@ def test_higher_is_better_fails_a_canary_that_got_lower() -> None:
     check = LatencyCheck(name="median tokens/s", metric=TTFT, quantile=0.5, better="higher")
     verdict = judge(check, reads(TYPICAL, 500), reads(Lognormal(0.25, 0.5, slower_by=0.6), 500, seed=2))
     assert verdict.outcome == "fail" and verdict.test is not None and verdict.test.z < 0
+
+
+def test_min_effect_counts_toward_worse_when_higher_is_better() -> None:
+    from deployer.steps.analysis import shown
+
+    check = LatencyCheck(name="median tokens/s", metric=TTFT, quantile=0.5, better="higher", min_effect=0.3)
+    verdict = judge(check, reads(TYPICAL, 500), reads(Lognormal(0.25, 0.5, slower_by=0.6), 500, seed=2))
+    assert verdict.outcome == "fail" and verdict.test is not None and verdict.test.rank_biserial < -0.3
+    line = shown(check, verdict)
+    assert re.search(r"effect \+0\.\d\d toward worse, 0\.3 needed to fail", line), line
 
 
 def test_raw_samples_are_ranked_one_by_one() -> None:

@@ -63,7 +63,7 @@ def test_the_fleet_demo_with_a_regression_fails_its_p99_ttft_and_rolls_the_first
     assert event["outcome"] == "fail" and ttft["outcome"] == "fail" and ttft["change"] > 0.10, ttft
     # The failure names the metric, both sides' p99 and the change against what is allowed.
     verdict = re.search(r"p99 TTFT \S+ -> \S+ \(\+(\d+\.\d)%, allowed \+10%\): fail \(Mann-Whitney U p=\S+, "
-                        r"effect \+(\d\.\d\d), 0.5 needed to fail\)", said)
+                        r"effect \+(\d\.\d\d) toward worse, 0.5 needed to fail\)", said)
     assert verdict and float(verdict[1]) > 10 and float(verdict[2]) >= 0.5, said
     assert "Rolled back every host of the unit (gpu-a, gpu-b)" in said, said
     for host in UNITS["pd-1"]:  # the reverted build is the one each repo holds

@@ -67,7 +67,7 @@ def test_analysis_against_a_sibling_reads_both_at_the_same_instants_after_the_wa
         read("baseline", "read the sibling's metrics at the same instants 3 times, every 0.5s", SIBLING),
         Action("judge this host against its sibling on 2 windows: "
                'mean ITL: mean of sglang:inter_token_latency_seconds{model="m"} at most +5%, 10 observations a '
-               "side, confidence 0.95, rank-biserial effect at least 0.5; "
+               "side, confidence 0.95, an effect of at least 0.5 toward worse to fail; "
                "p50 throughput: p50 of tokens_per_request at most -10%, 50 observations a side, confidence 0.98; "
                "KV transfer failures: any increase of sglang:num_transfer_failed_reqs_total fails")])
 
