@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class RecoverOptions(RevertSetting):
-    """run_id: the cut run or fleet run: `last` (the newest cut run, on host if given; with none, the newest run),
+    """run_id: the cut run or fleet run: `last` (the newest cut run, on host if given; with none: nothing to do),
     any unique beginning of an id, or a whole id this runs dir never saw (recovered from host's intent record);
     host alone: the run its intent record names. rollback: if the run's commit exists, revert it, restart and
     prove the revert."""
@@ -108,8 +108,18 @@ def recover(options: RecoverOptions, *, listener: Listener | None = None,
     if not options.run_id and not options.host:
         raise ConfigError(which_run(build.runs_dir))
     runs_path, run_id, host = build.runs_dir, options.run_id, options.host
-    if run_id == LAST:
-        run_id = last_cut(runs_path, host) or run_id
+    if run_id == LAST and (newest_cut := last_cut(runs_path, host)) is not None:
+        run_id = newest_cut
+    elif run_id == LAST:
+        from deployer.run.unended import NEWEST
+
+        newest = resolve(runs_path, LAST, host)  # no run at all: the usage error every `last` gives
+        on = f" on {host}" if host is not None else ""
+        if options.rollback:  # asked to revert, and nothing of it would happen: never a quiet exit 0
+            raise ConfigError(f"none of the newest {NEWEST} runs{on} in {runs_path} was cut: nothing to recover. To "
+                              f"undo a run's commit: deployer rollback last{f' --host {host}' if host else ''}")
+        return NothingToRecover(f"none of the newest {NEWEST} runs{on} in {runs_path} was cut (the newest, "
+                                f"{newest}, ended): nothing to recover", {"host": host, "run_id": None})
     if run_id:
         with contextlib.suppress(UnknownRun):  # a run this runs dir never saw: its host's intent record may name it
             run_id = resolve(runs_path, run_id, host)

@@ -232,8 +232,11 @@ def recover(engine: Engine, run_id: str, *, rollback: bool) -> tuple[RunResult, 
 
     if rollback and record is not None and record.state.terminal and record.state.git_after and \
             record.state.phase != Phase.rolled_back and ended(engine.runs_dir, run_id, record):
+        undo = f"To undo its commit {record.state.git_after[:12]}: deployer rollback {run_id}"
+        if (by := rolled_back_by(engine.runs_dir, run_id)) is not None:  # its phase stays; its log links the undo
+            undo = f"Its commit {record.state.git_after[:12]} was already rolled back by run {by}: nothing to undo"
         raise ConfigError(f"run {run_id} already ended ({record.state.phase.value}): recover has nothing of it to "
-                          f"finish. To undo its commit {record.state.git_after[:12]}: deployer rollback {run_id}")
+                          f"finish. {undo}")
     engine.adopt_lock_of = run_id
     engine.listeners.append(adopted)
     try:
@@ -385,6 +388,15 @@ def _what_to_undo(ctx: Context, record: RunRecord | None,
     assert record is not None and record.state.trailer is not None  # the caller returns early otherwise
     before = parent_of_run_commit(ctx, record.state.trailer) or gitops.head(ctx)
     return record.state.files, before, record.state.trailer
+
+
+def rolled_back_by(runs_dir: Path, run_id: str) -> str | None:
+    """The rollback that undid the run's commit and ended well, as the run's log links it (None: none did)."""
+    if not (runs_dir / run_id / EVENTS).is_file():
+        return None
+    return next((by for link in read_run(runs_dir, run_id).all("rolled_back_by")
+                 if link.get("status") == "successful" and isinstance(by := link.get("by"), str) and is_run_id(by)),
+                None)
 
 
 def ended(runs_dir: Path, run_id: str, record: RunRecord | None) -> bool:

@@ -28,6 +28,6 @@ def test_recover_last_names_the_newest_cut_run_its_fleet_run_or_with_a_host_that
     logged(runs, 2, {"type": "run_start", "host": "gpu-b"}, {"type": "run_end", "status": "successful"})
     assert last_cut(runs, None) == fleet  # its hosts are recovered together, as `recover FLEET` does
     assert last_cut(runs, "gpu-a") == cut  # --host: that host's run alone, not every host of the fleet
-    assert last_cut(runs, "gpu-b") is None  # nothing cut there: the caller falls back to the newest run
+    assert last_cut(runs, "gpu-b") is None  # nothing cut there: recover says so
     plain = logged(runs, 3, {"type": "run_start", "host": "gpu-a"})
     assert last_cut(runs, None) == plain == last_cut(runs, "gpu-a")

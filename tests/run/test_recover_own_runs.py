@@ -141,8 +141,28 @@ def test_recover_last_recovers_the_newest_cut_run_not_the_refused_apply_after_it
     recover_id = target.newest_run()
     assert f"recover of run {run.name}" in target.deployer("runs", "show", recover_id).stdout
     assert re.search(rf"{recover_id} .* recover of {run.name}", target.deployer("runs", "list").stdout)
-    done = target.deployer("recover", "last")  # none cut now: the newest run, a recover that ended
-    assert done.returncode == 0 and "nothing" in done.stdout.lower(), done.stdout + done.stderr
+    done = target.deployer("recover", "last")  # none cut now: said, and no run of its own made for nothing
+    assert done.returncode == 0 and "was cut (the newest, " in done.stdout, done.stdout + done.stderr
+    assert recover_id == target.newest_run()
+    # Asked to revert too: nothing would be reverted, so never a quiet exit 0 (it was: a recover of the recover).
+    reverting = target.deployer("recover", "last", "--rollback")
+    assert reverting.returncode == 2 and "To undo a run's commit: deployer rollback last" in reverting.stderr, \
+        reverting.stdout + reverting.stderr
+
+
+def test_recover_rollback_of_a_run_already_rolled_back_names_that_rollback_not_a_refused_command(
+        target: Project) -> None:
+    target.playbook()
+    applied = target.deployer("apply", "fix.yaml", "--host", "box")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    run = target.newest_run()
+    rolled = target.deployer("rollback", run)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    again = target.deployer("recover", run, "--rollback")
+    # Before: "To undo its commit C: deployer rollback R", which is refused ("was already rolled back by run X").
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert f"was already rolled back by run {target.newest_run()}: nothing to undo" in again.stderr, again.stderr
+    assert f"deployer rollback {run}" not in again.stderr
 
 
 @pytest.mark.parametrize("target", ["ssh"], indirect=True)
