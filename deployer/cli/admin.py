@@ -45,6 +45,8 @@ def lock_status(host_name: str, inventory: str | None, accept_new_host_key: bool
         for stray in status.strays:
             say(f"{host_name}: {stray} is left from a run cut while taking or releasing the lock; "
                 "the next run that takes the lock removes it")
+        if status.next:
+            say(f"{host_name}: {status.next}")
     if status.exit_code:
         sys.exit(status.exit_code)
 
@@ -72,6 +74,8 @@ def lock_release(host_name: str, force: bool, inventory: str | None, runs_dir: s
     else:
         say(f"{host_name}: removed the lock of run {released.state.info.get('run_id')} (recorded as run "
             f"{released.run_id})")
+        if released.next:
+            say(f"{host_name}: {released.next}")
 
 
 @click.command()

@@ -56,13 +56,13 @@ def cancel_on_signals(token: Cancel, running: Callable[[], list[str]] = list) ->
 def pin_notice(event: dict[str, Any]) -> None:
     """Pinning a host key is an explicit choice: say so on every command, as a notice (it is no error); so is
     what a use case has to tell the operator on the way (a notice event: which run `last` chose)."""
-    from deployer.ui.console import show_error, show_notice
+    from deployer.ui.console import show_notice, show_warning
     if event.get("type") == "host_key_pinned":
         show_notice(f"pinned a new host key for {event['entry']}: {event['key_type']} {event['fingerprint']}")
     if event.get("type") in ("end_unanchored", "notice"):
         show_notice(str(event["message"]))
-    if event.get("type") == "lock_not_stale":  # a lock broken while its run may still be going
-        show_error(str(event["message"]))
+    if event.get("type") == "lock_not_stale":  # a lock broken while its run may still be going: done, and risky
+        show_warning(str(event["message"]))
 
 
 def watcher(as_json: bool) -> Watch:

@@ -112,14 +112,27 @@ def test_a_run_killed_on_this_machine_is_recovered_at_once_though_its_heartbeat_
 
 def test_a_forced_release_of_a_fresh_lock_says_its_run_is_still_going_here(target: Project) -> None:
     with running_apply(target) as proc:
+        status = target.deployer("lock", "status", "--host", "box")
+        assert status.returncode == 3 and f"still going on this machine (pid {proc.pid}): wait for it" in \
+            status.stdout, status.stdout + status.stderr
         going = target.deployer("lock", "release", "--host", "box", "--force")
         assert going.returncode == 0, going.stdout + going.stderr
         assert f"is still going on this machine (pid {proc.pid})" in going.stderr, going.stderr
+        assert "was cut" not in going.stdout + going.stderr, going.stdout  # its intent record is a live run's
 
 
 def test_a_forced_release_of_a_fresh_lock_says_its_run_was_cut_here(target: Project) -> None:
     run = killed_holding_the_lock(target)
+    # Where the person looks first: the status names the recover (it said only who held the lock, and when stale,
+    # "remove it with: deployer lock release --force", which leaves what the run changed).
+    mid_change = (f"run {run.name} was cut while it changed files here (its intent record is on the target): end it "
+                  f"with: deployer recover {run.name} --host box")
+    status = target.deployer("lock", "status", "--host", "box")
+    assert status.returncode == 3 and mid_change in status.stdout, status.stdout + status.stderr
+    assert json.loads(target.deployer("lock", "status", "--host", "box", "--json").stdout)["next"].startswith(
+        mid_change)
     cut = target.deployer("lock", "release", "--host", "box", "--force")
+    assert mid_change in cut.stdout, cut.stdout  # released, and the run is still to be ended
     # Before: "that run may still be going", where a refused apply said the same run's process here is gone.
     assert cut.returncode == 0 and "the lock was NOT stale" in cut.stderr, cut.stdout + cut.stderr
     assert re.search(rf"run {run.name} was cut \(its process on this machine, pid \d+, is gone\); `deployer "
