@@ -14,6 +14,7 @@ included.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,8 +313,8 @@ def _finish(engine: Engine, ctx: Context, record: RunRecord, found: Recovered) -
                                  ) from None
     ctx.bus.step = None
     # A process an earlier recover started never saw the cut run's load either.
-    since_load = [*restarted, *(name for name in found.started_by_recover if name not in restarted)]
-    found.unproven = ctx.facts.unproven = _unproven(after, cut, since_load)
+    earlier = {name: by for name, by in found.started_by_recover.items() if name not in restarted}
+    found.unproven = ctx.facts.unproven = _unproven(after, cut, restarted, earlier)
     return Phase.succeeded
 
 
@@ -358,16 +359,22 @@ def _finish_restart(engine: Engine, ctx: Context, record: RunRecord, found: Reco
     return Phase.succeeded
 
 
-def _unproven(after: list[Step], cut: Run | None, restarted: list[str]) -> str | None:
+def _unproven(after: list[Step], cut: Run | None, restarted: list[str], earlier: Mapping[str, str]) -> str | None:
     """Why the checks recover ran do not prove the fix (None: they do, or the playbook sends no load): recover
-    never sends load again, so a check proves the fix only on the very servers that took the cut run's load."""
+    never sends load again, so a check proves the fix only on the very servers that took the cut run's load.
+    `restarted`: by this recover; `earlier`: by an earlier recover of the run (each service: that recover)."""
     loads = [s.name for s in after if s.effect == Effect.loads]
     checks = [s.name for s in after if s.effect == Effect.verifies]
     if not loads or not checks:
         return None
-    if restarted:
-        return (f"recover restarted {', '.join(restarted)} and sends no {', '.join(loads)} again, so the "
-                f"{', '.join(checks)} read servers that never saw the run's load")
+    by_run: dict[str, list[str]] = {}
+    for name, by in earlier.items():
+        by_run.setdefault(by, []).append(name)
+    who = [f"recover restarted {', '.join(restarted)}"] if restarted else []
+    who += [f"recover {by} had restarted {', '.join(names)}" for by, names in by_run.items()]
+    if who:
+        return (f"{' and '.join(who)}, and no {', '.join(loads)} is sent again, so the {', '.join(checks)} read "
+                "servers that never saw the run's load")
     done = {e.get("step") for e in ([] if cut is None else cut.all("step_end")) if e.get("status") == "ok"}
     if unsent := [name for name in loads if name not in done]:
         return (f"the cut run never finished its {', '.join(unsent)} and recover sends no load again, so the "

@@ -323,3 +323,21 @@ def test_the_lineage_read_takes_a_recover_of_that_is_no_run_id_as_naming_no_run(
         (tmp_path / run_id).mkdir()
         (tmp_path / run_id / "events.jsonl").write_text(json.dumps({"type": "run_start", **start}) + "\n")
     assert [run.run_id for run in with_its_recovers(tmp_path, first)] == [first, recover]
+
+
+def test_unproven_names_who_restarted_each_service_since_the_cut_run_took_its_load() -> None:
+    """A later recover that restarted nothing itself said "recover restarted decode" of what a cut recover had
+    restarted (the summary's why; the step-level behaviour is above)."""
+    from types import SimpleNamespace
+
+    from deployer.run.recover import _unproven
+    from deployer.steps.base import Effect
+
+    after = [SimpleNamespace(name="storm", effect=Effect.loads), SimpleNamespace(name="drain", effect=Effect.verifies)]
+    earlier = {"decode": "R2", "router": "R2"}
+    assert _unproven(after, None, [], earlier) == (
+        "recover R2 had restarted decode, router, and no storm is sent again, so the drain read servers that never "
+        "saw the run's load")
+    assert _unproven(after, None, ["prefill"], earlier).startswith(
+        "recover restarted prefill and recover R2 had restarted decode, router, and no storm")
+    assert _unproven(after[1:], None, ["prefill"], earlier) is None  # no load: proven

@@ -200,7 +200,7 @@ def test_a_drain_recover_runs_after_restarting_a_service_is_unproven_and_the_cut
     assert stack.pids()["prefill"] == kept and alive(kept)
     restart = next(e for e in target.events(recover_id) if e["type"] == "restart")
     assert list(restart["pids"]) == ["decode"]
-    said = ("unproven: recover restarted decode and sends no storm again, so the drain read servers that never "
+    said = ("unproven: recover restarted decode, and no storm is sent again, so the drain read servers that never "
             "saw the run's load")
     assert said in done.stdout
     facts = next(e for e in target.events(recover_id) if e["type"] == "run_end")["facts"]
