@@ -24,7 +24,7 @@ def cancel_on_signals(token: Cancel, running: Callable[[], list[str]] = list) ->
     """First SIGINT/SIGTERM/SIGHUP: stop at the next safe point, saying which steps' commands finish first
     (`running`: the steps running now). A second one: stop now, except that a restore under way finishes first (a
     third stops that too)."""
-    from deployer.ui.console import show_error
+    from deployer.ui.console import show_notice
 
     def handler(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -42,7 +42,7 @@ def cancel_on_signals(token: Cancel, running: Callable[[], list[str]] = list) ->
             said = f"{name}: stopping at the next safe point (again to force){first}" if what is None else \
                 f"{name}: {what} goes on to its end first, then stops (again to force a stop halfway)"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-            show_error(said)
+            show_notice(said)  # heard, not failed: the run's own end says how it went
 
     # SIGHUP too: a closed terminal or a dropped ssh session must not skip the restore.
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}

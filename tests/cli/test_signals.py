@@ -17,7 +17,9 @@ def test_the_first_signal_cancels_and_the_second_stops_at_once(capsys: pytest.Ca
     token = CancelToken()
     with cancel_on_signals(token):
         signal.raise_signal(signal.SIGINT)
-        assert token.cancelled and "stopping at the next safe point (again to force)" in capsys.readouterr().err
+        said = capsys.readouterr().err
+        # Heard, not a failure: a notice (it was `error:`, beside a run that then ended well).
+        assert token.cancelled and "notice: SIGINT: stopping at the next safe point (again to force)" in said, said
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGTERM)
 
