@@ -322,7 +322,8 @@ def verify(runs_dir: Path, run_id: str) -> list[str]:
         saw_end = saw_end or event.get("type") == "run_end"
         prev = _line_hash(line)
     if not saw_end:
-        problems.append("no run_end event: the log was truncated, or the run was killed before it ended")
+        problems.append("no run_end event: the log was truncated, or the run was killed before it ended (then "
+                        "`deployer recover` with this run's id ends it)")
     return problems + _check_links(runs_dir, run_id, data)
 
 

@@ -109,7 +109,8 @@ def renumbered(first: int, last: int, shift: int) -> list[str]:
             for n in range(first, last + 1)]
 
 
-NO_END = "no run_end event: the log was truncated, or the run was killed before it ended"
+NO_END = ("no run_end event: the log was truncated, or the run was killed before it ended (then `deployer recover` "
+          "with this run's id ends it)")
 NO_CHAIN_5 = "line 5: does not chain to the line before it (edited or removed line)"
 
 # The complete list of problems `runs verify` must print, in order, one per line.
