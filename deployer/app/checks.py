@@ -195,7 +195,7 @@ def check_host(host_name: str, host: Host, playbook: tuple[LoadedPlaybook, list[
             _check_places(report, ctx, _dests(playbook), runs_dir)
         if isinstance(host, KubernetesHost):
             _check_pod(report, ctx, _dests(playbook), runs_dir)
-        _check_target(report, ctx, playbook)
+        _check_target(report, ctx, playbook, runs_dir)
     if runs_dir is not None:
         _check_budgets(report, host_name, host, runs_dir)
     return report
@@ -263,7 +263,8 @@ def _context(host_name: str, host: Host, transport: Transport, bus: EventBus,
                    bus=bus, cancel=CancelToken())
 
 
-def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None) -> None:
+def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlaybook, list[Step]] | None,
+                  runs_dir: Path | None) -> None:
     host = ctx.host
     try:  # the agent's first request: it starts under the host's python
         version = ctx.transport.run((host.python, "-c", VERSION), timeout=30)
@@ -283,7 +284,7 @@ def _check_target(report: CheckReport, ctx: Context, playbook: tuple[LoadedPlayb
     report.add("HEAD", "ok" if head.ok else "fail", head.out.strip() or head.err.strip(), 1)
     dests = _dests(playbook)
     _check_dirt(report, ctx, dests)
-    _check_lock(report, ctx)
+    _check_lock(report, ctx, runs_dir)
     _check_services(report, ctx)
     _check_metrics(report, ctx, playbook)
     if playbook is not None:
@@ -328,16 +329,25 @@ def _check_dirt(report: CheckReport, ctx: Context, dests: list[str]) -> None:
         report.add("dirty files", "ok", "none")
 
 
-def _check_lock(report: CheckReport, ctx: Context) -> None:
+def _check_lock(report: CheckReport, ctx: Context, runs_dir: Path | None) -> None:
+    from deployer.app.locks import holder_now
+
     assert ctx.git_dir is not None
     state = locks.read_state(ctx.transport, ctx.git_dir, ctx.host.lock_ttl_s, ctx.host_name)
     if state is None:
         report.add("lock", "ok", "free")
     else:
         holder = None if state.taking or state.invalid is not None else state.info.get("run_id")
-        # As apply says of it: recover is the way out of a lock whose run is gone (it refuses a live one).
-        hint = f"; if run {holder} is gone (killed, disconnected), end it with: deployer recover {holder} " \
-            f"--host {ctx.host_name}" if holder else ""
+        # As apply says of it: recover is the way out of a lock whose run is gone (it refuses a live one); this
+        # machine's record of the run, where it ran here, says which.
+        judged = holder_now(runs_dir, state, ctx.host_name) if runs_dir is not None and holder else None
+        if judged is not None and (judged.cut or judged.going):
+            hint = f"; {judged.text}"
+        elif holder:
+            hint = (f"; if run {holder} is gone (killed, disconnected), end it with: deployer recover {holder} "
+                    f"--host {ctx.host_name}")
+        else:
+            hint = ""
         report.add("lock", "fail", state.describe() + hint, 3)
 
 

@@ -69,7 +69,7 @@ def lock_status(options: LockOptions, *, listener: Listener | None = None) -> Lo
         git_dir = gitops.git_dir(transport, host.repo)
         state = locks.read_state(transport, git_dir, host.lock_ttl_s, options.host)
         pending = _intent_of(transport, git_dir, options.host)
-        holder = _holder_now(build.runs_dir, state, options.host) if state is not None else None
+        holder = holder_now(build.runs_dir, state, options.host) if state is not None else None
         return LockStatus(options.host, state, locks.strays(transport, git_dir),
                           _next(pending, holder, state is None or state.stale, options.host))
 
@@ -89,7 +89,7 @@ def release_lock(options: LockOptions, *, listener: Listener | None = None) -> L
         state = locks.read_state(transport, git_dir, host.lock_ttl_s, options.host)
         if state is None:
             return LockReleased(options.host, None)
-        holder = _holder_now(build.runs_dir, state, options.host)
+        holder = holder_now(build.runs_dir, state, options.host)
         if not state.stale and listener is not None:
             listener({"type": "lock_not_stale", "message": f"the lock was NOT stale: {state.describe()}; "
                                                            f"{holder.text}"})
@@ -112,7 +112,7 @@ class Holder:
     going: bool = False
 
 
-def _holder_now(runs_dir: Path, state: LockState, host: str) -> Holder:
+def holder_now(runs_dir: Path, state: LockState, host: str) -> Holder:
     """The holder's run judged as a refused apply judges it (run/lease.py): still going, or cut (then recover, not
     a forced release, is the way to end it)."""
     from deployer.run.unended import recorded_owner

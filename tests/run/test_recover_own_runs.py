@@ -129,6 +129,10 @@ def test_a_forced_release_of_a_fresh_lock_says_its_run_was_cut_here(target: Proj
                   f"with: deployer recover {run.name} --host box")
     status = target.deployer("lock", "status", "--host", "box")
     assert status.returncode == 3 and mid_change in status.stdout, status.stdout + status.stderr
+    # `check` judges it as the refused apply does (it said "if run R is gone (killed, disconnected)").
+    checked = target.deployer("check", "--host", "box")
+    assert re.search(rf"run {run.name} was cut \(its process on this machine, pid \d+, is gone\)", checked.stdout), \
+        checked.stdout
     assert json.loads(target.deployer("lock", "status", "--host", "box", "--json").stdout)["next"].startswith(
         mid_change)
     cut = target.deployer("lock", "release", "--host", "box", "--force")
