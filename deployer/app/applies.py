@@ -156,12 +156,23 @@ def notice_unended(runs_dir: Path, hosts: list[str], listener: Listener | None) 
     from deployer.run.unended import unended_runs
 
     for host in hosts:
-        for run, gone in unended_runs(runs_dir, host):
+        found = unended_runs(runs_dir, host)
+        # A cut recover of a run also named here is ended by that run's recover (it settles its cut recovers): one
+        # notice, one command.
+        cut_recovers: dict[str, list[str]] = {}
+        for run, _ in found:
+            if (of := run.start.get("recover_of")) in {one.run_id for one, _ in found} and isinstance(of, str):
+                cut_recovers.setdefault(of, []).append(run.run_id)
+        named_by_origin = {run_id for ids in cut_recovers.values() for run_id in ids}
+        for run, gone in found:
             run_id = run.run_id
-            if listener is not None:
-                listener({"type": "notice", "message": (
-                    f"run {run_id} on {host} never ended (killed?): its log has no run_end, so `runs verify` "
-                    f"fails until it is ended with: deployer recover {run_id}" if gone else
-                    f"run {run_id} on {host} has no run_end, and its record names no process of this boot of "
-                    "this machine, so whether it still runs (elsewhere) is not known here; once it has stopped, "
-                    f"end it with: deployer recover {run_id}")})
+            if listener is None or run_id in named_by_origin:
+                continue
+            too = f" (which ends its cut recover {', '.join(cut_recovers[run_id])} too)" if run_id in cut_recovers \
+                else ""
+            listener({"type": "notice", "message": (
+                f"run {run_id} on {host} never ended (killed?): its log has no run_end, so `runs verify` "
+                f"fails until it is ended with: deployer recover {run_id}{too}" if gone else
+                f"run {run_id} on {host} has no run_end, and its record names no process of this boot of "
+                "this machine, so whether it still runs (elsewhere) is not known here; once it has stopped, "
+                f"end it with: deployer recover {run_id}{too}")})

@@ -182,6 +182,10 @@ def test_a_recover_cut_after_it_brought_a_service_up_leaves_it_to_the_next_recov
                    "the recover's drain").name
     assert [e["service"] for e in target.events(first) if e["type"] == "service_started"] == ["decode"]
     age_lock(target.repo)
+    # One notice, one command: recovering the run settles its cut recover too (it named both, each with its own).
+    noticed = [line for line in target.deployer("check", "--host", "box").stderr.splitlines() if "never ended" in line]
+    assert len(noticed) == 1 and f"run {run.name} on box never ended" in noticed[0], noticed
+    assert f"deployer recover {run.name} (which ends its cut recover {first} too)" in noticed[0], noticed
     pids = stack.pids()
     stack.set_gauge(0.0)
     # Named by the cut recover's id (`runs list` shows it cut too): the run it was recovering is what is finished.
