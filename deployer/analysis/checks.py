@@ -38,6 +38,10 @@ class LatencyCheck(Strict):
         "on a busy machine drifts between its reads by a small effect the test still finds significant."))
     required: bool = Field(default=True, description="Whether a histogram absent from a read is inconclusive.")
 
+    def toward_worse(self, rank_biserial: float) -> float:
+        """The effect size signed so that > 0 is the canary worse (the rank-biserial is > 0 when it is larger)."""
+        return rank_biserial if self.better == "lower" else -rank_biserial
+
     def statistic(self) -> str:
         if self.quantile is None:
             return "mean"

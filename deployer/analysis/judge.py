@@ -161,8 +161,7 @@ def compare(check: LatencyCheck, base: Observed, new: Observed,
     canary_worse = test.z > 0 if check.better == "lower" else test.z < 0
     stated = (f"Mann-Whitney U p={test.p:.2g} at confidence {check.confidence:g}, rank-biserial "
               f"{test.rank_biserial:+.3f}")
-    toward_worse = test.rank_biserial if check.better == "lower" else -test.rank_biserial
-    small = toward_worse < check.min_effect
+    small = check.toward_worse(test.rank_biserial) < check.min_effect
     if beyond_allowed and canary_worse and test.p < alpha and not small:
         return verdict("fail", f"{shown}: worse than allowed, and the canary is significantly worse ({stated})",
                        "mann-whitney", test, values, change)

@@ -157,11 +157,12 @@ def notice_unended(runs_dir: Path, hosts: list[str], listener: Listener | None) 
 
     for host in hosts:
         found = unended_runs(runs_dir, host)
+        named = {run.run_id for run, _ in found}
         # A cut recover of a run also named here is ended by that run's recover (it settles its cut recovers): one
-        # notice, one command.
+        # notice, one command. A log is input: a recover_of that is no string names no run.
         cut_recovers: dict[str, list[str]] = {}
         for run, _ in found:
-            if (of := run.start.get("recover_of")) in {one.run_id for one, _ in found} and isinstance(of, str):
+            if isinstance(of := run.start.get("recover_of"), str) and of in named:
                 cut_recovers.setdefault(of, []).append(run.run_id)
         named_by_origin = {run_id for ids in cut_recovers.values() for run_id in ids}
         for run, gone in found:

@@ -243,8 +243,8 @@ def shown(check: LatencyCheck | CriticalCounter, verdict: Verdict) -> str:
                 f"{verdict.outcome}{restarted}")
     how = "quantile comparison" if verdict.test is None else f"Mann-Whitney U p={verdict.test.p:.2g}"
     if verdict.test is not None and check.min_effect:
-        worse = verdict.test.rank_biserial if check.better == "lower" else -verdict.test.rank_biserial
-        how += f", effect {worse:+.2f} toward worse, {check.min_effect:g} needed to fail"
+        how += (f", effect {check.toward_worse(verdict.test.rank_biserial):+.2f} toward worse, "
+                f"{check.min_effect:g} needed to fail")
     change = "" if verdict.change is None else f"{verdict.change:+.1%}, "
     sign = "+" if check.better == "lower" else "-"
     return (f"{verdict.check} {verdict.baseline:.3g} -> {verdict.canary:.3g} ({change}allowed "

@@ -118,18 +118,20 @@ def show_runs(console: Console, runs: list[Run], cut: Collection[str] = ()) -> N
                       "finishes it or puts the target back", markup=False, highlight=False)
 
 
-def _of(start: dict[str, Any]) -> str | None:
-    """The run a rollback undoes or a recover finishes, as its log names it: `rollback of R` (a log is input: only
-    a run id counts)."""
+def _of(start: dict[str, Any]) -> tuple[str, str] | None:
+    """A rollback's or a recover's kind and the run it undoes or finishes, as its log names it (a log is input:
+    only a run id counts)."""
     for kind in ("rollback", "recover"):
         of = start.get(f"{kind}_of")
         if isinstance(of, str) and runlog.is_run_id(of):
-            return f"{kind} of {of}"
+            return kind, of
     return None
 
 
 def _kind(start: dict[str, Any]) -> str:
-    return _of(start) or visible(str(start.get("kind", "apply")), multiline=False)
+    """A run's kind as `runs list` shows it: `rollback of R`, `recover of R`, `apply`."""
+    of = _of(start)
+    return f"{of[0]} of {of[1]}" if of else visible(str(start.get("kind", "apply")), multiline=False)
 
 
 def _field(value: object) -> str:
@@ -153,7 +155,7 @@ def show_run(console: Console, run: Run, target: list[str] | None = None) -> Non
         console.print(f"no run_end: the run is still going, or it was cut while {state} "
                       f"(deployer recover {run.run_id})", markup=False, highlight=False)
     if of := _of(start):
-        console.print(of.replace(" of ", " of run ", 1), markup=False, highlight=False)
+        console.print(f"{of[0]} of run {of[1]}", markup=False, highlight=False)
     # The linked runs' states in the words this run's own has (their log's `status` is --json's field).
     for link in run.all("recovered_by"):
         by = _field(link.get("by"))

@@ -31,3 +31,15 @@ def test_recover_last_names_the_newest_cut_run_its_fleet_run_or_with_a_host_that
     assert last_cut(runs, "gpu-b") is None  # nothing cut there: recover says so
     plain = logged(runs, 3, {"type": "run_start", "host": "gpu-a"})
     assert last_cut(runs, None) == plain == last_cut(runs, "gpu-a")
+
+
+def test_a_recover_of_that_is_no_string_names_no_run_in_the_unended_notice(tmp_path: Path) -> None:
+    from deployer.app.applies import notice_unended
+
+    runs = tmp_path / "runs"
+    cut = logged(runs, 1, {"type": "run_start", "host": "gpu-a"})
+    edited = logged(runs, 2, {"type": "run_start", "host": "gpu-a", "recover_of": [cut]})  # a log edited by hand
+    said: list[str] = []
+    notice_unended(runs, ["gpu-a"], lambda event: said.append(str(event["message"])))
+    # Before: `[cut] in {...}` raised TypeError (unhashable) in every apply and check on gpu-a.
+    assert [m.split()[1] for m in said] == [cut, edited] and not any("cut recover" in m for m in said), said
